@@ -1,0 +1,176 @@
+"""The error hierarchy of Model Runtime.
+
+Every error the runtime raises on purpose is a :class:`ModelRuntimeError`. The tree says who is
+at fault: the caller (bad input), the file (bad executable), the machine (no device), the device
+(runtime errors, with the recovery the seed prescribes), or the runtime's own lifecycle.
+
+    ModelRuntimeError
+    ├── ConfigurationError                 bad configuration value (env var, config file, option)
+    │   └── FaultPlanError                 a fault plan string or rule that does not parse
+    ├── InvalidExecutableError             the .mrx file(s) are not a valid executable
+    │   └── PackageHashMismatchError       the stored package hash does not match the contents
+    ├── CompileError                       an ONNX model cannot be compiled into an executable
+    │   └── CustomOpError                  a custom op library is missing, not allowed or broken
+    ├── InputValidationError               a caller's inputs/outputs do not fit the model
+    ├── DeviceError                        something about devices
+    │   ├── DeviceUnavailableError         no device could be attached (per the wait strategy)
+    │   ├── DeviceNotFoundError            no such device id / no device of that size or kind
+    │   ├── DeviceMemoryError              the executable does not fit the device's memory
+    │   └── DeviceStateError               the device was asked to do something it cannot now
+    ├── RuntimeFailure                     the device failed while running a program
+    │   ├── ApplicationRuntimeError        the program failed (seed: application_runtime_error)
+    │   ├── RecoverableRuntimeError        failed; carries the RecoveryAction that would recover
+    │   └── UnrecoverableRuntimeError      failed for good; the device cannot be used again
+    ├── ExecutionTimeoutError              a request or a run passed its deadline
+    ├── ActorError                         the actor machinery
+    │   ├── ActorStoppedError              the actor stopped before it answered
+    │   └── SupervisorEscalationError      restarts passed the supervisor's intensity
+    └── RunnerStoppedError                 the runner is stopped or draining; request not taken
+
+Errors raised by onnxruntime, the OS or safetensors are translated at the boundary where they
+happen (``raise ... from exc``), so callers only ever need to catch ``ModelRuntimeError``.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = [
+    "ActorError",
+    "ActorStoppedError",
+    "ApplicationRuntimeError",
+    "CompileError",
+    "ConfigurationError",
+    "CustomOpError",
+    "DeviceError",
+    "DeviceMemoryError",
+    "DeviceNotFoundError",
+    "DeviceStateError",
+    "DeviceUnavailableError",
+    "ExecutionTimeoutError",
+    "FaultPlanError",
+    "InputValidationError",
+    "InvalidExecutableError",
+    "ModelRuntimeError",
+    "PackageHashMismatchError",
+    "RecoverableRuntimeError",
+    "RecoveryAction",
+    "RunnerStoppedError",
+    "RuntimeFailure",
+    "SupervisorEscalationError",
+    "UnrecoverableRuntimeError",
+]
+
+
+class RecoveryAction(enum.Enum):
+    """What must be reset to recover from a :class:`RecoverableRuntimeError` (seed names)."""
+
+    IPU_RESET = "IPU_RESET"
+    LINK_RESET = "LINK_RESET"
+    PARTITION_RESET = "PARTITION_RESET"
+    FULL_RESET = "FULL_RESET"
+
+
+class ModelRuntimeError(Exception):
+    """Root of every error Model Runtime raises on purpose."""
+
+
+class ConfigurationError(ModelRuntimeError):
+    """A configuration value (environment variable, config file, option) is invalid."""
+
+
+class FaultPlanError(ConfigurationError):
+    """A fault plan string or rule does not parse or makes no sense."""
+
+
+class InvalidExecutableError(ModelRuntimeError):
+    """The executable file(s) are not a valid executable; the message names file and defect."""
+
+
+class PackageHashMismatchError(InvalidExecutableError):
+    """The package hash stored in the executable does not match its contents."""
+
+
+class CompileError(ModelRuntimeError):
+    """An ONNX model cannot be compiled into an executable; the message says why."""
+
+
+class CustomOpError(CompileError):
+    """A custom op library is not on the allow-list, cannot be imported, or is malformed."""
+
+
+class InputValidationError(ModelRuntimeError):
+    """A caller's inputs or outputs do not match what the model expects."""
+
+
+class DeviceError(ModelRuntimeError):
+    """Base of errors about devices (finding, attaching, fitting, state)."""
+
+
+class DeviceUnavailableError(DeviceError):
+    """No matching device could be attached within the wait strategy's limits."""
+
+
+class DeviceNotFoundError(DeviceError):
+    """No device with that id, or no device of the requested size or kind, exists."""
+
+
+class DeviceMemoryError(DeviceError):
+    """The executable does not fit in the device's memory."""
+
+
+class DeviceStateError(DeviceError):
+    """The device was asked for something its state does not allow (no program, detached...)."""
+
+
+class RuntimeFailure(ModelRuntimeError):
+    """The device failed while running a program. ``replica`` names it when known."""
+
+    def __init__(self, message: str, *, replica: int | None = None) -> None:
+        super().__init__(message)
+        self.replica = replica
+
+
+class ApplicationRuntimeError(RuntimeFailure):
+    """The program failed on the device (seed: ``poplar::application_runtime_error``)."""
+
+
+class RecoverableRuntimeError(RuntimeFailure):
+    """The device failed; performing ``recovery_action`` makes it usable again."""
+
+    def __init__(
+        self,
+        message: str,
+        recovery_action: RecoveryAction,
+        *,
+        replica: int | None = None,
+    ) -> None:
+        super().__init__(message, replica=replica)
+        self.recovery_action = recovery_action
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.recovery_action), {"replica": self.replica})
+
+
+class UnrecoverableRuntimeError(RuntimeFailure):
+    """The device failed and cannot be used again in this process."""
+
+
+class ExecutionTimeoutError(ModelRuntimeError):
+    """A request, or a run on the device, passed its deadline."""
+
+
+class ActorError(ModelRuntimeError):
+    """Base of errors from the actor machinery."""
+
+
+class ActorStoppedError(ActorError):
+    """The actor stopped (or was never started) before it could answer."""
+
+
+class SupervisorEscalationError(ActorError):
+    """Children restarted more often than the supervisor's intensity allows; it gave up."""
+
+
+class RunnerStoppedError(ModelRuntimeError):
+    """The runner is stopped or draining and did not take (or could not finish) the request."""

@@ -1,0 +1,198 @@
+"""The ``.mrx`` container: a safetensors file holding an executable (seed: PopEF file).
+
+Tensors are the weights, the variables' initial values and the program payloads (``uint8``).
+``__metadata__`` holds one key, ``model_runtime``, whose value is the JSON document of
+:class:`ExecutableMetadata`. The package hash is SHA-256 over the canonical metadata JSON (hash
+field blank) and every tensor (name, dtype, shape, bytes) in name order.
+
+Files are data only: nothing in them is ever imported, unpickled or executed as Python.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from model_runtime.errors import InvalidExecutableError, PackageHashMismatchError
+from model_runtime.executable.codec import metadata_from_json, metadata_to_json
+from model_runtime.executable.model import ExecutableMetadata, Program
+from model_runtime.executable.safetensors_io import read_safetensors, write_safetensors
+
+__all__ = ["METADATA_KEY", "Executable", "compute_package_hash"]
+
+METADATA_KEY = "model_runtime"
+PathLike = str | os.PathLike[str]
+
+
+def compute_package_hash(metadata: ExecutableMetadata, tensors: Mapping[str, np.ndarray]) -> str:
+    """SHA-256 (hex) over the metadata (hash field excluded) and every tensor."""
+    h = hashlib.sha256()
+    h.update(metadata_to_json(metadata, include_hash=False).encode())
+    for name in sorted(tensors):
+        arr = tensors[name]
+        h.update(b"\0" + name.encode() + b"\0" + arr.dtype.str.encode())
+        h.update(repr(tuple(arr.shape)).encode())
+        h.update(np.ascontiguousarray(arr).data)
+    return h.hexdigest()
+
+
+class Executable:
+    """A loaded (or freshly built) executable: metadata plus read-only tensor data.
+
+    Build one with :meth:`build` (computes the hash) or :meth:`load` (verifies it).
+    """
+
+    __slots__ = ("_sources", "_tensors", "metadata")
+
+    def __init__(
+        self,
+        metadata: ExecutableMetadata,
+        tensors: Mapping[str, np.ndarray],
+        sources: tuple[Path, ...] = (),
+    ) -> None:
+        self.metadata = metadata
+        self._tensors = dict(tensors)
+        self._sources = sources
+
+    # -- construction ------------------------------------------------------------------------
+
+    @classmethod
+    def build(cls, metadata: ExecutableMetadata, tensors: Mapping[str, np.ndarray]) -> Executable:
+        """Seal ``metadata`` and ``tensors`` into an executable with a fresh package hash.
+
+        Raises:
+            InvalidExecutableError: the metadata and tensors disagree.
+        """
+        from dataclasses import replace
+
+        from model_runtime.executable.validate import validate
+
+        tensors = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+        sealed = replace(metadata, package_hash=compute_package_hash(metadata, tensors))
+        validate(sealed, tensors, where="<built executable>")
+        return cls(sealed, tensors)
+
+    @classmethod
+    def load(
+        cls, path_or_paths: PathLike | Iterable[PathLike], check_package_hash: bool = True
+    ) -> Executable:
+        """Load an executable from one file, or assemble it from several.
+
+        With several files, exactly one carries the metadata; the tensors of all are merged
+        (a tensor name may appear in only one file). Tensor data is memory-mapped.
+
+        Raises:
+            InvalidExecutableError: a file is missing, malformed or inconsistent.
+            PackageHashMismatchError: the contents do not match the stored hash.
+        """
+        from model_runtime.executable.validate import validate
+
+        paths = (
+            (Path(path_or_paths),)
+            if isinstance(path_or_paths, str | os.PathLike)
+            else tuple(Path(p) for p in path_or_paths)
+        )
+        if not paths:
+            raise InvalidExecutableError("no executable files given")
+        where = ", ".join(str(p) for p in paths)
+        metadata: ExecutableMetadata | None = None
+        tensors: dict[str, np.ndarray] = {}
+        for path in paths:
+            header_meta, file_tensors = read_safetensors(path)
+            doc = header_meta.get(METADATA_KEY)
+            if doc is not None:
+                if metadata is not None:
+                    raise InvalidExecutableError(f"{where}: more than one file carries metadata")
+                metadata = metadata_from_json(doc, where=str(path))
+            for name, arr in file_tensors.items():
+                if name in tensors:
+                    raise InvalidExecutableError(f"{where}: tensor {name!r} is in two files")
+                tensors[name] = arr
+        if metadata is None:
+            raise InvalidExecutableError(f"{where}: no file carries executable metadata")
+        validate(metadata, tensors, where=where)
+        if check_package_hash:
+            actual = compute_package_hash(metadata, tensors)
+            if actual != metadata.package_hash:
+                raise PackageHashMismatchError(
+                    f"{where}: package hash mismatch: stored {metadata.package_hash[:16]}..., "
+                    f"contents hash to {actual[:16]}..."
+                )
+        return cls(metadata, tensors, paths)
+
+    # -- persistence -------------------------------------------------------------------------
+
+    def save(self, path: PathLike, *, tensors: Iterable[str] | None = None) -> Path:
+        """Write the executable to ``path`` atomically (write to a temp file, then rename).
+
+        ``tensors`` limits which tensors go in this file (for split models); the metadata
+        always goes with the first file written this way.
+        """
+        path = Path(path)
+        names = list(self._tensors) if tensors is None else list(tensors)
+        data = {n: self._tensors[n] for n in names}
+        meta = {METADATA_KEY: metadata_to_json(self.metadata, include_hash=True)}
+        write_safetensors(path, data, meta)
+        return path
+
+    def save_split(self, program_path: PathLike, weights_path: PathLike) -> tuple[Path, Path]:
+        """Write programs and metadata to one file and weights/variables to another."""
+        payloads = {p.payload for p in self.metadata.programs if p.payload}
+        rest = [n for n in self._tensors if n not in payloads]
+        p = Path(program_path)
+        w = Path(weights_path)
+        write_safetensors(
+            p,
+            {n: self._tensors[n] for n in payloads},
+            {METADATA_KEY: metadata_to_json(self.metadata, include_hash=True)},
+        )
+        write_safetensors(w, {n: self._tensors[n] for n in rest}, {})
+        return p, w
+
+    # -- access ------------------------------------------------------------------------------
+
+    @property
+    def package_hash(self) -> str:
+        return self.metadata.package_hash
+
+    @property
+    def sources(self) -> tuple[Path, ...]:
+        return self._sources
+
+    @property
+    def tensor_names(self) -> tuple[str, ...]:
+        return tuple(self._tensors)
+
+    def tensor(self, name: str) -> np.ndarray:
+        """The stored data of tensor ``name`` (read-only; memory-mapped when loaded)."""
+        try:
+            return self._tensors[name]
+        except KeyError:
+            raise KeyError(f"executable has no tensor {name!r}") from None
+
+    def program_payload(self, program: Program | int) -> bytes:
+        """The ONNX bytes of a program. Raises ``KeyError`` if it has no payload."""
+        prog = program if isinstance(program, Program) else self.metadata.program(program)
+        if prog.payload is None:
+            raise KeyError(f"program {prog.name!r} has no payload")
+        return self._tensors[prog.payload].tobytes()
+
+    def total_tensor_bytes(self) -> int:
+        return sum(int(a.nbytes) for a in self._tensors.values())
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-able description (used by ``model-runtime inspect``)."""
+        return json.loads(metadata_to_json(self.metadata, include_hash=True))  # type: ignore[no-any-return]
+
+    def __repr__(self) -> str:
+        m = self.metadata
+        return (
+            f"Executable(model={m.model_name!r}, target={m.target.device_kind!r}, "
+            f"batch_size={m.batch_size}, hash={m.package_hash[:12]})"
+        )

@@ -1,0 +1,205 @@
+"""The executable's model: anchors, programs, program flow, target (seed: PopEF model).
+
+These are plain frozen values. The container (how they are stored in a ``.mrx`` file) lives in
+:mod:`model_runtime.executable.container`; nothing here touches files.
+
+How programs execute here: a ``main`` program's payload is an ONNX graph. Its graph inputs are
+the user input anchors, the weights and the variables; its graph outputs are the output anchors
+(and the new values of variables, see ``output_to_variable``). A ``load`` program uploads the
+weights and the variables' initial values to the device (the anchors it lists, whose data is
+stored in the executable); a ``save`` program downloads the variables' current values. Load and
+save programs have no payload: their work is the data movement the anchors describe.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "FORMAT_VERSION",
+    "Anchor",
+    "AnchorRole",
+    "AnchorType",
+    "CustomOpRef",
+    "ExecutableMetadata",
+    "Program",
+    "ProgramFlow",
+    "ProgramKind",
+    "Target",
+    "TensorInfo",
+]
+
+FORMAT_VERSION = 1
+
+#: Device kinds an executable may target.
+DEVICE_KINDS = ("cpu", "ipu-model")
+
+
+class AnchorType(enum.Enum):
+    """Direction of an anchor, as the seed's PopEF ``TensorType``."""
+
+    INPUT = "INPUT"
+    OUTPUT = "OUTPUT"
+    UNKNOWN = "UNKNOWN"
+
+
+class AnchorRole(enum.Enum):
+    """What an anchor carries (ours; the seed derives it from programs and data)."""
+
+    USER_INPUT = "user_input"  # fed by callers for every main run
+    USER_OUTPUT = "user_output"  # returned to callers after every main run
+    WEIGHT = "weight"  # constant, uploaded by the load program, data stored in the file
+    VARIABLE = "variable"  # mutable state: uploaded by load, updated by main, read by save
+
+
+class ProgramKind(enum.Enum):
+    LOAD = "load"
+    MAIN = "main"
+    SAVE = "save"
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    """Shape and dtype of one tensor (seed: ``popef::TensorInfo``)."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+
+    @property
+    def num_elements(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def size_in_bytes(self) -> int:
+        return self.num_elements * self.dtype.itemsize
+
+
+@dataclass(frozen=True, slots=True)
+class Anchor:
+    """A named tensor that crosses the host/device boundary.
+
+    ``handle`` is the tensor's name inside the program graphs. ``batch_dim`` is the axis that
+    holds the executable's batch size for user inputs and outputs (``None``: not batched).
+    ``has_data`` means the executable stores this anchor's data (a tensor named ``name``).
+    """
+
+    name: str
+    handle: str
+    tensor_info: TensorInfo
+    type: AnchorType
+    role: AnchorRole
+    programs: tuple[int, ...]
+    is_per_replica: bool = False
+    has_data: bool = False
+    batch_dim: int | None = None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.tensor_info.shape
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self.tensor_info.dtype
+
+
+@dataclass(frozen=True, slots=True)
+class Program:
+    """One program. ``payload`` names the ``uint8`` tensor holding its ONNX graph, if any."""
+
+    id: int
+    name: str
+    kind: ProgramKind
+    payload: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramFlow:
+    """Which programs run at load, for each main run, and at save (program ids, in order)."""
+
+    load: tuple[int, ...] = ()
+    main: tuple[int, ...] = ()
+    save: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What the executable was compiled for.
+
+    ``device_kind`` is one of ``cpu`` and ``ipu-model``. ``num_devices`` is the devices one
+    replica spans. ``version`` is the IPU architecture version for ipu-model (0 for cpu).
+    ``tiles_per_ipu`` is the ipu-model size (0: the version's default).
+    """
+
+    device_kind: str = "cpu"
+    num_devices: int = 1
+    version: int = 0
+    tiles_per_ipu: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CustomOpRef:
+    """A custom op the executable uses: library module name, op name, library hash."""
+
+    library: str
+    op: str
+    library_hash: str
+    is_hashable: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutableMetadata:
+    """Everything in an executable but the tensor data. ``package_hash`` is "" until sealed."""
+
+    model_name: str
+    target: Target
+    batch_size: int
+    anchors: tuple[Anchor, ...]
+    programs: tuple[Program, ...]
+    program_flow: ProgramFlow
+    device_iterations: int = 1
+    replication_factor: int = 1
+    #: main-program output anchor name -> variable anchor name it updates
+    output_to_variable: Mapping[str, str] = field(default_factory=dict)
+    custom_ops: tuple[CustomOpRef, ...] = ()
+    options: Mapping[str, str] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+    package_hash: str = ""
+
+    def anchor(self, name: str) -> Anchor:
+        for a in self.anchors:
+            if a.name == name:
+                return a
+        raise KeyError(name)
+
+    def program(self, program_id: int) -> Program:
+        for p in self.programs:
+            if p.id == program_id:
+                return p
+        raise KeyError(program_id)
+
+    def anchors_with_role(self, role: AnchorRole) -> tuple[Anchor, ...]:
+        return tuple(a for a in self.anchors if a.role is role)
+
+    @property
+    def user_inputs(self) -> tuple[Anchor, ...]:
+        return self.anchors_with_role(AnchorRole.USER_INPUT)
+
+    @property
+    def user_outputs(self) -> tuple[Anchor, ...]:
+        return self.anchors_with_role(AnchorRole.USER_OUTPUT)
+
+    @property
+    def weights(self) -> tuple[Anchor, ...]:
+        return self.anchors_with_role(AnchorRole.WEIGHT)
+
+    @property
+    def variables(self) -> tuple[Anchor, ...]:
+        return self.anchors_with_role(AnchorRole.VARIABLE)

@@ -1,0 +1,1 @@
+"""The Supervisor: actor tree, restart strategies, recovery, lifecycle, daemon main()."""
