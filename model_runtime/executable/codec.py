@@ -24,6 +24,7 @@ from model_runtime.executable.model import (
     Target,
     TensorInfo,
 )
+from model_runtime.executable.safetensors_io import parse_json_strict
 
 __all__ = ["DTYPES", "metadata_from_json", "metadata_to_json"]
 
@@ -176,10 +177,7 @@ def metadata_from_json(text: str, *, where: str) -> ExecutableMetadata:
     Raises:
         InvalidExecutableError: the text is not JSON or does not have the expected structure.
     """
-    try:
-        doc = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise InvalidExecutableError(f"{where}: metadata is not valid JSON: {exc}") from None
+    doc = parse_json_strict(text, where=where, what="metadata")
     r = _Reader(where)
     version = r.int_(doc, "format_version", "$")
     if version != 1:
