@@ -14,6 +14,7 @@ from model_runtime.executable.model import (
     Target,
     TensorInfo,
 )
+from model_runtime.executable.summary import format_summary, summarize
 
 __all__ = [
     "FORMAT_VERSION",
@@ -29,4 +30,6 @@ __all__ = [
     "Target",
     "TensorInfo",
     "compute_package_hash",
+    "format_summary",
+    "summarize",
 ]

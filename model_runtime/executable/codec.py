@@ -64,7 +64,11 @@ def _anchor_to_dict(a: Anchor) -> dict[str, Any]:
 
 
 def metadata_to_json(m: ExecutableMetadata, *, include_hash: bool) -> str:
-    """Canonical JSON (sorted keys, no whitespace) of ``m``."""
+    """Canonical JSON (sorted keys, no whitespace) of ``m``.
+
+    Raises:
+        TypeError: a field holds a value JSON cannot encode (a bug in whoever built ``m``).
+    """
     doc = {
         "format_version": m.format_version,
         "model_name": m.model_name,

@@ -31,7 +31,11 @@ PathLike = str | os.PathLike[str]
 
 
 def compute_package_hash(metadata: ExecutableMetadata, tensors: Mapping[str, np.ndarray]) -> str:
-    """SHA-256 (hex) over the metadata (hash field excluded) and every tensor."""
+    """SHA-256 (hex) over the metadata (hash field excluded) and every tensor.
+
+    Raises:
+        OSError: reading memory-mapped tensor data failed.
+    """
     h = hashlib.sha256()
     h.update(metadata_to_json(metadata, include_hash=False).encode())
     for name in sorted(tensors):
@@ -91,7 +95,7 @@ class Executable:
             InvalidExecutableError: a file is missing, malformed or inconsistent.
             PackageHashMismatchError: the contents do not match the stored hash.
         """
-        from model_runtime.executable.validate import validate
+        from model_runtime.executable.validate import validate_programs, validate_structure
 
         paths = (
             (Path(path_or_paths),)
@@ -116,7 +120,9 @@ class Executable:
                 tensors[name] = arr
         if metadata is None:
             raise InvalidExecutableError(f"{where}: no file carries executable metadata")
-        validate(metadata, tensors, where=where)
+        validate_structure(metadata, tensors, where=where)
+        # The hash before the ONNX parse: a tampered payload is reported as tampering, and the
+        # protobuf parser only sees bytes the writer sealed (unless the caller opted out).
         if check_package_hash:
             actual = compute_package_hash(metadata, tensors)
             if actual != metadata.package_hash:
@@ -124,6 +130,7 @@ class Executable:
                     f"{where}: package hash mismatch: stored {metadata.package_hash[:16]}..., "
                     f"contents hash to {actual[:16]}..."
                 )
+        validate_programs(metadata, tensors, where=where)
         return cls(metadata, tensors, paths)
 
     # -- persistence -------------------------------------------------------------------------
@@ -133,6 +140,10 @@ class Executable:
 
         ``tensors`` limits which tensors go in this file (for split models); the metadata
         always goes with the first file written this way.
+
+        Raises:
+            KeyError: ``tensors`` names a tensor the executable does not have.
+            OSError: the file cannot be written.
         """
         path = Path(path)
         names = list(self._tensors) if tensors is None else list(tensors)
@@ -142,7 +153,11 @@ class Executable:
         return path
 
     def save_split(self, program_path: PathLike, weights_path: PathLike) -> tuple[Path, Path]:
-        """Write programs and metadata to one file and weights/variables to another."""
+        """Write programs and metadata to one file and weights/variables to another.
+
+        Raises:
+            OSError: a file cannot be written.
+        """
         payloads = {p.payload for p in self.metadata.programs if p.payload}
         rest = [n for n in self._tensors if n not in payloads]
         p = Path(program_path)
@@ -170,14 +185,22 @@ class Executable:
         return tuple(self._tensors)
 
     def tensor(self, name: str) -> np.ndarray:
-        """The stored data of tensor ``name`` (read-only; memory-mapped when loaded)."""
+        """The stored data of tensor ``name`` (read-only; memory-mapped when loaded).
+
+        Raises:
+            KeyError: no such tensor.
+        """
         try:
             return self._tensors[name]
         except KeyError:
             raise KeyError(f"executable has no tensor {name!r}") from None
 
     def program_payload(self, program: Program | int) -> bytes:
-        """The ONNX bytes of a program. Raises ``KeyError`` if it has no payload."""
+        """The ONNX bytes of a program.
+
+        Raises:
+            KeyError: no such program, or it has no payload.
+        """
         prog = program if isinstance(program, Program) else self.metadata.program(program)
         if prog.payload is None:
             raise KeyError(f"program {prog.name!r} has no payload")

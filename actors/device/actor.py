@@ -1,0 +1,412 @@
+"""The Device actor: one per attached device; owns its backend and its worker thread.
+
+Every backend call runs in the device's own single worker thread (a one-thread executor), and a
+``RunMain`` is exactly one hand-off to it whatever its device iterations. Jobs are submitted to
+the worker in mailbox order, and their answers are sent by tasks, so the mailbox stays free:
+``GetStatus`` is answered and ``Reset`` taken while a run is in flight, even a hung one.
+
+A ``Reset`` aborts the runs in flight or queued (they fail with
+:class:`~actors.device.backends.RunAborted`, a ``DeviceStateError``): it bumps the device's
+generation, releases hung/slow fault waits, asks the backend to terminate its run, waits up to
+``abort_grace`` seconds for the worker, and, if the worker is still stuck, abandons it for a
+fresh thread and a fresh backend. Then it reloads the executable, re-runs the load programs and
+restores the given variables.
+
+The fault plan (:mod:`.faults`) is applied in the worker, on the same path as a real backend
+failure. Errors that come out of a run carry ``replica``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import numpy as np
+
+from actors.actor import Envelope
+from actors.clock import Clock
+from actors.device._deferred import DeferringActor
+from actors.device.backends import Backend, RunAborted, make_backend
+from actors.device.faults import FaultKind, FaultPlan, FaultRule
+from actors.device.manager import AttachedDevice
+from actors.device.messages import (
+    Detach,
+    DeviceMessage,
+    DeviceState,
+    DeviceStatus,
+    GetStatus,
+    LoadExecutable,
+    ProgramResult,
+    Reset,
+    RunMain,
+    RunPrograms,
+    RunSave,
+    Unload,
+)
+from model_runtime.errors import (
+    ApplicationRuntimeError,
+    DeviceStateError,
+    RecoverableRuntimeError,
+    RuntimeFailure,
+    UnrecoverableRuntimeError,
+)
+from model_runtime.executable.model import ProgramKind
+
+__all__ = ["Device", "DeviceCrash"]
+
+
+class DeviceCrash(RuntimeError):
+    """The fault plan's ``crash``: the Device actor dies of an unexpected exception."""
+
+
+@dataclass(slots=True, eq=False)
+class _Job:
+    kind: str
+    future: asyncio.Future[Any]
+    started_at: float | None
+
+
+class Device(DeferringActor[DeviceMessage]):
+    """The actor of one device (see the module docstring and :mod:`.messages`).
+
+    ``backend`` defaults to the backend of ``device.spec.kind``. ``detach_on_stop``: release
+    the device when the actor stops (it owns the attachment).
+    """
+
+    fatal = (DeviceCrash,)
+
+    def __init__(
+        self,
+        device: AttachedDevice,
+        backend: Backend | None = None,
+        *,
+        replica: int = 0,
+        fault_plan: FaultPlan | None = None,
+        clock: Clock | None = None,
+        name: str | None = None,
+        abort_grace: float = 5.0,
+        detach_on_stop: bool = True,
+    ) -> None:
+        super().__init__(name or f"device-{replica}", clock=clock)
+        self.device = device
+        self.replica = replica
+        self.backend: Backend = backend if backend is not None else make_backend(device.spec)
+        self.fault_plan = fault_plan
+        self.abort_grace = abort_grace
+        self.detach_on_stop = detach_on_stop
+        self.log = self.log.bind(device=device.spec.id, replica=replica)
+        self._faults = fault_plan.for_replica(replica) if fault_plan else None
+        self._executor: ThreadPoolExecutor | None = None
+        self._jobs: deque[_Job] = deque()
+        self._abort = threading.Event()
+        self._generation = 0
+        self._loaded = False
+        self._resetting = False
+        self._broken: str | None = None
+        self._load_args: tuple[Any, Mapping[str, np.ndarray] | None] | None = None
+        self.runs_completed = 0
+        self.last_progress = 0.0
+
+    # -- status ----------------------------------------------------------------------------
+
+    @property
+    def state(self) -> DeviceState:
+        if not self.device.is_attached:
+            return "detached"
+        if self._broken is not None:
+            return "broken"
+        if self._resetting:
+            return "resetting"
+        if not self._loaded:
+            return "empty"
+        return "running" if self._jobs else "loaded"
+
+    def status(self) -> DeviceStatus:
+        """The current :class:`DeviceStatus` (what ``GetStatus`` answers)."""
+        return DeviceStatus(
+            device=self.device.spec.id,
+            replica=self.replica,
+            state=self.state,
+            runs_completed=self.runs_completed,
+            last_progress=self.last_progress,
+            run_started_at=self._jobs[0].started_at if self._jobs else None,
+            error=self._broken,
+        )
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def on_start(self) -> None:
+        await super().on_start()
+        self._executor = self._new_executor()
+        self.last_progress = self.clock.monotonic()
+        self.log.info("device.started", kind=self.device.spec.kind)
+
+    async def on_stop(self) -> None:
+        self._abort.set()
+        self.backend.terminate()
+        if self._executor is not None:
+            self._executor.submit(self.backend.unload)
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+        if self.detach_on_stop:
+            self.device.detach()
+        self.log.info("device.stopped")
+
+    def _new_executor(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(1, thread_name_prefix=f"device-{self.device.spec.id}")
+
+    # -- dispatch --------------------------------------------------------------------------
+
+    async def _dispatch(self, envelope: Envelope) -> None:
+        message = envelope.message
+        try:
+            match message:
+                case GetStatus():
+                    envelope.answer(self.status())
+                case Reset(variables):
+                    self._check_usable()
+                    if self._load_args is None:
+                        raise DeviceStateError(f"{self._what()}: reset before any executable")
+                    await self.defer(envelope, lambda: self._reset(variables))
+                case Detach():
+                    await self.defer(envelope, self._detach)
+                case LoadExecutable(executable, frozen):
+                    self._check_usable()
+                    self._load_args = (executable, frozen)
+                    self._loaded = True
+                    job = self._submit("load", self._work_load, executable, frozen)
+                    await self.defer(envelope, lambda: self._await_job(job))
+                case RunMain(batches):
+                    self._check_loaded()
+                    job = self._submit("main", self._work_main, batches)
+                    await self.defer(envelope, lambda: self._await_job(job))
+                case RunSave():
+                    self._check_loaded()
+                    job = self._submit("save", self._work_save)
+                    await self.defer(envelope, lambda: self._await_job(job))
+                case RunPrograms(program_ids, batches):
+                    self._check_loaded()
+                    job = self._submit("programs", self._work_programs, program_ids, batches)
+                    await self.defer(envelope, lambda: self._await_job(job))
+                case Unload():
+                    self._check_usable()
+                    self._loaded = False
+                    self._load_args = None
+                    job = self._submit("unload", lambda g, a: self.backend.unload())
+                    await self.defer(envelope, lambda: self._await_job(job))
+                case _:
+                    await super()._dispatch(envelope)
+        except Exception as exc:
+            if envelope.reply is None:
+                raise
+            envelope.fail(exc)
+
+    def _what(self) -> str:
+        return f"device {self.device.spec.id} (replica {self.replica})"
+
+    def _check_usable(self) -> None:
+        if not self.device.is_attached:
+            raise DeviceStateError(f"{self._what()} is detached")
+        if self._broken is not None:
+            raise UnrecoverableRuntimeError(
+                f"{self._what()} is broken: {self._broken}", replica=self.replica
+            )
+        if self._resetting:
+            raise DeviceStateError(f"{self._what()} is resetting")
+
+    def _check_loaded(self) -> None:
+        self._check_usable()
+        if not self._loaded:
+            raise DeviceStateError(f"{self._what()}: no executable loaded")
+
+    # -- jobs (submitted in mailbox order, answered by tasks) ------------------------------
+
+    def _submit(self, kind: str, fn: Callable[..., Any], *args: Any) -> _Job:
+        assert self._executor is not None
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._executor, fn, self._generation, self._abort, *args)
+        job = _Job(kind, future, None if self._jobs else self.clock.monotonic())
+        self._jobs.append(job)
+        return job
+
+    async def _await_job(self, job: _Job) -> Any:
+        try:
+            result = await job.future
+        except RuntimeFailure as exc:
+            if exc.replica is None:
+                exc.replica = self.replica
+            self.log.warning("device.run_failed", job=job.kind, error=repr(exc))
+            raise
+        except DeviceCrash:
+            self.log.error("device.crash", job=job.kind)
+            raise
+        except Exception as exc:
+            if job.kind == "load":
+                self._loaded = False
+            self.log.info("device.job_failed", job=job.kind, error=repr(exc))
+            raise
+        else:
+            if job.kind in ("main", "programs"):
+                self.runs_completed += 1
+            return result
+        finally:
+            self._finish(job)
+
+    def _finish(self, job: _Job) -> None:
+        now = self.clock.monotonic()
+        self.last_progress = now
+        try:
+            was_head = self._jobs[0] is job
+            self._jobs.remove(job)
+        except (IndexError, ValueError):
+            return
+        if was_head and self._jobs:
+            self._jobs[0].started_at = now
+
+    # -- worker-thread side ----------------------------------------------------------------
+
+    def _guard(self, generation: int) -> None:
+        if generation != self._generation:
+            raise RunAborted(f"{self._what()}: run aborted by a reset")
+        if self._broken is not None:
+            raise UnrecoverableRuntimeError(
+                f"{self._what()} is broken: {self._broken}", replica=self.replica
+            )
+
+    def _work_load(
+        self,
+        generation: int,
+        abort: threading.Event,
+        executable: Any,
+        frozen: Mapping[str, np.ndarray] | None,
+    ) -> None:
+        self._guard(generation)
+        self.backend.load(executable, frozen)
+
+    def _work_main(
+        self,
+        generation: int,
+        abort: threading.Event,
+        batches: Sequence[Mapping[str, np.ndarray]],
+    ) -> list[dict[str, np.ndarray]]:
+        self._guard(generation)
+        if self._faults is not None:
+            rule = self._faults.next_run()
+            if rule is not None:
+                self._inject(rule, abort)
+        return self.backend.run_main(batches)
+
+    def _work_save(self, generation: int, abort: threading.Event) -> dict[str, np.ndarray]:
+        self._guard(generation)
+        return self.backend.run_save()
+
+    def _work_programs(
+        self,
+        generation: int,
+        abort: threading.Event,
+        program_ids: Sequence[int],
+        batches: Sequence[Mapping[str, np.ndarray]],
+    ) -> list[ProgramResult]:
+        exe = self.backend.executable
+        if exe is None:
+            raise DeviceStateError(f"{self._what()}: no executable loaded")
+        results: list[ProgramResult] = []
+        for pid in program_ids:
+            try:
+                kind = exe.metadata.program(pid).kind
+            except KeyError:
+                raise DeviceStateError(
+                    f"{self._what()}: the executable has no program {pid}"
+                ) from None
+            if kind is ProgramKind.LOAD:
+                self._guard(generation)
+                self.backend.run_load()
+                results.append(None)
+            elif kind is ProgramKind.MAIN:
+                results.append(self._work_main(generation, abort, batches))
+            else:
+                results.append(self._work_save(generation, abort))
+        return results
+
+    def _inject(self, rule: FaultRule, abort: threading.Event) -> None:
+        it = self._faults.iteration if self._faults is not None else 0
+        where = f"{self._what()}: injected {rule.kind.value} fault at run {it}"
+        match rule.kind:
+            case FaultKind.RECOVERABLE:
+                raise RecoverableRuntimeError(where, rule.action, replica=self.replica)
+            case FaultKind.APP_ERROR:
+                raise ApplicationRuntimeError(where, replica=self.replica)
+            case FaultKind.FATAL:
+                self._broken = where
+                raise UnrecoverableRuntimeError(where, replica=self.replica)
+            case FaultKind.HANG:
+                abort.wait()
+                raise RunAborted(f"{where}: released by a reset")
+            case FaultKind.SLOW:
+                if abort.wait(rule.seconds):
+                    raise RunAborted(f"{where}: aborted by a reset")
+            case FaultKind.CRASH:
+                raise DeviceCrash(where)
+
+    # -- reset / detach --------------------------------------------------------------------
+
+    async def _abort_in_flight(self) -> None:
+        """Abort every job in flight or queued; replace the worker if it does not come back."""
+        self._generation += 1
+        old, self._abort = self._abort, threading.Event()
+        old.set()
+        self.backend.terminate()
+        pending = [j.future for j in self._jobs]
+        if pending:
+            with anyio.move_on_after(self.abort_grace):
+                await asyncio.wait(pending)
+        if any(not f.done() for f in pending):
+            self.log.warning("device.worker_abandoned", stuck=len(pending))
+            assert self._executor is not None
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = self._new_executor()
+            self.backend = make_backend(self.device.spec)
+        self._jobs.clear()
+
+    async def _reset(self, variables: Mapping[str, np.ndarray] | None) -> None:
+        self._resetting = True
+        self.log.info("device.reset", variables=variables is not None)
+        try:
+            await self._abort_in_flight()
+            assert self._load_args is not None
+            executable, frozen = self._load_args
+
+            def work(generation: int, abort: threading.Event) -> None:
+                self._guard(generation)
+                self.backend.load(executable, frozen)
+                if variables:
+                    self.backend.restore_variables(variables)
+
+            self._resetting = False  # the reset job is an ordinary job from here on
+            self._loaded = True
+            job = self._submit("reset", work)
+            await self._await_job(job)
+        except BaseException:
+            self._loaded = False
+            raise
+        finally:
+            self._resetting = False
+
+    async def _detach(self) -> None:
+        if not self.device.is_attached:
+            return
+        await self._abort_in_flight()
+        self._loaded = False
+        self._load_args = None
+        job = self._submit("unload", lambda g, a: self.backend.unload())
+        try:
+            await self._await_job(job)
+        finally:
+            self.device.detach()
+            self.log.info("device.detached")

@@ -1,0 +1,51 @@
+"""A packed batch: the inputs of one main run (I iterations of B rows) and where its rows go."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from actors.queues.request import Request
+
+__all__ = ["Batch", "Segment"]
+
+#: ``(request, request_row, iteration, row, count)``: rows ``[request_row, request_row+count)``
+#: of ``request`` sit at rows ``[row, row+count)`` of iteration ``iteration``. Segments are in
+#: packing order and never cross an iteration boundary; padding rows have no segment.
+Segment = tuple[Request, int, int, int, int]
+
+
+@dataclass(slots=True, eq=False)
+class Batch:
+    """The inputs of one main run, and how to route its outputs back.
+
+    ``inputs`` has exactly ``device_iterations`` entries; each maps every user input anchor
+    name to a C-contiguous array of the anchor's exact shape and dtype. The arrays belong to the
+    queue's ring pool (or, for a request that exactly fills whole batches, are views of the
+    caller's arrays): the session must not keep them after ``Complete``/``Fail``.
+    Rows ``[valid_rows, I*B)`` (flat, iteration-major) are padding when ``padded``.
+    ``attempts`` counts dispatches; the session increments it on a retry.
+    """
+
+    id: int
+    inputs: tuple[dict[str, np.ndarray], ...]
+    segments: tuple[Segment, ...]
+    valid_rows: int
+    padded: bool
+    t_packed: float
+    attempts: int = 0
+    #: output name -> array receiving the padding rows' outputs (from the flush callback)
+    flush_outputs: dict[str, np.ndarray] | None = None
+    #: index of the ring pool buffer holding ``inputs`` (None: zero-copy views)
+    _buffer: int | None = field(default=None, repr=False)
+    #: completed or failed already (a second Complete/Fail is ignored)
+    _released: bool = field(default=False, repr=False)
+
+    @property
+    def requests(self) -> list[Request]:
+        """The distinct requests with rows in this batch, in packing order."""
+        seen: dict[int, Request] = {}
+        for seg in self.segments:
+            seen.setdefault(id(seg[0]), seg[0])
+        return list(seen.values())

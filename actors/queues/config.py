@@ -1,0 +1,109 @@
+"""Configuration of one replica's Queue actor (the queue part of the seed's ModelRunnerConfig).
+
+Durations are seconds (floats). The semantics, as the Queue implements them:
+
+``timeout``
+    The idle timeout. While a batch is partly filled, it is flushed (padded and made ready)
+    when no request has arrived for ``timeout`` seconds, measured from the *last arrival*
+    (the Queue actor's clock when it handled the latest ``Enqueue``). ``0`` waits forever.
+``flush_callback``
+    ``flush_callback(tensor_id, inputs, outputs) -> None`` (see :data:`FlushCallback`), called
+    once per flush of a partial batch instead of zero padding.
+``flush_on_waiting_outputs``
+    Flush a timed-out partial batch only while at least one of its callers still waits for
+    outputs (its future is not done). Every ``execute()`` caller waits, so this only differs
+    from ``False`` when all the callers of a partial batch went away (cancelled, or answered by
+    the runner, e.g. on a deadline): with ``True`` the queue then never flushes for them. Rows
+    whose caller went away before packing are dropped either way, so no pure-padding batch ever
+    runs (the seed flushes dummy data to unblock a device program; ours never blocks).
+``ring_buffer_size_multiplier``
+    The ring memory pool holds ``max(ring_buffer_size_multiplier, look_ahead + 2)`` batch
+    buffers (each ``device_iterations * batch_size`` rows of every user input). It bounds how
+    many batches are packed but not yet completed; past it, requests wait (unpacked).
+``max_look_ahead``
+    How many packed batches may wait in ``Queue.ready`` for the session (its capacity).
+    ``None`` ("unlimited" in the seed: we decide) means ``ring_buffer_size_multiplier``.
+``batch_size_timeout`` / ``data_parallel_timeout`` (only with ``is_batch_size_timeout_enabled``)
+    ``batch_size_timeout``: a partial batch is flushed at the latest this long after it got its
+    first row, however steadily data trickles in (the idle ``timeout`` alone never fires under a
+    steady trickle). ``data_parallel_timeout``: with ``device_iterations`` I > 1, once the
+    first of the I batches of one run is complete, the others get at most this long to fill
+    before the run is flushed. ``None`` disables either.
+``request_tracepoints_buffer_size``
+    How many per-request time traces are kept for statistics (``0``: unbounded).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from model_runtime.errors import ConfigurationError
+
+__all__ = ["FlushCallback", "QueueConfig"]
+
+#: ``flush_callback(tensor_id, inputs, outputs)``, modelled on the seed's. ``tensor_id`` names
+#: the user input the queue was waiting for (the first user input anchor). ``inputs`` maps every
+#: batched user input to a zero-filled array holding exactly the missing (padding) rows along
+#: the row axis: write the flush data into it in place, or replace an entry with an array of the
+#: same shape and dtype. ``outputs`` starts empty: put an array with the same number of rows
+#: under an output name to receive the padding rows' outputs of that output (else discarded).
+#: It runs on the event loop, inside the Queue actor: keep it short. An exception it raises
+#: fails the requests of the batch being flushed.
+FlushCallback = Callable[[str, dict[str, np.ndarray], dict[str, np.ndarray]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    """How a replica's Queue packs requests into batches (see the module docstring)."""
+
+    batching_dim: int | None = None
+    timeout: float = 5.0
+    flush_callback: FlushCallback | None = None
+    flush_on_waiting_outputs: bool = False
+    ring_buffer_size_multiplier: int = 2
+    max_look_ahead: int | None = None
+    batch_size_timeout: float | None = None
+    data_parallel_timeout: float | None = None
+    is_batch_size_timeout_enabled: bool = False
+    request_tracepoints_buffer_size: int = 1000
+
+    def __post_init__(self) -> None:
+        """Check the values.
+
+        Raises:
+            ConfigurationError: a value is out of range.
+        """
+        if self.batching_dim is not None and self.batching_dim < 0:
+            raise ConfigurationError(f"batching_dim must be >= 0, got {self.batching_dim}")
+        if not self.timeout >= 0:
+            raise ConfigurationError(f"timeout must be >= 0 seconds, got {self.timeout}")
+        if self.ring_buffer_size_multiplier < 1:
+            raise ConfigurationError(
+                f"ring_buffer_size_multiplier must be >= 1, got {self.ring_buffer_size_multiplier}"
+            )
+        if self.max_look_ahead is not None and self.max_look_ahead < 0:
+            raise ConfigurationError(f"max_look_ahead must be >= 0, got {self.max_look_ahead}")
+        for name in ("batch_size_timeout", "data_parallel_timeout"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise ConfigurationError(f"{name} must be >= 0 seconds, got {value}")
+        if self.request_tracepoints_buffer_size < 0:
+            raise ConfigurationError(
+                "request_tracepoints_buffer_size must be >= 0, "
+                f"got {self.request_tracepoints_buffer_size}"
+            )
+
+    @property
+    def look_ahead(self) -> int:
+        """Capacity of ``Queue.ready`` in batches (``max_look_ahead``, resolved)."""
+        if self.max_look_ahead is None:
+            return self.ring_buffer_size_multiplier
+        return self.max_look_ahead
+
+    @property
+    def pool_buffers(self) -> int:
+        """Batch buffers in the ring memory pool: at least ``look_ahead + 2``."""
+        return max(self.ring_buffer_size_multiplier, self.look_ahead + 2)

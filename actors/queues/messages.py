@@ -1,0 +1,67 @@
+"""Messages of the Queue actor (frozen dataclasses, handled with ``match``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from actors.queues.batch import Batch
+from actors.queues.request import Request
+
+__all__ = ["Complete", "Drain", "Enqueue", "Fail", "FailAll", "Flush", "GetStats", "QueueMessage"]
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueue:
+    """(tell) Queue a validated request; its rows are packed as soon as a buffer is free."""
+
+    request: Request
+
+
+@dataclass(frozen=True, slots=True)
+class Complete:
+    """(tell) ``batch`` ran: ``outputs[i]`` maps each output anchor to iteration i's B rows.
+
+    The arrays are owned by the queue from now on (callers get views into them).
+    ``t_start``/``t_end`` are clock times around the main run.
+    """
+
+    batch: Batch
+    outputs: Sequence[Mapping[str, np.ndarray]]
+    t_start: float
+    t_end: float
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """(tell) ``batch`` failed for good: every request with rows in it gets ``error`` once."""
+
+    batch: Batch
+    error: BaseException
+
+
+@dataclass(frozen=True, slots=True)
+class Flush:
+    """(tell) Flush the partially filled batch now (padded), as a timeout would."""
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    """(ask) Refuse new requests and flush what is pending; answers when nothing is unpacked."""
+
+
+@dataclass(frozen=True, slots=True)
+class FailAll:
+    """(ask) Fail every request not answered yet, packed or not, with ``error``."""
+
+    error: BaseException
+
+
+@dataclass(frozen=True, slots=True)
+class GetStats:
+    """(ask) A :class:`~actors.queues.stats.QueueStats` snapshot."""
+
+
+QueueMessage = Enqueue | Complete | Fail | Flush | Drain | FailAll | GetStats

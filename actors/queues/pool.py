@@ -1,0 +1,196 @@
+"""Where rows live: the row axis of each anchor, and the ring memory pool of batch buffers.
+
+Every batched anchor is handled along its *row axis*: the configured ``batching_dim`` when
+set, else the anchor's ``batch_dim``; the anchor's shape holds B there. Anchors without a
+``batch_dim`` are unbatched: a batch takes their value from the last request packed into each
+iteration, and each caller gets a copy of the output's value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from actors.queues.batch import Segment
+from actors.queues.config import FlushCallback, QueueConfig
+from model_runtime.errors import ConfigurationError
+from model_runtime.executable.model import Anchor, ExecutableMetadata
+
+__all__ = ["Layout", "RingPool", "Spec", "rows_view"]
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """One user input or output: name, row axis (None: unbatched), shape and dtype."""
+
+    name: str
+    axis: int | None
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+
+    def shape_with_rows(self, rows: int) -> tuple[int, ...]:
+        """The anchor's shape with ``rows`` along the row axis."""
+        if self.axis is None:
+            return self.shape
+        return (*self.shape[: self.axis], rows, *self.shape[self.axis + 1 :])
+
+
+def rows_view(array: np.ndarray, axis: int | None) -> np.ndarray:
+    """``array`` with its row axis first (a view; ``array`` itself when the axis is 0)."""
+    if not axis:
+        return array
+    return np.moveaxis(array, axis, 0)
+
+
+def _spec(anchor: Anchor, batch: int, batching_dim: int | None) -> Spec:
+    if anchor.batch_dim is None:
+        return Spec(anchor.name, None, anchor.shape, anchor.dtype)
+    axis = anchor.batch_dim if batching_dim is None else batching_dim
+    if axis >= len(anchor.shape) or anchor.shape[axis] != batch:
+        raise ConfigurationError(
+            f"anchor {anchor.name!r} of shape {anchor.shape} does not hold the batch size "
+            f"{batch} along axis {axis} (batching_dim={batching_dim})"
+        )
+    return Spec(anchor.name, axis, anchor.shape, anchor.dtype)
+
+
+class Layout:
+    """Batch geometry of one executable under one config."""
+
+    __slots__ = ("B", "I", "capacity", "fast_output", "inputs", "outputs", "simple_inputs")
+
+    def __init__(self, metadata: ExecutableMetadata, config: QueueConfig) -> None:
+        """Derive the row axes.
+
+        Raises:
+            ConfigurationError: the model has no user input, or an anchor does not hold the
+                batch size along its row axis.
+        """
+        self.B = metadata.batch_size
+        self.I = metadata.device_iterations
+        self.capacity = self.B * self.I
+        dim = config.batching_dim
+        self.inputs = tuple(_spec(a, self.B, dim) for a in metadata.user_inputs)
+        self.outputs = tuple(_spec(a, self.B, dim) for a in metadata.user_outputs)
+        if not self.inputs:
+            raise ConfigurationError(f"model {metadata.model_name!r} has no user input to queue")
+        self.simple_inputs = all(s.axis == 0 for s in self.inputs)
+        #: the output's name when it is the only one and has row axis 0 (the fast split path)
+        self.fast_output = (
+            self.outputs[0].name if len(self.outputs) == 1 and self.outputs[0].axis == 0 else None
+        )
+
+    def zero_copy(self, inputs: Any, start: int) -> tuple[dict[str, np.ndarray], ...] | None:
+        """Views of rows ``[start, start + I*B)`` of ``inputs`` as batch inputs, if no copy is
+        needed (row axis 0, C-contiguous, the anchor's dtype); else ``None``."""
+        if not self.simple_inputs:
+            return None
+        for s in self.inputs:
+            a = inputs[s.name]
+            if not a.flags.c_contiguous or a.dtype != s.dtype:
+                return None
+        b = self.B
+        return tuple(
+            {s.name: inputs[s.name][start + k * b : start + (k + 1) * b] for s in self.inputs}
+            for k in range(self.I)
+        )
+
+
+class RingPool:
+    """A fixed ring of batch buffers, allocated once; ``take``/``give`` pass indices."""
+
+    __slots__ = ("buffers", "free", "layout")
+
+    def __init__(self, layout: Layout, size: int) -> None:
+        self.layout = layout
+        self.buffers = [
+            tuple(
+                {s.name: np.zeros(s.shape, dtype=s.dtype) for s in layout.inputs}
+                for _ in range(layout.I)
+            )
+            for _ in range(size)
+        ]
+        self.free = list(range(size - 1, -1, -1))
+
+    def fill(
+        self,
+        index: int,
+        per_iteration: Sequence[list[Segment]],
+        valid_rows: int,
+        flush_callback: FlushCallback | None,
+    ) -> dict[str, np.ndarray] | None:
+        """Copy the segments' rows into buffer ``index`` and fill the padding rows.
+
+        Returns the flush callback's output buffers, if it gave any.
+
+        Raises:
+            Exception: whatever ``flush_callback`` raised, or a shape/dtype error from the
+                data it supplied.
+        """
+        layout = self.layout
+        buf = self.buffers[index]
+        b = layout.B
+        for k, segs in enumerate(per_iteration):
+            dst = buf[k]
+            n = len(segs)
+            for s in layout.inputs:
+                name, axis = s.name, s.axis
+                if axis is None:
+                    if n:
+                        np.copyto(dst[name], segs[-1][0].inputs[name])
+                    continue
+                views = []
+                rows = 0
+                for req, start, _, _, count in segs:
+                    a = req.inputs[name]
+                    if axis:
+                        a = np.moveaxis(a, axis, 0)
+                    if start or count != a.shape[0]:
+                        a = a[start : start + count]
+                    views.append(a)
+                    rows += count
+                out = rows_view(dst[name], axis)
+                if rows == b:
+                    np.concatenate(views, out=out)
+                elif rows:
+                    np.concatenate(views, out=out[:rows])
+        if valid_rows == layout.capacity:
+            return None
+        return self._pad(buf, valid_rows, flush_callback)
+
+    def _pad(
+        self,
+        buf: tuple[dict[str, np.ndarray], ...],
+        valid_rows: int,
+        flush_callback: FlushCallback | None,
+    ) -> dict[str, np.ndarray] | None:
+        layout = self.layout
+        b, pad = layout.B, layout.capacity - valid_rows
+        data: dict[str, np.ndarray] | None = None
+        outputs: dict[str, np.ndarray] = {}
+        if flush_callback is not None:
+            data = {
+                s.name: np.zeros(s.shape_with_rows(pad), dtype=s.dtype)
+                for s in layout.inputs
+                if s.axis is not None
+            }
+            flush_callback(layout.inputs[0].name, data, outputs)
+        for s in layout.inputs:
+            if s.axis is None:
+                continue
+            src = None if data is None else rows_view(np.asarray(data[s.name]), s.axis)
+            if src is not None and src.shape[0] != pad:
+                raise ValueError(f"flush data for {s.name!r} has {src.shape[0]} rows, not {pad}")
+            taken = 0
+            for k in range(valid_rows // b, layout.I):
+                first = valid_rows - k * b if k == valid_rows // b else 0
+                dst = rows_view(buf[k][s.name], s.axis)[first:]
+                if src is None:
+                    dst[...] = 0
+                else:
+                    dst[...] = src[taken : taken + b - first]
+                taken += b - first
+        return outputs or None

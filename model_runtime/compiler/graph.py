@@ -1,0 +1,84 @@
+"""Small helpers over ONNX graphs shared by the compiler passes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from model_runtime.errors import CompileError
+from model_runtime.executable.codec import DTYPES
+
+__all__ = [
+    "anchor_dtype",
+    "constant_values",
+    "default_opset",
+    "initializer_names",
+    "tensor_shape",
+]
+
+
+def initializer_names(graph: onnx.GraphProto) -> set[str]:
+    """Names of the graph's initializers (dense and sparse)."""
+    return {t.name for t in graph.initializer} | {t.values.name for t in graph.sparse_initializer}
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    """The model's opset of the default ONNX domain (0 if it imports none)."""
+    for opset in model.opset_import:
+        if opset.domain in ("", "ai.onnx"):
+            return int(opset.version)
+    return 0
+
+
+def anchor_dtype(elem_type: int, what: str) -> np.dtype[Any]:
+    """The numpy dtype of an ONNX element type, if an executable anchor may carry it.
+
+    Raises:
+        CompileError: the type has no numpy equivalent the executable format stores
+            (bfloat16, string, complex...); ``what`` names the tensor.
+    """
+    try:
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+    except Exception:
+        dtype = None
+    name = onnx.TensorProto.DataType.Name(elem_type) if elem_type else "UNDEFINED"
+    if dtype is None or dtype.name not in DTYPES or dtype != DTYPES[dtype.name]:
+        raise CompileError(
+            f"{what} has element type {name}, which executables cannot carry "
+            f"(supported: {', '.join(DTYPES)})"
+        )
+    return DTYPES[dtype.name]
+
+
+def tensor_shape(value_info: onnx.ValueInfoProto) -> list[int | str | None]:
+    """Each dim of a tensor value: an int, a symbolic name, or ``None`` if unknown."""
+    dims: list[int | str | None] = []
+    for d in value_info.type.tensor_type.shape.dim:
+        if d.HasField("dim_value"):
+            dims.append(int(d.dim_value))
+        elif d.HasField("dim_param"):
+            dims.append(d.dim_param)
+        else:
+            dims.append(None)
+    return dims
+
+
+def constant_values(graph: onnx.GraphProto, names: set[str]) -> dict[str, np.ndarray]:
+    """Values of those ``names`` that are constant in ``graph`` (initializers, ``Constant``)."""
+    values = {t.name: numpy_helper.to_array(t) for t in graph.initializer if t.name in names}
+    for node in graph.node:
+        if (
+            node.op_type == "Constant"
+            and node.domain in ("", "ai.onnx")
+            and node.output
+            and node.output[0] in names
+        ):
+            for attr in node.attribute:
+                if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
+                    values[node.output[0]] = numpy_helper.to_array(attr.t)
+                elif attr.name == "value_ints":
+                    values[node.output[0]] = np.array(list(attr.ints), dtype=np.int64)
+    return values

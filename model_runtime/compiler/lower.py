@@ -1,0 +1,224 @@
+"""Lowering the optimised graph into an executable: weights out, anchors and programs in.
+
+The main program's graph takes user inputs, weights and variables as graph inputs; devices bind
+weights once at load and feed only user inputs per run. Small integer constants (shapes, axes,
+indices, pads) stay inside the payload: they are structure, onnxruntime needs them constant to
+plan the graph, and they are not worth an anchor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from model_runtime.compiler.graph import anchor_dtype
+from model_runtime.compiler.optimize import OptimizedModel
+from model_runtime.compiler.options import CompileOptions
+from model_runtime.compiler.rebatch import PreparedModel
+from model_runtime.errors import CompileError
+from model_runtime.executable.codec import DTYPES
+from model_runtime.executable.container import Executable
+from model_runtime.executable.model import (
+    Anchor,
+    AnchorRole,
+    AnchorType,
+    ExecutableMetadata,
+    Program,
+    ProgramFlow,
+    ProgramKind,
+    TensorInfo,
+)
+
+__all__ = ["LOAD_ID", "MAIN_ID", "MAIN_PAYLOAD", "SAVE_ID", "lower"]
+
+LOAD_ID, MAIN_ID, SAVE_ID = 0, 1, 2
+MAIN_PAYLOAD = "__program__/main"
+
+#: Non-float initializers up to this size stay in the payload whatever consumes them.
+STRUCTURAL_MAX_BYTES = 512
+
+#: Inputs (by op and position) that hold shapes, axes, indices or sizes: non-float constants
+#: fed there stay in the payload at any size.
+_STRUCTURAL_INPUTS: dict[str, frozenset[int]] = {
+    "Reshape": frozenset({1}),
+    "Expand": frozenset({1}),
+    "Tile": frozenset({1}),
+    "Slice": frozenset({1, 2, 3, 4}),
+    "ConstantOfShape": frozenset({0}),
+    "Squeeze": frozenset({1}),
+    "Unsqueeze": frozenset({1}),
+    "Pad": frozenset({1, 3}),
+    "Resize": frozenset({3}),
+    "TopK": frozenset({1}),
+    "Split": frozenset({1}),
+    "OneHot": frozenset({1}),
+    "Range": frozenset({0, 1, 2}),
+    "Gather": frozenset({1}),
+    "GatherElements": frozenset({1}),
+    "ReduceSum": frozenset({1}),
+    "ReduceMean": frozenset({1}),
+    "ReduceMax": frozenset({1}),
+    "ReduceMin": frozenset({1}),
+    "ReduceProd": frozenset({1}),
+    "CumSum": frozenset({1}),
+}
+
+
+def _structural(tensor: onnx.TensorProto, consumers: Mapping[str, list[tuple[str, int]]]) -> bool:
+    dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
+    if np.dtype(dtype).kind not in "iub":
+        return False
+    n = 1
+    for d in tensor.dims:
+        n *= d
+    if n * np.dtype(dtype).itemsize <= STRUCTURAL_MAX_BYTES:
+        return True
+    uses = consumers.get(tensor.name, [])
+    return bool(uses) and all(i in _STRUCTURAL_INPUTS.get(op, ()) for op, i in uses)
+
+
+def _consumers(graph: onnx.GraphProto) -> dict[str, list[tuple[str, int]]]:
+    uses: dict[str, list[tuple[str, int]]] = {}
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name:
+                uses.setdefault(name, []).append((node.op_type, i))
+    return uses
+
+
+def lower(
+    optimized: OptimizedModel,
+    prepared: PreparedModel,
+    rebatched: onnx.ModelProto,
+    outputs: Mapping[str, TensorInfo],
+    options: CompileOptions,
+    model_name: str,
+    extra_options: Mapping[str, str],
+    where: str,
+) -> Executable:
+    """Lift weights out of the optimised graph and seal the executable.
+
+    Raises:
+        CompileError: a tensor name clashes with the program payload, or an input the
+            executable needs has a type it cannot carry.
+        InvalidExecutableError: the result is inconsistent (a compiler bug).
+    """
+    model = optimized.proto
+    graph = model.graph
+    consumers = _consumers(graph)
+    base_dir = str(optimized.base_dir)
+
+    weights: dict[str, np.ndarray] = {}
+    kept: list[onnx.TensorProto] = []
+    weight_inputs: list[onnx.ValueInfoProto] = []
+    for tensor in graph.initializer:
+        value = numpy_helper.to_array(tensor, base_dir=base_dir)
+        liftable = value.dtype.name in DTYPES and value.dtype == DTYPES[value.dtype.name]
+        if liftable and not _structural(tensor, consumers):
+            weights[tensor.name] = np.ascontiguousarray(value)
+            weight_inputs.append(
+                helper.make_tensor_value_info(tensor.name, tensor.data_type, list(value.shape))
+            )
+        elif onnx.external_data_helper.uses_external_data(tensor):
+            kept.append(numpy_helper.from_array(value, tensor.name))
+        else:
+            kept.append(tensor)
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+
+    # Inputs in a fixed order (user, weights, variables); onnxruntime may have dropped unused
+    # ones, which are put back so every anchor has its graph input.
+    by_name = {vi.name: vi for vi in graph.input}
+    user_inputs = [by_name.get(n) or _input_like(rebatched, n) for n in prepared.user_inputs]
+    var_inputs = [by_name.get(n) or _input_like(rebatched, n) for n in prepared.variables]
+    del graph.input[:]
+    graph.input.extend([*user_inputs, *weight_inputs, *var_inputs])
+
+    for out in graph.output:
+        info = outputs[out.name]
+        elem = helper.np_dtype_to_tensor_dtype(info.dtype)
+        out.type.CopyFrom(helper.make_tensor_type_proto(elem, list(info.shape)))
+
+    payload = np.frombuffer(model.SerializeToString(), dtype=np.uint8).copy()
+    tensors: dict[str, np.ndarray] = {MAIN_PAYLOAD: payload}
+    anchors: list[Anchor] = []
+    bd = options.batch_dim
+    for vi in user_inputs:
+        dims = tuple(d.dim_value for d in vi.type.tensor_type.shape.dim)
+        dtype = anchor_dtype(vi.type.tensor_type.elem_type, f"{where}: input {vi.name!r}")
+        anchors.append(
+            Anchor(
+                name=vi.name,
+                handle=vi.name,
+                tensor_info=TensorInfo(dims, dtype),
+                type=AnchorType.INPUT,
+                role=AnchorRole.USER_INPUT,
+                programs=(MAIN_ID,),
+                batch_dim=bd,
+            )
+        )
+    for name in [*prepared.user_outputs, *prepared.update_outputs]:
+        anchors.append(
+            Anchor(
+                name=name,
+                handle=name,
+                tensor_info=outputs[name],
+                type=AnchorType.OUTPUT,
+                role=AnchorRole.USER_OUTPUT,
+                programs=(MAIN_ID,),
+                # A variable's new value is state, not rows: it has no batch dim.
+                batch_dim=None if name in options.variable_updates else bd,
+            )
+        )
+    for name, value in weights.items():
+        anchors.append(_data_anchor(name, value, AnchorRole.WEIGHT, (LOAD_ID,)))
+        tensors[name] = value
+    for name, value in prepared.variables.items():
+        anchors.append(_data_anchor(name, value, AnchorRole.VARIABLE, (LOAD_ID, MAIN_ID, SAVE_ID)))
+        tensors[name] = np.ascontiguousarray(value)
+    if MAIN_PAYLOAD in {a.name for a in anchors}:
+        raise CompileError(f"{where}: a tensor is named {MAIN_PAYLOAD!r}, which is reserved")
+
+    metadata = ExecutableMetadata(
+        model_name=model_name,
+        target=options.device_target,
+        batch_size=options.batch_size,
+        anchors=tuple(anchors),
+        programs=(
+            Program(LOAD_ID, "load", ProgramKind.LOAD),
+            Program(MAIN_ID, "main", ProgramKind.MAIN, payload=MAIN_PAYLOAD),
+            Program(SAVE_ID, "save", ProgramKind.SAVE),
+        ),
+        program_flow=ProgramFlow(load=(LOAD_ID,), main=(MAIN_ID,), save=(SAVE_ID,)),
+        device_iterations=options.device_iterations,
+        replication_factor=options.replication_factor,
+        output_to_variable=dict(options.variable_updates),
+        options=dict(extra_options),
+    )
+    return Executable.build(metadata, tensors)
+
+
+def _input_like(model: onnx.ModelProto, name: str) -> onnx.ValueInfoProto:
+    for vi in model.graph.input:
+        if vi.name == name:
+            found: onnx.ValueInfoProto = vi
+            return found
+    raise CompileError(f"input {name!r} vanished from the graph")  # pragma: no cover
+
+
+def _data_anchor(
+    name: str, value: np.ndarray[Any, Any], role: AnchorRole, programs: tuple[int, ...]
+) -> Anchor:
+    return Anchor(
+        name=name,
+        handle=name,
+        tensor_info=TensorInfo(tuple(int(d) for d in value.shape), value.dtype),
+        type=AnchorType.INPUT,
+        role=role,
+        programs=programs,
+        has_data=True,
+    )

@@ -1,0 +1,138 @@
+"""The reference runner: one batch through an executable's main program with plain onnxruntime.
+
+It is the first end-to-end path and what device backends are tested against: no queues, no
+actors, weights fed from the executable on every call. Slow by design, obviously correct.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from model_runtime.compiler.ort import first_line, random_array, session_options
+from model_runtime.errors import ApplicationRuntimeError, InputValidationError
+from model_runtime.executable.container import Executable
+from model_runtime.executable.model import Anchor, ProgramKind
+
+__all__ = ["random_inputs", "run_reference"]
+
+_SESSIONS: OrderedDict[str, ort.InferenceSession] = OrderedDict()
+_SESSIONS_LOCK = threading.Lock()
+_MAX_SESSIONS = 4
+
+
+def _session(exe: Executable) -> ort.InferenceSession:
+    key = exe.package_hash
+    with _SESSIONS_LOCK:
+        session = _SESSIONS.get(key)
+        if session is not None:
+            _SESSIONS.move_to_end(key)
+            return session
+    main = [exe.metadata.program(p) for p in exe.metadata.program_flow.main]
+    if len(main) != 1 or main[0].kind is not ProgramKind.MAIN:
+        raise ApplicationRuntimeError(
+            f"{exe.metadata.model_name}: the reference runner needs exactly one main program"
+        )
+    try:
+        session = ort.InferenceSession(
+            exe.program_payload(main[0]), session_options("all"), providers=["CPUExecutionProvider"]
+        )
+    except Exception as exc:
+        raise ApplicationRuntimeError(
+            f"{exe.metadata.model_name}: onnxruntime cannot load the main program: "
+            f"{first_line(exc)}"
+        ) from exc
+    with _SESSIONS_LOCK:
+        _SESSIONS[key] = session
+        while len(_SESSIONS) > _MAX_SESSIONS:
+            _SESSIONS.popitem(last=False)
+    return session
+
+
+def _checked(kind: str, anchor: Anchor, value: Any, model: str) -> np.ndarray:
+    if not isinstance(value, np.ndarray):
+        raise InputValidationError(
+            f"{model}: {kind} {anchor.name!r} must be a numpy array, got {type(value).__name__}"
+        )
+    if value.dtype != anchor.dtype:
+        raise InputValidationError(
+            f"{model}: {kind} {anchor.name!r} must be {anchor.dtype.name}, got {value.dtype.name}"
+        )
+    if tuple(value.shape) != anchor.shape:
+        raise InputValidationError(
+            f"{model}: {kind} {anchor.name!r} must have shape {list(anchor.shape)}, "
+            f"got {list(value.shape)}"
+        )
+    return np.ascontiguousarray(value)
+
+
+def _names_match(kind: str, given: Mapping[str, Any], expected: list[str], model: str) -> None:
+    missing = [n for n in expected if n not in given]
+    unknown = [n for n in given if n not in expected]
+    if missing or unknown:
+        parts = []
+        if missing:
+            parts.append(f"missing {kind}s {missing}")
+        if unknown:
+            parts.append(f"unknown {kind}s {unknown}")
+        raise InputValidationError(f"{model}: {'; '.join(parts)} (expects {expected})")
+
+
+def run_reference(
+    exe: Executable,
+    inputs: Mapping[str, np.ndarray],
+    variables: Mapping[str, np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
+    """Run ``exe``'s main program once, on exactly one batch, with plain onnxruntime.
+
+    ``inputs`` maps every user input anchor name to an array of exactly its shape and dtype.
+    ``variables`` gives the current value of some or all variables (the rest start from their
+    initial values). Returns every output anchor by name, user outputs and variables' new
+    values (see ``metadata.output_to_variable``) alike.
+
+    Raises:
+        InputValidationError: an input or variable is missing, unknown, or of the wrong
+            shape or dtype.
+        ApplicationRuntimeError: onnxruntime cannot load or run the main program.
+    """
+    m = exe.metadata
+    model = f"model {m.model_name!r}"
+    _names_match("input", inputs, [a.name for a in m.user_inputs], model)
+    feeds: dict[str, np.ndarray] = {}
+    for a in m.user_inputs:
+        feeds[a.handle] = _checked("input", a, inputs[a.name], model)
+    for a in m.weights:
+        feeds[a.handle] = exe.tensor(a.name)
+    given = dict(variables or {})
+    known_vars = [a.name for a in m.variables]
+    unknown = [n for n in given if n not in known_vars]
+    if unknown:
+        raise InputValidationError(f"{model}: unknown variables {unknown} (has {known_vars})")
+    for a in m.variables:
+        value = given.get(a.name)
+        feeds[a.handle] = (
+            exe.tensor(a.name) if value is None else _checked("variable", a, value, model)
+        )
+
+    session = _session(exe)
+    outputs = [a for a in m.anchors if a.role.value == "user_output"]
+    try:
+        values = session.run([a.handle for a in outputs], feeds)
+    except Exception as exc:
+        raise ApplicationRuntimeError(
+            f"{model}: the main program failed: {first_line(exc)}"
+        ) from exc
+    return {a.name: np.asarray(v) for a, v in zip(outputs, values, strict=True)}
+
+
+def random_inputs(exe: Executable, seed: int = 0) -> dict[str, np.ndarray]:
+    """One batch of random inputs for ``exe`` (normal floats, small ints), by anchor name."""
+    rng = np.random.default_rng(seed)
+    return {
+        a.name: np.asarray(random_array(rng, a.shape, a.dtype)) for a in exe.metadata.user_inputs
+    }

@@ -1,0 +1,178 @@
+"""Builders of small ONNX test models (shared by unit, integration and benchmark tests).
+
+Every builder is deterministic: weights come from a seeded generator. Models use opset 13 and
+IR version 8 so any onnxruntime >= 1.14 loads them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+__all__ = [
+    "ONNX_TEST_DATA",
+    "OPSET",
+    "make_add_double",
+    "make_batch_mixing",
+    "make_counter",
+    "make_dynamic_feature",
+    "make_fixed_batch_reshape",
+    "make_mlp",
+    "save",
+]
+
+OPSET = 13
+
+#: The test data the onnx wheel ships (light models, backend test cases).
+ONNX_TEST_DATA = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data"
+
+Dim = int | str
+
+
+def _model(graph: onnx.GraphProto) -> onnx.ModelProto:
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="tests.models"
+    )
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def save(model: onnx.ModelProto, path: Path) -> Path:
+    """Write ``model`` to ``path`` and return the path."""
+    onnx.save_model(model, str(path))
+    return path
+
+
+def make_mlp(
+    batch: Dim = "N", sizes: tuple[int, ...] = (784, 512, 512, 10), seed: int = 0
+) -> onnx.ModelProto:
+    """An MLP (default 784-512-512-10): MatMul+Add+Relu layers, logits out.
+
+    Input ``x`` [batch, 784] float32, output ``logits`` [batch, 10]. Weights are random
+    (seeded), so a wrong weight binding changes the answer.
+    """
+    rng = np.random.default_rng(seed)
+    nodes: list[onnx.NodeProto] = []
+    inits: list[onnx.TensorProto] = []
+    prev = "x"
+    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+        w = (rng.standard_normal((fan_in, fan_out)) / np.sqrt(fan_in)).astype(np.float32)
+        b = (rng.standard_normal(fan_out) * 0.1).astype(np.float32)
+        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
+        last = i == len(sizes) - 2
+        nodes.append(helper.make_node("MatMul", [prev, f"w{i}"], [f"mm{i}"]))
+        out = "logits" if last else f"h{i}"
+        nodes.append(helper.make_node("Add", [f"mm{i}", f"b{i}"], [out if last else f"a{i}"]))
+        if not last:
+            nodes.append(helper.make_node("Relu", [f"a{i}"], [out]))
+        prev = out
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, sizes[0]])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, sizes[-1]])],
+        inits,
+    )
+    return _model(graph)
+
+
+def make_add_double(batch: Dim = "N", width: int = 4) -> onnx.ModelProto:
+    """``sum = x + bias`` and ``double = x + x``; ``bias`` is ``[1, 2, ..., width]``."""
+    bias = np.arange(1, width + 1, dtype=np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Add", ["x", "bias"], ["sum"]),
+            helper.make_node("Add", ["x", "x"], ["double"]),
+        ],
+        "add_double",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, width])],
+        [
+            helper.make_tensor_value_info("sum", TensorProto.FLOAT, [batch, width]),
+            helper.make_tensor_value_info("double", TensorProto.FLOAT, [batch, width]),
+        ],
+        [numpy_helper.from_array(bias, "bias")],
+    )
+    return _model(graph)
+
+
+def make_counter(batch: Dim = "N", width: int = 4) -> onnx.ModelProto:
+    """A stateful model: ``y = x + count``; ``count_next = count + 1``.
+
+    Compile with ``variables=("count",)`` and ``variable_updates={"count_next": "count"}``:
+    the n-th run (from 0) adds n to every element.
+    """
+    graph = helper.make_graph(
+        [
+            helper.make_node("Add", ["x", "count"], ["y"]),
+            helper.make_node("Add", ["count", "one"], ["count_next"]),
+        ],
+        "counter",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, width])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, width]),
+            helper.make_tensor_value_info("count_next", TensorProto.FLOAT, [1]),
+        ],
+        [
+            numpy_helper.from_array(np.zeros(1, np.float32), "count"),
+            numpy_helper.from_array(np.ones(1, np.float32), "one"),
+        ],
+    )
+    return _model(graph)
+
+
+def make_fixed_batch_reshape(channels: int = 3, side: int = 4) -> onnx.ModelProto:
+    """A model exported at batch 1 whose ``Reshape`` constant holds the 1.
+
+    ``x`` [1, C, S, S] -> Relu -> Reshape to [1, C*S*S] (constant) -> MatMul -> ``y`` [1, 5].
+    """
+    rng = np.random.default_rng(1)
+    flat = channels * side * side
+    w = rng.standard_normal((flat, 5)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Relu", ["x"], ["r"]),
+            helper.make_node("Reshape", ["r", "flat_shape"], ["f"]),
+            helper.make_node("MatMul", ["f", "w"], ["y"]),
+        ],
+        "fixed_batch_reshape",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, side, side])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])],
+        [
+            numpy_helper.from_array(np.array([1, flat], np.int64), "flat_shape"),
+            numpy_helper.from_array(w, "w"),
+        ],
+    )
+    return _model(graph)
+
+
+def make_batch_mixing(width: int = 4) -> onnx.ModelProto:
+    """A batch-1 model whose result depends on the whole batch: ``y = x - mean(x, axis=0)``.
+
+    Re-batching it changes every row's answer, so the compiler must refuse.
+    """
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceMean", ["x"], ["m"], axes=[0], keepdims=1),
+            helper.make_node("Sub", ["x", "m"], ["y"]),
+        ],
+        "batch_mixing",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, width])],
+    )
+    return _model(graph)
+
+
+def make_dynamic_feature() -> onnx.ModelProto:
+    """A model with a dynamic non-batch dim: ``x`` [N, "seq"] -> Relu -> ``y``."""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "dynamic_feature",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "seq"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "seq"])],
+    )
+    return _model(graph)
