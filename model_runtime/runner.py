@@ -34,7 +34,6 @@ from actors.device.actor import Device
 from actors.device.backends import create_backend
 from actors.device.faults import FaultPlan
 from actors.device.manager import AttachedDevice, DeviceManager
-from actors.device.messages import LoadExecutable, Unload
 from actors.device.wait import DeviceWaitConfig
 from actors.queues.actor import Queue
 from actors.queues.config import QueueConfig
@@ -123,12 +122,14 @@ class ModelRunner:
             ModelRuntimeError: any other failure while starting (devices are released).
         """
         cfg = self.config
-        if self._exe is None:
-            source = self._source
-            self._exe = await anyio.to_thread.run_sync(
-                lambda: Executable.load(source, check_package_hash=cfg.check_package_hash)  # type: ignore[arg-type]
-            )
         exe = self._exe
+        if exe is None:
+            source = self._source
+            assert not isinstance(source, Executable)
+            exe = await anyio.to_thread.run_sync(
+                lambda: Executable.load(source, check_package_hash=cfg.check_package_hash)
+            )
+            self._exe = exe
         meta = exe.metadata
         where = f"model {meta.model_name!r}"
         self._in_shapes = request_shapes(meta.user_inputs, cfg.batching_dim, where=where)
@@ -195,12 +196,13 @@ class ModelRunner:
 
         def make_device() -> Device:
             attached = self._devices[r]
-            return _LoadedDevice(
+            return Device(
                 attached,
                 create_backend(attached.spec),
                 replica=r,
                 fault_plan=self._plan,
                 clock=self._clock,
+                detach_on_stop=False,
                 executable=exe,
                 frozen_inputs=cfg.frozen_inputs or None,
                 variables=state.saved_variables,
@@ -302,7 +304,7 @@ class ModelRunner:
         devices, self._devices = self._devices, []
         for dev in devices:
             try:
-                await dev.detach()
+                dev.detach()
             except ModelRuntimeError as exc:  # pragma: no cover - best effort on shutdown
                 log.warning("detach_failed", device=dev.spec.id, error=str(exc))
 
@@ -477,34 +479,3 @@ class ModelRunner:
     async def get_monitoring_statistics_total_count(self, replica_id: int = 0) -> dict[str, float]:
         """Number of requests recorded per phase (seed key names)."""
         return (await self._stats(replica_id)).total_count()
-
-
-class _LoadedDevice(Device):
-    """A Device actor that loads the executable before it reports started."""
-
-    def __init__(
-        self,
-        attached: AttachedDevice,
-        backend: Any,
-        *,
-        replica: int,
-        fault_plan: FaultPlan | None,
-        clock: Clock,
-        executable: Executable,
-        frozen_inputs: Mapping[str, np.ndarray] | None,
-        variables: Mapping[str, np.ndarray] | None,
-    ) -> None:
-        super().__init__(attached, backend, replica=replica, fault_plan=fault_plan, clock=clock)
-        self._load = LoadExecutable(executable, frozen_inputs)
-        self._variables = variables
-
-    async def on_start(self) -> None:
-        await super().on_start()
-        await self.handle(self._load)  # type: ignore[arg-type]
-
-    async def on_stop(self) -> None:
-        try:
-            await self.handle(Unload())  # type: ignore[arg-type]
-        except ModelRuntimeError:
-            pass
-        await super().on_stop()

@@ -6,6 +6,7 @@ IR version 8 so any onnxruntime >= 1.14 loads them.
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -14,8 +15,10 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 __all__ = [
+    "LIGHT_MODELS",
     "ONNX_TEST_DATA",
     "OPSET",
+    "light_model",
     "make_add_double",
     "make_batch_mixing",
     "make_counter",
@@ -60,7 +63,7 @@ def make_mlp(
     nodes: list[onnx.NodeProto] = []
     inits: list[onnx.TensorProto] = []
     prev = "x"
-    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+    for i, (fan_in, fan_out) in enumerate(itertools.pairwise(sizes)):
         w = (rng.standard_normal((fan_in, fan_out)) / np.sqrt(fan_in)).astype(np.float32)
         b = (rng.standard_normal(fan_out) * 0.1).astype(np.float32)
         inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
@@ -176,3 +179,53 @@ def make_dynamic_feature() -> onnx.ModelProto:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "seq"])],
     )
     return _model(graph)
+
+
+LIGHT_MODELS = (
+    "bvlc_alexnet",
+    "densenet121",
+    "inception_v1",
+    "inception_v2",
+    "resnet50",
+    "shufflenet",
+    "squeezenet",
+    "vgg19",
+    "zfnet512",
+)
+
+
+def light_model(name: str, seed: int = 0) -> onnx.ModelProto:
+    """A "light" model from the onnx wheel, with random (seeded) weights instead of constants.
+
+    The wheel's light models generate every weight with ``ConstantOfShape`` (all 0.02), which
+    makes every class score equal whatever the input: useless for checking outputs. Each such
+    node becomes an initializer: rank >= 2 tensors (conv/fc weights) ~ N(0, 1/fan_in), vectors
+    (biases, batch-norm parameters) ~ U(0.5, 1.5) so variances stay positive.
+    """
+    model = onnx.load(str(ONNX_TEST_DATA / "light" / f"light_{name}.onnx"))
+    rng = np.random.default_rng(seed)
+    graph = model.graph
+    shapes = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    kept: list[onnx.NodeProto] = []
+    for node in graph.node:
+        if node.op_type == "ConstantOfShape" and node.input[0] in shapes:
+            shape = tuple(int(d) for d in shapes[node.input[0]])
+            if len(shape) >= 2:
+                fan_in = int(np.prod(shape[1:]))
+                value = rng.standard_normal(shape) / np.sqrt(fan_in)
+            else:
+                value = rng.uniform(0.5, 1.5, size=shape)
+            graph.initializer.append(
+                numpy_helper.from_array(value.astype(np.float32), node.output[0])
+            )
+            if model.ir_version < 4 and node.output[0] not in {i.name for i in graph.input}:
+                # IR 3 wants every initializer listed among the graph inputs.
+                graph.input.append(
+                    helper.make_tensor_value_info(node.output[0], TensorProto.FLOAT, shape)
+                )
+        else:
+            kept.append(node)
+    del graph.node[:]
+    graph.node.extend(kept)
+    onnx.checker.check_model(model)
+    return model

@@ -33,17 +33,28 @@ class DeferringActor(Actor[M]):
 
     _tasks: anyio.abc.TaskGroup | None = None
     _tasks_ready: anyio.Event | None = None
+    _death: anyio.Event | None = None
+    _death_cause: BaseException | None = None
 
     async def on_start(self) -> None:
         self._tasks_ready = anyio.Event()
+        self._death = anyio.Event()
         await super().on_start()
 
     async def background(self) -> None:
+        assert self._tasks_ready is not None and self._death is not None
         async with anyio.create_task_group() as tg:
             self._tasks = tg
-            assert self._tasks_ready is not None
             self._tasks_ready.set()
-            await anyio.sleep_forever()
+            await self._death.wait()
+            assert self._death_cause is not None
+            raise self._death_cause
+
+    def die(self, cause: BaseException) -> None:
+        """End the actor with ``cause`` (from a callback, where raising reaches nobody)."""
+        if self._death is not None and self._death_cause is None:
+            self._death_cause = cause
+            self._death.set()
 
     async def task_group(self) -> anyio.abc.TaskGroup:
         if self._tasks is None:

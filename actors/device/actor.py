@@ -50,12 +50,14 @@ from actors.device.messages import (
     Unload,
 )
 from model_runtime.errors import (
+    ActorStoppedError,
     ApplicationRuntimeError,
     DeviceStateError,
     RecoverableRuntimeError,
     RuntimeFailure,
     UnrecoverableRuntimeError,
 )
+from model_runtime.executable import Executable
 from model_runtime.executable.model import ProgramKind
 
 __all__ = ["Device", "DeviceCrash"]
@@ -70,13 +72,16 @@ class _Job:
     kind: str
     future: asyncio.Future[Any]
     started_at: float | None
+    envelope: Envelope | None = None
 
 
 class Device(DeferringActor[DeviceMessage]):
     """The actor of one device (see the module docstring and :mod:`.messages`).
 
     ``backend`` defaults to the backend of ``device.spec.kind``. ``detach_on_stop``: release
-    the device when the actor stops (it owns the attachment).
+    the device when the actor stops (it owns the attachment). ``executable`` (with
+    ``frozen_inputs`` and saved ``variables``): load it before reporting started, so that
+    "started" means "ready to run" (a failed load fails the start).
     """
 
     fatal = (DeviceCrash,)
@@ -92,6 +97,9 @@ class Device(DeferringActor[DeviceMessage]):
         name: str | None = None,
         abort_grace: float = 5.0,
         detach_on_stop: bool = True,
+        executable: Executable | None = None,
+        frozen_inputs: Mapping[str, np.ndarray] | None = None,
+        variables: Mapping[str, np.ndarray] | None = None,
     ) -> None:
         super().__init__(name or f"device-{replica}", clock=clock)
         self.device = device
@@ -112,6 +120,7 @@ class Device(DeferringActor[DeviceMessage]):
         self._load_args: tuple[Any, Mapping[str, np.ndarray] | None] | None = None
         self.runs_completed = 0
         self.last_progress = 0.0
+        self._initial = (executable, frozen_inputs, variables) if executable is not None else None
 
     # -- status ----------------------------------------------------------------------------
 
@@ -145,9 +154,19 @@ class Device(DeferringActor[DeviceMessage]):
         await super().on_start()
         self._executor = self._new_executor()
         self.last_progress = self.clock.monotonic()
-        self.log.info("device.started", kind=self.device.spec.kind)
+        if self._initial is not None:
+            executable, frozen, variables = self._initial
+            self._load_args = (executable, frozen)
+            self._loaded = True
+            job = self._submit("load", self._work_load, executable, frozen, variables)
+            await self._await_job(job)
+        self.log.info("device.started", kind=self.device.spec.kind, loaded=self._loaded)
 
     async def on_stop(self) -> None:
+        stopped = ActorStoppedError(f"actor {self.name} has stopped")
+        for job in self._jobs:
+            if job.envelope is not None:
+                job.envelope.fail(stopped)
         self._abort.set()
         self.backend.terminate()
         if self._executor is not None:
@@ -181,25 +200,25 @@ class Device(DeferringActor[DeviceMessage]):
                     self._load_args = (executable, frozen)
                     self._loaded = True
                     job = self._submit("load", self._work_load, executable, frozen)
-                    await self.defer(envelope, lambda: self._await_job(job))
+                    self._reply_when_done(envelope, job)
                 case RunMain(batches):
                     self._check_loaded()
                     job = self._submit("main", self._work_main, batches)
-                    await self.defer(envelope, lambda: self._await_job(job))
+                    self._reply_when_done(envelope, job)
                 case RunSave():
                     self._check_loaded()
                     job = self._submit("save", self._work_save)
-                    await self.defer(envelope, lambda: self._await_job(job))
+                    self._reply_when_done(envelope, job)
                 case RunPrograms(program_ids, batches):
                     self._check_loaded()
                     job = self._submit("programs", self._work_programs, program_ids, batches)
-                    await self.defer(envelope, lambda: self._await_job(job))
+                    self._reply_when_done(envelope, job)
                 case Unload():
                     self._check_usable()
                     self._loaded = False
                     self._load_args = None
                     job = self._submit("unload", lambda g, a: self.backend.unload())
-                    await self.defer(envelope, lambda: self._await_job(job))
+                    self._reply_when_done(envelope, job)
                 case _:
                     await super()._dispatch(envelope)
         except Exception as exc:
@@ -235,28 +254,56 @@ class Device(DeferringActor[DeviceMessage]):
         self._jobs.append(job)
         return job
 
-    async def _await_job(self, job: _Job) -> Any:
-        try:
-            result = await job.future
-        except RuntimeFailure as exc:
+    def _settle(self, job: _Job, exc: BaseException | None) -> None:
+        """Book-keeping when a job ends (loop thread): progress, counters, error context."""
+        self._finish(job)
+        if exc is None:
+            if job.kind in ("main", "programs"):
+                self.runs_completed += 1
+        elif isinstance(exc, RuntimeFailure):
             if exc.replica is None:
                 exc.replica = self.replica
             self.log.warning("device.run_failed", job=job.kind, error=repr(exc))
-            raise
-        except DeviceCrash:
+        elif isinstance(exc, DeviceCrash):
             self.log.error("device.crash", job=job.kind)
-            raise
-        except Exception as exc:
+        else:
             if job.kind == "load":
                 self._loaded = False
             self.log.info("device.job_failed", job=job.kind, error=repr(exc))
-            raise
-        else:
-            if job.kind in ("main", "programs"):
-                self.runs_completed += 1
-            return result
-        finally:
+
+    async def _await_job(self, job: _Job) -> Any:
+        try:
+            result = await job.future
+        except asyncio.CancelledError:
             self._finish(job)
+            raise
+        except Exception as exc:
+            self._settle(job, exc)
+            raise
+        self._settle(job, None)
+        return result
+
+    def _reply_when_done(self, envelope: Envelope, job: _Job) -> None:
+        # The hot path: answer from the future's done-callback, no task per run.
+        job.envelope = envelope
+        job.future.add_done_callback(lambda f: self._completed(job, f))
+
+    def _completed(self, job: _Job, future: asyncio.Future[Any]) -> None:
+        envelope = job.envelope
+        assert envelope is not None
+        if future.cancelled():
+            self._finish(job)
+            envelope.fail(ActorStoppedError(f"actor {self.name} has stopped"))
+            return
+        exc = future.exception()
+        self._settle(job, exc)
+        if exc is None:
+            envelope.answer(future.result())
+        elif isinstance(exc, DeviceCrash) or envelope.reply is None:
+            envelope.fail(ActorStoppedError(f"actor {self.name} crashed: {exc}"))
+            self.die(exc)
+        else:
+            envelope.fail(exc)
 
     def _finish(self, job: _Job) -> None:
         now = self.clock.monotonic()
@@ -283,11 +330,14 @@ class Device(DeferringActor[DeviceMessage]):
         self,
         generation: int,
         abort: threading.Event,
-        executable: Any,
+        executable: Executable,
         frozen: Mapping[str, np.ndarray] | None,
+        variables: Mapping[str, np.ndarray] | None = None,
     ) -> None:
         self._guard(generation)
         self.backend.load(executable, frozen)
+        if variables:
+            self.backend.restore_variables(variables)
 
     def _work_main(
         self,

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from actors.actor import Stop
 from actors.queues.batch import Batch
 from actors.queues.request import Request
 
@@ -64,4 +65,5 @@ class GetStats:
     """(ask) A :class:`~actors.queues.stats.QueueStats` snapshot."""
 
 
-QueueMessage = Enqueue | Complete | Fail | Flush | Drain | FailAll | GetStats
+#: What a Queue's ref accepts (``Stop`` is the actor core's).
+QueueMessage = Enqueue | Complete | Fail | Flush | Drain | FailAll | GetStats | Stop

@@ -135,23 +135,22 @@ class RingPool:
         b = layout.B
         for k, segs in enumerate(per_iteration):
             dst = buf[k]
-            n = len(segs)
+            rows = min(b, max(0, valid_rows - k * b))
             for s in layout.inputs:
                 name, axis = s.name, s.axis
                 if axis is None:
-                    if n:
+                    if segs:
                         np.copyto(dst[name], segs[-1][0].inputs[name])
                     continue
-                views = []
-                rows = 0
-                for req, start, _, _, count in segs:
-                    a = req.inputs[name]
-                    if axis:
-                        a = np.moveaxis(a, axis, 0)
-                    if start or count != a.shape[0]:
-                        a = a[start : start + count]
-                    views.append(a)
-                    rows += count
+                if axis == 0:
+                    views = [
+                        r.inputs[name] if c == r.samples else r.inputs[name][i : i + c]
+                        for r, i, _, _, c in segs
+                    ]
+                else:
+                    views = [
+                        np.moveaxis(r.inputs[name], axis, 0)[i : i + c] for r, i, _, _, c in segs
+                    ]
                 out = rows_view(dst[name], axis)
                 if rows == b:
                     np.concatenate(views, out=out)

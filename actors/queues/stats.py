@@ -131,9 +131,7 @@ class TraceRecorder:
             cols[1].append(pack - sub)
             cols[2].append(t_start - pack)
             cols[3].append(np.full(sub.shape, t_end - t_start))
-        columns = tuple(
-            np.concatenate(c) if c else np.empty(0, dtype=np.float64) for c in cols
-        )
+        columns = tuple(np.concatenate(c) if c else np.empty(0, dtype=np.float64) for c in cols)
         if self._capacity and columns[0].size > self._capacity:
             columns = tuple(c[-self._capacity :] for c in columns)
         return QueueStats(columns, self.total)

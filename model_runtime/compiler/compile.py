@@ -19,7 +19,7 @@ import structlog
 from onnx import helper
 
 from model_runtime.compiler.cache import ExecutableCache, cache_key
-from model_runtime.compiler.graph import default_opset
+from model_runtime.compiler.graph import default_opset, upgrade_opset
 from model_runtime.compiler.lower import lower
 from model_runtime.compiler.optimize import optimize
 from model_runtime.compiler.options import CompileOptions
@@ -113,7 +113,10 @@ def _copy_atomic(src: Path, dst: Path) -> None:
 def _compile(source: ModelSource, options: CompileOptions) -> Executable:
     where = f"model {source.name!r}"
     options.validate(where)
-    prepared = prepare(source.proto, options, where)
+    upgraded, converted_to = upgrade_opset(source.proto, where)
+    if converted_to is not None:
+        where += f" (upgraded from opset {default_opset(source.proto)} to {converted_to})"
+    prepared = prepare(upgraded, options, where)
     rebatched = rebatch(prepared, options.batch_size, options.batch_dim, where)
     outputs = check_outputs(prepared, rebatched, options.batch_size, options.batch_dim, where)
     check_updates(dict(options.variable_updates), prepared.variables, outputs, where)
@@ -125,6 +128,7 @@ def _compile(source: ModelSource, options: CompileOptions) -> Executable:
             "offline_optimization_level": optimized.level,
             "source_sha256": source.sha256,
             "opset": str(default_opset(source.proto)),
+            "opset_converted_to": str(converted_to or ""),
             "batch_dim": str(options.batch_dim),
             "rebatched_from": rebatched.mode,
             "reshapes_rewritten": str(rebatched.reshapes_rewritten),

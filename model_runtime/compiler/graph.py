@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx.version_converter
 from onnx import helper, numpy_helper
 
 from model_runtime.errors import CompileError
@@ -17,6 +18,7 @@ __all__ = [
     "default_opset",
     "initializer_names",
     "tensor_shape",
+    "upgrade_opset",
 ]
 
 
@@ -82,3 +84,30 @@ def constant_values(graph: onnx.GraphProto, names: set[str]) -> dict[str, np.nda
                 elif attr.name == "value_ints":
                     values[node.output[0]] = np.array(list(attr.ints), dtype=np.int64)
     return values
+
+
+#: Oldest default-domain opset onnxruntime still implements; older models are converted.
+MIN_OPSET = 7
+
+
+def upgrade_opset(model: onnx.ModelProto, where: str) -> tuple[onnx.ModelProto, int | None]:
+    """Convert a model older than :data:`MIN_OPSET` to it; return it and the new opset.
+
+    onnxruntime dropped kernels for opsets before 7 (``Add(6)`` with its ``broadcast``
+    attribute, ...); the onnx version converter rewrites them faithfully.
+
+    Raises:
+        CompileError: the converter cannot convert the model.
+    """
+    opset = default_opset(model)
+    if opset == 0 or opset >= MIN_OPSET:
+        return model, None
+    try:
+        converted = onnx.version_converter.convert_version(model, MIN_OPSET)
+        onnx.checker.check_model(converted)
+    except Exception as exc:
+        raise CompileError(
+            f"{where}: opset {opset} is older than onnxruntime supports ({MIN_OPSET}) and the "
+            f"onnx version converter cannot upgrade it: {str(exc).strip().splitlines()[0]}"
+        ) from exc
+    return converted, MIN_OPSET

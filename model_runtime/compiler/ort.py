@@ -29,7 +29,9 @@ def session_options(level: str = "basic") -> ort.SessionOptions:
     """Quiet session options at a named graph optimisation level."""
     so = ort.SessionOptions()
     so.graph_optimization_level = GRAPH_LEVELS[level]
-    so.log_severity_level = 3  # warnings about unused initializers are noise at compile time
+    # Failures come back as exceptions, translated with context; onnxruntime's own log lines
+    # (unused initializers, kernel errors) would only repeat them on stderr.
+    so.log_severity_level = 4
     return so
 
 

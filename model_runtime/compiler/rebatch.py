@@ -188,6 +188,19 @@ def rebatch(prepared: PreparedModel, batch_size: int, batch_dim: int, where: str
 
     if not symbolic:
         return RebatchedModel(proto=model, mode="none", reshapes_rewritten=0)
+    if "none" in modes:
+        fixed = [
+            vi.name
+            for vi in graph.input
+            if vi.name in prepared.user_inputs
+            and vi.type.tensor_type.shape.dim[batch_dim].dim_value == batch_size
+        ]
+        other = [vi.name for vi in graph.input if vi.name in prepared.user_inputs]
+        other = [n for n in other if n not in fixed]
+        raise CompileError(
+            f"{where}: the inputs disagree on the batch: {fixed} have batch {batch_size} but "
+            f"{other} do not; every input must carry the batch in dimension {batch_dim}"
+        )
 
     # Inferred shapes of intermediates (and the outputs) carry the old batch: drop them.
     del graph.value_info[:]

@@ -195,7 +195,9 @@ def _check_datatype(name: str, datatype: Any, spec: TensorSpec, model: str) -> s
         known = ", ".join([*DATATYPES, BYTES])
         raise _fail(f"input {name!r}: unknown datatype {datatype!r} (known: {known})")
     if datatype != spec.datatype:
-        raise _fail(f"input {name!r}: datatype {datatype} does not match the model's {spec.datatype}")
+        raise _fail(
+            f"input {name!r}: datatype {datatype} does not match the model's {spec.datatype}"
+        )
     return datatype
 
 

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,12 @@ PAYLOAD = "program/main"
 
 
 def _anchor(
-    name: str, shape: tuple[int, ...], t: AnchorType, role: AnchorRole, progs: tuple[int, ...], **kw: Any
+    name: str,
+    shape: tuple[int, ...],
+    t: AnchorType,
+    role: AnchorRole,
+    progs: tuple[int, ...],
+    **kw: Any,
 ) -> Anchor:
     return Anchor(name, name, TensorInfo(shape, F32), t, role, progs, **kw)
 
@@ -77,7 +83,7 @@ def tiny_exe(
         [helper.make_tensor("one", f, [1], [1.0])],
     )
     rng = np.random.default_rng(seed)
-    tensors = {
+    tensors: dict[str, np.ndarray] = {
         "W": rng.standard_normal((4, 3)).astype(np.float32),
         "b": rng.standard_normal(3).astype(np.float32),
         "counter": np.zeros(1, np.float32),
@@ -116,12 +122,14 @@ def mlp_exe(
     ]
     inputs = [helper.make_tensor_value_info("x", f, [batch, sizes[0]])]
     prev = "x"
-    for i, (a, b) in enumerate(zip(sizes, sizes[1:], strict=False)):
+    for i, (a, b) in enumerate(itertools.pairwise(sizes)):
         w, bias = f"w{i}", f"b{i}"
         tensors[w] = (rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32)
         tensors[bias] = np.zeros(b, np.float32)
         for n, shape in ((w, (a, b)), (bias, (b,))):
-            anchors.append(_anchor(n, shape, AnchorType.INPUT, AnchorRole.WEIGHT, (0, 1), has_data=True))
+            anchors.append(
+                _anchor(n, shape, AnchorType.INPUT, AnchorRole.WEIGHT, (0, 1), has_data=True)
+            )
             inputs.append(helper.make_tensor_value_info(n, f, list(shape)))
         last = i == len(sizes) - 2
         nodes.append(helper.make_node("MatMul", [prev, w], [f"mm{i}"]))
@@ -130,7 +138,9 @@ def mlp_exe(
             nodes.append(helper.make_node("Relu", [f"pre{i}"], [f"h{i}"]))
             prev = f"h{i}"
     anchors.append(
-        _anchor("y", (batch, sizes[-1]), AnchorType.OUTPUT, AnchorRole.USER_OUTPUT, (1,), batch_dim=0)
+        _anchor(
+            "y", (batch, sizes[-1]), AnchorType.OUTPUT, AnchorRole.USER_OUTPUT, (1,), batch_dim=0
+        )
     )
     payload = _model(nodes, inputs, [helper.make_tensor_value_info("y", f, [batch, sizes[-1]])], [])
     tensors[PAYLOAD] = np.frombuffer(payload, np.uint8)

@@ -13,6 +13,7 @@ __all__ = [
     "CpuBackend",
     "IpuModelBackend",
     "RunAborted",
+    "create_backend",
     "estimate_memory",
     "make_backend",
 ]
@@ -29,3 +30,7 @@ def make_backend(spec: DeviceSpec) -> Backend:
     if spec.kind == "ipu-model":
         return IpuModelBackend(spec)
     raise ConfigurationError(f"no backend for device kind {spec.kind!r}")
+
+
+#: Alias (the name the runner first used).
+create_backend = make_backend

@@ -1,0 +1,479 @@
+"""The Queue actor: packs callers' rows into device batches and routes outputs back.
+
+One Queue per replica. Requests wait in a FIFO of unpacked rows; a batch is sealed (its rows
+copied into a ring pool buffer, or passed as views when one request fills it exactly) when
+``device_iterations * batch_size`` rows are waiting and a buffer is free, or when a flush
+(timeout, :class:`Flush`, :class:`Drain`) makes a partial batch of what is waiting, padded.
+Sealed batches go to ``Queue.ready`` in order; the session runs them and answers with
+:class:`Complete` or :class:`Fail`, which frees the buffer. Until a buffer is free requests
+wait, unpacked; a caller that goes away meanwhile (its future done) is simply dropped.
+
+Packing, splitting and the flush timer run on the event loop without awaiting, so the mailbox
+handler and the background timer never see each other's half-done work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+from collections import deque
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from actors.actor import Actor, Envelope
+from actors.clock import Clock, SystemClock
+from actors.queues.batch import Batch, Segment
+from actors.queues.config import QueueConfig
+from actors.queues.messages import (
+    Complete,
+    Drain,
+    Enqueue,
+    Fail,
+    FailAll,
+    Flush,
+    GetStats,
+    QueueMessage,
+)
+from actors.queues.pool import Layout, RingPool
+from actors.queues.request import Request
+from actors.queues.routing import fail_batch, route_outputs
+from actors.queues.stats import QueueStats, TraceRecorder
+from model_runtime.errors import ActorStoppedError, RunnerStoppedError
+from model_runtime.executable.model import ExecutableMetadata
+
+__all__ = ["Queue"]
+
+_INF = math.inf
+
+
+class Queue(Actor[QueueMessage]):
+    """One replica's batching queue (see the module docstring and :class:`QueueConfig`)."""
+
+    #: Every ``execute()`` is one ``tell``: room for a burst of many concurrent callers.
+    mailbox_size = 1 << 16
+
+    def __init__(
+        self,
+        metadata: ExecutableMetadata,
+        config: QueueConfig,
+        *,
+        replica: int = 0,
+        clock: Clock | None = None,
+        name: str | None = None,
+    ) -> None:
+        """Allocate the ring pool and the ``ready`` stream.
+
+        Raises:
+            ConfigurationError: the model's anchors do not fit ``config`` (see ``Layout``).
+        """
+        super().__init__(name or f"queue-{metadata.model_name}-{replica}", clock=clock)
+        self.config = config
+        self.replica = replica
+        self.layout = Layout(metadata, config)
+        self._pool_size = config.pool_buffers
+        self._pool = RingPool(self.layout, self._pool_size)
+        self._recorder = TraceRecorder(config.request_tracepoints_buffer_size)
+        self.log = self.log.bind(model=metadata.model_name, replica=replica)
+        self._now = self.clock.monotonic
+        self._ids = itertools.count()
+        self._pending: deque[Request] = deque()
+        self._pending_rows = 0  # unpacked rows in _pending (rows of gone callers included)
+        self._pending_samples = 0
+        self._inflight = 0
+        self._outstanding: dict[int, Batch] = {}  # sealed, not completed or failed
+        self._backlog: deque[Batch] = deque()  # sealed, not yet in the ready stream
+        self._backlog_event: anyio.Event | None = None
+        self._draining = False
+        self._drain_waiters: list[Envelope] = []
+        self._flush_requested = False
+        self._last_arrival = self._open_since = self._iter_full_since = 0.0
+        self._timer_target = _INF
+        self._timer_scope: anyio.CancelScope | None = None
+        self._timer_event: anyio.Event | None = None
+        self._open_streams()
+
+    # -- what the runner and the session read --------------------------------------------------
+
+    @property
+    def ready(self) -> MemoryObjectReceiveStream[Batch]:
+        """Sealed batches, in order; capacity ``config.look_ahead``. Ends when the queue stops."""
+        return self._ready_recv
+
+    @property
+    def pending_samples(self) -> int:
+        """Rows enqueued and not answered yet (a gone caller's until the queue notices)."""
+        return self._pending_samples
+
+    @property
+    def inflight_requests(self) -> int:
+        """Requests enqueued and not answered yet."""
+        return self._inflight
+
+    def enqueue_nowait(self, request: Request) -> None:
+        """Queue ``request`` at once, as handling ``Enqueue(request)`` would, without the
+        mailbox's hop through the event loop (a caller on the queue's own event loop only).
+
+        Safe because every change to the queue's state happens without awaiting; the only
+        difference from ``tell(Enqueue(...))`` is that it overtakes messages still in the
+        mailbox. Never raises: refusals go to ``request.future``.
+        """
+        self._enqueue(request)
+
+    def stats(self) -> QueueStats:
+        """The statistics now, without messaging (same as asking :class:`GetStats`)."""
+        return self._recorder.snapshot()
+
+    # -- actor hooks ---------------------------------------------------------------------------
+
+    def _open_streams(self) -> None:
+        send: MemoryObjectSendStream[Batch]
+        send, self._ready_recv = anyio.create_memory_object_stream[Batch](self.config.look_ahead)
+        self._ready_send = send
+        self._streams_closed = False
+
+    async def on_start(self) -> None:
+        if self._streams_closed:
+            self._open_streams()
+        if isinstance(self.clock, SystemClock):
+            # The same time as SystemClock.monotonic (the loop's), without anyio's dispatch.
+            self._now = asyncio.get_running_loop().time
+
+    async def on_stop(self) -> None:
+        self._fail_all(RunnerStoppedError(f"queue {self.name} stopped"))
+        stopped = ActorStoppedError(f"actor {self.name} has stopped")
+        for envelope in self._drain_waiters:
+            envelope.fail(stopped)
+        self._drain_waiters.clear()
+        self._ready_send.close()
+        self._streams_closed = True
+
+    async def background(self) -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._sender)
+            await self._timer()
+
+    async def _dispatch(self, envelope: Envelope) -> None:
+        # Drain answers later (when nothing is left unpacked), so it bypasses handle().
+        if type(envelope.message) is Drain and envelope.reply is not None:
+            self._drain_waiters.append(envelope)
+            self._start_drain()
+            return
+        await super()._dispatch(envelope)
+
+    async def handle(self, message: QueueMessage) -> object:
+        """Handle one message (see :mod:`actors.queues.messages`).
+
+        Raises:
+            ActorError: an unknown message.
+        """
+        match message:
+            case Enqueue(request):
+                self._enqueue(request)
+            case Complete(batch, outputs, t_start, t_end):
+                if self._release(batch):
+                    submits: list[float] = []
+                    packed: list[float] = []
+                    try:
+                        closed = route_outputs(self.layout, batch, outputs, submits, packed)
+                    except (KeyError, IndexError, ValueError) as exc:
+                        closed = fail_batch(batch, exc)
+                    self._close(closed)
+                    self._recorder.add(t_start, t_end, submits, packed)
+                    self._after_release()
+            case Fail(batch, error):
+                if self._release(batch):
+                    self._close(fail_batch(batch, error))
+                    self._after_release()
+            case Flush():
+                if self._pending_rows:
+                    self._flush_requested = True
+                    self._pump()
+            case Drain():
+                self._start_drain()
+            case FailAll(error):
+                self._fail_all(error)
+            case GetStats():
+                return self._recorder.snapshot()
+            case _:
+                return await super().handle(message)
+        return None
+
+    # -- the hot path --------------------------------------------------------------------------
+
+    def _enqueue(self, req: Request) -> None:
+        fut = req.future
+        if fut.done():
+            return
+        if self._draining:
+            fut.set_exception(RunnerStoppedError(f"queue {self.name} is draining"))
+            return
+        n = req.samples
+        req._open = True
+        self._pending_samples += n
+        self._inflight += 1
+        now = self._last_arrival = self._now()
+        before = self._pending_rows
+        after = self._pending_rows = before + n
+        self._pending.append(req)
+        if after >= self.layout.capacity:
+            if len(self._outstanding) < self._pool_size:
+                self._pump()
+            return
+        b = self.layout.B
+        if before == 0:
+            self._open_since = now
+        if before < b <= after:
+            self._iter_full_since = now
+        elif before:
+            return
+        self._kick()
+
+    def _close(self, closed: tuple[int, int]) -> None:
+        self._pending_samples -= closed[0]
+        self._inflight -= closed[1]
+
+    def _drop(self, req: Request) -> None:
+        """Forget a gone caller's unpacked rows."""
+        self._pending_rows -= req.samples - req._taken
+        if req._open:
+            req._open = False
+            self._pending_samples -= req.samples
+            self._inflight -= 1
+
+    def _pump(self) -> None:
+        """Seal every batch that may be sealed now (full ones, or a due partial one)."""
+        cap = self.layout.capacity
+        sealed = False
+        while self._pending_rows and len(self._outstanding) < self._pool_size:
+            if self._pending_rows >= cap:
+                partial = False
+            elif self._flush_requested or self._draining:
+                partial = True
+            else:
+                break
+            if self._seal(partial):
+                sealed = True
+            elif partial:
+                break
+        if sealed:
+            now = self._now()
+            self._open_since = now
+            if self._pending_rows >= self.layout.B:
+                self._iter_full_since = now
+            self._kick()
+        if self._draining:
+            self._check_drained()
+
+    def _seal(self, partial: bool) -> bool:
+        """Take up to I*B live rows from the FIFO into a new batch; False if none was made
+        (no live rows, or fewer than a full batch when not ``partial``: then nothing is taken)."""
+        layout, pending = self.layout, self._pending
+        cap, b, iters = layout.capacity, layout.B, layout.I
+        while pending and pending[0].future.done():
+            self._drop(pending.popleft())
+        if not pending:
+            return False
+        now = self._now()
+        first = pending[0]
+        start = first._taken
+        if first.samples - start >= cap:
+            views = layout.zero_copy(first.inputs, start)
+            if views is not None:
+                first._taken = start + cap
+                if first._taken == first.samples:
+                    pending.popleft()
+                if not start:
+                    first._t_packed = now
+                self._pending_rows -= cap
+                segs = tuple((first, start + k * b, k, 0, b) for k in range(iters))
+                self._emit(Batch(next(self._ids), views, segs, cap, False, now))
+                return True
+        segments: list[Segment] = []
+        per_iteration: list[list[Segment]] = (
+            [segments] if iters == 1 else [[] for _ in range(iters)]
+        )
+        popped: list[Request] = []
+        taken = 0
+        while pending and taken < cap:
+            req = pending[0]
+            if req.future.done():
+                self._drop(pending.popleft())
+                continue
+            start = req._taken
+            n = min(req.samples - start, cap - taken)
+            if not start:
+                req._t_packed = now
+            if iters == 1:
+                segments.append((req, start, 0, taken, n))
+                taken += n
+            else:
+                end = start + n
+                while start < end:
+                    k, row = divmod(taken, b)
+                    m = min(end - start, b - row)
+                    seg = (req, start, k, row, m)
+                    segments.append(seg)
+                    per_iteration[k].append(seg)
+                    start += m
+                    taken += m
+            req._taken += n
+            if req._taken == req.samples:
+                popped.append(pending.popleft())
+        if taken == 0 or (taken < cap and not partial):
+            for req, start, *_ in reversed(segments):
+                req._taken = start
+                if not start:
+                    req._t_packed = 0.0
+            pending.extendleft(reversed(popped))
+            return False
+        self._pending_rows -= taken
+        index = self._pool.free.pop()
+        batch = Batch(
+            next(self._ids),
+            self._pool.buffers[index],
+            tuple(segments),
+            taken,
+            taken < cap,
+            now,
+            _buffer=index,
+        )
+        try:
+            batch.flush_outputs = self._pool.fill(
+                index, per_iteration, taken, self.config.flush_callback
+            )
+        except Exception as exc:
+            self._pool.free.append(index)
+            self._close(fail_batch(batch, exc))
+            self.log.warning("queue.flush_failed", error=repr(exc))
+            return True
+        self._emit(batch)
+        return True
+
+    def _emit(self, batch: Batch) -> None:
+        self._flush_requested = False
+        self._outstanding[batch.id] = batch
+        if not self._backlog:
+            try:
+                self._ready_send.send_nowait(batch)
+                return
+            except anyio.WouldBlock:
+                pass
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                self._undeliverable(batch)
+                return
+        self._backlog.append(batch)
+        if self._backlog_event is not None:
+            self._backlog_event.set()
+
+    def _release(self, batch: Batch) -> bool:
+        if batch._released:
+            return False
+        batch._released = True
+        self._outstanding.pop(batch.id, None)
+        if batch._buffer is not None:
+            self._pool.free.append(batch._buffer)
+        return True
+
+    def _after_release(self) -> None:
+        if self._pending_rows:
+            self._pump()
+            self._kick()  # a partial batch that timed out while the pool was full is due now
+
+    # -- background tasks ----------------------------------------------------------------------
+
+    async def _sender(self) -> None:
+        """Moves batches the ready stream had no room for into it, in order."""
+        while True:
+            while not self._backlog:
+                self._backlog_event = anyio.Event()
+                await self._backlog_event.wait()
+                self._backlog_event = None
+            batch = self._backlog[0]
+            try:
+                await self._ready_send.send(batch)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                self._undeliverable(batch)
+            self._backlog.popleft()
+
+    def _undeliverable(self, batch: Batch) -> None:
+        """Nobody reads ``ready`` any more: the batch's callers get an error, not silence."""
+        if self._release(batch):
+            self._close(fail_batch(batch, RunnerStoppedError(f"queue {self.name}: no reader")))
+
+    def _flush_deadline(self) -> float:
+        """When the partial batch is due to be flushed (``inf``: not by time)."""
+        if not self._pending_rows or self._draining:
+            return _INF
+        if len(self._outstanding) >= self._pool_size:
+            return _INF  # nowhere to flush to; a release kicks the timer again
+        cfg = self.config
+        deadline = self._last_arrival + cfg.timeout if cfg.timeout > 0 else _INF
+        if cfg.is_batch_size_timeout_enabled:
+            if cfg.batch_size_timeout is not None:
+                deadline = min(deadline, self._open_since + cfg.batch_size_timeout)
+            if (
+                cfg.data_parallel_timeout is not None
+                and self.layout.I > 1
+                and self._pending_rows >= self.layout.B
+            ):
+                deadline = min(deadline, self._iter_full_since + cfg.data_parallel_timeout)
+        return deadline
+
+    def _kick(self) -> None:
+        """Wake the timer if the flush deadline moved before what it sleeps until."""
+        if self._flush_deadline() < self._timer_target:
+            if self._timer_scope is not None:
+                self._timer_scope.cancel()
+            elif self._timer_event is not None:
+                self._timer_event.set()
+
+    async def _timer(self) -> None:
+        while True:
+            deadline = self._flush_deadline()
+            if deadline == _INF:
+                self._timer_event = anyio.Event()
+                await self._timer_event.wait()
+                self._timer_event = None
+            elif self._now() >= deadline:
+                self._on_timeout()
+            else:
+                self._timer_target = deadline
+                with anyio.CancelScope() as self._timer_scope:
+                    await self.clock.sleep_until(deadline)
+                self._timer_scope = None
+                self._timer_target = _INF
+
+    def _on_timeout(self) -> None:
+        waiting = any(not r.future.done() for r in self._pending)
+        if self.config.flush_on_waiting_outputs and not waiting:
+            while self._pending:  # nobody waits for these rows: forget them, flush nothing
+                self._drop(self._pending.popleft())
+            return
+        self._flush_requested = True
+        self._pump()
+
+    # -- drain and shutdown --------------------------------------------------------------------
+
+    def _start_drain(self) -> None:
+        self._draining = True
+        self._pump()
+        self._check_drained()
+
+    def _check_drained(self) -> None:
+        if self._pending_rows == 0 and self._drain_waiters:
+            for envelope in self._drain_waiters:
+                envelope.answer(None)
+            self._drain_waiters.clear()
+
+    def _fail_all(self, error: BaseException) -> None:
+        while self._pending:
+            req = self._pending.popleft()
+            if not req.future.done():
+                req.future.set_exception(error)
+            self._drop(req)
+        self._pending_rows = 0
+        for batch in self._outstanding.values():
+            self._close(fail_batch(batch, error))
+        self._check_drained()

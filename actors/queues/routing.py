@@ -1,0 +1,151 @@
+"""Outputs back to callers: split a completed batch's rows to its requests, or fail them.
+
+Each function returns what it closed, ``(samples, requests)``, so the queue can keep its
+pending figures without a call per request. A request is closed exactly once: when it is
+answered, or when it is found gone (its future done) with rows still in a batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from actors.queues.batch import Batch
+from actors.queues.pool import Layout, rows_view
+from actors.queues.request import Request
+
+__all__ = ["fail_batch", "route_outputs"]
+
+
+def _views(
+    layout: Layout, out: Mapping[str, np.ndarray], row: int, count: int
+) -> dict[str, np.ndarray]:
+    res: dict[str, np.ndarray] = {}
+    for s in layout.outputs:
+        a = out[s.name]
+        if s.axis is None:
+            res[s.name] = a.copy()
+        elif s.axis == 0:
+            res[s.name] = a[row : row + count]
+        else:
+            res[s.name] = np.moveaxis(np.moveaxis(a, s.axis, 0)[row : row + count], 0, s.axis)
+    return res
+
+
+def _accumulate(
+    layout: Layout, req: Request, out: Mapping[str, np.ndarray], start: int, row: int, count: int
+) -> bool:
+    """Copy one segment's rows into the request's result; True when all its rows are in."""
+    res = req._result
+    if res is None:
+        given = req.outputs or {}
+        res = req._result = {}
+        for s in layout.outputs:
+            buf = given.get(s.name)
+            if buf is None and s.axis is not None:
+                buf = np.empty(s.shape_with_rows(req.samples), dtype=s.dtype)
+            if buf is not None:
+                res[s.name] = buf
+    for s in layout.outputs:
+        if s.axis is not None:
+            dst = rows_view(res[s.name], s.axis)
+            dst[start : start + count] = rows_view(out[s.name], s.axis)[row : row + count]
+    req._done += count
+    if req._done < req.samples:
+        return False
+    for s in layout.outputs:
+        if s.axis is None:
+            if s.name in res:
+                np.copyto(res[s.name], out[s.name])
+            else:
+                res[s.name] = out[s.name].copy()
+    return True
+
+
+def route_outputs(
+    layout: Layout,
+    batch: Batch,
+    outputs: Sequence[Mapping[str, np.ndarray]],
+    submits: list[float],
+    packed: list[float],
+) -> tuple[int, int]:
+    """Resolve the futures of the requests whose last rows were in ``batch``.
+
+    A request wholly inside one segment, without caller buffers, gets views of ``outputs``;
+    others are assembled (into their buffers, or a fresh array). Padding rows go nowhere, or
+    to the flush callback's buffers. Appends each answered request's submit and packing times
+    to ``submits``/``packed``.
+
+    Raises:
+        KeyError, IndexError, ValueError: ``outputs`` does not match the model's outputs.
+    """
+    fast = layout.fast_output
+    row_lists: list[list[np.ndarray] | None] = [None] * layout.I
+    closed_samples = closed = 0
+    for req, start, k, row, count in batch.segments:
+        fut = req.future
+        if fut.done():
+            if req._open:
+                req._open = False
+                closed_samples += req.samples
+                closed += 1
+            continue
+        if count == req.samples and req.outputs is None:
+            if fast is None:
+                fut.set_result(_views(layout, outputs[k], row, count))
+            elif count == 1:
+                rows = row_lists[k]
+                if rows is None:
+                    rows = row_lists[k] = list(outputs[k][fast][:, None])
+                fut.set_result({fast: rows[row]})
+            else:
+                fut.set_result({fast: outputs[k][fast][row : row + count]})
+        elif _accumulate(layout, req, outputs[k], start, row, count):
+            assert req._result is not None
+            fut.set_result(req._result)
+        else:
+            continue
+        req._open = False
+        closed_samples += req.samples
+        closed += 1
+        submits.append(req.t_submit)
+        packed.append(req._t_packed)
+    if batch.flush_outputs:
+        _route_padding(layout, batch, outputs, batch.flush_outputs)
+    return closed_samples, closed
+
+
+def _route_padding(
+    layout: Layout,
+    batch: Batch,
+    outputs: Sequence[Mapping[str, np.ndarray]],
+    targets: Mapping[str, np.ndarray],
+) -> None:
+    b = layout.B
+    for s in layout.outputs:
+        dst = targets.get(s.name)
+        if dst is None:
+            continue
+        if s.axis is None:
+            np.copyto(dst, outputs[-1][s.name])
+            continue
+        rows, taken = rows_view(dst, s.axis), 0
+        for k in range(batch.valid_rows // b, layout.I):
+            first = batch.valid_rows - k * b if k == batch.valid_rows // b else 0
+            rows[taken : taken + b - first] = rows_view(outputs[k][s.name], s.axis)[first:]
+            taken += b - first
+
+
+def fail_batch(batch: Batch, error: BaseException) -> tuple[int, int]:
+    """Fail every request with rows in ``batch`` that is not answered yet, once."""
+    closed_samples = closed = 0
+    for seg in batch.segments:
+        req = seg[0]
+        if not req.future.done():
+            req.future.set_exception(error)
+        if req._open:
+            req._open = False
+            closed_samples += req.samples
+            closed += 1
+    return closed_samples, closed

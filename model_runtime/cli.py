@@ -1,0 +1,204 @@
+"""The ``model-runtime`` command: compile, inspect and run executables; serve (demo for now).
+
+Errors the runtime raises on purpose print ``error: <message>`` and exit 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import structlog
+
+from model_runtime.errors import ModelRuntimeError
+
+__all__ = ["main"]
+
+EXIT_ERROR = 2
+
+
+def _configure_logging() -> None:
+    # Logs go to stderr (stdout carries the command's result); JSON when not on a terminal.
+    renderer: Any = (
+        structlog.dev.ConsoleRenderer()
+        if sys.stderr.isatty()
+        else structlog.processors.JSONRenderer()
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso"),
+            renderer,
+        ],
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    from model_runtime.compiler.options import OPTIMIZATION_LEVELS
+
+    parser = argparse.ArgumentParser(prog="model-runtime", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("compile", help="compile an ONNX model into an executable (.mrx)")
+    c.add_argument("model", help="the ONNX model file")
+    c.add_argument("-o", "--output", help="executable to write (default: MODEL.mrx)")
+    c.add_argument("--batch-size", type=int, required=True)
+    c.add_argument("--device-iterations", type=int, default=1)
+    c.add_argument("--replication-factor", type=int, default=1)
+    c.add_argument("--target", default="cpu", help="cpu or ipu-model")
+    c.add_argument("--ipu-version", type=int, default=2)
+    c.add_argument("--tiles-per-ipu", type=int, default=0)
+    c.add_argument("--batch-dim", type=int, default=0)
+    c.add_argument(
+        "--variable", action="append", default=[], metavar="NAME", help="a mutable initializer"
+    )
+    c.add_argument(
+        "--variable-update",
+        action="append",
+        default=[],
+        metavar="OUTPUT=VARIABLE",
+        help="graph output holding a variable's new value",
+    )
+    c.add_argument("--optimization-level", choices=OPTIMIZATION_LEVELS, default="extended")
+    c.add_argument("--cache", metavar="DIR", help="executable cache directory")
+    c.add_argument("--name", help="model name recorded in the executable")
+
+    i = sub.add_parser("inspect", help="describe an executable")
+    i.add_argument("file")
+    i.add_argument("--json", action="store_true", help="print JSON")
+
+    r = sub.add_parser("run", help="run one batch of random inputs (reference runner)")
+    r.add_argument("file")
+    r.add_argument("--seed", type=int, default=0)
+
+    s = sub.add_parser("serve", help="serve models (for now: an end-to-end demo)")
+    s.add_argument("--batch-size", type=int, default=4)
+    return parser
+
+
+def _cmd_compile(args: argparse.Namespace) -> int:
+    from model_runtime.compiler import CompileOptions, compile_model
+    from model_runtime.errors import ConfigurationError
+
+    updates: dict[str, str] = {}
+    for item in args.variable_update:
+        out, eq, var = item.partition("=")
+        if not eq or not out or not var:
+            raise ConfigurationError(f"--variable-update wants OUTPUT=VARIABLE, got {item!r}")
+        updates[out] = var
+    options = CompileOptions(
+        batch_size=args.batch_size,
+        device_iterations=args.device_iterations,
+        replication_factor=args.replication_factor,
+        target=args.target,
+        ipu_version=args.ipu_version,
+        tiles_per_ipu=args.tiles_per_ipu,
+        variables=tuple(args.variable),
+        variable_updates=updates,
+        batch_dim=args.batch_dim,
+        optimization_level=args.optimization_level,
+        executable_cache_path=args.cache,
+        model_name=args.name,
+    )
+    print(compile_model(args.model, args.output, options))
+    return 0
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from model_runtime.executable import Executable
+    from model_runtime.executable.summary import format_summary, summarize
+
+    exe = Executable.load(args.file)
+    if args.json:
+        print(json.dumps(summarize(exe), indent=2, sort_keys=True, default=str))
+    else:
+        print(format_summary(exe))
+    return 0
+
+
+def _print_outputs(outputs: dict[str, np.ndarray]) -> None:
+    for name, value in outputs.items():
+        flat = value.reshape(-1)[:5]
+        print(f"{name}: {value.dtype.name}{list(value.shape)} first values {flat.tolist()}")
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from model_runtime.compiler import random_inputs, run_reference
+    from model_runtime.executable import Executable
+
+    exe = Executable.load(args.file)
+    inputs = random_inputs(exe, seed=args.seed)
+    _print_outputs(run_reference(exe, inputs))
+    return 0
+
+
+def _demo_model() -> Path:
+    demo = Path(__file__).parent / "demo" / "digits_mlp.onnx"
+    if demo.exists():
+        return demo
+    import onnx
+
+    light = Path(os.path.dirname(onnx.__file__)) / "backend/test/data/light/light_squeezenet.onnx"
+    return light
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from model_runtime.compiler import CompileOptions, compile_model, random_inputs, run_reference
+    from model_runtime.executable import Executable
+
+    # Until the daemon lands: the first end-to-end path, compile -> load -> run one batch.
+    with tempfile.TemporaryDirectory(prefix="model-runtime-demo-") as tmp:
+        model = _demo_model()
+        print(f"demo: compiling {model.name} for batch size {args.batch_size}")
+        path = compile_model(
+            model, Path(tmp) / "demo.mrx", CompileOptions(batch_size=args.batch_size)
+        )
+        exe = Executable.load(path)
+        outputs = run_reference(exe, random_inputs(exe))
+        for name, value in outputs.items():
+            anchor = exe.metadata.anchor(name)
+            if anchor.batch_dim is None:
+                continue
+            rows = np.moveaxis(value, anchor.batch_dim, 0).reshape(
+                value.shape[anchor.batch_dim], -1
+            )
+            print(f"{name}: predictions {rows.argmax(axis=1).tolist()} for {len(rows)} samples")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``model-runtime`` command line; return the exit status.
+
+    Raises:
+        SystemExit: from argparse on bad usage (status 2) or ``--help`` (status 0).
+    """
+    args = _parser().parse_args(argv)
+    _configure_logging()
+    commands = {
+        "compile": _cmd_compile,
+        "inspect": _cmd_inspect,
+        "run": _cmd_run,
+        "serve": _cmd_serve,
+    }
+    try:
+        return commands[args.command](args)
+    except ModelRuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,7 @@
+"""``python -m model_runtime.server [MODEL ...] [options]``: run the daemon."""
+
+import sys
+
+from model_runtime.server.daemon import main
+
+sys.exit(main())

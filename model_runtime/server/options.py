@@ -1,0 +1,171 @@
+"""Daemon options: the ``serve`` command line, the TOML config file, and how they combine.
+
+Precedence: command line > config file > defaults. The config file has three tables::
+
+    [server]   host, port, max_body_size, request_timeout, grace_period, model_repository,
+               executable_cache, models (list of "NAME=PATH" or "PATH")
+    [runner]   any scalar ModelRunnerConfig field (replication_factor, timeout, auto_reset,
+               max_retries, execution_timeout, fault_plan, batching_dim, ...)
+    [compile]  batch_size (for .onnx models compiled on load)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from model_runtime.errors import ConfigurationError
+from model_runtime.runner_config import ModelRunnerConfig
+
+__all__ = ["DaemonOptions", "add_serve_arguments", "default_cache_dir", "options_from_args"]
+
+_RUNNER_FIELDS = {
+    f.name
+    for f in fields(ModelRunnerConfig)
+    if f.name
+    not in {
+        "frozen_inputs",
+        "replica_to_save_programs_outputs",
+        "replica_to_device",
+        "flush_callback",
+    }
+}
+
+
+def default_cache_dir() -> Path:
+    """Where ``.onnx`` models are compiled to unless told otherwise (XDG cache)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "model-runtime" / "executables"
+
+
+@dataclass(slots=True)
+class DaemonOptions:
+    """Everything ``run_daemon`` needs; see :func:`add_serve_arguments` for the meanings."""
+
+    models: list[str] = field(default_factory=list)
+    model_repository: Path | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    batch_size: int = 8
+    max_body_size: int = 64 << 20
+    request_timeout: float | None = 60.0
+    grace_period: float = 30.0
+    executable_cache: Path | None = None
+    log_level: str = "info"
+    log_format: str = "auto"
+    runner: ModelRunnerConfig = field(
+        default_factory=lambda: ModelRunnerConfig(batching_dim=0, timeout=0.002, auto_reset=True)
+    )
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``serve`` options to ``parser`` (every default is None: see precedence)."""
+    a = parser.add_argument
+    a("models", nargs="*", metavar="MODEL", help="an .mrx or .onnx file, as PATH or NAME=PATH")
+    a("--model-repository", metavar="DIR", help="a directory of NAME.mrx / NAME.onnx files")
+    a("--host", help="address to bind (default 127.0.0.1)")
+    a("--port", type=int, help="port to bind (default 8000; 0 picks a free one)")
+    a("--replicas", type=int, help="replicas per model (default 1)")
+    a("--batch-size", type=int, help="batch size .onnx models are compiled for (default 8)")
+    a("--config", metavar="FILE", help="TOML config file ([server], [runner], [compile])")
+    a("--fault-plan", help='inject faults, e.g. "recoverable:every=50" (default: none)')
+    a("--batch-timeout", type=float, help="seconds before a partial batch flushes (0.002)")
+    a("--execution-timeout", type=float, help="seconds a device run may take before a reset")
+    a("--auto-reset", action=argparse.BooleanOptionalAction, default=None,
+      help="reset a failed device and retry (default on)")  # fmt: skip
+    a("--max-retries", type=int, help="retries of a request after device resets")
+    a("--request-timeout", type=float, help="seconds per request before 504 (default 60)")
+    a("--max-body-size", type=int, help="largest request body in bytes (default 64 MiB)")
+    a("--grace-period", type=float, help="seconds to drain on SIGTERM (default 30)")
+    a("--executable-cache", metavar="DIR", help="executable cache for .onnx models")
+    a("--log-level", choices=["debug", "info", "warning", "error"], help="default info")
+    a("--log-format", choices=["auto", "json", "console"], help="auto: JSON off a terminal")
+
+
+def _load_config(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigurationError(f"config file {path}: {exc}") from exc
+    unknown = set(doc) - {"server", "runner", "compile"}
+    if unknown:
+        raise ConfigurationError(f"config file {path}: unknown table(s) {sorted(unknown)}")
+    return doc
+
+
+def options_from_args(args: argparse.Namespace) -> DaemonOptions:
+    """Combine the parsed command line with the config file it names.
+
+    Raises:
+        ConfigurationError: the config file cannot be read, or a value is unknown or invalid.
+    """
+    opts = DaemonOptions()
+    doc = _load_config(args.config) if getattr(args, "config", None) else {}
+    server = dict(doc.get("server", {}))
+    runner = dict(doc.get("runner", {}))
+    compile_ = dict(doc.get("compile", {}))
+    bad = set(runner) - _RUNNER_FIELDS
+    if bad:
+        raise ConfigurationError(f"[runner]: unknown field(s) {sorted(bad)}")
+    if set(compile_) - {"batch_size"}:
+        raise ConfigurationError(f"[compile]: unknown field(s) {sorted(set(compile_))}")
+
+    def pick(cli: str, table: dict[str, Any], key: str) -> Any:
+        value = getattr(args, cli, None)
+        return table.get(key) if value is None else value
+
+    for name, cli in [
+        ("host", "host"),
+        ("port", "port"),
+        ("max_body_size", "max_body_size"),
+        ("request_timeout", "request_timeout"),
+        ("grace_period", "grace_period"),
+        ("log_level", "log_level"),
+        ("log_format", "log_format"),
+    ]:
+        value = pick(cli, server, name)
+        if value is not None:
+            setattr(opts, name, value)
+    for name, path_cli in [
+        ("model_repository", "model_repository"),
+        ("executable_cache", "executable_cache"),
+    ]:
+        value = pick(path_cli, server, name)
+        if value is not None:
+            setattr(opts, name, Path(value))
+    opts.models = list(getattr(args, "models", None) or server.get("models", []))
+    batch = pick("batch_size", compile_, "batch_size")
+    if batch is not None:
+        opts.batch_size = int(batch)
+    for cli, key in [
+        ("replicas", "replication_factor"),
+        ("fault_plan", "fault_plan"),
+        ("batch_timeout", "timeout"),
+        ("execution_timeout", "execution_timeout"),
+        ("auto_reset", "auto_reset"),
+        ("max_retries", "max_retries"),
+    ]:
+        value = getattr(args, cli, None)
+        if value is not None:
+            runner[key] = value
+    try:
+        for key, value in runner.items():
+            setattr(opts.runner, key, value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(f"[runner]: {exc}") from exc
+    opts.runner.drain_timeout = min(opts.runner.drain_timeout, opts.grace_period)
+    opts.runner.validate()
+    if isinstance(opts.runner.fault_plan, str):
+        from actors.device.faults import FaultPlan
+
+        FaultPlan.parse(opts.runner.fault_plan)  # fail at start, not at the first load
+    if opts.batch_size < 1:
+        raise ConfigurationError(f"batch size must be >= 1, got {opts.batch_size}")
+    if opts.max_body_size < 1:
+        raise ConfigurationError(f"max body size must be >= 1, got {opts.max_body_size}")
+    return opts

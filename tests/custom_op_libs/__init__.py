@@ -1,0 +1,1 @@
+"""Custom op libraries used by the tests (each module is one library)."""

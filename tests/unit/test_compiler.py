@@ -1,0 +1,261 @@
+"""compile_model: ONNX in, executable out; re-batching, weights split, variables, errors."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+# tests/models.py is shared by unit and integration tests; the repo root makes it importable.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.models import (  # noqa: E402
+    make_add_double,
+    make_batch_mixing,
+    make_counter,
+    make_dynamic_feature,
+    make_fixed_batch_reshape,
+    make_mlp,
+    save,
+)
+
+from model_runtime.compiler import (  # noqa: E402
+    CompileOptions,
+    compile_executable,
+    compile_model,
+    run_reference,
+)
+from model_runtime.errors import CompileError, ModelRuntimeError  # noqa: E402
+from model_runtime.executable import AnchorRole, Executable  # noqa: E402
+
+
+def _ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return [np.asarray(v) for v in session.run(None, feeds)]
+
+
+def _payload(exe: Executable) -> onnx.ModelProto:
+    return onnx.load_model_from_string(exe.program_payload(exe.metadata.program_flow.main[0]))
+
+
+@pytest.fixture(scope="module")
+def mlp_exe() -> Executable:
+    return compile_executable(make_mlp(), CompileOptions(batch_size=8))
+
+
+def test_mlp_compiles_to_fixed_batch_and_matches_onnxruntime(mlp_exe: Executable) -> None:
+    m = mlp_exe.metadata
+    assert [(a.name, a.shape, a.batch_dim) for a in m.user_inputs] == [("x", (8, 784), 0)]
+    assert [(a.name, a.shape, a.batch_dim) for a in m.user_outputs] == [("logits", (8, 10), 0)]
+    x = np.random.default_rng(3).standard_normal((8, 784)).astype(np.float32)
+    got = run_reference(mlp_exe, {"x": x})["logits"]
+    (want,) = _ort(make_mlp(), {"x": x})
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_weights_are_lifted_out_of_the_main_graph(mlp_exe: Executable) -> None:
+    weights = {a.name: a for a in mlp_exe.metadata.weights}
+    assert {"w0", "w1", "w2"} <= set(weights)
+    assert weights["w1"].shape == (512, 512) and weights["w1"].programs == (0,)
+    assert all(a.has_data for a in weights.values())
+    payload = _payload(mlp_exe)
+    assert not payload.graph.initializer  # the MLP has no structural constants
+    graph_inputs = [i.name for i in payload.graph.input]
+    assert graph_inputs[0] == "x" and set(weights) <= set(graph_inputs)
+    # The payload is small: weights live in the executable's tensors, once.
+    assert mlp_exe.tensor("__program__/main").nbytes < 10_000
+
+
+def test_feeding_other_weights_changes_the_answer(mlp_exe: Executable) -> None:
+    # The weights really are graph inputs: the reference runner binds them from the file.
+    payload = _payload(mlp_exe)
+    x = np.ones((8, 784), np.float32)
+    feeds = {a.handle: mlp_exe.tensor(a.name) for a in mlp_exe.metadata.weights}
+    session = ort.InferenceSession(payload.SerializeToString(), providers=["CPUExecutionProvider"])
+    (base,) = session.run(None, {"x": x, **feeds})
+    feeds["b2"] = feeds["b2"] + 1.0
+    (shifted,) = session.run(None, {"x": x, **feeds})
+    np.testing.assert_allclose(shifted, base + 1.0, rtol=1e-5, atol=1e-5)
+
+
+def test_metadata_records_options_and_program_flow(mlp_exe: Executable) -> None:
+    m = mlp_exe.metadata
+    assert m.options["optimization_level"] == "extended"
+    assert m.options["opset"] == "13"
+    assert m.options["rebatched_from"] == "dynamic"
+    assert len(m.options["source_sha256"]) == 64
+    assert (m.program_flow.load, m.program_flow.main, m.program_flow.save) == ((0,), (1,), (2,))
+    assert m.target.device_kind == "cpu" and m.batch_size == 8
+
+
+def test_two_outputs_and_a_weight() -> None:
+    exe = compile_executable(make_add_double(), CompileOptions(batch_size=3))
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    out = run_reference(exe, {"x": x})
+    np.testing.assert_array_equal(out["sum"], x + np.arange(1, 5, dtype=np.float32))
+    np.testing.assert_array_equal(out["double"], 2 * x)
+
+
+def test_variable_is_state_updated_by_each_run() -> None:
+    options = CompileOptions(
+        batch_size=2, variables=("count",), variable_updates={"count_next": "count"}
+    )
+    exe = compile_executable(make_counter(), options)
+    m = exe.metadata
+    (var,) = m.variables
+    assert var.name == "count" and var.has_data and var.programs == (0, 1, 2)
+    assert dict(m.output_to_variable) == {"count_next": "count"}
+    assert m.anchor("count_next").batch_dim is None
+    x = np.zeros((2, 4), np.float32)
+    state = None
+    for step in range(3):
+        out = run_reference(exe, {"x": x}, state)
+        np.testing.assert_array_equal(out["y"], np.full((2, 4), step, np.float32))
+        state = {"count": out["count_next"]}
+
+
+def test_fixed_batch_of_one_with_reshape_constant_is_rebatched() -> None:
+    model = make_fixed_batch_reshape()
+    exe = compile_executable(model, CompileOptions(batch_size=4))
+    assert exe.metadata.options["rebatched_from"] == "fixed-1"
+    assert exe.metadata.options["reshapes_rewritten"] == "1"
+    x = np.random.default_rng(0).standard_normal((4, 3, 4, 4)).astype(np.float32)
+    got = run_reference(exe, {"x": x})["y"]
+    for row in range(4):
+        (want,) = _ort(model, {"x": x[row : row + 1]})
+        np.testing.assert_allclose(got[row : row + 1], want, rtol=1e-5, atol=1e-5)
+    # The reshape's shape constant is structure: it stays inside the payload.
+    assert "flat_shape" not in {a.name for a in exe.metadata.anchors}
+
+
+def test_graph_that_mixes_rows_cannot_be_rebatched() -> None:
+    with pytest.raises(CompileError, match="cannot be re-batched to 4.*row 0 of output 'y'"):
+        compile_executable(make_batch_mixing(), CompileOptions(batch_size=4))
+    # At its own batch size it compiles.
+    compile_executable(make_batch_mixing(), CompileOptions(batch_size=1))
+
+
+def test_dynamic_non_batch_dim_is_named() -> None:
+    with pytest.raises(CompileError, match=r"input 'x' dimension 1 \('seq'\) is dynamic"):
+        compile_executable(make_dynamic_feature(), CompileOptions(batch_size=2))
+
+
+def test_batch_fixed_at_another_size_is_refused() -> None:
+    with pytest.raises(CompileError, match="batch dimension 0 fixed at 3"):
+        compile_executable(make_add_double(batch=3), CompileOptions(batch_size=4))
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (CompileOptions(batch_size=0), "batch_size must be a positive integer"),
+        (CompileOptions(batch_size=2, target="gpu"), "unknown target 'gpu'"),
+        (CompileOptions(optimization_level="max"), "unknown optimization_level 'max'"),
+        (CompileOptions(variables=("nope",)), "variable 'nope' is not an initializer"),
+        (
+            CompileOptions(variables=("bias",), variable_updates={"zzz": "bias"}),
+            "output 'zzz', which is not a graph output",
+        ),
+        (
+            CompileOptions(variables=("bias",), variable_updates={"sum": "bias"}),
+            "cannot update variable 'bias'",
+        ),
+    ],
+)
+def test_bad_options_raise_compile_error_naming_model(
+    options: CompileOptions, message: str
+) -> None:
+    with pytest.raises(CompileError, match=message) as info:
+        compile_executable(make_add_double(), options)
+    assert "add_double" in str(info.value)
+
+
+def test_not_an_onnx_file(tmp_path: Path) -> None:
+    bad = tmp_path / "notes.onnx"
+    bad.write_text("these are not the weights you are looking for\n" * 10)
+    with pytest.raises(CompileError, match=r"notes\.onnx.* is not an ONNX model"):
+        compile_model(bad, tmp_path / "out.mrx", CompileOptions())
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(CompileError, match="cannot read model"):
+        compile_model(tmp_path / "absent.onnx", tmp_path / "out.mrx")
+
+
+def test_model_failing_checker(tmp_path: Path) -> None:
+    model = make_add_double()
+    model.graph.node[0].input[1] = "undefined_tensor"
+    path = tmp_path / "broken.onnx"
+    path.write_bytes(model.SerializeToString())
+    with pytest.raises(CompileError, match="fails onnx.checker"):
+        compile_model(path, tmp_path / "out.mrx")
+
+
+def test_compile_model_writes_a_loadable_file(tmp_path: Path) -> None:
+    src = save(make_add_double(), tmp_path / "ad.onnx")
+    path = compile_model(src, options=CompileOptions(batch_size=2))
+    assert path == tmp_path / "ad.mrx"
+    exe = Executable.load(path)
+    assert exe.metadata.model_name == "ad"
+    out = run_reference(exe, {"x": np.ones((2, 4), np.float32)})
+    np.testing.assert_array_equal(out["double"], np.full((2, 4), 2, np.float32))
+
+
+def test_in_memory_model_needs_an_output_path() -> None:
+    with pytest.raises(CompileError, match="give an output path"):
+        compile_model(make_add_double())
+
+
+def test_model_with_external_data(tmp_path: Path) -> None:
+    onnx.save_model(
+        make_mlp(),
+        str(tmp_path / "mlp.onnx"),
+        save_as_external_data=True,
+        location="mlp.data",
+        size_threshold=1024,
+    )
+    exe = Executable.load(compile_model(tmp_path / "mlp.onnx", options=CompileOptions()))
+    x = np.ones((1, 784), np.float32)
+    (want,) = _ort(make_mlp(), {"x": x})
+    np.testing.assert_allclose(run_reference(exe, {"x": x})["logits"], want, rtol=1e-4)
+
+
+@pytest.mark.parametrize("level", ["disable", "basic", "extended", "all"])
+def test_every_optimization_level_gives_the_same_answer(level: str) -> None:
+    exe = compile_executable(
+        make_mlp(sizes=(16, 8, 4)), CompileOptions(batch_size=2, optimization_level=level)
+    )
+    assert exe.metadata.options["optimization_level"] == level
+    # 'all' adds CPU-specific layouts: applied by the device at load, not baked into the file.
+    assert exe.metadata.options["offline_optimization_level"] == (
+        "extended" if level == "all" else level
+    )
+    x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(2, 16)
+    (want,) = _ort(make_mlp(sizes=(16, 8, 4)), {"x": x})
+    np.testing.assert_allclose(run_reference(exe, {"x": x})["logits"], want, rtol=1e-5)
+
+
+def test_ipu_model_target_is_recorded() -> None:
+    exe = compile_executable(
+        make_add_double(), CompileOptions(target="ipu-model", ipu_version=21, tiles_per_ipu=4)
+    )
+    t = exe.metadata.target
+    assert (t.device_kind, t.version, t.tiles_per_ipu) == ("ipu-model", 21, 4)
+
+
+def test_old_opset_is_upgraded_for_onnxruntime() -> None:
+    model = make_add_double(batch=2)  # the converter needs fixed dims to check broadcasts
+    model.opset_import[0].version = 6
+    # Opset 6 Add only broadcasts with the `broadcast` attribute.
+    model.graph.node[0].attribute.append(onnx.helper.make_attribute("broadcast", 1))
+    exe = compile_executable(model, CompileOptions(batch_size=2))
+    assert exe.metadata.options["opset_converted_to"] == "7"
+    out = run_reference(exe, {"x": np.zeros((2, 4), np.float32)})
+    np.testing.assert_array_equal(out["sum"], np.tile(np.arange(1, 5, dtype=np.float32), (2, 1)))
+
+
+def test_compile_error_is_a_model_runtime_error() -> None:
+    assert issubclass(CompileError, ModelRuntimeError)

@@ -1,0 +1,217 @@
+"""DeviceManager in one process: exclusive attach, wait strategies on a fake clock, listing,
+created ipu-model devices, bad input, and the DeviceManager actor."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import anyio
+import pytest
+from device_fixtures import tiny_exe
+
+from actors.actor import ActorRef, Stop
+from actors.clock import FakeClock
+from actors.device import (
+    Attach,
+    AttachedDevice,
+    DetachDevice,
+    DeviceConstraints,
+    DeviceManager,
+    DeviceManagerActor,
+    DeviceWaitConfig,
+    DeviceWaitStrategy,
+    ListDevices,
+    parse_devices,
+)
+from actors.device.inventory import ipu_model_spec
+from model_runtime.errors import ConfigurationError, DeviceNotFoundError, DeviceUnavailableError
+from model_runtime.executable import Target
+
+WAIT_10 = DeviceWaitConfig(DeviceWaitStrategy.WAIT_WITH_TIMEOUT, timeout=10, sleep_time=3)
+
+
+def manager(
+    tmp_path: Path, devices: str = "cpu:1x1", clock: FakeClock | None = None
+) -> DeviceManager:
+    return DeviceManager(parse_devices(devices), lock_dir=tmp_path, clock=clock)
+
+
+async def settle(clock: FakeClock, sleepers: int) -> None:
+    """Wait until ``sleepers`` tasks sleep on the fake clock (no real sleeping)."""
+    while clock.sleepers < sleepers:
+        await anyio.lowlevel.checkpoint()
+
+
+async def test_attach_is_exclusive_and_detach_releases(tmp_path: Path) -> None:
+    a, b = manager(tmp_path), manager(tmp_path)  # two managers: two "users" of the same dir
+    dev = await a.get_device()
+    assert dev.id == 0 and dev.is_attached
+    with pytest.raises(DeviceUnavailableError, match=f"pid {os.getpid()}"):
+        await b.get_device()
+    assert await b.try_get_device() is None
+    listing = a.list_devices()
+    assert listing[0].holder is not None and listing[0].holder.pid == os.getpid()
+    dev.detach()
+    dev.detach()  # idempotent
+    assert a.list_devices()[0].holder is None
+    async with await b.get_specific_device(0) as again:
+        assert again.is_attached
+    assert not again.is_attached
+
+
+async def test_get_device_takes_the_next_free_device(tmp_path: Path) -> None:
+    m = manager(tmp_path, "cpu:2x1")
+    d0, d1 = await m.get_device(), await m.get_device()
+    assert {d0.id, d1.id} == {0, 1}
+    with pytest.raises(DeviceUnavailableError):
+        await m.get_device()
+    assert [i.holder is not None for i in m.list_devices()] == [True, True]
+    d0.detach()
+    d1.detach()
+
+
+async def test_wait_with_timeout_gets_the_device_when_released_in_time(tmp_path: Path) -> None:
+    clock = FakeClock()
+    holder, waiter = manager(tmp_path), manager(tmp_path, clock=clock)
+    held = await holder.get_device()
+    got: list[AttachedDevice] = []
+    async with anyio.create_task_group() as tg:
+
+        async def wait() -> None:
+            got.append(await waiter.get_device(wait_config=WAIT_10))
+
+        tg.start_soon(wait)
+        await settle(clock, 1)
+        clock.advance(3)  # attempt 2 at t=3: still held
+        await settle(clock, 1)
+        assert not got
+        held.detach()
+        clock.advance(3)  # attempt 3 at t=6: free
+    assert got and got[0].is_attached and clock.monotonic() == 6
+    got[0].detach()
+
+
+async def test_wait_with_timeout_fails_after_the_timeout(tmp_path: Path) -> None:
+    clock = FakeClock()
+    holder, waiter = manager(tmp_path), manager(tmp_path, clock=clock)
+    held = await holder.get_device()
+    errors: list[Exception] = []
+    async with anyio.create_task_group() as tg:
+
+        async def wait() -> None:
+            try:
+                await waiter.get_device(wait_config=WAIT_10)
+            except DeviceUnavailableError as exc:
+                errors.append(exc)
+
+        tg.start_soon(wait)
+        for _ in range(4):  # attempts at 3, 6, 9 and the last one at 10
+            await settle(clock, 1)
+            assert not errors
+            clock.advance(clock.next_deadline() - clock.monotonic())
+    assert clock.monotonic() == 10
+    assert errors and "after waiting 10" in str(errors[0]) and "5 attempts" in str(errors[0])
+    held.detach()
+
+
+async def test_wait_forever_waits_until_released_or_cancelled(tmp_path: Path) -> None:
+    clock = FakeClock()
+    holder, waiter = manager(tmp_path), manager(tmp_path, clock=clock)
+    held = await holder.get_device()
+    forever = DeviceWaitConfig(DeviceWaitStrategy.WAIT_FOREVER, sleep_time=15)
+    with anyio.move_on_after(5):  # real-time guard only; cancellation ends the wait
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter.get_device, 1, None, forever)
+            for _ in range(100):
+                await settle(clock, 1)
+                clock.advance(15)
+            tg.cancel_scope.cancel()
+    assert clock.monotonic() == 1500
+    got: list[AttachedDevice] = []
+    async with anyio.create_task_group() as tg:
+
+        async def wait() -> None:
+            got.append(await waiter.get_device(1, None, forever))
+
+        tg.start_soon(wait)
+        await settle(clock, 1)
+        held.detach()
+        clock.advance(15)
+    assert got[0].is_attached
+    got[0].detach()
+
+
+async def test_bad_requests_are_typed_errors(tmp_path: Path) -> None:
+    m = manager(tmp_path, "cpu:2x1")
+    with pytest.raises(DeviceNotFoundError, match="no device 7"):
+        await m.get_specific_device(7)
+    assert await m.try_get_specific_device(7) is None
+    with pytest.raises(DeviceNotFoundError, match="no device of 4 device"):
+        await m.get_device(num_devices=4)
+    assert await m.try_get_device(num_devices=4) is None
+    with pytest.raises(ConfigurationError, match="num_devices"):
+        await m.get_device(num_devices=0)
+    ipus = DeviceManager([ipu_model_spec(0)], lock_dir=tmp_path)
+    with pytest.raises(DeviceNotFoundError, match="remote buffers"):
+        await ipus.get_device(constraints=DeviceConstraints(requires_remote_buffers_support=True))
+    with pytest.raises(ConfigurationError, match="duplicate ids"):
+        DeviceManager(parse_devices("cpu:1x1") * 2, lock_dir=tmp_path)
+
+
+async def test_unusable_lock_dir_is_a_configuration_error(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigurationError, match=r"cannot be created.*MODEL_RUNTIME_DIR"):
+        await manager(tmp_path / "file").get_device()
+    with pytest.raises(ConfigurationError, match="cannot be created"):
+        await manager(tmp_path / "file" / "sub").get_device()
+    if os.geteuid() != 0:  # root may write anywhere
+        locked = tmp_path / "ro"
+        locked.mkdir(mode=0o500)
+        with pytest.raises(ConfigurationError, match="not a writable directory"):
+            await manager(locked).get_device()
+
+
+async def test_ipu_models_and_hardware_version(tmp_path: Path) -> None:
+    m = manager(tmp_path)
+    assert m.hardware_version() == 0  # cpu only: "no IPU in the system"
+    assert DeviceManager(parse_devices("ipu-model:1x1"), lock_dir=tmp_path).hardware_version() == 2
+    dev = m.create_ipu_model_device(num_ipus=2, ipu_version=1)
+    assert (dev.spec.kind, dev.spec.num_ipus, dev.spec.tiles_per_ipu) == ("ipu-model", 2, 1216)
+    small = m.create_small_ipu_model_device()
+    assert small.spec.tiles_per_ipu == 4 and small.spec.memory_bytes == 4 * 624 * 1024
+    with pytest.raises(ConfigurationError, match="version 3"):
+        m.create_ipu_model_device(ipu_version=3)
+    ipu = await m.get_device_for(tiny_exe(target=Target("ipu-model", 1, 2, 4)))
+    assert ipu.spec.kind == "ipu-model" and ipu.spec.tiles_per_ipu == 4
+    cpu = await m.get_device_for(tiny_exe())
+    assert cpu.spec.kind == "cpu" and cpu.lock is not None
+    cpu.detach()
+
+
+async def test_device_manager_actor_answers_while_an_attach_waits(tmp_path: Path) -> None:
+    clock = FakeClock()
+    m = manager(tmp_path, clock=clock)
+    held = await manager(tmp_path).get_device()
+    async with anyio.create_task_group() as tg:
+        ref: ActorRef[object] = await tg.start(DeviceManagerActor(m, clock=clock).run)
+        got: list[AttachedDevice] = []
+
+        async def attach() -> None:
+            got.append(await ref.ask(Attach(wait_config=WAIT_10)))
+
+        tg.start_soon(attach)
+        await settle(clock, 1)
+        listing = await ref.ask(ListDevices())  # the mailbox is free while attach waits
+        assert listing[0].holder.pid == os.getpid()
+        held.detach()
+        clock.advance(3)
+        while not got:
+            await anyio.lowlevel.checkpoint()
+        assert await ref.ask(Attach(try_only=True)) is None
+        with pytest.raises(DeviceNotFoundError):
+            await ref.ask(Attach(device_id=9))
+        await ref.ask(DetachDevice(got[0]))
+        assert not got[0].is_attached
+        assert (await ref.ask(Attach(device_id=0))).is_attached
+        await ref.ask(Stop())

@@ -1,0 +1,353 @@
+"""The Queue actor: flush timeouts, flush callback, cancellation, pool, failures, drain, stats."""
+
+from __future__ import annotations
+
+import anyio
+import numpy as np
+import pytest
+from test_queue_support import expected, make_queue, metadata, request, rows, running, submit
+
+from actors.actor import Stop
+from actors.clock import FakeClock
+from actors.queues.messages import Complete, Drain, Fail, FailAll, Flush, GetStats
+from actors.queues.stats import QueueStats, TimeTrace
+from model_runtime.errors import ApplicationRuntimeError, RunnerStoppedError
+
+B = 4
+
+
+async def settle() -> None:
+    await anyio.wait_all_tasks_blocked()
+
+
+def check(result: dict[str, np.ndarray], x: np.ndarray) -> None:
+    np.testing.assert_array_equal(result["y"], expected(x)["y"])
+
+
+# -- flush by time ----------------------------------------------------------------------------
+
+
+async def test_partial_batch_flushes_after_idle_timeout_with_zero_padding() -> None:
+    clock = FakeClock()
+    queue = make_queue(metadata(B, 2), clock, batching_dim=0, timeout=5.0)
+    async with running(queue) as (ref, session):
+        first = submit(ref, request(rows(2), 2))
+        await settle()
+        clock.advance(3.0)
+        second = submit(ref, request(rows(3), 3))  # idle time restarts at the last arrival
+        await settle()
+        clock.advance(4.9)
+        await settle()
+        assert session.seen == []
+        clock.advance(0.1)
+        await settle()
+        (batch,) = session.seen
+        assert batch.padded and batch.valid_rows == 5
+        np.testing.assert_array_equal(batch.inputs[0]["x"][:2], first.inputs["x"])
+        np.testing.assert_array_equal(batch.inputs[0]["x"][2:], second.inputs["x"][:2])
+        np.testing.assert_array_equal(batch.inputs[1]["x"][0], second.inputs["x"][2])
+        assert not batch.inputs[1]["x"][1:].any()  # zero padding
+        r1, r2 = await first.future, await second.future
+        assert r1["y"].shape == (2, 3) and r2["y"].shape == (3, 3)  # padding reached nobody
+        check(r1, first.inputs["x"])
+        check(r2, second.inputs["x"])
+
+
+async def test_timeout_zero_never_flushes_by_time() -> None:
+    clock = FakeClock()
+    queue = make_queue(metadata(B), clock, batching_dim=0, timeout=0)
+    async with running(queue) as (ref, session):
+        req = submit(ref, request(rows(1), 1))
+        await settle()
+        clock.advance(1e9)
+        await settle()
+        assert session.seen == [] and not req.future.done()
+        ref.tell(Flush())
+        check(await req.future, req.inputs["x"])
+
+
+async def test_flush_callback_supplies_the_padding_data() -> None:
+    calls: list[tuple[str, dict[str, tuple[int, ...]]]] = []
+    got: dict[str, np.ndarray] = {}
+
+    def on_flush(
+        tensor_id: str, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]
+    ) -> None:
+        calls.append((tensor_id, {k: v.shape for k, v in inputs.items()}))
+        inputs["x"][...] = 7.0
+        outputs["y"] = got["y"] = np.zeros((3, 3), np.float32)
+
+    clock = FakeClock()
+    queue = make_queue(metadata(B), clock, batching_dim=0, timeout=1.0, flush_callback=on_flush)
+    async with running(queue) as (ref, session):
+        req = submit(ref, request(rows(1), 1))
+        await settle()
+        clock.advance(1.0)
+        check(await req.future, req.inputs["x"])
+        assert calls == [("x", {"x": (3, 3)})]
+        np.testing.assert_array_equal(session.seen[0].inputs[0]["x"][1:], np.full((3, 3), 7.0))
+        np.testing.assert_array_equal(got["y"], np.full((3, 3), 15.0))  # 2*7+1
+
+
+async def test_failing_flush_callback_fails_that_batch_and_the_queue_carries_on() -> None:
+    def on_flush(tensor_id: str, inputs: dict[str, np.ndarray], out: dict[str, np.ndarray]) -> None:
+        raise RuntimeError("no flush data")
+
+    queue = make_queue(metadata(B), batching_dim=0, flush_callback=on_flush)
+    async with running(queue) as (ref, _):
+        req = submit(ref, request(rows(1), 1))
+        ref.tell(Flush())
+        with pytest.raises(RuntimeError, match="no flush data"):
+            await req.future
+        full = submit(ref, request(rows(B), B))
+        check(await full.future, full.inputs["x"])
+        assert queue.pending_samples == 0
+
+
+async def test_batch_size_timeout_bounds_a_steady_trickle() -> None:
+    clock = FakeClock()
+    queue = make_queue(
+        metadata(8), clock, batching_dim=0, timeout=5.0,
+        is_batch_size_timeout_enabled=True, batch_size_timeout=2.5,
+    )  # fmt: skip
+    async with running(queue) as (ref, session):
+        reqs = []
+        for _ in range(3):  # one row a second: the idle timeout never fires
+            reqs.append(submit(ref, request(rows(1), 1)))
+            await settle()
+            clock.advance(1.0)
+            await settle()
+        assert [b.valid_rows for b in session.seen] == [3]  # flushed at t=2.5
+        for r in reqs:
+            check(await r.future, r.inputs["x"])
+
+
+async def test_batch_size_timeout_is_ignored_unless_enabled() -> None:
+    clock = FakeClock()
+    queue = make_queue(metadata(8), clock, batching_dim=0, timeout=5.0, batch_size_timeout=0.5)
+    async with running(queue) as (ref, session):
+        submit(ref, request(rows(1), 1))
+        await settle()
+        clock.advance(4.0)
+        await settle()
+        assert session.seen == []
+
+
+async def test_data_parallel_timeout_flushes_once_one_iteration_is_full() -> None:
+    clock = FakeClock()
+    queue = make_queue(
+        metadata(2, 3), clock, batching_dim=0, timeout=10.0,
+        is_batch_size_timeout_enabled=True, data_parallel_timeout=1.0,
+    )  # fmt: skip
+    async with running(queue) as (ref, session):
+        a = submit(ref, request(rows(1), 1))
+        await settle()
+        clock.advance(2.0)  # one row: not a full iteration, the data-parallel clock is off
+        await settle()
+        assert session.seen == []
+        b = submit(ref, request(rows(2), 2))  # 3 rows: iteration 0 is full at t=2
+        await settle()
+        clock.advance(1.0)
+        await settle()
+        assert [bt.valid_rows for bt in session.seen] == [3]
+        check(await a.future, a.inputs["x"])
+        check(await b.future, b.inputs["x"])
+
+
+# -- cancellation -----------------------------------------------------------------------------
+
+
+async def test_cancelled_before_packing_is_removed_from_the_queue() -> None:
+    queue = make_queue(metadata(B), batching_dim=0)
+    async with running(queue) as (ref, session):
+        a = submit(ref, request(rows(2), 2))
+        gone = submit(ref, request(rows(1), 1))
+        await settle()
+        gone.future.cancel()
+        c = submit(ref, request(rows(2), 2))  # 5 rows counted, 4 live: one full batch
+        results = [await a.future, await c.future]
+        (batch,) = session.seen
+        assert not batch.padded
+        packed = batch.inputs[0]["x"]
+        assert not any((packed == row).all(axis=1).any() for row in gone.inputs["x"])
+        for req, res in zip((a, c), results, strict=True):
+            check(res, req.inputs["x"])
+        assert queue.pending_samples == 0 and queue.inflight_requests == 0
+
+
+async def test_cancelled_rows_never_stall_the_batcher() -> None:
+    clock = FakeClock()
+    queue = make_queue(metadata(B), clock, batching_dim=0, timeout=1.0)
+    async with running(queue) as (ref, session):
+        live = [submit(ref, request(rows(1), 1)) for _ in range(3)]
+        gone = submit(ref, request(rows(1), 1))  # rows 4/4 counted, but one caller leaves
+        gone.future.cancel()
+        await settle()
+        clock.advance(1.0)
+        for r in live:
+            check(await r.future, r.inputs["x"])
+        assert [b.valid_rows for b in session.seen] == [3]
+        assert queue.pending_samples == 0
+
+
+async def test_cancelled_after_packing_is_computed_and_dropped() -> None:
+    queue = make_queue(metadata(B), batching_dim=0)
+    async with running(queue, hold=True) as (ref, session):
+        reqs = [submit(ref, request(rows(1), 1)) for _ in range(B)]
+        big = submit(ref, request(rows(B + 2), B + 2))  # spans two batches
+        await settle()
+        assert len(session.held) == 2
+        reqs[1].future.cancel()
+        big.future.cancel()
+        session.release()
+        for i in (0, 2, 3):
+            check(await reqs[i].future, reqs[i].inputs["x"])
+        after = submit(ref, request(rows(B), B))
+        await settle()
+        session.release()
+        check(await after.future, after.inputs["x"])
+        assert queue.pending_samples == 0 and queue.inflight_requests == 0
+
+
+# -- pool, failures, drain, shutdown ----------------------------------------------------------
+
+
+async def test_pool_exhaustion_makes_requests_wait_not_fail() -> None:
+    queue = make_queue(metadata(B), batching_dim=0, ring_buffer_size_multiplier=1, max_look_ahead=0)
+    assert queue.config.pool_buffers == 2
+    async with running(queue, hold=True) as (ref, session):
+        reqs = [submit(ref, request(rows(B), B)) for _ in range(2)]
+        reqs += [submit(ref, request(rows(1), 1)) for _ in range(3 * B)]
+        await settle()
+        assert len(session.held) == 2  # two buffers, both out
+        assert not any(r.future.done() for r in reqs)
+        assert queue.pending_samples == 5 * B
+        while not all(r.future.done() for r in reqs):
+            session.release()
+            await settle()
+        assert len(session.seen) == 5
+        for r in reqs:
+            check(r.future.result(), r.inputs["x"])
+
+
+async def test_fail_answers_each_request_exactly_once() -> None:
+    queue = make_queue(metadata(B), batching_dim=0)
+    async with running(queue, hold=True) as (ref, session):
+        one = submit(ref, request(rows(1), 1))
+        span = submit(ref, request(rows(2 * B - 1), 2 * B - 1))  # two batches
+        await settle()
+        first, second = session.held
+        error = ApplicationRuntimeError("device failed")
+        ref.tell(Fail(first, error))
+        with pytest.raises(ApplicationRuntimeError):
+            await span.future
+        with pytest.raises(ApplicationRuntimeError):
+            await one.future
+        session.complete(second)  # the spanning request's other rows: no second answer
+        ref.tell(Fail(first, error))  # a repeated answer for the batch is ignored too
+        await settle()
+        assert queue.is_running
+        assert queue.pending_samples == 0 and queue.inflight_requests == 0
+        later = submit(ref, request(rows(B), B))
+        await settle()
+        session.release()
+        check(await later.future, later.inputs["x"])
+
+
+async def test_drain_flushes_pending_then_refuses_new_requests() -> None:
+    queue = make_queue(metadata(B), batching_dim=0, timeout=0)
+    async with running(queue) as (ref, session):
+        req = submit(ref, request(rows(3), 3))
+        await ref.ask(Drain())
+        assert [b.valid_rows for b in session.seen] == [3]
+        check(await req.future, req.inputs["x"])
+        late = submit(ref, request(rows(1), 1))
+        with pytest.raises(RunnerStoppedError):
+            await late.future
+
+
+async def test_drain_waits_for_a_free_buffer() -> None:
+    queue = make_queue(metadata(B), batching_dim=0, ring_buffer_size_multiplier=1, max_look_ahead=0)
+    async with running(queue, hold=True) as (ref, session):
+        for _ in range(2):
+            submit(ref, request(rows(B), B))
+        tail = submit(ref, request(rows(1), 1))
+        drained = anyio.Event()
+
+        async def drain() -> None:
+            await ref.ask(Drain())
+            drained.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(drain)
+            await settle()
+            assert not drained.is_set()
+            session.release()
+            await settle()
+            assert drained.is_set()
+        session.release()
+        check(await tail.future, tail.inputs["x"])
+
+
+async def test_fail_all_answers_pending_and_packed_requests() -> None:
+    queue = make_queue(metadata(B), batching_dim=0, timeout=0)
+    async with running(queue, hold=True) as (ref, session):
+        packed = submit(ref, request(rows(B), B))
+        pending = submit(ref, request(rows(1), 1))
+        await settle()
+        await ref.ask(FailAll(RunnerStoppedError("shutting down")))
+        for r in (packed, pending):
+            with pytest.raises(RunnerStoppedError, match="shutting down"):
+                await r.future
+        session.release()  # completing a batch whose callers were failed answers nobody twice
+        await settle()
+        assert queue.is_running and queue.pending_samples == 0
+
+
+async def test_stopping_the_queue_fails_what_it_holds() -> None:
+    queue = make_queue(metadata(B), batching_dim=0, timeout=0)
+    async with running(queue) as (ref, _):
+        req = submit(ref, request(rows(1), 1))
+        await ref.ask(Stop())
+        with pytest.raises(RunnerStoppedError):
+            await req.future
+
+
+# -- statistics -------------------------------------------------------------------------------
+
+
+async def test_statistics_time_trace_percentile_mean_count() -> None:
+    clock = FakeClock(100.0)
+    queue = make_queue(metadata(2), clock, batching_dim=0, timeout=0)
+    async with running(queue, hold=True) as (ref, session):
+        a = submit(ref, request(rows(1), 1, clock=clock))  # submitted at 100
+        await settle()
+        clock.advance(1.0)
+        b = submit(ref, request(rows(1), 1, clock=clock))  # submitted at 101, packed at 101
+        await settle()
+        clock.advance(2.0)
+        (batch,) = session.held
+        ref.tell(Complete(batch, session.outputs(batch), 103.0, 107.0))
+        await a.future, await b.future
+        stats: QueueStats = await ref.ask(GetStats())
+        assert stats.time_trace() == [TimeTrace(7.0, 1.0, 2.0, 4.0), TimeTrace(6.0, 0.0, 2.0, 4.0)]
+        assert stats.mean() == TimeTrace(6.5, 0.5, 2.0, 4.0)
+        assert stats.percentile(1.0) == TimeTrace(7.0, 1.0, 2.0, 4.0)
+        assert stats.percentile(0.0) == TimeTrace(6.0, 0.0, 2.0, 4.0)
+        assert stats.total_count().request_duration == 2
+        with pytest.raises(ValueError):
+            stats.percentile(90)
+
+
+async def test_tracepoint_buffer_is_bounded_and_counts_everything() -> None:
+    queue = make_queue(metadata(2), batching_dim=0, request_tracepoints_buffer_size=5)
+    async with running(queue) as (ref, _):
+        reqs = [submit(ref, request(rows(1), 1)) for _ in range(20)]
+        for r in reqs:
+            await r.future
+        stats = queue.stats()
+        assert len(stats.time_trace()) == 5
+        assert stats.total_count().computation_duration == 20
+        assert stats.as_dict()["request_monitoring_statistics_count"] == 20.0
+    empty = make_queue(metadata(2)).stats()
+    assert empty.mean() == TimeTrace(0.0, 0.0, 0.0, 0.0) and empty.time_trace() == []

@@ -1,0 +1,297 @@
+"""The HTTP front end in process, over a fake runner: routes, status codes, error bodies,
+metrics, drain and disconnect cancellation. (The real daemon is tested in
+``tests/integration/test_daemon.py``.)"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from actors.session.state import ReplicaStatus
+from model_runtime.errors import (
+    ApplicationRuntimeError,
+    InputValidationError,
+    RunnerStoppedError,
+)
+from model_runtime.io import DataDesc
+from model_runtime.runner_config import ModelRunnerConfig
+from model_runtime.server.app import HEADER_LENGTH, InferenceServer, ServerOptions
+from model_runtime.server.repository import ModelRepository, RunnerLike
+
+pytestmark = pytest.mark.timeout(20)
+W = np.arange(12, dtype=np.float32).reshape(4, 3)
+
+
+class FakeRunner:
+    """A runner computing ``pixels @ W``; ``gate`` holds requests; ``error`` fails them."""
+
+    def __init__(self) -> None:
+        self.status = [ReplicaStatus.READY]
+        self.gate: asyncio.Event | None = None
+        self.error: BaseException | None = None
+        self.cancelled = 0
+        self.closed = False
+        self.entered = asyncio.Event()
+        self.cancel_seen = asyncio.Event()
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        self.closed = True
+        self.status = [ReplicaStatus.STOPPED]
+
+    async def execute(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Mapping[str, np.ndarray] | None = None,
+        replica_id: int | None = None,
+        timeout: float | None = None,
+    ) -> dict[str, np.ndarray]:
+        x = inputs["pixels"]
+        if x.ndim != 2 or x.shape[1] != 4:
+            raise InputValidationError(f"input 'pixels' has shape {list(x.shape)}")
+        self.entered.set()
+        try:
+            if self.gate is not None:
+                await self.gate.wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            self.cancel_seen.set()
+            raise
+        if self.error is not None:
+            raise self.error
+        return {"logits": x @ W, "label": (x @ W).argmax(1).astype(np.int64)}
+
+    def get_execute_inputs(self) -> list[DataDesc]:
+        return [DataDesc("pixels", 64, (4, 4), np.dtype(np.float32))]
+
+    def get_execute_outputs(self) -> list[DataDesc]:
+        return [
+            DataDesc("logits", 48, (4, 3), np.dtype(np.float32)),
+            DataDesc("label", 32, (4,), np.dtype(np.int64)),
+        ]
+
+    def replica_status(self) -> list[ReplicaStatus]:
+        return list(self.status)
+
+    @property
+    def is_ready(self) -> bool:
+        return ReplicaStatus.READY in self.status
+
+    async def get_monitoring_statistics_total_count(self, replica_id: int = 0) -> dict[str, float]:
+        return {"read_queue_duration_us": 2.0, "computation_duration_us": 2.0}
+
+    async def get_monitoring_statistics_mean(self, replica_id: int = 0) -> dict[str, float]:
+        return {"read_queue_duration_us": 10.0, "computation_duration_us": 5.0}
+
+
+@asynccontextmanager
+async def serving(
+    tmp_path: Path, **options: Any
+) -> AsyncIterator[tuple[TestClient[Any, Any], FakeRunner, InferenceServer]]:
+    (tmp_path / "fake.mrx").write_bytes(b"")
+    (tmp_path / "other.mrx").write_bytes(b"")
+    fake = FakeRunner()
+
+    def factory(path: Path, config: ModelRunnerConfig) -> RunnerLike:
+        return fake if path.stem == "fake" else FakeRunner()
+
+    repo = ModelRepository(
+        ModelRunnerConfig(batching_dim=0), directory=tmp_path, runner_factory=factory
+    )
+    repo.scan()
+    await repo.load("fake")
+    server = InferenceServer(repo, ServerOptions(**options))
+    async with TestClient(TestServer(server.app(), handler_cancellation=True)) as client:
+        yield client, fake, server
+
+
+def _infer_doc(rows: int = 2, **extra: Any) -> dict[str, Any]:
+    data = np.arange(rows * 4, dtype=np.float32).tolist()
+    return {
+        "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [rows, 4], "data": data}],
+        **extra,
+    }
+
+
+async def test_health_metadata_and_json_inference(tmp_path: Path) -> None:
+    async with serving(tmp_path) as (client, _, _):
+        assert (await client.get("/v2/health/live")).status == 200
+        assert (await (await client.get("/v2/health/ready")).json()) == {"ready": True}
+        meta = await (await client.get("/v2")).json()
+        assert "binary_tensor_data" in meta["extensions"]
+        model = await (await client.get("/v2/models/fake")).json()
+        assert model["inputs"] == [{"name": "pixels", "datatype": "FP32", "shape": [-1, 4]}]
+        assert [o["datatype"] for o in model["outputs"]] == ["FP32", "INT64"]
+        assert (await client.get("/v2/models/fake/versions/1/ready")).status == 200
+        resp = await client.post("/v2/models/fake/infer", json=_infer_doc(id="q1"))
+        assert resp.status == 200, await resp.text()
+        doc = await resp.json()
+        assert doc["id"] == "q1" and doc["model_name"] == "fake"
+        expected = np.arange(8, dtype=np.float32).reshape(2, 4) @ W
+        assert doc["outputs"][0]["data"] == expected.ravel().tolist()
+        assert doc["outputs"][1] == {
+            "name": "label",
+            "datatype": "INT64",
+            "shape": [2],
+            "data": [2, 2],
+        }
+
+
+async def test_binary_request_and_response(tmp_path: Path) -> None:
+    x = np.ones((3, 4), dtype=np.float32)
+    head = json.dumps(
+        {
+            "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [3, 4],
+                        "parameters": {"binary_data_size": x.nbytes}}],
+            "outputs": [{"name": "logits", "parameters": {"binary_data": True}}],
+        }
+    ).encode()  # fmt: skip
+    async with serving(tmp_path) as (client, _, _):
+        resp = await client.post(
+            "/v2/models/fake/infer",
+            data=head + x.tobytes(),
+            headers={HEADER_LENGTH: str(len(head))},
+        )
+        assert resp.status == 200, await resp.text()
+        n = int(resp.headers[HEADER_LENGTH])
+        body = await resp.read()
+        out = json.loads(body[:n])["outputs"]
+        assert [o["name"] for o in out] == ["logits"]
+        np.testing.assert_array_equal(np.frombuffer(body[n:], "<f4").reshape(3, 3), x @ W)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "message"),
+    [
+        ("/v2/models/nope/infer", _infer_doc(), 404, "unknown model 'nope'"),
+        ("/v2/models/fake/versions/7/infer", _infer_doc(), 404, "no version '7'"),
+        ("/v2/models/fake/infer", b"{oops", 400, "not valid JSON"),
+        ("/v2/models/fake/infer", {"inputs": [{"name": "pixels", "datatype": "FP32",
+                                               "shape": [1, 3], "data": [1, 2, 3]}]},
+         400, "has shape [1, 3]"),
+        ("/v2/repository/models/..%2Fetc/load", b"", 400, "invalid model name"),
+        ("/v2/repository/models/missing/load", b"", 404, "no model 'missing'"),
+    ],
+)  # fmt: skip
+async def test_errors_are_json_with_status(
+    tmp_path: Path, path: str, body: Any, status: int, message: str
+) -> None:
+    async with serving(tmp_path) as (client, _, _):
+        kwargs = {"data": body} if isinstance(body, bytes) else {"json": body}
+        resp = await client.post(path, **kwargs)
+        assert resp.status == status
+        assert message in (await resp.json())["error"]
+
+
+async def test_runtime_errors_map_to_status_codes(tmp_path: Path) -> None:
+    async with serving(tmp_path, request_timeout=0.2) as (client, fake, _):
+        fake.error = ApplicationRuntimeError("device exploded")
+        resp = await client.post("/v2/models/fake/infer", json=_infer_doc())
+        assert resp.status == 500 and "device exploded" in (await resp.json())["error"]
+        fake.error = RunnerStoppedError("no replica is in service")
+        assert (await client.post("/v2/models/fake/infer", json=_infer_doc())).status == 503
+        fake.error, fake.gate = None, asyncio.Event()
+        assert (await client.post("/v2/models/fake/infer", json=_infer_doc())).status == 504
+        assert fake.cancelled == 1
+        metrics = await (await client.get("/metrics")).text()
+        line = 'requests_total{model="fake",outcome="failure",reason="deadline_exceeded"} 1.0'
+        assert line in metrics
+        assert 'reason="runtime_error"} 1.0' in metrics
+
+
+async def test_body_over_the_limit_is_413(tmp_path: Path) -> None:
+    async with serving(tmp_path, max_body_size=1000) as (client, _, _):
+        resp = await client.post("/v2/models/fake/infer", json=_infer_doc(rows=100))
+        assert resp.status == 413
+        assert "exceeds 1000" in (await resp.json())["error"]
+
+        async def chunks() -> AsyncIterator[bytes]:
+            for _ in range(10):
+                yield b" " * 500
+
+        resp = await client.post("/v2/models/fake/infer", data=chunks())
+        assert resp.status == 413
+
+
+async def test_readiness_follows_replica_state(tmp_path: Path) -> None:
+    async with serving(tmp_path) as (client, fake, _):
+        fake.status = [ReplicaStatus.RESETTING]
+        resp = await client.get("/v2/models/fake/ready")
+        assert resp.status == 503 and "resetting" in (await resp.json())["error"]
+        assert (await client.get("/v2/health/ready")).status == 503
+        metrics = await (await client.get("/metrics")).text()
+        assert (
+            'model_runtime_replica_state{device="",model="fake",replica="0",state="resetting"} 1.0'
+            in metrics
+        )
+        assert 'model_runtime_model_ready{model="fake"} 0.0' in metrics
+        fake.status = [ReplicaStatus.FAILED, ReplicaStatus.READY]
+        assert (await client.get("/v2/models/fake/ready")).status == 200
+
+
+async def test_repository_index_load_unload(tmp_path: Path) -> None:
+    async with serving(tmp_path) as (client, fake, _):
+        index = await (await client.post("/v2/repository/index")).json()
+        assert {(m["name"], m["state"]) for m in index} == {
+            ("fake", "READY"),
+            ("other", "UNAVAILABLE"),
+        }
+        assert (await client.post("/v2/repository/models/other/load")).status == 200
+        assert (await client.get("/v2/models/other/ready")).status == 200
+        assert (await client.post("/v2/repository/models/fake/unload")).status == 200
+        assert fake.closed
+        resp = await client.post("/v2/models/fake/infer", json=_infer_doc())
+        assert resp.status == 503 and "UNAVAILABLE" in (await resp.json())["error"]
+
+
+async def test_stats_and_metrics(tmp_path: Path) -> None:
+    async with serving(tmp_path) as (client, _, _):
+        for _ in range(3):
+            assert (
+                await client.post("/v2/models/fake/infer", json=_infer_doc(rows=2))
+            ).status == 200
+        stats = (await (await client.get("/v2/models/fake/stats")).json())["model_stats"][0]
+        assert stats["inference_count"] == 6
+        assert stats["inference_stats"]["success"]["count"] == 3
+        assert stats["inference_stats"]["queue"] == {"count": 2, "ns": 20_000}
+        text = await (await client.get("/metrics")).text()
+        assert 'model_runtime_inferences_total{model="fake"} 6.0' in text
+        assert 'model_runtime_pending_requests{model="fake"} 0.0' in text
+        assert 'phase="read_queue"' in text
+
+
+async def test_drain_refuses_new_and_finishes_inflight(tmp_path: Path) -> None:
+    async with serving(tmp_path) as (client, fake, server):
+        fake.gate = asyncio.Event()
+        inflight = asyncio.ensure_future(client.post("/v2/models/fake/infer", json=_infer_doc()))
+        await asyncio.wait_for(fake.entered.wait(), 5)
+        drained = asyncio.ensure_future(server.drain(5.0))
+        resp = await client.post("/v2/models/fake/infer", json=_infer_doc())
+        assert resp.status == 503 and "draining" in (await resp.json())["error"]
+        assert (await client.get("/v2/health/ready")).status == 503
+        assert not drained.done()
+        fake.gate.set()
+        assert (await inflight).status == 200
+        assert await drained
+
+
+async def test_client_disconnect_cancels_the_request(tmp_path: Path) -> None:
+    async with serving(tmp_path) as (client, fake, server):
+        fake.gate = asyncio.Event()
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.2):
+                await client.post("/v2/models/fake/infer", json=_infer_doc())
+        await asyncio.wait_for(fake.cancel_seen.wait(), 5)
+        text = await (await client.get("/metrics")).text()
+        assert 'reason="cancelled"} 1.0' in text
+        assert server.metrics.pending.labels("fake")._value.get() == 0

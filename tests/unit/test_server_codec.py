@@ -1,0 +1,305 @@
+"""The protocol codec: JSON and binary requests decode right; anything malformed is a 400-class
+``ProtocolError`` with a message; declared sizes are never trusted (hypothesis-fuzzed)."""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from model_runtime.server.codec import (
+    InferRequest,
+    ProtocolError,
+    RequestedOutput,
+    TensorSpec,
+    encode_infer_response,
+    parse_infer_request,
+)
+from model_runtime.server.datatypes import DATATYPES, datatype_of
+
+pytestmark = pytest.mark.timeout(60)
+
+INPUTS = (TensorSpec("pixels", "FP32", (-1, 4)), TensorSpec("mask", "BOOL", (-1, 2)))
+OUTPUTS = (TensorSpec("logits", "FP32", (-1, 3)), TensorSpec("label", "INT64", (-1,)))
+
+
+def _doc(**overrides: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "inputs": [
+            {"name": "pixels", "datatype": "FP32", "shape": [2, 4], "data": list(range(8))},
+            {"name": "mask", "datatype": "BOOL", "shape": [2, 2], "data": [True, False] * 2},
+        ]
+    }
+    doc.update(overrides)
+    return doc
+
+
+def _parse(doc: Any, binary: bytes = b"", header: bool = False) -> InferRequest:
+    head = json.dumps(doc).encode()
+    length = len(head) if header or binary else None
+    return parse_infer_request(head + binary, length, INPUTS, OUTPUTS, model="m")
+
+
+def test_flat_json_decodes_to_typed_arrays() -> None:
+    req = _parse(_doc(id="r-1", parameters={"x": 1}))
+    assert req.id == "r-1"
+    assert req.parameters == {"x": 1}
+    np.testing.assert_array_equal(
+        req.inputs["pixels"], np.arange(8, dtype=np.float32).reshape(2, 4)
+    )
+    assert req.inputs["pixels"].dtype == np.float32
+    assert req.inputs["mask"].dtype == np.bool_
+    assert [o.name for o in req.outputs] == ["logits", "label"]
+    assert not any(o.binary for o in req.outputs)
+
+
+def test_nested_json_equals_flat() -> None:
+    doc = _doc()
+    doc["inputs"][0]["data"] = [[0, 1, 2, 3], [4, 5, 6, 7]]
+    doc["inputs"][1]["data"] = [[True, False], [True, False]]
+    nested = _parse(doc)
+    flat = _parse(_doc())
+    for name in ("pixels", "mask"):
+        np.testing.assert_array_equal(nested.inputs[name], flat.inputs[name])
+
+
+def test_binary_inputs_are_views_of_the_body() -> None:
+    pixels = np.arange(8, dtype="<f4").reshape(2, 4)
+    mask = np.array([[1, 0], [0, 1]], dtype=np.uint8)
+    doc = _doc()
+    doc["inputs"][0] = {
+        "name": "pixels",
+        "datatype": "FP32",
+        "shape": [2, 4],
+        "parameters": {"binary_data_size": pixels.nbytes},
+    }
+    doc["inputs"][1] = {
+        "name": "mask",
+        "datatype": "BOOL",
+        "shape": [2, 2],
+        "parameters": {"binary_data_size": 4},
+    }
+    req = _parse(doc, pixels.tobytes() + mask.tobytes())
+    np.testing.assert_array_equal(req.inputs["pixels"], pixels)
+    np.testing.assert_array_equal(req.inputs["mask"], mask.astype(bool))
+    assert not req.inputs["pixels"].flags.owndata
+
+
+def test_output_selection_and_binary_flags() -> None:
+    req = _parse(
+        _doc(
+            outputs=[{"name": "label", "parameters": {"binary_data": True}}],
+            parameters={"binary_data_output": False},
+        )
+    )
+    assert req.outputs == (RequestedOutput("label", True),)
+    req = _parse(_doc(parameters={"binary_data_output": True}))
+    assert all(o.binary for o in req.outputs)
+
+
+def test_response_json_and_binary_round_trip() -> None:
+    logits = np.arange(6, dtype=np.float32).reshape(2, 3)
+    label = np.array([2, 1], dtype=np.int64)
+    types = {"logits": "FP32", "label": "INT64"}
+    req = InferRequest(
+        "abc", {}, (RequestedOutput("logits", False), RequestedOutput("label", True))
+    )
+    body, length = encode_infer_response("m", "1", req, {"logits": logits, "label": label}, types)
+    assert length is not None
+    head = json.loads(body[:length])
+    assert head["id"] == "abc" and head["model_name"] == "m"
+    assert head["outputs"][0] == {
+        "name": "logits",
+        "datatype": "FP32",
+        "shape": [2, 3],
+        "data": [0.0, 1.0, 2.0, 3.0, 4.0, 5.0],
+    }
+    assert head["outputs"][1]["parameters"] == {"binary_data_size": 16}
+    np.testing.assert_array_equal(np.frombuffer(body[length:], "<i8"), label)
+    body, length = encode_infer_response(
+        "m",
+        "1",
+        InferRequest(None, {}, (RequestedOutput("logits", False),)),
+        {"logits": logits},
+        types,
+    )
+    assert length is None and "id" not in json.loads(body)
+
+
+def test_datatype_names_map_both_ways() -> None:
+    for name, dtype in DATATYPES.items():
+        assert datatype_of(dtype) == name
+        assert datatype_of(dtype.newbyteorder(">")) == name
+    with pytest.raises(ValueError):
+        datatype_of(np.dtype(np.complex64))
+
+
+BAD_CASES: list[tuple[str, Any, str]] = [
+    ("not an object", [1, 2], "JSON object"),
+    ("no inputs", {"inputs": []}, "non-empty"),
+    ("unknown input", _doc(inputs=[{"name": "nope"}]), "unknown input 'nope'"),
+    ("wrong datatype name", None, "unknown datatype 'FLOAT'"),
+    ("mismatched datatype", None, "does not match the model's FP32"),
+    ("BYTES", None, "BYTES is not supported"),
+    ("short data", None, "needs 8 elements"),
+    ("negative dim", None, "shape"),
+    ("string data", None, "must be numbers"),
+    ("missing input", None, "missing input(s) ['mask']"),
+    ("duplicate input", None, "given twice"),
+    ("unknown output", _doc(outputs=[{"name": "zzz"}]), "unknown output 'zzz'"),
+    ("bad id", _doc(id=7), "'id' must be a string"),
+    ("bad parameters", _doc(parameters=[1]), "'parameters' must be a JSON object"),
+    ("no data", None, "no 'data'"),
+    ("int out of range", None, "out of the"),
+    ("float for bool", None, "true/false"),
+]
+
+
+def _bad_doc(case: str) -> Any:
+    doc = _doc()
+    p, m = doc["inputs"]
+    match case:
+        case "wrong datatype name":
+            p["datatype"] = "FLOAT"
+        case "mismatched datatype":
+            p["datatype"] = "INT32"
+        case "BYTES":
+            p["datatype"] = "BYTES"
+        case "short data":
+            p["data"] = [1.0] * 7
+        case "negative dim":
+            p["shape"] = [-2, -4]
+        case "string data":
+            p["data"] = ["1"] * 8
+        case "missing input":
+            doc["inputs"] = [p]
+        case "duplicate input":
+            doc["inputs"] = [p, p, m]
+        case "no data":
+            del p["data"]
+        case "int out of range":
+            return None
+        case "float for bool":
+            m["data"] = [1.5] * 4
+    return doc
+
+
+@pytest.mark.parametrize(("case", "doc", "message"), BAD_CASES, ids=[c[0] for c in BAD_CASES])
+def test_bad_requests_name_the_defect(case: str, doc: Any, message: str) -> None:
+    doc = doc if doc is not None else _bad_doc(case)
+    if doc is None:  # integer range: needs an integer model input
+        specs = (TensorSpec("x", "UINT8", (-1,)),)
+        body = json.dumps(
+            {"inputs": [{"name": "x", "datatype": "UINT8", "shape": [1], "data": [300]}]}
+        )
+        with pytest.raises(ProtocolError, match="out of the UINT8 range"):
+            parse_infer_request(body.encode(), None, specs, OUTPUTS)
+        return
+    with pytest.raises(ProtocolError) as info:
+        _parse(doc)
+    assert message in str(info.value)
+
+
+def test_malformed_json_and_header_lengths() -> None:
+    with pytest.raises(ProtocolError, match="not valid JSON"):
+        parse_infer_request(b"{", None, INPUTS, OUTPUTS)
+    with pytest.raises(ProtocolError, match="not valid JSON"):
+        parse_infer_request(b"[" * 100_000, None, INPUTS, OUTPUTS)
+    with pytest.raises(ProtocolError, match="Inference-Header-Content-Length"):
+        parse_infer_request(b"{}", 5, INPUTS, OUTPUTS)
+
+
+def _binary_doc(size: int, shape: list[int]) -> dict[str, Any]:
+    return {
+        "inputs": [
+            {"name": "pixels", "datatype": "FP32", "shape": shape,
+             "parameters": {"binary_data_size": size}},
+            {"name": "mask", "datatype": "BOOL", "shape": [1, 2], "data": [True, True]},
+        ]
+    }  # fmt: skip
+
+
+def test_binary_sizes_that_do_not_add_up() -> None:
+    with pytest.raises(ProtocolError, match="needs 16"):
+        _parse(_binary_doc(15, [1, 4]), b"\0" * 15)
+    with pytest.raises(ProtocolError, match="more than"):
+        _parse(_binary_doc(16, [1, 4]), b"\0" * 8)
+    with pytest.raises(ProtocolError, match="add up to 16 bytes, but 20"):
+        _parse(_binary_doc(16, [1, 4]), b"\0" * 20)
+    with pytest.raises(ProtocolError, match="add up to 0 bytes, but 3"):
+        _parse(_doc(), b"abc")
+
+
+def test_huge_declared_shape_allocates_nothing() -> None:
+    huge = [2**40, 2**40]
+    doc = _doc()
+    doc["inputs"][0]["shape"] = huge
+    tracemalloc.start()
+    try:
+        with pytest.raises(ProtocolError, match="needs"):
+            _parse(doc)
+        with pytest.raises(ProtocolError, match="binary_data_size"):
+            _parse(_binary_doc(16, huge), b"\0" * 16)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+    doc["inputs"][0]["shape"] = [1] * 40
+    with pytest.raises(ProtocolError, match="dimensions"):
+        _parse(doc)
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4)
+    ),
+    max_leaves=30,
+)  # fmt: skip
+INPUT_ENTRY = st.fixed_dictionaries(
+    {"name": st.sampled_from(["pixels", "mask", "other"])},
+    optional={
+        "datatype": st.sampled_from([*DATATYPES, "BYTES", "FLOAT", 3]),
+        "shape": st.lists(st.integers(-3, 2**62), max_size=4) | JSON_VALUES,
+        "data": JSON_VALUES,
+        "parameters": st.fixed_dictionaries(
+            {}, optional={"binary_data_size": st.integers(-5, 2**62) | JSON_VALUES}
+        ),
+    },
+)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    inputs=st.lists(INPUT_ENTRY, max_size=3) | JSON_VALUES,
+    extra=st.dictionaries(st.sampled_from(["id", "outputs", "parameters"]), JSON_VALUES),
+    binary=st.binary(max_size=64),
+    header_delta=st.none() | st.integers(-5, 5),
+)
+def test_fuzzed_requests_decode_or_raise_protocol_error(
+    inputs: Any, extra: dict[str, Any], binary: bytes, header_delta: int | None
+) -> None:
+    head = json.dumps({"inputs": inputs, **extra}).encode()
+    length = None if header_delta is None else len(head) + header_delta
+    try:
+        req = parse_infer_request(head + binary, length, INPUTS, OUTPUTS)
+    except ProtocolError as exc:
+        assert str(exc)
+        return
+    assert set(req.inputs) == {"pixels", "mask"}
+    for spec in INPUTS:
+        assert req.inputs[spec.name].dtype == DATATYPES[spec.datatype]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=200))
+def test_fuzzed_bytes_never_escape_as_other_errors(body: bytes) -> None:
+    try:
+        parse_infer_request(body, None, INPUTS, OUTPUTS)
+    except ProtocolError:
+        pass
