@@ -90,22 +90,14 @@ def validate_inputs(
     if not isinstance(inputs, Mapping):
         raise InputValidationError(f"inputs must be a mapping of name -> array, got {type(inputs)}")
     if len(inputs) != len(shapes):
-        known = {s.name for s in shapes}
-        unknown = sorted(set(inputs) - known)
-        missing = sorted(known - set(inputs))
-        raise InputValidationError(
-            "inputs do not match the model: "
-            + (f"unknown {unknown} " if unknown else "")
-            + (f"missing {missing} " if missing else "")
-            + f"(expected {sorted(known)})"
-        )
+        raise _name_mismatch(inputs, shapes)
     arrays: dict[str, np.ndarray] = {}
     samples = -1
     for s in shapes:
         try:
             value = inputs[s.name]
         except KeyError:
-            raise InputValidationError(f"missing input {s.name!r} (got {sorted(inputs)})") from None
+            raise _name_mismatch(inputs, shapes) from None
         arr = value if isinstance(value, np.ndarray) else np.asarray(value)
         if arr.dtype != s.dtype:
             raise InputValidationError(
@@ -136,6 +128,19 @@ def validate_inputs(
             f"(set batching_dim to accept any number of samples)"
         )
     return arrays, samples
+
+
+def _name_mismatch(
+    inputs: Mapping[str, Any], shapes: tuple[RequestShape, ...]
+) -> InputValidationError:
+    known = {s.name for s in shapes}
+    unknown = sorted(set(inputs) - known)
+    missing = sorted(known - set(inputs))
+    parts = [f"unknown {unknown}"] if unknown else []
+    parts += [f"missing {missing}"] if missing else []
+    return InputValidationError(
+        f"inputs do not match the model: {', '.join(parts)} (expected {sorted(known)})"
+    )
 
 
 def validate_outputs(

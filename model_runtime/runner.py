@@ -29,7 +29,7 @@ import anyio
 import numpy as np
 import structlog
 
-from actors.clock import Clock, SystemClock
+from actors.clock import Clock, SystemClock, move_on_after
 from actors.device.actor import Device
 from actors.device.backends import create_backend
 from actors.device.faults import FaultPlan
@@ -384,7 +384,7 @@ class ModelRunner:
     async def _with_deadline(
         self, future: asyncio.Future[dict[str, np.ndarray]], timeout: float
     ) -> dict[str, np.ndarray]:
-        with anyio.move_on_after(timeout):
+        async with move_on_after(self._clock, timeout):
             return await asyncio.shield(future)
         future.cancel()
         raise ExecutionTimeoutError(f"request did not complete within {timeout} s")
@@ -451,6 +451,10 @@ class ModelRunner:
     def replica_status(self) -> list[ReplicaStatus]:
         """The status of every replica."""
         return [s.status for s in self._states]
+
+    def replica_states(self) -> list[ReplicaState]:
+        """Every replica's live state (status, device, runs, resets); read, do not modify."""
+        return list(self._states)
 
     @property
     def is_ready(self) -> bool:

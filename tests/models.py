@@ -200,7 +200,8 @@ def light_model(name: str, seed: int = 0) -> onnx.ModelProto:
     The wheel's light models generate every weight with ``ConstantOfShape`` (all 0.02), which
     makes every class score equal whatever the input: useless for checking outputs. Each such
     node becomes an initializer: rank >= 2 tensors (conv/fc weights) ~ N(0, 1/fan_in), vectors
-    (biases, batch-norm parameters) ~ U(0.5, 1.5) so variances stay positive.
+    (biases, batch-norm parameters) ~ U(0.5, 1.5) so variances stay positive. The input of
+    the last ``Softmax`` (the logits) becomes a second graph output.
     """
     model = onnx.load(str(ONNX_TEST_DATA / "light" / f"light_{name}.onnx"))
     rng = np.random.default_rng(seed)
@@ -227,5 +228,11 @@ def light_model(name: str, seed: int = 0) -> onnx.ModelProto:
             kept.append(node)
     del graph.node[:]
     graph.node.extend(kept)
+    softmax = [n for n in graph.node if n.op_type == "Softmax"]
+    if softmax:
+        # Probabilities saturate to one-hot with random weights; the logits keep rows apart.
+        logits = softmax[-1].input[0]
+        inferred = onnx.shape_inference.infer_shapes(model).graph.value_info
+        graph.output.extend(vi for vi in inferred if vi.name == logits)
     onnx.checker.check_model(model)
     return model

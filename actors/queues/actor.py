@@ -24,7 +24,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from actors.actor import Actor, Envelope
 from actors.clock import Clock, SystemClock
-from actors.queues.batch import Batch, Segment
+from actors.queues.batch import Batch
 from actors.queues.config import QueueConfig
 from actors.queues.messages import (
     Complete,
@@ -36,10 +36,12 @@ from actors.queues.messages import (
     GetStats,
     QueueMessage,
 )
+from actors.queues.packing import take
 from actors.queues.pool import Layout, RingPool
 from actors.queues.request import Request
 from actors.queues.routing import fail_batch, route_outputs
 from actors.queues.stats import QueueStats, TraceRecorder
+from actors.queues.timer import FlushTimer
 from model_runtime.errors import ActorStoppedError, RunnerStoppedError
 from model_runtime.executable.model import ExecutableMetadata
 
@@ -89,9 +91,8 @@ class Queue(Actor[QueueMessage]):
         self._drain_waiters: list[Envelope] = []
         self._flush_requested = False
         self._last_arrival = self._open_since = self._iter_full_since = 0.0
-        self._timer_target = _INF
-        self._timer_scope: anyio.CancelScope | None = None
-        self._timer_event: anyio.Event | None = None
+        self._timer = FlushTimer(self.clock, self._flush_deadline, self._on_timeout)
+        self._kick = self._timer.kick
         self._open_streams()
 
     # -- what the runner and the session read --------------------------------------------------
@@ -119,6 +120,10 @@ class Queue(Actor[QueueMessage]):
         difference from ``tell(Enqueue(...))`` is that it overtakes messages still in the
         mailbox. Never raises: refusals go to ``request.future``.
         """
+        if not self.is_running:
+            if not request.future.done():
+                request.future.set_exception(RunnerStoppedError(f"queue {self.name} stopped"))
+            return
         self._enqueue(request)
 
     def stats(self) -> QueueStats:
@@ -152,7 +157,7 @@ class Queue(Actor[QueueMessage]):
     async def background(self) -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._sender)
-            await self._timer()
+            await self._timer.run()
 
     async def _dispatch(self, envelope: Envelope) -> None:
         # Drain answers later (when nothing is left unpacked), so it bypasses handle().
@@ -267,83 +272,29 @@ class Queue(Actor[QueueMessage]):
             self._check_drained()
 
     def _seal(self, partial: bool) -> bool:
-        """Take up to I*B live rows from the FIFO into a new batch; False if none was made
-        (no live rows, or fewer than a full batch when not ``partial``: then nothing is taken)."""
-        layout, pending = self.layout, self._pending
-        cap, b, iters = layout.capacity, layout.B, layout.I
-        while pending and pending[0].future.done():
-            self._drop(pending.popleft())
-        if not pending:
-            return False
+        """Make a batch of up to I*B waiting rows; False if none was made (no live rows, or
+        fewer than a full batch when not ``partial``)."""
         now = self._now()
-        first = pending[0]
-        start = first._taken
-        if first.samples - start >= cap:
-            views = layout.zero_copy(first.inputs, start)
-            if views is not None:
-                first._taken = start + cap
-                if first._taken == first.samples:
-                    pending.popleft()
-                if not start:
-                    first._t_packed = now
-                self._pending_rows -= cap
-                segs = tuple((first, start + k * b, k, 0, b) for k in range(iters))
-                self._emit(Batch(next(self._ids), views, segs, cap, False, now))
-                return True
-        segments: list[Segment] = []
-        per_iteration: list[list[Segment]] = (
-            [segments] if iters == 1 else [[] for _ in range(iters)]
-        )
-        popped: list[Request] = []
-        taken = 0
-        while pending and taken < cap:
-            req = pending[0]
-            if req.future.done():
-                self._drop(pending.popleft())
-                continue
-            start = req._taken
-            n = min(req.samples - start, cap - taken)
-            if not start:
-                req._t_packed = now
-            if iters == 1:
-                segments.append((req, start, 0, taken, n))
-                taken += n
-            else:
-                end = start + n
-                while start < end:
-                    k, row = divmod(taken, b)
-                    m = min(end - start, b - row)
-                    seg = (req, start, k, row, m)
-                    segments.append(seg)
-                    per_iteration[k].append(seg)
-                    start += m
-                    taken += m
-            req._taken += n
-            if req._taken == req.samples:
-                popped.append(pending.popleft())
-        if taken == 0 or (taken < cap and not partial):
-            for req, start, *_ in reversed(segments):
-                req._taken = start
-                if not start:
-                    req._t_packed = 0.0
-            pending.extendleft(reversed(popped))
+        got = take(self._pending, self.layout, partial, now)
+        for req in got.dropped:
+            self._drop(req)
+        if not got.rows:
             return False
-        self._pending_rows -= taken
+        self._pending_rows -= got.rows
+        segments = tuple(got.segments)
+        if got.views is not None:
+            self._emit(Batch(next(self._ids), got.views, segments, got.rows, False, now))
+            return True
         index = self._pool.free.pop()
-        batch = Batch(
-            next(self._ids),
-            self._pool.buffers[index],
-            tuple(segments),
-            taken,
-            taken < cap,
-            now,
-            _buffer=index,
-        )
+        padded = got.rows < self.layout.capacity
+        inputs = self._pool.buffers[index]
+        batch = Batch(next(self._ids), inputs, segments, got.rows, padded, now, _buffer=index)
         try:
             batch.flush_outputs = self._pool.fill(
-                index, per_iteration, taken, self.config.flush_callback
+                index, got.per_iteration, got.rows, self.config.flush_callback
             )
         except Exception as exc:
+            self._flush_requested = False
             self._pool.free.append(index)
             self._close(fail_batch(batch, exc))
             self.log.warning("queue.flush_failed", error=repr(exc))
@@ -421,33 +372,11 @@ class Queue(Actor[QueueMessage]):
                 deadline = min(deadline, self._iter_full_since + cfg.data_parallel_timeout)
         return deadline
 
-    def _kick(self) -> None:
-        """Wake the timer if the flush deadline moved before what it sleeps until."""
-        if self._flush_deadline() < self._timer_target:
-            if self._timer_scope is not None:
-                self._timer_scope.cancel()
-            elif self._timer_event is not None:
-                self._timer_event.set()
-
-    async def _timer(self) -> None:
-        while True:
-            deadline = self._flush_deadline()
-            if deadline == _INF:
-                self._timer_event = anyio.Event()
-                await self._timer_event.wait()
-                self._timer_event = None
-            elif self._now() >= deadline:
-                self._on_timeout()
-            else:
-                self._timer_target = deadline
-                with anyio.CancelScope() as self._timer_scope:
-                    await self.clock.sleep_until(deadline)
-                self._timer_scope = None
-                self._timer_target = _INF
-
     def _on_timeout(self) -> None:
-        waiting = any(not r.future.done() for r in self._pending)
-        if self.config.flush_on_waiting_outputs and not waiting:
+        waiting = self.config.flush_on_waiting_outputs is False or any(
+            not r.future.done() for r in self._pending
+        )
+        if not waiting:
             while self._pending:  # nobody waits for these rows: forget them, flush nothing
                 self._drop(self._pending.popleft())
             return

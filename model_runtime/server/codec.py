@@ -87,9 +87,14 @@ def _header_split(body: bytes, header_length: int | None) -> tuple[bytes, memory
     return bytes(view[:header_length]), view[header_length:]
 
 
-def _load_json(header: bytes) -> dict[str, Any]:
+def _load_json(header: bytes, whole_body: bool) -> dict[str, Any]:
     try:
         doc = json.loads(header)
+    except json.JSONDecodeError as exc:
+        hint = ""
+        if whole_body and exc.msg == "Extra data":
+            hint = " (binary data after the JSON needs an Inference-Header-Content-Length header)"
+        raise _fail(f"the request is not valid JSON{hint}: {exc}") from None
     except (ValueError, RecursionError) as exc:
         raise _fail(f"the request is not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
@@ -247,7 +252,7 @@ def parse_infer_request(
             unknown outputs, or a bad ``id`` or ``parameters``.
     """
     header, binary = _header_split(body, header_length)
-    doc = _load_json(header)
+    doc = _load_json(header, header_length is None)
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise _fail("'id' must be a string")

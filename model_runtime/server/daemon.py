@@ -129,20 +129,21 @@ async def serve(opts: DaemonOptions) -> int:
         loop.add_signal_handler(sig, stop.set)
     status = 0
     try:
-        site = web.TCPSite(runner, opts.host, opts.port)
-        await site.start()
-        port = _bound_port(runner, opts.port)
-        log.info("daemon_listening", host=opts.host, port=port, models=names)
-        status = await _load_until_stopped(repo, names, stop)
-        if status == 0:
-            log.info("daemon_ready", url=f"http://{opts.host}:{port}/v2")
-            await stop.wait()
-        log.info("daemon_draining", grace_period=opts.grace_period)
-        t0 = time.monotonic()
-        if not await server.drain(opts.grace_period):
-            log.warning("drain_incomplete", grace_period=opts.grace_period)
-        with anyio.move_on_after(max(0.0, opts.grace_period - (time.monotonic() - t0))):
-            await repo.close_all()
+        async with repo:
+            site = web.TCPSite(runner, opts.host, opts.port)
+            await site.start()
+            port = _bound_port(runner, opts.port)
+            log.info("daemon_listening", host=opts.host, port=port, models=names)
+            status = await _load_until_stopped(repo, names, stop)
+            if status == 0 and not stop.is_set():
+                log.info("daemon_ready", url=f"http://{opts.host}:{port}/v2")
+                await stop.wait()
+            log.info("daemon_draining", grace_period=opts.grace_period)
+            t0 = time.monotonic()
+            if not await server.drain(opts.grace_period):
+                log.warning("drain_incomplete", grace_period=opts.grace_period)
+            with anyio.move_on_after(max(0.0, opts.grace_period - (time.monotonic() - t0))):
+                await repo.close_all()
     finally:
         await runner.cleanup()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -161,31 +162,24 @@ def _bound_port(runner: web.AppRunner, default: int) -> int:
 async def _load_until_stopped(
     repo: ModelRepository, names: Sequence[str], stop: asyncio.Event
 ) -> int:
-    """Load every model; stop early on a signal. 1 if a model failed to load."""
+    """Load every model, giving up early on a signal; 1 if a model failed to load."""
+    status = 0
+    async with anyio.create_task_group() as tg:
 
-    async def load_all() -> int:
+        async def watch() -> None:
+            await stop.wait()
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(watch)
         for name in names:
             try:
                 await repo.load(name)
             except ModelRuntimeError as exc:
                 log.error("startup_load_failed", model=name, error=str(exc))
-                return 1
-        return 0
-
-    loading = asyncio.ensure_future(load_all())
-    stopping = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait([loading, stopping], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopping.cancel()
-    if not loading.done():
-        loading.cancel()
-        try:
-            await loading
-        except asyncio.CancelledError:
-            pass
-        return 0
-    return loading.result()
+                status = 1
+                break
+        tg.cancel_scope.cancel()
+    return status
 
 
 def _run(opts: DaemonOptions) -> int:

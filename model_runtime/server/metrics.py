@@ -25,6 +25,7 @@ __all__ = [
     "CONTENT_TYPE",
     "DaemonMetrics",
     "ReplicaSnapshot",
+    "phase_of",
     "read_statistics",
     "replica_counters",
 ]
@@ -108,17 +109,22 @@ class _ReplicaCollector(Collector):
             for name, value in s.counters.items():
                 families[name].add_metric(base, float(value))
             for key, us in s.mean_us.items():
-                mean.add_metric([*base, _phase(key)], us)
+                mean.add_metric([*base, phase_of(key)], us)
             for key, n in s.count.items():
-                count.add_metric([*base, _phase(key)], n)
+                count.add_metric([*base, phase_of(key)], n)
         yield state
         yield from families.values()
         yield mean
         yield count
 
 
-def _phase(key: str) -> str:
-    return key.removesuffix("_us").removesuffix("_duration")
+def phase_of(key: str) -> str:
+    """The request phase a runner statistics key is about (``read_queue_..._mean_us`` ->
+    ``read_queue``)."""
+    for marker in ("_monitoring_statistics", "_duration"):
+        if marker in key:
+            return key.split(marker, 1)[0]
+    return key
 
 
 class DaemonMetrics:

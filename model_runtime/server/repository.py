@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 import anyio
+import anyio.abc
 import numpy as np
 import structlog
 
@@ -129,6 +130,8 @@ class ModelEntry:
     datatypes: dict[str, str] = field(default_factory=dict)
     stats: ModelStats = field(default_factory=ModelStats)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    stop: anyio.Event | None = None
+    closed: anyio.Event | None = None
 
     @property
     def is_ready(self) -> bool:
@@ -166,8 +169,10 @@ def _specs(descs: Sequence[DataDesc], axis: int) -> tuple[TensorSpec, ...]:
 class ModelRepository:
     """Named models and their runners; loads, unloads and indexes them.
 
-    ``compile_source`` turns an ``.onnx`` path into an ``.mrx`` path (it runs in a worker
-    thread); ``runner_factory`` builds runners (tests pass fakes).
+    Use as ``async with ModelRepository(...) as repo``: each runner lives in its own task of
+    the repository's task group, which starts and closes it (a runner's task group is bound to
+    the task that started it). ``compile_source`` turns an ``.onnx`` path into an ``.mrx``
+    path (it runs in a worker thread); ``runner_factory`` builds runners (tests pass fakes).
     """
 
     def __init__(
@@ -183,6 +188,20 @@ class ModelRepository:
         self._compile = compile_source
         self._factory = runner_factory or _default_factory
         self._models: dict[str, ModelEntry] = {}
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    async def __aenter__(self) -> ModelRepository:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """Close every runner, then the task group that hosts them."""
+        await self.close_all()
+        tg, self._tg = self._tg, None
+        if tg is not None:
+            tg.cancel_scope.cancel()
+            await tg.__aexit__(None, None, None)
 
     # -- lookup ------------------------------------------------------------------------------
 
@@ -288,14 +307,40 @@ class ModelRepository:
                 raise ModelRuntimeError(f"cannot compile {path}: no compiler configured")
             compile_source = self._compile
             path = await anyio.to_thread.run_sync(lambda: compile_source(entry.source))
+        if self._tg is None:
+            raise ModelRuntimeError("the model repository is not open (use `async with`)")
+        await self._tg.start(self._host, entry, path)
+
+    async def _host(
+        self,
+        entry: ModelEntry,
+        path: Path,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Own one runner from start to close, in one task (its task group is bound to it)."""
         config = replace(self.config, replica_to_save_programs_outputs={})
         runner = self._factory(path, config)
+        stop, closed = anyio.Event(), anyio.Event()
         await runner.start()
         axis = config.batching_dim if config.batching_dim is not None else 0
         entry.inputs = _specs(runner.get_execute_inputs(), axis)
         entry.outputs = _specs(runner.get_execute_outputs(), axis)
         entry.datatypes = {s.name: s.datatype for s in entry.outputs}
-        entry.runner = runner
+        entry.runner, entry.stop, entry.closed = runner, stop, closed
+        task_status.started()
+        try:
+            await stop.wait()
+        finally:
+            # Not shielded: the runner's task group was entered under this task's current
+            # cancel scope and must be left under it. close_all() stops runners before the
+            # repository's task group is cancelled, so this normally runs uncancelled.
+            try:
+                await runner.close()
+            except Exception as exc:
+                log.error("model_close_failed", model=entry.name, error=str(exc))
+            finally:
+                closed.set()
 
     async def unload(self, name: str) -> None:
         """Drain and stop ``name``'s runner (in-flight requests finish first).
@@ -309,13 +354,14 @@ class ModelRepository:
         log.info("model_unloaded", model=name)
 
     async def _close(self, entry: ModelEntry) -> None:
-        runner, entry.runner = entry.runner, None
-        if runner is None:
+        if entry.runner is None or entry.stop is None or entry.closed is None:
             return
         entry.state = ModelState.UNLOADING
+        entry.stop.set()
         try:
-            await runner.close()
+            await entry.closed.wait()
         finally:
+            entry.runner = entry.stop = entry.closed = None
             entry.state, entry.reason = ModelState.UNAVAILABLE, "unloaded"
 
     async def close_all(self) -> None:

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from model_runtime.server.metrics import read_statistics, replica_counters
+from model_runtime.server.metrics import phase_of, read_statistics, replica_counters
 from model_runtime.server.repository import ModelEntry
 
 __all__ = ["model_statistics"]
 
-#: Protocol statistics field -> the runner's monitoring key.
+#: Protocol statistics field -> the runner's request phase.
 _PHASES = {
-    "queue": "read_queue_duration_us",
-    "compute_input": "read_preparation_duration_us",
-    "compute_infer": "computation_duration_us",
+    "queue": "read_queue",
+    "compute_input": "read_preparation",
+    "compute_infer": "computation",
 }
 
 
@@ -31,11 +31,13 @@ async def model_statistics(entry: ModelEntry) -> dict[str, Any]:
     runner = entry.runner
     if runner is not None:
         for r, status in enumerate(runner.replica_status()):
-            mean = await read_statistics(runner.get_monitoring_statistics_mean, r)
-            count = await read_statistics(runner.get_monitoring_statistics_total_count, r)
+            mean = _by_phase(await read_statistics(runner.get_monitoring_statistics_mean, r))
+            count = _by_phase(
+                await read_statistics(runner.get_monitoring_statistics_total_count, r)
+            )
             device, counters = replica_counters(runner, r)
             executions += counters.get("runs", 0)
-            for name, key in _PHASES.items():
+            for name, key in _PHASES.items():  # mean (µs) x count, summed over replicas
                 n = int(count.get(key, 0))
                 phases[name]["count"] += n
                 phases[name]["ns"] += int(mean.get(key, 0.0) * n * 1000)
@@ -64,3 +66,7 @@ async def model_statistics(entry: ModelEntry) -> dict[str, Any]:
         },
         "replicas": replicas,
     }
+
+
+def _by_phase(stats: dict[str, float]) -> dict[str, float]:
+    return {phase_of(k): v for k, v in stats.items()}

@@ -31,7 +31,9 @@ def test_recoverable_faults_are_retried_and_counted(tmp_path: Path) -> None:
             got = np.array(out["outputs"][0]["data"], np.float32)
             np.testing.assert_allclose(got, logits[i], atol=1e-4)
         text = d.get("/metrics")[1]
-        assert (metric(text, f'model_runtime_replica_resets{{model="{MODEL}",replica="0"}}') or 0) >= 1
+        assert (
+            metric(text, f'model_runtime_replica_resets{{model="{MODEL}",replica="0"}}') or 0
+        ) >= 1
         assert d.get("/v2/health/ready")[0] == 200
 
 
@@ -53,7 +55,7 @@ def test_readiness_goes_false_when_every_replica_failed(tmp_path: Path) -> None:
 async def test_readiness_flips_during_a_hang_reset(tmp_path: Path) -> None:
     """Run 2 hangs; the watchdog resets the device; meanwhile the model is not ready; the
     request is retried after the reset and answered; the model is ready again."""
-    pixels, logits = samples()
+    pixels, _ = samples()
     args = ("--fault-plan", "hang:at=2", "--execution-timeout", "0.5", "--auto-reset")
     with running(tmp_path, *args) as d:
         seen: list[int] = []
@@ -70,17 +72,20 @@ async def test_readiness_flips_during_a_hang_reset(tmp_path: Path) -> None:
             async with s.get(d.url(f"/v2/models/{MODEL}/ready")) as resp:
                 assert resp.status == 200
         text = d.get("/metrics")[1]
-        assert (metric(text, f'model_runtime_replica_resets{{model="{MODEL}",replica="0"}}') or 0) >= 1
+        assert (
+            metric(text, f'model_runtime_replica_resets{{model="{MODEL}",replica="0"}}') or 0
+        ) >= 1
 
 
 async def test_sigterm_drains_requests_in_flight(tmp_path: Path) -> None:
-    pixels, logits = samples()
+    pixels, _ = samples()
     args = ("--fault-plan", "slow:every=1:seconds=0.4", "--grace-period", "20")
     with running(tmp_path, *args) as d:
         url = d.url(f"/v2/models/{MODEL}/infer")
         async with aiohttp.ClientSession() as s:
             tasks = [
-                asyncio.ensure_future(_post(s, url, infer_doc(pixels[i : i + 2]))) for i in range(12)
+                asyncio.ensure_future(_post(s, url, infer_doc(pixels[i : i + 2])))
+                for i in range(12)
             ]
 
             def pending() -> float:
@@ -113,11 +118,16 @@ async def test_client_disconnect_cancels_its_request(tmp_path: Path) -> None:
         async with aiohttp.ClientSession() as s:
             with pytest.raises(TimeoutError):
                 async with asyncio.timeout(0.3):
-                    await s.post(url, json=infer_doc(pixels[:1]), headers={"X-Request-ID": "gone-1"})
+                    await s.post(
+                        url, json=infer_doc(pixels[:1]), headers={"X-Request-ID": "gone-1"}
+                    )
+
+        line = (
+            f'model_runtime_requests_total{{model="{MODEL}",outcome="failure",reason="cancelled"}}'
+        )
 
         def cancelled() -> bool:
-            text = d.get("/metrics")[1]
-            return (metric(text, f'model_runtime_requests_total{{model="{MODEL}",outcome="failure",reason="cancelled"}}') or 0) >= 1  # fmt: skip
+            return (metric(d.get("/metrics")[1], line) or 0) >= 1
 
         await asyncio.to_thread(wait_for, cancelled, 10, "the request to be cancelled")
         text = d.get("/metrics")[1]

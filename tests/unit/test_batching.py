@@ -8,6 +8,8 @@ import anyio
 import anyio.lowlevel
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_queue_support import (
     expected,
     make_queue,
@@ -185,3 +187,39 @@ async def test_device_iterations_consume_i_batches_per_run() -> None:
             (2, 0),
             (2, 1),
         ]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    batch=st.integers(1, 5),
+    iterations=st.integers(1, 3),
+    sizes=st.lists(st.tuples(st.integers(1, 17), st.booleans()), min_size=1, max_size=30),
+)
+def test_any_sizes_and_cancellations_route_exactly(
+    batch: int, iterations: int, sizes: list[tuple[int, bool]]
+) -> None:
+    async def scenario() -> None:
+        queue = make_queue(
+            metadata(batch, iterations), batching_dim=0, timeout=0, ring_buffer_size_multiplier=32
+        )
+        async with running(queue, hold=True) as (ref, session):
+            reqs = [(submit(ref, request(rows(n), n)), cancel) for n, cancel in sizes]
+            await anyio.wait_all_tasks_blocked()
+            for r, cancel in reqs:
+                if cancel:
+                    r.future.cancel()
+            ref.tell(Flush())
+            while not all(r.future.done() for r, _ in reqs):
+                session.release()
+                ref.tell(Flush())
+                await anyio.wait_all_tasks_blocked()
+            for r, cancel in reqs:
+                if not cancel:
+                    check(r.future.result(), r.inputs["x"])
+            ref.tell(Flush())  # the queue notices callers gone while unpacked when it packs
+            await anyio.wait_all_tasks_blocked()
+            assert queue.pending_samples == 0 and queue.inflight_requests == 0
+            packed = sum(b.valid_rows for b in session.seen)
+            assert packed <= sum(n for n, _ in sizes)
+
+    anyio.run(scenario)

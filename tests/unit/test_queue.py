@@ -351,3 +351,59 @@ async def test_tracepoint_buffer_is_bounded_and_counts_everything() -> None:
         assert stats.as_dict()["request_monitoring_statistics_count"] == 20.0
     empty = make_queue(metadata(2)).stats()
     assert empty.mean() == TimeTrace(0.0, 0.0, 0.0, 0.0) and empty.time_trace() == []
+
+
+# -- flush_on_waiting_outputs, the direct path, malformed outputs -------------------------------
+
+
+@pytest.mark.parametrize("flush_on_waiting_outputs", [False, True])
+async def test_no_batch_runs_for_callers_that_all_went_away(flush_on_waiting_outputs: bool) -> None:
+    clock = FakeClock()
+    queue = make_queue(
+        metadata(B), clock, batching_dim=0, timeout=1.0,
+        flush_on_waiting_outputs=flush_on_waiting_outputs,
+    )  # fmt: skip
+    async with running(queue) as (ref, session):
+        gone = [submit(ref, request(rows(1), 1)) for _ in range(2)]
+        await settle()
+        for r in gone:
+            r.future.cancel()
+        clock.advance(1.0)
+        await settle()
+        assert session.seen == [] and queue.pending_samples == 0
+        live = submit(ref, request(rows(1), 1))
+        await settle()
+        clock.advance(1.0)
+        check(await live.future, live.inputs["x"])
+        assert [b.valid_rows for b in session.seen] == [1]
+
+
+async def test_enqueue_nowait_is_the_same_as_tell() -> None:
+    queue = make_queue(metadata(B), batching_dim=0)
+    async with running(queue) as (_, _session):
+        reqs = [request(rows(1), 1) for _ in range(B)]
+        for r in reqs:
+            queue.enqueue_nowait(r)
+        for r in reqs:
+            check(await r.future, r.inputs["x"])
+    late = request(rows(1), 1)
+    queue.enqueue_nowait(late)
+    with pytest.raises(RunnerStoppedError):
+        await late.future
+
+
+async def test_malformed_outputs_fail_that_batch_only() -> None:
+    queue = make_queue(metadata(B), batching_dim=0)
+    async with running(queue, hold=True) as (ref, session):
+        bad = submit(ref, request(rows(B), B))
+        await settle()
+        (batch,) = session.held
+        session.held.clear()
+        ref.tell(Complete(batch, [{"wrong": np.zeros((B, 3), np.float32)}], 0.0, 0.0))
+        with pytest.raises(KeyError):
+            await bad.future
+        good = submit(ref, request(rows(B), B))
+        await settle()
+        session.release()
+        check(await good.future, good.inputs["x"])
+        assert queue.pending_samples == 0

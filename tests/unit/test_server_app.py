@@ -88,10 +88,16 @@ class FakeRunner:
         return ReplicaStatus.READY in self.status
 
     async def get_monitoring_statistics_total_count(self, replica_id: int = 0) -> dict[str, float]:
-        return {"read_queue_duration_us": 2.0, "computation_duration_us": 2.0}
+        return {
+            "read_queue_monitoring_statistics_count": 2.0,
+            "computation_monitoring_statistics_count": 2.0,
+        }
 
     async def get_monitoring_statistics_mean(self, replica_id: int = 0) -> dict[str, float]:
-        return {"read_queue_duration_us": 10.0, "computation_duration_us": 5.0}
+        return {
+            "read_queue_monitoring_statistics_mean_us": 10.0,
+            "computation_monitoring_statistics_mean_us": 5.0,
+        }
 
 
 @asynccontextmanager
@@ -109,10 +115,11 @@ async def serving(
         ModelRunnerConfig(batching_dim=0), directory=tmp_path, runner_factory=factory
     )
     repo.scan()
-    await repo.load("fake")
-    server = InferenceServer(repo, ServerOptions(**options))
-    async with TestClient(TestServer(server.app(), handler_cancellation=True)) as client:
-        yield client, fake, server
+    async with repo:
+        await repo.load("fake")
+        server = InferenceServer(repo, ServerOptions(**options))
+        async with TestClient(TestServer(server.app(), handler_cancellation=True)) as client:
+            yield client, fake, server
 
 
 def _infer_doc(rows: int = 2, **extra: Any) -> dict[str, Any]:

@@ -1,0 +1,315 @@
+"""ModelRunner semantics a caller notices: right rows, batching, flushing, replicas, state."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+from actors.clock import FakeClock
+from model_runtime.blocking import BlockingModelRunner
+from model_runtime.errors import (
+    ExecutionTimeoutError,
+    InputValidationError,
+    RunnerStoppedError,
+)
+from model_runtime.runner import ModelRunner, ModelRunnerConfig
+from tests.integration.runner_support import Reference, compile_to
+from tests.models import make_counter, make_mlp
+
+pytestmark = pytest.mark.timeout(60)
+
+SIZES = (32, 48, 10)
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Reference]:
+    model = make_mlp(sizes=SIZES, seed=3)
+    tmp = tmp_path_factory.mktemp("mlp")
+    return compile_to(model, tmp, batch_size=4), Reference(model)
+
+
+@pytest.fixture(scope="module")
+def mlp_iter3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("mlp3")
+    return compile_to(make_mlp(sizes=SIZES, seed=3), tmp, batch_size=2, device_iterations=3)
+
+
+def rows(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, SIZES[0])).astype(np.float32)
+
+
+async def within(aw: Awaitable[Any], seconds: float = 20.0) -> Any:
+    with anyio.fail_after(seconds):
+        return await aw
+
+
+@pytest.mark.parametrize("n", [1, 3, 4, 5, 14])
+async def test_any_request_size_gets_exactly_its_rows(mlp: tuple[Path, Reference], n: int) -> None:
+    path, ref = mlp
+    x = rows(n, seed=n)
+    async with ModelRunner(path, ModelRunnerConfig(batching_dim=0, timeout=0.001)) as runner:
+        out = await within(runner.execute({"x": x}))
+    assert out["logits"].shape == (n, SIZES[-1])
+    np.testing.assert_allclose(out["logits"], ref({"x": x})["logits"], rtol=1e-4, atol=1e-5)
+
+
+async def test_without_batching_dim_requests_are_whole_batches(
+    mlp: tuple[Path, Reference],
+) -> None:
+    path, ref = mlp
+    async with ModelRunner(path) as runner:
+        x = rows(12, seed=1)
+        out = await within(runner.execute({"x": x}))
+        np.testing.assert_allclose(out["logits"], ref({"x": x})["logits"], rtol=1e-4, atol=1e-5)
+        with pytest.raises(InputValidationError, match="multiple of the model's batch size 4"):
+            runner.execute_async({"x": rows(5, seed=2)})
+        # The runner keeps serving after a bad request.
+        out = await within(runner.execute({"x": x[:4]}))
+        assert out["logits"].shape == (4, SIZES[-1])
+
+
+async def test_a_thousand_concurrent_mixed_callers_get_their_own_rows(
+    mlp: tuple[Path, Reference],
+) -> None:
+    path, ref = mlp
+    rng = np.random.default_rng(7)
+    sizes = rng.integers(1, 10, size=1000)
+    data = [rows(int(n), seed=i) for i, n in enumerate(sizes)]
+    results: list[np.ndarray | None] = [None] * len(data)
+    config = ModelRunnerConfig(replication_factor=2, batching_dim=0, timeout=0.001)
+    async with ModelRunner(path, config) as runner:
+
+        async def call(i: int) -> None:
+            results[i] = (await runner.execute({"x": data[i]}))["logits"]
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                for i in range(len(data)):
+                    tg.start_soon(call, i)
+        counts = [
+            (await runner.get_monitoring_statistics_total_count(r))[
+                "request_monitoring_statistics_count"
+            ]
+            for r in range(2)
+        ]
+    expected = ref({"x": np.concatenate(data)})["logits"]
+    offset = 0
+    for i, x in enumerate(data):
+        got = results[i]
+        assert got is not None and got.shape == (len(x), SIZES[-1])
+        np.testing.assert_allclose(got, expected[offset : offset + len(x)], rtol=1e-4, atol=1e-5)
+        offset += len(x)
+    assert sum(counts) == 1000 and min(counts) > 0, "both replicas served"
+
+
+async def test_partial_batch_flushes_after_timeout_with_padding_discarded(
+    mlp: tuple[Path, Reference],
+) -> None:
+    path, ref = mlp
+    clock = FakeClock()
+    x = rows(1, seed=11)
+    config = ModelRunnerConfig(batching_dim=0, timeout=5.0)
+    async with ModelRunner(path, config, clock=clock) as runner:
+        result: dict[str, np.ndarray] = {}
+        answered = anyio.Event()
+
+        async def call() -> None:
+            result.update(await runner.execute({"x": x}))
+            answered.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            await anyio.wait_all_tasks_blocked()
+            clock.advance(4.9)
+            await anyio.wait_all_tasks_blocked()
+            assert not result, "flushed before the timeout"
+            clock.advance(0.1)
+            await within(answered.wait())
+    assert result["logits"].shape == (1, SIZES[-1])
+    np.testing.assert_allclose(result["logits"], ref({"x": x})["logits"], rtol=1e-4, atol=1e-5)
+
+
+async def test_flush_callback_supplies_the_padding(mlp: tuple[Path, Reference]) -> None:
+    path, ref = mlp
+    calls: list[Any] = []
+
+    def flush_callback(*args: Any) -> None:
+        calls.append(args)
+
+    config = ModelRunnerConfig(batching_dim=0, timeout=0.001, flush_callback=flush_callback)
+    x = rows(2, seed=5)
+    async with ModelRunner(path, config) as runner:
+        out = await within(runner.execute({"x": x}))
+    assert calls, "the flush callback was not used"
+    np.testing.assert_allclose(out["logits"], ref({"x": x})["logits"], rtol=1e-4, atol=1e-5)
+
+
+async def test_timeout_zero_waits_for_a_full_batch_and_cancelled_rows_leave(
+    mlp: tuple[Path, Reference],
+) -> None:
+    path, ref = mlp
+    clock = FakeClock()
+    config = ModelRunnerConfig(batching_dim=0, timeout=0.0)
+    x = rows(4, seed=2)
+    async with ModelRunner(path, config, clock=clock) as runner, anyio.create_task_group() as tg:
+        waiter = anyio.CancelScope()
+
+        async def abandoned() -> None:
+            with waiter:
+                await runner.execute({"x": rows(2, seed=1)})
+
+        tg.start_soon(abandoned)
+        await anyio.wait_all_tasks_blocked()
+        clock.advance(1e6)  # timeout=0: time alone never flushes
+        await anyio.wait_all_tasks_blocked()
+        waiter.cancel()
+        await anyio.wait_all_tasks_blocked()
+        # Had the cancelled rows stayed, these 4 would wait forever for a fifth and sixth.
+        out = await within(runner.execute({"x": x}), 20)
+    np.testing.assert_allclose(out["logits"], ref({"x": x})["logits"], rtol=1e-4, atol=1e-5)
+
+
+async def test_request_deadline_answers_with_a_typed_error_and_frees_the_batcher(
+    mlp: tuple[Path, Reference],
+) -> None:
+    path, _ = mlp
+    clock = FakeClock()
+    async with ModelRunner(path, ModelRunnerConfig(batching_dim=0, timeout=0.0), clock=clock) as r:
+        errors: list[BaseException] = []
+
+        async def late() -> None:
+            try:
+                await r.execute({"x": rows(1, seed=0)}, timeout=2.0)
+            except ExecutionTimeoutError as exc:
+                errors.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(late)
+            await anyio.wait_all_tasks_blocked()
+            clock.advance(2.0)
+        assert len(errors) == 1
+        out = await within(r.execute({"x": rows(4, seed=3)}))
+        assert out["logits"].shape == (4, SIZES[-1])
+
+
+async def test_device_iterations_consume_several_batches_per_run(mlp_iter3: Path) -> None:
+    model = make_mlp(sizes=SIZES, seed=3)
+    ref = Reference(model)
+    config = ModelRunnerConfig(batching_dim=0, timeout=0.0)
+    async with ModelRunner(mlp_iter3, config) as runner:
+        x = rows(6, seed=9)
+        outs = await within(_gather([runner.execute({"x": x[i : i + 1]}) for i in range(6)]))
+        runs = runner.replica_states()[0].runs
+    got = np.concatenate([o["logits"] for o in outs])
+    np.testing.assert_allclose(got, ref({"x": x})["logits"], rtol=1e-4, atol=1e-5)
+    assert runs == 1, "six samples at B=2, I=3 are one main run"
+
+
+async def _gather(aws: list[Awaitable[dict[str, np.ndarray]]]) -> list[dict[str, np.ndarray]]:
+    out: list[dict[str, np.ndarray]] = [{} for _ in aws]
+
+    async def one(i: int, aw: Awaitable[dict[str, np.ndarray]]) -> None:
+        out[i] = await aw
+
+    async with anyio.create_task_group() as tg:
+        for i, aw in enumerate(aws):
+            tg.start_soon(one, i, aw)
+    return out
+
+
+async def test_replica_pinning_and_explicit_replica(mlp: tuple[Path, Reference]) -> None:
+    path, _ = mlp
+    config = ModelRunnerConfig(replication_factor=2, replica_to_device={0: 3, 1: 2})
+    async with ModelRunner(path, config) as runner:
+        assert [s.device_id for s in runner.replica_states()] == [3, 2]
+        await within(runner.execute({"x": rows(4, seed=1)}, replica_id=1))
+        assert [s.runs for s in runner.replica_states()] == [0, 1]
+        with pytest.raises(InputValidationError, match="replica_id 2 is out of range"):
+            runner.execute_async({"x": rows(4, seed=1)}, replica_id=2)
+
+
+async def test_state_persists_and_save_programs_return_it(tmp_path: Path) -> None:
+    path = compile_to(
+        make_counter(width=4),
+        tmp_path,
+        batch_size=2,
+        variables=("count",),
+        variable_updates={"count_next": "count"},
+    )
+    config = ModelRunnerConfig(run_save_programs=True)
+    x = np.zeros((2, 4), np.float32)
+    async with ModelRunner(path, config) as runner:
+        seen = [float((await within(runner.execute({"x": x})))["y"][0, 0]) for _ in range(3)]
+    assert seen == [0.0, 1.0, 2.0], "the variable lives on the device between runs"
+    assert config.replica_to_save_programs_outputs[0]["count"].tolist() == [3.0]
+
+
+async def test_bad_input_is_typed_and_the_runner_keeps_serving(
+    mlp: tuple[Path, Reference],
+) -> None:
+    path, ref = mlp
+    async with ModelRunner(path, ModelRunnerConfig(batching_dim=0, timeout=0.001)) as runner:
+        bad: list[tuple[dict[str, Any], str]] = [
+            ({"y": rows(1, 0)}, "unknown"),
+            ({}, "missing"),
+            ({"x": rows(1, 0).astype(np.float64)}, "dtype float64"),
+            ({"x": np.zeros((1, 7), np.float32)}, "shape"),
+            ({"x": np.zeros((0, SIZES[0]), np.float32)}, "at least one sample"),
+        ]
+        for inputs, message in bad:
+            with pytest.raises(InputValidationError, match=message):
+                runner.execute_async(inputs)
+        with pytest.raises(InputValidationError, match="output buffer"):
+            runner.execute_async(
+                {"x": rows(2, 0)}, outputs={"logits": np.zeros((3, 10), np.float32)}
+            )
+        # Non-contiguous and read-only inputs work and are not modified.
+        base = rows(6, seed=4)
+        strided = base[::2]
+        frozen = rows(3, seed=5)
+        frozen.flags.writeable = False
+        for x in (strided, frozen):
+            before = x.copy()
+            out = await within(runner.execute({"x": x}))
+            np.testing.assert_array_equal(x, before)
+            np.testing.assert_allclose(
+                out["logits"], ref({"x": np.ascontiguousarray(x)})["logits"], rtol=1e-4, atol=1e-5
+            )
+        # Caller-provided output buffers are filled in place.
+        buf = {"logits": np.zeros((3, SIZES[-1]), np.float32)}
+        x = rows(3, seed=6)
+        await within(runner.execute({"x": x}, outputs=buf))
+        np.testing.assert_allclose(buf["logits"], ref({"x": x})["logits"], rtol=1e-4, atol=1e-5)
+    with pytest.raises(RunnerStoppedError):
+        runner.execute_async({"x": rows(1, 0)})
+
+
+def test_blocking_runner_serves_many_threads(mlp: tuple[Path, Reference]) -> None:
+    path, ref = mlp
+    config = ModelRunnerConfig(replication_factor=2, batching_dim=0, timeout=0.001)
+    failures: list[BaseException] = []
+    with BlockingModelRunner(path, config) as runner:
+
+        def worker(seed: int) -> None:
+            try:
+                for i in range(25):
+                    x = rows(1 + (i % 3), seed=seed * 100 + i)
+                    got = runner.execute({"x": x})["logits"]
+                    np.testing.assert_allclose(got, ref({"x": x})["logits"], rtol=1e-4, atol=1e-5)
+            except BaseException as exc:
+                failures.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    assert not failures
+    with pytest.raises(RunnerStoppedError):
+        runner.execute({"x": rows(1, 0)})
