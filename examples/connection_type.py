@@ -20,11 +20,11 @@ import numpy as np
 from onnx import ModelProto, TensorProto, helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _logging  # noqa: E402
+import _logging
 
-import model_runtime.connection as mrc  # noqa: E402
-from model_runtime.compiler import CompileOptions  # noqa: E402
-from model_runtime.errors import ModelRuntimeError  # noqa: E402
+import model_runtime.connection as mrc
+from model_runtime.compiler import CompileOptions
+from model_runtime.errors import ModelRuntimeError
 
 
 def my_graph() -> ModelProto:

@@ -20,10 +20,10 @@ import numpy as np
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _logging  # noqa: E402
+import _logging
 
-from model_runtime.compiler import CompileOptions, compile_model  # noqa: E402
-from model_runtime.embedded import (  # noqa: E402
+from model_runtime.compiler import CompileOptions, compile_model
+from model_runtime.embedded import (
     embedded_runtime_call,
     embedded_runtime_start,
     embedded_runtime_stop,

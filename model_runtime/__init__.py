@@ -1,9 +1,100 @@
-"""Model Runtime: load compiled model executables onto devices and serve many callers."""
+"""Model Runtime: load compiled model executables onto devices and serve many callers.
 
+The public API. Names from the layers below the actors (errors, executable format, compiler)
+are imported eagerly; names that live above the actors (runner, sessions, devices, embedded
+runtime) are imported on first use, so ``import model_runtime`` stays cheap and the layering of
+DESIGN.md §1 holds (``actors`` imports ``model_runtime.errors``, never the other way round at
+import time).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from model_runtime.compiler import CompileOptions, compile_model
 from model_runtime.errors import *  # noqa: F403
 from model_runtime.errors import __all__ as _errors_all
-from model_runtime.executable import Executable
+from model_runtime.executable import (
+    Anchor,
+    AnchorRole,
+    AnchorType,
+    Executable,
+    ExecutableMetadata,
+    Program,
+    ProgramFlow,
+    ProgramKind,
+    Target,
+    TensorInfo,
+)
+from model_runtime.io import DataDesc
+from model_runtime.runner_config import ModelRunnerConfig
 
 __version__ = "0.1.0"
 
-__all__ = [*_errors_all, "Executable"]
+#: name -> module it lives in, imported on first access.
+_LAZY: dict[str, str] = {
+    "ModelRunner": "model_runtime.runner",
+    "BlockingModelRunner": "model_runtime.blocking",
+    "ReplicaStatus": "actors.session.state",
+    "DeviceManager": "actors.device.manager",
+    "AttachedDevice": "actors.device.manager",
+    "DeviceWaitConfig": "actors.device.wait",
+    "DeviceWaitStrategy": "actors.device.wait",
+    "DeviceConstraints": "actors.device.wait",
+    "FaultPlan": "actors.device.faults",
+    "FaultRule": "actors.device.faults",
+    "FaultKind": "actors.device.faults",
+    "Session": "model_runtime.lowlevel",
+    "SessionConfig": "model_runtime.lowlevel",
+    "LaunchPolicy": "model_runtime.lowlevel",
+    "AnchorCallbackPolicy": "model_runtime.lowlevel",
+    "PopefDataUsagePolicy": "model_runtime.lowlevel",
+    "CallbackInfo": "model_runtime.lowlevel",
+    "AnchorWithPolicy": "model_runtime.lowlevel",
+    "ProgramsWithPolicy": "model_runtime.lowlevel",
+    "QueueManager": "model_runtime.lowlevel",
+    "InputQueue": "model_runtime.lowlevel",
+    "OutputQueue": "model_runtime.lowlevel",
+    "SpscRingBuffer": "model_runtime.lowlevel",
+    "RingMemoryPool": "model_runtime.lowlevel",
+    "allocate_queue_storage": "model_runtime.lowlevel",
+    "predicate_factory": "model_runtime.lowlevel",
+    "ring_size_multiplier_factory": "model_runtime.lowlevel",
+    "AnchorsNotConnectedError": "model_runtime.lowlevel",
+    "QueueTimeoutError": "model_runtime.lowlevel",
+    "QueueDisconnectedError": "model_runtime.lowlevel",
+}
+
+__all__ = [
+    *_errors_all,
+    *_LAZY,
+    "Anchor",
+    "AnchorRole",
+    "AnchorType",
+    "CompileOptions",
+    "DataDesc",
+    "Executable",
+    "ExecutableMetadata",
+    "ModelRunnerConfig",
+    "Program",
+    "ProgramFlow",
+    "ProgramKind",
+    "Target",
+    "TensorInfo",
+    "compile_model",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'model_runtime' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+

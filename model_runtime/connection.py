@@ -307,7 +307,10 @@ class OnnxProgram:
         hit = False
         if cache:
             source = await anyio.to_thread.run_sync(load_source, model, options.model_name)
-            hit = ExecutableCache(Path(cache)).lookup(cache_key(source.sha256, options)) is not None
+            # the compiler keys custom-op models by their libraries' hashes too (see custom_ops)
+            salt = custom_ops.check_cacheable(source.proto, "cached")
+            key = cache_key(source.sha256 + salt, options)
+            hit = ExecutableCache(Path(cache)).lookup(key) is not None
             out = None
         else:
             self._tmp = tempfile.TemporaryDirectory(prefix="model-runtime-program-")

@@ -304,7 +304,8 @@ async def embedded_runtime_call(
         RuntimeFailure: the device failed.
     """
     future = _engine(context).submit(_call_feed(inputs, context), timeout)
-    return _outfeed(await asyncio.wrap_future(future), context)
+    result: dict[str, np.ndarray] = await asyncio.wrap_future(future)
+    return _outfeed(result, context)
 
 
 def embedded_runtime_stop(engine_name: str | None = None) -> None:

@@ -89,7 +89,8 @@ class Queue(Actor[QueueMessage]):
         self._backlog_event: anyio.Event | None = None
         self._draining = False
         self._drain_waiters: list[Envelope] = []
-        self._flush_requested = False
+        self._rows_in = 0  # rows ever enqueued (rows packed or dropped: _rows_in - _pending_rows)
+        self._flush_mark = 0  # a flush covers the rows enqueued before this mark
         self._last_arrival = self._open_since = self._iter_full_since = 0.0
         self._timer = FlushTimer(self.clock, self._flush_deadline, self._on_timeout)
         self._kick = self._timer.kick
@@ -192,9 +193,7 @@ class Queue(Actor[QueueMessage]):
                     self._close(fail_batch(batch, error))
                     self._after_release()
             case Flush():
-                if self._pending_rows:
-                    self._flush_requested = True
-                    self._pump()
+                self._flush()
             case Drain():
                 self._start_drain()
             case FailAll(error):
@@ -221,6 +220,7 @@ class Queue(Actor[QueueMessage]):
         now = self._last_arrival = self._now()
         before = self._pending_rows
         after = self._pending_rows = before + n
+        self._rows_in += n
         self._pending.append(req)
         if after >= self.layout.capacity:
             if len(self._outstanding) < self._pool_size:
@@ -254,7 +254,7 @@ class Queue(Actor[QueueMessage]):
         while self._pending_rows and len(self._outstanding) < self._pool_size:
             if self._pending_rows >= cap:
                 partial = False
-            elif self._flush_requested or self._draining:
+            elif self._rows_in - self._pending_rows < self._flush_mark or self._draining:
                 partial = True
             else:
                 break
@@ -294,7 +294,6 @@ class Queue(Actor[QueueMessage]):
                 index, got.per_iteration, got.rows, self.config.flush_callback
             )
         except Exception as exc:
-            self._flush_requested = False
             self._pool.free.append(index)
             self._close(fail_batch(batch, exc))
             self.log.warning("queue.flush_failed", error=repr(exc))
@@ -303,7 +302,6 @@ class Queue(Actor[QueueMessage]):
         return True
 
     def _emit(self, batch: Batch) -> None:
-        self._flush_requested = False
         self._outstanding[batch.id] = batch
         if not self._backlog:
             try:
@@ -380,7 +378,12 @@ class Queue(Actor[QueueMessage]):
             while self._pending:  # nobody waits for these rows: forget them, flush nothing
                 self._drop(self._pending.popleft())
             return
-        self._flush_requested = True
+        self._flush()
+
+    def _flush(self) -> None:
+        """Flush every row waiting now (full batches, then the partial one, padded) as soon as
+        buffers allow; rows arriving before that partial batch is sealed ride along in it."""
+        self._flush_mark = self._rows_in
         self._pump()
 
     # -- drain and shutdown --------------------------------------------------------------------

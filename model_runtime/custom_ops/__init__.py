@@ -24,13 +24,13 @@ Hooks (where the rest of the runtime calls in):
 * compiler: :func:`lower` before the other passes (records ``ExecutableMetadata.custom_ops``),
   :func:`enable` on every compile-time ``SessionOptions``, :func:`check_cacheable` when caching.
 * device backend: :func:`prepare_session` before creating the main program's session, and
-  :func:`raise_pending` after every ``session.run``.
+  :func:`check_run` after every ``session.run``.
 """
 
 from model_runtime.custom_ops.api import BuildFunction, CustomOp, Kernel, TensorInfo
 from model_runtime.custom_ops.expression import OPSET as EXPRESSION_OPSET
 from model_runtime.custom_ops.expression import codelet_expression_op
-from model_runtime.custom_ops.kernels import enable, raise_pending
+from model_runtime.custom_ops.kernels import check_run, enable, raise_pending
 from model_runtime.custom_ops.libraries import (
     ALLOW_ENV,
     allowed_libraries,
@@ -53,6 +53,7 @@ __all__ = [
     "TensorInfo",
     "allowed_libraries",
     "check_cacheable",
+    "check_run",
     "codelet_expression_op",
     "custom_op_nodes",
     "enable",

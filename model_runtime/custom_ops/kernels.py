@@ -27,13 +27,14 @@ from typing import Any
 import numpy as np
 
 from model_runtime.custom_ops.api import Kernel
-from model_runtime.errors import CustomOpError
+from model_runtime.errors import ApplicationRuntimeError, CustomOpError
 
 __all__ = [
     "DOMAIN",
     "OP_PREFIX",
     "SPEC_ATTR",
     "LoadedKernel",
+    "check_run",
     "enable",
     "install",
     "is_installed",
@@ -129,7 +130,7 @@ def _register_signature(op_type: str) -> None:
     _signatures[op_type] = opdef._id
     _our_ids.add(opdef._id)
     if not _hook_installed:
-        from onnxruntime_extensions import _ocos  # type: ignore[import-untyped]
+        from onnxruntime_extensions import _ocos
 
         stock = _ocos._on_pyop_invocation
 
@@ -185,6 +186,19 @@ def raise_pending() -> None:
     if error is not None:
         _pending.error = None
         raise error
+
+
+def check_run(device: str) -> None:
+    """:func:`raise_pending` for a device backend: a kernel failure is the program's failure.
+
+    Raises:
+        ApplicationRuntimeError: a kernel failed on this thread's last run (``from`` the
+            :class:`CustomOpError` that says which op and why); ``device`` names the device.
+    """
+    try:
+        raise_pending()
+    except CustomOpError as exc:
+        raise ApplicationRuntimeError(f"{device}: {exc}") from exc
 
 
 def _resolve(shape: Sequence[int], like: np.ndarray[Any, Any] | None) -> tuple[int, ...]:

@@ -110,6 +110,7 @@ class InferenceServer:
         self.repository = repository
         self.options = options or ServerOptions()
         self.metrics = metrics or DaemonMetrics()
+        repository.on_readiness = self.metrics.readiness_changed
         self.draining = False
         self._inflight = 0
         self._idle = asyncio.Event()

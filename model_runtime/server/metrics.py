@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 
 from actors.session.state import ReplicaStatus
 from model_runtime.errors import ModelRuntimeError
-from model_runtime.server.repository import ModelRepository
+from model_runtime.server.repository import ModelRepository, replica_states
 
 __all__ = [
     "CONTENT_TYPE",
@@ -50,14 +50,9 @@ class ReplicaSnapshot:
 
 
 def replica_counters(runner: Any, replica: int) -> tuple[int | None, dict[str, int]]:
-    """Device id and counters (runs, resets, restarts, retries) of one replica, when exposed.
-
-    The runner exposes them through ``replica_states()`` when it has it; until then the
-    per-replica state objects are read as they are.
-    """
-    states_fn = getattr(runner, "replica_states", None)
-    states = states_fn() if callable(states_fn) else getattr(runner, "_states", None)
-    if not states or replica >= len(states):
+    """Device id and counters (runs, resets, restarts, retries) of one replica, when exposed."""
+    states = replica_states(runner)
+    if replica >= len(states):
         return None, {}
     state = states[replica]
     counters = {}
@@ -156,8 +151,18 @@ class DaemonMetrics:
             "model_runtime_model_ready", "1 while the model serves requests", ["model"], registry=r
         )
         self.draining = Gauge("model_runtime_draining", "1 while the daemon drains", registry=r)
+        self.readiness_changes = Counter(
+            "model_runtime_model_readiness_changes",
+            "Times a model became ready (ready=true) or not ready (ready=false)",
+            ["model", "ready"],
+            registry=r,
+        )
         self.snapshot: list[ReplicaSnapshot] = []
         r.register(_ReplicaCollector(self))
+
+    def readiness_changed(self, model: str, ready: bool) -> None:
+        """Count one readiness change of ``model``."""
+        self.readiness_changes.labels(model, "true" if ready else "false").inc()
 
     def observe(self, model: str, reason: str | None, seconds: float, samples: int) -> None:
         """Count one finished inference request (``reason`` None means success)."""

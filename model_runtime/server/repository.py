@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
@@ -39,6 +39,7 @@ __all__ = [
     "RunnerFactory",
     "RunnerLike",
     "parse_model_arg",
+    "replica_states",
 ]
 
 log = structlog.get_logger(__name__)
@@ -156,6 +157,29 @@ def parse_model_arg(arg: str) -> tuple[str, Path]:
     return name, p
 
 
+def replica_states(runner: object) -> list[Any]:
+    """The runner's per-replica state objects (status, device_id, runs, resets, ``changed``
+    event), or [] when it does not expose them.
+
+    Read through ``replica_states()`` when the runner has it, else its ``_states``.
+    """
+    fn = getattr(runner, "replica_states", None)
+    states = fn() if callable(fn) else getattr(runner, "_states", None)
+    return list(states) if isinstance(states, list | tuple) else []
+
+
+async def _first_of(events: Sequence[anyio.Event]) -> None:
+    """Return when any of ``events`` is set."""
+    async with anyio.create_task_group() as tg:
+
+        async def wait(event: anyio.Event) -> None:
+            await event.wait()
+            tg.cancel_scope.cancel()
+
+        for event in events:
+            tg.start_soon(wait, event)
+
+
 def _specs(descs: Sequence[DataDesc], axis: int) -> tuple[TensorSpec, ...]:
     out = []
     for d in descs:
@@ -189,6 +213,8 @@ class ModelRepository:
         self._factory = runner_factory or _default_factory
         self._models: dict[str, ModelEntry] = {}
         self._tg: anyio.abc.TaskGroup | None = None
+        #: Called with (model, ready) whenever a loaded model's readiness changes.
+        self.on_readiness: Callable[[str, bool], None] | None = None
 
     async def __aenter__(self) -> ModelRepository:
         self._tg = anyio.create_task_group()
@@ -329,6 +355,8 @@ class ModelRepository:
         entry.datatypes = {s.name: s.datatype for s in entry.outputs}
         entry.runner, entry.stop, entry.closed = runner, stop, closed
         task_status.started()
+        if self._tg is not None:
+            self._tg.start_soon(self._watch_readiness, entry, runner, stop)
         try:
             await stop.wait()
         finally:
@@ -341,6 +369,23 @@ class ModelRepository:
                 log.error("model_close_failed", model=entry.name, error=str(exc))
             finally:
                 closed.set()
+
+    async def _watch_readiness(
+        self, entry: ModelEntry, runner: RunnerLike, stop: anyio.Event
+    ) -> None:
+        """Log (and report to ``on_readiness``) every change of the model's readiness, however
+        short: each replica's state sets an event on every status change."""
+        states = replica_states(runner)
+        ready = runner.is_ready
+        while states and not stop.is_set():
+            await _first_of([*(s.changed for s in states), stop])
+            now = runner.is_ready
+            if now != ready and not stop.is_set():
+                ready = now
+                statuses = [s.value for s in runner.replica_status()]
+                log.info("model_readiness_changed", model=entry.name, ready=now, replicas=statuses)
+                if self.on_readiness is not None:
+                    self.on_readiness(entry.name, now)
 
     async def unload(self, name: str) -> None:
         """Drain and stop ``name``'s runner (in-flight requests finish first).

@@ -12,9 +12,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from actors.device.locks import DeviceLock  # noqa: E402
+from actors.device.locks import DeviceLock
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "connection_type.py"

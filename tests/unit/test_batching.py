@@ -17,6 +17,7 @@ from test_queue_support import (
     request,
     rows,
     running,
+    settle,
     submit,
 )
 
@@ -49,7 +50,7 @@ async def test_each_caller_gets_exactly_its_rows(
     queue = make_queue(metadata(B, iterations, two_outputs=True), batching_dim=batching_dim)
     async with running(queue) as (ref, session):
         reqs = [submit(ref, request(rows(n), n)) for n in sizes for _ in range(2)]
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         ref.tell(Flush())
         for req in reqs:
             result = await req.future
@@ -66,7 +67,7 @@ async def test_batching_dim_other_than_zero() -> None:
     async with running(queue, axis=1) as (ref, session):
         sizes = [1, B - 1, B, B + 1, 3 * B + 2]
         reqs = [submit(ref, request(rows(n, axis=1), n)) for n in sizes]
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         ref.tell(Flush())
         for req in reqs:
             result = await req.future
@@ -93,7 +94,7 @@ async def test_a_thousand_concurrent_mixed_size_callers() -> None:
         async with anyio.create_task_group() as tg:
             for n in sizes:
                 tg.start_soon(caller, n)
-            await anyio.wait_all_tasks_blocked()
+            await settle()
             ref.tell(Flush())
         assert sorted(done) == sorted(sizes)
         assert queue.pending_samples == 0
@@ -143,7 +144,7 @@ async def test_caller_provided_output_buffers_are_filled() -> None:
         y = np.full((B + 1, 3), -1.0, dtype=np.float32)
         step = np.zeros(1, dtype=np.float32)
         req = submit(ref, request(x, B + 1, outputs={"y": y, "step": step}))
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         ref.tell(Flush())
         result = await req.future
         assert result["y"] is y and result["step"] is step
@@ -204,20 +205,17 @@ def test_any_sizes_and_cancellations_route_exactly(
         )
         async with running(queue, hold=True) as (ref, session):
             reqs = [(submit(ref, request(rows(n), n)), cancel) for n, cancel in sizes]
-            await anyio.wait_all_tasks_blocked()
+            await settle()
             for r, cancel in reqs:
                 if cancel:
                     r.future.cancel()
-            ref.tell(Flush())
-            while not all(r.future.done() for r, _ in reqs):
-                session.release()
-                ref.tell(Flush())
-                await anyio.wait_all_tasks_blocked()
+            ref.tell(Flush())  # everything waiting now, full batches and the partial tail
+            session.hold = False
+            session.release()
+            await settle()
             for r, cancel in reqs:
                 if not cancel:
                     check(r.future.result(), r.inputs["x"])
-            ref.tell(Flush())  # the queue notices callers gone while unpacked when it packs
-            await anyio.wait_all_tasks_blocked()
             assert queue.pending_samples == 0 and queue.inflight_requests == 0
             packed = sum(b.valid_rows for b in session.seen)
             assert packed <= sum(n for n, _ in sizes)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,11 +18,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from model_runtime import custom_ops  # noqa: E402
-from model_runtime.custom_ops import expression, kernels  # noqa: E402
-from model_runtime.errors import ConfigurationError, CustomOpError  # noqa: E402
+from model_runtime import custom_ops
+from model_runtime.custom_ops import expression, kernels
+from model_runtime.errors import ConfigurationError, CustomOpError
 
 ROTATE = "tests.custom_op_libs.rotate_op"
 BROKEN = "tests.custom_op_libs.broken_ops"
@@ -60,7 +57,9 @@ def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarra
     so = ort.SessionOptions()
     so.log_severity_level = 4
     custom_ops.enable(so)
-    session = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        model.SerializeToString(), so, providers=["CPUExecutionProvider"]
+    )
     result = session.run(None, feeds)
     custom_ops.raise_pending()
     return [np.asarray(r) for r in result]
@@ -152,9 +151,7 @@ def _expression_run(fn: Callable[..., Any], *arrays: np.ndarray) -> np.ndarray:
     names = [f"t{i}" for i in range(len(arrays))]
     node = custom_ops.codelet_expression_op(fn, *names, output="out")
     elem = helper.np_dtype_to_tensor_dtype(arrays[0].dtype)
-    model = _model(
-        [node], names, ["out"], [expression.LIBRARY], list(arrays[0].shape), elem=elem
-    )
+    model = _model([node], names, ["out"], [expression.LIBRARY], list(arrays[0].shape), elem=elem)
     lowered, refs = custom_ops.lower(model, allowed=[])  # built in: needs no allow-list entry
     assert len(lowered.graph.node) == 1, "one fused kernel"
     assert refs[0].library == expression.LIBRARY and refs[0].is_hashable

@@ -5,7 +5,16 @@ from __future__ import annotations
 import anyio
 import numpy as np
 import pytest
-from test_queue_support import expected, make_queue, metadata, request, rows, running, submit
+from test_queue_support import (
+    expected,
+    make_queue,
+    metadata,
+    request,
+    rows,
+    running,
+    settle,
+    submit,
+)
 
 from actors.actor import Stop
 from actors.clock import FakeClock
@@ -14,10 +23,6 @@ from actors.queues.stats import QueueStats, TimeTrace
 from model_runtime.errors import ApplicationRuntimeError, RunnerStoppedError
 
 B = 4
-
-
-async def settle() -> None:
-    await anyio.wait_all_tasks_blocked()
 
 
 def check(result: dict[str, np.ndarray], x: np.ndarray) -> None:
@@ -407,3 +412,23 @@ async def test_malformed_outputs_fail_that_batch_only() -> None:
         session.release()
         check(await good.future, good.inputs["x"])
         assert queue.pending_samples == 0
+
+
+async def test_flush_while_the_pool_is_full_covers_every_row_waiting_then() -> None:
+    queue = make_queue(metadata(B), batching_dim=0, timeout=0, ring_buffer_size_multiplier=1,
+                       max_look_ahead=0)  # fmt: skip
+    async with running(queue, hold=True) as (ref, session):
+        reqs = [submit(ref, request(rows(B), B)) for _ in range(4)]
+        tail = submit(ref, request(rows(1), 1))
+        ref.tell(Flush())
+        await settle()
+        later = submit(ref, request(rows(1), 1))  # rides along in the flushed partial batch
+        session.hold = False
+        session.release()
+        await settle()
+        for r in [*reqs, tail, later]:
+            check(await r.future, r.inputs["x"])
+        assert [b.valid_rows for b in session.seen] == [B, B, B, B, 2]
+        after = submit(ref, request(rows(1), 1))  # after the flush was served: its own batch
+        await settle()
+        assert not after.future.done()

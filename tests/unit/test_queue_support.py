@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import numpy as np
 
 from actors.actor import ActorRef
@@ -172,3 +173,14 @@ def submit(ref: ActorRef[QueueMessage], req: Request) -> Request:
 
 def expected(x: np.ndarray, axis: int = 0) -> dict[str, np.ndarray]:
     return model({"x": x}, axis)
+
+
+async def settle() -> None:
+    """Let every task run until all are blocked.
+
+    ``wait_all_tasks_blocked`` alone sleeps 0.1 s whenever a task is still runnable; a few
+    checkpoints first make that the rare case (it still guarantees the outcome).
+    """
+    for _ in range(30):
+        await anyio.lowlevel.checkpoint()
+    await anyio.wait_all_tasks_blocked()

@@ -1,0 +1,409 @@
+"""Input and output queues (seed ``InputQueue``, ``OutputQueue``, ``IQueue``).
+
+An :class:`InputQueue` packs or splits what you enqueue into the elements the executable reads:
+an anchor with a batch dimension takes ``B`` rows along it per element, so you may enqueue any
+number of rows at a time; an anchor without one takes exactly its own shape. An
+:class:`OutputQueue` splits what the executable writes into the buffers you enqueue, in order.
+Queues are created by :class:`~model_runtime.lowlevel.queue_manager.QueueManager`.
+
+Memory: an enqueued input is not copied when one element can be a view of it (rows first,
+C-contiguous); else its rows are copied into a :class:`RingMemoryPool` blob. Either way, do not
+modify an enqueued array until its ``read_complete_callback`` ran. Outputs the executable writes
+before you enqueue a buffer for them wait in the queue (at most ``num_buffers`` elements).
+
+Callbacks: ``read_start_callback`` when the first rows of an enqueued input are taken,
+``read_complete_callback`` when its last rows are about to be consumed by the executable,
+``write_complete_callback`` once an output buffer is full. They run on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from model_runtime.errors import InputValidationError
+from model_runtime.executable.model import Anchor, TensorInfo
+from model_runtime.lowlevel.errors import QueueDisconnectedError, QueueTimeoutError
+from model_runtime.lowlevel.ring import RingMemoryPool, SpscRingBuffer
+
+__all__ = [
+    "InputQueue",
+    "OutputQueue",
+    "ReadCompleteCallback",
+    "ReadStartCallback",
+    "WriteCompleteCallback",
+    "allocate_queue_storage",
+]
+
+ReadStartCallback = Callable[[], object]
+ReadCompleteCallback = Callable[[], object]
+WriteCompleteCallback = Callable[[], object]
+
+
+@dataclass(slots=True, eq=False)
+class _InEntry:
+    rows: np.ndarray  # rows first
+    read_start: ReadStartCallback | None
+    read_complete: ReadCompleteCallback | None
+    offset: int = 0
+    started: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class _Element:
+    array: np.ndarray  # the anchor's shape
+    done: list[ReadCompleteCallback] = field(default_factory=list)
+
+
+@dataclass(slots=True, eq=False)
+class _OutEntry:
+    rows: np.ndarray | None  # None: rows to discard (flush)
+    count: int
+    write_complete: WriteCompleteCallback | None
+    offset: int = 0
+
+
+class _Queue:
+    """What input and output queues share (seed ``IQueue``)."""
+
+    def __init__(self, anchor: Anchor, num_buffers: int, timeout: float, kind: str) -> None:
+        self.anchor = anchor
+        self.timeout = timeout
+        self._axis = anchor.batch_dim
+        self._rows_per_element = 1 if self._axis is None else anchor.shape[self._axis]
+        self._ring_shape = (
+            (1, *anchor.shape)
+            if self._axis is None
+            else (self._rows_per_element, *_without(anchor.shape, self._axis))
+        )
+        self._ring: SpscRingBuffer[Any] = SpscRingBuffer(num_buffers, f"{kind}:{anchor.name}")
+        self._kind = kind
+        self._count = 0  # rows enqueued, modulo the rows of one element
+
+    @property
+    def name(self) -> str:
+        return self.anchor.name
+
+    @property
+    def tensor_info(self) -> TensorInfo:
+        """Shape and dtype of one element (the anchor's)."""
+        return self.anchor.tensor_info
+
+    @property
+    def num_buffers(self) -> int:
+        """How many enqueued tensors the queue holds before ``enqueue`` waits."""
+        return self._ring.num_buffers
+
+    @property
+    def is_connected(self) -> bool:
+        return self._ring.is_valid
+
+    def disconnect(self) -> None:
+        """Stop waiting for data: blocked calls return, reads give dummy (zero) data, writes are
+        dropped, and ``enqueue`` raises until :meth:`reset`."""
+        self._ring.invalidate()
+
+    def _rows(self, array: np.ndarray) -> np.ndarray:
+        if self._axis is None:
+            return array[np.newaxis]
+        return array if self._axis == 0 else np.moveaxis(array, self._axis, 0)
+
+    def _validated_rows(self, array: np.ndarray) -> np.ndarray:
+        a = self.anchor
+        if array.dtype != a.dtype:
+            raise InputValidationError(
+                f"{self._kind} queue {a.name!r}: dtype {array.dtype.name}, expected {a.dtype.name}"
+            )
+        if self._axis is None:
+            ok = array.shape == a.shape
+            want = f"{list(a.shape)}"
+        else:
+            ok = (
+                array.ndim == len(a.shape)
+                and array.shape[self._axis] >= 1
+                and _without(array.shape, self._axis) == _without(a.shape, self._axis)
+            )
+            want = f"{list(a.shape)} with any number (>= 1) of rows along axis {self._axis}"
+        if not ok:
+            raise InputValidationError(
+                f"{self._kind} queue {a.name!r}: shape {list(array.shape)}, expected {want}"
+            )
+        return self._rows(array)
+
+    async def _put(self, entry: object, timeout: float | None) -> None:
+        if not self._ring.is_valid:
+            raise QueueDisconnectedError(f"{self._kind} queue {self.name!r} is disconnected")
+        limit = self.timeout if timeout is None else timeout
+        try:
+            written = await self._ring.write(entry, limit)
+        except TimeoutError:
+            raise QueueTimeoutError(
+                f"{self._kind} queue {self.name!r}: all {self.num_buffers} buffers still in use "
+                f"after {limit} s"
+            ) from None
+        if not written:
+            raise QueueDisconnectedError(f"{self._kind} queue {self.name!r} is disconnected")
+
+    def _flush_rows(self) -> int:
+        rem = self._count % self._rows_per_element
+        self._count = 0
+        return self._rows_per_element - rem if rem else self._rows_per_element
+
+
+def _without(shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
+    return shape[:axis] + shape[axis + 1 :]
+
+
+def allocate_queue_storage(
+    queue: InputQueue | OutputQueue, extra_buffers: int = 0
+) -> RingMemoryPool:
+    """A memory pool big enough to back ``queue`` (one blob per buffer, plus ``extra_buffers``).
+
+    Raises:
+        ConfigurationError: ``extra_buffers`` makes the count < 1.
+    """
+    return RingMemoryPool(
+        max(1, queue.tensor_info.size_in_bytes), queue.num_buffers + extra_buffers
+    )
+
+
+class InputQueue(_Queue):
+    """Feeds one input anchor (see the module docstring). Made by ``QueueManager``."""
+
+    def __init__(self, anchor: Anchor, num_buffers: int, timeout: float) -> None:
+        super().__init__(anchor, num_buffers, timeout, "input")
+        self._pool = allocate_queue_storage(self, extra_buffers=1)
+        self._prepared: deque[_Element] = deque()
+        self._partial: _Element | None = None
+        self._filled = 0
+        self._dummy = np.zeros(anchor.shape, anchor.dtype)
+        self._dummy.flags.writeable = False
+
+    async def enqueue(
+        self,
+        tensor: np.ndarray,
+        read_start_callback: ReadStartCallback | None = None,
+        read_complete_callback: ReadCompleteCallback | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> None:
+        """Queue ``tensor`` (rows along the anchor's batch axis, or exactly its shape).
+
+        Waits for a free buffer at most ``timeout`` seconds (default: the queue's timeout).
+
+        Raises:
+            InputValidationError: wrong dtype or shape.
+            QueueTimeoutError: no free buffer in time.
+            QueueDisconnectedError: the queue is disconnected.
+        """
+        rows = self._validated_rows(np.asarray(tensor))
+        await self._put(_InEntry(rows, read_start_callback, read_complete_callback), timeout)
+        self._count = (self._count + rows.shape[0]) % self._rows_per_element
+
+    def flush(self) -> None:
+        """Pad a partly enqueued element with zero rows, or, with none, queue a dummy element."""
+        if self._ring.is_valid:
+            pad = np.zeros((self._flush_rows(), *self._ring_shape[1:]), self.anchor.dtype)
+            self._ring.write_nowait(_InEntry(pad, None, None), force=True)
+
+    def reset(self) -> None:
+        """Drop everything queued or half-read and reconnect the queue."""
+        self._ring.reset()
+        self._prepared.clear()
+        self._partial = None
+        self._filled = 0
+        self._count = 0
+
+    @property
+    def queued_elements(self) -> int:
+        """Elements already prepared for the next runs (read, not yet consumed)."""
+        return len(self._prepared)
+
+    async def _element(self, index: int, timeout: float) -> np.ndarray:
+        """Element ``index`` of the upcoming run, reading data as needed (session side).
+
+        Raises:
+            QueueTimeoutError: not enough data within ``timeout`` seconds (what was read is
+                kept for the next attempt).
+        """
+        try:
+            async with asyncio.timeout(timeout):
+                while len(self._prepared) <= index:
+                    await self._build_one()
+        except TimeoutError:
+            raise QueueTimeoutError(
+                f"input queue {self.name!r}: no data for element {index} within {timeout} s "
+                f"({self._filled} of {self._rows_per_element} rows ready)"
+            ) from None
+        return self._prepared[index].array
+
+    def _commit(self, n: int) -> None:
+        """The first ``n`` elements go to the executable: fire their read-complete callbacks."""
+        for _ in range(min(n, len(self._prepared))):
+            for cb in self._prepared.popleft().done:
+                cb()
+
+    async def _build_one(self) -> None:
+        rows_needed = self._rows_per_element
+        while True:
+            entry: _InEntry | None = await self._ring.read_lock()
+            if entry is None:  # disconnected: dummy data so the run can finish
+                self._partial = None
+                self._filled = 0
+                self._prepared.append(_Element(self._dummy))
+                return
+            if not entry.started:
+                entry.started = True
+                if entry.read_start is not None:
+                    entry.read_start()
+            total = entry.rows.shape[0]
+            start = entry.offset
+            if self._partial is None and total - start >= rows_needed:
+                view = entry.rows[start : start + rows_needed]
+                if self._axis is None:
+                    view = view[0]
+                if self._axis in (None, 0) and view.flags.c_contiguous:
+                    entry.offset += rows_needed
+                    element = _Element(view)
+                    self._entry_taken(entry, element)
+                    self._prepared.append(element)
+                    return
+            if self._partial is None:
+                self._partial = _Element(self._pool.get_array(self.anchor.shape, self.anchor.dtype))
+                self._filled = 0
+            take = min(total - start, rows_needed - self._filled)
+            dst = self._rows(self._partial.array)
+            dst[self._filled : self._filled + take] = entry.rows[start : start + take]
+            entry.offset += take
+            self._filled += take
+            self._entry_taken(entry, self._partial)
+            if self._filled == rows_needed:
+                self._prepared.append(self._partial)
+                self._partial = None
+                self._filled = 0
+                return
+
+    def _entry_taken(self, entry: _InEntry, element: _Element) -> None:
+        if entry.offset >= entry.rows.shape[0]:
+            if entry.read_complete is not None:
+                element.done.append(entry.read_complete)
+            self._ring.read_complete()
+
+
+class OutputQueue(_Queue):
+    """Collects one output anchor into your buffers (see the module docstring)."""
+
+    def __init__(self, anchor: Anchor, num_buffers: int, timeout: float) -> None:
+        super().__init__(anchor, num_buffers, timeout, "output")
+        self._stash: deque[np.ndarray] = deque()
+        self._stashed = 0
+        self._room = asyncio.Event()
+
+    async def enqueue(
+        self,
+        output: np.ndarray,
+        write_complete_callback: WriteCompleteCallback | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> None:
+        """Queue ``output``, a writable buffer for the next rows (or the whole tensor).
+
+        Waits for a free buffer at most ``timeout`` seconds (default: the queue's timeout).
+
+        Raises:
+            InputValidationError: not a writable numpy array, or wrong dtype or shape.
+            QueueTimeoutError: no free buffer in time.
+            QueueDisconnectedError: the queue is disconnected.
+        """
+        if not isinstance(output, np.ndarray) or not output.flags.writeable:
+            raise InputValidationError(
+                f"output queue {self.name!r}: the buffer must be a writable numpy array"
+            )
+        rows = self._validated_rows(output)
+        await self._put(_OutEntry(rows, rows.shape[0], write_complete_callback), timeout)
+        self._count = (self._count + rows.shape[0]) % self._rows_per_element
+        self._drain()
+
+    def flush(self) -> None:
+        """Discard the rows that complete a partly requested element (the padding of the
+        matching input flush), or, with none, one whole (dummy) element."""
+        if self._ring.is_valid:
+            self._ring.write_nowait(_OutEntry(None, self._flush_rows(), None), force=True)
+            self._drain()
+
+    def reset(self) -> None:
+        """Drop every queued buffer and waiting output, and reconnect the queue."""
+        self._ring.reset()
+        self._stash.clear()
+        self._stashed = 0
+        self._count = 0
+        self._signal_room()
+
+    def disconnect(self) -> None:
+        """See :meth:`_Queue.disconnect`."""
+        super().disconnect()
+        self._signal_room()
+
+    @property
+    def waiting_elements(self) -> float:
+        """Outputs written by the executable that no buffer has taken yet, in elements."""
+        return self._stashed / self._rows_per_element
+
+    async def _wait_room(self, elements: int, timeout: float) -> None:
+        """Wait until ``elements`` more outputs can wait in the queue (session side).
+
+        Raises:
+            QueueTimeoutError: no room within ``timeout`` seconds.
+        """
+        limit = self.num_buffers * self._rows_per_element
+        need = elements * self._rows_per_element
+        try:
+            async with asyncio.timeout(timeout):
+                while self._ring.is_valid and self._stashed + need > limit:
+                    await self._room.wait()
+        except TimeoutError:
+            raise QueueTimeoutError(
+                f"output queue {self.name!r}: {self.waiting_elements:g} outputs wait for buffers "
+                f"after {timeout} s; enqueue output buffers"
+            ) from None
+
+    def _write(self, element: np.ndarray) -> None:
+        """The executable wrote ``element`` (session side; dropped when disconnected)."""
+        if self._ring.is_valid:
+            rows = self._rows(element)
+            self._stash.append(rows)
+            self._stashed += rows.shape[0]
+            self._drain()
+
+    def _drain(self) -> None:
+        moved = False
+        while self._stash:
+            entry: _OutEntry | None = self._ring.peek()
+            if entry is None:
+                break
+            src = self._stash[0]
+            take = min(src.shape[0], entry.count - entry.offset)
+            if entry.rows is not None:
+                entry.rows[entry.offset : entry.offset + take] = src[:take]
+            entry.offset += take
+            if take == src.shape[0]:
+                self._stash.popleft()
+            else:
+                self._stash[0] = src[take:]
+            self._stashed -= take
+            moved = True
+            if entry.offset == entry.count:
+                self._ring.read_complete()
+                if entry.write_complete is not None:
+                    entry.write_complete()
+        if moved:
+            self._signal_room()
+
+    def _signal_room(self) -> None:
+        room, self._room = self._room, asyncio.Event()
+        room.set()
