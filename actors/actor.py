@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -127,6 +128,34 @@ class ActorRef(Generic[M]):
         return f"ActorRef({self.name})"
 
 
+#: Messages handled back to back without yielding to the event loop, when they are waiting.
+_BURST = 128
+
+
+async def _drain(recv: MemoryObjectReceiveStream[Envelope]) -> AsyncIterator[Envelope]:
+    """Yield the mailbox's messages. Waiting messages are taken without a trip through the
+    event loop (``receive`` costs one loop iteration each, ~10 µs here, more than handling a
+    typical message); a checkpoint every ``_BURST`` keeps other tasks running under load."""
+    burst = 0
+    while True:
+        try:
+            envelope = recv.receive_nowait()
+        except anyio.WouldBlock:
+            burst = 0
+            try:
+                envelope = await recv.receive()
+            except anyio.EndOfStream:
+                return
+        except anyio.EndOfStream:
+            return
+        else:
+            burst += 1
+            if burst >= _BURST:
+                burst = 0
+                await anyio.lowlevel.checkpoint()
+        yield envelope
+
+
 class Actor(Generic[M]):
     """Base class: override :meth:`handle`, and optionally the lifecycle hooks."""
 
@@ -185,7 +214,7 @@ class Actor(Generic[M]):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self.background)
                 task_status.started(self._ref)
-                async for envelope in recv:
+                async for envelope in _drain(recv):
                     current = envelope
                     if isinstance(envelope.message, Stop):
                         envelope.answer(None)

@@ -112,6 +112,7 @@ class InferenceServer:
         self.metrics = metrics or DaemonMetrics()
         repository.on_readiness = self.metrics.readiness_changed
         self.draining = False
+        self._pending_gauges: dict[str, Any] = {}
         self._inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -307,14 +308,20 @@ class InferenceServer:
         resp.headers[HEADER_LENGTH] = str(json_length)
         return resp, samples
 
+    def _pending(self, model: str) -> Any:
+        gauge = self._pending_gauges.get(model)
+        if gauge is None:
+            gauge = self._pending_gauges[model] = self.metrics.pending.labels(model)
+        return gauge
+
     def _enter(self, model: str) -> None:
         self._inflight += 1
         self._idle.clear()
-        self.metrics.pending.labels(model).inc()
+        self._pending(model).inc()
 
     def _leave(self, model: str) -> None:
         self._inflight -= 1
-        self.metrics.pending.labels(model).dec()
+        self._pending(model).dec()
         if self._inflight == 0:
             self._idle.set()
 

@@ -123,8 +123,8 @@ def _elements(shape: tuple[int, ...]) -> int:
 def _flatten(name: str, data: Any, expected: int) -> list[Any]:
     if not isinstance(data, list):
         raise _fail(f"input {name!r}: 'data' must be a list")
-    if not any(isinstance(x, list) for x in data):
-        return data
+    if not data or not isinstance(data[0], list):
+        return data  # flat; a list hidden further on makes the numpy conversion fail (400)
     out: list[Any] = []
     stack = [iter(data)]
     while stack:

@@ -158,6 +158,7 @@ class DaemonMetrics:
             registry=r,
         )
         self.snapshot: list[ReplicaSnapshot] = []
+        self._children: dict[str, tuple[Any, Any, Any]] = {}
         r.register(_ReplicaCollector(self))
 
     def readiness_changed(self, model: str, ready: bool) -> None:
@@ -166,12 +167,20 @@ class DaemonMetrics:
 
     def observe(self, model: str, reason: str | None, seconds: float, samples: int) -> None:
         """Count one finished inference request (``reason`` None means success)."""
+        children = self._children.get(model)
+        if children is None:
+            children = self._children[model] = (
+                self.requests.labels(model, "success", ""),
+                self.inferences.labels(model),
+                self.duration.labels(model),
+            )
+        ok, inferences, duration = children
         if reason is None:
-            self.requests.labels(model, "success", "").inc()
-            self.inferences.labels(model).inc(samples)
+            ok.inc()
+            inferences.inc(samples)
         else:
             self.requests.labels(model, "failure", reason).inc()
-        self.duration.labels(model).observe(seconds)
+        duration.observe(seconds)
 
     async def refresh(self, repository: ModelRepository) -> None:
         """Read replica facts and statistics from every loaded runner."""

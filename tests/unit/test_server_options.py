@@ -1,0 +1,86 @@
+"""Daemon options (command line > config file > defaults) and the model repository's names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from model_runtime.errors import ConfigurationError, FaultPlanError, InputValidationError
+from model_runtime.runner_config import ModelRunnerConfig
+from model_runtime.server import build_parser, options_from_args
+from model_runtime.server.repository import (
+    ModelNotFoundError,
+    ModelRepository,
+    parse_model_arg,
+)
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def test_defaults_serve_on_loopback_with_dynamic_batching() -> None:
+    opts = options_from_args(build_parser().parse_args([]))
+    assert opts.host == "127.0.0.1" and opts.port == 8000
+    assert opts.models == [] and opts.model_repository is None
+    assert opts.runner.batching_dim == 0 and opts.runner.auto_reset
+    assert opts.runner.fault_plan is None
+
+
+def test_command_line_overrides_config_file(tmp_path: Path) -> None:
+    cfg = tmp_path / "serve.toml"
+    cfg.write_text(
+        '[server]\nport = 9000\nhost = "0.0.0.0"\n'
+        "[runner]\nreplication_factor = 3\nmax_retries = 4\n[compile]\nbatch_size = 16\n"
+    )
+    args = build_parser().parse_args(
+        ["--config", str(cfg), "--port", "9100", "--replicas", "2", "--fault-plan", "slow:at=3"]
+    )
+    opts = options_from_args(args)
+    assert (opts.host, opts.port, opts.batch_size) == ("0.0.0.0", 9100, 16)
+    assert opts.runner.replication_factor == 2 and opts.runner.max_retries == 4
+    assert opts.runner.fault_plan == "slow:at=3"
+
+
+@pytest.mark.parametrize(
+    ("text", "args", "error", "message"),
+    [
+        ("[runner]\nnope = 1\n", [], ConfigurationError, "unknown field(s) ['nope']"),
+        ("[other]\n", [], ConfigurationError, "unknown table(s)"),
+        ("not toml ===", [], ConfigurationError, "config file"),
+        ("", ["--replicas", "0"], ConfigurationError, "replication_factor"),
+        ("", ["--fault-plan", "meteor:at=1"], FaultPlanError, "unknown kind"),
+    ],
+)
+def test_bad_options_are_refused_at_start(
+    tmp_path: Path, text: str, args: list[str], error: type[Exception], message: str
+) -> None:
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(text)
+    with pytest.raises(error, match=None) as info:
+        options_from_args(build_parser().parse_args(["--config", str(cfg), *args]))
+    assert message in str(info.value)
+
+
+def test_model_arguments() -> None:
+    assert parse_model_arg("a/b/resnet.onnx") == ("resnet", Path("a/b/resnet.onnx"))
+    assert parse_model_arg("fast=x/model.mrx") == ("fast", Path("x/model.mrx"))
+    for bad in ("../x=model.mrx", "model.txt", "a b=model.mrx"):
+        with pytest.raises(InputValidationError):
+            parse_model_arg(bad)
+
+
+async def test_repository_refuses_path_tricks(tmp_path: Path) -> None:
+    inside = tmp_path / "repo"
+    inside.mkdir()
+    (inside / "good.mrx").write_bytes(b"")
+    (tmp_path / "secret.mrx").write_bytes(b"")
+    (inside / "link.mrx").symlink_to(tmp_path / "secret.mrx")
+    repo = ModelRepository(ModelRunnerConfig(), directory=inside)
+    assert repo.scan() == ["good"]
+    for name in ("../secret", "..", ".hidden", "a/b", "x" * 200, ""):
+        with pytest.raises(InputValidationError):
+            await repo.load(name)
+    with pytest.raises(ModelNotFoundError):
+        await repo.load("link")
+    with pytest.raises(ModelNotFoundError):
+        await repo.unload("secret")
