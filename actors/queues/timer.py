@@ -8,9 +8,13 @@ from collections.abc import Callable
 import anyio
 import anyio.lowlevel
 
-from actors.clock import Clock
+from actors.clock import Clock, SystemClock
 
 __all__ = ["FlushTimer"]
+
+
+#: Below this, the loop's timers are too coarse to sleep on (epoll counts milliseconds).
+_TIMER_RESOLUTION = 0.001
 
 
 class FlushTimer:
@@ -49,9 +53,14 @@ class FlushTimer:
                 self._event = anyio.Event()
                 await self._event.wait()
                 self._event = None
-            elif self._clock.monotonic() >= deadline:
+            elif (now := self._clock.monotonic()) >= deadline:
                 self._on_due()
                 await anyio.lowlevel.checkpoint()  # never spin, even if on_due changed nothing
+            elif deadline - now < _TIMER_RESOLUTION and isinstance(self._clock, SystemClock):
+                # The event loop's timers round sleeps up to ~1 ms (epoll); a sub-millisecond
+                # flush timeout would become 1 ms. Yield one loop iteration at a time instead,
+                # so arrivals still get in and the flush comes on time.
+                await anyio.lowlevel.checkpoint()
             else:
                 self._target = deadline
                 with anyio.CancelScope() as self._scope:

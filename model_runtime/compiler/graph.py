@@ -14,6 +14,7 @@ from model_runtime.executable.codec import DTYPES
 
 __all__ = [
     "anchor_dtype",
+    "approx_bytes",
     "constant_values",
     "default_opset",
     "initializer_names",
@@ -111,3 +112,18 @@ def upgrade_opset(model: onnx.ModelProto, where: str) -> tuple[onnx.ModelProto, 
             f"onnx version converter cannot upgrade it: {str(exc).strip().splitlines()[0]}"
         ) from exc
     return converted, MIN_OPSET
+
+
+def approx_bytes(model: onnx.ModelProto) -> int:
+    """The size of ``model``'s tensor data: a cheap lower bound of its serialised size.
+
+    ``ModelProto.ByteSize()`` serialises the whole message to count it (about a second per
+    500 MB); this sums the initializers' payloads, which dominate any model that is big.
+    """
+    total = 0
+    for t in model.graph.initializer:
+        total += len(t.raw_data)
+        total += 8 * (len(t.float_data) + len(t.int32_data) + len(t.int64_data))
+        total += 8 * (len(t.double_data) + len(t.uint64_data))
+        total += sum(len(s) for s in t.string_data)
+    return total

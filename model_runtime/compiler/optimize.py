@@ -14,6 +14,7 @@ from pathlib import Path
 import onnx
 import onnxruntime as ort
 
+from model_runtime.compiler.graph import approx_bytes
 from model_runtime.compiler.ort import GRAPH_LEVELS, first_line, session_options
 from model_runtime.errors import CompileError
 
@@ -63,7 +64,7 @@ def optimize(model: onnx.ModelProto, level: str, where: str, workdir: Path) -> O
     )
     providers = ["CPUExecutionProvider"]
     try:
-        if model.ByteSize() < _INLINE_LIMIT:
+        if approx_bytes(model) < _INLINE_LIMIT:
             ort.InferenceSession(model.SerializeToString(), so, providers=providers)
         else:
             src = workdir / "input.onnx"

@@ -11,6 +11,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from model_runtime.compiler.graph import approx_bytes
+
 __all__ = ["GRAPH_LEVELS", "make_session", "random_array"]
 
 GRAPH_LEVELS: dict[str, Any] = {
@@ -48,7 +50,7 @@ def make_session(
     providers = ["CPUExecutionProvider"]
     if isinstance(model, bytes):
         return ort.InferenceSession(model, so, providers=providers)
-    if model.ByteSize() < _INLINE_LIMIT:
+    if approx_bytes(model) < _INLINE_LIMIT:
         return ort.InferenceSession(model.SerializeToString(), so, providers=providers)
     with tempfile.TemporaryDirectory(prefix="model-runtime-") as tmp:
         path = Path(tmp) / "model.onnx"

@@ -10,6 +10,7 @@ from pathlib import Path
 import onnx
 from onnx.external_data_helper import uses_external_data
 
+from model_runtime.compiler.graph import approx_bytes
 from model_runtime.errors import CompileError
 
 __all__ = ["ModelLike", "ModelSource", "load_source"]
@@ -110,7 +111,7 @@ def load_source(model: ModelLike, model_name: str | None = None) -> ModelSource:
 
 def _check(proto: onnx.ModelProto, path: Path | None, where: str) -> None:
     try:
-        if proto.ByteSize() > _PROTO_LIMIT and path is not None:
+        if approx_bytes(proto) > _PROTO_LIMIT and path is not None:
             onnx.checker.check_model(str(path))
         else:
             onnx.checker.check_model(proto)

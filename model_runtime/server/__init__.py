@@ -1,11 +1,18 @@
 """The daemon: Open Inference Protocol v2 (KServe v2) over HTTP (DESIGN.md §11).
 
-``model-runtime serve`` calls :func:`serve_main` with options from :func:`add_serve_arguments`;
-``python -m model_runtime.server`` does the same standalone.
+``model-runtime serve`` builds its parser with :func:`add_serve_arguments` and calls
+:func:`serve_main`; ``python -m model_runtime.server`` does the same standalone. Only the
+options module is imported eagerly, so building the CLI parser does not import aiohttp.
 """
 
-from model_runtime.server.daemon import build_parser, main, run_daemon, serve, serve_main
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from model_runtime.server.options import DaemonOptions, add_serve_arguments, options_from_args
+
+if TYPE_CHECKING:
+    from model_runtime.server.daemon import build_parser, main, run_daemon, serve, serve_main
 
 __all__ = [
     "DaemonOptions",
@@ -17,3 +24,13 @@ __all__ = [
     "serve",
     "serve_main",
 ]
+
+_LAZY = {"build_parser", "main", "run_daemon", "serve", "serve_main"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from model_runtime.server import daemon
+
+        return getattr(daemon, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -58,7 +58,9 @@ class DaemonOptions:
     log_level: str = "info"
     log_format: str = "auto"
     runner: ModelRunnerConfig = field(
-        default_factory=lambda: ModelRunnerConfig(batching_dim=0, timeout=0.002, auto_reset=True)
+        default_factory=lambda: ModelRunnerConfig(
+            batching_dim=0, timeout=0.002, auto_reset=True, run_save_programs=True
+        )
     )
 
 

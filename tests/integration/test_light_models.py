@@ -21,21 +21,21 @@ import pytest
 from onnx import numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.models import LIGHT_MODELS, ONNX_TEST_DATA, light_model  # noqa: E402
-
-from model_runtime.compiler import (  # noqa: E402
+from model_runtime.compiler import (
     CompileOptions,
     compile_executable,
     random_inputs,
     run_reference,
 )
-from model_runtime.errors import CompileError  # noqa: E402
+from model_runtime.errors import CompileError
+from tests.models import LIGHT_MODELS, ONNX_TEST_DATA, light_model
 
 FAST_LIGHT = ("squeezenet", "shufflenet", "inception_v1", "inception_v2", "densenet121")
 
 #: The big ones (100-550 MB of weights, 10-60 s each on 2 cores) run on request only.
 SLOW = [
     pytest.mark.slow,
+    pytest.mark.timeout(600),
     pytest.mark.skipif(
         not os.environ.get("MODEL_RUNTIME_SLOW_TESTS"),
         reason="big light model: set MODEL_RUNTIME_SLOW_TESTS=1 to run",

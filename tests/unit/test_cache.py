@@ -14,13 +14,12 @@ import pytest
 from structlog.testing import capture_logs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.models import make_add_double, make_mlp, save  # noqa: E402
-
-from model_runtime.compiler import CompileOptions, cache_key, compile_model  # noqa: E402
-from model_runtime.compiler.source import load_source  # noqa: E402
-from model_runtime.errors import ConfigurationError  # noqa: E402
-from model_runtime.executable import Executable  # noqa: E402
-from model_runtime.flags import get_flags, parse_flags  # noqa: E402
+from model_runtime.compiler import CompileOptions, cache_key, compile_model
+from model_runtime.compiler.source import load_source
+from model_runtime.errors import ConfigurationError
+from model_runtime.executable import Executable
+from model_runtime.flags import get_flags, parse_flags
+from tests.models import make_add_double, make_mlp, save
 
 REPO = Path(__file__).resolve().parents[2]
 

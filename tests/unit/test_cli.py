@@ -13,10 +13,9 @@ import pytest
 import structlog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.models import make_add_double, make_counter, save  # noqa: E402
-
-from model_runtime.cli import main  # noqa: E402
-from model_runtime.executable import Executable  # noqa: E402
+from model_runtime.cli import main
+from model_runtime.executable import Executable
+from tests.models import make_add_double, make_counter, save
 
 REPO = Path(__file__).resolve().parents[2]
 

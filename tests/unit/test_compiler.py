@@ -12,7 +12,15 @@ import pytest
 
 # tests/models.py is shared by unit and integration tests; the repo root makes it importable.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.models import (  # noqa: E402
+from model_runtime.compiler import (
+    CompileOptions,
+    compile_executable,
+    compile_model,
+    run_reference,
+)
+from model_runtime.errors import CompileError, ModelRuntimeError
+from model_runtime.executable import Executable
+from tests.models import (
     make_add_double,
     make_batch_mixing,
     make_counter,
@@ -21,15 +29,6 @@ from tests.models import (  # noqa: E402
     make_mlp,
     save,
 )
-
-from model_runtime.compiler import (  # noqa: E402
-    CompileOptions,
-    compile_executable,
-    compile_model,
-    run_reference,
-)
-from model_runtime.errors import CompileError, ModelRuntimeError  # noqa: E402
-from model_runtime.executable import AnchorRole, Executable  # noqa: E402
 
 
 def _ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -132,7 +131,7 @@ def test_fixed_batch_of_one_with_reshape_constant_is_rebatched() -> None:
 
 
 def test_graph_that_mixes_rows_cannot_be_rebatched() -> None:
-    with pytest.raises(CompileError, match="cannot be re-batched to 4.*row 0 of output 'y'"):
+    with pytest.raises(CompileError, match=r"cannot be re-batched to 4.*row 0 of output 'y'"):
         compile_executable(make_batch_mixing(), CompileOptions(batch_size=4))
     # At its own batch size it compiles.
     compile_executable(make_batch_mixing(), CompileOptions(batch_size=1))
@@ -190,7 +189,7 @@ def test_model_failing_checker(tmp_path: Path) -> None:
     model.graph.node[0].input[1] = "undefined_tensor"
     path = tmp_path / "broken.onnx"
     path.write_bytes(model.SerializeToString())
-    with pytest.raises(CompileError, match="fails onnx.checker"):
+    with pytest.raises(CompileError, match=r"fails onnx\.checker"):
         compile_model(path, tmp_path / "out.mrx")
 
 

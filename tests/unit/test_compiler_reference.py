@@ -9,16 +9,15 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.models import make_add_double, make_counter  # noqa: E402
-
-from model_runtime.compiler import (  # noqa: E402
+from model_runtime.compiler import (
     CompileOptions,
     compile_executable,
     random_inputs,
     run_reference,
 )
-from model_runtime.errors import InputValidationError  # noqa: E402
-from model_runtime.executable import Executable  # noqa: E402
+from model_runtime.errors import InputValidationError
+from model_runtime.executable import Executable
+from tests.models import make_add_double, make_counter
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +52,9 @@ def test_random_inputs_fit(exe: Executable) -> None:
 def test_unknown_or_misshapen_variable_is_refused() -> None:
     counter = compile_executable(
         make_counter(),
-        CompileOptions(batch_size=2, variables=("count",), variable_updates={"count_next": "count"}),
+        CompileOptions(
+            batch_size=2, variables=("count",), variable_updates={"count_next": "count"}
+        ),
     )
     x = np.zeros((2, 4), np.float32)
     with pytest.raises(InputValidationError, match="unknown variables"):

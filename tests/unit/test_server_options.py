@@ -56,7 +56,7 @@ def test_bad_options_are_refused_at_start(
 ) -> None:
     cfg = tmp_path / "bad.toml"
     cfg.write_text(text)
-    with pytest.raises(error, match=None) as info:
+    with pytest.raises(error) as info:
         options_from_args(build_parser().parse_args(["--config", str(cfg), *args]))
     assert message in str(info.value)
 
