@@ -439,6 +439,7 @@ class Supervisor:
                 except Exception as exc:  # a failed start is one more crash of that child
                     _log.warning("child_start_failed", supervisor=self.name, child=s.spec.id)
                     self._count_restart(s.spec.id, exc)
+                    await anyio.lowlevel.checkpoint()  # let the rest of the tree move on
                 else:
                     break
 

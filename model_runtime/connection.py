@@ -307,9 +307,9 @@ class OnnxProgram:
         hit = False
         if cache:
             source = await anyio.to_thread.run_sync(load_source, model, options.model_name)
-            # the compiler keys custom-op models by their libraries' hashes too (see custom_ops)
-            salt = custom_ops.check_cacheable(source.proto, "cached")
-            key = cache_key(source.sha256 + salt, options)
+            # as compile_model computes it: custom-op models are keyed by their libraries too
+            fingerprint = custom_ops.check_cacheable(source.proto, "cached")
+            key = cache_key(source.sha256, options, fingerprint)
             hit = ExecutableCache(Path(cache)).lookup(key) is not None
             out = None
         else:

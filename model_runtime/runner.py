@@ -219,6 +219,7 @@ class ModelRunner:
                 state=state,
                 policy=policy,
                 clock=self._clock,
+                on_status=self._on_replica_status,
             )
 
         def make_replica() -> Supervisor:
@@ -390,6 +391,32 @@ class ModelRunner:
             return await asyncio.shield(future)
         future.cancel()
         raise ExecutionTimeoutError(f"request did not complete within {timeout} s")
+
+    def _on_replica_status(self, r: int, status: ReplicaStatus) -> None:
+        """A replica out of service hands its unanswered requests to the others."""
+        log.info("replica_status", replica=r, status=status.value)
+        if status is not ReplicaStatus.FAILED:
+            return
+        moved = self._queues[r].evacuate()
+        failure = self._states[r].failure
+        for old in moved:
+            request = Request(
+                inputs=old.inputs,
+                samples=old.samples,
+                future=old.future,
+                outputs=old.outputs,
+                deadline=old.deadline,
+                t_submit=old.t_submit,
+            )
+            try:
+                target = self._pick_replica(None)
+            except RunnerStoppedError as exc:
+                if not old.future.done():
+                    old.future.set_exception(failure or exc)
+                continue
+            self._queues[target].enqueue_nowait(request)
+        if moved:
+            log.warning("replica_evacuated", replica=r, requests=len(moved))
 
     def _pick_replica(self, replica_id: int | None) -> int:
         states = self._states

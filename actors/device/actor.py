@@ -170,9 +170,17 @@ class Device(DeferringActor[DeviceMessage]):
         self._abort.set()
         self.backend.terminate()
         if self._executor is not None:
-            self._executor.submit(self.backend.unload)
-            self._executor.shutdown(wait=False, cancel_futures=True)
+            # Queued jobs are void now; the unload goes last, then the worker thread ends.
+            # Stopping means the worker is gone too (no thread outlives its actor), unless it
+            # is stuck in a run that ignores termination: then it is abandoned after the grace.
+            # asyncio.wait, not await: a cancelled future must not raise CancelledError here,
+            # where anyio would take it for a cancellation of the supervisor's scope.
+            for job in self._jobs:
+                job.future.cancel()
+            unloaded = self._executor.submit(self.backend.unload)
+            self._executor.shutdown(wait=False)
             self._executor = None
+            await asyncio.wait([asyncio.wrap_future(unloaded)], timeout=self.abort_grace)
         if self.detach_on_stop:
             self.device.detach()
         self.log.info("device.stopped")

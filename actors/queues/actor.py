@@ -127,6 +127,42 @@ class Queue(Actor[QueueMessage]):
             return
         self._enqueue(request)
 
+    def evacuate(self) -> list[Request]:
+        """Give up every unanswered request and forget it; the queue takes no more.
+
+        For a replica that is out of service: the runner re-queues the returned requests on
+        another replica (inference is idempotent, so rows already computed here are simply
+        computed again). Batches sealed here and completed or failed later are ignored, so a
+        moved caller is never answered from here. Same-loop callers only, like
+        :meth:`enqueue_nowait`.
+        """
+        moved: list[Request] = []
+        seen: set[int] = set()
+
+        def keep(req: Request) -> None:
+            if id(req) not in seen and not req.future.done():
+                seen.add(id(req))
+                moved.append(req)
+
+        for req in self._pending:
+            keep(req)
+        for batch in self._outstanding.values():
+            for segment in batch.segments:
+                keep(segment[0])
+        self._draining = True
+        self._pending.clear()
+        self._pending_rows = self._pending_samples = self._inflight = 0
+        for batch in list(self._outstanding.values()):
+            self._release(batch)
+        self._backlog.clear()
+        while True:
+            try:
+                self._ready_recv.receive_nowait()
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                break
+        self._check_drained()
+        return moved
+
     def stats(self) -> QueueStats:
         """The statistics now, without messaging (same as asking :class:`GetStats`)."""
         return self._recorder.snapshot()

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 import numpy as np
 from anyio.streams.memory import MemoryObjectReceiveStream
 
@@ -144,10 +145,14 @@ class SessionActor(Actor[object]):
             try:
                 outputs = await self._device.ask(RunMain(batch.inputs), timeout=self._deadline())
             except ActorStoppedError:
-                # The device actor died; the supervisor restarts it and this session after it.
-                # The batch stays in state.inflight for the next incarnation.
-                raise
+                # The device actor died. It is the one that failed, not this session: the
+                # supervisor restarts it and, rest_for_one, this session after it. Wait for
+                # that; the batch stays in state.inflight for the next incarnation.
+                self._note_fault()
+                self._set_status(ReplicaStatus.RESETTING)
+                await anyio.sleep_forever()
             except (RuntimeFailure, ExecutionTimeoutError) as exc:
+                self._note_fault()
                 if await self._recover(batch, exc):
                     continue
                 self._queue.tell(Fail(batch, exc))
@@ -155,10 +160,18 @@ class SessionActor(Actor[object]):
                 return
             t_end = self.clock.monotonic()
             self._times.samples.append(t_end - t_start)
+            if state.fault_at is not None:
+                state.recovery_times.append(t_end - state.fault_at)
+                state.fault_at = None
             self._queue.tell(Complete(batch, outputs, t_start, t_end))
             state.inflight = None
             state.runs += 1
             return
+
+    def _note_fault(self) -> None:
+        if self._state.fault_at is None:
+            self._state.fault_at = self.clock.monotonic()
+        self._state.faults += 1
 
     def _deadline(self) -> float | None:
         if self._policy.execution_timeout is not None:
@@ -184,7 +197,10 @@ class SessionActor(Actor[object]):
         except (RuntimeFailure, ExecutionTimeoutError):
             return False
         batch.attempts += 1
-        return batch.attempts <= self._policy.max_retries
+        if batch.attempts <= self._policy.max_retries:
+            self._state.retries += 1
+            return True
+        return False
 
     def _note_reset(self) -> bool:
         """Count a reset; False once resets pass the intensity within the period."""

@@ -37,8 +37,14 @@ class ReplicaState:
     failure: BaseException | None = None
     runs: int = 0
     resets: int = 0
+    retries: int = 0
     restarts: int = 0
     reset_times: deque[float] = field(default_factory=deque)
+    #: Failed runs seen (any kind), and when the current unrecovered one happened.
+    faults: int = 0
+    fault_at: float | None = None
+    #: Seconds from each fault to the next successful batch on this replica (bounded).
+    recovery_times: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
     #: Set whenever the status changes, so waiters (requests during a reset) can re-check.
     changed: anyio.Event = field(default_factory=anyio.Event)
 

@@ -34,9 +34,10 @@ EXECUTABLE_SUFFIX = ".mrx"
 log = structlog.get_logger(__name__)
 
 
-def cache_key(model_sha256: str, options: CompileOptions) -> str:
+def cache_key(model_sha256: str, options: CompileOptions, custom_ops: str = "") -> str:
     """The cache key (hex SHA-256) of a model (by its content hash) compiled with ``options``.
 
+    ``custom_ops`` is the fingerprint of the custom op libraries the model uses (their hashes).
     The onnxruntime and onnx versions are part of it: the optimised graph they produce (fused
     and contrib ops) may not load on another onnxruntime.
     """
@@ -47,6 +48,7 @@ def cache_key(model_sha256: str, options: CompileOptions) -> str:
         "format_version": FORMAT_VERSION,
         "onnxruntime": ort.__version__,
         "onnx": onnx.__version__,
+        "custom_ops": custom_ops,
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 

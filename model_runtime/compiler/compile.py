@@ -18,6 +18,7 @@ import onnxruntime as ort
 import structlog
 from onnx import helper
 
+from model_runtime import custom_ops
 from model_runtime.compiler.cache import ExecutableCache, cache_key
 from model_runtime.compiler.graph import default_opset, upgrade_opset
 from model_runtime.compiler.lower import lower
@@ -42,6 +43,7 @@ def compile_executable(model: ModelLike, options: CompileOptions | None = None) 
     Raises:
         CompileError: the options are invalid, or the model cannot be read, checked,
             re-batched, run or optimised; the message names the model and the defect.
+        CustomOpError: a custom op library is not allowed, missing or broken.
     """
     options = options or CompileOptions()
     source = load_source(model, options.model_name)
@@ -62,6 +64,7 @@ def compile_model(
 
     Raises:
         CompileError: as :func:`compile_executable`, or no output path can be chosen.
+        CustomOpError: with a cache, the model uses a custom op not marked hashable.
         ConfigurationError: ``MODEL_RUNTIME_FLAGS`` does not parse.
         OSError: the output or cache directory cannot be written.
     """
@@ -73,7 +76,9 @@ def compile_model(
 
     if cache_dir:
         cache = ExecutableCache(Path(cache_dir))
-        key = cache_key(source.sha256, options)
+        # A custom op not marked hashable cannot be cached; a changed library is a new key.
+        fingerprint = custom_ops.check_cacheable(source.proto, "cached")
+        key = cache_key(source.sha256, options, fingerprint)
         with cache.lock(key):
             path = cache.lookup(key)
             if path is not None:
@@ -116,7 +121,9 @@ def _compile(source: ModelSource, options: CompileOptions) -> Executable:
     upgraded, converted_to = upgrade_opset(source.proto, where)
     if converted_to is not None:
         where += f" (upgraded from opset {default_opset(source.proto)} to {converted_to})"
-    prepared = prepare(upgraded, options, where)
+    # Custom op nodes become kernel nodes onnxruntime can run (and optimise around).
+    lowered, custom_op_refs = custom_ops.lower(upgraded, where=where)
+    prepared = prepare(lowered, options, where)
     rebatched = rebatch(prepared, options.batch_size, options.batch_dim, where)
     outputs = check_outputs(prepared, rebatched, options.batch_size, options.batch_dim, where)
     check_updates(dict(options.variable_updates), prepared.variables, outputs, where)
@@ -137,7 +144,15 @@ def _compile(source: ModelSource, options: CompileOptions) -> Executable:
             "producer": source.proto.producer_name or "",
         }
         exe = lower(
-            optimized, prepared, rebatched.proto, outputs, options, source.name, extra, where
+            optimized,
+            prepared,
+            rebatched.proto,
+            outputs,
+            options,
+            source.name,
+            extra,
+            where,
+            custom_op_refs,
         )
     return exe
 

@@ -26,6 +26,7 @@ from model_runtime.executable.model import (
     Anchor,
     AnchorRole,
     AnchorType,
+    CustomOpRef,
     ExecutableMetadata,
     Program,
     ProgramFlow,
@@ -99,6 +100,7 @@ def lower(
     model_name: str,
     extra_options: Mapping[str, str],
     where: str,
+    custom_op_refs: tuple[CustomOpRef, ...] = (),
 ) -> Executable:
     """Lift weights out of the optimised graph and seal the executable.
 
@@ -197,6 +199,7 @@ def lower(
         device_iterations=options.device_iterations,
         replication_factor=options.replication_factor,
         output_to_variable=dict(options.variable_updates),
+        custom_ops=custom_op_refs,
         options=dict(extra_options),
     )
     return Executable.build(metadata, tensors)

@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from model_runtime import custom_ops
 from model_runtime.compiler.graph import approx_bytes
 
 __all__ = ["GRAPH_LEVELS", "make_session", "random_array"]
@@ -27,13 +28,19 @@ GRAPH_LEVELS: dict[str, Any] = {
 _INLINE_LIMIT = 1 << 30
 
 
-def session_options(level: str = "basic") -> ort.SessionOptions:
-    """Quiet session options at a named graph optimisation level."""
+def session_options(level: str = "basic", *, enable_custom_ops: bool = True) -> ort.SessionOptions:
+    """Quiet session options at a named graph optimisation level, custom op kernels enabled.
+
+    Raises:
+        CustomOpError: custom op kernels are installed but onnxruntime-extensions is missing.
+    """
     so = ort.SessionOptions()
     so.graph_optimization_level = GRAPH_LEVELS[level]
     # Failures come back as exceptions, translated with context; onnxruntime's own log lines
     # (unused initializers, kernel errors) would only repeat them on stderr.
     so.log_severity_level = 4
+    if enable_custom_ops:
+        custom_ops.enable(so)  # kernels of custom ops lowered by this compile
     return so
 
 
@@ -79,4 +86,5 @@ def run(session: ort.InferenceSession, feeds: Mapping[str, np.ndarray]) -> dict[
     """Run ``session`` and return its outputs by name."""
     names = [o.name for o in session.get_outputs()]
     values = session.run(names, dict(feeds))
+    custom_ops.raise_pending()  # a custom op kernel failure surfaces here, not as garbage
     return {n: np.asarray(v) for n, v in zip(names, values, strict=True)}

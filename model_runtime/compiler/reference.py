@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from model_runtime import custom_ops
 from model_runtime.compiler.ort import first_line, random_array, session_options
 from model_runtime.errors import ApplicationRuntimeError, InputValidationError
 from model_runtime.executable.container import Executable
@@ -38,9 +39,11 @@ def _session(exe: Executable) -> ort.InferenceSession:
         raise ApplicationRuntimeError(
             f"{exe.metadata.model_name}: the reference runner needs exactly one main program"
         )
+    so = session_options("all", enable_custom_ops=False)  # registering twice fails
+    custom_ops.prepare_session(so, exe)  # install the kernels of its custom ops, if any
     try:
         session = ort.InferenceSession(
-            exe.program_payload(main[0]), session_options("all"), providers=["CPUExecutionProvider"]
+            exe.program_payload(main[0]), so, providers=["CPUExecutionProvider"]
         )
     except Exception as exc:
         raise ApplicationRuntimeError(
@@ -98,7 +101,9 @@ def run_reference(
     Raises:
         InputValidationError: an input or variable is missing, unknown, or of the wrong
             shape or dtype.
-        ApplicationRuntimeError: onnxruntime cannot load or run the main program.
+        ApplicationRuntimeError: onnxruntime cannot load or run the main program, or a custom
+            op kernel failed.
+        CustomOpError: a custom op library the executable uses is not allowed or has changed.
     """
     m = exe.metadata
     model = f"model {m.model_name!r}"
@@ -124,9 +129,11 @@ def run_reference(
     try:
         values = session.run([a.handle for a in outputs], feeds)
     except Exception as exc:
+        custom_ops.check_run(model)  # the kernel's own error says more than onnxruntime's
         raise ApplicationRuntimeError(
             f"{model}: the main program failed: {first_line(exc)}"
         ) from exc
+    custom_ops.check_run(model)
     return {a.name: np.asarray(v) for a, v in zip(outputs, values, strict=True)}
 
 

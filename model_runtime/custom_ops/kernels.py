@@ -1,13 +1,19 @@
 """Custom op kernels inside onnxruntime, through onnxruntime-extensions' Python ops (PyOp).
 
-A lowered custom node is ``ai.onnx.contrib::MRCustomOp_<input dtypes>__<output dtypes>`` with
-one string attribute, ``mr_spec``: a JSON document naming the library, the op, the node's
-attributes and declared tensor infos. Each signature is registered with onnxruntime-extensions
-once per process (registering an op type twice breaks every later session); one dispatcher
-serves every kernel of a signature, looking its kernel up by ``mr_spec`` in a process table that
-:func:`install` fills (the compiler while lowering, the device at load).
+A lowered custom node is ``ai.onnx.contrib::MRCustomOp_<dtype>_<inputs>x<outputs>`` with one
+string attribute, ``mr_spec``: a JSON document naming the library, the op, the node's
+attributes and declared tensor infos. One dispatcher serves every kernel, looking it up by
+``mr_spec`` in a process table that :func:`install` fills (the compiler while lowering, the
+device at load).
 
-Two properties of onnxruntime-extensions 0.15 shape this module:
+Three properties of onnxruntime-extensions 0.15 shape this module:
+
+* registering a Python op type after a session using the library was created makes destroying
+  that session segfault (reproduced outside this project: register op A, create a session,
+  register op B, drop the first session). So the op types form a fixed set (one dtype per
+  kernel, up to :data:`MAX_INPUTS` inputs and :data:`MAX_OUTPUTS` outputs), all registered at
+  once before our first session, and no op type is ever registered twice (that breaks every
+  later session). Do not register other Python ops with onnxruntime-extensions in-process.
 
 * an exception escaping a Python op *aborts the process* (``std::terminate``). The dispatcher
   therefore never lets one escape: it records a :class:`CustomOpError` in the running thread,
@@ -46,22 +52,17 @@ __all__ = [
 DOMAIN = "ai.onnx.contrib"
 OP_PREFIX = "MRCustomOp_"
 SPEC_ATTR = "mr_spec"
+_ENABLED_KEY = "model_runtime.custom_ops.enabled"
 
-#: numpy dtype name -> (op type code, PyCustomOpDef attribute)
+#: dtypes kernels take and return (numpy name -> (op type code, PyCustomOpDef attribute)).
 _DTYPES: dict[str, tuple[str, str]] = {
     "float32": ("f32", "dt_float"),
     "float64": ("f64", "dt_double"),
-    "float16": ("f16", "dt_float16"),
-    "int8": ("i8", "dt_int8"),
-    "int16": ("i16", "dt_int16"),
     "int32": ("i32", "dt_int32"),
     "int64": ("i64", "dt_int64"),
-    "uint8": ("u8", "dt_uint8"),
-    "uint16": ("u16", "dt_uint16"),
-    "uint32": ("u32", "dt_uint32"),
-    "uint64": ("u64", "dt_uint64"),
-    "bool": ("b", "dt_bool"),
 }
+MAX_INPUTS = 8
+MAX_OUTPUTS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,53 +95,57 @@ def _extensions() -> Any:
 def op_type_for(inputs: Sequence[np.dtype[Any]], outputs: Sequence[np.dtype[Any]]) -> str:
     """The lowered node's op type for these input and output dtypes.
 
+    Kernels take and return tensors of one dtype (float32, float64, int32 or int64), 1 to
+    :data:`MAX_INPUTS` inputs and 1 to :data:`MAX_OUTPUTS` outputs: the set of op types is fixed
+    and registered at once, before any session exists (see the module docstring).
+
     Raises:
-        CustomOpError: a dtype custom op kernels cannot carry.
+        CustomOpError: another dtype, mixed dtypes, or too many inputs or outputs.
     """
-
-    def codes(dtypes: Sequence[np.dtype[Any]]) -> str:
-        out = []
-        for dt in dtypes:
-            entry = _DTYPES.get(np.dtype(dt).name)
-            if entry is None:
-                raise CustomOpError(
-                    f"custom op kernels cannot carry dtype {np.dtype(dt).name} "
-                    f"(supported: {', '.join(_DTYPES)})"
-                )
-            out.append(entry[0])
-        return "-".join(out)
-
-    return f"{OP_PREFIX}{codes(inputs)}__{codes(outputs)}"
+    names = sorted({np.dtype(d).name for d in (*inputs, *outputs)})
+    if len(names) != 1 or names[0] not in _DTYPES:
+        raise CustomOpError(
+            f"custom op kernels take and return tensors of one dtype ({', '.join(_DTYPES)}), "
+            f"got {names}; cast the tensors in the graph around the op"
+        )
+    if not 1 <= len(inputs) <= MAX_INPUTS or not 1 <= len(outputs) <= MAX_OUTPUTS:
+        raise CustomOpError(
+            f"custom op kernels take 1-{MAX_INPUTS} inputs and return 1-{MAX_OUTPUTS} outputs, "
+            f"got {len(inputs)} and {len(outputs)}"
+        )
+    return f"{OP_PREFIX}{_DTYPES[names[0]][0]}_{len(inputs)}x{len(outputs)}"
 
 
-def _register_signature(op_type: str) -> None:
+def _register_all() -> None:
     global _hook_installed
-    if op_type in _signatures:
+    if _hook_installed:
         return
     ortx = _extensions()
-    by_code = {code: attr for code, attr in _DTYPES.values()}
-    ins, outs = op_type[len(OP_PREFIX) :].split("__")
     pydef = ortx.PyCustomOpDef
-    opdef = ortx.onnx_op(
-        op_type=op_type,
-        inputs=[getattr(pydef, by_code[c]) for c in ins.split("-") if c],
-        outputs=[getattr(pydef, by_code[c]) for c in outs.split("-") if c],
-        attrs={SPEC_ATTR: pydef.dt_string},
-    )(_unreachable)
-    _signatures[op_type] = opdef._id
-    _our_ids.add(opdef._id)
-    if not _hook_installed:
-        from onnxruntime_extensions import _ocos
+    for code, attr in _DTYPES.values():
+        dt = getattr(pydef, attr)
+        for n_in in range(1, MAX_INPUTS + 1):
+            for n_out in range(1, MAX_OUTPUTS + 1):
+                op_type = f"{OP_PREFIX}{code}_{n_in}x{n_out}"
+                opdef = ortx.onnx_op(
+                    op_type=op_type,
+                    inputs=[dt] * n_in,
+                    outputs=[dt] * n_out,
+                    attrs={SPEC_ATTR: pydef.dt_string},
+                )(_unreachable)
+                _signatures[op_type] = opdef._id
+                _our_ids.add(opdef._id)
+    from onnxruntime_extensions import _ocos
 
-        stock = _ocos._on_pyop_invocation
+    stock = _ocos._on_pyop_invocation
 
-        def hook(k_id: int, feed: list[Any], attributes: dict[str, Any]) -> tuple[Any, ...]:
-            if k_id not in _our_ids:
-                return stock(k_id, feed, attributes)  # type: ignore[no-any-return]
-            return _dispatch(k_id, feed, attributes)
+    def hook(k_id: int, feed: list[Any], attributes: dict[str, Any]) -> tuple[Any, ...]:
+        if k_id not in _our_ids:
+            return stock(k_id, feed, attributes)  # type: ignore[no-any-return]
+        return _dispatch(k_id, feed, attributes)
 
-        pydef.install_hooker(hook)
-        _hook_installed = True
+    pydef.install_hooker(hook)
+    _hook_installed = True
 
 
 def _unreachable(*args: Any, **kwargs: Any) -> Any:  # pragma: no cover - our hook dispatches
@@ -153,9 +158,20 @@ def install(spec: str, loaded: LoadedKernel, op_type: str) -> None:
     Raises:
         CustomOpError: onnxruntime-extensions is missing.
     """
+    if op_type not in _all_op_types():
+        raise CustomOpError(f"unknown custom op kernel type {op_type!r}; recompile the model")
     with _lock:
-        _register_signature(op_type)
+        _register_all()
         _kernels[spec] = loaded
+
+
+def _all_op_types() -> frozenset[str]:
+    return frozenset(
+        f"{OP_PREFIX}{code}_{i}x{o}"
+        for code, _ in _DTYPES.values()
+        for i in range(1, MAX_INPUTS + 1)
+        for o in range(1, MAX_OUTPUTS + 1)
+    )
 
 
 def is_installed(spec: str) -> bool:
@@ -165,13 +181,21 @@ def is_installed(spec: str) -> bool:
 
 def enable(session_options: Any) -> None:
     """Register the Python-op library with an onnxruntime ``SessionOptions`` (call before the
-    session is created). A no-op when no custom op kernel was ever installed in this process.
+    session is created). A no-op when no custom op kernel was ever installed in this process,
+    or when these options already have it.
 
     Raises:
         CustomOpError: onnxruntime-extensions is missing.
     """
-    if _signatures:
-        session_options.register_custom_ops_library(_extensions().get_library_path())
+    if not _signatures:
+        return
+    try:  # idempotent: onnxruntime refuses the same library twice on one SessionOptions
+        session_options.get_session_config_entry(_ENABLED_KEY)
+        return
+    except RuntimeError:
+        pass
+    session_options.register_custom_ops_library(_extensions().get_library_path())
+    session_options.add_session_config_entry(_ENABLED_KEY, "1")
 
 
 def raise_pending() -> None:

@@ -169,8 +169,10 @@ class InferenceServer:
                     raise
                 resp = _error(exc.status, exc.reason if exc.text is None else exc.text)
             except Exception as exc:
-                status, _ = _status_of(exc)
-                if status >= 500:
+                status, reason = _status_of(exc)
+                if reason == "internal":
+                    log.exception("request_failed", path=request.path, status=status)
+                elif status >= 500:
                     log.warning("request_failed", path=request.path, status=status, error=str(exc))
                 resp = _error(status, str(exc) or type(exc).__name__)
             resp.headers["X-Request-ID"] = rid
@@ -244,18 +246,20 @@ class InferenceServer:
 
     async def infer(self, request: web.Request) -> web.Response:
         """``POST /v2/models/{name}/infer``: JSON and binary tensors in, the same out."""
-        if self.draining:
-            raise HTTPError(503, "the server is draining", "draining")
         entry = self._entry(request)
         runner = entry.runner
-        if runner is None or entry.state is not ModelState.READY:
-            raise HTTPError(503, f"model {entry.name!r} is {entry.state.value}", "not_ready")
+        refusal: HTTPError | None = None
         size = request.content_length
-        if size is not None and size > self.options.max_body_size:
-            self.metrics.observe(entry.name, "too_large", 0.0, 0)
-            raise HTTPError(
-                413, f"body of {size} bytes exceeds {self.options.max_body_size}", "too_large"
-            )
+        if self.draining:
+            refusal = HTTPError(503, "the server is draining", "draining")
+        elif runner is None or entry.state is not ModelState.READY:
+            refusal = HTTPError(503, f"model {entry.name!r} is {entry.state.value}", "not_ready")
+        elif size is not None and size > self.options.max_body_size:
+            limit = self.options.max_body_size
+            refusal = HTTPError(413, f"body of {size} bytes exceeds {limit}", "too_large")
+        if refusal is not None:
+            self.metrics.observe(entry.name, refusal.reason, 0.0, 0)
+            raise refusal
         self._enter(entry.name)
         t0 = time.perf_counter()
         reason: str | None = "internal"

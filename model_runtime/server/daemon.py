@@ -174,7 +174,7 @@ async def _load_until_stopped(
         for name in names:
             try:
                 await repo.load(name)
-            except ModelRuntimeError as exc:
+            except (ModelRuntimeError, OSError) as exc:
                 log.error("startup_load_failed", model=name, error=str(exc))
                 status = 1
                 break

@@ -24,7 +24,11 @@ import numpy as np
 import structlog
 
 from actors.session.state import ReplicaStatus
-from model_runtime.errors import InputValidationError, ModelRuntimeError
+from model_runtime.errors import (
+    InputValidationError,
+    InvalidExecutableError,
+    ModelRuntimeError,
+)
 from model_runtime.io import DataDesc
 from model_runtime.runner_config import ModelRunnerConfig
 from model_runtime.server.codec import TensorSpec
@@ -186,7 +190,11 @@ def _specs(descs: Sequence[DataDesc], axis: int) -> tuple[TensorSpec, ...]:
         shape = list(d.shape)
         if 0 <= axis < len(shape):
             shape[axis] = -1
-        out.append(TensorSpec(d.name, datatype_of(d.dtype), tuple(shape)))
+        try:
+            datatype = datatype_of(d.dtype)
+        except ValueError as exc:
+            raise InvalidExecutableError(f"tensor {d.name!r}: {exc}") from None
+        out.append(TensorSpec(d.name, datatype, tuple(shape)))
     return tuple(out)
 
 

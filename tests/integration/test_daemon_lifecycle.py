@@ -52,6 +52,29 @@ def test_readiness_goes_false_when_every_replica_failed(tmp_path: Path) -> None:
         assert d.get("/v2/health/live")[0] == 200  # alive, but says it cannot serve
 
 
+def test_one_failed_replica_of_two_keeps_the_model_ready(tmp_path: Path) -> None:
+    pixels, logits = samples()
+    args = ("--replicas", "2", "--fault-plan", "fatal:at=1:replica=0", "--no-auto-reset")
+    with running(tmp_path, *args) as d:
+        statuses = [
+            d.post(f"/v2/models/{MODEL}/infer", infer_doc(pixels[i : i + 1]))[0] for i in range(6)
+        ]
+        assert statuses.count(200) >= 4 and set(statuses) <= {200, 500, 503}, statuses
+        wait_for(
+            lambda: f'model="{MODEL}",replica="0",state="failed"}} 1.0' in d.get("/metrics")[1],
+            10,
+            "replica 0 to be reported failed",
+        )
+        text = d.get("/metrics")[1]
+        assert f'model="{MODEL}",replica="1",state="ready"}} 1.0' in text
+        assert d.get("/v2/health/ready")[0] == 200
+        assert d.get(f"/v2/models/{MODEL}/ready")[0] == 200
+        status, out = d.post(f"/v2/models/{MODEL}/infer", infer_doc(pixels[:3]))
+        assert status == 200
+        got = np.array(out["outputs"][0]["data"], np.float32).reshape(3, 10)
+        np.testing.assert_allclose(got, logits[:3], atol=1e-4)
+
+
 async def test_readiness_flips_during_a_hang_reset(tmp_path: Path) -> None:
     """Run 2 hangs; the watchdog resets the device; the model goes not-ready for the reset
     (logged and counted, however short: a device reset here takes about a millisecond, too

@@ -258,3 +258,31 @@ def test_old_opset_is_upgraded_for_onnxruntime() -> None:
 
 def test_compile_error_is_a_model_runtime_error() -> None:
     assert issubclass(CompileError, ModelRuntimeError)
+
+
+def test_expression_custom_op_is_lowered_recorded_and_runs() -> None:
+    from model_runtime import custom_ops
+    from model_runtime.custom_ops import expression
+
+    node = custom_ops.codelet_expression_op(lambda x, y, z: x * x + y * z, "a", "b", "c")
+    dims = [2, 7]
+    graph = onnx.helper.make_graph(
+        [node],
+        "expr",
+        [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, dims) for n in "abc"],
+        [onnx.helper.make_tensor_value_info(node.output[0], onnx.TensorProto.FLOAT, dims)],
+    )
+    model = onnx.helper.make_model(
+        graph,
+        opset_imports=[
+            onnx.helper.make_opsetid("", 13),
+            onnx.helper.make_opsetid(expression.LIBRARY, 1),
+        ],
+    )
+    model.ir_version = 8
+    exe = compile_executable(model, CompileOptions(batch_size=2))
+    assert [r.library for r in exe.metadata.custom_ops] == [expression.LIBRARY]
+    rng = np.random.default_rng(0)
+    a, b, c = (rng.standard_normal(dims).astype(np.float32) for _ in range(3))
+    out = run_reference(exe, {"a": a, "b": b, "c": c})
+    np.testing.assert_allclose(out[node.output[0]], a * a + b * c, rtol=1e-6)

@@ -290,6 +290,9 @@ async def test_drain_refuses_new_and_finishes_inflight(tmp_path: Path) -> None:
         fake.gate.set()
         assert (await inflight).status == 200
         assert await drained
+        text = await (await client.get("/metrics")).text()
+        assert 'outcome="failure",reason="draining"} 1.0' in text
+        assert "model_runtime_draining 1.0" in text
 
 
 async def test_client_disconnect_cancels_the_request(tmp_path: Path) -> None:

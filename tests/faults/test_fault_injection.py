@@ -1,0 +1,138 @@
+"""The fault-injection suite: device faults under sustained concurrent load, nothing lost.
+
+Every scenario drives 2 replicas with hundreds of concurrent callers of mixed request sizes
+while the fault plan makes the devices fail, and checks what a user would notice: every request
+answered exactly once, every successful answer equal to the reference, no failures where
+recovery is promised, no hang, and threads back to baseline afterwards.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from model_runtime.runner import ModelRunnerConfig
+from tests.faults.harness import WIDTH, Outcome, drive
+from tests.integration.runner_support import Reference, compile_to
+from tests.models import make_mlp
+
+pytestmark = pytest.mark.timeout(150)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Reference]:
+    onnx_model = make_mlp(sizes=(WIDTH, 48, 10), seed=5)
+    path = compile_to(onnx_model, tmp_path_factory.mktemp("faults"), batch_size=4)
+    return path, Reference(onnx_model)
+
+
+def config(plan: str, **overrides: object) -> ModelRunnerConfig:
+    base: dict[str, object] = {
+        "replication_factor": 2,
+        "batching_dim": 0,
+        "timeout": 0.0005,
+        "auto_reset": True,
+        "fault_plan": plan,
+        "max_retries": 3,
+        "reset_intensity": 10_000,
+    }
+    base.update(overrides)
+    return ModelRunnerConfig(**base)  # type: ignore[arg-type]
+
+
+def assert_nothing_lost(out: Outcome) -> None:
+    assert out.lost == 0, f"{out.lost} of {out.sent} requests never answered"
+    assert out.wrong == 0, f"{out.wrong} answers differ from the reference"
+    assert out.answered + out.cancelled == out.sent
+    assert out.threads_after <= out.threads_before + 1, "worker threads leaked"
+
+
+RECOVERED = [
+    "recoverable:every=10",
+    "recoverable:every=50",
+    "app_error:every=10",
+    "app_error:every=50",
+    "app_error:p=0.05",
+    "slow:every=10:seconds=0.01",
+    "crash:every=25",
+    "crash:every=60",
+]
+
+
+@pytest.mark.parametrize("plan", RECOVERED)
+async def test_recoverable_faults_with_auto_reset_fail_nobody(
+    model: tuple[Path, Reference], plan: str
+) -> None:
+    path, ref = model
+    out = await drive(path, ref, config(plan))
+    assert_nothing_lost(out)
+    assert out.failed == 0, f"failed requests: {dict(out.errors)}"
+    assert out.ok == out.sent
+    assert out.faults > 0 or plan.startswith("slow"), "the plan never fired"
+
+
+@pytest.mark.parametrize("plan", ["hang:every=40", "hang:at=5;hang:at=30"])
+async def test_hangs_are_detected_reset_and_retried(
+    model: tuple[Path, Reference], plan: str
+) -> None:
+    path, ref = model
+    out = await drive(path, ref, config(plan, execution_timeout=0.5), callers=100)
+    assert_nothing_lost(out)
+    assert out.failed == 0, f"failed requests: {dict(out.errors)}"
+    assert out.resets > 0
+
+
+async def test_without_auto_reset_errors_reach_their_callers_only(
+    model: tuple[Path, Reference],
+) -> None:
+    path, ref = model
+    out = await drive(path, ref, config("app_error:every=10", auto_reset=False))
+    assert_nothing_lost(out)
+    assert set(out.errors) == {"ApplicationRuntimeError"}
+    assert 0 < out.failed < out.sent // 4
+    assert out.resets == 0
+
+
+async def test_recovery_actions_other_than_ipu_reset_are_raised_not_reset(
+    model: tuple[Path, Reference],
+) -> None:
+    path, ref = model
+    out = await drive(path, ref, config("recoverable:every=10:action=LINK_RESET"))
+    assert_nothing_lost(out)
+    assert set(out.errors) == {"RecoverableRuntimeError"}
+    assert out.resets == 0
+
+
+async def test_a_fatal_fault_on_one_replica_moves_its_work_to_the_other(
+    model: tuple[Path, Reference],
+) -> None:
+    path, ref = model
+    out = await drive(path, ref, config("fatal:at=3:replica=1"))
+    assert_nothing_lost(out)
+    assert out.failed == 0, f"failed requests: {dict(out.errors)}"
+    assert out.statuses == ["ready", "failed"], "replica 1 out of service, replica 0 serving"
+    assert out.faults >= 1
+
+
+async def test_cancellations_and_deadlines_never_stall_the_batcher(
+    model: tuple[Path, Reference],
+) -> None:
+    path, ref = model
+    out = await drive(path, ref, config("app_error:every=15"), cancel_rate=0.2, deadline_rate=0.1)
+    assert_nothing_lost(out)
+    assert out.cancelled > 0
+    assert set(out.errors) <= {"ExecutionTimeoutError"}
+
+
+@pytest.mark.long
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize(
+    "plan",
+    ["recoverable:every=7;app_error:p=0.01;crash:every=97;slow:every=13:seconds=0.005"],
+)
+async def test_soak(model: tuple[Path, Reference], plan: str) -> None:
+    path, ref = model
+    out = await drive(path, ref, config(plan, execution_timeout=1.0), callers=400, per_caller=50)
+    assert_nothing_lost(out)
+    assert out.failed == 0, f"failed requests: {dict(out.errors)}"
