@@ -26,12 +26,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from actors.device.backends import make_backend  # noqa: E402
-from actors.device.inventory import DeviceSpec  # noqa: E402
-from model_runtime.compiler import CompileOptions, compile_model  # noqa: E402
-from model_runtime.executable import Executable  # noqa: E402
-from model_runtime.runner import ModelRunner, ModelRunnerConfig  # noqa: E402
-from tests.models import light_model, make_mlp  # noqa: E402
+from actors.device.backends import make_backend
+from actors.device.inventory import DeviceSpec
+from model_runtime.compiler import CompileOptions, compile_model
+from model_runtime.executable import Executable
+from model_runtime.runner import ModelRunner, ModelRunnerConfig
+from tests.models import light_model, make_mlp
 
 RESULTS = Path(__file__).parent / "results" / "runner_throughput.json"
 
@@ -43,9 +43,7 @@ def raw_backend(exe: Executable, seconds: float, threads: int) -> dict[str, floa
     backend.run_load()
     meta = exe.metadata
     rng = np.random.default_rng(0)
-    batch = {
-        a.name: rng.standard_normal(a.shape).astype(a.dtype) for a in meta.user_inputs
-    }
+    batch = {a.name: rng.standard_normal(a.shape).astype(a.dtype) for a in meta.user_inputs}
     batches = (batch,) * meta.device_iterations
     for _ in range(5):
         backend.run_main(batches)

@@ -1,4 +1,4 @@
-"""The ``model-runtime`` command: compile, inspect and run executables; serve (demo for now).
+"""The ``model-runtime`` command: compile, inspect and run executables; serve them (daemon).
 
 Errors the runtime raises on purpose print ``error: <message>`` and exit 2, never a traceback.
 """
@@ -81,8 +81,13 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("file")
     r.add_argument("--seed", type=int, default=0)
 
-    s = sub.add_parser("serve", help="serve models (for now: an end-to-end demo)")
-    s.add_argument("--batch-size", type=int, default=4)
+    from model_runtime.server import add_serve_arguments  # options only: no aiohttp import
+
+    s = sub.add_parser("serve", help="serve models over the Open Inference Protocol v2 (HTTP)")
+    add_serve_arguments(s)
+
+    d = sub.add_parser("demo", help="compile the demo model and run one batch (no server)")
+    d.add_argument("--batch-size", type=int, default=4)
     return parser
 
 
@@ -153,10 +158,16 @@ def _demo_model() -> Path:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from model_runtime.server import serve_main
+
+    return serve_main(args)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
     from model_runtime.compiler import CompileOptions, compile_model, random_inputs, run_reference
     from model_runtime.executable import Executable
 
-    # Until the daemon lands: the first end-to-end path, compile -> load -> run one batch.
+    # The first end-to-end path, without the actors: compile -> load -> run one batch.
     with tempfile.TemporaryDirectory(prefix="model-runtime-demo-") as tmp:
         model = _demo_model()
         print(f"demo: compiling {model.name} for batch size {args.batch_size}")
@@ -183,12 +194,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         SystemExit: from argparse on bad usage (status 2) or ``--help`` (status 0).
     """
     args = _parser().parse_args(argv)
-    _configure_logging()
+    if args.command != "serve":  # the daemon configures its own logging
+        _configure_logging()
     commands = {
         "compile": _cmd_compile,
         "inspect": _cmd_inspect,
         "run": _cmd_run,
         "serve": _cmd_serve,
+        "demo": _cmd_demo,
     }
     try:
         return commands[args.command](args)

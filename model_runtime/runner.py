@@ -133,7 +133,7 @@ class ModelRunner:
         meta = exe.metadata
         where = f"model {meta.model_name!r}"
         self._in_shapes = request_shapes(meta.user_inputs, cfg.batching_dim, where=where)
-        self._out_shapes = request_shapes(meta.user_outputs, cfg.batching_dim, where=where)
+        self._out_shapes = request_shapes(meta.execute_outputs, cfg.batching_dim, where=where)
         self._plan = (
             FaultPlan.parse(cfg.fault_plan) if isinstance(cfg.fault_plan, str) else cfg.fault_plan
         )
@@ -465,7 +465,7 @@ class ModelRunner:
 
     def get_execute_outputs(self) -> list[DataDesc]:
         """Outputs ``execute`` returns (one batch's shapes)."""
-        return [describe_anchor(a) for a in self._executable.metadata.user_outputs]
+        return [describe_anchor(a) for a in self._executable.metadata.execute_outputs]
 
     def get_model_inputs(self) -> list[DataDesc]:
         """Every input of the model: execute inputs plus weights and variables loaded once."""

@@ -74,7 +74,7 @@ class Layout:
         self.capacity = self.B * self.I
         dim = config.batching_dim
         self.inputs = tuple(_spec(a, self.B, dim) for a in metadata.user_inputs)
-        self.outputs = tuple(_spec(a, self.B, dim) for a in metadata.user_outputs)
+        self.outputs = tuple(_spec(a, self.B, dim) for a in metadata.execute_outputs)
         if not self.inputs:
             raise ConfigurationError(f"model {metadata.model_name!r} has no user input to queue")
         self.simple_inputs = all(s.axis == 0 for s in self.inputs)

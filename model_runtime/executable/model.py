@@ -197,6 +197,13 @@ class ExecutableMetadata:
         return self.anchors_with_role(AnchorRole.USER_OUTPUT)
 
     @property
+    def execute_outputs(self) -> tuple[Anchor, ...]:
+        """Outputs ``execute()`` returns: user outputs that do not update a variable (those
+        stay visible to the low-level API's anchor callbacks)."""
+        updates = self.output_to_variable
+        return tuple(a for a in self.user_outputs if a.name not in updates)
+
+    @property
     def weights(self) -> tuple[Anchor, ...]:
         return self.anchors_with_role(AnchorRole.WEIGHT)
 

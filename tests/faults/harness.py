@@ -116,7 +116,7 @@ async def drive(
     assert all(a <= 1 for a in answered), "a request was answered twice"
     # Worker threads exit right after their last job; give them a bounded moment.
     with anyio.move_on_after(5):
-        while threading.active_count() > out.threads_before:
+        while threading.active_count() > out.threads_before:  # noqa: ASYNC110 - threads, not tasks
             await anyio.sleep(0.01)
     out.threads_after = threading.active_count()
     return out

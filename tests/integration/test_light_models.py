@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +19,6 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from model_runtime.compiler import (
     CompileOptions,
     compile_executable,

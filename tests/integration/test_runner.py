@@ -245,7 +245,10 @@ async def test_state_persists_and_save_programs_return_it(tmp_path: Path) -> Non
     config = ModelRunnerConfig(run_save_programs=True)
     x = np.zeros((2, 4), np.float32)
     async with ModelRunner(path, config) as runner:
-        seen = [float((await within(runner.execute({"x": x})))["y"][0, 0]) for _ in range(3)]
+        assert [d.name for d in runner.get_execute_outputs()] == ["y"]
+        results = [await within(runner.execute({"x": x})) for _ in range(3)]
+        seen = [float(r["y"][0, 0]) for r in results]
+        assert all(set(r) == {"y"} for r in results), "variable updates are not outputs"
     assert seen == [0.0, 1.0, 2.0], "the variable lives on the device between runs"
     assert config.replica_to_save_programs_outputs[0]["count"].tolist() == [3.0]
 

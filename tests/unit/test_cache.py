@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from model_runtime.compiler import CompileOptions, cache_key, compile_model
 from model_runtime.compiler.source import load_source
 from model_runtime.errors import ConfigurationError

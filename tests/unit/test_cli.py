@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import structlog
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from model_runtime.cli import main
 from model_runtime.executable import Executable
 from tests.models import make_add_double, make_counter, save
@@ -101,8 +100,8 @@ def test_usage_error_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert info.value.code == 2
 
 
-def test_serve_runs_the_demo_end_to_end(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["serve", "--batch-size", "2"]) == 0
+def test_demo_runs_end_to_end(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--batch-size", "2"]) == 0
     out = capsys.readouterr().out
     assert "demo: compiling" in out
     assert "predictions [" in out and "for 2 samples" in out

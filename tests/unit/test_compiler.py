@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +10,6 @@ import onnxruntime as ort
 import pytest
 
 # tests/models.py is shared by unit and integration tests; the repo root makes it importable.
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from model_runtime.compiler import (
     CompileOptions,
     compile_executable,
