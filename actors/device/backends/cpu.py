@@ -46,6 +46,7 @@ class CpuBackend:
     kind = "cpu"
 
     def __init__(self, spec: DeviceSpec) -> None:
+        self._custom_ops = False
         self.spec = spec
         self._exe: Executable | None = None
         self._frozen: dict[str, np.ndarray] = {}
@@ -100,6 +101,12 @@ class CpuBackend:
         opts.inter_op_num_threads = 1
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.log_severity_level = 3
+        self._custom_ops = bool(m.custom_ops)
+        if self._custom_ops:
+            # Kernels come from the allow-listed libraries of this process, never the file.
+            from model_runtime.custom_ops import prepare_session
+
+            prepare_session(opts, executable)
         try:
             session = ort.InferenceSession(
                 executable.program_payload(mains[0]), opts, providers=["CPUExecutionProvider"]
@@ -203,9 +210,13 @@ class CpuBackend:
                 except Exception as exc:  # Fail, RuntimeException...: untyped in onnxruntime
                     if self._terminated:
                         raise RunAborted(f"{self.spec.describe()}: run aborted") from exc
+                    if self._custom_ops:  # a kernel's own failure says which op and why
+                        _check_custom_ops(self.spec.describe())
                     raise ApplicationRuntimeError(
                         f"{self.spec.describe()}: main program failed: {exc}"
                     ) from exc
+                if self._custom_ops:
+                    _check_custom_ops(self.spec.describe())
                 for index, handle, copy in self._updates:
                     value = result[index]
                     feed[handle] = value.copy() if copy else value
@@ -277,3 +288,10 @@ class CpuBackend:
         if self._exe is None:
             raise DeviceStateError(f"{self.spec.describe()}: no executable loaded")
         return self._exe
+
+
+def _check_custom_ops(device: str) -> None:
+    """Raise a custom op kernel's failure on this thread's last run, if there was one."""
+    from model_runtime.custom_ops import check_run
+
+    check_run(device)
