@@ -41,6 +41,7 @@ from actors.queues.messages import Drain, FailAll, GetStats
 from actors.queues.request import Request
 from actors.session.actor import SaveVariables, SessionActor, SessionPolicy
 from actors.session.state import ReplicaState, ReplicaStatus
+from actors.watchdog import Watchdog, WatchTarget
 from model_runtime.errors import (
     ExecutionTimeoutError,
     InputValidationError,
@@ -148,9 +149,10 @@ class ModelRunner:
                 else:
                     dev = await self._manager.get_device_for(exe, wait_config=wait)
                 self._devices.append(dev)
-            replicas = [self._replica_spec(r) for r in range(cfg.replication_factor)]
+            children = [self._replica_spec(r) for r in range(cfg.replication_factor)]
+            children.append(ChildSpec("watchdog", self._make_watchdog))
             self._supervisor = Supervisor(
-                "runner", replicas, strategy=Strategy.ONE_FOR_ONE, clock=self._clock
+                "runner", children, strategy=Strategy.ONE_FOR_ONE, clock=self._clock
             )
             self._tg = anyio.create_task_group()
             await self._tg.__aenter__()
@@ -240,6 +242,41 @@ class ModelRunner:
             return sup
 
         return ChildSpec(f"replica-{r}", make_replica, restart=Restart.TRANSIENT)
+
+    def _make_watchdog(self) -> Watchdog:
+        cfg = self.config
+        run_deadline = cfg.execution_timeout or 60.0
+        tries = cfg.max_retries + 1
+        stall_after = cfg.stall_timeout or (run_deadline + cfg.reset_timeout) * (tries + 1)
+        return Watchdog(
+            self._watch_targets,
+            interval=max(0.05, min(1.0, stall_after / 10)),
+            stall_after=stall_after,
+            clock=self._clock,
+        )
+
+    def _watch_targets(self) -> list[WatchTarget]:
+        targets = []
+        for r, state in enumerate(self._states):
+
+            def waiting(r: int = r) -> int:
+                # Read the queue at call time: a restarted queue is a new object.
+                return int(self._queues[r].ready.statistics().current_buffer_used)
+
+            async def restart(r: int = r) -> None:
+                try:
+                    await self._replica_supervisor(r).restart_child("session")
+                except ModelRuntimeError as exc:
+                    log.warning("session_restart_failed", replica=r, error=str(exc))
+
+            targets.append(
+                WatchTarget(
+                    state=state,
+                    waiting_batches=waiting,
+                    restart_session=restart,
+                )
+            )
+        return targets
 
     async def close(self) -> None:
         """Drain and stop: no new requests; finish everything in flight; run save programs

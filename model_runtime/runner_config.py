@@ -73,6 +73,9 @@ class ModelRunnerConfig:
     max_retries: int = 2
     #: Seconds a main-program run may take before it is treated as a hang; None = derived.
     execution_timeout: float | None = None
+    #: Seconds without a sign of life, while a batch waits for it, before the watchdog restarts a
+    #: replica's session; None = derived from the run and reset deadlines (a last resort).
+    stall_timeout: float | None = None
     #: Seconds to wait for a device reset (and for requests arriving during one).
     reset_timeout: float = 30.0
     #: Resets per replica allowed within ``reset_period`` before the replica is taken out.

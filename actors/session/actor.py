@@ -124,12 +124,16 @@ class SessionActor(Actor[object]):
     async def background(self) -> None:
         # A batch left in flight by a previous incarnation of this actor runs first: its
         # callers have not been answered yet.
-        leftover = self._state.inflight
+        state = self._state
+        state.heartbeat = self.clock.monotonic()
+        leftover = state.inflight
         if leftover is not None:
             await self._run(leftover)
         async for batch in self._ready:
-            self._state.inflight = batch
+            state.heartbeat = self.clock.monotonic()
+            state.inflight = batch
             await self._run(batch)
+            state.heartbeat = self.clock.monotonic()
 
     async def _run(self, batch: Batch) -> None:
         state = self._state

@@ -42,6 +42,9 @@ class ReplicaState:
     reset_times: deque[float] = field(default_factory=deque)
     #: Failed runs seen (any kind), and when the current unrecovered one happened.
     faults: int = 0
+    #: Last sign of life of the replica's session (clock time), read by the watchdog.
+    heartbeat: float = 0.0
+    stalls: int = 0
     fault_at: float | None = None
     #: Seconds from each fault to the next successful batch on this replica (bounded).
     recovery_times: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))

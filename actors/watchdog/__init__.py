@@ -1,0 +1,5 @@
+"""The Watchdog actor: heartbeats, stall detection and restarts."""
+
+from actors.watchdog.actor import Watchdog, WatchTarget
+
+__all__ = ["WatchTarget", "Watchdog"]

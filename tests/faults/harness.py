@@ -8,6 +8,7 @@ and lost (never answered within the bound).
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 from collections import Counter
@@ -39,6 +40,8 @@ class Outcome:
     statuses: list[str] = field(default_factory=list)
     threads_before: int = 0
     threads_after: int = 0
+    rss_before: int = 0
+    rss_after: int = 0
 
     @property
     def failed(self) -> int:
@@ -71,13 +74,16 @@ async def drive(
             plan.append((c, x.astype(np.float32)))
     expected = reference({"x": np.concatenate([x for _, x in plan])})["logits"]
     offsets = np.cumsum([0] + [len(x) for _, x in plan])
-    out = Outcome(sent=len(plan), threads_before=threading.active_count())
+    out = Outcome(sent=len(plan))
     answered = [0] * len(plan)
     by_caller: dict[int, list[int]] = {}
     for i, (c, _) in enumerate(plan):
         by_caller.setdefault(c, []).append(i)
 
     async with ModelRunner(path, config) as runner:
+        # Baseline once serving: every device's worker thread exists by now.
+        out.threads_before = threading.active_count()
+        out.rss_before = _rss()
 
         async def caller(indices: list[int]) -> None:
             for i in indices:
@@ -106,6 +112,13 @@ async def drive(
             async with anyio.create_task_group() as tg:
                 for indices in by_caller.values():
                     tg.start_soon(caller, indices)
+        # After every fault and recovery, still serving: worker threads replaced after a crash
+        # or a hang exit right after their last job; give them a bounded moment.
+        with anyio.move_on_after(5):
+            while threading.active_count() > out.threads_before:  # noqa: ASYNC110 - threads
+                await anyio.sleep(0.01)
+        out.threads_after = threading.active_count()
+        out.rss_after = _rss()
         for state in runner.replica_states():
             out.resets += state.resets
             out.retries += state.retries
@@ -114,9 +127,10 @@ async def drive(
         out.statuses = [s.value for s in runner.replica_status()]
     out.lost = sum(1 for a in answered if a == 0)
     assert all(a <= 1 for a in answered), "a request was answered twice"
-    # Worker threads exit right after their last job; give them a bounded moment.
-    with anyio.move_on_after(5):
-        while threading.active_count() > out.threads_before:  # noqa: ASYNC110 - threads, not tasks
-            await anyio.sleep(0.01)
-    out.threads_after = threading.active_count()
     return out
+
+
+def _rss() -> int:
+    """Resident set size in bytes (Linux)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

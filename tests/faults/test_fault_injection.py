@@ -45,7 +45,8 @@ def assert_nothing_lost(out: Outcome) -> None:
     assert out.lost == 0, f"{out.lost} of {out.sent} requests never answered"
     assert out.wrong == 0, f"{out.wrong} answers differ from the reference"
     assert out.answered + out.cancelled == out.sent
-    assert out.threads_after <= out.threads_before + 1, "worker threads leaked"
+    assert out.threads_after <= out.threads_before, "worker threads leaked"
+    assert out.rss_after - out.rss_before < 64 << 20, "memory grew by more than 64 MiB"
 
 
 RECOVERED = [
