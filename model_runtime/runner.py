@@ -47,6 +47,7 @@ from model_runtime.errors import (
     InputValidationError,
     ModelRuntimeError,
     RunnerStoppedError,
+    SupervisorEscalationError,
 )
 from model_runtime.executable import Executable
 from model_runtime.io import (
@@ -64,6 +65,21 @@ __all__ = ["ModelRunner", "ModelRunnerConfig"]
 
 log = structlog.get_logger(__name__)
 Source = str | os.PathLike[str] | Iterable[str | os.PathLike[str]] | Executable
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    """The first error in ``exc``'s cause chain that is not the supervision machinery's."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, ModelRuntimeError) and not isinstance(cur, SupervisorEscalationError):
+            return cur
+        if isinstance(cur, BaseExceptionGroup) and len(cur.exceptions) == 1:
+            cur = cur.exceptions[0]
+            continue
+        cur = cur.__cause__
+    return exc
 
 
 class ModelRunner:
@@ -157,11 +173,23 @@ class ModelRunner:
             self._tg = anyio.create_task_group()
             await self._tg.__aenter__()
             await self._tg.start(self._supervisor.run)
+        except SupervisorEscalationError as exc:
+            # A replica that cannot start (bad frozen input, a custom op library that is not
+            # allowed, ...) is reported as what it is, not as the supervisor giving up.
+            await self._abandon_start()
+            raise _root_cause(exc) from exc
         except BaseException:
-            await self._release_devices()
+            await self._abandon_start()
             raise
         self._accepting = True
         log.info("runner_started", model=meta.model_name, replicas=cfg.replication_factor)
+
+    async def _abandon_start(self) -> None:
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()
+            await self._tg.__aexit__(None, None, None)
+            self._tg = None
+        await self._release_devices()
 
     def _replica_spec(self, r: int) -> ChildSpec:
         exe = self._executable
@@ -212,7 +240,8 @@ class ModelRunner:
 
         def make_session() -> SessionActor:
             assert sup is not None
-            state.set_status(ReplicaStatus.READY)
+            if state.status is not ReplicaStatus.FAILED:  # out of service stays out
+                state.set_status(ReplicaStatus.READY)
             return SessionActor(
                 replica=r,
                 device=sup.ref("device"),
@@ -226,7 +255,8 @@ class ModelRunner:
 
         def make_replica() -> Supervisor:
             nonlocal sup
-            state.set_status(ReplicaStatus.STARTING)
+            if state.status is not ReplicaStatus.FAILED:
+                state.set_status(ReplicaStatus.STARTING)
             sup = Supervisor(
                 f"replica-{r}",
                 [

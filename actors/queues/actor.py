@@ -380,7 +380,8 @@ class Queue(Actor[QueueMessage]):
                 await self._ready_send.send(batch)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 self._undeliverable(batch)
-            self._backlog.popleft()
+            if self._backlog and self._backlog[0] is batch:  # evacuate() may have emptied it
+                self._backlog.popleft()
 
     def _undeliverable(self, batch: Batch) -> None:
         """Nobody reads ``ready`` any more: the batch's callers get an error, not silence."""
