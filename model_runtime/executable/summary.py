@@ -6,9 +6,11 @@ the same facts as plain-text tables for a terminal.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
+from model_runtime.executable.codec import metadata_to_json
 from model_runtime.executable.container import Executable
 
 __all__ = ["format_summary", "summarize"]
@@ -30,61 +32,15 @@ def summarize(exe: Executable) -> dict[str, Any]:
     m = exe.metadata
     payloads = {p.payload for p in m.programs if p.payload}
     tensors = {name: exe.tensor(name) for name in exe.tensor_names}
+    # The stored document is the base (one encoding of the metadata); sizes are added to it.
+    doc: dict[str, Any] = json.loads(metadata_to_json(m, include_hash=True))
+    for entry, a in zip(doc["anchors"], m.anchors, strict=True):
+        entry["size_bytes"] = a.tensor_info.size_in_bytes
+    for entry in doc["programs"]:
+        payload = entry["payload"]
+        entry["payload_bytes"] = int(tensors[payload].nbytes) if payload in tensors else None
     return {
-        "model_name": m.model_name,
-        "format_version": m.format_version,
-        "package_hash": m.package_hash,
-        "target": {
-            "device_kind": m.target.device_kind,
-            "num_devices": m.target.num_devices,
-            "version": m.target.version,
-            "tiles_per_ipu": m.target.tiles_per_ipu,
-        },
-        "batch_size": m.batch_size,
-        "device_iterations": m.device_iterations,
-        "replication_factor": m.replication_factor,
-        "anchors": [
-            {
-                "name": a.name,
-                "handle": a.handle,
-                "role": a.role.value,
-                "type": a.type.value,
-                "shape": list(a.shape),
-                "dtype": a.dtype.name,
-                "programs": list(a.programs),
-                "batch_dim": a.batch_dim,
-                "is_per_replica": a.is_per_replica,
-                "has_data": a.has_data,
-                "size_bytes": a.tensor_info.size_in_bytes,
-            }
-            for a in m.anchors
-        ],
-        "programs": [
-            {
-                "id": p.id,
-                "name": p.name,
-                "kind": p.kind.value,
-                "payload": p.payload,
-                "payload_bytes": int(tensors[p.payload].nbytes) if p.payload in tensors else None,
-            }
-            for p in m.programs
-        ],
-        "program_flow": {
-            "load": list(m.program_flow.load),
-            "main": list(m.program_flow.main),
-            "save": list(m.program_flow.save),
-        },
-        "output_to_variable": dict(m.output_to_variable),
-        "custom_ops": [
-            {
-                "library": c.library,
-                "op": c.op,
-                "library_hash": c.library_hash,
-                "is_hashable": c.is_hashable,
-            }
-            for c in m.custom_ops
-        ],
-        "options": dict(m.options),
+        **doc,
         "tensors": [
             {
                 "name": name,

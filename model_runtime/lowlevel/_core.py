@@ -3,6 +3,7 @@ data path between bindings and the Device actor (see :mod:`.session`)."""
 
 from __future__ import annotations
 
+import abc
 from typing import Any
 
 import anyio
@@ -23,7 +24,7 @@ from model_runtime.lowlevel.queues import InputQueue, OutputQueue
 __all__ = ["SessionCore"]
 
 
-class SessionCore:
+class SessionCore(abc.ABC):
     """State and device-side internals of :class:`~model_runtime.lowlevel.session.Session`."""
 
     _exe: Executable
@@ -43,10 +44,11 @@ class SessionCore:
     _buffers: dict[tuple[str, int], np.ndarray]
     _zeros: dict[str, np.ndarray]
 
+    @abc.abstractmethod
     def error_if_anchors_are_not_connected_to_callbacks(
         self, progs: tuple[int, ...] | None = None
     ) -> None:
-        raise NotImplementedError
+        """Defined by :class:`~model_runtime.lowlevel.session.Session` (the public API)."""
 
     # -- internals: state --------------------------------------------------------------------
 
