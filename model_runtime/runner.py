@@ -309,31 +309,46 @@ class ModelRunner:
         return targets
 
     async def close(self) -> None:
-        """Drain and stop: no new requests; finish everything in flight; run save programs
-        (``run_save_programs``); stop the actors; detach the devices. A second close is a no-op.
+        """Drain and stop: :meth:`stop` with the configured ``drain_timeout`` as the grace."""
+        await self.stop(self.config.drain_timeout)
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop taking requests, let those in flight finish for up to ``grace`` seconds (None:
+        as long as they take), answer what is left with :class:`RunnerStoppedError`, run the
+        save programs (``run_save_programs``), stop the actors and detach the devices.
+
+        Every request taken gets exactly one answer. A second call is a no-op.
+
+        Raises:
+            nothing: failures while stopping are logged; the devices are always released.
         """
         if self._closed:
             return
         self._closed = True
         self._accepting = False
         sup = self._supervisor
+        stopped = RunnerStoppedError("the runner stopped before this request completed")
         try:
             if sup is not None:
-                for r, state in enumerate(self._states):
-                    if state.status in (ReplicaStatus.READY, ReplicaStatus.RESETTING):
-                        await self._drain_replica(r)
-                with anyio.move_on_after(self.config.drain_timeout):
+                # Draining is part of the grace: a queue whose device hangs cannot drain.
+                with anyio.move_on_after(math.inf if grace is None else grace):
+                    for r, state in enumerate(self._states):
+                        if state.status in (ReplicaStatus.READY, ReplicaStatus.RESETTING):
+                            await self._drain_replica(r)
                     await self._wait_outstanding()
                 if self.config.run_save_programs:
                     await self._run_save_programs()
                 for r in range(len(self._states)):
-                    await self._fail_all(r, RunnerStoppedError("the runner stopped"))
+                    await self._fail_all(r, stopped)
                 await sup.stop()
         finally:
             if self._tg is not None:
                 self._tg.cancel_scope.cancel()
                 await self._tg.__aexit__(None, None, None)
                 self._tg = None
+            for future in list(self._outstanding):  # the last net: never silence
+                if not future.done():
+                    future.set_exception(stopped)
             for state in self._states:
                 state.set_status(ReplicaStatus.STOPPED)
             await self._release_devices()

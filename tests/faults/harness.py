@@ -12,6 +12,7 @@ import os
 import random
 import threading
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,6 +64,7 @@ async def drive(
     cancel_rate: float = 0.0,
     deadline_rate: float = 0.0,
     bound: float = 90.0,
+    side_task: Callable[[ModelRunner], Awaitable[None]] | None = None,
 ) -> Outcome:
     """Run ``callers`` concurrent callers of ``per_caller`` requests each and count outcomes."""
     rng = random.Random(seed)
@@ -109,9 +111,13 @@ async def drive(
                     answered[i] += 1
 
         with anyio.move_on_after(bound):
-            async with anyio.create_task_group() as tg:
-                for indices in by_caller.values():
-                    tg.start_soon(caller, indices)
+            async with anyio.create_task_group() as outer:
+                if side_task is not None:
+                    outer.start_soon(side_task, runner)
+                async with anyio.create_task_group() as tg:
+                    for indices in by_caller.values():
+                        tg.start_soon(caller, indices)
+                outer.cancel_scope.cancel()
         # After every fault and recovery, still serving: worker threads replaced after a crash
         # or a hang exit right after their last job; give them a bounded moment.
         with anyio.move_on_after(5):

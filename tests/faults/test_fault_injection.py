@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
+import numpy as np
 import pytest
 
-from model_runtime.runner import ModelRunnerConfig
+from model_runtime.errors import ModelRuntimeError
+from model_runtime.runner import ModelRunner, ModelRunnerConfig
 from tests.faults.harness import WIDTH, Outcome, drive
 from tests.integration.runner_support import Reference, compile_to
 from tests.models import make_mlp
@@ -33,7 +36,7 @@ def config(plan: str, **overrides: object) -> ModelRunnerConfig:
         "batching_dim": 0,
         "timeout": 0.0005,
         "auto_reset": True,
-        "fault_plan": plan,
+        "fault_plan": plan or None,
         "max_retries": 3,
         "reset_intensity": 10_000,
     }
@@ -137,3 +140,62 @@ async def test_soak(model: tuple[Path, Reference], plan: str) -> None:
     out = await drive(path, ref, config(plan, execution_timeout=1.0), callers=400, per_caller=50)
     assert_nothing_lost(out)
     assert out.failed == 0, f"failed requests: {dict(out.errors)}"
+
+
+async def test_shutdown_while_a_device_hangs_answers_everyone(
+    model: tuple[Path, Reference],
+) -> None:
+    """stop(grace) during a stuck run: every caller gets its result or RunnerStoppedError."""
+    path, _ = model
+    cfg = config("hang:at=3", execution_timeout=60.0, replication_factor=1)
+    answers: list[str] = []
+    runner = ModelRunner(path, cfg)
+    started, stop_now = anyio.Event(), anyio.Event()
+
+    async def host() -> None:  # the runner's life, start to stop, in one task
+        await runner.start()
+        started.set()
+        await stop_now.wait()
+        await runner.stop(grace=0.2)
+
+    async def caller(i: int) -> None:
+        try:
+            await runner.execute({"x": np.ones((1 + i % 5, WIDTH), np.float32)})
+            answers.append("ok")
+        except ModelRuntimeError as exc:
+            answers.append(type(exc).__name__)
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host)
+            await started.wait()
+            for i in range(60):
+                tg.start_soon(caller, i)
+            while runner.replica_states()[0].runs < 2:  # noqa: ASYNC110 - device progress
+                await anyio.sleep(0.01)
+            await anyio.wait_all_tasks_blocked()
+            stop_now.set()
+    assert len(answers) == 60, "every caller answered"
+    assert set(answers) <= {"ok", "RunnerStoppedError"}
+    assert "RunnerStoppedError" in answers, "the hung batch's callers were answered at stop"
+
+
+async def test_a_session_actor_killed_mid_load_loses_nothing(
+    model: tuple[Path, Reference],
+) -> None:
+    """The supervisor restarts a replica's session while batches are in flight; the new
+    session runs the batch the old one held, and every answer is still right."""
+    path, ref = model
+    kills = 0
+
+    async def killer(runner: ModelRunner) -> None:
+        nonlocal kills
+        while True:
+            await anyio.sleep(0.02)
+            await runner._replica_supervisor(kills % 2).restart_child("session")
+            kills += 1
+
+    out = await drive(path, ref, config(""), callers=200, side_task=killer)
+    assert_nothing_lost(out)
+    assert out.failed == 0, f"failed requests: {dict(out.errors)}"
+    assert kills > 3
