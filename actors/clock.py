@@ -10,6 +10,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Protocol
@@ -36,16 +37,17 @@ class Clock(Protocol):
 
 
 class SystemClock:
-    """The real monotonic clock (anyio's, i.e. the event loop's)."""
+    """The real monotonic clock. ``time.monotonic`` directly: it is what asyncio's loop reads,
+    and anyio's ``current_time()`` costs ~4 µs of backend lookup on every request."""
 
-    def monotonic(self) -> float:
-        return anyio.current_time()
+    monotonic = staticmethod(time.monotonic)
 
     async def sleep(self, seconds: float) -> None:
         await anyio.sleep(max(0.0, seconds))
 
     async def sleep_until(self, deadline: float) -> None:
-        await anyio.sleep_until(deadline)
+        # Relative to the same clock as monotonic() (uvloop's loop time is a cached copy).
+        await anyio.sleep(max(0.0, deadline - time.monotonic()))
 
 
 class FakeClock:

@@ -502,30 +502,35 @@ class ModelRunner:
 
     def _pick_replica(self, replica_id: int | None) -> int:
         states = self._states
+        n = len(states)
         if replica_id is not None:
-            if not 0 <= replica_id < len(states):
-                raise InputValidationError(
-                    f"replica_id {replica_id} is out of range [0, {len(states)})"
-                )
+            if not 0 <= replica_id < n:
+                raise InputValidationError(f"replica_id {replica_id} is out of range [0, {n})")
             return replica_id
+        ready = ReplicaStatus.READY
+        if n == 1 and states[0].status is ready:
+            return 0
+        # Least loaded ready replica; ties go round-robin from after the last one picked.
         best = -1
         best_load = math.inf
-        n = len(states)
+        queues = self._queues
         start = self._next_replica
         for i in range(n):
-            r = (start + i) % n
-            if states[r].status is not ReplicaStatus.READY:
-                continue
-            load = self._queues[r].pending_samples
-            if load < best_load:
-                best, best_load = r, load
+            r = start + i
+            if r >= n:
+                r -= n
+            if states[r].status is ready:
+                load = queues[r].pending_samples
+                if load < best_load:
+                    best, best_load = r, load
         if best < 0:
-            # Nobody is ready: prefer a replica that is resetting (its queue waits for it).
+            # Nobody is ready: a replica that is resetting or starting queues the request
+            # until it is (bounded by the reset timeout); FAILED ones never take work.
             for r in range(n):
                 if states[r].status in (ReplicaStatus.RESETTING, ReplicaStatus.STARTING):
                     return r
             raise RunnerStoppedError("no replica is in service")
-        self._next_replica = (best + 1) % n
+        self._next_replica = best + 1 if best + 1 < n else 0
         return best
 
     # -- descriptions and statistics -----------------------------------------------------------
