@@ -216,6 +216,9 @@ class ModelRunner:
             reset_timeout=cfg.reset_timeout,
             reset_intensity=cfg.reset_intensity,
             reset_period=cfg.reset_period,
+            # The seed's max_look_ahead: batches prepared ahead of the device; "unlimited" is
+            # ours to choose, and two in the device's queue keep it busy.
+            pipeline_depth=2 if cfg.look_ahead is None else 1 + min(cfg.look_ahead, 1),
         )
         sup: Supervisor | None = None
 

@@ -35,6 +35,7 @@ from actors.session.state import ReplicaState, ReplicaStatus
 from model_runtime.errors import (
     ActorStoppedError,
     ApplicationRuntimeError,
+    DeviceStateError,
     ExecutionTimeoutError,
     RecoverableRuntimeError,
     RecoveryAction,
@@ -55,6 +56,8 @@ class SessionPolicy:
     reset_timeout: float = 30.0
     reset_intensity: int = 5
     reset_period: float = 60.0
+    #: Batches handed to the device at once (1: strictly one after another).
+    pipeline_depth: int = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +111,9 @@ class SessionActor(Actor[object]):
         self._policy = policy
         self._times = _RunTimes()
         self._on_status = on_status
+        #: Resets happen one at a time; the generation counts them (see _recover).
+        self._reset_lock = anyio.Lock()
+        self._generation = 0
 
     # -- messages ----------------------------------------------------------------------------
 
@@ -122,29 +128,42 @@ class SessionActor(Actor[object]):
     # -- the batch loop ----------------------------------------------------------------------
 
     async def background(self) -> None:
-        # A batch left in flight by a previous incarnation of this actor runs first: its
+        # Batches left in flight by a previous incarnation of this actor run first: their
         # callers have not been answered yet.
         state = self._state
         state.heartbeat = self.clock.monotonic()
-        leftover = state.inflight
-        if leftover is not None:
-            await self._run(leftover)
-        async for batch in self._ready:
-            state.heartbeat = self.clock.monotonic()
-            state.inflight = batch
-            await self._run(batch)
-            state.heartbeat = self.clock.monotonic()
+        slots = anyio.Semaphore(self._policy.pipeline_depth)
+        async with anyio.create_task_group() as tg:
+            for batch in list(state.inflight.values()):
+                await slots.acquire()
+                tg.start_soon(self._run, batch, slots)
+            async for batch in self._ready:
+                # Recorded at once: if this session is restarted from here on, the next one
+                # runs the batch. Up to pipeline_depth batches sit in the device's worker
+                # queue, so the device starts the next one the moment the last ends, without
+                # waiting for this loop's turn on a busy event loop.
+                state.inflight[batch.id] = batch
+                await slots.acquire()
+                state.heartbeat = self.clock.monotonic()
+                tg.start_soon(self._run, batch, slots)
 
-    async def _run(self, batch: Batch) -> None:
+    async def _run(self, batch: Batch, slots: anyio.Semaphore) -> None:
+        try:
+            await self._run_batch(batch)
+        finally:
+            slots.release()
+            self._state.heartbeat = self.clock.monotonic()
+
+    async def _run_batch(self, batch: Batch) -> None:
         state = self._state
         while True:
             if state.status is ReplicaStatus.FAILED:
                 failure = state.failure or UnrecoverableRuntimeError(
                     f"replica {self.replica} is out of service", replica=self.replica
                 )
-                self._queue.tell(Fail(batch, failure))
-                state.inflight = None
+                self._finish(batch, Fail(batch, failure))
                 return
+            generation = self._generation
             t_start = self.clock.monotonic()
             try:
                 outputs = await self._device.ask(RunMain(batch.inputs), timeout=self._deadline())
@@ -155,22 +174,32 @@ class SessionActor(Actor[object]):
                 self._note_fault()
                 self._set_status(ReplicaStatus.RESETTING)
                 await anyio.sleep_forever()
+            except DeviceStateError:
+                if generation == self._generation and not self._reset_lock.locked():
+                    raise
+                # Aborted by, or refused during, a reset that another batch's failure started:
+                # wait for the reset to finish, then run again (not this batch's failure).
+                async with self._reset_lock:
+                    pass
+                continue
             except (RuntimeFailure, ExecutionTimeoutError) as exc:
                 self._note_fault()
-                if await self._recover(batch, exc):
+                if await self._recover(batch, exc, generation):
                     continue
-                self._queue.tell(Fail(batch, exc))
-                state.inflight = None
+                self._finish(batch, Fail(batch, exc))
                 return
             t_end = self.clock.monotonic()
             self._times.samples.append(t_end - t_start)
             if state.fault_at is not None:
                 state.recovery_times.append(t_end - state.fault_at)
                 state.fault_at = None
-            self._queue.tell(Complete(batch, outputs, t_start, t_end))
-            state.inflight = None
             state.runs += 1
+            self._finish(batch, Complete(batch, outputs, t_start, t_end))
             return
+
+    def _finish(self, batch: Batch, answer: Complete | Fail) -> None:
+        self._queue.tell(answer)
+        self._state.inflight.pop(batch.id, None)
 
     def _note_fault(self) -> None:
         if self._state.fault_at is None:
@@ -182,8 +211,12 @@ class SessionActor(Actor[object]):
             return self._policy.execution_timeout
         return self._times.deadline()
 
-    async def _recover(self, batch: Batch, exc: BaseException) -> bool:
-        """Reset the device if the policy says so. True: run the batch again."""
+    async def _recover(self, batch: Batch, exc: BaseException, generation: int) -> bool:
+        """Reset the device if the policy says so. True: run the batch again.
+
+        ``generation`` is the reset generation the failed run started in: when another batch's
+        failure has reset the device since, this one is simply retried (one reset per fault).
+        """
         hang = isinstance(exc, ExecutionTimeoutError)
         self.log.warning(
             "run_failed", error=type(exc).__name__, message=str(exc), attempts=batch.attempts
@@ -193,13 +226,18 @@ class SessionActor(Actor[object]):
             return False
         if not hang and not (self._policy.auto_reset and is_resettable(exc)):
             return False
-        if not self._note_reset():
-            self._set_failed(exc)
-            return False
-        try:
-            await self.reset_device()
-        except (RuntimeFailure, ExecutionTimeoutError):
-            return False
+        async with self._reset_lock:
+            if self._state.status is ReplicaStatus.FAILED:
+                return False
+            if generation == self._generation:
+                if not self._note_reset():
+                    self._set_failed(exc)
+                    return False
+                try:
+                    await self.reset_device()
+                except (RuntimeFailure, ExecutionTimeoutError):
+                    return False
+                self._generation += 1
         batch.attempts += 1
         if batch.attempts <= self._policy.max_retries:
             self._state.retries += 1

@@ -30,8 +30,9 @@ class ReplicaState:
     replica: int
     device_id: int = -1
     status: ReplicaStatus = ReplicaStatus.STARTING
-    #: The batch the session was running when it was (possibly) restarted; None when idle.
-    inflight: Any = None
+    #: Batches handed to the device and not yet answered, by batch id; a restarted session
+    #: runs them again first.
+    inflight: dict[int, Any] = field(default_factory=dict)
     #: Variables from the last save, restored after a reset (None: the executable's initial).
     saved_variables: dict[str, np.ndarray] | None = None
     failure: BaseException | None = None

@@ -68,7 +68,7 @@ class Watchdog(Actor[object]):
             return False
         now = self.clock.monotonic()
         silent = now - state.heartbeat
-        if state.inflight is not None:
+        if state.inflight:
             return silent >= self.stall_after
         return target.waiting_batches() > 0 and silent >= self.stall_after
 
@@ -80,7 +80,7 @@ class Watchdog(Actor[object]):
             "replica_stalled",
             replica=state.replica,
             silent_s=round(self.clock.monotonic() - state.heartbeat, 3),
-            holding_batch=state.inflight is not None,
+            holding_batch=bool(state.inflight),
         )
         state.heartbeat = self.clock.monotonic()  # one restart per stall, not one per check
         await target.restart_session()

@@ -30,7 +30,7 @@ async def run_checks(clock: FakeClock, watched: list[WatchTarget], seconds: floa
 
 async def test_a_session_holding_a_batch_too_long_is_restarted_once() -> None:
     clock = FakeClock()
-    state = ReplicaState(replica=0, status=ReplicaStatus.READY, inflight=object())
+    state = ReplicaState(replica=0, status=ReplicaStatus.READY, inflight={1: object()})
     restarts: list[int] = []
     await run_checks(clock, [target(state, [0], restarts)], seconds=15)
     assert restarts == [0]
@@ -48,8 +48,8 @@ async def test_batches_waiting_for_a_silent_session_is_a_stall() -> None:
 async def test_idle_resetting_or_lively_replicas_are_left_alone() -> None:
     clock = FakeClock()
     idle = ReplicaState(replica=0, status=ReplicaStatus.READY)
-    resetting = ReplicaState(replica=1, status=ReplicaStatus.RESETTING, inflight=object())
-    lively = ReplicaState(replica=2, status=ReplicaStatus.READY, inflight=object())
+    resetting = ReplicaState(replica=1, status=ReplicaStatus.RESETTING, inflight={1: object()})
+    lively = ReplicaState(replica=2, status=ReplicaStatus.READY, inflight={1: object()})
     restarts: list[int] = []
     watched = [
         target(idle, [0], restarts),
