@@ -3,7 +3,8 @@
 For each model: the raw backend (the cpu backend, onnxruntime, the executable's main program at
 its batch size B, back to back, with all the machine's cores as intra-op threads), then the
 runtime (ModelRunner, one 1-thread replica per core, dynamic batching) with C concurrent callers
-each sending single-sample requests. Prints a table and writes JSON.
+each sending single-sample requests; at C=1 the runtime uses one device with all the cores, as
+the raw run does, so the latencies compare. Prints a table and writes JSON.
 
     .venv/bin/python benchmarks/runner_throughput.py [--seconds 3] [--callers 1 64 256]
 """
@@ -28,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from actors.device.backends import make_backend
 from actors.device.inventory import DeviceSpec
+from actors.device.manager import DeviceManager
 from model_runtime.compiler import CompileOptions, compile_model
 from model_runtime.executable import Executable
 from model_runtime.runner import ModelRunner, ModelRunnerConfig
@@ -63,10 +65,16 @@ def raw_backend(exe: Executable, seconds: float, threads: int) -> dict[str, floa
 
 async def runtime(path: Path, callers: int, seconds: float, replicas: int) -> dict[str, float]:
     """Samples/s and request latency with ``callers`` concurrent single-sample callers."""
+    manager = None
+    if callers == 1:
+        # Latency is compared on equal terms: one device with all the cores as intra-op
+        # threads, like the raw run (throughput uses one 1-thread replica per core).
+        manager = DeviceManager(inventory=[DeviceSpec(id=0, kind="cpu", threads=replicas)])
+        replicas = 1
     config = ModelRunnerConfig(
-        replication_factor=replicas, batching_dim=0, timeout=0.0001, max_retries=0
+        replication_factor=replicas, batching_dim=0, timeout=0.00001, max_retries=0
     )
-    async with ModelRunner(path, config) as runner:
+    async with ModelRunner(path, config, device_manager=manager) as runner:
         desc = runner.get_execute_inputs()
         rng = np.random.default_rng(1)
         one = {d.name: rng.standard_normal((1, *d.shape[1:])).astype(d.dtype) for d in desc}
