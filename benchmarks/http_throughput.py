@@ -11,8 +11,8 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
-sys.path.insert(0, "tests/integration")
-from test_daemon_support import MODEL, running, samples
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.integration.test_daemon_support import MODEL, running, samples
 
 DURATION = 3.0
 
