@@ -1,19 +1,12 @@
 """``ModelRunner``: many concurrent callers share replicated devices through ``execute()``.
 
-A facade over a :class:`supervisor.Supervisor` tree (DESIGN.md §3)::
-
-    Supervisor "runner"                       one_for_one
-     └─ Supervisor "replica-r" r = 0..R-1     rest_for_one
-         ├─ Queue r     packs callers' samples into batches, splits outputs back
-         ├─ Device r    owns the backend; runs programs in its own worker thread
-         └─ Session r   takes ready batches, runs them on Device r, hands outputs to Queue r
-
-The Queue starts first because it holds the callers' requests: a device failure restarts the
-Device and the Session after it (rest_for_one) without touching queued requests.
+A facade over the actor tree that :class:`~model_runtime.replicas.ReplicaSet` builds (one
+Queue, Device and Session per replica under a rest_for_one supervisor, and a Watchdog).
 
 ``execute()`` validates on the event loop, picks a replica (``replica_id``, or the least-loaded
-ready one) and hands a :class:`Request` to that Queue with a ``tell``: no thread hop, no copy
-until the Queue packs the rows into a pooled batch buffer.
+ready one) and hands a :class:`Request` to that replica's Queue in place — the Queue's own
+Enqueue handler on the same loop, no mailbox trip, no thread hop, no copy until the Queue packs
+the rows into a pooled batch buffer. The caller awaits a future the Queue resolves.
 """
 
 from __future__ import annotations
@@ -30,18 +23,11 @@ import numpy as np
 import structlog
 
 from actors.clock import Clock, SystemClock, move_on_after
-from actors.device.actor import Device
-from actors.device.backends import create_backend
 from actors.device.faults import FaultPlan
 from actors.device.manager import AttachedDevice, DeviceManager
 from actors.device.wait import DeviceWaitConfig
-from actors.queues.actor import Queue
-from actors.queues.config import QueueConfig
-from actors.queues.messages import Drain, FailAll, GetStats
 from actors.queues.request import Request
-from actors.session.actor import SaveVariables, SessionActor, SessionPolicy
 from actors.session.state import ReplicaState, ReplicaStatus
-from actors.watchdog import Watchdog, WatchTarget
 from model_runtime.errors import (
     ExecutionTimeoutError,
     InputValidationError,
@@ -57,9 +43,9 @@ from model_runtime.io import (
     validate_inputs,
     validate_outputs,
 )
+from model_runtime.replicas import ReplicaSet
 from model_runtime.runner_config import ModelRunnerConfig
 from model_runtime.stats import StatisticsView
-from supervisor import ChildSpec, Restart, Strategy, Supervisor
 
 __all__ = ["ModelRunner", "ModelRunnerConfig"]
 
@@ -102,17 +88,12 @@ class ModelRunner:
         self._clock = clock or SystemClock()
         self._manager = device_manager or DeviceManager(clock=self._clock)
         self._exe: Executable | None = source if isinstance(source, Executable) else None
-        self._states: list[ReplicaState] = []
-        self._queues: list[Queue] = []
-        self._devices: list[AttachedDevice] = []
-        self._supervisor: Supervisor | None = None
+        self._replicas: ReplicaSet | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._accepting = False
         self._closed = False
-        self._next_replica = 0
         self._in_shapes: tuple[Any, ...] = ()
         self._out_shapes: tuple[Any, ...] = ()
-        self._plan: FaultPlan | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._outstanding: set[asyncio.Future[dict[str, np.ndarray]]] = set()
 
@@ -151,11 +132,12 @@ class ModelRunner:
         where = f"model {meta.model_name!r}"
         self._in_shapes = request_shapes(meta.user_inputs, cfg.batching_dim, where=where)
         self._out_shapes = request_shapes(meta.execute_outputs, cfg.batching_dim, where=where)
-        self._plan = (
+        plan = (
             FaultPlan.parse(cfg.fault_plan) if isinstance(cfg.fault_plan, str) else cfg.fault_plan
         )
         self._loop = asyncio.get_running_loop()
         wait = cfg.device_wait_config or DeviceWaitConfig()
+        devices: list[AttachedDevice] = []
         try:
             for r in range(cfg.replication_factor):
                 if r in cfg.replica_to_device:
@@ -164,152 +146,29 @@ class ModelRunner:
                     )
                 else:
                     dev = await self._manager.get_device_for(exe, wait_config=wait)
-                self._devices.append(dev)
-            children = [self._replica_spec(r) for r in range(cfg.replication_factor)]
-            children.append(ChildSpec("watchdog", self._make_watchdog))
-            self._supervisor = Supervisor(
-                "runner", children, strategy=Strategy.ONE_FOR_ONE, clock=self._clock
-            )
+                devices.append(dev)
+            self._replicas = ReplicaSet(exe, cfg, devices, fault_plan=plan, clock=self._clock)
             self._tg = anyio.create_task_group()
             await self._tg.__aenter__()
-            await self._tg.start(self._supervisor.run)
+            await self._tg.start(self._replicas.supervisor.run)
         except SupervisorEscalationError as exc:
             # A replica that cannot start (bad frozen input, a custom op library that is not
             # allowed, ...) is reported as what it is, not as the supervisor giving up.
-            await self._abandon_start()
+            await self._abandon_start(devices)
             raise _root_cause(exc) from exc
         except BaseException:
-            await self._abandon_start()
+            await self._abandon_start(devices)
             raise
         self._accepting = True
         log.info("runner_started", model=meta.model_name, replicas=cfg.replication_factor)
 
-    async def _abandon_start(self) -> None:
+    async def _abandon_start(self, devices: list[AttachedDevice]) -> None:
         if self._tg is not None:
             self._tg.cancel_scope.cancel()
             await self._tg.__aexit__(None, None, None)
             self._tg = None
-        await self._release_devices()
-
-    def _replica_spec(self, r: int) -> ChildSpec:
-        exe = self._executable
-        cfg = self.config
-        state = ReplicaState(replica=r, device_id=self._devices[r].spec.id)
-        self._states.append(state)
-        self._queues.append(None)  # type: ignore[arg-type]
-        queue_config = QueueConfig(
-            batching_dim=cfg.batching_dim,
-            timeout=cfg.timeout,
-            flush_callback=cfg.flush_callback,
-            flush_on_waiting_outputs=cfg.flush_on_waiting_outputs,
-            ring_buffer_size_multiplier=cfg.ring_buffer_size_multiplier,
-            max_look_ahead=cfg.look_ahead,
-            batch_size_timeout=cfg.batch_size_timeout,
-            data_parallel_timeout=cfg.data_parallel_timeout,
-            is_batch_size_timeout_enabled=cfg.is_batch_size_timeout_enabled,
-            request_tracepoints_buffer_size=cfg.request_tracepoints_buffer_size,
-        )
-        policy = SessionPolicy(
-            auto_reset=cfg.auto_reset,
-            max_retries=cfg.max_retries,
-            execution_timeout=cfg.execution_timeout,
-            reset_timeout=cfg.reset_timeout,
-            reset_intensity=cfg.reset_intensity,
-            reset_period=cfg.reset_period,
-            # The seed's max_look_ahead: batches prepared ahead of the device; "unlimited" is
-            # ours to choose, and two in the device's queue keep it busy.
-            pipeline_depth=2 if cfg.look_ahead is None else 1 + min(cfg.look_ahead, 1),
-        )
-        sup: Supervisor | None = None
-
-        def make_queue() -> Queue:
-            q = Queue(exe.metadata, queue_config, replica=r, clock=self._clock)
-            self._queues[r] = q
-            return q
-
-        def make_device() -> Device:
-            attached = self._devices[r]
-            return Device(
-                attached,
-                create_backend(attached.spec),
-                replica=r,
-                fault_plan=self._plan,
-                clock=self._clock,
-                detach_on_stop=False,
-                executable=exe,
-                frozen_inputs=cfg.frozen_inputs or None,
-                variables=state.saved_variables,
-            )
-
-        def make_session() -> SessionActor:
-            assert sup is not None
-            if state.status is not ReplicaStatus.FAILED:  # out of service stays out
-                state.set_status(ReplicaStatus.READY)
-            return SessionActor(
-                replica=r,
-                device=sup.ref("device"),
-                queue=sup.ref("queue"),
-                ready=self._queues[r].ready,
-                state=state,
-                policy=policy,
-                clock=self._clock,
-                on_status=self._on_replica_status,
-            )
-
-        def make_replica() -> Supervisor:
-            nonlocal sup
-            if state.status is not ReplicaStatus.FAILED:
-                state.set_status(ReplicaStatus.STARTING)
-            sup = Supervisor(
-                f"replica-{r}",
-                [
-                    ChildSpec("queue", make_queue, shutdown=cfg.reset_timeout),
-                    ChildSpec("device", make_device, shutdown=cfg.reset_timeout),
-                    ChildSpec("session", make_session, shutdown=cfg.reset_timeout),
-                ],
-                strategy=Strategy.REST_FOR_ONE,
-                intensity=cfg.reset_intensity,
-                period=cfg.reset_period,
-                clock=self._clock,
-            )
-            return sup
-
-        return ChildSpec(f"replica-{r}", make_replica, restart=Restart.TRANSIENT)
-
-    def _make_watchdog(self) -> Watchdog:
-        cfg = self.config
-        run_deadline = cfg.execution_timeout or 60.0
-        tries = cfg.max_retries + 1
-        stall_after = cfg.stall_timeout or (run_deadline + cfg.reset_timeout) * (tries + 1)
-        return Watchdog(
-            self._watch_targets,
-            interval=max(0.05, min(1.0, stall_after / 10)),
-            stall_after=stall_after,
-            clock=self._clock,
-        )
-
-    def _watch_targets(self) -> list[WatchTarget]:
-        targets = []
-        for r, state in enumerate(self._states):
-
-            def waiting(r: int = r) -> int:
-                # Read the queue at call time: a restarted queue is a new object.
-                return int(self._queues[r].ready.statistics().current_buffer_used)
-
-            async def restart(r: int = r) -> None:
-                try:
-                    await self._replica_supervisor(r).restart_child("session")
-                except ModelRuntimeError as exc:
-                    log.warning("session_restart_failed", replica=r, error=str(exc))
-
-            targets.append(
-                WatchTarget(
-                    state=state,
-                    waiting_batches=waiting,
-                    restart_session=restart,
-                )
-            )
-        return targets
+        for dev in devices:
+            dev.detach()
 
     async def close(self) -> None:
         """Drain and stop: :meth:`stop` with the configured ``drain_timeout`` as the grace."""
@@ -329,21 +188,19 @@ class ModelRunner:
             return
         self._closed = True
         self._accepting = False
-        sup = self._supervisor
+        replicas = self._replicas
         stopped = RunnerStoppedError("the runner stopped before this request completed")
         try:
-            if sup is not None:
+            if replicas is not None:
                 # Draining is part of the grace: a queue whose device hangs cannot drain.
                 with anyio.move_on_after(math.inf if grace is None else grace):
-                    for r, state in enumerate(self._states):
-                        if state.status in (ReplicaStatus.READY, ReplicaStatus.RESETTING):
-                            await self._drain_replica(r)
+                    await replicas.drain()
                     await self._wait_outstanding()
                 if self.config.run_save_programs:
-                    await self._run_save_programs()
-                for r in range(len(self._states)):
-                    await self._fail_all(r, stopped)
-                await sup.stop()
+                    saved = await replicas.run_save_programs()
+                    self.config.replica_to_save_programs_outputs.update(saved)
+                await replicas.fail_all(stopped)
+                await replicas.supervisor.stop()
         finally:
             if self._tg is not None:
                 self._tg.cancel_scope.cancel()
@@ -352,53 +209,16 @@ class ModelRunner:
             for future in list(self._outstanding):  # the last net: never silence
                 if not future.done():
                     future.set_exception(stopped)
-            for state in self._states:
-                state.set_status(ReplicaStatus.STOPPED)
-            await self._release_devices()
+            if replicas is not None:
+                for state in replicas.states:
+                    state.set_status(ReplicaStatus.STOPPED)
+                replicas.release_devices()
         log.info("runner_stopped", model=self._executable.metadata.model_name)
-
-    async def _drain_replica(self, r: int) -> None:
-        """Flush replica ``r``'s partial batch so every queued request becomes runnable."""
-        try:
-            await self._replica_supervisor(r).ref("queue").ask(Drain())
-        except ModelRuntimeError as exc:
-            log.warning("drain_failed", replica=r, error=str(exc))
 
     async def _wait_outstanding(self) -> None:
         """Wait until every request taken so far has its answer."""
         while self._outstanding:
             await asyncio.wait(list(self._outstanding))
-
-    async def _run_save_programs(self) -> None:
-        for r, state in enumerate(self._states):
-            if state.status is not ReplicaStatus.READY:
-                continue
-            try:
-                saved = await self._replica_supervisor(r).ref("session").ask(SaveVariables())
-            except ModelRuntimeError as exc:
-                log.warning("save_failed", replica=r, error=str(exc))
-                continue
-            self.config.replica_to_save_programs_outputs[r] = saved
-
-    async def _fail_all(self, r: int, error: BaseException) -> None:
-        try:
-            await self._replica_supervisor(r).ref("queue").ask(FailAll(error))
-        except ModelRuntimeError:
-            pass
-
-    async def _release_devices(self) -> None:
-        devices, self._devices = self._devices, []
-        for dev in devices:
-            try:
-                dev.detach()
-            except ModelRuntimeError as exc:  # pragma: no cover - best effort on shutdown
-                log.warning("detach_failed", device=dev.spec.id, error=str(exc))
-
-    def _replica_supervisor(self, r: int) -> Supervisor:
-        assert self._supervisor is not None
-        child = self._supervisor.ref(f"replica-{r}")
-        assert isinstance(child, Supervisor)
-        return child
 
     # -- execution ---------------------------------------------------------------------------
 
@@ -448,7 +268,9 @@ class ModelRunner:
             arrays = dict(inputs)
             first = self._in_shapes[0]
             samples = arrays[first.name].shape[first.axis]
-        r = self._pick_replica(replica_id)
+        replicas = self._replicas
+        assert replicas is not None
+        r = replicas.pick(replica_id)
         assert self._loop is not None
         future: asyncio.Future[dict[str, np.ndarray]] = self._loop.create_future()
         deadline = None if timeout is None else now + timeout
@@ -462,7 +284,7 @@ class ModelRunner:
         )
         # The queue's own Enqueue handler, called in place: same loop, same code, one event-loop
         # iteration less per request than a mailbox hop (measured ~7 µs of ~15 µs).
-        self._queues[r].enqueue_nowait(request)
+        replicas.queues[r].enqueue_nowait(request)
         self._outstanding.add(future)
         future.add_done_callback(self._outstanding.discard)
         if timeout is None:
@@ -476,65 +298,6 @@ class ModelRunner:
             return await asyncio.shield(future)
         future.cancel()
         raise ExecutionTimeoutError(f"request did not complete within {timeout} s")
-
-    def _on_replica_status(self, r: int, status: ReplicaStatus) -> None:
-        """A replica out of service hands its unanswered requests to the others."""
-        log.info("replica_status", replica=r, status=status.value)
-        if status is not ReplicaStatus.FAILED:
-            return
-        moved = self._queues[r].evacuate()
-        failure = self._states[r].failure
-        for old in moved:
-            request = Request(
-                inputs=old.inputs,
-                samples=old.samples,
-                future=old.future,
-                outputs=old.outputs,
-                deadline=old.deadline,
-                t_submit=old.t_submit,
-            )
-            try:
-                target = self._pick_replica(None)
-            except RunnerStoppedError as exc:
-                if not old.future.done():
-                    old.future.set_exception(failure or exc)
-                continue
-            self._queues[target].enqueue_nowait(request)
-        if moved:
-            log.warning("replica_evacuated", replica=r, requests=len(moved))
-
-    def _pick_replica(self, replica_id: int | None) -> int:
-        states = self._states
-        n = len(states)
-        if replica_id is not None:
-            if not 0 <= replica_id < n:
-                raise InputValidationError(f"replica_id {replica_id} is out of range [0, {n})")
-            return replica_id
-        ready = ReplicaStatus.READY
-        if n == 1 and states[0].status is ready:
-            return 0
-        # Least loaded ready replica; ties go round-robin from after the last one picked.
-        best = -1
-        best_load = math.inf
-        queues = self._queues
-        start = self._next_replica
-        for i in range(n):
-            r = start + i
-            if r >= n:
-                r -= n
-            if states[r].status is ready:
-                load = queues[r].pending_samples
-                if load < best_load:
-                    best, best_load = r, load
-        if best < 0:
-            # Nobody is ready: a replica that is resetting or starting queues the request
-            # until it is (bounded by the reset timeout); FAILED ones never take work.
-            for r in range(n):
-                if states[r].status in (ReplicaStatus.RESETTING, ReplicaStatus.STARTING):
-                    return r
-            raise RunnerStoppedError("no replica is in service")
-        self._next_replica = best + 1 if best + 1 < n else 0
-        return best
 
     # -- descriptions and statistics -----------------------------------------------------------
 
@@ -569,21 +332,23 @@ class ModelRunner:
 
     def replica_status(self) -> list[ReplicaStatus]:
         """The status of every replica."""
-        return [s.status for s in self._states]
+        return [s.status for s in self.replica_states()]
 
     def replica_states(self) -> list[ReplicaState]:
         """Every replica's live state (status, device, runs, resets); read, do not modify."""
-        return list(self._states)
+        return [] if self._replicas is None else list(self._replicas.states)
 
     @property
     def is_ready(self) -> bool:
         """True while at least one replica takes requests."""
-        return self._accepting and any(s.is_ready for s in self._states)
+        return self._accepting and any(s.is_ready for s in self.replica_states())
 
     async def _stats(self, replica_id: int) -> StatisticsView:
-        if not 0 <= replica_id < len(self._states):
+        states = self.replica_states()
+        if not 0 <= replica_id < len(states):
             raise InputValidationError(f"replica_id {replica_id} is out of range")
-        return StatisticsView(await self._queues[replica_id].ref.ask(GetStats()))
+        assert self._replicas is not None
+        return StatisticsView(self._replicas.queues[replica_id].stats())
 
     async def get_time_trace(self, replica_id: int = 0) -> dict[str, float]:
         """Durations (µs) of the last request on ``replica_id`` (seed key names)."""

@@ -163,13 +163,9 @@ def parse_model_arg(arg: str) -> tuple[str, Path]:
 
 def replica_states(runner: object) -> list[Any]:
     """The runner's per-replica state objects (status, device_id, runs, resets, ``changed``
-    event), or [] when it does not expose them.
-
-    Read through ``replica_states()`` when the runner has it, else its ``_states``.
-    """
+    event); [] for a runner without replicas (a test's stand-in)."""
     fn = getattr(runner, "replica_states", None)
-    states = fn() if callable(fn) else getattr(runner, "_states", None)
-    return list(states) if isinstance(states, list | tuple) else []
+    return list(fn()) if callable(fn) else []
 
 
 async def _first_of(events: Sequence[anyio.Event]) -> None:

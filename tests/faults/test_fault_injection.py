@@ -192,7 +192,8 @@ async def test_a_session_actor_killed_mid_load_loses_nothing(
         nonlocal kills
         while True:
             await anyio.sleep(0.02)
-            await runner._replica_supervisor(kills % 2).restart_child("session")
+            assert runner._replicas is not None
+            await runner._replicas.replica_supervisor(kills % 2).restart_child("session")
             kills += 1
 
     out = await drive(path, ref, config(""), callers=200, side_task=killer)

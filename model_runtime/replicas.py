@@ -1,0 +1,319 @@
+"""The replicas of one runner: their devices, their supervisor tree, and who takes a request.
+
+:class:`ReplicaSet` builds the tree the :class:`~model_runtime.runner.ModelRunner` runs::
+
+    Supervisor "runner"                    one_for_one
+     ├─ Supervisor "replica-r"             rest_for_one, r = 0..R-1
+     │   ├─ Queue r      callers' requests (first: a device restart never drops them)
+     │   ├─ Device r     the backend, in its own worker thread
+     │   └─ Session r    ready batch -> Device r -> outputs -> Queue r
+     └─ Watchdog         restarts a session that stops making progress
+
+and keeps what outlives the actors: each replica's :class:`ReplicaState`, its current Queue
+(read on the hot path without messaging), and the attached devices. A replica that goes out of
+service hands its unanswered requests to the others (:meth:`ReplicaSet.on_status`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+import structlog
+
+from actors.clock import Clock
+from actors.device.actor import Device
+from actors.device.backends import create_backend
+from actors.device.faults import FaultPlan
+from actors.device.manager import AttachedDevice
+from actors.queues.actor import Queue
+from actors.queues.config import QueueConfig
+from actors.queues.messages import Drain, FailAll
+from actors.queues.request import Request
+from actors.session.actor import SaveVariables, SessionActor, SessionPolicy
+from actors.session.state import ReplicaState, ReplicaStatus
+from actors.watchdog import Watchdog, WatchTarget
+from model_runtime.errors import InputValidationError, ModelRuntimeError, RunnerStoppedError
+from model_runtime.executable import Executable
+from model_runtime.runner_config import ModelRunnerConfig
+from supervisor import ChildSpec, Restart, Strategy, Supervisor
+
+__all__ = ["ReplicaSet"]
+
+log = structlog.get_logger(__name__)
+
+
+class ReplicaSet:
+    """R replicas of one executable on R attached devices (see the module docstring)."""
+
+    def __init__(
+        self,
+        executable: Executable,
+        config: ModelRunnerConfig,
+        devices: list[AttachedDevice],
+        *,
+        fault_plan: FaultPlan | None,
+        clock: Clock,
+    ) -> None:
+        self._exe = executable
+        self._config = config
+        self._clock = clock
+        self._plan = fault_plan
+        self.devices = devices
+        self.states = [ReplicaState(replica=r, device_id=d.spec.id) for r, d in enumerate(devices)]
+        self.queues: list[Queue] = [self._new_queue(r) for r in range(len(devices))]
+        self._next = 0
+        self.supervisor = Supervisor(
+            "runner",
+            [*(self._replica_spec(r) for r in range(len(devices))), self._watchdog_spec()],
+            strategy=Strategy.ONE_FOR_ONE,
+            clock=clock,
+        )
+
+    # -- the tree ----------------------------------------------------------------------------
+
+    def _new_queue(self, r: int) -> Queue:
+        cfg = self._config
+        queue_config = QueueConfig(
+            batching_dim=cfg.batching_dim,
+            timeout=cfg.timeout,
+            flush_callback=cfg.flush_callback,
+            flush_on_waiting_outputs=cfg.flush_on_waiting_outputs,
+            ring_buffer_size_multiplier=cfg.ring_buffer_size_multiplier,
+            max_look_ahead=cfg.look_ahead,
+            batch_size_timeout=cfg.batch_size_timeout,
+            data_parallel_timeout=cfg.data_parallel_timeout,
+            is_batch_size_timeout_enabled=cfg.is_batch_size_timeout_enabled,
+            request_tracepoints_buffer_size=cfg.request_tracepoints_buffer_size,
+        )
+        return Queue(self._exe.metadata, queue_config, replica=r, clock=self._clock)
+
+    def _replica_spec(self, r: int) -> ChildSpec:
+        cfg = self._config
+        state = self.states[r]
+        policy = SessionPolicy(
+            auto_reset=cfg.auto_reset,
+            max_retries=cfg.max_retries,
+            execution_timeout=cfg.execution_timeout,
+            reset_timeout=cfg.reset_timeout,
+            reset_intensity=cfg.reset_intensity,
+            reset_period=cfg.reset_period,
+            # The seed's max_look_ahead: batches prepared ahead of the device; "unlimited" is
+            # ours to choose, and two in the device's queue keep it busy.
+            pipeline_depth=2 if cfg.look_ahead is None else 1 + min(cfg.look_ahead, 1),
+        )
+        sup: Supervisor | None = None
+        first = True
+
+        def make_queue() -> Queue:
+            nonlocal first
+            if not first:  # a restarted queue is a fresh one (the first was built up front)
+                self.queues[r] = self._new_queue(r)
+            first = False
+            return self.queues[r]
+
+        def make_device() -> Device:
+            attached = self.devices[r]
+            return Device(
+                attached,
+                create_backend(attached.spec),
+                replica=r,
+                fault_plan=self._plan,
+                clock=self._clock,
+                detach_on_stop=False,
+                executable=self._exe,
+                frozen_inputs=cfg.frozen_inputs or None,
+                variables=state.saved_variables,
+            )
+
+        def make_session() -> SessionActor:
+            assert sup is not None
+            if state.status is not ReplicaStatus.FAILED:  # out of service stays out
+                state.set_status(ReplicaStatus.READY)
+            return SessionActor(
+                replica=r,
+                device=sup.ref("device"),
+                queue=sup.ref("queue"),
+                ready=self.queues[r].ready,
+                state=state,
+                policy=policy,
+                clock=self._clock,
+                on_status=self.on_status,
+            )
+
+        def make_replica() -> Supervisor:
+            nonlocal sup
+            if state.status is not ReplicaStatus.FAILED:
+                state.set_status(ReplicaStatus.STARTING)
+            sup = Supervisor(
+                f"replica-{r}",
+                [
+                    ChildSpec("queue", make_queue, shutdown=cfg.reset_timeout),
+                    ChildSpec("device", make_device, shutdown=cfg.reset_timeout),
+                    ChildSpec("session", make_session, shutdown=cfg.reset_timeout),
+                ],
+                strategy=Strategy.REST_FOR_ONE,
+                intensity=cfg.reset_intensity,
+                period=cfg.reset_period,
+                clock=self._clock,
+            )
+            return sup
+
+        return ChildSpec(f"replica-{r}", make_replica, restart=Restart.TRANSIENT)
+
+    def _watchdog_spec(self) -> ChildSpec:
+        cfg = self._config
+        run_deadline = cfg.execution_timeout or 60.0
+        tries = cfg.max_retries + 1
+        stall_after = cfg.stall_timeout or (run_deadline + cfg.reset_timeout) * (tries + 1)
+
+        def make_watchdog() -> Watchdog:
+            return Watchdog(
+                self._watch_targets,
+                interval=max(0.05, min(1.0, stall_after / 10)),
+                stall_after=stall_after,
+                clock=self._clock,
+            )
+
+        return ChildSpec("watchdog", make_watchdog)
+
+    def _watch_targets(self) -> list[WatchTarget]:
+        targets = []
+        for r, state in enumerate(self.states):
+
+            def waiting(r: int = r) -> int:
+                # Read the queue at call time: a restarted queue is a new object.
+                return int(self.queues[r].ready.statistics().current_buffer_used)
+
+            async def restart(r: int = r) -> None:
+                try:
+                    await self.replica_supervisor(r).restart_child("session")
+                except ModelRuntimeError as exc:
+                    log.warning("session_restart_failed", replica=r, error=str(exc))
+
+            targets.append(
+                WatchTarget(state=state, waiting_batches=waiting, restart_session=restart)
+            )
+        return targets
+
+    def replica_supervisor(self, r: int) -> Supervisor:
+        """The supervisor of replica ``r``.
+
+        Raises:
+            ActorStoppedError: the replica is not running.
+        """
+        child = self.supervisor.ref(f"replica-{r}")
+        assert isinstance(child, Supervisor)
+        return child
+
+    # -- who takes a request ---------------------------------------------------------------
+
+    def pick(self, replica_id: int | None) -> int:
+        """The replica for a request: ``replica_id``, or the least-loaded READY one.
+
+        Raises:
+            InputValidationError: ``replica_id`` is out of range.
+            RunnerStoppedError: no replica is in service.
+        """
+        states = self.states
+        n = len(states)
+        if replica_id is not None:
+            if not 0 <= replica_id < n:
+                raise InputValidationError(f"replica_id {replica_id} is out of range [0, {n})")
+            return replica_id
+        ready = ReplicaStatus.READY
+        if n == 1 and states[0].status is ready:
+            return 0
+        # Least loaded ready replica; ties go round-robin from after the last one picked.
+        best = -1
+        best_load = math.inf
+        queues = self.queues
+        start = self._next
+        for i in range(n):
+            r = start + i
+            if r >= n:
+                r -= n
+            if states[r].status is ready:
+                load = queues[r].pending_samples
+                if load < best_load:
+                    best, best_load = r, load
+        if best < 0:
+            # Nobody is ready: a replica that is resetting or starting queues the request
+            # until it is (bounded by the reset timeout); FAILED ones never take work.
+            for r in range(n):
+                if states[r].status in (ReplicaStatus.RESETTING, ReplicaStatus.STARTING):
+                    return r
+            raise RunnerStoppedError("no replica is in service")
+        self._next = best + 1 if best + 1 < n else 0
+        return best
+
+    def on_status(self, r: int, status: ReplicaStatus) -> None:
+        """A replica out of service hands its unanswered requests to the others."""
+        log.info("replica_status", replica=r, status=status.value)
+        if status is not ReplicaStatus.FAILED:
+            return
+        moved = self.queues[r].evacuate()
+        failure = self.states[r].failure
+        for old in moved:
+            request = Request(
+                inputs=old.inputs,
+                samples=old.samples,
+                future=old.future,
+                outputs=old.outputs,
+                deadline=old.deadline,
+                t_submit=old.t_submit,
+            )
+            try:
+                target = self.pick(None)
+            except RunnerStoppedError as exc:
+                if not old.future.done():
+                    old.future.set_exception(failure or exc)
+                continue
+            self.queues[target].enqueue_nowait(request)
+        if moved:
+            log.warning("replica_evacuated", replica=r, requests=len(moved))
+
+    # -- stopping --------------------------------------------------------------------------
+
+    async def drain(self) -> None:
+        """Flush every serving replica's partial batch so every queued request can run."""
+        for r, state in enumerate(self.states):
+            if state.status in (ReplicaStatus.READY, ReplicaStatus.RESETTING):
+                try:
+                    await self.replica_supervisor(r).ref("queue").ask(Drain())
+                except ModelRuntimeError as exc:
+                    log.warning("drain_failed", replica=r, error=str(exc))
+
+    async def run_save_programs(self) -> dict[int, dict[str, np.ndarray]]:
+        """Each READY replica's variables, from its save programs."""
+        saved: dict[int, dict[str, np.ndarray]] = {}
+        for r, state in enumerate(self.states):
+            if state.status is not ReplicaStatus.READY:
+                continue
+            try:
+                variables: Mapping[str, np.ndarray] = (
+                    await self.replica_supervisor(r).ref("session").ask(SaveVariables())
+                )
+            except ModelRuntimeError as exc:
+                log.warning("save_failed", replica=r, error=str(exc))
+                continue
+            saved[r] = dict(variables)
+        return saved
+
+    async def fail_all(self, error: BaseException) -> None:
+        """Answer every request still in a queue with ``error``."""
+        for r in range(len(self.states)):
+            try:
+                await self.replica_supervisor(r).ref("queue").ask(FailAll(error))
+            except ModelRuntimeError:
+                pass
+
+    def release_devices(self) -> None:
+        """Detach every device (idempotent)."""
+        devices, self.devices = self.devices, []
+        for dev in devices:
+            try:
+                dev.detach()
+            except ModelRuntimeError as exc:  # pragma: no cover - best effort on shutdown
+                log.warning("detach_failed", device=dev.spec.id, error=str(exc))
