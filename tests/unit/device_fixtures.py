@@ -1,7 +1,7 @@
 """Executables for the device tests, built with onnx.helper (no compiler needed).
 
-* :func:`tiny_exe` -- ``y = x @ W + b`` and a variable ``counter`` that every iteration
-  increments (``counter_out = counter + 1``, aliased back; ``counter_out`` is also a user output).
+* :func:`tiny_exe` -- the shared tiny executable: ``y = x @ W + b`` and a variable ``counter``
+  that every iteration increments (``counter_out = counter + 1``, aliased back).
 * :func:`mlp_exe` -- an MLP (default 784-512-512-10, ReLU) with weights only.
 """
 
@@ -25,6 +25,7 @@ from model_runtime.executable import (
     Target,
     TensorInfo,
 )
+from model_runtime.executable.testing import MAIN_PAYLOAD, tiny_metadata, tiny_onnx, tiny_tensors
 
 F32 = np.dtype(np.float32)
 PAYLOAD = "program/main"
@@ -63,50 +64,10 @@ def _programs() -> dict[str, Any]:
 def tiny_exe(
     batch: int = 2, device_iterations: int = 1, target: Target | None = None, seed: int = 0
 ) -> Executable:
-    f = TensorProto.FLOAT
-    payload = _model(
-        [
-            helper.make_node("MatMul", ["x", "W"], ["xw"]),
-            helper.make_node("Add", ["xw", "b"], ["y"]),
-            helper.make_node("Add", ["counter", "one"], ["counter_out"]),
-        ],
-        [
-            helper.make_tensor_value_info("x", f, [batch, 4]),
-            helper.make_tensor_value_info("W", f, [4, 3]),
-            helper.make_tensor_value_info("b", f, [3]),
-            helper.make_tensor_value_info("counter", f, [1]),
-        ],
-        [
-            helper.make_tensor_value_info("y", f, [batch, 3]),
-            helper.make_tensor_value_info("counter_out", f, [1]),
-        ],
-        [helper.make_tensor("one", f, [1], [1.0])],
-    )
-    rng = np.random.default_rng(seed)
-    tensors: dict[str, np.ndarray] = {
-        "W": rng.standard_normal((4, 3)).astype(np.float32),
-        "b": rng.standard_normal(3).astype(np.float32),
-        "counter": np.zeros(1, np.float32),
-        PAYLOAD: np.frombuffer(payload, np.uint8),
-    }
-    meta = ExecutableMetadata(
-        model_name="tiny",
-        target=target or Target(),
-        batch_size=batch,
-        device_iterations=device_iterations,
-        anchors=(
-            _anchor("x", (batch, 4), AnchorType.INPUT, AnchorRole.USER_INPUT, (1,), batch_dim=0),
-            _anchor("y", (batch, 3), AnchorType.OUTPUT, AnchorRole.USER_OUTPUT, (1,), batch_dim=0),
-            _anchor("W", (4, 3), AnchorType.INPUT, AnchorRole.WEIGHT, (0, 1), has_data=True),
-            _anchor("b", (3,), AnchorType.INPUT, AnchorRole.WEIGHT, (0, 1), has_data=True),
-            _anchor(
-                "counter", (1,), AnchorType.UNKNOWN, AnchorRole.VARIABLE, (0, 1, 2), has_data=True
-            ),
-            _anchor("counter_out", (1,), AnchorType.OUTPUT, AnchorRole.USER_OUTPUT, (1,)),
-        ),
-        output_to_variable={"counter_out": "counter"},
-        **_programs(),
-    )
+    """The shared tiny executable (:mod:`model_runtime.executable.testing`), batch fixed."""
+    tensors = tiny_tensors(seed)
+    tensors[MAIN_PAYLOAD] = np.frombuffer(tiny_onnx(batch), np.uint8)
+    meta = tiny_metadata(batch, device_iterations=device_iterations, target=target or Target())
     return Executable.build(meta, tensors)
 
 
