@@ -1,550 +1,198 @@
-"""The Supervisor: starts children in order, restarts them by strategy, escalates past intensity.
+"""The runtime's supervision tree (DESIGN §3): the process-wide root and what hangs under it.
 
-OTP's supervision mechanism (``sup_princ``) on anyio. A :class:`Supervisor` owns a list of
-:class:`ChildSpec`; :meth:`Supervisor.run` starts the children in order (each with
-``await tg.start``, so each is ready before the next starts) and then supervises them:
-
-* when a child's ``run()`` exits, its restart type decides whether it comes back: ``permanent``
-  always, ``transient`` only after an abnormal exit (an exception), ``temporary`` never;
-* the strategy decides what comes back with it: ``one_for_one`` just the child, ``rest_for_one``
-  the child and the ones started after it, ``one_for_all`` every child. Siblings are stopped in
-  reverse order first, then everything is started again in order. Temporary siblings stay stopped;
-* more than ``intensity`` restarts within ``period`` seconds (on the injected clock) and the
-  supervisor gives up: it stops every child in reverse order and :meth:`Supervisor.run` raises
-  :class:`SupervisorEscalationError`, chained to the last child failure, to *its* supervisor.
-
-Stopping a child is graceful first: an actor is asked :class:`~actors.actor.Stop`, a nested
-supervisor is told to :meth:`Supervisor.stop`; past the spec's ``shutdown`` seconds its task is
-cancelled. Every structural change (exits, restarts, the public calls) is made by the
-supervisor's own task, one at a time, so a caller that is cancelled mid-call never leaves a
-half-restarted tree behind.
+The generic OTP machinery (strategies, restart types, intensity, backoff) lives in
+:mod:`actors.supervision`; its names are re-exported here so ``from supervisor import ChildSpec``
+keeps working. :class:`Runtime` is the process-wide root: one per event loop, hosted in a task
+of its own, with the DeviceManager actor and one supervisor per model under it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
-import math
-from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import ClassVar
 
 import anyio
-import anyio.abc
 import structlog
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from actors.actor import ActorRef, Envelope, Stop
-from actors.clock import Clock, SystemClock, move_on_after
-from model_runtime.errors import ActorError, ActorStoppedError, SupervisorEscalationError
+from actors.device.manager_actor import DeviceManagerActor
+from actors.supervision import (
+    Backoff,
+    Child,
+    ChildInfo,
+    ChildSpec,
+    ChildState,
+    EventKind,
+    Restart,
+    Strategy,
+    Supervisor,
+    SupervisorEvent,
+)
+from model_runtime.errors import ActorStoppedError
 
 __all__ = [
+    "Backoff",
     "Child",
     "ChildInfo",
     "ChildSpec",
     "ChildState",
     "EventKind",
     "Restart",
+    "Runtime",
     "Strategy",
     "Supervisor",
     "SupervisorEvent",
 ]
 
-_log = structlog.get_logger(__name__)
 
-ChildState = Literal["running", "restarting", "stopped"]
-EventKind = Literal[
-    "child_started", "child_exited", "child_restarted", "child_stopped", "supervisor_escalated"
-]
+# -- the process-wide root ------------------------------------------------------------------
 
+log = structlog.get_logger(__name__)
 
-class Restart(enum.Enum):
-    """When a child that exited is started again (OTP restart types)."""
-
-    PERMANENT = "permanent"  #: always
-    TRANSIENT = "transient"  #: only after an abnormal exit (an exception)
-    TEMPORARY = "temporary"  #: never
+#: Seconds a model subtree may take to stop when it is removed (its facade drained it first).
+_MODEL_SHUTDOWN = 60.0
 
 
-class Strategy(enum.Enum):
-    """Which children are restarted with the one that exited (OTP restart strategies)."""
+class Runtime:
+    """The root of the runtime's tree on one event loop (DESIGN.md §3)::
 
-    ONE_FOR_ONE = "one_for_one"  #: just that child
-    REST_FOR_ONE = "rest_for_one"  #: that child and the children started after it
-    ONE_FOR_ALL = "one_for_all"  #: every child
+        Runtime (root, one_for_one)
+         ├─ device-manager     the DeviceManager actor
+         └─ model ...          one supervisor per ModelRunner (temporary: never restarted)
 
-
-class Child(Protocol):
-    """Something a supervisor can run: an :class:`~actors.actor.Actor` or a :class:`Supervisor`.
-
-    ``run`` must report its ref with ``task_status.started(ref)`` once it is ready. To stop it,
-    the supervisor awaits its ``stop()`` if it has one, else asks ``Stop()`` of the reported ref
-    if that is an :class:`~actors.actor.ActorRef`; past the shutdown time the task is cancelled.
+    The root runs in a task of its own on the event loop, outside every caller's task, so a
+    runner may be started in one task and stopped in another, and a failure inside the tree
+    never reaches a caller's task: a model subtree that gives up is reported to its facade
+    (``on_exit``), which answers its callers with typed errors. Facades are clients:
+    :meth:`acquire` returns the loop's root (starting it on first use) and :meth:`release`
+    gives it back; the root stops when its last client has released it. All of this happens on
+    the loop's own thread, so the count needs no lock; synchronous callers reach the tree
+    through one shared blocking portal (:mod:`model_runtime.blocking`).
     """
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[Any]) -> None: ...
+    _roots: ClassVar[dict[asyncio.AbstractEventLoop, Runtime]] = {}
 
+    def __init__(self) -> None:
+        self.supervisor = Supervisor(
+            "runtime",
+            [ChildSpec("device-manager", DeviceManagerActor)],
+            strategy=Strategy.ONE_FOR_ONE,
+            on_event=self._on_event,
+        )
+        self._clients = 0
+        self._ready = anyio.Event()
+        self._done = anyio.Event()
+        self._error: BaseException | None = None
+        self._on_exit: dict[str, Callable[[BaseException | None], None]] = {}
+        self._task: asyncio.Task[None] | None = None
 
-@runtime_checkable
-class _Stoppable(Protocol):
-    async def stop(self) -> None: ...
+    # -- clients -------------------------------------------------------------------------------
 
+    @classmethod
+    async def acquire(cls) -> Runtime:
+        """The root of the running event loop, started if need be; call :meth:`release` once
+        for every acquire.
 
-@dataclass(frozen=True, slots=True)
-class ChildSpec:
-    """How to start one child: ``start`` returns a fresh child for every (re)start."""
+        Raises:
+            SupervisorEscalationError: the root could not start.
+        """
+        loop = asyncio.get_running_loop()
+        root = cls._roots.get(loop)
+        if root is None:
+            root = cls._roots[loop] = cls()
+            root._task = loop.create_task(root._host(loop), name="model-runtime-root")
+        root._clients += 1
+        try:
+            await root._ready.wait()
+            if root._error is not None:
+                raise root._error
+        except BaseException:
+            await root.release()
+            raise
+        return root
 
-    id: str
-    start: Callable[[], Child]
-    restart: Restart = Restart.PERMANENT
-    shutdown: float = 5.0  #: seconds to stop gracefully before the child is cancelled
+    async def release(self) -> None:
+        """Give the root back; the last client stops it (and waits for it to stop).
 
+        Raises:
+            nothing: cancelling the caller only stops the waiting.
+        """
+        self._clients -= 1
+        if self._clients > 0:
+            return
+        for loop, root in list(Runtime._roots.items()):
+            if root is self:  # a later acquire starts a fresh root
+                del Runtime._roots[loop]
+        with anyio.CancelScope(shield=True):
+            await self.supervisor.stop()
+            await self._done.wait()
 
-@dataclass(frozen=True, slots=True)
-class SupervisorEvent:
-    """What happened to which child (given to ``on_event``); ``reason`` is the exit's exception."""
+    @classmethod
+    def running(cls) -> Runtime | None:
+        """The running event loop's root, if it has one (for inspection)."""
+        return cls._roots.get(asyncio.get_running_loop())
 
-    kind: EventKind
-    child_id: str
-    reason: BaseException | None = None
+    # -- models ------------------------------------------------------------------------------
 
-
-class ChildInfo(NamedTuple):
-    """One row of :meth:`Supervisor.children`."""
-
-    id: str
-    state: ChildState
-    restarts: int
-
-
-def _unwrap(exc: BaseException) -> BaseException:
-    """The one real failure inside nested single-exception groups (an actor's task group)."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
-
-
-def _drain(recv: MemoryObjectReceiveStream[Envelope]) -> list[Envelope]:
-    with recv:
-        return [recv.receive_nowait() for _ in range(recv.statistics().current_buffer_used)]
-
-
-# -- internals --------------------------------------------------------------------------------
-
-
-@dataclass(eq=False, slots=True)
-class _Run:
-    """One incarnation of a child: its task's cancel scope, its ref, whether it has ended."""
-
-    child: Child
-    ref: Any = None
-    started: bool = False
-    stopping: bool = False
-    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
-    done: anyio.Event = field(default_factory=anyio.Event)
-
-
-@dataclass(eq=False, slots=True)
-class _Slot:
-    spec: ChildSpec
-    run: _Run | None = None
-    state: ChildState = "stopped"
-    restarts: int = 0
-
-
-class _Relay:
-    """Passes ``started(ref)`` on to the starter and records it on the run."""
-
-    def __init__(self, outer: anyio.abc.TaskStatus[Any], run: _Run) -> None:
-        self._outer = outer
-        self._run = run
-
-    def started(self, value: Any = None) -> None:
-        self._run.ref = value
-        self._run.started = True
-        self._outer.started(value)
-
-
-class _GiveUp(Exception):  # restarts passed the intensity; never leaves this module
-    def __init__(self, child_id: str, cause: BaseException | None) -> None:
-        self.child_id = child_id
-        self.cause = cause
-
-
-@dataclass(frozen=True, slots=True)
-class _Exited:
-    slot: _Slot
-    run: _Run
-    reason: BaseException | None
-
-
-@dataclass(frozen=True, slots=True)
-class _Op:
-    kind: Literal["restart", "terminate", "start", "delete"]
-    child_id: str
-    spec: ChildSpec | None = None
-
-
-class Supervisor:
-    """Supervises children by strategy; itself a valid child (its ref is the supervisor)."""
-
-    def __init__(
+    async def add_model(
         self,
-        name: str,
-        children: Sequence[ChildSpec],
-        strategy: Strategy = Strategy.ONE_FOR_ONE,
-        intensity: int = 3,
-        period: float = 5.0,
-        clock: Clock | None = None,
-        on_event: Callable[[SupervisorEvent], None] | None = None,
+        model_id: str,
+        model: Supervisor,
+        on_exit: Callable[[BaseException | None], None] | None = None,
     ) -> None:
-        """Describe the tree; nothing starts until :meth:`run`.
+        """Start ``model``'s subtree under the root; ``on_exit`` hears if it ends by itself.
 
         Raises:
-            ValueError: two children share an id, or intensity/period is negative.
+            SupervisorEscalationError: the subtree could not start (not added).
+            ValueError: a model with that id is in the tree.
         """
-        if intensity < 0 or period < 0:
-            raise ValueError("intensity and period must not be negative")
-        self.name = name
-        self.strategy = strategy
-        self.intensity = intensity
-        self.period = period
-        self._clock: Clock = clock or SystemClock()
-        self._on_event = on_event
-        self._slots: list[_Slot] = []
-        for spec in children:
-            self._check_new_id(spec.id)
-            self._slots.append(_Slot(spec))
-        self._restart_times: deque[float] = deque()
-        self._tg: anyio.abc.TaskGroup | None = None
-        self._send: MemoryObjectSendStream[Envelope] | None = None
-        self._stopping = False
-        self._ran = False
-        self._blame = ""
-        self._finished = anyio.Event()
+        spec = ChildSpec(model_id, lambda: model, Restart.TEMPORARY, shutdown=_MODEL_SHUTDOWN)
+        if on_exit is not None:
+            self._on_exit[model_id] = on_exit
+        try:
+            await self.supervisor.start_child(spec)
+        except BaseException:
+            self._on_exit.pop(model_id, None)
+            raise
 
-    # -- public API ---------------------------------------------------------------------------
-
-    async def run(
-        self, *, task_status: anyio.abc.TaskStatus[Supervisor] = anyio.TASK_STATUS_IGNORED
-    ) -> None:
-        """Start the children in order, report started (with ``self``), supervise until stopped.
-
-        Returns normally after :meth:`stop`; every child has stopped by then.
+    async def remove_model(self, model_id: str) -> None:
+        """Stop ``model_id``'s subtree (each child within its shutdown) and forget it.
 
         Raises:
-            SupervisorEscalationError: a child failed to start, or restarts passed the
-                intensity; every child was stopped first. ``__cause__`` is the last failure.
-            ActorError: this supervisor was run before (a supervisor runs once; the spec's
-                factory makes a fresh one for each restart).
+            nothing: a model that is not in the tree (or a root that stopped) is ignored.
         """
-        if self._ran:
-            raise ActorError(f"supervisor {self.name} has already run")
-        self._ran = True
-        send, recv = anyio.create_memory_object_stream[Envelope](math.inf)
-        self._send = send
-        escalation: SupervisorEscalationError | None = None
+        self._on_exit.pop(model_id, None)
+        with anyio.CancelScope(shield=True):
+            try:
+                await self.supervisor.delete_child(model_id)
+            except (KeyError, ActorStoppedError):
+                pass
+
+    def models(self) -> list[ChildInfo]:
+        """The model subtrees under the root (the device manager excluded)."""
+        return [c for c in self.supervisor.children() if c.id != "device-manager"]
+
+    # -- the host ----------------------------------------------------------------------------
+
+    async def _host(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
             async with anyio.create_task_group() as tg:
-                self._tg = tg
-                try:
-                    for slot in list(self._slots):
-                        if not self._stopping:
-                            await self._start(slot, "child_started")
-                except Exception as exc:
-                    escalation = self._escalate(slot.spec.id, exc, "failed to start")
-                else:
-                    task_status.started(self)
-                    escalation = await self._supervise(recv)
-                await self._stop_all()
-                tg.cancel_scope.cancel()
+                await tg.start(self.supervisor.run)
+                self._ready.set()
+        except Exception as exc:  # the root itself gave up: every model is gone
+            self._error = exc
+            log.error("runtime_root_failed", error=repr(exc))
         finally:
-            self._stopping = True
-            for slot in self._slots:  # also after a cancellation, which skips _stop_all
-                slot.run, slot.state = None, "stopped"
-            send.close()
-            for envelope in _drain(recv):
-                envelope.fail(ActorStoppedError(f"supervisor {self.name} has stopped"))
-            self._finished.set()
-        if escalation is not None:
-            self._emit("supervisor_escalated", self._blame, escalation.__cause__, level="error")
-            raise escalation
+            if Runtime._roots.get(loop) is self:
+                del Runtime._roots[loop]
+            for on_exit in self._on_exit.values():
+                on_exit(self._error or ActorStoppedError("the runtime root stopped"))
+            self._on_exit.clear()
+            self._ready.set()
+            self._done.set()
 
-    async def stop(self) -> None:
-        """Stop every child in reverse order, each within its shutdown time; then run() returns.
-
-        Idempotent: later calls (and calls after run() ended) wait for the same stop.
-
-        Raises:
-            nothing: cancelling the caller only stops the waiting; the stop goes on.
-        """
-        if not self._ran:
-            self._stopping = True
-            self._finished.set()
-        if not self._stopping:
-            self._stopping = True
-            if self._send is not None:
-                self._send.send_nowait(Envelope(None))  # wakes the supervising loop
-        await self._finished.wait()
-
-    def ref(self, child_id: str) -> Any:
-        """The current ref of a running child (an ActorRef, or a nested Supervisor).
-
-        Raises:
-            KeyError: no child has that id.
-            ActorStoppedError: the child is not running (stopped, or being restarted).
-        """
-        slot = self._slot(child_id)
-        if slot.state != "running" or slot.run is None or slot.run.done.is_set():
-            raise ActorStoppedError(f"child {child_id} of {self.name} is {slot.state}")
-        return slot.run.ref
-
-    def children(self) -> list[ChildInfo]:
-        """Every child in start order: id, state and how many times it was restarted."""
-        return [ChildInfo(s.spec.id, s.state, s.restarts) for s in self._slots]
-
-    async def restart_child(self, child_id: str) -> None:
-        """Restart a child on purpose, by the strategy (it counts toward the intensity).
-
-        A stopped (terminated) child is started again the same way.
-
-        Raises:
-            KeyError: no child has that id.
-            ActorStoppedError: the supervisor is not running.
-            SupervisorEscalationError: this restart passed the intensity; the supervisor gave up.
-        """
-        await self._call(_Op("restart", child_id))
-
-    async def terminate_child(self, child_id: str) -> None:
-        """Stop a child (gracefully, within its shutdown) and keep its spec; it is not restarted.
-
-        Raises:
-            KeyError: no child has that id.
-            ActorStoppedError: the supervisor is not running.
-        """
-        await self._call(_Op("terminate", child_id))
-
-    async def start_child(self, spec: ChildSpec) -> Any:
-        """Add a child after the others and start it; returns its ref.
-
-        Raises:
-            ValueError: a child with that id exists.
-            ActorStoppedError: the supervisor is not running.
-            Exception: whatever the child raised while starting (it is not added).
-        """
-        return await self._call(_Op("start", spec.id, spec))
-
-    async def delete_child(self, child_id: str) -> None:
-        """Stop a child if it runs (gracefully, within its shutdown) and forget its spec.
-
-        Raises:
-            KeyError: no child has that id.
-            ActorStoppedError: the supervisor is not running.
-        """
-        await self._call(_Op("delete", child_id))
-
-    def __repr__(self) -> str:
-        return f"Supervisor({self.name})"
-
-    # -- supervising loop (the only place where the tree changes) -----------------------------
-
-    async def _call(self, op: _Op) -> Any:
-        if self._send is None or self._stopping:
-            raise ActorStoppedError(f"supervisor {self.name} is not running")
-        reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._send.send_nowait(Envelope(op, reply))
-        return await reply
-
-    async def _supervise(
-        self, recv: MemoryObjectReceiveStream[Envelope]
-    ) -> SupervisorEscalationError | None:
-        if self._stopping:
-            return None
-        async for envelope in recv:
-            if self._stopping:
-                envelope.fail(ActorStoppedError(f"supervisor {self.name} is stopping"))
-                return None
-            try:
-                match envelope.message:
-                    case _Exited(slot, run, reason):
-                        await self._on_exit(slot, run, reason)
-                    case _Op() as op:
-                        envelope.answer(await self._apply(op))
-            except _GiveUp as give_up:
-                escalation = self._escalate(
-                    give_up.child_id,
-                    give_up.cause,
-                    f"passed the intensity ({self.intensity} restarts in {self.period} s)",
-                )
-                error = SupervisorEscalationError(str(escalation))
-                error.__cause__ = escalation.__cause__
-                envelope.fail(error)  # the caller of restart_child gets its own copy
-                return escalation
-            except Exception as exc:
-                if envelope.reply is None:
-                    raise  # a bug in the supervisor itself: let run() fail loudly
-                envelope.fail(exc)
-        return None
-
-    async def _on_exit(self, slot: _Slot, run: _Run, reason: BaseException | None) -> None:
-        if slot.run is not run:
-            return  # an incarnation we already replaced or stopped
-        slot.run = None
-        spec = slot.spec
-        self._emit("child_exited", spec.id, reason, abnormal=reason is not None)
-        if spec.restart is Restart.PERMANENT or (
-            spec.restart is Restart.TRANSIENT and reason is not None
-        ):
-            await self._restart(slot, reason)
-        else:
-            slot.state = "stopped"
-
-    async def _apply(self, op: _Op) -> Any:
-        if op.kind == "start":
-            assert op.spec is not None
-            self._check_new_id(op.child_id)
-            slot = _Slot(op.spec)
-            await self._start(slot, "child_started")  # added only once it started
-            self._slots.append(slot)
-            return self.ref(op.child_id)
-        slot = self._slot(op.child_id)
-        if op.kind == "restart":
-            await self._restart(slot, None)
-        else:
-            await self._stop_child(slot)
-            slot.state = "stopped"
-            if op.kind == "delete":
-                self._slots.remove(slot)
-        return None
-
-    async def _restart(self, slot: _Slot, cause: BaseException | None) -> None:
-        """Restart ``slot`` and, by the strategy, its siblings: stop in reverse, start in order."""
-        self._count_restart(slot.spec.id, cause)
-        i = self._slots.index(slot)
-        group = {
-            Strategy.ONE_FOR_ONE: [slot],
-            Strategy.REST_FOR_ONE: self._slots[i:],
-            Strategy.ONE_FOR_ALL: list(self._slots),
-        }[self.strategy]
-        temporary = Restart.TEMPORARY
-        again = [s for s in group if s is slot or (s.run and s.spec.restart is not temporary)]
-        for s in reversed(group):
-            await self._stop_child(s)
-            s.state = "restarting" if s in again else "stopped"
-        for s in again:
-            while not self._stopping:
-                try:
-                    await self._start(s, "child_restarted")
-                except Exception as exc:  # a failed start is one more crash of that child
-                    _log.warning("child_start_failed", supervisor=self.name, child=s.spec.id)
-                    self._count_restart(s.spec.id, exc)
-                    await anyio.lowlevel.checkpoint()  # let the rest of the tree move on
-                else:
-                    break
-
-    def _count_restart(self, child_id: str, cause: BaseException | None) -> None:
-        now = self._clock.monotonic()
-        self._restart_times.append(now)
-        while self._restart_times and self._restart_times[0] <= now - self.period:
-            self._restart_times.popleft()
-        if len(self._restart_times) > self.intensity:
-            raise _GiveUp(child_id, cause)
-
-    def _escalate(
-        self, child_id: str, cause: BaseException | None, why: str
-    ) -> SupervisorEscalationError:
-        error = SupervisorEscalationError(f"supervisor {self.name}: child {child_id} {why}")
-        error.__cause__ = cause
-        self._blame = child_id
-        return error
-
-    # -- starting and stopping one child ------------------------------------------------------
-
-    async def _start(self, slot: _Slot, kind: EventKind) -> None:
-        assert self._tg is not None
-        run = _Run(slot.spec.start())
-        await self._tg.start(self._host, slot, run)
-        slot.run = run
-        slot.state = "running"
-        if kind == "child_restarted":
-            slot.restarts += 1
-        self._emit(kind, slot.spec.id, None, restarts=slot.restarts)
-
-    async def _host(
-        self, slot: _Slot, run: _Run, *, task_status: anyio.abc.TaskStatus[Any]
-    ) -> None:
-        """The child's task: runs it in its own cancel scope and reports how it exited."""
-        reason: BaseException | None = None
-        try:
-            with run.scope:
-                try:
-                    await run.child.run(task_status=_Relay(task_status, run))
-                except Exception as exc:
-                    if not run.started:
-                        raise  # a failed start goes to the starter, through tg.start()
-                    reason = _unwrap(exc)
-        finally:
-            run.done.set()
-        if run.stopping:
-            if reason is not None:
-                _log.warning("child_stop_failed", supervisor=self.name, child=slot.spec.id)
-        elif self._send is not None and not self._stopping:
-            self._send.send_nowait(Envelope(_Exited(slot, run, reason)))
-
-    async def _stop_child(self, slot: _Slot) -> None:
-        """Stop the slot's child: gracefully within its shutdown time, else cancel it."""
-        run, slot.run = slot.run, None
-        if run is None:
-            return
-        run.stopping = True
-        if not run.done.is_set():
-            async with move_on_after(self._clock, slot.spec.shutdown):
-                try:
-                    if isinstance(run.child, _Stoppable):
-                        await run.child.stop()
-                    elif isinstance(run.ref, ActorRef):
-                        await run.ref.ask(Stop())
-                except Exception:  # e.g. it stopped already: waiting below is what counts
-                    pass
-                await run.done.wait()
-            if not run.done.is_set():
-                _log.warning("child_killed", supervisor=self.name, child=slot.spec.id)
-                run.scope.cancel()
-                await run.done.wait()
-        self._emit("child_stopped", slot.spec.id, None)
-
-    async def _stop_all(self) -> None:
-        self._stopping = True
-        for slot in reversed(self._slots):
-            await self._stop_child(slot)
-            slot.state = "stopped"
-
-    # -- small helpers ------------------------------------------------------------------------
-
-    def _slot(self, child_id: str) -> _Slot:
-        for slot in self._slots:
-            if slot.spec.id == child_id:
-                return slot
-        raise KeyError(f"supervisor {self.name} has no child {child_id!r}")
-
-    def _check_new_id(self, child_id: str) -> None:
-        if any(s.spec.id == child_id for s in self._slots):
-            raise ValueError(f"supervisor {self.name} already has a child {child_id!r}")
-
-    def _emit(
-        self, kind: EventKind, child_id: str, reason: BaseException | None, **fields: Any
-    ) -> None:
-        level = fields.pop("level", "warning" if reason is not None else "info")
-        getattr(_log, level)(
-            kind,
-            supervisor=self.name,
-            child=child_id,
-            reason=repr(reason) if reason else None,
-            **fields,
-        )
-        if self._on_event is not None:
-            try:
-                self._on_event(SupervisorEvent(kind, child_id, reason))
-            except Exception:
-                _log.exception("on_event_failed", supervisor=self.name, child=child_id)
+    def _on_event(self, event: SupervisorEvent) -> None:
+        if event.kind == "child_exited":
+            on_exit = self._on_exit.pop(event.child_id, None)
+            if on_exit is not None:
+                on_exit(event.reason)

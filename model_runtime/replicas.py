@@ -26,20 +26,24 @@ from actors.clock import Clock
 from actors.device.actor import Device
 from actors.device.backends import create_backend
 from actors.device.faults import FaultPlan
-from actors.device.manager import AttachedDevice
+from actors.device.manager import AttachedDevice, DeviceManager
 from actors.queues.actor import Queue
 from actors.queues.config import QueueConfig
 from actors.queues.messages import Drain, FailAll
 from actors.queues.request import Request
 from actors.session.actor import SaveVariables, SessionActor, SessionPolicy
 from actors.session.state import ReplicaState, ReplicaStatus
+from actors.supervision import ChildSpec, Restart, Strategy, Supervisor
 from actors.watchdog import Watchdog, WatchTarget
 from model_runtime.errors import InputValidationError, ModelRuntimeError, RunnerStoppedError
 from model_runtime.executable import Executable
 from model_runtime.runner_config import ModelRunnerConfig
-from supervisor import ChildSpec, Restart, Strategy, Supervisor
 
 __all__ = ["ReplicaSet"]
+
+#: Seconds over which a replica's restarts count toward its supervisor's intensity; progress
+#: (a successful batch) forgives them earlier.
+_RESTART_PERIOD = 60.0
 
 log = structlog.get_logger(__name__)
 
@@ -55,11 +59,17 @@ class ReplicaSet:
         *,
         fault_plan: FaultPlan | None,
         clock: Clock,
+        manager: DeviceManager | None = None,
     ) -> None:
         self._exe = executable
+        self._manager = manager
+        self.closing = False
         self._config = config
         self._clock = clock
-        self._plan = fault_plan
+        # One injector per replica for its whole life: a restarted device goes on counting.
+        self._faults = [
+            fault_plan.for_replica(r) if fault_plan else None for r in range(len(devices))
+        ]
         self.devices = devices
         self.states = [ReplicaState(replica=r, device_id=d.spec.id) for r, d in enumerate(devices)]
         self.queues: list[Queue] = [self._new_queue(r) for r in range(len(devices))]
@@ -87,7 +97,13 @@ class ReplicaSet:
             is_batch_size_timeout_enabled=cfg.is_batch_size_timeout_enabled,
             request_tracepoints_buffer_size=cfg.request_tracepoints_buffer_size,
         )
-        return Queue(self._exe.metadata, queue_config, replica=r, clock=self._clock)
+        return Queue(
+            self._exe.metadata,
+            queue_config,
+            replica=r,
+            clock=self._clock,
+            handoff=lambda moved: self._reroute(r, moved),
+        )
 
     def _replica_spec(self, r: int) -> ChildSpec:
         cfg = self._config
@@ -97,8 +113,9 @@ class ReplicaSet:
             max_retries=cfg.max_retries,
             execution_timeout=cfg.execution_timeout,
             reset_timeout=cfg.reset_timeout,
-            reset_intensity=cfg.reset_intensity,
-            reset_period=cfg.reset_period,
+            max_failed_recoveries=cfg.max_failed_recoveries,
+            probe_initial=cfg.probe_backoff_initial,
+            probe_cap=cfg.probe_backoff_cap,
             # The seed's max_look_ahead: batches prepared ahead of the device; "unlimited" is
             # ours to choose, and two in the device's queue keep it busy.
             pipeline_depth=2 if cfg.look_ahead is None else 1 + min(cfg.look_ahead, 1),
@@ -119,7 +136,7 @@ class ReplicaSet:
                 attached,
                 create_backend(attached.spec),
                 replica=r,
-                fault_plan=self._plan,
+                fault_injector=self._faults[r],
                 clock=self._clock,
                 detach_on_stop=False,
                 executable=self._exe,
@@ -129,17 +146,20 @@ class ReplicaSet:
 
         def make_session() -> SessionActor:
             assert sup is not None
-            if state.status is not ReplicaStatus.FAILED:  # out of service stays out
-                state.set_status(ReplicaStatus.READY)
+            replica_sup = sup
             return SessionActor(
                 replica=r,
                 device=sup.ref("device"),
                 queue=sup.ref("queue"),
                 ready=self.queues[r].ready,
+                layout=self.queues[r].layout,
                 state=state,
                 policy=policy,
                 clock=self._clock,
                 on_status=self.on_status,
+                on_progress=replica_sup.forgive,
+                reattach=lambda: self._reattach(r),
+                stateful=bool(self._exe.metadata.variables),
             )
 
         def make_replica() -> Supervisor:
@@ -154,17 +174,23 @@ class ReplicaSet:
                     ChildSpec("session", make_session, shutdown=cfg.reset_timeout),
                 ],
                 strategy=Strategy.REST_FOR_ONE,
-                intensity=cfg.reset_intensity,
-                period=cfg.reset_period,
+                # Restarts without progress (the session forgives them on its next good
+                # batch): a crash storm the device survives never takes the replica out.
+                intensity=cfg.max_failed_recoveries,
+                period=_RESTART_PERIOD,
                 clock=self._clock,
             )
             return sup
 
-        return ChildSpec(f"replica-{r}", make_replica, restart=Restart.TRANSIENT)
+        # A replica subtree that gave up is replaced, after the supervisor's backoff; its queue
+        # hands its requests to the other replicas as it stops.
+        return ChildSpec(f"replica-{r}", make_replica, restart=Restart.PERMANENT)
 
     def _watchdog_spec(self) -> ChildSpec:
         cfg = self._config
-        run_deadline = cfg.execution_timeout or 60.0
+        # Hangs inside a run are the session's (its execution deadline); the watchdog is the
+        # last resort for a session that stops itself: well past a run, a reset and a retry.
+        run_deadline = cfg.execution_timeout or 10.0
         tries = cfg.max_retries + 1
         stall_after = cfg.stall_timeout or (run_deadline + cfg.reset_timeout) * (tries + 1)
 
@@ -209,7 +235,7 @@ class ReplicaSet:
 
     # -- who takes a request ---------------------------------------------------------------
 
-    def pick(self, replica_id: int | None) -> int:
+    def pick(self, replica_id: int | None, exclude: int = -1) -> int:
         """The replica for a request: ``replica_id``, or the least-loaded READY one.
 
         Raises:
@@ -223,7 +249,7 @@ class ReplicaSet:
                 raise InputValidationError(f"replica_id {replica_id} is out of range [0, {n})")
             return replica_id
         ready = ReplicaStatus.READY
-        if n == 1 and states[0].status is ready:
+        if n == 1 and states[0].status is ready and exclude != 0:
             return 0
         # Least loaded ready replica; ties go round-robin from after the last one picked.
         best = -1
@@ -234,7 +260,7 @@ class ReplicaSet:
             r = start + i
             if r >= n:
                 r -= n
-            if states[r].status is ready:
+            if states[r].status is ready and r != exclude:
                 load = queues[r].pending_samples
                 if load < best_load:
                     best, best_load = r, load
@@ -242,19 +268,29 @@ class ReplicaSet:
             # Nobody is ready: a replica that is resetting or starting queues the request
             # until it is (bounded by the reset timeout); FAILED ones never take work.
             for r in range(n):
-                if states[r].status in (ReplicaStatus.RESETTING, ReplicaStatus.STARTING):
+                if r != exclude and states[r].status in (
+                    ReplicaStatus.RESETTING,
+                    ReplicaStatus.STARTING,
+                ):
                     return r
             raise RunnerStoppedError("no replica is in service")
         self._next = best + 1 if best + 1 < n else 0
         return best
 
     def on_status(self, r: int, status: ReplicaStatus) -> None:
-        """A replica out of service hands its unanswered requests to the others."""
+        """A replica out of service hands its unanswered requests to the others; one back in
+        service takes requests again."""
         log.info("replica_status", replica=r, status=status.value)
-        if status is not ReplicaStatus.FAILED:
-            return
-        moved = self.queues[r].evacuate()
+        if status is ReplicaStatus.READY:
+            self.queues[r].resume()
+        elif status is ReplicaStatus.FAILED:
+            self._reroute(r, self.queues[r].evacuate())
+
+    def _reroute(self, r: int, moved: list[Request]) -> None:
+        """Queue replica ``r``'s unanswered requests on replicas in service; a request fails
+        only when none is (or the runner is closing)."""
         failure = self.states[r].failure
+        stopped = RunnerStoppedError("the runner stopped before this request completed")
         for old in moved:
             request = Request(
                 inputs=old.inputs,
@@ -265,14 +301,43 @@ class ReplicaSet:
                 t_submit=old.t_submit,
             )
             try:
-                target = self.pick(None)
+                if self.closing:
+                    raise stopped
+                target = self.pick(None, exclude=r)
             except RunnerStoppedError as exc:
                 if not old.future.done():
-                    old.future.set_exception(failure or exc)
+                    old.future.set_exception(failure if failure and not self.closing else exc)
                 continue
             self.queues[target].enqueue_nowait(request)
         if moved:
             log.warning("replica_evacuated", replica=r, requests=len(moved))
+
+    async def _reattach(self, r: int) -> None:
+        """Give replica ``r`` a fresh device (another free one if there is one, else its own
+        again) and restart its Device actor and, rest_for_one, its session.
+
+        Raises:
+            nothing: when no device can be attached the replica stays out of service and the
+                session probes again later.
+        """
+        if self._manager is None or self._config.replica_to_device:
+            return  # a pinned device is re-probed where it is
+        old = self.devices[r]
+        try:
+            new = await self._manager.get_device_for(self._exe)
+        except ModelRuntimeError:
+            old.detach()
+            try:
+                new = await self._manager.get_device_for(self._exe)
+            except ModelRuntimeError as exc:
+                log.warning("reattach_failed", replica=r, error=str(exc))
+                return
+        else:
+            old.detach()
+        self.devices[r] = new
+        self.states[r].device_id = new.spec.id
+        log.warning("replica_reattached", replica=r, old=old.spec.id, new=new.spec.id)
+        await self.replica_supervisor(r).restart_child("device")
 
     # -- stopping --------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ the rows into a pooled batch buffer. The caller awaits a future the Queue resolv
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import os
 from collections.abc import Awaitable, Iterable, Mapping
@@ -46,10 +47,12 @@ from model_runtime.io import (
 from model_runtime.replicas import ReplicaSet
 from model_runtime.runner_config import ModelRunnerConfig
 from model_runtime.stats import StatisticsView
+from supervisor import Runtime
 
 __all__ = ["ModelRunner", "ModelRunnerConfig"]
 
 log = structlog.get_logger(__name__)
+_model_ids = itertools.count(1)
 Source = str | os.PathLike[str] | Iterable[str | os.PathLike[str]] | Executable
 
 
@@ -89,7 +92,9 @@ class ModelRunner:
         self._manager = device_manager or DeviceManager(clock=self._clock)
         self._exe: Executable | None = source if isinstance(source, Executable) else None
         self._replicas: ReplicaSet | None = None
-        self._tg: anyio.abc.TaskGroup | None = None
+        self._root: Runtime | None = None
+        self._model_id = ""
+        self._failure: BaseException | None = None
         self._accepting = False
         self._closed = False
         self._in_shapes: tuple[Any, ...] = ()
@@ -112,13 +117,17 @@ class ModelRunner:
         await self.close()
 
     async def start(self) -> None:
-        """Load the executable, attach devices and start every replica.
+        """Load the executable, attach devices and add the model's subtree to the runtime's
+        tree; returns once every replica serves. Works from any task; so does :meth:`stop`.
 
         Raises:
             InvalidExecutableError: the executable cannot be loaded.
             DeviceUnavailableError: devices could not be attached per ``device_wait_config``.
+            RunnerStoppedError: the runner was started before.
             ModelRuntimeError: any other failure while starting (devices are released).
         """
+        if self._root is not None or self._closed:
+            raise RunnerStoppedError("a runner starts once (make a new one to start again)")
         cfg = self.config
         exe = self._exe
         if exe is None:
@@ -138,6 +147,9 @@ class ModelRunner:
         self._loop = asyncio.get_running_loop()
         wait = cfg.device_wait_config or DeviceWaitConfig()
         devices: list[AttachedDevice] = []
+        self._root = root = await Runtime.acquire()
+        self._model_id = f"{meta.model_name}#{next(_model_ids)}"
+        added = False
         try:
             for r in range(cfg.replication_factor):
                 if r in cfg.replica_to_device:
@@ -147,28 +159,40 @@ class ModelRunner:
                 else:
                     dev = await self._manager.get_device_for(exe, wait_config=wait)
                 devices.append(dev)
-            self._replicas = ReplicaSet(exe, cfg, devices, fault_plan=plan, clock=self._clock)
-            self._tg = anyio.create_task_group()
-            await self._tg.__aenter__()
-            await self._tg.start(self._replicas.supervisor.run)
+            self._replicas = ReplicaSet(
+                exe, cfg, devices, fault_plan=plan, clock=self._clock, manager=self._manager
+            )
+            added = True
+            await root.add_model(self._model_id, self._replicas.supervisor, self._on_exit)
         except SupervisorEscalationError as exc:
             # A replica that cannot start (bad frozen input, a custom op library that is not
             # allowed, ...) is reported as what it is, not as the supervisor giving up.
-            await self._abandon_start(devices)
+            await self._abandon_start(devices, added)
             raise _root_cause(exc) from exc
         except BaseException:
-            await self._abandon_start(devices)
+            await self._abandon_start(devices, added)
             raise
         self._accepting = True
         log.info("runner_started", model=meta.model_name, replicas=cfg.replication_factor)
 
-    async def _abandon_start(self, devices: list[AttachedDevice]) -> None:
-        if self._tg is not None:
-            self._tg.cancel_scope.cancel()
-            await self._tg.__aexit__(None, None, None)
-            self._tg = None
+    async def _abandon_start(self, devices: list[AttachedDevice], added: bool) -> None:
+        root, self._root = self._root, None
+        self._closed = True
+        if root is not None:
+            if added:  # a cancelled start may have added the subtree all the same
+                await root.remove_model(self._model_id)
+            await root.release()
         for dev in devices:
             dev.detach()
+
+    def _on_exit(self, reason: BaseException | None) -> None:
+        """The model's subtree ended by itself (it gave up): no more requests are taken."""
+        self._accepting = False
+        self._failure = _root_cause(reason) if reason is not None else None
+        log.error("model_gave_up", model=self._executable.metadata.model_name, error=repr(reason))
+        if self._replicas is not None:
+            for state in self._replicas.states:
+                state.set_status(ReplicaStatus.FAILED)
 
     async def close(self) -> None:
         """Drain and stop: :meth:`stop` with the configured ``drain_timeout`` as the grace."""
@@ -177,7 +201,8 @@ class ModelRunner:
     async def stop(self, grace: float | None = None) -> None:
         """Stop taking requests, let those in flight finish for up to ``grace`` seconds (None:
         as long as they take), answer what is left with :class:`RunnerStoppedError`, run the
-        save programs (``run_save_programs``), stop the actors and detach the devices.
+        save programs (``run_save_programs``), remove the model's subtree from the runtime's
+        tree and detach the devices. Works from any task, not only the one that started it.
 
         Every request taken gets exactly one answer. A second call is a no-op.
 
@@ -189,9 +214,11 @@ class ModelRunner:
         self._closed = True
         self._accepting = False
         replicas = self._replicas
+        root, self._root = self._root, None
         stopped = RunnerStoppedError("the runner stopped before this request completed")
         try:
             if replicas is not None:
+                replicas.closing = True
                 # Draining is part of the grace: a queue whose device hangs cannot drain.
                 with anyio.move_on_after(math.inf if grace is None else grace):
                     await replicas.drain()
@@ -200,12 +227,11 @@ class ModelRunner:
                     saved = await replicas.run_save_programs()
                     self.config.replica_to_save_programs_outputs.update(saved)
                 await replicas.fail_all(stopped)
-                await replicas.supervisor.stop()
         finally:
-            if self._tg is not None:
-                self._tg.cancel_scope.cancel()
-                await self._tg.__aexit__(None, None, None)
-                self._tg = None
+            with anyio.CancelScope(shield=True):
+                if root is not None:
+                    await root.remove_model(self._model_id)
+                    await root.release()
             for future in list(self._outstanding):  # the last net: never silence
                 if not future.done():
                     future.set_exception(stopped)
@@ -254,6 +280,10 @@ class ModelRunner:
         errors ``execute`` documents as input errors or a stopped runner.
         """
         if not self._accepting:
+            if self._failure is not None:
+                raise RunnerStoppedError(
+                    f"the runner gave up after an unrecoverable failure: {self._failure}"
+                )
             raise RunnerStoppedError("the runner is not running (not started, or closed)")
         exe = self._executable
         meta = exe.metadata

@@ -2,7 +2,7 @@
 
 Durations are seconds as ``float`` (the seed uses nanoseconds). ``None`` stands for the seed's
 "max()" (never). Fields beyond the seed: ``fault_plan``, ``max_retries``, ``execution_timeout``,
-``reset_timeout``, ``device_kind``.
+``reset_timeout``, ``max_failed_recoveries``, the probe backoff, ``device_kind``.
 """
 
 from __future__ import annotations
@@ -78,9 +78,13 @@ class ModelRunnerConfig:
     stall_timeout: float | None = None
     #: Seconds to wait for a device reset (and for requests arriving during one).
     reset_timeout: float = 30.0
-    #: Resets per replica allowed within ``reset_period`` before the replica is taken out.
-    reset_intensity: int = 5
-    reset_period: float = 60.0
+    #: A replica leaves service after this many faults in a row, each after a reset (or
+    #: restart) that no successful batch followed. Resets followed by progress never count.
+    max_failed_recoveries: int = 3
+    #: Out of service, a replica is re-probed after this many seconds, doubling each time up
+    #: to ``probe_backoff_cap``; it serves again once a probe batch runs.
+    probe_backoff_initial: float = 1.0
+    probe_backoff_cap: float = 10.0
     #: Seconds ``close()`` waits for in-flight requests before answering the rest with
     #: RunnerStoppedError.
     drain_timeout: float = 30.0
@@ -103,6 +107,15 @@ class ModelRunnerConfig:
             raise ConfigurationError("ring_buffer_size_multiplier must be >= 1")
         if self.max_retries < 0:
             raise ConfigurationError(f"max_retries must be >= 0, got {self.max_retries}")
+        if self.max_failed_recoveries < 1:
+            raise ConfigurationError(
+                f"max_failed_recoveries must be >= 1, got {self.max_failed_recoveries}"
+            )
+        if not 0 < self.probe_backoff_initial <= self.probe_backoff_cap:
+            raise ConfigurationError(
+                "probe_backoff_initial must be > 0 and <= probe_backoff_cap, got "
+                f"{self.probe_backoff_initial} and {self.probe_backoff_cap}"
+            )
         if self.request_tracepoints_buffer_size < 0:
             raise ConfigurationError("request_tracepoints_buffer_size must be >= 0")
         if isinstance(self.max_look_ahead, str):

@@ -23,6 +23,7 @@ __all__ = [
     "make_batch_mixing",
     "make_counter",
     "make_dynamic_feature",
+    "make_embedding",
     "make_fixed_batch_reshape",
     "make_mlp",
     "save",
@@ -80,6 +81,25 @@ def make_mlp(
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, sizes[0]])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, sizes[-1]])],
         inits,
+    )
+    return _model(graph)
+
+
+def make_embedding(
+    batch: Dim = "N", rows: int = 100, width: int = 8, seed: int = 0
+) -> onnx.ModelProto:
+    """An embedding lookup: ``ids`` int64 [batch] -> ``vectors`` float32 [batch, width].
+
+    The table has ``rows`` rows, so an id outside ``[-rows, rows)`` makes onnxruntime's Gather
+    fail with INVALID_ARGUMENT: one caller's bad data in a batch of good ones.
+    """
+    table = np.random.default_rng(seed).standard_normal((rows, width)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["vectors"], axis=0)],
+        "embedding",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [batch])],
+        [helper.make_tensor_value_info("vectors", TensorProto.FLOAT, [batch, width])],
+        [numpy_helper.from_array(table, "table")],
     )
     return _model(graph)
 

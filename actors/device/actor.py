@@ -33,7 +33,7 @@ from actors.actor import Envelope
 from actors.clock import Clock
 from actors.device._deferred import DeferringActor
 from actors.device.backends import Backend, RunAborted, make_backend
-from actors.device.faults import FaultKind, FaultPlan, FaultRule
+from actors.device.faults import FaultInjector, FaultKind, FaultPlan, FaultRule
 from actors.device.manager import AttachedDevice
 from actors.device.messages import (
     Detach,
@@ -93,6 +93,7 @@ class Device(DeferringActor[DeviceMessage]):
         *,
         replica: int = 0,
         fault_plan: FaultPlan | None = None,
+        fault_injector: FaultInjector | None = None,
         clock: Clock | None = None,
         name: str | None = None,
         abort_grace: float = 5.0,
@@ -109,7 +110,8 @@ class Device(DeferringActor[DeviceMessage]):
         self.abort_grace = abort_grace
         self.detach_on_stop = detach_on_stop
         self.log = self.log.bind(device=device.spec.id, replica=replica)
-        self._faults = fault_plan.for_replica(replica) if fault_plan else None
+        # One injector per replica outlives its Device actors (``at=N`` fires once).
+        self._faults = fault_injector or (fault_plan.for_replica(replica) if fault_plan else None)
         self._executor: ThreadPoolExecutor | None = None
         self._jobs: deque[_Job] = deque()
         self._abort = threading.Event()
@@ -209,9 +211,9 @@ class Device(DeferringActor[DeviceMessage]):
                     self._loaded = True
                     job = self._submit("load", self._work_load, executable, frozen)
                     self._reply_when_done(envelope, job)
-                case RunMain(batches):
+                case RunMain(batches, probe):
                     self._check_loaded()
-                    job = self._submit("main", self._work_main, batches)
+                    job = self._submit("main", self._work_main, batches, probe)
                     self._reply_when_done(envelope, job)
                 case RunSave():
                     self._check_loaded()
@@ -352,9 +354,10 @@ class Device(DeferringActor[DeviceMessage]):
         generation: int,
         abort: threading.Event,
         batches: Sequence[Mapping[str, np.ndarray]],
+        probe: bool = False,
     ) -> list[dict[str, np.ndarray]]:
         self._guard(generation)
-        if self._faults is not None:
+        if self._faults is not None and not probe:
             rule = self._faults.next_run()
             if rule is not None:
                 self._inject(rule, abort)

@@ -71,9 +71,15 @@ class LoadExecutable:
 
 @dataclass(frozen=True, slots=True)
 class RunMain:
-    """Run the main program once per batch (``len(batches) == device_iterations``)."""
+    """Run the main program once per batch (``len(batches) == device_iterations``).
+
+    ``probe``: a warm-up or probe run of the session, not a served batch: the fault plan
+    neither counts nor faults it (its ``at=N`` is the N-th served run); a broken device still
+    fails it.
+    """
 
     batches: tuple[Batch, ...]
+    probe: bool = False
 
 
 @dataclass(frozen=True, slots=True)

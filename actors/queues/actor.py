@@ -18,8 +18,10 @@ import asyncio
 import itertools
 import math
 from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 
 import anyio
+import numpy as np
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from actors.actor import Actor, Envelope
@@ -35,6 +37,7 @@ from actors.queues.messages import (
     Flush,
     GetStats,
     QueueMessage,
+    Settle,
 )
 from actors.queues.packing import take
 from actors.queues.pool import Layout, RingPool
@@ -64,8 +67,12 @@ class Queue(Actor[QueueMessage]):
         replica: int = 0,
         clock: Clock | None = None,
         name: str | None = None,
+        handoff: Callable[[list[Request]], None] | None = None,
     ) -> None:
         """Allocate the ring pool and the ``ready`` stream.
+
+        ``handoff`` takes the requests still unanswered when the queue stops (its replica's
+        subtree is being replaced), so they move to another replica instead of failing.
 
         Raises:
             ConfigurationError: the model's anchors do not fit ``config`` (see ``Layout``).
@@ -74,6 +81,7 @@ class Queue(Actor[QueueMessage]):
         self.config = config
         self.replica = replica
         self.layout = Layout(metadata, config)
+        self._handoff = handoff
         self._pool_size = config.pool_buffers
         self._pool = RingPool(self.layout, self._pool_size)
         self._recorder = TraceRecorder(config.request_tracepoints_buffer_size)
@@ -163,6 +171,10 @@ class Queue(Actor[QueueMessage]):
         self._check_drained()
         return moved
 
+    def resume(self) -> None:
+        """Take requests again after :meth:`evacuate`: the replica is back in service."""
+        self._draining = False
+
     def stats(self) -> QueueStats:
         """The statistics now, without messaging (same as asking :class:`GetStats`)."""
         return self._recorder.snapshot()
@@ -183,6 +195,8 @@ class Queue(Actor[QueueMessage]):
             self._now = asyncio.get_running_loop().time
 
     async def on_stop(self) -> None:
+        if self._handoff is not None:
+            self._handoff(self.evacuate())
         self._fail_all(RunnerStoppedError(f"queue {self.name} stopped"))
         stopped = ActorStoppedError(f"actor {self.name} has stopped")
         for envelope in self._drain_waiters:
@@ -224,6 +238,10 @@ class Queue(Actor[QueueMessage]):
                     self._close(closed)
                     self._recorder.add(t_start, t_end, submits, packed)
                     self._after_release()
+            case Settle(batch, parts, rejected, t_start, t_end):
+                if self._release(batch):
+                    self._settle(parts, rejected, t_start, t_end)
+                    self._after_release()
             case Fail(batch, error):
                 if self._release(batch):
                     self._close(fail_batch(batch, error))
@@ -239,6 +257,32 @@ class Queue(Actor[QueueMessage]):
             case _:
                 return await super().handle(message)
         return None
+
+    def _settle(
+        self,
+        parts: Sequence[tuple[Batch, Sequence[Mapping[str, np.ndarray]]]],
+        rejected: Sequence[tuple[Request, BaseException]],
+        t_start: float,
+        t_end: float,
+    ) -> None:
+        """Answer a bisected batch: the rejected requests their error, the rest their rows."""
+        closed_samples = closed = 0
+        for req, error in rejected:
+            if not req.future.done():
+                req.future.set_exception(error)
+            if req._open:
+                req._open = False
+                closed_samples += req.samples
+                closed += 1
+        self._close((closed_samples, closed))
+        submits: list[float] = []
+        packed: list[float] = []
+        for part, outputs in parts:
+            try:
+                self._close(route_outputs(self.layout, part, outputs, submits, packed))
+            except (KeyError, IndexError, ValueError) as exc:
+                self._close(fail_batch(part, exc))
+        self._recorder.add(t_start, t_end, submits, packed)
 
     # -- the hot path --------------------------------------------------------------------------
 

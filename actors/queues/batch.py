@@ -35,6 +35,8 @@ class Batch:
     padded: bool
     t_packed: float
     attempts: int = 0
+    #: application errors this batch met (a second one, after a reset, means its data)
+    app_errors: int = 0
     #: output name -> array receiving the padding rows' outputs (from the flush callback)
     flush_outputs: dict[str, np.ndarray] | None = None
     #: index of the ring pool buffer holding ``inputs`` (None: zero-copy views)

@@ -11,7 +11,17 @@ from actors.actor import Stop
 from actors.queues.batch import Batch
 from actors.queues.request import Request
 
-__all__ = ["Complete", "Drain", "Enqueue", "Fail", "FailAll", "Flush", "GetStats", "QueueMessage"]
+__all__ = [
+    "Complete",
+    "Drain",
+    "Enqueue",
+    "Fail",
+    "FailAll",
+    "Flush",
+    "GetStats",
+    "QueueMessage",
+    "Settle",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +54,23 @@ class Fail:
 
 
 @dataclass(frozen=True, slots=True)
+class Settle:
+    """(tell) ``batch`` was bisected after a data error (a poisoned request).
+
+    Each of ``parts`` is a part of ``batch`` (the same batch with only some of its segments)
+    and the outputs of the run that computed exactly those rows; each request of ``rejected``
+    gets its error (an ``InputValidationError``). Every request of ``batch`` is in exactly one
+    part or in ``rejected``. ``t_start``/``t_end`` span the runs of the bisection.
+    """
+
+    batch: Batch
+    parts: Sequence[tuple[Batch, Sequence[Mapping[str, np.ndarray]]]]
+    rejected: Sequence[tuple[Request, BaseException]]
+    t_start: float
+    t_end: float
+
+
+@dataclass(frozen=True, slots=True)
 class Flush:
     """(tell) Flush the partially filled batch now (padded), as a timeout would."""
 
@@ -66,4 +93,4 @@ class GetStats:
 
 
 #: What a Queue's ref accepts (``Stop`` is the actor core's).
-QueueMessage = Enqueue | Complete | Fail | Flush | Drain | FailAll | GetStats | Stop
+QueueMessage = Enqueue | Complete | Settle | Fail | Flush | Drain | FailAll | GetStats | Stop

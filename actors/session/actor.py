@@ -1,24 +1,38 @@
 """The Session actor: one replica's program lifecycle (load / main / save) and its batch loop.
 
-The session binds one executable to one Device actor. Its background loop takes the next ready
-batch from its Queue, asks the Device to run the main program (one thread hop per batch, inside
-the device), and gives the outputs back to the Queue, which answers the callers. While the device
-computes, the Queue packs the next batch (look-ahead).
+The session binds one executable to one Device actor. Before it reports started it runs a
+warm-up batch (zeros) on the device: "started" means the device runs the program, and the run
+time seeds the hang deadline. Its background loop then takes the next ready batch from its
+Queue, asks the Device to run the main program (one thread hop per batch, inside the device),
+and gives the outputs back to the Queue, which answers the callers.
 
-Failures are classified the seed's way (``auto_reset``): an application runtime error, or a
-recoverable error whose action is IPU_RESET, resets the device when ``auto_reset`` is on, and the
-batch is retried (beyond the seed) up to ``max_retries``; every other failure answers the batch's
-callers with the error. A run that passes ``execution_timeout`` is a hang: the device is reset
-(terminating or abandoning the stuck run) and the batch retried.
+Failures are classified (DESIGN.md §7):
 
-State that must survive a restart of this actor (the batch in flight, the last saved variables,
-the replica's health) lives in :class:`ReplicaState`, owned by the runner, not by the actor.
+* **Data errors** -- the backend rejects the data (onnxruntime INVALID_ARGUMENT, an index or
+  shape error in a kernel), or an application error repeats on the same batch after a reset.
+  The batch is bisected on the same device without a reset (:mod:`.bisect`): the requests
+  responsible get :class:`InputValidationError`, the others their rows. Never a fault.
+* **Device faults** -- the seed's ``auto_reset`` rule: an application error, or a recoverable
+  error whose action is IPU_RESET, resets the device when ``auto_reset`` is on and the batch is
+  retried up to ``max_retries``; other recoverable errors (and, without ``auto_reset``, these
+  too) answer the batch's callers with the error. A run past its execution deadline is a hang:
+  the device is reset and the batch retried. One reset per fault, however many batches were in
+  flight (the reset generation).
+* **Progress, not counts** -- a reset followed by a successful batch is a recovery. A replica
+  leaves service (FAILED) after ``max_failed_recoveries`` faults in a row with no successful
+  batch between them, or at once on an unrecoverable fault. Its requests move to the other
+  replicas (``on_status``), and the session re-probes the device with exponential backoff
+  (reset, restore the saved variables, run a probe batch; a broken device is re-attached via
+  ``reattach``) until it serves again.
+
+State that must survive a restart of this actor (the batches in flight, the last saved
+variables, the replica's health) lives in :class:`ReplicaState`, owned by the replica's tree.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,23 +41,29 @@ import numpy as np
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from actors.actor import Actor, ActorRef
-from actors.clock import Clock
+from actors.clock import Clock, move_on_after
 from actors.device.messages import Reset, RunMain, RunSave
 from actors.queues.batch import Batch
-from actors.queues.messages import Complete, Fail
+from actors.queues.messages import Complete, Fail, Settle
+from actors.queues.pool import Layout
+from actors.queues.request import Request
+from actors.session import bisect
 from actors.session.state import ReplicaState, ReplicaStatus
 from model_runtime.errors import (
     ActorStoppedError,
     ApplicationRuntimeError,
     DeviceStateError,
     ExecutionTimeoutError,
+    InputValidationError,
     RecoverableRuntimeError,
     RecoveryAction,
     RuntimeFailure,
     UnrecoverableRuntimeError,
 )
 
-__all__ = ["SaveVariables", "SessionActor", "SessionPolicy"]
+__all__ = ["SaveVariables", "SessionActor", "SessionPolicy", "is_resettable"]
+
+Outputs = list[dict[str, np.ndarray]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,10 +72,17 @@ class SessionPolicy:
 
     auto_reset: bool = False
     max_retries: int = 2
+    #: Seconds a main run may take before it is a hang; None: derived from observed runs.
     execution_timeout: float | None = None
     reset_timeout: float = 30.0
-    reset_intensity: int = 5
-    reset_period: float = 60.0
+    #: Faults in a row, each after a recovery that saw no successful batch, before the
+    #: replica leaves service.
+    max_failed_recoveries: int = 3
+    #: Out of service: first probe after this many seconds, doubling up to ``probe_cap``.
+    probe_initial: float = 1.0
+    probe_cap: float = 10.0
+    #: The derived execution deadline is never under this many seconds.
+    deadline_floor: float = 1.0
     #: Batches handed to the device at once (1: strictly one after another).
     pipeline_depth: int = 2
 
@@ -67,23 +94,31 @@ class SaveVariables:
 
 @dataclass(slots=True)
 class _RunTimes:
-    """Recent main-run durations, to derive a hang deadline when none is configured."""
+    """Recent main-run durations, to derive the hang deadline when none is configured."""
 
     samples: deque[float] = field(default_factory=lambda: deque(maxlen=64))
 
-    def deadline(self) -> float:
-        # Generous: a hang is "no progress", not "slower than usual". 50x the slowest recent
-        # run, and never under 10 s, so a loaded 2-core machine does not see phantom hangs.
+    def deadline(self, floor: float, first: float) -> float:
+        # A hang is "no progress", not "slower than usual": 20x the slowest recent run,
+        # never under the floor. Before any run (the warm-up itself) the reset timeout.
         if not self.samples:
-            return 60.0
-        return max(10.0, 50.0 * max(self.samples))
+            return first
+        return max(floor, 20.0 * max(self.samples))
 
 
 def is_resettable(exc: BaseException) -> bool:
     """The seed's auto_reset rule: application errors and IPU_RESET recoverable errors."""
     if isinstance(exc, RecoverableRuntimeError):
         return exc.recovery_action is RecoveryAction.IPU_RESET
-    return isinstance(exc, ApplicationRuntimeError | ExecutionTimeoutError)
+    return isinstance(exc, ApplicationRuntimeError)
+
+
+class _Poisoned(Exception):
+    """A run failed because of its data: bisect the batch (never leaves this module)."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 class SessionActor(Actor[object]):
@@ -96,10 +131,14 @@ class SessionActor(Actor[object]):
         device: ActorRef[Any],
         queue: ActorRef[Any],
         ready: MemoryObjectReceiveStream[Batch],
+        layout: Layout,
         state: ReplicaState,
         policy: SessionPolicy,
         clock: Clock | None = None,
         on_status: Callable[[int, ReplicaStatus], None] | None = None,
+        on_progress: Callable[[], None] | None = None,
+        reattach: Callable[[], Awaitable[None]] | None = None,
+        stateful: bool = False,
     ) -> None:
         super().__init__(f"session-{replica}", clock=clock)
         self.log = self.log.bind(replica=replica)
@@ -107,15 +146,29 @@ class SessionActor(Actor[object]):
         self._device = device
         self._queue = queue
         self._ready = ready
+        self._layout = layout
         self._state = state
         self._policy = policy
         self._times = _RunTimes()
         self._on_status = on_status
+        self._on_progress = on_progress
+        self._reattach = reattach
+        self._stateful = stateful
         #: Resets happen one at a time; the generation counts them (see _recover).
         self._reset_lock = anyio.Lock()
         self._generation = 0
+        self._on_device = 0  # main runs asked of the device and not answered
+        self._progressed = False  # a batch succeeded in this incarnation
 
-    # -- messages ----------------------------------------------------------------------------
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def on_start(self) -> None:
+        state = self._state
+        state.heartbeat = self.clock.monotonic()
+        if state.status is ReplicaStatus.FAILED:
+            return  # out of service: the background probes before it serves again
+        await self._warm_up()
+        self._set_status(ReplicaStatus.READY)
 
     async def handle(self, message: object) -> Any:
         match message:
@@ -128,20 +181,21 @@ class SessionActor(Actor[object]):
     # -- the batch loop ----------------------------------------------------------------------
 
     async def background(self) -> None:
-        # Batches left in flight by a previous incarnation of this actor run first: their
-        # callers have not been answered yet.
         state = self._state
+        if state.status is ReplicaStatus.FAILED:
+            await self._probe_until_ready()
         state.heartbeat = self.clock.monotonic()
         slots = anyio.Semaphore(self._policy.pipeline_depth)
         async with anyio.create_task_group() as tg:
+            # Batches left in flight by a previous incarnation of this actor run first: their
+            # callers have not been answered yet.
             for batch in list(state.inflight.values()):
                 await slots.acquire()
                 tg.start_soon(self._run, batch, slots)
             async for batch in self._ready:
                 # Recorded at once: if this session is restarted from here on, the next one
                 # runs the batch. Up to pipeline_depth batches sit in the device's worker
-                # queue, so the device starts the next one the moment the last ends, without
-                # waiting for this loop's turn on a busy event loop.
+                # queue, so the device starts the next one the moment the last ends.
                 state.inflight[batch.id] = batch
                 await slots.acquire()
                 state.heartbeat = self.clock.monotonic()
@@ -156,23 +210,25 @@ class SessionActor(Actor[object]):
 
     async def _run_batch(self, batch: Batch) -> None:
         state = self._state
+        poison: BaseException | None = None  # set once the batch's data is found at fault
         while True:
             if state.status is ReplicaStatus.FAILED:
-                failure = state.failure or UnrecoverableRuntimeError(
-                    f"replica {self.replica} is out of service", replica=self.replica
-                )
-                self._finish(batch, Fail(batch, failure))
+                # Out of service: the queue handed this batch's callers to other replicas;
+                # this answer is ignored unless nobody could take them.
+                self._finish(batch, Fail(batch, self._out_of_service_error()))
                 return
             generation = self._generation
             t_start = self.clock.monotonic()
             try:
-                outputs = await self._device.ask(RunMain(batch.inputs), timeout=self._deadline())
+                if poison is not None:
+                    await self._bisect(batch, poison)
+                    return
+                outputs = await self._run_main(batch.inputs)
             except ActorStoppedError:
-                # The device actor died. It is the one that failed, not this session: the
-                # supervisor restarts it and, rest_for_one, this session after it. Wait for
-                # that; the batch stays in state.inflight for the next incarnation.
-                self._note_fault()
-                self._set_status(ReplicaStatus.RESETTING)
+                # The device actor died. The supervisor restarts it and, rest_for_one, this
+                # session after it; the batch stays in state.inflight for the next one.
+                if self._fault():
+                    self._set_status(ReplicaStatus.RESETTING)
                 await anyio.sleep_forever()
             except DeviceStateError:
                 if generation == self._generation and not self._reset_lock.locked():
@@ -182,34 +238,160 @@ class SessionActor(Actor[object]):
                 async with self._reset_lock:
                     pass
                 continue
+            except InputValidationError as exc:
+                poison = exc
+                continue
             except (RuntimeFailure, ExecutionTimeoutError) as exc:
-                self._note_fault()
+                if isinstance(exc, ApplicationRuntimeError) and poison is None:
+                    if self._policy.auto_reset and batch.app_errors > 0:
+                        # The same batch failed the same way after a reset: its data, not
+                        # the device. Bisect instead of resetting again.
+                        poison = exc
+                        continue
+                    batch.app_errors += 1
                 if await self._recover(batch, exc, generation):
                     continue
                 self._finish(batch, Fail(batch, exc))
                 return
-            t_end = self.clock.monotonic()
-            self._times.samples.append(t_end - t_start)
-            if state.fault_at is not None:
-                state.recovery_times.append(t_end - state.fault_at)
-                state.fault_at = None
-            state.runs += 1
-            self._finish(batch, Complete(batch, outputs, t_start, t_end))
+            self._succeeded(t_start)
+            self._finish(batch, Complete(batch, outputs, t_start, self.clock.monotonic()))
             return
 
-    def _finish(self, batch: Batch, answer: Complete | Fail) -> None:
+    async def _run_main(
+        self, inputs: Sequence[Mapping[str, np.ndarray]], probe: bool = False
+    ) -> Outputs:
+        """One main run on the device, bounded by the execution deadline (clock time)."""
+        deadline = self._deadline()
+        state = self._state
+        now = self.clock.monotonic()
+        if self._on_device == 0:
+            state.hung_after = now + deadline
+        self._on_device += 1
+        try:
+            async with move_on_after(self.clock, deadline) as scope:
+                outputs: Outputs = await self._device.ask(RunMain(tuple(inputs), probe))
+            if scope.cancelled_caught:
+                raise ExecutionTimeoutError(
+                    f"replica {self.replica}: the main program ran past its deadline "
+                    f"({deadline:.3g} s)"
+                )
+        finally:
+            self._on_device -= 1
+            # The next run in the device's queue starts now.
+            state.hung_after = self.clock.monotonic() + deadline if self._on_device else _INF
+        return outputs
+
+    def _succeeded(self, t_start: float) -> None:
+        state = self._state
+        t_end = self.clock.monotonic()
+        self._times.samples.append(t_end - t_start)
+        if state.fault_at is not None:
+            state.recovery_times.append(t_end - state.fault_at)
+            state.fault_at = None
+        if state.recovering or not self._progressed:
+            # The first good batch of this incarnation, or since a fault: restarts and
+            # resets so far were recoveries, not failures.
+            self._progressed = True
+            state.recovering = False
+            state.failed_recoveries = 0
+            if self._on_progress is not None:
+                self._on_progress()
+        state.runs += 1
+
+    def _finish(self, batch: Batch, answer: Complete | Settle | Fail) -> None:
         self._queue.tell(answer)
         self._state.inflight.pop(batch.id, None)
 
-    def _note_fault(self) -> None:
-        if self._state.fault_at is None:
-            self._state.fault_at = self.clock.monotonic()
-        self._state.faults += 1
-
-    def _deadline(self) -> float | None:
+    def _deadline(self) -> float:
         if self._policy.execution_timeout is not None:
             return self._policy.execution_timeout
-        return self._times.deadline()
+        return self._times.deadline(self._policy.deadline_floor, self._policy.reset_timeout)
+
+    # -- data errors ---------------------------------------------------------------------------
+
+    async def _bisect(self, batch: Batch, error: BaseException) -> None:
+        """Find the requests whose data makes the run fail; answer everyone (module doc).
+
+        Raises:
+            RuntimeFailure, ExecutionTimeoutError, ActorStoppedError: a device fault during
+                the bisection; the caller handles it as a failure of the whole batch.
+        """
+        t_start = self.clock.monotonic()
+        live = [r for r in batch.requests if not r.future.done()]
+        self.log.warning(
+            "run_rejected_data", error=type(error).__name__, message=str(error), requests=len(live)
+        )
+        base = bisect.copy_inputs(batch)
+        parts: list[tuple[Batch, Sequence[Mapping[str, np.ndarray]]]] = []
+        rejected: list[tuple[Request, BaseException]] = []
+        todo = [*bisect.halves(live)] if len(live) > 1 else [live]
+        while todo:
+            group = todo.pop()
+            if not group:
+                continue
+            if len(live) == 1 and isinstance(error, InputValidationError):
+                outputs: Outputs | None = None  # the whole batch already failed on its own
+            else:
+                outputs = await self._try_group(base, batch, group, error)
+            if outputs is not None:
+                parts.append((bisect.part(batch, group), outputs))
+            elif len(group) > 1:
+                todo.extend(bisect.halves(group))
+            else:
+                rejected.append((group[0], self._rejection(error)))
+        self._state.poisoned += len(rejected)
+        if len(rejected) < len(live):
+            self._succeeded(t_start)
+        self._finish(batch, Settle(batch, parts, rejected, t_start, self.clock.monotonic()))
+
+    async def _try_group(
+        self, base: bisect.Inputs, batch: Batch, group: list[Request], first: BaseException
+    ) -> Outputs | None:
+        """Run ``group``'s rows alone: their outputs, or None when they fail the same way."""
+        inputs = bisect.masked_inputs(base, batch, group, self._layout)
+        # A rejection by the backend (INVALID_ARGUMENT) is about the data for certain; an
+        # application error may be a device fault that happened to strike twice, so a lone
+        # request is convicted only when it fails as many times in a row as a batch is retried.
+        tries = 1 + self._policy.max_retries if len(group) == 1 else 1
+        for _ in range(tries):
+            try:
+                return await self._run_main(inputs)
+            except InputValidationError:
+                return None
+            except ApplicationRuntimeError:
+                if not isinstance(first, ApplicationRuntimeError):
+                    raise
+        return None
+
+    def _rejection(self, error: BaseException) -> InputValidationError:
+        cause = error.__cause__ or error
+        rejection = InputValidationError(
+            f"the model rejected this request's data on replica {self.replica}: {cause}"
+        )
+        rejection.__cause__ = error
+        return rejection
+
+    # -- device faults -----------------------------------------------------------------------
+
+    def _fault(self) -> bool:
+        """Count a fault by the progress rule. False: the replica has left service."""
+        state = self._state
+        if state.fault_at is None:
+            state.fault_at = self.clock.monotonic()
+        state.faults += 1
+        if state.recovering:
+            state.failed_recoveries += 1
+        state.recovering = True
+        if state.failed_recoveries >= self._policy.max_failed_recoveries:
+            self._leave_service(
+                UnrecoverableRuntimeError(
+                    f"replica {self.replica} made no progress through "
+                    f"{state.failed_recoveries} recoveries in a row",
+                    replica=self.replica,
+                )
+            )
+            return False
+        return True
 
     async def _recover(self, batch: Batch, exc: BaseException, generation: int) -> bool:
         """Reset the device if the policy says so. True: run the batch again.
@@ -222,7 +404,8 @@ class SessionActor(Actor[object]):
             "run_failed", error=type(exc).__name__, message=str(exc), attempts=batch.attempts
         )
         if isinstance(exc, UnrecoverableRuntimeError):
-            self._set_failed(exc)
+            self._fault()
+            self._leave_service(exc)
             return False
         if not hang and not (self._policy.auto_reset and is_resettable(exc)):
             return False
@@ -230,12 +413,12 @@ class SessionActor(Actor[object]):
             if self._state.status is ReplicaStatus.FAILED:
                 return False
             if generation == self._generation:
-                if not self._note_reset():
-                    self._set_failed(exc)
+                if not self._fault():
                     return False
                 try:
                     await self.reset_device()
-                except (RuntimeFailure, ExecutionTimeoutError):
+                except (RuntimeFailure, ExecutionTimeoutError, DeviceStateError) as reset_exc:
+                    self._leave_service(reset_exc)
                     return False
                 self._generation += 1
         batch.attempts += 1
@@ -244,39 +427,96 @@ class SessionActor(Actor[object]):
             return True
         return False
 
-    def _note_reset(self) -> bool:
-        """Count a reset; False once resets pass the intensity within the period."""
-        now = self.clock.monotonic()
-        window = self._state.reset_times
-        window.append(now)
-        while window and window[0] < now - self._policy.reset_period:
-            window.popleft()
-        self._state.resets += 1
-        return len(window) <= self._policy.reset_intensity
-
     async def reset_device(self) -> None:
         """Reset the device, restoring the last saved variables; READY again when it is done.
 
         Raises:
-            RuntimeFailure: the reset itself failed (the replica is then FAILED).
+            RuntimeFailure, ExecutionTimeoutError: the reset itself failed.
         """
         self._set_status(ReplicaStatus.RESETTING)
+        self._state.resets += 1
         self.log.info("device_reset", resets=self._state.resets)
-        try:
+        await self._device.ask(
+            Reset(self._state.saved_variables), timeout=self._policy.reset_timeout
+        )
+        self._set_status(ReplicaStatus.READY)
+
+    def _leave_service(self, exc: BaseException) -> None:
+        state = self._state
+        if state.status is ReplicaStatus.FAILED:
+            return
+        state.failure = exc
+        state.outages += 1
+        state.probe_delay = self._policy.probe_initial
+        self.log.error("replica_out_of_service", error=type(exc).__name__, message=str(exc))
+        self._set_status(ReplicaStatus.FAILED)
+
+    def _out_of_service_error(self) -> BaseException:
+        return self._state.failure or UnrecoverableRuntimeError(
+            f"replica {self.replica} is out of service", replica=self.replica
+        )
+
+    # -- coming back ---------------------------------------------------------------------------
+
+    async def _warm_up(self) -> None:
+        """Run one batch of zeros: proves the device runs the program; seeds the deadline.
+
+        A model with variables is reset afterwards, to the last saved variables (or its
+        initial ones), so the warm-up leaves no trace in its state.
+
+        Raises:
+            RuntimeFailure, ExecutionTimeoutError, InputValidationError, DeviceStateError:
+                the run failed.
+        """
+        layout = self._layout
+        inputs = [
+            {s.name: np.zeros(s.shape, dtype=s.dtype) for s in layout.inputs}
+            for _ in range(layout.I)
+        ]
+        t_start = self.clock.monotonic()
+        await self._run_main(inputs, probe=True)
+        self._times.samples.append(self.clock.monotonic() - t_start)
+        if self._stateful:  # the zeros ran through the variables: put them back
             await self._device.ask(
                 Reset(self._state.saved_variables), timeout=self._policy.reset_timeout
             )
-        except (RuntimeFailure, ExecutionTimeoutError) as exc:
-            self._set_failed(exc)
-            raise
-        self._set_status(ReplicaStatus.READY)
 
-    def _set_failed(self, exc: BaseException) -> None:
-        self._state.failure = exc
-        self._set_status(ReplicaStatus.FAILED)
-        self.log.error("replica_failed", error=type(exc).__name__, message=str(exc))
+    async def _probe_until_ready(self) -> None:
+        """Out of service: reset and probe the device with exponential backoff until it runs.
+
+        A device that cannot be reset (broken, detached) is re-attached: ``reattach`` replaces
+        the Device actor and, rest_for_one, this session; the next one goes on probing.
+        """
+        state, policy = self._state, self._policy
+        while True:
+            delay = state.probe_delay or policy.probe_initial
+            await self.clock.sleep(delay)
+            state.probe_delay = min(delay * 2, policy.probe_cap)
+            state.probes += 1
+            state.heartbeat = self.clock.monotonic()
+            try:
+                await self._device.ask(Reset(state.saved_variables), timeout=policy.reset_timeout)
+                await self._warm_up()
+            except (UnrecoverableRuntimeError, DeviceStateError) as exc:
+                self.log.warning("probe_failed", error=type(exc).__name__, reattach=True)
+                if self._reattach is not None:
+                    await self._reattach()
+                continue
+            except (RuntimeFailure, ExecutionTimeoutError, InputValidationError) as exc:
+                self.log.warning("probe_failed", error=type(exc).__name__, message=str(exc))
+                continue
+            break
+        state.failure = None
+        state.failed_recoveries = 0
+        state.recovering = False
+        state.probe_delay = 0.0
+        self.log.info("replica_back_in_service", probes=state.probes, outages=state.outages)
+        self._set_status(ReplicaStatus.READY)
 
     def _set_status(self, status: ReplicaStatus) -> None:
         self._state.set_status(status)
         if self._on_status is not None:
             self._on_status(self.replica, status)
+
+
+_INF = float("inf")

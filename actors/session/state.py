@@ -14,7 +14,11 @@ __all__ = ["ReplicaState", "ReplicaStatus"]
 
 
 class ReplicaStatus(enum.Enum):
-    """Where a replica is in its life. Only READY replicas take new requests."""
+    """Where a replica is in its life. Only READY replicas take new requests.
+
+    FAILED is "out of service": the replica stopped making progress (or its device failed for
+    good); its requests moved to the others and it is re-probed until it serves again.
+    """
 
     STARTING = "starting"
     READY = "ready"
@@ -40,7 +44,19 @@ class ReplicaState:
     resets: int = 0
     retries: int = 0
     restarts: int = 0
-    reset_times: deque[float] = field(default_factory=deque)
+    #: Faults since the last successful batch that a reset or restart did not cure; the
+    #: replica leaves service when it reaches the policy's ``max_failed_recoveries``.
+    failed_recoveries: int = 0
+    #: A reset or restart happened and no batch has succeeded since.
+    recovering: bool = False
+    #: Times the replica left service, probes run while out of service, and the next wait.
+    outages: int = 0
+    probes: int = 0
+    probe_delay: float = 0.0
+    #: Requests answered with InputValidationError after a bisection found them poisoned.
+    poisoned: int = 0
+    #: Clock time past which the run on the device counts as hung (inf: nothing running).
+    hung_after: float = float("inf")
     #: Failed runs seen (any kind), and when the current unrecovered one happened.
     faults: int = 0
     #: Last sign of life of the replica's session (clock time), read by the watchdog.
@@ -61,4 +77,9 @@ class ReplicaState:
 
     @property
     def is_ready(self) -> bool:
+        """READY; callers with a clock also check :meth:`is_ready_at` (no hung run)."""
         return self.status is ReplicaStatus.READY
+
+    def is_ready_at(self, now: float) -> bool:
+        """READY and no run on the device past its execution deadline at clock time ``now``."""
+        return self.status is ReplicaStatus.READY and now < self.hung_after

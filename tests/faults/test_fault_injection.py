@@ -31,14 +31,14 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Reference]:
 
 
 def config(plan: str, **overrides: object) -> ModelRunnerConfig:
+    """Two replicas, dynamic batching, auto_reset on, the fault plan; every recovery limit
+    (retries, failed recoveries, deadlines, backoff) at its default."""
     base: dict[str, object] = {
         "replication_factor": 2,
         "batching_dim": 0,
         "timeout": 0.0005,
         "auto_reset": True,
         "fault_plan": plan or None,
-        "max_retries": 3,
-        "reset_intensity": 10_000,
     }
     base.update(overrides)
     return ModelRunnerConfig(**base)  # type: ignore[arg-type]

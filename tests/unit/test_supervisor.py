@@ -1,4 +1,4 @@
-"""The supervisor: start/stop order, strategies, restart types, intensity, shutdown, nesting."""
+"""The supervisor: order, strategies, restart types, intensity, backoff, shutdown, nesting."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from structlog.testing import capture_logs
 
 from actors.actor import Actor, ActorRef
 from actors.clock import FakeClock
-from model_runtime.errors import ActorStoppedError, SupervisorEscalationError
-from supervisor import (
+from actors.supervision import (
+    Backoff,
     ChildInfo,
     ChildSpec,
     Restart,
@@ -23,6 +23,7 @@ from supervisor import (
     Supervisor,
     SupervisorEvent,
 )
+from model_runtime.errors import ActorStoppedError, SupervisorEscalationError
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -297,9 +298,13 @@ async def test_failing_restarts_count_toward_intensity() -> None:
         attempts.append(1)
         return Worker("a", j.entries, fail_start=len(attempts) > 1)
 
-    sup = Supervisor("sup", [ChildSpec("a", flaky)], intensity=3, clock=FakeClock())
+    clock = FakeClock()
+    sup = Supervisor("sup", [ChildSpec("a", flaky)], intensity=3, clock=clock)
     async with supervising(sup) as raised:
         await crash(sup, "a")
+        for _ in range(10):  # the failed starts back off: let the fake time pass
+            clock.advance(1.0)
+            await anyio.wait_all_tasks_blocked()
     # the first start, a restart, and two more after failed starts: the next would be the 4th
     assert len(attempts) == 1 + 3
     assert isinstance(raised[0], SupervisorEscalationError)
@@ -477,3 +482,149 @@ async def test_shutdown_timeout_on_the_system_clock() -> None:
         with anyio.fail_after(2):
             await sup.stop()
     assert j.take() == ["start:stuck", "stop:stuck"]
+
+
+# -- backoff and progress ---------------------------------------------------------------------
+
+
+async def wait_for_restart(sup: Supervisor, clock: FakeClock, cid: str) -> float:
+    """Move the fake time in 1 ms steps until ``cid`` runs again; how long that took."""
+    start = clock.monotonic()
+    for _ in range(1000):
+        if states(sup)[cid][0] == "running":
+            break
+        clock.advance(0.001)
+        await anyio.wait_all_tasks_blocked()
+    assert states(sup)[cid][0] == "running"
+    return clock.monotonic() - start
+
+
+@pytest.mark.parametrize(
+    ("backoff", "waits"),
+    [
+        (Backoff(), [0.0, 0.01, 0.02, 0.04, 0.08, 0.16]),
+        (Backoff(cap=0.03), [0.0, 0.01, 0.02, 0.03, 0.03, 0.03]),
+        (None, [0.0] * 6),
+    ],
+)
+async def test_a_child_that_keeps_crashing_is_restarted_after_growing_delays(
+    backoff: Backoff | None, waits: list[float]
+) -> None:
+    j = Journal()
+    clock = FakeClock()
+    # intensity 10: this test watches the delays grow past the default intensity of 3 restarts
+    sup = make(j, "a", "b", intensity=10, clock=clock, backoff=backoff)
+    async with supervising(sup) as raised:
+        seen = []
+        for n in range(1, 7):
+            await crash(sup, "a")
+            seen.append(await wait_for_restart(sup, clock, "a"))
+            assert states(sup) == {"a": ("running", n), "b": ("running", 0)}
+        assert seen == pytest.approx(waits, abs=0.0015)
+    assert raised == []
+
+
+async def test_a_child_whose_start_keeps_failing_is_not_retried_in_a_tight_loop() -> None:
+    j = Journal()
+    attempts: list[int] = []
+
+    def flaky() -> Worker:
+        attempts.append(1)
+        return Worker("a", j.entries, fail_start=len(attempts) > 1)
+
+    clock = FakeClock()
+    sup = Supervisor("sup", [ChildSpec("a", flaky)], clock=clock)
+    async with supervising(sup) as raised:
+        await crash(sup, "a")
+        assert len(attempts) == 2  # the first start, and a restart at once that failed
+        assert states(sup) == {"a": ("restarting", 0)}
+        for step, expected in [(0.009, 2), (0.002, 3), (0.018, 3), (0.003, 4)]:
+            clock.advance(step)  # waits 0.01, then 0.02, between the failed starts
+            await anyio.wait_all_tasks_blocked()
+            assert len(attempts) == expected
+        # the 4th restart within the period passed the (default) intensity
+        assert len(raised) == 1 and isinstance(raised[0], SupervisorEscalationError)
+        assert isinstance(raised[0].__cause__, RuntimeError)
+
+
+async def test_a_stable_run_resets_the_backoff() -> None:
+    j = Journal()
+    clock = FakeClock()
+    # intensity 10: five restarts within the period; this test is about the backoff
+    sup = make(j, "a", intensity=10, clock=clock)
+    async with supervising(sup) as raised:
+        await crash(sup, "a")
+        await crash(sup, "a")
+        assert await wait_for_restart(sup, clock, "a") == pytest.approx(0.01, abs=0.0015)
+        clock.advance(0.9)  # shorter than reset_after (1 s): still crashing in a loop
+        await crash(sup, "a")
+        assert await wait_for_restart(sup, clock, "a") == pytest.approx(0.02, abs=0.0015)
+        clock.advance(1.0)  # ran reset_after: its next restart is a first one again
+        await crash(sup, "a")
+        assert states(sup) == {"a": ("running", 4)}
+        await crash(sup, "a")
+        assert await wait_for_restart(sup, clock, "a") == pytest.approx(0.01, abs=0.0015)
+        assert states(sup) == {"a": ("running", 5)}
+    assert raised == []
+
+
+@pytest.mark.parametrize("progress", [True, False])
+async def test_forgive_lets_a_subtree_that_makes_progress_outlive_its_intensity(
+    progress: bool,
+) -> None:
+    j = Journal()
+    clock = FakeClock()
+    sup = make(j, "a", "b", clock=clock)  # intensity 3 in 5 s
+    async with supervising(sup) as raised:
+        for n in range(1, 7):
+            await crash(sup, "a")
+            if raised:
+                break
+            if progress:  # forgiven: every restart is a first one, at once
+                assert states(sup)["a"] == ("running", n)
+            clock.advance(0.5)  # past any backoff, well within the period
+            await anyio.wait_all_tasks_blocked()
+            assert states(sup)["a"] == ("running", n)
+            if progress:
+                sup.forgive("a" if n % 2 else None)
+        with pytest.raises(KeyError):
+            sup.forgive("nobody")
+    if progress:
+        assert raised == []
+        assert states(sup) == {"a": ("stopped", 6), "b": ("stopped", 0)}
+    else:
+        assert n == 4  # the 4th restart within 5 s passed the intensity
+        assert len(raised) == 1 and isinstance(raised[0], SupervisorEscalationError)
+
+
+@pytest.mark.parametrize("how", ["crash", "restart_child"])
+async def test_stop_during_a_backoff_wait_returns_promptly(how: str) -> None:
+    j = Journal()
+    clock = FakeClock()
+    sup = make(j, "a", "b", clock=clock)
+    async with supervising(sup) as raised:
+        await crash(sup, "a")  # restarted at once; the next restart waits
+        async with anyio.create_task_group() as tg:
+            if how == "crash":
+                await crash(sup, "a")
+            else:
+
+                async def restart() -> None:
+                    with pytest.raises(ActorStoppedError):
+                        await sup.restart_child("a")
+
+                tg.start_soon(restart)
+                await anyio.wait_all_tasks_blocked()
+            assert states(sup)["a"] == ("restarting", 1)
+            with anyio.fail_after(1):  # the fake clock never moves: only stop() ends the wait
+                await sup.stop()
+    assert raised == []
+    assert j.take() == ["start:a", "start:b", "stop:a", "start:a", "stop:a", "stop:b"]
+    assert states(sup) == {"a": ("stopped", 1), "b": ("stopped", 0)}
+
+
+def test_backoff_refuses_nonsense() -> None:
+    with pytest.raises(ValueError, match="factor"):
+        Backoff(factor=0.5)
+    with pytest.raises(ValueError):
+        Backoff(initial=-1.0)

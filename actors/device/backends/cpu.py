@@ -100,7 +100,9 @@ class CpuBackend:
         opts.intra_op_num_threads = max(1, self.spec.threads)
         opts.inter_op_num_threads = 1
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        opts.log_severity_level = 3
+        # Fatal only: every run error is translated into ours (and logged by the session);
+        # onnxruntime's own ERROR lines would go to stderr, past the application's logging.
+        opts.log_severity_level = 4
         self._custom_ops = bool(m.custom_ops)
         if self._custom_ops:
             # Kernels come from the allow-listed libraries of this process, never the file.

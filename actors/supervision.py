@@ -1,0 +1,649 @@
+"""The Supervisor: starts children in order, restarts them by strategy, escalates past intensity.
+
+OTP's supervision mechanism (``sup_princ``) on anyio. A :class:`Supervisor` owns a list of
+:class:`ChildSpec`; :meth:`Supervisor.run` starts the children in order (each with
+``await tg.start``, so each is ready before the next starts) and then supervises them:
+
+* when a child's ``run()`` exits, its restart type decides whether it comes back: ``permanent``
+  always, ``transient`` only after an abnormal exit (an exception), ``temporary`` never;
+* the strategy decides what comes back with it: ``one_for_one`` just the child, ``rest_for_one``
+  the child and the ones started after it, ``one_for_all`` every child. Siblings are stopped in
+  reverse order first, then everything is started again in order. Temporary siblings stay stopped;
+* more than ``intensity`` restarts within ``period`` seconds (on the injected clock) and the
+  supervisor gives up: it stops every child in reverse order and :meth:`Supervisor.run` raises
+  :class:`SupervisorEscalationError`, chained to the last child failure, to *its* supervisor;
+* a child is never restarted in a tight loop: its restarts back off (:class:`Backoff`), and
+  :meth:`Supervisor.forgive` tells the supervisor that the subtree made progress.
+
+Stopping a child is graceful first: an actor is asked :class:`~actors.actor.Stop`, a nested
+supervisor is told to :meth:`Supervisor.stop`; past the spec's ``shutdown`` seconds its task is
+cancelled. Every structural change (exits, restarts, the public calls) is made by the
+supervisor's own task, one at a time, so a caller that is cancelled mid-call never leaves a
+half-restarted tree behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
+
+import anyio
+import anyio.abc
+import structlog
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from actors.actor import ActorRef, Envelope, Stop
+from actors.clock import Clock, SystemClock, move_on_after
+from model_runtime.errors import ActorError, ActorStoppedError, SupervisorEscalationError
+
+__all__ = [
+    "Backoff",
+    "Child",
+    "ChildInfo",
+    "ChildSpec",
+    "ChildState",
+    "EventKind",
+    "Restart",
+    "Strategy",
+    "Supervisor",
+    "SupervisorEvent",
+]
+
+_log = structlog.get_logger(__name__)
+
+ChildState = Literal["running", "restarting", "stopped"]
+EventKind = Literal[
+    "child_started", "child_exited", "child_restarted", "child_stopped", "supervisor_escalated"
+]
+
+
+class Restart(enum.Enum):
+    """When a child that exited is started again (OTP restart types)."""
+
+    PERMANENT = "permanent"  #: always
+    TRANSIENT = "transient"  #: only after an abnormal exit (an exception)
+    TEMPORARY = "temporary"  #: never
+
+
+class Strategy(enum.Enum):
+    """Which children are restarted with the one that exited (OTP restart strategies)."""
+
+    ONE_FOR_ONE = "one_for_one"  #: just that child
+    REST_FOR_ONE = "rest_for_one"  #: that child and the children started after it
+    ONE_FOR_ALL = "one_for_all"  #: every child
+
+
+class Child(Protocol):
+    """Something a supervisor can run: an :class:`~actors.actor.Actor` or a :class:`Supervisor`.
+
+    ``run`` must report its ref with ``task_status.started(ref)`` once it is ready. To stop it,
+    the supervisor awaits its ``stop()`` if it has one, else asks ``Stop()`` of the reported ref
+    if that is an :class:`~actors.actor.ActorRef`; past the shutdown time the task is cancelled.
+    """
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[Any]) -> None: ...
+
+
+@runtime_checkable
+class _Stoppable(Protocol):
+    async def stop(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ChildSpec:
+    """How to start one child: ``start`` returns a fresh child for every (re)start."""
+
+    id: str
+    start: Callable[[], Child]
+    restart: Restart = Restart.PERMANENT
+    shutdown: float = 5.0  #: seconds to stop gracefully before the child is cancelled
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """How long a supervisor waits before restarting a child that keeps failing (per child).
+
+    A child's first restart after a stable run (its last incarnation ran at least
+    ``reset_after`` seconds, or it was never restarted) happens at once; each further
+    consecutive restart waits ``initial``, ``initial * factor``, ... seconds, at most ``cap``.
+    A start that fails counts as one more consecutive restart.
+
+    Raises:
+        ValueError: a negative duration, or ``factor`` below 1.
+    """
+
+    initial: float = 0.01
+    factor: float = 2.0
+    cap: float = 10.0
+    reset_after: float = 1.0
+
+    def __post_init__(self) -> None:
+        if min(self.initial, self.cap, self.reset_after) < 0 or self.factor < 1:
+            raise ValueError(f"invalid {self}: durations must be >= 0 and factor >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class SupervisorEvent:
+    """What happened to which child (given to ``on_event``); ``reason`` is the exit's exception."""
+
+    kind: EventKind
+    child_id: str
+    reason: BaseException | None = None
+
+
+class ChildInfo(NamedTuple):
+    """One row of :meth:`Supervisor.children`."""
+
+    id: str
+    state: ChildState
+    restarts: int
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    """The one real failure inside nested single-exception groups (an actor's task group)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _drain(recv: MemoryObjectReceiveStream[Envelope]) -> list[Envelope]:
+    with recv:
+        return [recv.receive_nowait() for _ in range(recv.statistics().current_buffer_used)]
+
+
+# -- internals --------------------------------------------------------------------------------
+
+
+@dataclass(eq=False, slots=True)
+class _Run:
+    """One incarnation of a child: its task's cancel scope, its ref, whether it has ended."""
+
+    child: Child
+    ref: Any = None
+    started: bool = False
+    began: float = 0.0  #: when it reported started (the clock's time)
+    ended: float = math.inf  #: when its task ended
+    stopping: bool = False
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    done: anyio.Event = field(default_factory=anyio.Event)
+
+
+@dataclass(eq=False, slots=True)
+class _Slot:
+    spec: ChildSpec
+    run: _Run | None = None
+    state: ChildState = "stopped"
+    restarts: int = 0
+    delay: float = 0.0  #: the backoff before its next consecutive restart (0: at once)
+
+
+class _Relay:
+    """Passes ``started(ref)`` on to the starter and records it on the run."""
+
+    def __init__(self, outer: anyio.abc.TaskStatus[Any], run: _Run) -> None:
+        self._outer = outer
+        self._run = run
+
+    def started(self, value: Any = None) -> None:
+        self._run.ref = value
+        self._run.started = True
+        self._outer.started(value)
+
+
+class _GiveUp(Exception):  # restarts passed the intensity; never leaves this module
+    def __init__(self, child_id: str, cause: BaseException | None) -> None:
+        self.child_id = child_id
+        self.cause = cause
+
+
+@dataclass(frozen=True, slots=True)
+class _Exited:
+    slot: _Slot
+    run: _Run
+    reason: BaseException | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Op:
+    kind: Literal["restart", "terminate", "start", "delete"]
+    child_id: str
+    spec: ChildSpec | None = None
+
+
+class Supervisor:
+    """Supervises children by strategy; itself a valid child (its ref is the supervisor).
+
+    Restarts count toward the intensity until the subtree shows progress: more than
+    ``intensity`` restarts within ``period`` seconds with no :meth:`forgive` between them and the
+    supervisor gives up. So the intensity bounds restarts *without progress*, not restarts over
+    time: a subtree whose owner reports progress (a batch computed, a request answered) survives
+    any number of crashes, each one after another stretch of useful work.
+
+    Restarts of one child back off by ``backoff`` (``None``: never wait). While it waits, the
+    supervisor does nothing else, as OTP's supervisor is busy while it restarts: exits of other
+    children and public calls wait in its mailbox; :meth:`stop` cuts the wait short.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        children: Sequence[ChildSpec],
+        strategy: Strategy = Strategy.ONE_FOR_ONE,
+        intensity: int = 3,
+        period: float = 5.0,
+        clock: Clock | None = None,
+        on_event: Callable[[SupervisorEvent], None] | None = None,
+        backoff: Backoff | None = Backoff(),  # frozen: one shared default is safe
+    ) -> None:
+        """Describe the tree; nothing starts until :meth:`run`.
+
+        Raises:
+            ValueError: two children share an id, or intensity/period is negative.
+        """
+        if intensity < 0 or period < 0:
+            raise ValueError("intensity and period must not be negative")
+        self.name = name
+        self.strategy = strategy
+        self.intensity = intensity
+        self.period = period
+        self.backoff = backoff
+        self._clock: Clock = clock or SystemClock()
+        self._on_event = on_event
+        self._slots: list[_Slot] = []
+        for spec in children:
+            self._check_new_id(spec.id)
+            self._slots.append(_Slot(spec))
+        self._restart_times: deque[float] = deque()
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._send: MemoryObjectSendStream[Envelope] | None = None
+        self._stopping = False
+        self._pause: anyio.CancelScope | None = None  # the backoff wait now under way
+        self._ran = False
+        self._blame = ""
+        self._finished = anyio.Event()
+
+    # -- public API ---------------------------------------------------------------------------
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[Supervisor] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Start the children in order, report started (with ``self``), supervise until stopped.
+
+        Returns normally after :meth:`stop`; every child has stopped by then.
+
+        Raises:
+            SupervisorEscalationError: a child failed to start, or restarts passed the
+                intensity; every child was stopped first. ``__cause__`` is the last failure.
+            ActorError: this supervisor was run before (a supervisor runs once; the spec's
+                factory makes a fresh one for each restart).
+        """
+        if self._ran:
+            raise ActorError(f"supervisor {self.name} has already run")
+        self._ran = True
+        send, recv = anyio.create_memory_object_stream[Envelope](math.inf)
+        self._send = send
+        escalation: SupervisorEscalationError | None = None
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                try:
+                    for slot in list(self._slots):
+                        if not self._stopping:
+                            await self._start(slot, "child_started")
+                except Exception as exc:
+                    escalation = self._escalate(slot.spec.id, exc, "failed to start")
+                else:
+                    task_status.started(self)
+                    escalation = await self._supervise(recv)
+                await self._stop_all()
+                tg.cancel_scope.cancel()
+        finally:
+            self._stopping = True
+            for slot in self._slots:  # also after a cancellation, which skips _stop_all
+                slot.run, slot.state = None, "stopped"
+            send.close()
+            for envelope in _drain(recv):
+                envelope.fail(ActorStoppedError(f"supervisor {self.name} has stopped"))
+            self._finished.set()
+        if escalation is not None:
+            self._emit("supervisor_escalated", self._blame, escalation.__cause__, level="error")
+            raise escalation
+
+    async def stop(self) -> None:
+        """Stop every child in reverse order, each within its shutdown time; then run() returns.
+
+        Idempotent: later calls (and calls after run() ended) wait for the same stop.
+
+        Raises:
+            nothing: cancelling the caller only stops the waiting; the stop goes on.
+        """
+        if not self._ran:
+            self._stopping = True
+            self._finished.set()
+        if not self._stopping:
+            self._stopping = True
+            if self._send is not None:
+                self._send.send_nowait(Envelope(None))  # wakes the supervising loop
+            if self._pause is not None:
+                self._pause.cancel()  # ... which may be waiting out a restart's backoff
+        await self._finished.wait()
+
+    def forgive(self, child_id: str | None = None) -> None:
+        """The owner reports that the subtree made progress: the restarts so far are forgiven.
+
+        Clears every restart counted toward the intensity (OTP's intensity is per supervisor,
+        not per child) and the backoff of ``child_id`` (of every child when ``None``), so its
+        next restart happens at once. A backoff wait already under way runs to its end.
+
+        Raises:
+            KeyError: no child has that id.
+        """
+        slots = self._slots if child_id is None else [self._slot(child_id)]
+        self._restart_times.clear()
+        for slot in slots:
+            slot.delay = 0.0
+
+    def ref(self, child_id: str) -> Any:
+        """The current ref of a running child (an ActorRef, or a nested Supervisor).
+
+        Raises:
+            KeyError: no child has that id.
+            ActorStoppedError: the child is not running (stopped, or being restarted).
+        """
+        slot = self._slot(child_id)
+        if slot.state != "running" or slot.run is None or slot.run.done.is_set():
+            raise ActorStoppedError(f"child {child_id} of {self.name} is {slot.state}")
+        return slot.run.ref
+
+    def children(self) -> list[ChildInfo]:
+        """Every child in start order: id, state and how many times it was restarted."""
+        return [ChildInfo(s.spec.id, s.state, s.restarts) for s in self._slots]
+
+    async def restart_child(self, child_id: str) -> None:
+        """Restart a child on purpose, by the strategy (it counts toward the intensity).
+
+        It backs off like a crash when the child has not run ``backoff.reset_after`` seconds.
+        A stopped (terminated) child is started again the same way, at once.
+
+        Raises:
+            KeyError: no child has that id.
+            ActorStoppedError: the supervisor is not running, or was stopped before the restart.
+            SupervisorEscalationError: this restart passed the intensity; the supervisor gave up.
+        """
+        await self._call(_Op("restart", child_id))
+
+    async def terminate_child(self, child_id: str) -> None:
+        """Stop a child (gracefully, within its shutdown) and keep its spec; it is not restarted.
+
+        Raises:
+            KeyError: no child has that id.
+            ActorStoppedError: the supervisor is not running.
+        """
+        await self._call(_Op("terminate", child_id))
+
+    async def start_child(self, spec: ChildSpec) -> Any:
+        """Add a child after the others and start it; returns its ref.
+
+        Raises:
+            ValueError: a child with that id exists.
+            ActorStoppedError: the supervisor is not running.
+            Exception: whatever the child raised while starting (it is not added).
+        """
+        return await self._call(_Op("start", spec.id, spec))
+
+    async def delete_child(self, child_id: str) -> None:
+        """Stop a child if it runs (gracefully, within its shutdown) and forget its spec.
+
+        Raises:
+            KeyError: no child has that id.
+            ActorStoppedError: the supervisor is not running.
+        """
+        await self._call(_Op("delete", child_id))
+
+    def __repr__(self) -> str:
+        return f"Supervisor({self.name})"
+
+    # -- supervising loop (the only place where the tree changes) -----------------------------
+
+    async def _call(self, op: _Op) -> Any:
+        if self._send is None or self._stopping:
+            raise ActorStoppedError(f"supervisor {self.name} is not running")
+        reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._send.send_nowait(Envelope(op, reply))
+        return await reply
+
+    async def _supervise(
+        self, recv: MemoryObjectReceiveStream[Envelope]
+    ) -> SupervisorEscalationError | None:
+        if self._stopping:
+            return None
+        async for envelope in recv:
+            if self._stopping:
+                envelope.fail(ActorStoppedError(f"supervisor {self.name} is stopping"))
+                return None
+            try:
+                match envelope.message:
+                    case _Exited(slot, run, reason):
+                        await self._on_exit(slot, run, reason)
+                    case _Op() as op:
+                        envelope.answer(await self._apply(op))
+            except _GiveUp as give_up:
+                escalation = self._escalate(
+                    give_up.child_id,
+                    give_up.cause,
+                    f"passed the intensity ({self.intensity} restarts in {self.period} s)",
+                )
+                error = SupervisorEscalationError(str(escalation))
+                error.__cause__ = escalation.__cause__
+                envelope.fail(error)  # the caller of restart_child gets its own copy
+                return escalation
+            except Exception as exc:
+                if envelope.reply is None:
+                    raise  # a bug in the supervisor itself: let run() fail loudly
+                envelope.fail(exc)
+        return None
+
+    async def _on_exit(self, slot: _Slot, run: _Run, reason: BaseException | None) -> None:
+        if slot.run is not run:
+            return  # an incarnation we already replaced or stopped
+        slot.run = None
+        spec = slot.spec
+        self._emit("child_exited", spec.id, reason, abnormal=reason is not None)
+        if spec.restart is Restart.PERMANENT or (
+            spec.restart is Restart.TRANSIENT and reason is not None
+        ):
+            await self._restart(slot, reason, ran=run.ended - run.began)
+        else:
+            slot.state = "stopped"
+
+    async def _apply(self, op: _Op) -> Any:
+        if op.kind == "start":
+            assert op.spec is not None
+            self._check_new_id(op.child_id)
+            slot = _Slot(op.spec)
+            await self._start(slot, "child_started")  # added only once it started
+            self._slots.append(slot)
+            return self.ref(op.child_id)
+        slot = self._slot(op.child_id)
+        if op.kind == "restart":
+            run = slot.run  # a terminated child has none: it is not crashing, restart at once
+            ran = math.inf if run is None else self._clock.monotonic() - run.began
+            await self._restart(slot, None, ran=ran)
+            if self._stopping:  # stop() came first: the caller learns it was not restarted
+                raise ActorStoppedError(f"supervisor {self.name} stopped before the restart")
+        else:
+            await self._stop_child(slot)
+            slot.state = "stopped"
+            if op.kind == "delete":
+                self._slots.remove(slot)
+        return None
+
+    async def _restart(self, slot: _Slot, cause: BaseException | None, ran: float) -> None:
+        """Restart ``slot`` and, by the strategy, its siblings: stop in reverse, start in order.
+
+        ``ran`` is how long the slot's last incarnation ran; between the stop and the start the
+        restart waits out the slot's backoff.
+        """
+        self._count_restart(slot.spec.id, cause)
+        i = self._slots.index(slot)
+        group = {
+            Strategy.ONE_FOR_ONE: [slot],
+            Strategy.REST_FOR_ONE: self._slots[i:],
+            Strategy.ONE_FOR_ALL: list(self._slots),
+        }[self.strategy]
+        temporary = Restart.TEMPORARY
+        again = [s for s in group if s is slot or (s.run and s.spec.restart is not temporary)]
+        for s in reversed(group):
+            await self._stop_child(s)
+            s.state = "restarting" if s in again else "stopped"
+        await self._back_off(slot, ran)
+        for s in again:
+            while not self._stopping:
+                try:
+                    await self._start(s, "child_restarted")
+                except Exception as exc:  # a failed start is one more crash of that child
+                    _log.warning("child_start_failed", supervisor=self.name, child=s.spec.id)
+                    self._count_restart(s.spec.id, exc)
+                    await anyio.lowlevel.checkpoint()  # let the rest of the tree move on
+                    await self._back_off(s, None)
+                else:
+                    break
+
+    async def _back_off(self, slot: _Slot, ran: float | None) -> None:
+        """Wait out ``slot``'s backoff before it starts again; ``ran=None``: its start failed.
+
+        The wait runs in a cancel scope that :meth:`stop` cancels (it sets ``_stopping`` first,
+        and everything here runs on one event loop, so a stop either finds the scope and cancels
+        it or comes before and is seen by the check below). The caller then sees ``_stopping``
+        and starts nothing. A cancel scope rather than racing the sleep against an event keeps
+        the wait a plain ``clock.sleep``, with no extra task.
+        """
+        backoff = self.backoff
+        if backoff is None:
+            return
+        if ran is not None and ran >= backoff.reset_after:
+            slot.delay = 0.0  # it ran stably: this restart is a first one again
+        delay = slot.delay
+        slot.delay = min(backoff.cap, backoff.initial if delay == 0 else delay * backoff.factor)
+        if delay <= 0 or self._stopping:
+            return
+        _log.info("child_backoff", supervisor=self.name, child=slot.spec.id, delay=delay)
+        self._pause = anyio.CancelScope()
+        try:
+            with self._pause:
+                await self._clock.sleep(delay)
+        finally:
+            self._pause = None
+
+    def _count_restart(self, child_id: str, cause: BaseException | None) -> None:
+        now = self._clock.monotonic()
+        self._restart_times.append(now)
+        while self._restart_times and self._restart_times[0] <= now - self.period:
+            self._restart_times.popleft()
+        if len(self._restart_times) > self.intensity:
+            raise _GiveUp(child_id, cause)
+
+    def _escalate(
+        self, child_id: str, cause: BaseException | None, why: str
+    ) -> SupervisorEscalationError:
+        error = SupervisorEscalationError(f"supervisor {self.name}: child {child_id} {why}")
+        error.__cause__ = cause
+        self._blame = child_id
+        return error
+
+    # -- starting and stopping one child ------------------------------------------------------
+
+    async def _start(self, slot: _Slot, kind: EventKind) -> None:
+        assert self._tg is not None
+        run = _Run(slot.spec.start())
+        await self._tg.start(self._host, slot, run)
+        run.began = self._clock.monotonic()
+        slot.run = run
+        slot.state = "running"
+        if kind == "child_restarted":
+            slot.restarts += 1
+        self._emit(kind, slot.spec.id, None, restarts=slot.restarts)
+
+    async def _host(
+        self, slot: _Slot, run: _Run, *, task_status: anyio.abc.TaskStatus[Any]
+    ) -> None:
+        """The child's task: runs it in its own cancel scope and reports how it exited."""
+        reason: BaseException | None = None
+        try:
+            with run.scope:
+                try:
+                    await run.child.run(task_status=_Relay(task_status, run))
+                except Exception as exc:
+                    if not run.started:
+                        raise  # a failed start goes to the starter, through tg.start()
+                    reason = _unwrap(exc)
+        finally:
+            run.ended = self._clock.monotonic()
+            run.done.set()
+        if run.stopping:
+            if reason is not None:
+                _log.warning("child_stop_failed", supervisor=self.name, child=slot.spec.id)
+        elif self._send is not None and not self._stopping:
+            self._send.send_nowait(Envelope(_Exited(slot, run, reason)))
+
+    async def _stop_child(self, slot: _Slot) -> None:
+        """Stop the slot's child: gracefully within its shutdown time, else cancel it."""
+        run, slot.run = slot.run, None
+        if run is None:
+            return
+        run.stopping = True
+        if not run.done.is_set():
+            async with move_on_after(self._clock, slot.spec.shutdown):
+                try:
+                    if isinstance(run.child, _Stoppable):
+                        await run.child.stop()
+                    elif isinstance(run.ref, ActorRef):
+                        await run.ref.ask(Stop())
+                except Exception:  # e.g. it stopped already: waiting below is what counts
+                    pass
+                await run.done.wait()
+            if not run.done.is_set():
+                _log.warning("child_killed", supervisor=self.name, child=slot.spec.id)
+                run.scope.cancel()
+                await run.done.wait()
+        self._emit("child_stopped", slot.spec.id, None)
+
+    async def _stop_all(self) -> None:
+        self._stopping = True
+        for slot in reversed(self._slots):
+            await self._stop_child(slot)
+            slot.state = "stopped"
+
+    # -- small helpers ------------------------------------------------------------------------
+
+    def _slot(self, child_id: str) -> _Slot:
+        for slot in self._slots:
+            if slot.spec.id == child_id:
+                return slot
+        raise KeyError(f"supervisor {self.name} has no child {child_id!r}")
+
+    def _check_new_id(self, child_id: str) -> None:
+        if any(s.spec.id == child_id for s in self._slots):
+            raise ValueError(f"supervisor {self.name} already has a child {child_id!r}")
+
+    def _emit(
+        self, kind: EventKind, child_id: str, reason: BaseException | None, **fields: Any
+    ) -> None:
+        level = fields.pop("level", "warning" if reason is not None else "info")
+        getattr(_log, level)(
+            kind,
+            supervisor=self.name,
+            child=child_id,
+            reason=repr(reason) if reason else None,
+            **fields,
+        )
+        if self._on_event is not None:
+            try:
+                self._on_event(SupervisorEvent(kind, child_id, reason))
+            except Exception:
+                _log.exception("on_event_failed", supervisor=self.name, child=child_id)
