@@ -26,6 +26,7 @@ at fault: the caller (bad input), the file (bad executable), the machine (no dev
     │   ├── ActorStoppedError              the actor stopped before it answered
     │   └── SupervisorEscalationError      restarts passed the supervisor's intensity
     └── RunnerStoppedError                 the runner is stopped or draining; request not taken
+        └── ModelUnavailableError          no replica of the model is in service right now
 
 Errors raised by onnxruntime, the OS or safetensors are translated at the boundary where they
 happen (``raise ... from exc``), so callers only ever need to catch ``ModelRuntimeError``.
@@ -52,6 +53,7 @@ __all__ = [
     "InputValidationError",
     "InvalidExecutableError",
     "ModelRuntimeError",
+    "ModelUnavailableError",
     "PackageHashMismatchError",
     "RecoverableRuntimeError",
     "RecoveryAction",
@@ -174,3 +176,8 @@ class SupervisorEscalationError(ActorError):
 
 class RunnerStoppedError(ModelRuntimeError):
     """The runner is stopped or draining and did not take (or could not finish) the request."""
+
+
+class ModelUnavailableError(RunnerStoppedError):
+    """No replica of the model is in service now (each is out of service and being re-probed,
+    or the model gave up); the request was not taken. ``__cause__`` is the last failure."""

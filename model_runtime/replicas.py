@@ -33,9 +33,14 @@ from actors.queues.messages import Drain, FailAll
 from actors.queues.request import Request
 from actors.session.actor import SaveVariables, SessionActor, SessionPolicy
 from actors.session.state import ReplicaState, ReplicaStatus
-from actors.supervision import ChildSpec, Restart, Strategy, Supervisor
+from actors.supervision import Backoff, ChildSpec, Restart, Strategy, Supervisor
 from actors.watchdog import Watchdog, WatchTarget
-from model_runtime.errors import InputValidationError, ModelRuntimeError, RunnerStoppedError
+from model_runtime.errors import (
+    InputValidationError,
+    ModelRuntimeError,
+    ModelUnavailableError,
+    RunnerStoppedError,
+)
 from model_runtime.executable import Executable
 from model_runtime.runner_config import ModelRunnerConfig
 
@@ -74,10 +79,23 @@ class ReplicaSet:
         self.states = [ReplicaState(replica=r, device_id=d.spec.id) for r, d in enumerate(devices)]
         self.queues: list[Queue] = [self._new_queue(r) for r in range(len(devices))]
         self._next = 0
+        # The model's supervisor replaces a replica subtree that gave up (restarts without
+        # progress) after a backoff that grows to the probe cap, and counts a child's run as
+        # stable only after a minute: paced like that, even every replica failing forever
+        # stays under the intensity, so the model never gives up on a replica that might
+        # come back; only a tree that cannot be rebuilt at all escalates to the root.
+        children = len(devices) + 1
         self.supervisor = Supervisor(
-            "runner",
+            "model",
             [*(self._replica_spec(r) for r in range(len(devices))), self._watchdog_spec()],
             strategy=Strategy.ONE_FOR_ONE,
+            intensity=10 * children,
+            period=60.0,
+            backoff=Backoff(
+                initial=config.probe_backoff_initial,
+                cap=config.probe_backoff_cap,
+                reset_after=60.0,
+            ),
             clock=clock,
         )
 
@@ -102,7 +120,7 @@ class ReplicaSet:
             queue_config,
             replica=r,
             clock=self._clock,
-            handoff=lambda moved: self._reroute(r, moved),
+            handoff=lambda moved, error: self._reroute(r, moved, error),
         )
 
     def _replica_spec(self, r: int) -> ChildSpec:
@@ -235,12 +253,13 @@ class ReplicaSet:
 
     # -- who takes a request ---------------------------------------------------------------
 
-    def pick(self, replica_id: int | None, exclude: int = -1) -> int:
-        """The replica for a request: ``replica_id``, or the least-loaded READY one.
+    def pick(self, replica_id: int | None, avoid: int = 0) -> int:
+        """The replica for a request: ``replica_id``, or the least-loaded READY one not in the
+        bitmask ``avoid`` (replicas that failed the request already).
 
         Raises:
             InputValidationError: ``replica_id`` is out of range.
-            RunnerStoppedError: no replica is in service.
+            ModelUnavailableError: no replica is in service (``__cause__``: the last failure).
         """
         states = self.states
         n = len(states)
@@ -249,18 +268,20 @@ class ReplicaSet:
                 raise InputValidationError(f"replica_id {replica_id} is out of range [0, {n})")
             return replica_id
         ready = ReplicaStatus.READY
-        if n == 1 and states[0].status is ready and exclude != 0:
+        if n == 1 and states[0].status is ready and not avoid:
             return 0
         # Least loaded ready replica; ties go round-robin from after the last one picked.
         best = -1
         best_load = math.inf
         queues = self.queues
         start = self._next
+        now = self._clock.monotonic()
         for i in range(n):
             r = start + i
             if r >= n:
                 r -= n
-            if states[r].status is ready and r != exclude:
+            # A replica whose run is past its deadline is not ready: its hang is being reset.
+            if states[r].status is ready and not avoid >> r & 1 and now < states[r].hung_after:
                 load = queues[r].pending_samples
                 if load < best_load:
                     best, best_load = r, load
@@ -268,12 +289,16 @@ class ReplicaSet:
             # Nobody is ready: a replica that is resetting or starting queues the request
             # until it is (bounded by the reset timeout); FAILED ones never take work.
             for r in range(n):
-                if r != exclude and states[r].status in (
+                if not avoid >> r & 1 and states[r].status in (
                     ReplicaStatus.RESETTING,
                     ReplicaStatus.STARTING,
                 ):
                     return r
-            raise RunnerStoppedError("no replica is in service")
+            failure = next((s.failure for s in states if s.failure is not None), None)
+            raise ModelUnavailableError(
+                f"no replica is in service ({n} out of service, each re-probed)"
+                + (f"; last failure: {failure}" if failure else "")
+            ) from failure
         self._next = best + 1 if best + 1 < n else 0
         return best
 
@@ -284,12 +309,15 @@ class ReplicaSet:
         if status is ReplicaStatus.READY:
             self.queues[r].resume()
         elif status is ReplicaStatus.FAILED:
-            self._reroute(r, self.queues[r].evacuate())
+            self._reroute(r, self.queues[r].evacuate(), None)
 
-    def _reroute(self, r: int, moved: list[Request]) -> None:
-        """Queue replica ``r``'s unanswered requests on replicas in service; a request fails
-        only when none is (or the runner is closing)."""
-        failure = self.states[r].failure
+    def _reroute(self, r: int, moved: list[Request], error: BaseException | None) -> None:
+        """Queue requests that replica ``r`` could not answer on other replicas in service.
+
+        A request fails (with ``error``, or the replica's failure) only when every replica in
+        service has failed it already, or the runner is closing.
+        """
+        failure = error or self.states[r].failure
         stopped = RunnerStoppedError("the runner stopped before this request completed")
         for old in moved:
             request = Request(
@@ -299,11 +327,12 @@ class ReplicaSet:
                 outputs=old.outputs,
                 deadline=old.deadline,
                 t_submit=old.t_submit,
+                tried=old.tried | 1 << r,
             )
             try:
                 if self.closing:
                     raise stopped
-                target = self.pick(None, exclude=r)
+                target = self.pick(None, avoid=request.tried)
             except RunnerStoppedError as exc:
                 if not old.future.done():
                     old.future.set_exception(failure if failure and not self.closing else exc)

@@ -370,8 +370,10 @@ class ModelRunner:
 
     @property
     def is_ready(self) -> bool:
-        """True while at least one replica takes requests."""
-        return self._accepting and any(s.is_ready for s in self.replica_states())
+        """True while at least one replica takes requests (in service, no run past its
+        execution deadline)."""
+        now = self._clock.monotonic()
+        return self._accepting and any(s.is_ready_at(now) for s in self.replica_states())
 
     async def _stats(self, replica_id: int) -> StatisticsView:
         states = self.replica_states()

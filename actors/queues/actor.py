@@ -67,12 +67,13 @@ class Queue(Actor[QueueMessage]):
         replica: int = 0,
         clock: Clock | None = None,
         name: str | None = None,
-        handoff: Callable[[list[Request]], None] | None = None,
+        handoff: Callable[[list[Request], BaseException | None], None] | None = None,
     ) -> None:
         """Allocate the ring pool and the ``ready`` stream.
 
         ``handoff`` takes the requests still unanswered when the queue stops (its replica's
-        subtree is being replaced), so they move to another replica instead of failing.
+        subtree is being replaced), and those of a batch failed with ``Fail(elsewhere=True)``,
+        with the error, so they move to another replica instead of failing.
 
         Raises:
             ConfigurationError: the model's anchors do not fit ``config`` (see ``Layout``).
@@ -171,6 +172,20 @@ class Queue(Actor[QueueMessage]):
         self._check_drained()
         return moved
 
+    def _give_up(self, batch: Batch) -> list[Request]:
+        """Forget the unanswered requests of ``batch`` (they move elsewhere), once each."""
+        moved: list[Request] = []
+        closed_samples = closed = 0
+        for req in batch.requests:
+            if req._open:
+                req._open = False
+                closed_samples += req.samples
+                closed += 1
+                if not req.future.done():
+                    moved.append(req)
+        self._close((closed_samples, closed))
+        return moved
+
     def resume(self) -> None:
         """Take requests again after :meth:`evacuate`: the replica is back in service."""
         self._draining = False
@@ -196,7 +211,7 @@ class Queue(Actor[QueueMessage]):
 
     async def on_stop(self) -> None:
         if self._handoff is not None:
-            self._handoff(self.evacuate())
+            self._handoff(self.evacuate(), None)
         self._fail_all(RunnerStoppedError(f"queue {self.name} stopped"))
         stopped = ActorStoppedError(f"actor {self.name} has stopped")
         for envelope in self._drain_waiters:
@@ -242,9 +257,12 @@ class Queue(Actor[QueueMessage]):
                 if self._release(batch):
                     self._settle(parts, rejected, t_start, t_end)
                     self._after_release()
-            case Fail(batch, error):
+            case Fail(batch, error, elsewhere):
                 if self._release(batch):
-                    self._close(fail_batch(batch, error))
+                    if elsewhere and self._handoff is not None:
+                        self._handoff(self._give_up(batch), error)
+                    else:
+                        self._close(fail_batch(batch, error))
                     self._after_release()
             case Flush():
                 self._flush()

@@ -47,10 +47,16 @@ class Complete:
 
 @dataclass(frozen=True, slots=True)
 class Fail:
-    """(tell) ``batch`` failed for good: every request with rows in it gets ``error`` once."""
+    """(tell) ``batch`` failed for good: every request with rows in it gets ``error`` once.
+
+    ``elsewhere``: failed for good *on this replica* (a device fault that retries did not
+    cure): its requests are handed to the queue's ``handoff`` to try another replica, and get
+    ``error`` only where there is none.
+    """
 
     batch: Batch
     error: BaseException
+    elsewhere: bool = False
 
 
 @dataclass(frozen=True, slots=True)

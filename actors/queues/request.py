@@ -29,6 +29,8 @@ class Request:
     outputs: Mapping[str, np.ndarray] | None = None
     deadline: float | None = None
     t_submit: float = 0.0
+    #: Bitmask of the replicas that failed this request (it moves on to the others).
+    tried: int = 0
     # -- queue bookkeeping (private) --------------------------------------------------------
     #: rows assigned to batches so far (the next row to pack)
     _taken: int = field(default=0, init=False, repr=False)

@@ -159,6 +159,7 @@ class SessionActor(Actor[object]):
         self._generation = 0
         self._on_device = 0  # main runs asked of the device and not answered
         self._progressed = False  # a batch succeeded in this incarnation
+        self._out = anyio.Event()  # set when the replica leaves service
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -182,11 +183,22 @@ class SessionActor(Actor[object]):
 
     async def background(self) -> None:
         state = self._state
-        if state.status is ReplicaStatus.FAILED:
-            await self._probe_until_ready()
+        while True:
+            if state.status is ReplicaStatus.FAILED:
+                await self._probe_until_ready()
+            self._out = anyio.Event()
+            await self._serve()
+            # Out of service: the queue handed every unanswered request to other replicas,
+            # those of the batches in flight included.
+            state.inflight.clear()
+
+    async def _serve(self) -> None:
+        """Run batches until the replica leaves service."""
+        state = self._state
         state.heartbeat = self.clock.monotonic()
         slots = anyio.Semaphore(self._policy.pipeline_depth)
         async with anyio.create_task_group() as tg:
+            tg.start_soon(self._stop_serving_when_out, tg.cancel_scope)
             # Batches left in flight by a previous incarnation of this actor run first: their
             # callers have not been answered yet.
             for batch in list(state.inflight.values()):
@@ -200,6 +212,10 @@ class SessionActor(Actor[object]):
                 await slots.acquire()
                 state.heartbeat = self.clock.monotonic()
                 tg.start_soon(self._run, batch, slots)
+
+    async def _stop_serving_when_out(self, scope: anyio.CancelScope) -> None:
+        await self._out.wait()
+        scope.cancel()
 
     async def _run(self, batch: Batch, slots: anyio.Semaphore) -> None:
         try:
@@ -251,7 +267,12 @@ class SessionActor(Actor[object]):
                     batch.app_errors += 1
                 if await self._recover(batch, exc, generation):
                     continue
-                self._finish(batch, Fail(batch, exc))
+                # A fault that resets and retries did not cure here may not strike another
+                # replica: the batch's callers move on, and get the error only where no
+                # replica in service is left to try. Errors the seed raises stay raised.
+                hang = isinstance(exc, ExecutionTimeoutError)
+                elsewhere = hang or (self._policy.auto_reset and is_resettable(exc))
+                self._finish(batch, Fail(batch, exc, elsewhere))
                 return
             self._succeeded(t_start)
             self._finish(batch, Complete(batch, outputs, t_start, self.clock.monotonic()))
@@ -294,6 +315,7 @@ class SessionActor(Actor[object]):
             self._progressed = True
             state.recovering = False
             state.failed_recoveries = 0
+            state.probe_delay = 0.0
             if self._on_progress is not None:
                 self._on_progress()
         state.runs += 1
@@ -447,9 +469,12 @@ class SessionActor(Actor[object]):
             return
         state.failure = exc
         state.outages += 1
-        state.probe_delay = self._policy.probe_initial
+        # The backoff goes on growing while the replica flaps (back, then out again without
+        # serving); a served batch resets it.
+        state.probe_delay = state.probe_delay or self._policy.probe_initial
         self.log.error("replica_out_of_service", error=type(exc).__name__, message=str(exc))
         self._set_status(ReplicaStatus.FAILED)
+        self._out.set()
 
     def _out_of_service_error(self) -> BaseException:
         return self._state.failure or UnrecoverableRuntimeError(
@@ -497,6 +522,10 @@ class SessionActor(Actor[object]):
             try:
                 await self._device.ask(Reset(state.saved_variables), timeout=policy.reset_timeout)
                 await self._warm_up()
+            except ActorStoppedError:
+                # The device actor died: its supervisor replaces it and, rest_for_one, this
+                # session, which goes on probing.
+                await anyio.sleep_forever()
             except (UnrecoverableRuntimeError, DeviceStateError) as exc:
                 self.log.warning("probe_failed", error=type(exc).__name__, reattach=True)
                 if self._reattach is not None:
@@ -509,7 +538,6 @@ class SessionActor(Actor[object]):
         state.failure = None
         state.failed_recoveries = 0
         state.recovering = False
-        state.probe_delay = 0.0
         self.log.info("replica_back_in_service", probes=state.probes, outages=state.outages)
         self._set_status(ReplicaStatus.READY)
 

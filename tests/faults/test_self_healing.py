@@ -1,0 +1,165 @@
+"""Self-healing with the default policy: poisoned requests are isolated, replicas that stop
+making progress leave service and come back, crash storms and dying devices never spin the
+supervisors, and a runner is started and closed from any task.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import numpy as np
+import pytest
+
+from actors.device.manager import DeviceManager
+from model_runtime.errors import RecoverableRuntimeError
+from model_runtime.runner import ModelRunner
+from tests.faults.harness import WIDTH, drive
+from tests.faults.scenarios import (
+    TABLE_ROWS,
+    default_config,
+    poisoned_requests,
+    serve_until,
+    served_again,
+)
+from tests.integration.runner_support import Reference, compile_to
+from tests.models import make_embedding, make_mlp
+
+pytestmark = pytest.mark.timeout(150)
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Reference]:
+    onnx_model = make_mlp(sizes=(WIDTH, 48, 10), seed=5)
+    path = compile_to(onnx_model, tmp_path_factory.mktemp("heal"), batch_size=4)
+    return path, Reference(onnx_model)
+
+
+@pytest.fixture(scope="module")
+def embedding(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Reference]:
+    onnx_model = make_embedding(rows=TABLE_ROWS)
+    path = compile_to(onnx_model, tmp_path_factory.mktemp("poison"), batch_size=8)
+    return path, Reference(onnx_model)
+
+
+async def test_3000_mixed_requests_under_recoverable_every_20_all_answered(
+    mlp: tuple[Path, Reference],
+) -> None:
+    path, ref = mlp
+    out = await drive(path, ref, default_config("recoverable:every=20"), callers=300, per_caller=10)
+    assert out.sent == 3000
+    assert out.ok == 3000, f"errors {dict(out.errors)}, wrong {out.wrong}, lost {out.lost}"
+    assert out.resets > 10, "the plan fired and the replicas recovered each time"
+    assert out.statuses == ["ready", "ready"]
+
+
+async def test_poisoned_requests_get_typed_errors_and_nobody_else_notices(
+    embedding: tuple[Path, Reference],
+) -> None:
+    path, ref = embedding
+    out = await poisoned_requests(path, ref, good=1800, bad=60)
+    assert out.lost == 0
+    assert out.good_ok == 1800, f"good: errors {dict(out.good_errors)}, wrong {out.good_wrong}"
+    assert out.bad_rejected == 60, f"poisoned answered otherwise: {dict(out.bad_other)}"
+    assert "INVALID_ARGUMENT" in out.rejection and "1000" in out.rejection, out.rejection
+    assert out.resets == 0, "data errors never reset a device"
+    assert out.ready_after
+
+
+async def test_a_burst_takes_a_replica_out_and_it_serves_again(
+    mlp: tuple[Path, Reference],
+) -> None:
+    """A burst of faults on every run of replica 1: it leaves service after three failed
+    recoveries, its work moves to replica 0, probes bring it back once the burst is over,
+    and nobody gets an error."""
+    plan = "recoverable:every=1:from=30:until=45:replica=1"
+    path, ref = mlp
+    out = await serve_until(path, ref, default_config(plan), done=served_again())
+    assert out.outages >= 1
+    assert out.back_after is not None and out.back_after < 30, out.back_after
+    assert out.failed == 0 and out.wrong == 0 and out.lost == 0, out
+    assert out.statuses == ["ready", "ready"]
+
+
+async def test_a_fatal_device_is_replaced_and_the_replica_returns(
+    mlp: tuple[Path, Reference],
+) -> None:
+    path, ref = mlp
+    out = await serve_until(path, ref, default_config("fatal:at=30:replica=1"), done=served_again())
+    assert out.outages == 1
+    assert out.back_after is not None and out.back_after < 10, out.back_after
+    assert out.failed == 0 and out.wrong == 0 and out.lost == 0, out
+
+
+async def test_a_crash_storm_with_progress_keeps_both_replicas_serving(
+    mlp: tuple[Path, Reference],
+) -> None:
+    path, ref = mlp
+    out = await drive(path, ref, default_config("crash:every=3"), callers=100, per_caller=6)
+    assert out.ok == out.sent, f"errors {dict(out.errors)}, wrong {out.wrong}, lost {out.lost}"
+    assert out.statuses == ["ready", "ready"]
+
+
+async def test_a_device_that_dies_after_every_restart_never_spins_the_supervisors(
+    mlp: tuple[Path, Reference],
+) -> None:
+    """Replica 1's device crashes on every batch from its 20th on: restarted, it passes its
+    warm-up and dies on the next batch. The replica leaves service, its work moves to replica
+    0, and restarts are paced by backoff (not ~20,000 a second)."""
+    path, ref = mlp
+    plan = "crash:every=1:from=20:replica=1"
+    out = await serve_until(
+        path, ref, default_config(plan), done=lambda r: False, bound=4.0, callers=32
+    )
+    assert out.outages >= 1
+    assert out.failed == 0 and out.wrong == 0, out
+    assert out.restarts < 40, f"{out.restarts} restarts in 4 s: a tight loop"
+    assert out.statuses[0] == "ready"
+
+
+async def test_requests_move_to_the_other_replica_when_retries_run_out(
+    mlp: tuple[Path, Reference],
+) -> None:
+    """With the default max_retries a batch that keeps failing on replica 1 is answered by
+    replica 0; an error reaches a caller only when every replica in service failed it."""
+    path, ref = mlp
+    plan = "recoverable:every=1:from=10:until=12:replica=1"
+    out = await drive(path, ref, default_config(plan), callers=100, per_caller=6)
+    assert out.ok == out.sent, f"errors {dict(out.errors)}, wrong {out.wrong}, lost {out.lost}"
+    one = await drive(
+        path, ref, default_config("recoverable:every=1", replication_factor=1), callers=4
+    )
+    # Alone, the replica's callers get the fault, then (out of service) ModelUnavailableError.
+    assert one.lost == 0 and one.ok == 0, one
+    assert RecoverableRuntimeError.__name__ in one.errors, one.errors
+    assert set(one.errors) <= {
+        "RecoverableRuntimeError",
+        "UnrecoverableRuntimeError",
+        "ModelUnavailableError",
+    }, one.errors
+
+
+async def test_start_and_close_in_different_tasks(mlp: tuple[Path, Reference]) -> None:
+    path, _ = mlp
+    manager = DeviceManager()
+    runner = ModelRunner(path, default_config(), device_manager=manager)
+    started = anyio.Event()
+
+    async def starter() -> None:
+        await runner.start()
+        started.set()
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(starter)
+            await started.wait()
+        assert runner.is_ready  # the starting task has ended; the runner still serves
+
+        async def closer() -> None:
+            await runner.execute({"x": np.ones((3, WIDTH), np.float32)})
+            await runner.close()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(closer)
+    assert not runner.is_ready
+    assert all(info.holder is None for info in manager.list_devices()), "devices released"
