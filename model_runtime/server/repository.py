@@ -136,7 +136,6 @@ class ModelEntry:
     stats: ModelStats = field(default_factory=ModelStats)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     stop: anyio.Event | None = None
-    closed: anyio.Event | None = None
 
     @property
     def is_ready(self) -> bool:
@@ -197,10 +196,11 @@ def _specs(descs: Sequence[DataDesc], axis: int) -> tuple[TensorSpec, ...]:
 class ModelRepository:
     """Named models and their runners; loads, unloads and indexes them.
 
-    Use as ``async with ModelRepository(...) as repo``: each runner lives in its own task of
-    the repository's task group, which starts and closes it (a runner's task group is bound to
-    the task that started it). ``compile_source`` turns an ``.onnx`` path into an ``.mrx``
-    path (it runs in a worker thread); ``runner_factory`` builds runners (tests pass fakes).
+    Use as ``async with ModelRepository(...) as repo``: runners are clients of the runtime's
+    tree, started by a load and closed by an unload from whichever task asks; the repository's
+    task group only watches their readiness. ``compile_source`` turns an ``.onnx`` path into
+    an ``.mrx`` path (it runs in a worker thread); ``runner_factory`` builds runners (tests
+    pass fakes).
     """
 
     def __init__(
@@ -339,40 +339,17 @@ class ModelRepository:
             path = await anyio.to_thread.run_sync(lambda: compile_source(entry.source))
         if self._tg is None:
             raise ModelRuntimeError("the model repository is not open (use `async with`)")
-        await self._tg.start(self._host, entry, path)
-
-    async def _host(
-        self,
-        entry: ModelEntry,
-        path: Path,
-        *,
-        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
-    ) -> None:
-        """Own one runner from start to close, in one task (its task group is bound to it)."""
+        # A runner is a client of the runtime's tree: started here, closed by whichever task
+        # unloads it. The repository hosts nothing but the readiness watchers.
         config = replace(self.config, replica_to_save_programs_outputs={})
         runner = self._factory(path, config)
-        stop, closed = anyio.Event(), anyio.Event()
         await runner.start()
         axis = config.batching_dim if config.batching_dim is not None else 0
         entry.inputs = _specs(runner.get_execute_inputs(), axis)
         entry.outputs = _specs(runner.get_execute_outputs(), axis)
         entry.datatypes = {s.name: s.datatype for s in entry.outputs}
-        entry.runner, entry.stop, entry.closed = runner, stop, closed
-        task_status.started()
-        if self._tg is not None:
-            self._tg.start_soon(self._watch_readiness, entry, runner, stop)
-        try:
-            await stop.wait()
-        finally:
-            # Not shielded: the runner's task group was entered under this task's current
-            # cancel scope and must be left under it. close_all() stops runners before the
-            # repository's task group is cancelled, so this normally runs uncancelled.
-            try:
-                await runner.close()
-            except Exception as exc:
-                log.error("model_close_failed", model=entry.name, error=str(exc))
-            finally:
-                closed.set()
+        entry.runner, entry.stop = runner, anyio.Event()
+        self._tg.start_soon(self._watch_readiness, entry, runner, entry.stop)
 
     async def _watch_readiness(
         self, entry: ModelEntry, runner: RunnerLike, stop: anyio.Event
@@ -403,14 +380,18 @@ class ModelRepository:
         log.info("model_unloaded", model=name)
 
     async def _close(self, entry: ModelEntry) -> None:
-        if entry.runner is None or entry.stop is None or entry.closed is None:
+        runner = entry.runner
+        if runner is None:
             return
         entry.state = ModelState.UNLOADING
-        entry.stop.set()
+        if entry.stop is not None:
+            entry.stop.set()
         try:
-            await entry.closed.wait()
+            await runner.close()
+        except Exception as exc:
+            log.error("model_close_failed", model=entry.name, error=str(exc))
         finally:
-            entry.runner = entry.stop = entry.closed = None
+            entry.runner = entry.stop = None
             entry.state, entry.reason = ModelState.UNAVAILABLE, "unloaded"
 
     async def close_all(self) -> None:
