@@ -1,29 +1,83 @@
 """A blocking face of :class:`ModelRunner` for synchronous code: plain threads, many at once.
 
-The runner lives on an event loop that a background thread owns; ``execute`` from any thread
-submits the coroutine to that loop and waits for its result. The loop thread is the only one
-that touches the actors, so callers from any number of threads are safe without a lock (the
-seed's ``thread_safe`` is always on here).
+Synchronous callers reach the runtime through one process-wide anyio blocking portal
+(:func:`shared_portal`): an event loop in a background thread that hosts the runtime's tree for
+every :class:`BlockingModelRunner` and every embedded engine (:mod:`model_runtime.embedded`).
+``execute`` from any thread runs the runner's coroutine on that loop and waits for it; only the
+portal's thread touches the actors, so callers from any number of threads are safe without a
+lock (the seed's ``thread_safe`` is always on here).
 """
 
 from __future__ import annotations
 
-import asyncio
+import atexit
 import concurrent.futures
 import threading
-from collections.abc import Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any, TypeVar
 
+import anyio.from_thread
 import numpy as np
+from anyio.from_thread import BlockingPortal
 
 from model_runtime.errors import RunnerStoppedError
 from model_runtime.io import DataDesc
 from model_runtime.runner import ModelRunner, ModelRunnerConfig, Source
 
-__all__ = ["BlockingModelRunner"]
+__all__ = ["BlockingModelRunner", "run_in_portal", "shared_portal"]
 
 T = TypeVar("T")
+
+_portal_lock = threading.Lock()
+_portal: BlockingPortal | None = None
+_portal_cm: AbstractContextManager[BlockingPortal] | None = None
+
+
+def shared_portal() -> BlockingPortal:
+    """The process's blocking portal (started on first use, stopped at interpreter exit).
+
+    Raises:
+        nothing.
+    """
+    global _portal, _portal_cm
+    with _portal_lock:
+        if _portal is None:
+            _portal_cm = anyio.from_thread.start_blocking_portal()
+            _portal = _portal_cm.__enter__()
+        return _portal
+
+
+def _stop_portal() -> None:
+    """Stop the shared portal (at exit: after the embedded engines, registered later)."""
+    global _portal, _portal_cm
+    with _portal_lock:
+        cm, _portal, _portal_cm = _portal_cm, None, None
+    if cm is not None:
+        cm.__exit__(None, None, None)
+
+
+atexit.register(_stop_portal)  # at import: atexit runs it after handlers registered later
+
+
+def run_in_portal(fn: Callable[..., Awaitable[T]], *args: Any, timeout: float | None = None) -> T:
+    """Run ``fn(*args)`` on the shared portal's loop and wait for its result.
+
+    Raises:
+        RunnerStoppedError: the portal is stopped (the interpreter is exiting).
+        TimeoutError: no result within ``timeout`` seconds (the call is cancelled).
+        Exception: whatever ``fn`` raised.
+    """
+    try:
+        future: concurrent.futures.Future[T] = shared_portal().start_task_soon(fn, *args)
+    except RuntimeError as exc:  # the portal's loop has stopped
+        raise RunnerStoppedError("the runtime's portal is stopped") from exc
+    try:
+        return future.result(timeout)
+    except concurrent.futures.TimeoutError:
+        future.cancel()
+        raise
 
 
 class BlockingModelRunner:
@@ -31,11 +85,7 @@ class BlockingModelRunner:
 
     def __init__(self, source: Source, config: ModelRunnerConfig | None = None) -> None:
         self._runner = ModelRunner(source, config)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-        self._closing: asyncio.Event
-        self._host: asyncio.Task[None]
+        self._started = False
 
     def __enter__(self) -> BlockingModelRunner:
         self.start()
@@ -51,61 +101,19 @@ class BlockingModelRunner:
 
     @property
     def runner(self) -> ModelRunner:
-        """The asynchronous runner underneath (use it only on its own loop)."""
+        """The asynchronous runner underneath (use it only on the portal's loop)."""
         return self._runner
 
     def start(self, timeout: float | None = None) -> None:
-        """Start the loop thread and the runner; returns once it serves.
+        """Start the runner on the shared portal; returns once it serves. Idempotent.
 
         Raises:
             ModelRuntimeError: whatever :meth:`ModelRunner.start` raises.
         """
-        with self._lock:
-            if self._thread is not None:
-                return
-            ready = threading.Event()
-
-            def main() -> None:
-                loop = asyncio.new_event_loop()
-                self._loop = loop
-                asyncio.set_event_loop(loop)
-                ready.set()
-                loop.run_forever()
-                loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.close()
-
-            self._thread = threading.Thread(target=main, name="model-runtime-loop", daemon=True)
-            self._thread.start()
-            ready.wait()
-        try:
-            self._call(self._start_host(), timeout)
-        except BaseException:
-            self._stop_loop()
-            raise
-
-    async def _start_host(self) -> None:
-        # The runner's task group must be entered and exited by one task: a host task owns the
-        # runner's whole life, from start to close.
-        started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._closing = asyncio.Event()
-
-        async def host() -> None:
-            try:
-                async with self._runner:
-                    started.set_result(None)
-                    await self._closing.wait()
-            except BaseException as exc:
-                if not started.done():
-                    started.set_exception(exc)
-                    return
-                raise
-
-        self._host = asyncio.get_running_loop().create_task(host())
-        await started
-
-    async def _close_host(self) -> None:
-        self._closing.set()
-        await self._host
+        if self._started:
+            return
+        run_in_portal(self._runner.start, timeout=timeout)
+        self._started = True
 
     def execute(
         self,
@@ -120,7 +128,9 @@ class BlockingModelRunner:
             RunnerStoppedError: the runner is not running.
             ModelRuntimeError: whatever :meth:`ModelRunner.execute` raises.
         """
-        return self._call(self._runner.execute(inputs, outputs, replica_id, timeout))
+        if not self._started:
+            raise RunnerStoppedError("the blocking runner is not running")
+        return run_in_portal(self._runner.execute, inputs, outputs, replica_id, timeout)
 
     def get_execute_inputs(self) -> list[DataDesc]:
         """See :meth:`ModelRunner.get_execute_inputs`."""
@@ -134,36 +144,27 @@ class BlockingModelRunner:
         """Run any coroutine of the runner (statistics, ...) on its loop and wait for it.
 
         Raises:
-            RunnerStoppedError: the loop is not running.
+            RunnerStoppedError: the runner is not running.
         """
-        return self._call(coro, timeout)
-
-    def close(self) -> None:
-        """Drain and stop the runner, then the loop thread. Idempotent."""
-        if self._loop is None:
-            return
-        try:
-            self._call(self._close_host())
-        finally:
-            self._stop_loop()
-
-    def _call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        loop = self._loop
-        if loop is None or not loop.is_running():
+        if not self._started:
             coro.close()
             raise RunnerStoppedError("the blocking runner is not running")
-        future = asyncio.run_coroutine_threadsafe(coro, loop)
-        try:
-            return future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise
 
-    def _stop_loop(self) -> None:
-        loop, thread = self._loop, self._thread
-        self._loop = None
-        self._thread = None
-        if loop is not None:
-            loop.call_soon_threadsafe(loop.stop)
-        if thread is not None:
-            thread.join(timeout=30)
+        async def wait() -> T:
+            return await coro
+
+        return run_in_portal(wait, timeout=timeout)
+
+    def close(self) -> None:
+        """Drain and stop the runner. Idempotent.
+
+        Raises:
+            nothing.
+        """
+        if not self._started:
+            return
+        self._started = False
+        try:
+            run_in_portal(self._runner.close)
+        except RunnerStoppedError:
+            pass  # the portal stopped at exit, and the runner with it

@@ -1,9 +1,10 @@
 """The embedded application runtime (seed 000, DESIGN.md §9).
 
 ``ctx = await embedded_runtime_start(path, startup_inputs, engine_name)`` starts (or reuses) a
-named *engine*: a :class:`~model_runtime.runner.ModelRunner` on a dedicated background thread
-with its own event loop, owned by a process-wide registry. It outlives the task and the thread
-that started it; :func:`embedded_runtime_stop` (or interpreter exit) stops it.
+named *engine*: a :class:`~model_runtime.runner.ModelRunner` in the runtime's tree on the
+process's shared blocking portal (:func:`~model_runtime.blocking.shared_portal`), owned by a
+process-wide registry. It outlives the task and the thread that started it;
+:func:`embedded_runtime_stop` (or interpreter exit) stops it.
 
 ``startup_inputs`` are the executable's mutable variables (a list in variable order, or a dict
 by name), passed once: they become the runner's frozen inputs, uploaded by the load program and
@@ -31,6 +32,7 @@ import anyio
 import numpy as np
 import structlog
 
+from model_runtime.blocking import run_in_portal, shared_portal
 from model_runtime.errors import ConfigurationError, InputValidationError, RunnerStoppedError
 from model_runtime.executable import Executable
 from model_runtime.io import DataDesc, describe_anchor
@@ -73,65 +75,46 @@ class RuntimeContext:
 
 
 class _Engine:
-    """One named engine: a runner on its own event-loop thread."""
+    """One named engine: a runner in the runtime's tree on the shared blocking portal."""
 
     def __init__(
         self, name: str, exe: Executable, frozen: dict[str, np.ndarray], timeout: float
     ) -> None:
         self.name = name
         self.exe = exe
-        self.loop = asyncio.new_event_loop()
         self.ready: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self.runner: ModelRunner | None = None
-        self._stop: asyncio.Event | None = None
-        self._config = ModelRunnerConfig(frozen_inputs=frozen, timeout=timeout)
-        self.thread = threading.Thread(target=self._main, name=f"embedded-{name}", daemon=True)
-        self.thread.start()
+        self.runner = ModelRunner(exe, ModelRunnerConfig(frozen_inputs=frozen, timeout=timeout))
 
-    def _main(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        try:
-            self.loop.run_until_complete(self._serve())
-        finally:
-            self.loop.close()
+    def start(self) -> None:
+        """Start the runner (the thread that created the engine does); others wait ``ready``.
 
-    async def _serve(self) -> None:
-        self._stop = asyncio.Event()
-        runner = ModelRunner(self.exe, self._config)
+        Raises:
+            ModelRuntimeError: the runner did not start (``ready`` carries it too).
+        """
         try:
-            await runner.start()
+            run_in_portal(self.runner.start, timeout=_START_STOP_TIMEOUT)
         except BaseException as exc:
             self.ready.set_exception(exc)
-            return
-        self.runner = runner
+            raise
         self.ready.set_result(None)
         log.info("embedded_engine_started", engine=self.name, model=self.exe.metadata.model_name)
-        try:
-            await self._stop.wait()
-        finally:
-            await runner.close()
-            log.info("embedded_engine_stopped", engine=self.name)
 
     def submit(
         self, inputs: Mapping[str, np.ndarray], timeout: float | None
     ) -> concurrent.futures.Future[dict[str, np.ndarray]]:
-        runner = self.runner
-        if runner is None or self.loop.is_closed():
-            raise RunnerStoppedError(f"embedded engine {self.name!r} is not running")
-        coro = runner.execute(inputs, timeout=timeout)
         try:
-            return asyncio.run_coroutine_threadsafe(coro, self.loop)
-        except RuntimeError as exc:  # the loop closed between the check and the call
-            coro.close()
+            return shared_portal().start_task_soon(self.runner.execute, inputs, None, None, timeout)
+        except RuntimeError as exc:  # the portal stopped (interpreter exit)
             raise RunnerStoppedError(f"embedded engine {self.name!r} is not running") from exc
 
     def stop(self) -> None:
-        if self._stop is not None and not self.loop.is_closed():
-            try:
-                self.loop.call_soon_threadsafe(self._stop.set)
-            except RuntimeError:
-                pass  # the loop already closed
-        self.thread.join(_START_STOP_TIMEOUT)
+        if not self.ready.done() or self.ready.exception() is not None:
+            return
+        try:
+            run_in_portal(self.runner.close, timeout=_START_STOP_TIMEOUT)
+        except RunnerStoppedError:
+            pass  # the portal already stopped, and the runner with it
+        log.info("embedded_engine_stopped", engine=self.name)
 
 
 _lock = threading.Lock()
@@ -211,6 +194,8 @@ def embedded_runtime_start_sync(
             _engines[engine_name] = engine
             reused = False
     try:
+        if not reused:
+            engine.start()
         engine.ready.result(_START_STOP_TIMEOUT)
     except BaseException:
         with _lock:

@@ -137,3 +137,31 @@ def test_bad_startup_inputs_are_refused(
     with pytest.raises(InputValidationError, match=message):
         embedded_runtime_start_sync(executables["mul"], startup, "bad")  # type: ignore[arg-type]
     assert "bad" not in embedded._engines
+
+
+def test_engines_and_blocking_runners_share_one_portal_and_one_tree(
+    executables: dict[str, Path],
+) -> None:
+    """No hand-made loop threads: every synchronous entry point lives on the shared portal,
+    under the one runtime root of its loop."""
+    from model_runtime.blocking import BlockingModelRunner, run_in_portal, shared_portal
+    from supervisor import Runtime
+
+    ctx = embedded_runtime_start_sync(executables["mul"], _twos(), "portal-a")
+    try:
+        with BlockingModelRunner(executables["add"]) as blocking:
+            engine = embedded._engines["portal-a"]
+
+            async def roots() -> tuple[object, int]:
+                root = Runtime.running()
+                assert root is not None
+                return root, len(root.models())
+
+            _, models = run_in_portal(roots)
+            assert models == 2, "the engine's model and the blocking runner's, in one tree"
+            assert blocking.runner._loop is engine.runner._loop
+            assert blocking.runner._loop is not None
+            assert shared_portal() is shared_portal()
+        embedded_runtime_call_sync(_twos(), ctx)
+    finally:
+        embedded_runtime_stop("portal-a")
