@@ -491,6 +491,11 @@ class Supervisor:
         """
         self._count_restart(slot.spec.id, cause)
         i = self._slots.index(slot)
+        if self.strategy is Strategy.REST_FOR_ONE:
+            # A sibling started earlier that died too, its exit not handled yet, restarts the
+            # group from there: this child would only fail to start against a dead sibling.
+            # (Its exit message, handled later, is then stale and ignored.)
+            i = next((j for j, s in enumerate(self._slots[:i]) if s.run and s.run.done.is_set()), i)
         group = {
             Strategy.ONE_FOR_ONE: [slot],
             Strategy.REST_FOR_ONE: self._slots[i:],

@@ -439,6 +439,10 @@ class SessionActor(Actor[object]):
                     return False
                 try:
                     await self.reset_device()
+                except ActorStoppedError:
+                    # The device actor died during the reset: its supervisor replaces it and,
+                    # rest_for_one, this session; the batch stays in flight for the next one.
+                    await anyio.sleep_forever()
                 except (RuntimeFailure, ExecutionTimeoutError, DeviceStateError) as reset_exc:
                     self._leave_service(reset_exc)
                     return False

@@ -628,3 +628,34 @@ def test_backoff_refuses_nonsense() -> None:
         Backoff(factor=0.5)
     with pytest.raises(ValueError):
         Backoff(initial=-1.0)
+
+
+async def test_rest_for_one_restarts_from_an_earlier_sibling_that_died_unnoticed() -> None:
+    """b and c die together, c's exit handled first: c's start needs a live b (as a session
+    needs its device), so the group restarts from b instead of failing c's start in a loop
+    until the intensity is spent."""
+    j = Journal()
+    holder: list[Supervisor] = []
+
+    def make_c() -> Worker:
+        holder[0].ref("b")  # raises ActorStoppedError while b is dead
+        return Worker("c", j.entries)
+
+    sup = Supervisor(
+        "sup",
+        [j.spec("a"), j.spec("b"), ChildSpec("c", make_c)],
+        strategy=Strategy.REST_FOR_ONE,
+        intensity=2,
+        clock=FakeClock(),
+    )
+    holder.append(sup)
+    async with supervising(sup) as raised:
+        j.take()
+        c, b = sup.ref("c"), sup.ref("b")
+        c.tell(Crash())
+        b.tell(Crash())
+        await anyio.wait_all_tasks_blocked()
+        assert raised == []
+        assert states(sup)["b"] == ("running", 1) and states(sup)["c"][0] == "running"
+        assert "start:b" in j.take()
+        assert await sup.ref("c").ask(Ping()) == "c"
