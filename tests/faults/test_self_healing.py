@@ -163,3 +163,31 @@ async def test_start_and_close_in_different_tasks(mlp: tuple[Path, Reference]) -
             tg.start_soon(closer)
     assert not runner.is_ready
     assert all(info.holder is None for info in manager.list_devices()), "devices released"
+
+
+async def test_a_hang_is_caught_near_the_deadline_floor_and_readiness_says_so(
+    mlp: tuple[Path, Reference],
+) -> None:
+    """Default policy: the deadline comes from the warm-up and observed runs (floor 1 s), not
+    10-60 s; while the run is past it the replica is not ready; after the reset it is."""
+    path, ref = mlp
+    x = np.ones((4, WIDTH), np.float32)
+    async with ModelRunner(path, default_config("hang:at=3", replication_factor=1)) as runner:
+        for _ in range(2):
+            await runner.execute({"x": x})
+        not_ready_seen = anyio.Event()
+
+        async def watch() -> None:
+            while not not_ready_seen.is_set():
+                if not runner.is_ready:
+                    not_ready_seen.set()
+                await anyio.sleep(0.01)
+
+        with anyio.fail_after(5):  # far below the old 10 s / 60 s deadlines
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch)
+                got = await runner.execute({"x": x})  # hangs, is reset, is retried
+                await not_ready_seen.wait()
+        np.testing.assert_allclose(got["logits"], ref({"x": x})["logits"], rtol=1e-4, atol=1e-5)
+        assert runner.replica_states()[0].resets == 1
+        assert runner.is_ready
