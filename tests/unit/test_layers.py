@@ -1,0 +1,102 @@
+"""Imports point one way only, lowest layer first (DESIGN.md §1): the tiers below never import
+the ones above, so the actors never reach for the runner and the tree never for the daemon.
+
+Every ``import`` in the source is checked, those under ``TYPE_CHECKING`` included (a type may
+name a lower layer only, too).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: Lowest first. A module may import its own layer and the layers before it.
+LAYERS: list[tuple[str, ...]] = [
+    (
+        "model_runtime.errors",
+        "model_runtime.flags",
+        "model_runtime.executable",
+        "model_runtime.custom_ops",
+        "model_runtime.compiler",
+        "model_runtime.io",
+        "model_runtime.demo",
+    ),
+    ("actors",),
+    ("supervisor",),
+    (
+        "model_runtime.runner",
+        "model_runtime.runner_config",
+        "model_runtime.replicas",
+        "model_runtime.stats",
+        "model_runtime.lowlevel",
+    ),
+    (
+        "model_runtime.blocking",
+        "model_runtime.embedded",
+        "model_runtime.connection",
+        "model_runtime.server",
+        "model_runtime.ray",
+    ),
+    ("model_runtime.cli", "model_runtime.__main__"),
+]
+
+
+def layer_of(module: str) -> int | None:
+    """The layer of a dotted module name (None: outside the project, or the package itself,
+    whose ``__init__`` re-exports lazily and so sits above everything)."""
+    best: tuple[int, int] | None = None
+    for index, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if module == prefix or module.startswith(prefix + "."):
+                if best is None or len(prefix) > best[1]:
+                    best = (index, len(prefix))
+    return None if best is None else best[0]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(), str(path))
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.lineno, node.module))
+            # `from model_runtime import custom_ops` imports the submodule
+            found.extend((node.lineno, f"{node.module}.{a.name}") for a in node.names)
+    return found
+
+
+SOURCES = sorted(
+    p
+    for pattern in ("actors/**/*.py", "model_runtime/**/*.py", "supervisor.py")
+    for p in ROOT.glob(pattern)
+)
+
+
+def test_every_source_module_has_a_layer() -> None:
+    missing = [module_name(p) for p in SOURCES if module_name(p) != "model_runtime"]
+    assert [m for m in missing if layer_of(m) is None] == []
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_imports_point_down_the_layers(path: Path) -> None:
+    own = layer_of(module_name(path))
+    if own is None:
+        return  # the package's lazy __init__
+    upward = [
+        f"line {line}: {name}"
+        for line, name in imports(path)
+        if (other := layer_of(name)) is not None and other > own
+    ]
+    assert upward == [], f"{module_name(path)} (layer {own}) imports a higher layer"
