@@ -15,7 +15,9 @@ from typing import ClassVar
 import anyio
 import structlog
 
+from actors.actor import ActorRef
 from actors.device.manager_actor import DeviceManagerActor
+from actors.device.messages import DeviceManagerMessage
 from actors.supervision import (
     Backoff,
     Child,
@@ -167,6 +169,16 @@ class Runtime:
                 await self.supervisor.delete_child(model_id)
             except (KeyError, ActorStoppedError):
                 pass
+
+    @property
+    def device_manager(self) -> ActorRef[DeviceManagerMessage]:
+        """The DeviceManager actor (its current incarnation).
+
+        Raises:
+            ActorStoppedError: it is being restarted, or the root has stopped.
+        """
+        ref: ActorRef[DeviceManagerMessage] = self.supervisor.ref("device-manager")
+        return ref
 
     def models(self) -> list[ChildInfo]:
         """The model subtrees under the root (the device manager excluded)."""

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Attach",
+    "CloseDevice",
     "Detach",
     "DetachDevice",
     "DeviceManagerMessage",
@@ -43,6 +44,7 @@ __all__ = [
     "GetStatus",
     "ListDevices",
     "LoadExecutable",
+    "OpenDevice",
     "ProgramResult",
     "Reset",
     "RunMain",
@@ -168,4 +170,20 @@ class ListDevices:
     """The inventory and who holds each device."""
 
 
-DeviceManagerMessage = Attach | DetachDevice | ListDevices
+@dataclass(frozen=True, slots=True)
+class OpenDevice:
+    """(ask) The Device actor of the attached ``device``: the manager's one actor per device,
+    started on first use and shared by every session on that device (answers its ref)."""
+
+    device: AttachedDevice
+
+
+@dataclass(frozen=True, slots=True)
+class CloseDevice:
+    """(ask) One user of ``device``'s actor is done; the last one stops it (the device stays
+    attached: detaching is its holder's)."""
+
+    device: AttachedDevice
+
+
+DeviceManagerMessage = Attach | DetachDevice | ListDevices | OpenDevice | CloseDevice

@@ -6,13 +6,18 @@ from __future__ import annotations
 import abc
 from typing import Any
 
-import anyio
-import anyio.abc
 import numpy as np
 
-from actors.actor import ActorRef, Stop
+from actors.actor import ActorRef
 from actors.device.manager import AttachedDevice
-from actors.device.messages import LoadExecutable, RunMain, RunPrograms, RunSave, Unload
+from actors.device.messages import (
+    CloseDevice,
+    LoadExecutable,
+    RunMain,
+    RunPrograms,
+    RunSave,
+    Unload,
+)
 from model_runtime.errors import ActorStoppedError, DeviceStateError
 from model_runtime.executable import Executable
 from model_runtime.executable.model import Anchor
@@ -20,6 +25,7 @@ from model_runtime.lowlevel import bindings as b
 from model_runtime.lowlevel.errors import AnchorsNotConnectedError
 from model_runtime.lowlevel.queue_manager import QueueManager
 from model_runtime.lowlevel.queues import InputQueue, OutputQueue
+from supervisor import Runtime
 
 __all__ = ["SessionCore"]
 
@@ -32,7 +38,7 @@ class SessionCore(abc.ABC):
     _in: dict[str, b.Binding]
     _out: dict[str, b.Binding]
     _qm: QueueManager | None
-    _tg: anyio.abc.TaskGroup | None
+    _root: Runtime | None
     _closed: bool
     _device: AttachedDevice | None
     _ref: ActorRef[Any] | None
@@ -52,10 +58,10 @@ class SessionCore(abc.ABC):
 
     # -- internals: state --------------------------------------------------------------------
 
-    def _check_open(self) -> anyio.abc.TaskGroup:
-        if self._tg is None or self._closed:
+    def _check_open(self) -> Runtime:
+        if self._root is None or self._closed:
             raise DeviceStateError("session not started (use `async with Session(...)`) or closed")
-        return self._tg
+        return self._root
 
     def _check_bound(self) -> None:
         self._check_open()
@@ -254,9 +260,9 @@ class SessionCore(abc.ABC):
             occ = b.occupancy(device)
             if occ.active is self:
                 occ.active = None
-        if ref is not None:
-            try:
-                await ref.ask(Stop())
+        if ref is not None and device is not None and self._root is not None:
+            try:  # the device's shared actor: the last session on it stops it
+                await self._root.device_manager.ask(CloseDevice(device))
             except ActorStoppedError:
                 pass
         if device is not None and self._owns_device:

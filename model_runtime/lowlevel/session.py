@@ -1,7 +1,9 @@
 """The Session (seed ``model_runtime::Session``): one executable bound to one device.
 
-Use it as ``async with Session(exe_or_paths, SessionConfig(...)) as s:``. It owns a Device
-actor (in its own task group) for the device it is bound to; device work is ``async``.
+Use it as ``async with Session(exe_or_paths, SessionConfig(...)) as s:``, or ``start()`` and
+``close()`` from any tasks. It is a client of the runtime's tree: the device it is bound to is
+run by that device's one Device actor, which the root's DeviceManager owns and every session on
+the device shares; device work is ``async``.
 
 Data crosses the boundary through bindings: callbacks (:mod:`.policies`), empty callbacks,
 data stored in the executable, or queues (:meth:`create_queue_manager`). Load programs run
@@ -25,8 +27,8 @@ import anyio.abc
 import numpy as np
 
 from actors.actor import ActorRef
-from actors.device.actor import Device
 from actors.device.manager import AttachedDevice, DeviceManager
+from actors.device.messages import OpenDevice
 from model_runtime.errors import DeviceStateError, InputValidationError
 from model_runtime.executable import Executable
 from model_runtime.executable.model import Anchor, ProgramKind
@@ -44,6 +46,7 @@ from model_runtime.lowlevel.policies import (
 )
 from model_runtime.lowlevel.queue_manager import DEFAULT_QUEUE_TIMEOUT, QueueManager
 from model_runtime.lowlevel.ring_size_multiplier_factory import RingSizeMultiplierProd
+from supervisor import Runtime
 
 __all__ = ["Session"]
 
@@ -81,7 +84,7 @@ class Session(SessionCore):
         self._in: dict[str, b.Binding] = {}
         self._out: dict[str, b.Binding] = {}
         self._qm: QueueManager | None = None
-        self._tg: anyio.abc.TaskGroup | None = None
+        self._root: Runtime | None = None
         self._closed = False
         self._device: AttachedDevice | None = None
         self._ref: ActorRef[Any] | None = None
@@ -113,10 +116,9 @@ class Session(SessionCore):
             DeviceUnavailableError: no device could be attached per ``config.wait_config``.
             ModelRuntimeError: loading failed.
         """
-        if self._tg is not None or self._closed:
+        if self._root is not None or self._closed:
             raise DeviceStateError("session already started (or closed)")
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
+        self._root = await Runtime.acquire()
         if self.config.policy is LaunchPolicy.IMMEDIATE:
             try:
                 manager = self._manager or DeviceManager()
@@ -147,9 +149,9 @@ class Session(SessionCore):
         finally:
             if self._qm is not None:
                 self._qm.disconnect_all()
-            if self._tg is not None:
-                self._tg.cancel_scope.cancel()
-                await self._tg.__aexit__(None, None, None)
+            root, self._root = self._root, None
+            if root is not None:
+                await root.release()
 
     # -- properties --------------------------------------------------------------------------
 
@@ -181,7 +183,7 @@ class Session(SessionCore):
             InputValidationError: ``device`` is not an AttachedDevice.
             ModelRuntimeError: loading failed.
         """
-        tg = self._check_open()
+        root = self._check_open()
         if not isinstance(device, AttachedDevice):
             raise InputValidationError(f"expected an AttachedDevice, got {type(device).__name__}")
         if not device.is_attached:
@@ -191,8 +193,8 @@ class Session(SessionCore):
                 return
             if self._device is not None:
                 await self._unload_locked()
-            actor = Device(device, replica=0, detach_on_stop=False, name=f"session-{id(self):x}")
-            self._ref = await tg.start(actor.run)
+            # The device's one Device actor, shared by every session on it (the manager's).
+            self._ref = await root.device_manager.ask(OpenDevice(device))
             self._device = device
             try:
                 occ = b.occupancy(device)

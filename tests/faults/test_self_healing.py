@@ -169,25 +169,30 @@ async def test_a_hang_is_caught_near_the_deadline_floor_and_readiness_says_so(
     mlp: tuple[Path, Reference],
 ) -> None:
     """Default policy: the deadline comes from the warm-up and observed runs (floor 1 s), not
-    10-60 s; while the run is past it the replica is not ready; after the reset it is."""
+    10-60 s; a replica with a run past it is not ready until the reset is done."""
     path, ref = mlp
     x = np.ones((4, WIDTH), np.float32)
     async with ModelRunner(path, default_config("hang:at=3", replication_factor=1)) as runner:
         for _ in range(2):
             await runner.execute({"x": x})
-        not_ready_seen = anyio.Event()
+        state = runner.replica_states()[0]
+        readiness: list[bool] = []
 
         async def watch() -> None:
-            while not not_ready_seen.is_set():
-                if not runner.is_ready:
-                    not_ready_seen.set()
-                await anyio.sleep(0.01)
+            while True:  # every status change, as it happens (no polling gaps)
+                changed = state.changed
+                await changed.wait()
+                readiness.append(runner.is_ready)
 
         with anyio.fail_after(5):  # far below the old 10 s / 60 s deadlines
             async with anyio.create_task_group() as tg:
                 tg.start_soon(watch)
+                started = anyio.current_time()
                 got = await runner.execute({"x": x})  # hangs, is reset, is retried
-                await not_ready_seen.wait()
+                took = anyio.current_time() - started
+                tg.cancel_scope.cancel()
         np.testing.assert_allclose(got["logits"], ref({"x": x})["logits"], rtol=1e-4, atol=1e-5)
-        assert runner.replica_states()[0].resets == 1
+        assert 0.9 < took < 3.0, f"the hang was caught after {took:.2f} s"
+        assert state.resets == 1
+        assert readiness[0] is False, "not ready from the moment the run passed its deadline"
         assert runner.is_ready

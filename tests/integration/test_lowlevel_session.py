@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import anyio
 import numpy as np
 import pytest
 
@@ -219,6 +220,8 @@ async def test_two_sessions_share_one_device_with_implicit_save_and_load() -> No
         await a.run_main_programs()
         await b.bind_to_device(device)  # a's save programs run: its counter was 2
         assert saved == {"a": [2.0], "b": []}
+        # One Device actor per device, the root's DeviceManager's, shared by both sessions.
+        assert a._ref is b._ref and a._ref is not None and a._ref.is_alive
         await b.run_main_programs()
         await a.run_main_programs()  # switch back: b saved (1), a reloaded (counter from 0)
         assert saved == {"a": [2.0], "b": [1.0]}
@@ -241,3 +244,19 @@ async def test_calls_outside_the_session_lifetime_are_typed_errors() -> None:
             await s.bind_to_device("cpu:0")  # type: ignore[arg-type]
     with pytest.raises(DeviceStateError):
         await s.run_save_programs()
+
+
+async def test_a_session_started_in_one_task_is_closed_in_another() -> None:
+    """Sessions are clients of the runtime's tree: no task group is held across calls."""
+    s = Session(tiny_executable(), SessionConfig(policy=LaunchPolicy.IMMEDIATE))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(s.start)
+    assert s.device is not None and s.device.is_attached
+    device = s.device
+
+    async def close() -> None:
+        await s.close()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(close)
+    assert not device.is_attached, "the session attached it (IMMEDIATE), the session released it"
