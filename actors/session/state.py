@@ -61,7 +61,6 @@ class ReplicaState:
     faults: int = 0
     #: Last sign of life of the replica's session (clock time), read by the watchdog.
     heartbeat: float = 0.0
-    stalls: int = 0
     fault_at: float | None = None
     #: Seconds from each fault to the next successful batch on this replica (bounded).
     recovery_times: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))

@@ -17,6 +17,7 @@ batch left in flight first, so no request is lost. Time is read through the inje
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -53,6 +54,9 @@ class Watchdog(Actor[object]):
         self.interval = interval
         self.stall_after = stall_after
         self.stalls = 0
+        #: replica -> clock time of the watchdog's last restart of its session. The replica's
+        #: state is its session's to write; the watchdog only reads it.
+        self._restarted_at: dict[int, float] = {}
 
     async def background(self) -> None:
         while True:
@@ -67,7 +71,8 @@ class Watchdog(Actor[object]):
         if state.status is not ReplicaStatus.READY:
             return False
         now = self.clock.monotonic()
-        silent = now - state.heartbeat
+        # One restart per stall, not one per check: silence counts from the last restart too.
+        silent = now - max(state.heartbeat, self._restarted_at.get(state.replica, -math.inf))
         if state.inflight:
             return silent >= self.stall_after
         return target.waiting_batches() > 0 and silent >= self.stall_after
@@ -75,12 +80,11 @@ class Watchdog(Actor[object]):
     async def _restart(self, target: WatchTarget) -> None:
         state = target.state
         self.stalls += 1
-        state.stalls += 1
         self.log.error(
             "replica_stalled",
             replica=state.replica,
             silent_s=round(self.clock.monotonic() - state.heartbeat, 3),
             holding_batch=bool(state.inflight),
         )
-        state.heartbeat = self.clock.monotonic()  # one restart per stall, not one per check
+        self._restarted_at[state.replica] = self.clock.monotonic()
         await target.restart_session()

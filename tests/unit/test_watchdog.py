@@ -34,7 +34,6 @@ async def test_a_session_holding_a_batch_too_long_is_restarted_once() -> None:
     restarts: list[int] = []
     await run_checks(clock, [target(state, [0], restarts)], seconds=15)
     assert restarts == [0]
-    assert state.stalls == 1
 
 
 async def test_batches_waiting_for_a_silent_session_is_a_stall() -> None:
