@@ -271,7 +271,7 @@ class SessionActor(Actor[object]):
                 # replica: the batch's callers move on, and get the error only where no
                 # replica in service is left to try. Errors the seed raises stay raised.
                 hang = isinstance(exc, ExecutionTimeoutError)
-                elsewhere = hang or (self._policy.auto_reset and is_resettable(exc))
+                elsewhere = self._policy.auto_reset and (hang or is_resettable(exc))
                 self._finish(batch, Fail(batch, exc, elsewhere))
                 return
             self._succeeded(t_start)
@@ -447,6 +447,10 @@ class SessionActor(Actor[object]):
                     self._leave_service(reset_exc)
                     return False
                 self._generation += 1
+        if not self._policy.auto_reset:
+            # The seed's auto_reset=False: the error is raised. A hung device serves nobody,
+            # so it was reset all the same, but the batch is not retried.
+            return False
         batch.attempts += 1
         if batch.attempts <= self._policy.max_retries:
             self._state.retries += 1

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from actors.device.manager import DeviceManager
-from model_runtime.errors import RecoverableRuntimeError
+from model_runtime.errors import ExecutionTimeoutError, RecoverableRuntimeError
 from model_runtime.runner import ModelRunner
 from tests.faults.harness import WIDTH, drive
 from tests.faults.scenarios import (
@@ -196,3 +196,21 @@ async def test_a_hang_is_caught_near_the_deadline_floor_and_readiness_says_so(
         assert state.resets == 1
         assert readiness[0] is False, "not ready from the moment the run passed its deadline"
         assert runner.is_ready
+
+
+async def test_without_auto_reset_a_hang_is_raised_not_retried(
+    mlp: tuple[Path, Reference],
+) -> None:
+    """The seed's auto_reset=False raises: the hung batch's caller gets ExecutionTimeoutError
+    (the device is reset all the same, or it would serve nobody) and the next request is
+    served."""
+    path, _ = mlp
+    x = np.ones((4, WIDTH), np.float32)
+    config = default_config("hang:at=2", replication_factor=1, auto_reset=False)
+    async with ModelRunner(path, config) as runner:
+        await runner.execute({"x": x})
+        with anyio.fail_after(5), pytest.raises(ExecutionTimeoutError, match="deadline"):
+            await runner.execute({"x": x})
+        await runner.execute({"x": x})
+        state = runner.replica_states()[0]
+        assert state.resets == 1 and state.retries == 0
