@@ -103,16 +103,23 @@ async def move_on_after(clock: Clock, seconds: float | None) -> AsyncIterator[an
             yield scope
         return
     deadline = clock.monotonic() + seconds
-    async with anyio.create_task_group() as tg:
-        scope = anyio.CancelScope()
+    try:
+        async with anyio.create_task_group() as tg:
+            scope = anyio.CancelScope()
 
-        async def watch() -> None:
-            await clock.sleep_until(deadline)
-            scope.cancel()
+            async def watch() -> None:
+                await clock.sleep_until(deadline)
+                scope.cancel()
 
-        tg.start_soon(watch)
-        try:
-            with scope:
-                yield scope
-        finally:
-            tg.cancel_scope.cancel()
+            tg.start_soon(watch)
+            try:
+                with scope:
+                    yield scope
+            finally:
+                tg.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # The watcher's task group wraps what the body raised; callers must see it as is,
+        # exactly as with the system clock (the watcher itself never raises).
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0]  # noqa: B904 - the original, cause and all
+        raise
