@@ -382,9 +382,14 @@ class ModelRunner:
         assert self._replicas is not None
         return StatisticsView(self._replicas.queues[replica_id].stats())
 
-    async def get_time_trace(self, replica_id: int = 0) -> dict[str, float]:
-        """Durations (µs) of the last request on ``replica_id`` (seed key names)."""
-        return (await self._stats(replica_id)).time_trace()
+    async def get_time_trace(self, replica_id: int = 0, cur: int = -1) -> dict[str, float]:
+        """Durations (µs) of a request on ``replica_id`` (seed key names): the last one, or the
+        ``cur``-th of the buffered ones (Python indexing: -1 last, 0 oldest).
+
+        Raises:
+            InputValidationError: ``replica_id`` or ``cur`` is out of range.
+        """
+        return (await self._stats(replica_id)).time_trace(cur)
 
     async def get_monitoring_statistics_percentile(
         self, quantile: float = 0.9, replica_id: int = 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from actors.queues.stats import QueueStats, TimeTrace
+from model_runtime.errors import InputValidationError
 
 __all__ = ["StatisticsView"]
 
@@ -22,13 +23,25 @@ class StatisticsView:
     def __init__(self, stats: QueueStats) -> None:
         self._stats = stats
 
-    def time_trace(self) -> dict[str, float]:
-        """Durations of the last answered request: ``request_duration_us`` etc. (empty: none)."""
+    def time_trace(self, cur: int = -1) -> dict[str, float]:
+        """Durations of one answered request: ``request_duration_us`` etc. (empty: none yet).
+
+        ``cur`` picks the request among the buffered ones (the seed's ``cur``, left undocumented
+        there): -1, the default, is the last, -2 the one before, 0 the oldest still buffered.
+
+        Raises:
+            InputValidationError: ``cur`` is outside the buffered requests.
+        """
         traces = self._stats.time_trace()
         if not traces:
             return {}
-        last = traces[-1]
-        return {f"{field}_us": getattr(last, field) * 1e6 for _, field in _PHASES}
+        if not -len(traces) <= cur < len(traces):
+            raise InputValidationError(
+                f"cur={cur}: {len(traces)} request traces are buffered "
+                f"(cur in [{-len(traces)}, {len(traces) - 1}])"
+            )
+        trace = traces[cur]
+        return {f"{field}_us": getattr(trace, field) * 1e6 for _, field in _PHASES}
 
     def percentile(self, quantile: float = 0.9) -> dict[str, float]:
         """``<phase>_monitoring_statistics_percentile_us`` for each phase.

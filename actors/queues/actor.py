@@ -14,7 +14,6 @@ handler and the background timer never see each other's half-done work.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import math
 from collections import deque
@@ -25,7 +24,7 @@ import numpy as np
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from actors.actor import Actor, Envelope
-from actors.clock import Clock, SystemClock
+from actors.clock import Clock
 from actors.queues.batch import Batch
 from actors.queues.config import QueueConfig
 from actors.queues.messages import (
@@ -205,9 +204,6 @@ class Queue(Actor[QueueMessage]):
     async def on_start(self) -> None:
         if self._streams_closed:
             self._open_streams()
-        if isinstance(self.clock, SystemClock):
-            # The same time as SystemClock.monotonic (the loop's), without anyio's dispatch.
-            self._now = asyncio.get_running_loop().time
 
     async def on_stop(self) -> None:
         if self._handoff is not None:

@@ -159,6 +159,7 @@ class SessionActor(Actor[object]):
         self._generation = 0
         self._on_device = 0  # main runs asked of the device and not answered
         self._progressed = False  # a batch succeeded in this incarnation
+        self._device_free_at = 0.0  # when the device last finished a batch (clock time)
         self._out = anyio.Event()  # set when the replica leaves service
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -274,8 +275,13 @@ class SessionActor(Actor[object]):
                 elsewhere = self._policy.auto_reset and (hang or is_resettable(exc))
                 self._finish(batch, Fail(batch, exc, elsewhere))
                 return
+            # The device runs one batch at a time: a batch asked while another ran started
+            # when that one ended, so its wait in the device's queue is queue time, not
+            # computation (the seed's read_queue / computation split).
+            t_start = max(t_start, self._device_free_at)
+            t_end = self._device_free_at = self.clock.monotonic()
             self._succeeded(t_start)
-            self._finish(batch, Complete(batch, outputs, t_start, self.clock.monotonic()))
+            self._finish(batch, Complete(batch, outputs, t_start, t_end))
             return
 
     async def _run_main(
