@@ -210,7 +210,9 @@ def embedded_runtime_start_sync(
         executable_path=os.fspath(path),
         package_hash=meta.package_hash,
         signature=tuple(describe_anchor(a) for a in meta.user_inputs),
-        output_types=tuple(describe_anchor(a) for a in meta.user_outputs),
+        # What a call returns: the model's outputs without the new values of its variables
+        # (those stay on the device, as the seed's mutable variables do).
+        output_types=tuple(describe_anchor(a) for a in meta.execute_outputs),
     )
 
 

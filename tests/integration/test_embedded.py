@@ -165,3 +165,19 @@ def test_engines_and_blocking_runners_share_one_portal_and_one_tree(
         embedded_runtime_call_sync(_twos(), ctx)
     finally:
         embedded_runtime_stop("portal-a")
+
+
+def test_a_mutable_variable_passed_once_counts_across_calls(tmp_path: Path) -> None:
+    """Seed 000's point of start/call: the variable given at start lives on the device and
+    each call updates it; a call returns the model's outputs (not the variable's update)."""
+    from tests.models import make_counter
+
+    opts = CompileOptions(
+        batch_size=2, variables=("count",), variable_updates={"count_next": "count"}
+    )
+    path = compile_model(make_counter(width=4), tmp_path / "counter.mrx", opts)
+    ctx = embedded_runtime_start_sync(path, [np.array([10.0], np.float32)], "counter")
+    assert [d.name for d in ctx.output_types] == ["y"]
+    x = np.zeros((2, 4), np.float32)
+    got = [embedded_runtime_call_sync([x], ctx)[0] for _ in range(3)]
+    assert [float(g[0, 0]) for g in got] == [10.0, 11.0, 12.0]
