@@ -44,7 +44,7 @@ from actors.queues.request import Request
 from actors.queues.routing import fail_batch, route_outputs
 from actors.queues.stats import QueueStats, TraceRecorder
 from actors.queues.timer import FlushTimer
-from model_runtime.errors import ActorStoppedError, RunnerStoppedError
+from model_runtime.errors import ActorStoppedError, ApplicationRuntimeError, RunnerStoppedError
 from model_runtime.executable.model import ExecutableMetadata
 
 __all__ = ["Queue"]
@@ -389,7 +389,13 @@ class Queue(Actor[QueueMessage]):
             )
         except Exception as exc:
             self._pool.free.append(index)
-            self._close(fail_batch(batch, exc))
+            callback = self.config.flush_callback
+            name = getattr(callback, "__qualname__", repr(callback))
+            error = ApplicationRuntimeError(
+                f"queue {self.name}: flush_callback {name} failed: {type(exc).__name__}: {exc}"
+            )
+            error.__cause__ = exc
+            self._close(fail_batch(batch, error))
             self.log.warning("queue.flush_failed", error=repr(exc))
             return True
         self._emit(batch)

@@ -102,8 +102,11 @@ async def test_failing_flush_callback_fails_that_batch_and_the_queue_carries_on(
     async with running(queue) as (ref, _):
         req = submit(ref, request(rows(1), 1))
         ref.tell(Flush())
-        with pytest.raises(RuntimeError, match="no flush data"):
+        # A typed error naming the callback, the callback's own error as its cause.
+        with pytest.raises(ApplicationRuntimeError, match=r"flush_callback .*on_flush") as err:
             await req.future
+        assert isinstance(err.value.__cause__, RuntimeError)
+        assert "no flush data" in str(err.value)
         full = submit(ref, request(rows(B), B))
         check(await full.future, full.inputs["x"])
         assert queue.pending_samples == 0
