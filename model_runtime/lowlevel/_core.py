@@ -205,8 +205,9 @@ class SessionCore(abc.ABC):
             if isinstance(binding, b.QueueBound) and isinstance(binding.queue, OutputQueue):
                 assert self._qm is not None
                 await binding.queue._wait_room(iterations, self._qm.timeout)
-        if self._stopped:
-            raise DeviceStateError("session was stopped while preparing the main run")
+        # Stopped while this run waited for data: its queues were disconnected and fed it
+        # dummy data, and it runs to its end as the seed's does ("feed dummy data to the
+        # executable until it returns from its run()"); only later runs are refused.
         occ = self._occ()
         async with occ.lock:
             await self._ensure_ready(occ)

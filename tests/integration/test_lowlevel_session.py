@@ -260,3 +260,30 @@ async def test_a_session_started_in_one_task_is_closed_in_another() -> None:
     async with anyio.create_task_group() as tg:
         tg.start_soon(close)
     assert not device.is_attached, "the session attached it (IMMEDIATE), the session released it"
+
+
+async def test_stop_lets_a_run_waiting_for_data_finish_with_dummy_data() -> None:
+    """Seed: stop() disconnects the queues, which then feed dummy data to the executable until
+    its run returns; the run in progress finishes, only later runs are refused."""
+    exe = tiny_executable(batch_size=2)
+    async with Session(exe) as s:
+        await s.bind_to_device(await DeviceManager().get_device())
+        qm = s.create_queue_manager(2, timeout=30.0)
+        s.set_callback_for_anchor("counter", lambda a: None)
+        s.set_callback_for_anchor("counter_out", lambda v: None)
+        s.set_callback_for_anchor("y", lambda v: None)
+        assert qm.input_queue("x").queued_elements == 0
+        results: list[object] = []
+
+        async def run() -> None:
+            results.append(await s.run_main_programs())
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(run)
+                await anyio.wait_all_tasks_blocked()
+                assert results == []  # waiting for x
+                s.stop()
+        assert len(results) == 1 and isinstance(results[0], list)
+        with pytest.raises(DeviceStateError, match="stopped"):
+            await s.run_main_programs()
