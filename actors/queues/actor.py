@@ -82,8 +82,9 @@ class Queue(Actor[QueueMessage]):
         self.replica = replica
         self.layout = Layout(metadata, config)
         self._handoff = handoff
-        self._pool_size = config.pool_buffers
-        self._pool = RingPool(self.layout, self._pool_size)
+        self._pool = RingPool(self.layout, config.pool_buffers)
+        #: batches packed and not completed, at most (max_look_ahead + 1, within the pool)
+        self._max_outstanding = config.look_ahead
         self._recorder = TraceRecorder(config.request_tracepoints_buffer_size)
         self.log = self.log.bind(model=metadata.model_name, replica=replica)
         self._now = self.clock.monotonic
@@ -317,7 +318,7 @@ class Queue(Actor[QueueMessage]):
         self._rows_in += n
         self._pending.append(req)
         if after >= self.layout.capacity:
-            if len(self._outstanding) < self._pool_size:
+            if len(self._outstanding) < self._max_outstanding:
                 self._pump()
             return
         b = self.layout.B
@@ -345,7 +346,7 @@ class Queue(Actor[QueueMessage]):
         """Seal every batch that may be sealed now (full ones, or a due partial one)."""
         cap = self.layout.capacity
         sealed = False
-        while self._pending_rows and len(self._outstanding) < self._pool_size:
+        while self._pending_rows and len(self._outstanding) < self._max_outstanding:
             if self._pending_rows >= cap:
                 partial = False
             elif self._rows_in - self._pending_rows < self._flush_mark or self._draining:
@@ -456,7 +457,7 @@ class Queue(Actor[QueueMessage]):
         """When the partial batch is due to be flushed (``inf``: not by time)."""
         if not self._pending_rows or self._draining:
             return _INF
-        if len(self._outstanding) >= self._pool_size:
+        if len(self._outstanding) >= self._max_outstanding:
             return _INF  # nowhere to flush to; a release kicks the timer again
         cfg = self.config
         deadline = self._last_arrival + cfg.timeout if cfg.timeout > 0 else _INF

@@ -17,12 +17,15 @@ Durations are seconds (floats). The semantics, as the Queue implements them:
     whose caller went away before packing are dropped either way, so no pure-padding batch ever
     runs (the seed flushes dummy data to unblock a device program; ours never blocks).
 ``ring_buffer_size_multiplier``
-    The ring memory pool holds ``max(ring_buffer_size_multiplier, look_ahead + 2)`` batch
-    buffers (each ``device_iterations * batch_size`` rows of every user input). It bounds how
-    many batches are packed but not yet completed; past it, requests wait (unpacked).
+    The seed's ring size, ``ring_buffer_size_multiplier * batch size``: the ring memory pool
+    holds that many batch buffers (each ``device_iterations * batch_size`` rows of every user
+    input). It bounds how many batches are packed but not yet completed; past it, requests
+    wait (unpacked).
 ``max_look_ahead``
-    How many packed batches may wait in ``Queue.ready`` for the session (its capacity).
-    ``None`` ("unlimited" in the seed: we decide) means ``ring_buffer_size_multiplier``.
+    Batches prepared in advance of the one on the device: at most ``1 + max_look_ahead``
+    batches are packed and not completed (and never more than the pool holds). ``0``: a batch
+    is packed only once the previous one completed, so rows arriving meanwhile ride in it.
+    ``None`` ("unlimited" in the seed: the runtime decides) means as many as the pool holds.
 ``batch_size_timeout`` / ``data_parallel_timeout`` (only with ``is_batch_size_timeout_enabled``)
     ``batch_size_timeout``: a partial batch is flushed at the latest this long after it got its
     first row, however steadily data trickles in (the idle ``timeout`` alone never fires under a
@@ -97,13 +100,14 @@ class QueueConfig:
             )
 
     @property
-    def look_ahead(self) -> int:
-        """Capacity of ``Queue.ready`` in batches (``max_look_ahead``, resolved)."""
-        if self.max_look_ahead is None:
-            return self.ring_buffer_size_multiplier
-        return self.max_look_ahead
+    def pool_buffers(self) -> int:
+        """Batch buffers in the ring memory pool: ``ring_buffer_size_multiplier``."""
+        return self.ring_buffer_size_multiplier
 
     @property
-    def pool_buffers(self) -> int:
-        """Batch buffers in the ring memory pool: at least ``look_ahead + 2``."""
-        return max(self.ring_buffer_size_multiplier, self.look_ahead + 2)
+    def look_ahead(self) -> int:
+        """Batches packed and not completed at most (and capacity of ``Queue.ready``): the one
+        on the device and ``max_look_ahead`` more, within the pool."""
+        if self.max_look_ahead is None:
+            return self.pool_buffers
+        return min(self.pool_buffers, 1 + self.max_look_ahead)

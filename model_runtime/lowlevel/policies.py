@@ -107,7 +107,9 @@ class SessionConfig:
 
     ``pred_tensor_data`` decides, per anchor, whether stored data feeds it (``None``: stored
     data wherever there is some). ``max_look_ahead`` is ``"unlimited"`` or a count of main runs
-    the session may prepare in advance (validated and exposed; this session prepares none).
+    the session may prepare in advance. It is validated and exposed, and every value behaves
+    as ``0`` here: this Session reads a run's inputs only when ``run_main_programs`` is called,
+    so it never prepares a run ahead of its caller (the ModelRunner, which does, honours it).
 
     Raises:
         ConfigurationError: a bad ``policy`` or ``max_look_ahead``.

@@ -221,7 +221,7 @@ async def test_cancelled_after_packing_is_computed_and_dropped() -> None:
 
 
 async def test_pool_exhaustion_makes_requests_wait_not_fail() -> None:
-    queue = make_queue(metadata(B), batching_dim=0, ring_buffer_size_multiplier=1, max_look_ahead=0)
+    queue = make_queue(metadata(B), batching_dim=0, ring_buffer_size_multiplier=2)
     assert queue.config.pool_buffers == 2
     async with running(queue, hold=True) as (ref, session):
         reqs = [submit(ref, request(rows(B), B)) for _ in range(2)]
@@ -275,7 +275,7 @@ async def test_drain_flushes_pending_then_refuses_new_requests() -> None:
 
 
 async def test_drain_waits_for_a_free_buffer() -> None:
-    queue = make_queue(metadata(B), batching_dim=0, ring_buffer_size_multiplier=1, max_look_ahead=0)
+    queue = make_queue(metadata(B), batching_dim=0, ring_buffer_size_multiplier=2)
     async with running(queue, hold=True) as (ref, session):
         for _ in range(2):
             submit(ref, request(rows(B), B))
@@ -435,3 +435,31 @@ async def test_flush_while_the_pool_is_full_covers_every_row_waiting_then() -> N
         after = submit(ref, request(rows(1), 1))  # after the flush was served: its own batch
         await settle()
         assert not after.future.done()
+
+
+@pytest.mark.parametrize(
+    ("multiplier", "look_ahead", "held"),
+    [(2, None, 2), (3, None, 3), (3, 0, 1), (3, 1, 2), (2, 5, 2), (1, None, 1)],
+)
+async def test_ring_size_and_look_ahead_bound_the_batches_prepared(
+    multiplier: int, look_ahead: int | None, held: int
+) -> None:
+    """The seed's sizing: the ring holds ``ring_buffer_size_multiplier`` batches, and at most
+    ``1 + max_look_ahead`` are packed before the device completes one (0: none ahead)."""
+    queue = make_queue(
+        metadata(B),
+        batching_dim=0,
+        ring_buffer_size_multiplier=multiplier,
+        max_look_ahead=look_ahead,
+    )
+    assert queue.config.pool_buffers == multiplier
+    async with running(queue, hold=True) as (ref, session):
+        reqs = [submit(ref, request(rows(B - 1), B - 1)) for _ in range(4 * B)]
+        await settle()
+        assert len(session.held) == held
+        while not all(r.future.done() for r in reqs):
+            session.release()
+            await settle()
+            assert len(session.held) <= held
+        for r in reqs:
+            check(r.future.result(), r.inputs["x"])
