@@ -328,6 +328,7 @@ class ReplicaSet:
                 deadline=old.deadline,
                 t_submit=old.t_submit,
                 tried=old.tried | 1 << r,
+                waiting=True,  # a moved request is flushed as any other: it waited already
             )
             try:
                 if self.closing:

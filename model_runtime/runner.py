@@ -15,7 +15,7 @@ import asyncio
 import itertools
 import math
 import os
-from collections.abc import Awaitable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -312,18 +312,36 @@ class ModelRunner:
             deadline=deadline,
             t_submit=now,
         )
+        queue = replicas.queues[r]
+        if self.config.flush_on_waiting_outputs:
+            request.waiting = False  # until its caller awaits the outputs
         # The queue's own Enqueue handler, called in place: same loop, same code, one event-loop
         # iteration less per request than a mailbox hop (measured ~7 µs of ~15 µs).
-        replicas.queues[r].enqueue_nowait(request)
+        queue.enqueue_nowait(request)
         self._outstanding.add(future)
         future.add_done_callback(self._outstanding.discard)
         if timeout is None:
-            return future
-        return self._with_deadline(future, timeout)
+            if request.waiting:
+                return future
+            return self._when_awaited(future, lambda: queue.waiting(request))
+        wake = None if request.waiting else (lambda: queue.waiting(request))
+        return self._with_deadline(future, timeout, wake)
+
+    @staticmethod
+    async def _when_awaited(
+        future: asyncio.Future[dict[str, np.ndarray]], wake: Callable[[], None]
+    ) -> dict[str, np.ndarray]:
+        wake()  # the caller waits for the outputs now (flush_on_waiting_outputs)
+        return await future
 
     async def _with_deadline(
-        self, future: asyncio.Future[dict[str, np.ndarray]], timeout: float
+        self,
+        future: asyncio.Future[dict[str, np.ndarray]],
+        timeout: float,
+        wake: Callable[[], None] | None = None,
     ) -> dict[str, np.ndarray]:
+        if wake is not None:
+            wake()
         async with move_on_after(self._clock, timeout):
             return await asyncio.shield(future)
         future.cancel()

@@ -460,6 +460,14 @@ class Queue(Actor[QueueMessage]):
         if len(self._outstanding) >= self._max_outstanding:
             return _INF  # nowhere to flush to; a release kicks the timer again
         cfg = self.config
+        if (
+            cfg.flush_on_waiting_outputs
+            and not self._someone_waits()
+            and not any(r.future.done() for r in self._pending)
+        ):
+            # Nobody waits for these rows (yet): no flush. (With rows of callers that went
+            # away the timer still fires, to forget them.)
+            return _INF
         deadline = self._last_arrival + cfg.timeout if cfg.timeout > 0 else _INF
         if cfg.is_batch_size_timeout_enabled:
             if cfg.batch_size_timeout is not None:
@@ -473,14 +481,26 @@ class Queue(Actor[QueueMessage]):
         return deadline
 
     def _on_timeout(self) -> None:
-        waiting = self.config.flush_on_waiting_outputs is False or any(
-            not r.future.done() for r in self._pending
-        )
-        if not waiting:
-            while self._pending:  # nobody waits for these rows: forget them, flush nothing
-                self._drop(self._pending.popleft())
+        if self.config.flush_on_waiting_outputs and not self._someone_waits():
+            live: deque[Request] = deque()
+            for req in self._pending:
+                if req.future.done():
+                    self._drop(req)  # gone: forget its rows, flush nothing
+                else:
+                    live.append(req)  # not waiting yet: keep its rows for later
+            self._pending = live
             return
         self._flush()
+
+    def _someone_waits(self) -> bool:
+        return any(r.waiting and not r.future.done() for r in self._pending)
+
+    def waiting(self, request: Request) -> None:
+        """``request``'s caller now waits for its outputs: with ``flush_on_waiting_outputs``
+        a partial batch that timed out holding its rows is flushed now. Same-loop callers only,
+        like :meth:`enqueue_nowait`."""
+        request.waiting = True
+        self._kick()
 
     def _flush(self) -> None:
         """Flush every row waiting now (full batches, then the partial one, padded) as soon as

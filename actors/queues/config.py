@@ -10,12 +10,12 @@ Durations are seconds (floats). The semantics, as the Queue implements them:
     ``flush_callback(tensor_id, inputs, outputs) -> None`` (see :data:`FlushCallback`), called
     once per flush of a partial batch instead of zero padding.
 ``flush_on_waiting_outputs``
-    Flush a timed-out partial batch only while at least one of its callers still waits for
-    outputs (its future is not done). Every ``execute()`` caller waits, so this only differs
-    from ``False`` when all the callers of a partial batch went away (cancelled, or answered by
-    the runner, e.g. on a deadline): with ``True`` the queue then never flushes for them. Rows
-    whose caller went away before packing are dropped either way, so no pure-padding batch ever
-    runs (the seed flushes dummy data to unblock a device program; ours never blocks).
+    The seed's: flush a timed-out partial batch only when a caller waits for outputs. A caller
+    of ``execute()`` waits from the start; one of ``execute_async()`` only once it awaits the
+    result. Until then a partial batch holding only such rows waits for more data (no timeout
+    flush); the first caller to await flushes it at once if its timeout has passed. With
+    ``False`` the timeout flushes regardless. Rows whose caller went away before packing are
+    dropped either way, so no pure-padding batch ever runs.
 ``ring_buffer_size_multiplier``
     The seed's ring size, ``ring_buffer_size_multiplier * batch size``: the ring memory pool
     holds that many batch buffers (each ``device_iterations * batch_size`` rows of every user

@@ -31,6 +31,9 @@ class Request:
     t_submit: float = 0.0
     #: Bitmask of the replicas that failed this request (it moves on to the others).
     tried: int = 0
+    #: Its caller waits for the outputs (awaits them); with ``flush_on_waiting_outputs`` only
+    #: such a request's rows make a partial batch flush on timeout.
+    waiting: bool = True
     # -- queue bookkeeping (private) --------------------------------------------------------
     #: rows assigned to batches so far (the next row to pack)
     _taken: int = field(default=0, init=False, repr=False)

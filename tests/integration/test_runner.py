@@ -316,3 +316,32 @@ def test_blocking_runner_serves_many_threads(mlp: tuple[Path, Reference]) -> Non
     assert not failures
     with pytest.raises(RunnerStoppedError):
         runner.execute({"x": rows(1, 0)})
+
+
+@pytest.mark.parametrize("flush_on_waiting_outputs", [False, True])
+async def test_flush_on_waiting_outputs_flushes_only_for_a_caller_that_waits(
+    mlp: tuple[Path, Reference], flush_on_waiting_outputs: bool
+) -> None:
+    """The seed's flag: with True a timed-out partial batch is flushed only once a caller
+    waits for its outputs (awaits execute_async's result); with False the timeout flushes."""
+    path, ref = mlp
+    clock = FakeClock()
+    x = rows(1, seed=21)
+    config = ModelRunnerConfig(
+        batching_dim=0, timeout=1.0, flush_on_waiting_outputs=flush_on_waiting_outputs
+    )
+    async with ModelRunner(path, config, clock=clock) as runner:
+        pending = runner.execute_async({"x": x})
+        await anyio.wait_all_tasks_blocked()
+        clock.advance(5.0)  # far past the timeout, nobody awaiting yet
+        await anyio.wait_all_tasks_blocked()
+        state = runner.replica_states()[0]
+        if flush_on_waiting_outputs:
+            assert state.runs == 0 and not state.inflight, "flushed with nobody waiting"
+        else:
+            with anyio.fail_after(20):
+                while state.runs == 0:  # noqa: ASYNC110 - the device thread runs the flush
+                    await anyio.sleep(0.001)
+        got = await within(pending)  # now a caller waits: flushed at once
+        assert state.runs == 1
+    np.testing.assert_allclose(got["logits"], ref({"x": x})["logits"], rtol=1e-4, atol=1e-5)
