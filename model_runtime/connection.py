@@ -257,8 +257,9 @@ class OnnxProgram:
 
         Raises:
             ConfigurationError: PRE_COMPILE without a cache path, or an unwritable cache path.
-            CustomOpError: caching or pre-compiling a model with a custom op not marked
-                hashable (named), or a custom op library error.
+            CustomOpError: PRE_COMPILE of a model with a custom op not marked hashable
+                (named), or a custom op library error. With a cache and another type, such a
+                model is compiled without the cache (warning ``executable not cached``).
             CompileError: the model cannot be compiled.
             DeviceUnavailableError / DeviceNotFoundError: ALWAYS and no device can be attached.
         """
@@ -272,10 +273,12 @@ class OnnxProgram:
             )
         if cache:
             cache = check_cache_path(cache)
-            purpose = "pre-compiled" if ct is DeviceConnectionType.PRE_COMPILE else "cached"
-            proto = _load_proto(self._model)
-            if custom_ops.custom_op_nodes(proto):
-                custom_ops.check_cacheable(proto, purpose)
+            # Seed 001: an unhashable custom op cannot be pre-compiled (refuse before doing any
+            # work); with the other types it compiles and runs, only not through the cache.
+            if ct is DeviceConnectionType.PRE_COMPILE:
+                proto = _load_proto(self._model)
+                if custom_ops.custom_op_nodes(proto):
+                    custom_ops.check_cacheable(proto, "pre-compiled")
         device = None
         if ct is DeviceConnectionType.ALWAYS:
             device = await self._attach()
@@ -305,14 +308,19 @@ class OnnxProgram:
         options = replace(self._options, executable_cache_path=cache)
         model = self._model
         hit = False
+        uncached = False  # a cache is set but the model cannot use it
+        out: Path | None = None
         if cache:
             source = await anyio.to_thread.run_sync(load_source, model, options.model_name)
             # as compile_model computes it: custom-op models are keyed by their libraries too
-            fingerprint = custom_ops.check_cacheable(source.proto, "cached")
-            key = cache_key(source.sha256, options, fingerprint)
-            hit = ExecutableCache(Path(cache)).lookup(key) is not None
-            out = None
-        else:
+            usable = custom_ops.cacheability(source.proto)
+            uncached = not usable.cacheable
+            if usable.cacheable:
+                key = cache_key(source.sha256, options, usable.fingerprint)
+                hit = ExecutableCache(Path(cache)).lookup(key) is not None
+        if not cache or uncached:
+            # compile_model compiles an unhashable custom op model without the cache (and warns
+            # "executable not cached" with the reason), so it needs a file of its own.
             self._tmp = tempfile.TemporaryDirectory(prefix="model-runtime-program-")
             out = Path(self._tmp.name) / "program.mrx"
         path = await anyio.to_thread.run_sync(lambda: compile_model(model, out, options))
@@ -320,6 +328,8 @@ class OnnxProgram:
         self.executable = await anyio.to_thread.run_sync(Executable.load, path)
         if hit:
             log.info(f"Found model {self.name!r} in the executable cache", path=str(path))
+        elif uncached:
+            log.info(f"Compiled model {self.name!r} (not cached)", path=str(path))
         else:
             log.info(f"Compiled model {self.name!r}", path=str(path))
 

@@ -4,10 +4,22 @@ A plain class with an async API (waiting sleeps on an injected :class:`~actors.c
 tests drive it with a fake clock); :class:`~actors.device.manager_actor.DeviceManagerActor` wraps
 it for the supervisor tree. Attaching is exclusive across processes (:mod:`.locks`).
 
-``hardware_version()`` follows the seed's ``ipuHardwareVersion``: the IPU architecture version
-of the inventory's ipu-model devices, or ``0`` ("no IPU in the system") when the inventory has
-only cpu devices. A cpu device has no IPU version, and ``0`` is exactly what the seed promises
-for a machine without IPUs.
+IPU versions, as the seed words them (two calls, two answers for "no IPU"):
+
+* :meth:`DeviceManager.hardware_version` is ``DeviceManager::ipuHardwareVersion``: the
+  architecture version of the IPUs in the system (here: the inventory's ipu-model devices),
+  ``-1`` if there are IPUs but their architecture is unknown (here: ipu-model devices of more
+  than one version, so no single answer), ``0`` if there is no IPU (a cpu-only inventory).
+* :meth:`AttachedDevice.ipu_version` is ``Device::ipuVersion``: the device's architecture
+  version "or -1 if unknown". A cpu device is not an IPU, so it has no known IPU architecture:
+  ``-1``. (Its :class:`~actors.device.inventory.DeviceSpec` and an executable's ``Target`` store
+  ``0`` for cpu: that is a data field meaning "not an IPU", not the seed's call.)
+
+Where the seed takes a ``popef::Model``, these calls take an
+:class:`~model_runtime.executable.Executable` (its ``metadata.target``): :meth:`get_device_for`,
+:meth:`try_get_device_for`, and the model forms of :meth:`get_specific_device`,
+:meth:`try_get_specific_device`, :meth:`create_ipu_model_device` and
+:meth:`create_small_ipu_model_device`.
 """
 
 from __future__ import annotations
@@ -17,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import overload
 
 import structlog
 
@@ -26,9 +38,7 @@ from actors.device.inventory import SMALL_IPU_TILES, DeviceSpec, ipu_model_spec,
 from actors.device.locks import DeviceLock, LockHolder, default_lock_dir, read_holder
 from actors.device.wait import DeviceConstraints, DeviceWaitConfig, DeviceWaitStrategy
 from model_runtime.errors import ConfigurationError, DeviceNotFoundError, DeviceUnavailableError
-
-if TYPE_CHECKING:
-    from model_runtime.executable import Executable
+from model_runtime.executable import Executable, Target
 
 __all__ = ["AttachedDevice", "DeviceInfo", "DeviceManager"]
 
@@ -54,6 +64,17 @@ class AttachedDevice:
     @property
     def is_attached(self) -> bool:
         return self._attached
+
+    def ipu_version(self) -> int:
+        """The device's IPU architecture version, or ``-1`` if unknown (seed: ``ipuVersion``).
+
+        An ipu-model device answers its version (e.g. 2); a cpu device is not an IPU and has no
+        known IPU architecture, so it answers ``-1`` (see the module docstring).
+
+        Raises:
+            nothing.
+        """
+        return self.spec.ipu_version if self.spec.kind == "ipu-model" else -1
 
     def detach(self) -> None:
         """Release the device (its lock) so others may attach it. Idempotent."""
@@ -119,7 +140,12 @@ class DeviceManager:
     # -- queries ---------------------------------------------------------------------------
 
     def hardware_version(self) -> int:
-        """The IPU version of the inventory's ipu-model devices, 0 when it has none.
+        """The IPU version of the system (seed: ``ipuHardwareVersion``).
+
+        The version of the inventory's ipu-model devices; ``-1`` when they are of more than one
+        version (IPUs whose single architecture is unknown); ``0`` when there is none (no IPU in
+        the system). Not the per-device :meth:`AttachedDevice.ipu_version`, whose "unknown" for
+        a cpu device is ``-1``.
 
         Raises:
             nothing.
@@ -195,39 +221,68 @@ class DeviceManager:
         except (DeviceNotFoundError, DeviceUnavailableError):
             return None
 
+    @overload
     async def get_specific_device(
         self,
         device_id: int,
         options: Mapping[str, str] | None = None,
+        wait_config: DeviceWaitConfig = ...,
+    ) -> AttachedDevice: ...
+
+    @overload
+    async def get_specific_device(
+        self, device_id: int, model: Executable, /, wait_config: DeviceWaitConfig = ...
+    ) -> AttachedDevice: ...
+
+    async def get_specific_device(
+        self,
+        device_id: int,
+        options: Mapping[str, str] | Executable | None = None,
         wait_config: DeviceWaitConfig = DeviceWaitConfig(),  # noqa: B008
     ) -> AttachedDevice:
         """Attach the inventory device ``device_id``.
 
+        Given an :class:`Executable` in place of ``options`` (the seed's model overload), the
+        device must be able to run it: the kind, size (``num_ipus``) and, for ipu-model, the
+        IPU version of its target. The executable records no device options, so the device
+        gets none.
+
         Raises:
-            DeviceNotFoundError: no such id.
+            DeviceNotFoundError: no such id, or the device cannot run the executable given.
             DeviceUnavailableError: it is held, per ``wait_config``.
             ConfigurationError: the lock directory is not usable.
         """
-        for s in self.inventory:
-            if s.id == device_id:
-                return await self._attach([s], options, wait_config)
-        raise DeviceNotFoundError(
-            f"no device {device_id} (inventory ids: {[s.id for s in self.inventory]})"
-        )
+        return await self._get_specific(device_id, options, wait_config)
 
+    @overload
     async def try_get_specific_device(
         self,
         device_id: int,
         options: Mapping[str, str] | None = None,
+        wait_config: DeviceWaitConfig = ...,
+    ) -> AttachedDevice | None: ...
+
+    @overload
+    async def try_get_specific_device(
+        self, device_id: int, model: Executable, /, wait_config: DeviceWaitConfig = ...
+    ) -> AttachedDevice | None: ...
+
+    async def try_get_specific_device(
+        self,
+        device_id: int,
+        options: Mapping[str, str] | Executable | None = None,
         wait_config: DeviceWaitConfig = DeviceWaitConfig(),  # noqa: B008
     ) -> AttachedDevice | None:
         """:meth:`get_specific_device`, but ``None`` instead of not found / unavailable.
+
+        ``options`` may be an :class:`Executable`, as for :meth:`get_specific_device`; a
+        device that cannot run it is ``None`` too.
 
         Raises:
             ConfigurationError: the lock directory is not usable.
         """
         try:
-            return await self.get_specific_device(device_id, options, wait_config)
+            return await self._get_specific(device_id, options, wait_config)
         except (DeviceNotFoundError, DeviceUnavailableError):
             return None
 
@@ -248,33 +303,135 @@ class DeviceManager:
             return self.create_ipu_model_device(t.num_devices, t.version, t.tiles_per_ipu)
         return await self.get_device(t.num_devices, None, wait_config, kind=t.device_kind)
 
+    async def try_get_device_for(
+        self,
+        executable: Executable,
+        wait_config: DeviceWaitConfig = DeviceWaitConfig(),  # noqa: B008
+    ) -> AttachedDevice | None:
+        """:meth:`get_device_for`, but ``None`` when no device could be attached or found
+        (seed: ``tryGetDevice(model)``).
+
+        Raises:
+            ConfigurationError: the target names an unknown IPU version, or the lock directory
+                is not usable.
+        """
+        try:
+            return await self.get_device_for(executable, wait_config)
+        except (DeviceNotFoundError, DeviceUnavailableError):
+            return None
+
     # -- created (simulated) devices -------------------------------------------------------
 
+    @overload
     def create_ipu_model_device(
         self, num_ipus: int = 1, ipu_version: int = 2, tiles_per_ipu: int = 0
+    ) -> AttachedDevice: ...
+
+    @overload
+    def create_ipu_model_device(
+        self, model: Executable, /, *, tiles_per_ipu: int = 0
+    ) -> AttachedDevice: ...
+
+    def create_ipu_model_device(
+        self,
+        num_ipus: int | Executable = 1,
+        ipu_version: int | None = None,
+        tiles_per_ipu: int = 0,
     ) -> AttachedDevice:
         """A simulated IPU (not from the inventory, not locked; id ``-1``).
 
+        ``tiles_per_ipu=0``: the version's default. Given an :class:`Executable` instead of
+        ``num_ipus`` (the seed's model overload), its target gives the number of IPUs and the
+        version (give ``tiles_per_ipu`` by keyword); ``tiles_per_ipu=0`` then takes the
+        target's tiles, which the seed's PopEF model does not record (0 there too: the
+        version's default).
+
         Raises:
-            ConfigurationError: unknown ``ipu_version`` or a non-positive size.
+            ConfigurationError: unknown ``ipu_version`` or a non-positive size; with an
+                executable, a target that is not ipu-model (it names no IPU version) or an
+                ``ipu_version`` given as well.
         """
+        if isinstance(num_ipus, Executable):
+            t = self._ipu_target(num_ipus, "create_ipu_model_device", ipu_version)
+            return self.create_ipu_model_device(
+                t.num_devices, t.version, tiles_per_ipu or t.tiles_per_ipu
+            )
         spec = ipu_model_spec(
-            num_ipus=num_ipus, ipu_version=ipu_version, tiles_per_ipu=tiles_per_ipu
+            num_ipus=num_ipus,
+            ipu_version=2 if ipu_version is None else ipu_version,
+            tiles_per_ipu=tiles_per_ipu,
         )
         log.info("device.created", device=spec.id, kind=spec.kind, tiles=spec.tiles_per_ipu)
         return AttachedDevice(spec)
 
+    @overload
     def create_small_ipu_model_device(
         self, num_ipus: int = 1, ipu_version: int = 2
+    ) -> AttachedDevice: ...
+
+    @overload
+    def create_small_ipu_model_device(self, model: Executable, /) -> AttachedDevice: ...
+
+    def create_small_ipu_model_device(
+        self, num_ipus: int | Executable = 1, ipu_version: int | None = None
     ) -> AttachedDevice:
         """A 4-tile simulated IPU: quick, for small programs only.
 
+        Given an :class:`Executable` instead of ``num_ipus`` (the seed's model overload), its
+        target gives the number of IPUs and the version.
+
         Raises:
-            ConfigurationError: unknown ``ipu_version`` or ``num_ipus < 1``.
+            ConfigurationError: unknown ``ipu_version`` or ``num_ipus < 1``; with an
+                executable, a target that is not ipu-model or an ``ipu_version`` given as well.
         """
-        return self.create_ipu_model_device(num_ipus, ipu_version, SMALL_IPU_TILES)
+        if isinstance(num_ipus, Executable):
+            t = self._ipu_target(num_ipus, "create_small_ipu_model_device", ipu_version)
+            return self.create_ipu_model_device(t.num_devices, t.version, SMALL_IPU_TILES)
+        return self.create_ipu_model_device(
+            num_ipus, 2 if ipu_version is None else ipu_version, SMALL_IPU_TILES
+        )
 
     # -- machinery -------------------------------------------------------------------------
+
+    async def _get_specific(
+        self,
+        device_id: int,
+        options: Mapping[str, str] | Executable | None,
+        wait_config: DeviceWaitConfig,
+    ) -> AttachedDevice:
+        spec = self._spec(device_id)
+        if isinstance(options, Executable):
+            misfit = _misfit(spec, options.metadata.target)
+            if misfit:
+                raise DeviceNotFoundError(
+                    f"{spec.describe()} cannot run model {options.metadata.model_name!r}: {misfit}"
+                )
+            options = None
+        return await self._attach([spec], options, wait_config)
+
+    def _spec(self, device_id: int) -> DeviceSpec:
+        for s in self.inventory:
+            if s.id == device_id:
+                return s
+        raise DeviceNotFoundError(
+            f"no device {device_id} (inventory ids: {[s.id for s in self.inventory]})"
+        )
+
+    @staticmethod
+    def _ipu_target(executable: Executable, call: str, ipu_version: int | None) -> Target:
+        meta = executable.metadata
+        if ipu_version is not None:
+            raise ConfigurationError(
+                f"{call}: give a model or an ipu_version, not both (model {meta.model_name!r} "
+                f"names its own version)"
+            )
+        if meta.target.device_kind != "ipu-model":
+            raise ConfigurationError(
+                f"{call}: model {meta.model_name!r} was compiled for {meta.target.device_kind}, "
+                "which names no IPU version; compile it with target='ipu-model' or give "
+                "num_ipus and ipu_version"
+            )
+        return meta.target
 
     async def _attach(
         self,
@@ -309,3 +466,14 @@ class DeviceManager:
                 )
             log.debug("device.wait", candidates=[s.id for s in candidates], attempt=attempts)
             await self.clock.sleep(min(wait_config.sleep_time, deadline - now))
+
+
+def _misfit(spec: DeviceSpec, target: Target) -> str:
+    """Why a device of ``spec`` cannot run an executable for ``target`` (``""``: it can)."""
+    if spec.kind != target.device_kind:
+        return f"it was compiled for {target.device_kind}"
+    if spec.num_ipus != target.num_devices:
+        return f"it needs {target.num_devices} device(s), this one has {spec.num_ipus}"
+    if spec.kind == "ipu-model" and spec.ipu_version != target.version:
+        return f"it was compiled for IPU version {target.version}"
+    return ""

@@ -62,9 +62,13 @@ def compile_model(
     options and target is reused; the result is also copied to ``output_path`` when one is given.
     Without a cache and without ``output_path``, the file goes next to the model as ``.mrx``.
 
+    A model using a custom op not marked hashable (seed 001: it cannot be cached or
+    pre-compiled) is compiled as if no cache were set, and a warning ``executable not cached``
+    says which op and why; it then needs ``output_path`` or a model read from a file.
+
     Raises:
         CompileError: as :func:`compile_executable`, or no output path can be chosen.
-        CustomOpError: with a cache, the model uses a custom op not marked hashable.
+        CustomOpError: a custom op library is not allowed, missing or broken.
         ConfigurationError: ``MODEL_RUNTIME_FLAGS`` does not parse.
         OSError: the output or cache directory cannot be written.
     """
@@ -74,34 +78,54 @@ def compile_model(
     options.validate(f"model {source.name!r}")
     out = Path(output_path) if output_path is not None else None
 
+    uncached = ""  # why a cache in effect was not used
     if cache_dir:
-        cache = ExecutableCache(Path(cache_dir))
-        # A custom op not marked hashable cannot be cached; a changed library is a new key.
-        fingerprint = custom_ops.check_cacheable(source.proto, "cached")
-        key = cache_key(source.sha256, options, fingerprint)
-        with cache.lock(key):
-            path = cache.lookup(key)
-            if path is not None:
-                log.info("executable cache hit", path=str(path), model=source.name)
-            else:
-                path = cache.path(key)
-                _compile(source, options).save(path)
-                log.info("compiled executable", path=str(path), model=source.name, cached=True)
-        if out is None:
-            return path
-        out.parent.mkdir(parents=True, exist_ok=True)
-        _copy_atomic(path, out)
-        return out
+        # A changed library is a new key; a custom op not marked hashable is never cached.
+        usable = custom_ops.cacheability(source.proto)
+        if usable.cacheable:
+            return _compile_cached(source, options, Path(cache_dir), usable.fingerprint, out)
+        uncached = usable.reason("cached")
+        log.warning(
+            "executable not cached",
+            model=source.name,
+            cache=str(cache_dir),
+            reason=uncached,
+        )
 
     if out is None:
         if source.path is None:
             raise CompileError(
-                f"model {source.name!r}: give an output path (or an executable cache) to "
-                "compile a model that was not read from a file"
+                f"model {source.name!r}: give an output path "
+                + (f"({uncached})" if uncached else "(or an executable cache)")
+                + " to compile a model that was not read from a file"
             )
         out = source.path.with_suffix(".mrx")
     _compile(source, options).save(out)
     log.info("compiled executable", path=str(out), model=source.name, cached=False)
+    return out
+
+
+def _compile_cached(
+    source: ModelSource,
+    options: CompileOptions,
+    cache_dir: Path,
+    fingerprint: str,
+    out: Path | None,
+) -> Path:
+    cache = ExecutableCache(cache_dir)
+    key = cache_key(source.sha256, options, fingerprint)
+    with cache.lock(key):
+        path = cache.lookup(key)
+        if path is not None:
+            log.info("executable cache hit", path=str(path), model=source.name)
+        else:
+            path = cache.path(key)
+            _compile(source, options).save(path)
+            log.info("compiled executable", path=str(path), model=source.name, cached=True)
+    if out is None:
+        return path
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _copy_atomic(path, out)
     return out
 
 

@@ -22,7 +22,8 @@ Python op aborts the process; outputs were copied through Python lists).
 Hooks (where the rest of the runtime calls in):
 
 * compiler: :func:`lower` before the other passes (records ``ExecutableMetadata.custom_ops``),
-  :func:`enable` on every compile-time ``SessionOptions``, :func:`check_cacheable` when caching.
+  :func:`enable` on every compile-time ``SessionOptions``, :func:`cacheability` when caching
+  (an unhashable op: compiled, not cached), :func:`check_cacheable` when pre-compiling.
 * device backend: :func:`prepare_session` before creating the main program's session, and
   :func:`check_run` after every ``session.run``.
 """
@@ -38,6 +39,8 @@ from model_runtime.custom_ops.libraries import (
     set_allowed_libraries,
 )
 from model_runtime.custom_ops.lowering import (
+    Cacheability,
+    cacheability,
     check_cacheable,
     custom_op_nodes,
     lower,
@@ -48,10 +51,12 @@ __all__ = [
     "ALLOW_ENV",
     "EXPRESSION_OPSET",
     "BuildFunction",
+    "Cacheability",
     "CustomOp",
     "Kernel",
     "TensorInfo",
     "allowed_libraries",
+    "cacheability",
     "check_cacheable",
     "check_run",
     "codelet_expression_op",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -33,7 +34,14 @@ from model_runtime.executable.model import CustomOpRef, TensorInfo
 if TYPE_CHECKING:
     from model_runtime.executable import Executable
 
-__all__ = ["check_cacheable", "custom_op_nodes", "lower", "prepare_session"]
+__all__ = [
+    "Cacheability",
+    "cacheability",
+    "check_cacheable",
+    "custom_op_nodes",
+    "lower",
+    "prepare_session",
+]
 
 #: Domains of ONNX and onnxruntime ops (everything else names a custom op library).
 STANDARD_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "ai.onnx.training", "com.microsoft"})
@@ -211,34 +219,76 @@ def lower(
     return out, tuple(refs[k] for k in sorted(refs))
 
 
-def check_cacheable(
-    model: onnx.ModelProto, purpose: str, allowed: Iterable[str] | None = None
-) -> str:
-    """Refuse to cache or pre-compile a model that uses a custom op not marked hashable.
+@dataclass(frozen=True, slots=True)
+class Cacheability:
+    """Whether an executable of a model may be cached or pre-compiled (:func:`cacheability`).
 
-    Returns a fingerprint of the custom op libraries used (``""`` for none): add it to the
-    executable cache key so a changed library is compiled again. ``purpose`` says what was asked
-    ("cached", "pre-compiled") for the message.
+    ``fingerprint`` hashes the custom op libraries used (``""`` for none): it goes into the
+    executable cache key so a changed library is compiled again. ``unhashable`` names
+    (``library:op``) the ops not marked hashable; any one makes the model uncacheable.
+    """
+
+    fingerprint: str
+    unhashable: tuple[str, ...] = ()
+
+    @property
+    def cacheable(self) -> bool:
+        """True when no op used is unhashable."""
+        return not self.unhashable
+
+    def reason(self, purpose: str) -> str:
+        """Why the executable cannot be ``purpose`` ("cached", "pre-compiled"); ``""`` if it can."""
+        if self.cacheable:
+            return ""
+        ops = ", ".join(self.unhashable)
+        which = "op " + ops + ", which is" if len(self.unhashable) == 1 else f"ops {ops}, which are"
+        return (
+            f"the model uses custom {which} not marked hashable, so its executable cannot be "
+            f"{purpose}. Declare it with CustomOp(..., is_hashable=True) if its result depends "
+            "only on its source"
+        )
+
+
+def cacheability(model: onnx.ModelProto, allowed: Iterable[str] | None = None) -> Cacheability:
+    """The custom op libraries' fingerprint and the ops that forbid caching ``model``.
+
+    Seed 001: custom ops whose ``is_hashable`` is not set cannot be pre-compiled (nor cached);
+    they still compile and run, just not through the executable cache.
 
     Raises:
-        CustomOpError: an op is not hashable (named), or a library is not allowed or broken.
+        CustomOpError: a library is not allowed, cannot be imported, or lacks the op.
     """
     digest = hashlib.sha256()
+    unhashable: list[str] = []
     seen = False
     for node in custom_op_nodes(model):
         label = f"node {node.name or node.op_type!r}"
         lib = load_library(node.domain, label, allowed)
         op = lib.op(node.op_type, label)
-        if not op.is_hashable:
-            raise CustomOpError(
-                f"the model uses custom op {lib.name}:{node.op_type}, which is not marked "
-                f"hashable, so its executable cannot be {purpose}. Declare it with "
-                "CustomOp(..., is_hashable=True) if its result depends only on its source, or "
-                "run without an executable cache"
-            )
-        digest.update(f"{lib.name}:{node.op_type}:{lib.hash};".encode())
+        name = f"{lib.name}:{node.op_type}"
+        if not op.is_hashable and name not in unhashable:
+            unhashable.append(name)
+        digest.update(f"{name}:{lib.hash};".encode())
         seen = True
-    return digest.hexdigest() if seen else ""
+    return Cacheability(digest.hexdigest() if seen else "", tuple(unhashable))
+
+
+def check_cacheable(
+    model: onnx.ModelProto, purpose: str, allowed: Iterable[str] | None = None
+) -> str:
+    """Refuse to cache or pre-compile a model that uses a custom op not marked hashable.
+
+    Returns :attr:`Cacheability.fingerprint`. ``purpose`` says what was asked ("cached",
+    "pre-compiled") for the message. Callers that can go on without the cache use
+    :func:`cacheability` instead.
+
+    Raises:
+        CustomOpError: an op is not hashable (named), or a library is not allowed or broken.
+    """
+    c = cacheability(model, allowed)
+    if not c.cacheable:
+        raise CustomOpError(c.reason(purpose))
+    return c.fingerprint
 
 
 def prepare_session(session_options: Any, executable: Executable) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,12 +17,18 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
+from structlog.testing import capture_logs
 
 import model_runtime.connection as mrc
 from model_runtime import custom_ops
 from model_runtime.compiler import CompileOptions, compile_model
 from model_runtime.custom_ops import expression
-from model_runtime.errors import ApplicationRuntimeError, CustomOpError, ModelRuntimeError
+from model_runtime.errors import (
+    ApplicationRuntimeError,
+    CompileError,
+    CustomOpError,
+    ModelRuntimeError,
+)
 from model_runtime.executable import CustomOpRef, Executable
 from model_runtime.runner import ModelRunner, ModelRunnerConfig
 
@@ -181,26 +188,58 @@ async def test_kernel_failure_is_an_application_error_not_a_crash(tmp_path: Path
         np.testing.assert_array_equal(ok["y"], np.full(4, 2.0))
 
 
-async def test_unhashable_op_refuses_cache_and_pre_compile(tmp_path: Path) -> None:
+def _unhashable_model() -> onnx.ModelProto:
     node = helper.make_node("Unhashable", ["x"], ["y"], domain=BROKEN)
-    model = _model([node], ["x"], ["y"], [BROKEN], [4])
+    return _model([node], ["x"], ["y"], [BROKEN], [4])
+
+
+@pytest.mark.parametrize("connection_type", ["ALWAYS", "ON_DEMAND"])
+async def test_unhashable_op_runs_uncached_with_a_cache_path_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, connection_type: str
+) -> None:
+    # Seed 001 forbids caching / pre-compiling such an op, not running it: with the cache set
+    # through MODEL_RUNTIME_FLAGS it compiles and runs, is not cached, and the log says why.
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("MODEL_RUNTIME_FLAGS", f"--executable_cache_path={cache}")
+    with capture_logs() as logs:
+        out = await mrc.compile_and_run(
+            _unhashable_model(),
+            {"x": np.ones(4, np.float32)},
+            CompileOptions(batch_size=4),
+            connection_type=connection_type,
+        )
+    np.testing.assert_array_equal(out["y"], np.full(4, 2.0))
+    assert not list(cache.glob("*.mrx"))
+    (warning,) = [e for e in logs if e["event"] == "executable not cached"]
+    assert warning["log_level"] == "warning" and warning["cache"] == str(cache)
+    assert re.search(r"broken_ops:Unhashable.*not marked hashable.*cannot be cached",
+                     str(warning["reason"]))  # fmt: skip
+    assert any(e["event"] == "Compiled model 'custom' (not cached)" for e in logs)
+
+
+def test_compile_model_with_a_cache_compiles_an_unhashable_op_to_the_output(
+    tmp_path: Path,
+) -> None:
     cached = CompileOptions(batch_size=4, executable_cache_path=str(tmp_path / "cache"))
-    with pytest.raises(CustomOpError, match=r"broken_ops:Unhashable.*cannot be cached"):
-        compile_model(model, None, cached)
+    with capture_logs() as logs:
+        path = compile_model(_unhashable_model(), tmp_path / "u.mrx", cached)
+    assert path == tmp_path / "u.mrx" and Executable.load(path).metadata.batch_size == 4
+    assert [e["event"] for e in logs] == ["executable not cached", "compiled executable"]
+    assert logs[1]["cached"] is False
+    assert not list((tmp_path / "cache").glob("*.mrx"))
+    # Not read from a file and no output path: nowhere to put it, and the error says why.
+    with pytest.raises(CompileError, match=r"give an output path \(the model uses custom op"):
+        compile_model(_unhashable_model(), None, cached)
+
+
+async def test_unhashable_op_refuses_pre_compile(tmp_path: Path) -> None:
     program = mrc.OnnxProgram(
-        model,
+        _unhashable_model(),
         CompileOptions(batch_size=4),
         connection_type="PRE_COMPILE",
         executable_cache_path=tmp_path / "cache",
     )
     with pytest.raises(CustomOpError, match=r"Unhashable.*cannot be pre-compiled.*is_hashable"):
         await program.start()
+    assert program.executable is None
     assert not list((tmp_path / "cache").glob("*.mrx"))
-    # Without a cache it compiles and runs.
-    out = await mrc.compile_and_run(
-        model,
-        {"x": np.ones(4, np.float32)},
-        CompileOptions(batch_size=4),
-        connection_type="ON_DEMAND",
-    )
-    np.testing.assert_array_equal(out["y"], np.full(4, 2.0))

@@ -144,6 +144,18 @@ def test_unhashable_op_cannot_be_cached_and_names_the_op() -> None:
     assert custom_ops.check_cacheable(_model([], ["x"], ["x"], []), "cached") == ""
 
 
+def test_cacheability_names_unhashable_ops_without_raising() -> None:
+    unhashable = helper.make_node("Unhashable", ["x"], ["y"], domain=BROKEN)
+    double = helper.make_node("Double", ["y"], ["z"], domain=BROKEN)
+    c = custom_ops.cacheability(_model([unhashable, double], ["x"], ["z"], [BROKEN]))
+    assert not c.cacheable
+    assert c.unhashable == (f"{BROKEN}:Unhashable",)  # Double is hashable: not named
+    assert "cannot be cached" in c.reason("cached") and "is_hashable=True" in c.reason("cached")
+    ok = custom_ops.cacheability(_rotate_model())
+    assert ok.cacheable and ok.reason("cached") == ""
+    assert ok.fingerprint == custom_ops.check_cacheable(_rotate_model(), "cached")
+
+
 # -- the expression op --------------------------------------------------------------------------
 
 

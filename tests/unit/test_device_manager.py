@@ -189,6 +189,82 @@ async def test_ipu_models_and_hardware_version(tmp_path: Path) -> None:
     cpu.detach()
 
 
+async def test_ipu_version_per_device_and_hardware_version_per_system(tmp_path: Path) -> None:
+    # Seed: Device::ipuVersion() is "the architecture version of the IPU or -1 if unknown";
+    # DeviceManager::ipuHardwareVersion() is the system's version, -1 if IPUs of unknown
+    # architecture, 0 if no IPU at all.
+    m = manager(tmp_path)
+    async with await m.get_device() as cpu:
+        assert cpu.ipu_version() == -1  # a cpu device is not an IPU: unknown, not 0
+    assert m.hardware_version() == 0  # no IPU in the system
+    assert m.create_ipu_model_device(ipu_version=1).ipu_version() == 1
+    assert m.create_small_ipu_model_device().ipu_version() == 2
+    mixed = [ipu_model_spec(0, ipu_version=1), ipu_model_spec(1, ipu_version=2)]
+    assert DeviceManager(mixed, lock_dir=tmp_path).hardware_version() == -1
+    ipus = DeviceManager(parse_devices("cpu:1x1,ipu-model:1x1"), lock_dir=tmp_path)
+    assert ipus.hardware_version() == 2
+    async with await ipus.get_specific_device(1) as ipu:
+        assert ipu.ipu_version() == 2
+
+
+async def test_try_get_device_for_a_model_is_none_where_get_raises(tmp_path: Path) -> None:
+    m = manager(tmp_path)
+    exe = tiny_exe()
+    dev = await m.try_get_device_for(exe)
+    assert dev is not None and dev.spec.kind == "cpu" and dev.is_attached
+    with pytest.raises(DeviceUnavailableError):
+        await m.get_device_for(exe)
+    assert await m.try_get_device_for(exe) is None  # held
+    dev.detach()
+    two = tiny_exe(target=Target("cpu", 2))
+    with pytest.raises(DeviceNotFoundError):
+        await m.get_device_for(two)
+    assert await m.try_get_device_for(two) is None  # no device of 2 in the inventory
+    ipu = await m.try_get_device_for(tiny_exe(target=Target("ipu-model", 1, 1, 4)))
+    assert ipu is not None and (ipu.ipu_version(), ipu.spec.tiles_per_ipu) == (1, 4)
+    with pytest.raises(ConfigurationError, match="version 7"):  # bad input still raises
+        await m.try_get_device_for(tiny_exe(target=Target("ipu-model", 1, 7, 4)))
+
+
+async def test_specific_device_for_a_model_must_be_able_to_run_it(tmp_path: Path) -> None:
+    m = manager(tmp_path, "cpu:1x1,ipu-model:1x1")
+    cpu_exe, v2_exe = tiny_exe(), tiny_exe(target=Target("ipu-model", 1, 2, 4))
+    async with await m.get_specific_device(0, cpu_exe) as dev:
+        assert dev.id == 0 and dev.options == {}
+        assert await m.try_get_specific_device(0, cpu_exe) is None  # held
+    async with await m.get_specific_device(1, v2_exe, WAIT_10) as dev:
+        assert dev.id == 1
+    with pytest.raises(DeviceNotFoundError, match=r"device 0 \(cpu.*compiled for ipu-model"):
+        await m.get_specific_device(0, v2_exe)
+    assert await m.try_get_specific_device(0, v2_exe) is None
+    v1_exe = tiny_exe(target=Target("ipu-model", 1, 1, 4))
+    with pytest.raises(DeviceNotFoundError, match="compiled for IPU version 1"):
+        await m.get_specific_device(1, v1_exe)
+    with pytest.raises(DeviceNotFoundError, match=r"needs 2 device\(s\), this one has 1"):
+        await m.get_specific_device(0, tiny_exe(target=Target("cpu", 2)))
+    with pytest.raises(DeviceNotFoundError, match="no device 5"):
+        await m.get_specific_device(5, cpu_exe)
+    assert await m.try_get_specific_device(5, cpu_exe) is None
+
+
+def test_ipu_model_devices_created_for_a_model(tmp_path: Path) -> None:
+    m = manager(tmp_path)
+    v1 = tiny_exe(target=Target("ipu-model", 2, 1, 0))
+    dev = m.create_ipu_model_device(v1)  # size and version from the model, default tiles
+    assert (dev.spec.num_ipus, dev.ipu_version(), dev.spec.tiles_per_ipu) == (2, 1, 1216)
+    assert dev.lock is None and dev.id == -1
+    assert m.create_ipu_model_device(v1, tiles_per_ipu=8).spec.tiles_per_ipu == 8
+    tiled = tiny_exe(target=Target("ipu-model", 1, 2, 16))
+    assert m.create_ipu_model_device(tiled).spec.tiles_per_ipu == 16  # the model's tiles
+    small = m.create_small_ipu_model_device(v1)
+    assert (small.spec.num_ipus, small.ipu_version(), small.spec.tiles_per_ipu) == (2, 1, 4)
+    for create in (m.create_ipu_model_device, m.create_small_ipu_model_device):
+        with pytest.raises(ConfigurationError, match="compiled for cpu, which names no IPU"):
+            create(tiny_exe())
+        with pytest.raises(ConfigurationError, match="a model or an ipu_version, not both"):
+            create(v1, 2)  # type: ignore[call-overload]
+
+
 async def test_device_manager_actor_answers_while_an_attach_waits(tmp_path: Path) -> None:
     clock = FakeClock()
     m = manager(tmp_path, clock=clock)
