@@ -71,6 +71,22 @@ def _root_cause(exc: BaseException) -> BaseException:
     return exc
 
 
+def _store_saved(
+    into: dict[int, dict[str, np.ndarray]], saved: Mapping[int, Mapping[str, np.ndarray]]
+) -> None:
+    """Put the save programs' outputs where the caller asked: a buffer the caller placed in
+    ``replica_to_save_programs_outputs`` is filled in place (the seed writes to caller memory),
+    any other variable gets a new array."""
+    for replica, variables in saved.items():
+        slots = into.setdefault(replica, {})
+        for name, value in variables.items():
+            buffer = slots.get(name)
+            if isinstance(buffer, np.ndarray) and buffer.shape == value.shape:
+                np.copyto(buffer, value, casting="same_kind")
+            else:
+                slots[name] = value
+
+
 class ModelRunner:
     """Run an executable for many concurrent callers (seed: ``ModelRunner``).
 
@@ -225,7 +241,7 @@ class ModelRunner:
                     await self._wait_outstanding()
                 if self.config.run_save_programs:
                     saved = await replicas.run_save_programs()
-                    self.config.replica_to_save_programs_outputs.update(saved)
+                    _store_saved(self.config.replica_to_save_programs_outputs, saved)
                 await replicas.fail_all(stopped)
         finally:
             with anyio.CancelScope(shield=True):

@@ -253,6 +253,27 @@ async def test_state_persists_and_save_programs_return_it(tmp_path: Path) -> Non
     assert config.replica_to_save_programs_outputs[0]["count"].tolist() == [3.0]
 
 
+async def test_save_programs_fill_the_callers_buffer_in_place(tmp_path: Path) -> None:
+    """Seed: the save programs' outputs go to caller memory: a buffer placed in
+    replica_to_save_programs_outputs is written, not replaced."""
+    path = compile_to(
+        make_counter(width=4),
+        tmp_path,
+        batch_size=2,
+        variables=("count",),
+        variable_updates={"count_next": "count"},
+    )
+    mine = np.full(1, -1.0, np.float32)
+    config = ModelRunnerConfig(
+        run_save_programs=True, replica_to_save_programs_outputs={0: {"count": mine}}
+    )
+    async with ModelRunner(path, config) as runner:
+        for _ in range(2):
+            await within(runner.execute({"x": np.zeros((2, 4), np.float32)}))
+    assert config.replica_to_save_programs_outputs[0]["count"] is mine
+    assert mine.tolist() == [2.0]
+
+
 async def test_bad_input_is_typed_and_the_runner_keeps_serving(
     mlp: tuple[Path, Reference],
 ) -> None:
