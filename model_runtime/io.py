@@ -4,6 +4,13 @@ Validation runs once per request on the event loop, so it is written to be cheap
 lookups and tuple comparisons per input, no copies. Arrays that are non-contiguous or read-only
 are accepted as they are: the queue copies rows into its own batch buffers, so a caller's array
 is never written and never aliased into a buffer that is later reused.
+
+Requests share device batches, so whatever would fail while the queue packs a request's rows or
+routes its outputs back would fail every request in that batch. Validation therefore refuses,
+before anything is queued and to that caller only, everything the queue relies on: names,
+dtypes, per-sample shapes, one sample count for all batched inputs, and output buffers of the
+exact shape that the queue can write into (not read-only). Anchors without a batch dimension
+(``batch_dim`` None) are unbatched, as in the queue: they are given whole, in the anchor's shape.
 """
 
 from __future__ import annotations
@@ -50,6 +57,8 @@ class RequestShape:
     axis: int
     dtype: np.dtype[Any]
     shape: tuple[int, ...]  # the executable's shape with the batch axis removed
+    #: False for an anchor without a batch dimension: given whole, in the anchor's shape
+    batched: bool = True
 
 
 def request_shapes(
@@ -62,8 +71,11 @@ def request_shapes(
     """
     out = []
     for a in anchors:
-        axis = batching_dim if batching_dim is not None else (a.batch_dim or 0)
         shape = a.tensor_info.shape
+        if a.batch_dim is None:  # the queue's rule too (actors/queues/pool.py)
+            out.append(RequestShape(a.name, 0, a.tensor_info.dtype, shape, batched=False))
+            continue
+        axis = batching_dim if batching_dim is not None else a.batch_dim
         if axis >= len(shape):
             raise InputValidationError(
                 f"{where}: batching_dim {axis} is beyond the rank of {a.name!r} {list(shape)}"
@@ -82,10 +94,13 @@ def validate_inputs(
 ) -> tuple[dict[str, np.ndarray], int]:
     """Check a request's inputs; return them as arrays and the number of samples.
 
+    A model whose inputs are all unbatched takes one batch (``batch_size`` samples) per request.
+
     Raises:
-        InputValidationError: unknown or missing names, wrong dtype or shape, inconsistent
-            sample counts, an empty request, or (without dynamic batching) a sample count that
-            is not a multiple of the batch size.
+        InputValidationError: unknown or missing names, wrong dtype or shape, batched inputs
+            that disagree on their number of samples, an empty request, or (without dynamic
+            batching) a sample count that is not a multiple of the batch size. The message
+            names the input at fault.
     """
     if not isinstance(inputs, Mapping):
         raise InputValidationError(f"inputs must be a mapping of name -> array, got {type(inputs)}")
@@ -93,6 +108,7 @@ def validate_inputs(
         raise _name_mismatch(inputs, shapes)
     arrays: dict[str, np.ndarray] = {}
     samples = -1
+    first = ""  # the input that set ``samples``
     for s in shapes:
         try:
             value = inputs[s.name]
@@ -104,6 +120,14 @@ def validate_inputs(
                 f"input {s.name!r} has dtype {arr.dtype}, the model expects {s.dtype}"
             )
         shape = arr.shape
+        if not s.batched:
+            if shape != s.shape:
+                raise InputValidationError(
+                    f"input {s.name!r} has shape {list(shape)}, the model expects "
+                    f"{list(s.shape)} (it has no batch dimension: give it whole)"
+                )
+            arrays[s.name] = arr
+            continue
         if len(shape) != len(s.shape) + 1 or shape[: s.axis] + shape[s.axis + 1 :] != s.shape:
             expected = list(s.shape)
             expected.insert(s.axis, -1)
@@ -113,13 +137,16 @@ def validate_inputs(
             )
         n = shape[s.axis]
         if samples < 0:
-            samples = n
+            samples, first = n, s.name
         elif n != samples:
             raise InputValidationError(
-                f"inputs disagree on the number of samples: {s.name!r} has {n}, "
-                f"others have {samples}"
+                f"input {s.name!r} has {n} samples but input {first!r} has {samples}: "
+                f"every input of a request must carry the same number of samples "
+                f"(along dimension {s.axis})"
             )
         arrays[s.name] = arr
+    if not first:
+        samples = batch_size  # nothing is batched: one request is one batch
     if samples <= 0:
         raise InputValidationError("a request must carry at least one sample")
     if not dynamic and samples % batch_size:
@@ -148,9 +175,17 @@ def validate_outputs(
 ) -> None:
     """Check caller-provided output buffers for a request of ``samples`` samples.
 
+    Every output needs a writable numpy array of its dtype and of exactly the shape ``execute``
+    would return (``samples`` along the batch axis; an unbatched output's own shape).
+
     Raises:
-        InputValidationError: unknown/missing names, wrong dtype, wrong shape, read-only buffer.
+        InputValidationError: unknown/missing names, not an array, wrong dtype or shape, or a
+            read-only buffer. The message names the output at fault.
     """
+    if not isinstance(outputs, Mapping):
+        raise InputValidationError(
+            f"outputs must be a mapping of name -> array, got {type(outputs)}"
+        )
     known = {s.name for s in shapes}
     if set(outputs) != known:
         raise InputValidationError(
@@ -159,12 +194,16 @@ def validate_outputs(
     for s in shapes:
         buf = outputs[s.name]
         if not isinstance(buf, np.ndarray):
-            raise InputValidationError(f"output {s.name!r} must be a numpy array")
-        expected = (*s.shape[: s.axis], samples, *s.shape[s.axis :])
+            raise InputValidationError(
+                f"output buffer {s.name!r} must be a numpy array, got {type(buf).__name__}"
+            )
+        expected = (*s.shape[: s.axis], samples, *s.shape[s.axis :]) if s.batched else s.shape
         if buf.dtype != s.dtype or buf.shape != expected:
             raise InputValidationError(
                 f"output buffer {s.name!r} is {buf.dtype}{list(buf.shape)}, "
                 f"expected {s.dtype}{list(expected)}"
             )
         if not buf.flags.writeable:
-            raise InputValidationError(f"output buffer {s.name!r} is read-only")
+            raise InputValidationError(
+                f"output buffer {s.name!r} is read-only: results are written into it"
+            )

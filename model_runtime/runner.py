@@ -312,8 +312,8 @@ class ModelRunner:
                 validate_outputs(outputs, self._out_shapes, samples)
         else:
             arrays = dict(inputs)
-            first = self._in_shapes[0]
-            samples = arrays[first.name].shape[first.axis]
+            first = next((s for s in self._in_shapes if s.batched), None)
+            samples = meta.batch_size if first is None else arrays[first.name].shape[first.axis]
         replicas = self._replicas
         assert replicas is not None
         r = replicas.pick(replica_id)

@@ -154,14 +154,28 @@ def _from_json(name: str, datatype: str, data: list[Any]) -> np.ndarray:
             raise _fail(f"input {name!r}: BOOL data must be true/false")
         return arr
     if dtype.kind in "iu":
-        if kind not in "iu":
-            raise _fail(f"input {name!r}: {datatype} data must be integers")
         info = np.iinfo(dtype)
-        if arr.min() < info.min or arr.max() > info.max:
-            raise _fail(f"input {name!r}: a value is out of the {datatype} range")
+        if kind in "iu":
+            low, high = int(arr.min()), int(arr.max())
+        elif kind in "Of" and all(type(v) is int for v in data):
+            # Integers that do not all fit one of int64/uint64 ([1, 2**63], [-1, 2**63],
+            # 2**64) come out of numpy as float64 or object: check them as Python ints.
+            low, high = min(data), max(data)
+            arr = np.array(data, dtype=dtype) if info.min <= low and high <= info.max else arr
+        else:
+            raise _fail(f"input {name!r}: {datatype} data must be integers")
+        # Checked before the cast: astype would wrap (-1 as UINT8 is 255) without a word.
+        if low < info.min:
+            raise _fail(_out_of_range(name, datatype, low, info))
+        if high > info.max:
+            raise _fail(_out_of_range(name, datatype, high, info))
     elif kind not in "iuf":
         raise _fail(f"input {name!r}: {datatype} data must be numbers")
     return arr.astype(dtype, copy=False)
+
+
+def _out_of_range(name: str, datatype: str, value: int, info: np.iinfo[Any]) -> str:
+    return f"input {name!r}: value {value} is out of the {datatype} range [{info.min}, {info.max}]"
 
 
 def _from_binary(name: str, datatype: str, chunk: memoryview) -> np.ndarray:
@@ -248,8 +262,9 @@ def parse_infer_request(
 
     Raises:
         ProtocolError: malformed JSON, unknown/missing/duplicate inputs, wrong or unknown
-            datatype names, shape and data that disagree, binary sizes that do not add up,
-            unknown outputs, or a bad ``id`` or ``parameters``.
+            datatype names, shape and data that disagree, JSON integers outside the declared
+            datatype's range, binary sizes that do not add up, unknown or twice-requested
+            outputs, or a bad ``id`` or ``parameters``.
     """
     header, binary = _header_split(body, header_length)
     doc = _load_json(header, header_length is None)

@@ -303,3 +303,126 @@ def test_fuzzed_bytes_never_escape_as_other_errors(body: bytes) -> None:
         parse_infer_request(body, None, INPUTS, OUTPUTS)
     except ProtocolError:
         pass
+
+
+INT_LIMITS = [
+    ("UINT8", -1),
+    ("UINT8", 256),
+    ("INT8", -129),
+    ("INT8", 128),
+    ("UINT16", 65536),
+    ("INT16", -32769),
+    ("UINT32", -1),
+    ("INT32", 2**31),
+    ("UINT64", -1),
+    ("UINT64", 2**64),
+    ("INT64", 2**63),
+    ("INT64", -(2**63) - 1),
+]
+
+
+def _int_request(datatype: str, data: list[Any]) -> bytes:
+    doc = {"inputs": [{"name": "ids", "datatype": datatype, "shape": [len(data)], "data": data}]}
+    return json.dumps(doc).encode()
+
+
+@pytest.mark.parametrize(("datatype", "value"), INT_LIMITS, ids=[f"{d}={v}" for d, v in INT_LIMITS])
+def test_json_integers_outside_the_datatype_are_refused_not_wrapped(
+    datatype: str, value: int
+) -> None:
+    specs = (TensorSpec("ids", datatype, (-1,)),)
+    info = np.iinfo(DATATYPES[datatype])
+    with pytest.raises(ProtocolError) as raised:
+        parse_infer_request(_int_request(datatype, [0, value, 1]), None, specs, OUTPUTS)
+    assert str(raised.value) == (
+        f"input 'ids': value {value} is out of the {datatype} range [{info.min}, {info.max}]"
+    )
+    # The limits themselves are values like any other, and arrive exactly.
+    edges = [int(info.min), int(info.max)]
+    req = parse_infer_request(_int_request(datatype, edges), None, specs, OUTPUTS)
+    assert req.inputs["ids"].dtype == DATATYPES[datatype]
+    assert [int(v) for v in req.inputs["ids"]] == edges
+
+
+@pytest.mark.parametrize("datatype", ["INT64", "UINT64"])
+def test_json_integers_past_int64_are_checked_exactly(datatype: str) -> None:
+    # numpy makes float64, not an integer array, of [1, 2**63] and of [-1, 2**63]: the first
+    # is a valid UINT64 tensor (exactly, not rounded), the second fits no datatype.
+    specs = (TensorSpec("ids", datatype, (-1,)),)
+    big = [1, 2**63, 2**64 - 1]
+    if datatype == "UINT64":
+        req = parse_infer_request(_int_request(datatype, big), None, specs, OUTPUTS)
+        assert req.inputs["ids"].dtype == np.uint64
+        assert [int(v) for v in req.inputs["ids"]] == big
+    else:
+        with pytest.raises(ProtocolError, match=f"value {2**64 - 1} is out of the INT64 range"):
+            parse_infer_request(_int_request(datatype, big), None, specs, OUTPUTS)
+    bad = -1 if datatype == "UINT64" else 2**63
+    with pytest.raises(ProtocolError, match=f"input 'ids': value {bad} is out of the {datatype}"):
+        parse_infer_request(_int_request(datatype, [-1, 2**63]), None, specs, OUTPUTS)
+    with pytest.raises(ProtocolError, match=f"input 'ids': {datatype} data must be integers"):
+        parse_infer_request(_int_request(datatype, [1, 2.5]), None, specs, OUTPUTS)
+
+
+def test_an_output_requested_twice_is_refused() -> None:
+    doc = _doc(outputs=[{"name": "label"}, {"name": "logits"}, {"name": "label"}])
+    with pytest.raises(ProtocolError, match="output 'label' is requested twice"):
+        _parse(doc)
+    doc = _doc(
+        outputs=[
+            {"name": "label", "parameters": {"binary_data": True}},
+            {"name": "label", "parameters": {"binary_data": False}},
+        ]
+    )
+    with pytest.raises(ProtocolError, match="output 'label' is requested twice"):
+        _parse(doc)
+
+
+def test_two_binary_outputs_follow_the_json_in_the_requested_order() -> None:
+    logits = np.arange(6, dtype=np.float32).reshape(2, 3) / 4
+    label = np.array([7, -3], dtype=np.int64)
+    types = {"logits": "FP32", "label": "INT64"}
+    results = {"logits": logits, "label": label}
+    # Asked for in the reverse of the model's order: the wire follows the request.
+    req = _parse(
+        _doc(
+            outputs=[{"name": "label"}, {"name": "logits"}],
+            parameters={"binary_data_output": True},
+        )
+    )
+    body, length = encode_infer_response("m", "1", req, results, types)
+    assert length is not None
+    head = json.loads(body[:length])
+    assert [(o["name"], o["parameters"]) for o in head["outputs"]] == [
+        ("label", {"binary_data_size": 16}),
+        ("logits", {"binary_data_size": 24}),
+    ]
+    assert all("data" not in o for o in head["outputs"])
+    assert len(body) == length + 16 + 24
+    assert body[length : length + 16] == label.astype("<i8").tobytes()
+    assert body[length + 16 :] == logits.astype("<f4").tobytes()
+    # A client walking the chunks by their sizes, in JSON order, gets each tensor back.
+    offset = length
+    for entry in head["outputs"]:
+        size = entry["parameters"]["binary_data_size"]
+        got = np.frombuffer(body[offset : offset + size], DATATYPES[entry["datatype"]])
+        np.testing.assert_array_equal(got.reshape(entry["shape"]), results[entry["name"]])
+        offset += size
+    # Mixed: a JSON output between two binary ones takes no bytes on the wire.
+    req = InferRequest(
+        None,
+        {},
+        (
+            RequestedOutput("logits", True),
+            RequestedOutput("label", False),
+            RequestedOutput("extra", True),
+        ),
+    )
+    extra = np.array([1, 2, 3], dtype=np.int64)
+    body, length = encode_infer_response(
+        "m", "1", req, {**results, "extra": extra}, {**types, "extra": "INT64"}
+    )
+    assert length is not None
+    head = json.loads(body[:length])
+    assert head["outputs"][1]["data"] == [7, -3]
+    assert body[length:] == logits.astype("<f4").tobytes() + extra.tobytes()
