@@ -211,9 +211,9 @@ class Device(DeferringActor[DeviceMessage]):
                     self._loaded = True
                     job = self._submit("load", self._work_load, executable, frozen)
                     self._reply_when_done(envelope, job)
-                case RunMain(batches, probe):
+                case RunMain(batches, probe, into):
                     self._check_loaded()
-                    job = self._submit("main", self._work_main, batches, probe)
+                    job = self._submit("main", self._work_main, batches, probe, into)
                     self._reply_when_done(envelope, job)
                 case RunSave():
                     self._check_loaded()
@@ -355,13 +355,16 @@ class Device(DeferringActor[DeviceMessage]):
         abort: threading.Event,
         batches: Sequence[Mapping[str, np.ndarray]],
         probe: bool = False,
+        into: Sequence[Mapping[str, np.ndarray]] | None = None,
     ) -> list[dict[str, np.ndarray]]:
         self._guard(generation)
         if self._faults is not None and not probe:
             rule = self._faults.next_run()
             if rule is not None:
                 self._inject(rule, abort)
-        return self.backend.run_main(batches)
+        if into is None:
+            return self.backend.run_main(batches)
+        return self.backend.run_main(batches, into)
 
     def _work_save(self, generation: int, abort: threading.Event) -> dict[str, np.ndarray]:
         self._guard(generation)

@@ -82,6 +82,8 @@ class RunMain:
 
     batches: tuple[Batch, ...]
     probe: bool = False
+    #: Caller memory for the outputs, one mapping per batch (see ``Backend.run_main``).
+    into: tuple[Batch, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -378,7 +378,9 @@ class Queue(Actor[QueueMessage]):
         self._pending_rows -= got.rows
         segments = tuple(got.segments)
         if got.views is not None:
-            self._emit(Batch(next(self._ids), got.views, segments, got.rows, False, now))
+            batch = Batch(next(self._ids), got.views, segments, got.rows, False, now)
+            batch.outputs_into = got.into
+            self._emit(batch)
             return True
         index = self._pool.free.pop()
         padded = got.rows < self.layout.capacity

@@ -39,6 +39,9 @@ class Batch:
     app_errors: int = 0
     #: output name -> array receiving the padding rows' outputs (from the flush callback)
     flush_outputs: dict[str, np.ndarray] | None = None
+    #: per iteration, caller output buffers (views) the device writes into (zero-copy
+    #: batches of a request that gave ``outputs``); None: the device allocates
+    outputs_into: tuple[dict[str, np.ndarray], ...] | None = None
     #: index of the ring pool buffer holding ``inputs`` (None: zero-copy views)
     _buffer: int | None = field(default=None, repr=False)
     #: completed or failed already (a second Complete/Fail is ignored)

@@ -16,13 +16,16 @@ __all__ = ["Take", "take"]
 
 class Take(NamedTuple):
     """What :func:`take` took: ``rows`` rows in ``segments`` (also grouped per iteration), or
-    ``views`` (zero copy) instead of rows to copy; ``dropped``: gone requests it removed."""
+    ``views`` (zero copy) instead of rows to copy, and then ``into``: views of the request's
+    output buffers to run into, if it gave usable ones; ``dropped``: gone requests it
+    removed."""
 
     rows: int
     segments: list[Segment]
     per_iteration: list[list[Segment]]
     views: tuple[dict[str, np.ndarray], ...] | None
     dropped: list[Request]
+    into: tuple[dict[str, np.ndarray], ...] | None = None
 
 
 def take(pending: deque[Request], layout: Layout, partial: bool, now: float) -> Take:
@@ -52,7 +55,8 @@ def take(pending: deque[Request], layout: Layout, partial: bool, now: float) -> 
             if not start:
                 first._t_packed = now
             segments = [(first, start + k * b, k, 0, b) for k in range(iters)]
-            return Take(cap, segments, [[s] for s in segments], views, dropped)
+            into = layout.zero_copy_outputs(first.outputs, start)
+            return Take(cap, segments, [[s] for s in segments], views, dropped, into)
     popped: list[Request] = []
     taken = 0
     while pending and taken < cap:

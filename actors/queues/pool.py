@@ -98,6 +98,31 @@ class Layout:
             for k in range(self.I)
         )
 
+    def zero_copy_outputs(
+        self, outputs: Any, start: int
+    ) -> tuple[dict[str, np.ndarray], ...] | None:
+        """Views of rows ``[start, start + I*B)`` of the caller's output buffers that the
+        device can write into directly (row axis 0, C-contiguous, writeable, the anchor's
+        dtype); ``None`` when no given buffer qualifies."""
+        if not outputs:
+            return None
+        usable = [
+            s
+            for s in self.outputs
+            if s.axis == 0
+            and (a := outputs.get(s.name)) is not None
+            and a.flags.c_contiguous
+            and a.flags.writeable
+            and a.dtype == s.dtype
+        ]
+        if not usable:
+            return None
+        b = self.B
+        return tuple(
+            {s.name: outputs[s.name][start + k * b : start + (k + 1) * b] for s in usable}
+            for k in range(self.I)
+        )
+
 
 class RingPool:
     """A fixed ring of batch buffers, allocated once; ``take``/``give`` pass indices."""

@@ -240,7 +240,7 @@ class SessionActor(Actor[object]):
                 if poison is not None:
                     await self._bisect(batch, poison)
                     return
-                outputs = await self._run_main(batch.inputs)
+                outputs = await self._run_main(batch.inputs, into=batch.outputs_into)
             except ActorStoppedError:
                 # The device actor died. The supervisor restarts it and, rest_for_one, this
                 # session after it; the batch stays in state.inflight for the next one.
@@ -285,7 +285,10 @@ class SessionActor(Actor[object]):
             return
 
     async def _run_main(
-        self, inputs: Sequence[Mapping[str, np.ndarray]], probe: bool = False
+        self,
+        inputs: Sequence[Mapping[str, np.ndarray]],
+        probe: bool = False,
+        into: tuple[dict[str, np.ndarray], ...] | None = None,
     ) -> Outputs:
         """One main run on the device, bounded by the execution deadline (clock time)."""
         deadline = self._deadline()
@@ -296,7 +299,7 @@ class SessionActor(Actor[object]):
         self._on_device += 1
         try:
             async with move_on_after(self.clock, deadline) as scope:
-                outputs: Outputs = await self._device.ask(RunMain(tuple(inputs), probe))
+                outputs: Outputs = await self._device.ask(RunMain(tuple(inputs), probe, into))
             if scope.cancelled_caught:
                 raise ExecutionTimeoutError(
                     f"replica {self.replica}: the main program ran past its deadline "

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from actors.clock import FakeClock
+from actors.device.backends.cpu import CpuBackend
 from model_runtime.blocking import BlockingModelRunner
 from model_runtime.errors import (
     ExecutionTimeoutError,
@@ -366,3 +367,37 @@ async def test_flush_on_waiting_outputs_flushes_only_for_a_caller_that_waits(
         got = await within(pending)  # now a caller waits: flushed at once
         assert state.runs == 1
     np.testing.assert_allclose(got["logits"], ref({"x": x})["logits"], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("n", [4, 12])
+async def test_output_buffers_of_whole_batches_are_written_by_the_device(
+    mlp: tuple[Path, Reference], n: int
+) -> None:
+    """Seed: caller memory is the device's output. A request of whole batches with its own
+    output buffer gets that buffer back, written in place by onnxruntime (no extra copy),
+    while a request that shares a batch gets its rows copied into its buffer as before."""
+    path, ref = mlp
+    x = rows(n, seed=n)
+    mine = np.full((n, SIZES[-1]), np.nan, np.float32)
+    partial_x = rows(3, seed=99)
+    partial = np.full((3, SIZES[-1]), np.nan, np.float32)
+    seen: list[np.ndarray] = []
+    config = ModelRunnerConfig(batching_dim=0, timeout=0.001)
+    async with ModelRunner(path, config) as runner:
+        original = CpuBackend._run_into
+
+        def spy(self: CpuBackend, feed: Any, dest: Any, options: Any) -> list[np.ndarray]:
+            seen.extend(dest.values())
+            return original(self, feed, dest, options)
+
+        CpuBackend._run_into = spy  # type: ignore[method-assign]
+        try:
+            got = await within(runner.execute({"x": x}, outputs={"logits": mine}))
+            other = await within(runner.execute({"x": partial_x}, outputs={"logits": partial}))
+        finally:
+            CpuBackend._run_into = original  # type: ignore[method-assign]
+    assert got["logits"] is mine
+    np.testing.assert_allclose(mine, ref({"x": x})["logits"], rtol=1e-4, atol=1e-5)
+    assert len(seen) == n // 4 and all(np.shares_memory(v, mine) for v in seen)
+    assert other["logits"] is partial
+    np.testing.assert_allclose(partial, ref({"x": partial_x})["logits"], rtol=1e-4, atol=1e-5)

@@ -44,11 +44,17 @@ class Backend(Protocol):
         """
         ...
 
-    def run_main(self, batches: Sequence[Mapping[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    def run_main(
+        self,
+        batches: Sequence[Mapping[str, np.ndarray]],
+        into: Sequence[Mapping[str, np.ndarray]] | None = None,
+    ) -> list[dict[str, np.ndarray]]:
         """Run the main program once per batch (``len == device_iterations``), in this call.
 
         Variables are updated after each iteration. Returns one dict of user outputs (anchor
-        name -> array) per batch. Raises: DeviceStateError, InputValidationError,
+        name -> array) per batch. ``into`` (one mapping per batch): caller memory to write
+        outputs to, each the output's exact shape, dtype and C-contiguous; the returned dict
+        then holds those very arrays. Raises: DeviceStateError, InputValidationError,
         ApplicationRuntimeError.
         """
         ...

@@ -168,8 +168,13 @@ class CpuBackend:
 
     # -- run -------------------------------------------------------------------------------
 
-    def run_main(self, batches: Sequence[Mapping[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
-        """See :meth:`Backend.run_main`.
+    def run_main(
+        self,
+        batches: Sequence[Mapping[str, np.ndarray]],
+        into: Sequence[Mapping[str, np.ndarray]] | None = None,
+    ) -> list[dict[str, np.ndarray]]:
+        """See :meth:`Backend.run_main`. Outputs given ``into`` are written there by
+        onnxruntime itself (IOBinding): no copy; others are fresh arrays.
 
         Raises:
             DeviceStateError: nothing loaded, or the run was aborted (:class:`RunAborted`).
@@ -193,7 +198,7 @@ class CpuBackend:
                 raise RunAborted(f"{self.spec.describe()}: run aborted (terminated)")
             self._run_options = run_options
         try:
-            for batch in batches:
+            for k, batch in enumerate(batches):
                 for name, handle, shape, dtype in self._inputs:
                     try:
                         arr = batch[name]
@@ -205,8 +210,12 @@ class CpuBackend:
                             f"expected {dtype.name}{list(shape)}"
                         )
                     feed[handle] = arr
+                dest = into[k] if into is not None else None
                 try:
-                    result = session.run(names, feed, run_options)
+                    if dest:
+                        result = self._run_into(feed, dest, run_options)
+                    else:
+                        result = session.run(names, feed, run_options)
                 except _OrtInvalidArgument as exc:
                     raise InputValidationError(f"run_main: onnxruntime: {exc}") from exc
                 except Exception as exc:  # Fail, RuntimeException...: untyped in onnxruntime
@@ -229,6 +238,33 @@ class CpuBackend:
             with self._lock:
                 self._run_options = None
         return outputs
+
+    def _run_into(
+        self,
+        feed: Mapping[str, np.ndarray],
+        dest: Mapping[str, np.ndarray],
+        run_options: ort.RunOptions,
+    ) -> list[np.ndarray]:
+        """One run with the outputs named in ``dest`` written to its arrays (IOBinding)."""
+        binding = self._session.io_binding()
+        for handle, arr in feed.items():
+            binding.bind_cpu_input(handle, arr)
+        bound: dict[int, np.ndarray] = {}
+        for i, name in self._outputs:
+            buffer = dest.get(name)
+            if buffer is not None:
+                bound[i] = buffer
+        for i, handle in enumerate(self._output_names):
+            buffer = bound.get(i)
+            if buffer is None:
+                binding.bind_output(handle, "cpu")
+            else:
+                binding.bind_output(
+                    handle, "cpu", 0, buffer.dtype, list(buffer.shape), buffer.ctypes.data
+                )
+        self._session.run_with_iobinding(binding, run_options)
+        values = binding.get_outputs()
+        return [bound[i] if i in bound else values[i].numpy() for i in range(len(values))]
 
     def run_save(self) -> dict[str, np.ndarray]:
         """See :meth:`Backend.run_save`.
