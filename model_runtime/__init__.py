@@ -10,7 +10,7 @@ import time).
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from model_runtime.compiler import CompileOptions, compile_model
 from model_runtime.errors import *  # noqa: F403
@@ -29,6 +29,78 @@ from model_runtime.executable import (
 )
 from model_runtime.io import DataDesc
 from model_runtime.runner_config import ModelRunnerConfig
+
+if TYPE_CHECKING:  # real types for users' type checkers; imported lazily at run time
+    from actors.device.faults import (
+        FaultKind as FaultKind,
+        FaultPlan as FaultPlan,
+        FaultRule as FaultRule,
+    )
+    from actors.device.manager import (
+        AttachedDevice as AttachedDevice,
+        DeviceManager as DeviceManager,
+    )
+    from actors.device.wait import (
+        DeviceConstraints as DeviceConstraints,
+        DeviceWaitConfig as DeviceWaitConfig,
+        DeviceWaitStrategy as DeviceWaitStrategy,
+    )
+    from actors.session.state import (
+        ReplicaStatus as ReplicaStatus,
+    )
+    from model_runtime.blocking import (
+        BlockingModelRunner as BlockingModelRunner,
+    )
+    from model_runtime.connection import (
+        CompilationOnlyError as CompilationOnlyError,
+        DeviceConnectionType as DeviceConnectionType,
+        OnnxProgram as OnnxProgram,
+        RuntimeConfiguration as RuntimeConfiguration,
+        compile_and_run as compile_and_run,
+        configure as configure,
+        get_configuration as get_configuration,
+    )
+    from model_runtime.custom_ops import (
+        CustomOp as CustomOp,
+        Kernel as Kernel,
+        codelet_expression_op as codelet_expression_op,
+    )
+    from model_runtime.embedded import (
+        EngineConflictError as EngineConflictError,
+        RuntimeContext as RuntimeContext,
+        embedded_runtime_call as embedded_runtime_call,
+        embedded_runtime_call_sync as embedded_runtime_call_sync,
+        embedded_runtime_start as embedded_runtime_start,
+        embedded_runtime_start_sync as embedded_runtime_start_sync,
+        embedded_runtime_stop as embedded_runtime_stop,
+    )
+    from model_runtime.lowlevel import (
+        AnchorCallbackPolicy as AnchorCallbackPolicy,
+        AnchorsNotConnectedError as AnchorsNotConnectedError,
+        AnchorWithPolicy as AnchorWithPolicy,
+        CallbackInfo as CallbackInfo,
+        InputData as InputData,
+        InputQueue as InputQueue,
+        LaunchPolicy as LaunchPolicy,
+        OutputData as OutputData,
+        OutputQueue as OutputQueue,
+        PopefDataUsagePolicy as PopefDataUsagePolicy,
+        ProgramsWithPolicy as ProgramsWithPolicy,
+        QueueDisconnectedError as QueueDisconnectedError,
+        QueueManager as QueueManager,
+        QueueTimeoutError as QueueTimeoutError,
+        RingMemoryPool as RingMemoryPool,
+        Session as Session,
+        SessionConfig as SessionConfig,
+        SpscRingBuffer as SpscRingBuffer,
+        WriteSlot as WriteSlot,
+        allocate_queue_storage as allocate_queue_storage,
+        predicate_factory as predicate_factory,
+        ring_size_multiplier_factory as ring_size_multiplier_factory,
+    )
+    from model_runtime.runner import (
+        ModelRunner as ModelRunner,
+    )
 
 __version__ = "0.1.0"
 
@@ -57,6 +129,9 @@ _LAZY: dict[str, str] = {
     "InputQueue": "model_runtime.lowlevel",
     "OutputQueue": "model_runtime.lowlevel",
     "SpscRingBuffer": "model_runtime.lowlevel",
+    "WriteSlot": "model_runtime.lowlevel",
+    "InputData": "model_runtime.lowlevel",
+    "OutputData": "model_runtime.lowlevel",
     "RingMemoryPool": "model_runtime.lowlevel",
     "allocate_queue_storage": "model_runtime.lowlevel",
     "predicate_factory": "model_runtime.lowlevel",

@@ -29,8 +29,7 @@ Hooks (where the rest of the runtime calls in):
 """
 
 from model_runtime.custom_ops.api import BuildFunction, CustomOp, Kernel, TensorInfo
-from model_runtime.custom_ops.expression import OPSET as EXPRESSION_OPSET
-from model_runtime.custom_ops.expression import codelet_expression_op
+from model_runtime.custom_ops.expression import OPSET as EXPRESSION_OPSET, codelet_expression_op
 from model_runtime.custom_ops.kernels import check_run, enable, raise_pending
 from model_runtime.custom_ops.libraries import (
     ALLOW_ENV,

@@ -20,8 +20,14 @@ from model_runtime.lowlevel.policies import (
     SessionConfig,
 )
 from model_runtime.lowlevel.queue_manager import DEFAULT_QUEUE_TIMEOUT, QueueManager
-from model_runtime.lowlevel.queues import InputQueue, OutputQueue, allocate_queue_storage
-from model_runtime.lowlevel.ring import RingMemoryPool, SpscRingBuffer
+from model_runtime.lowlevel.queues import (
+    InputData,
+    InputQueue,
+    OutputData,
+    OutputQueue,
+    allocate_queue_storage,
+)
+from model_runtime.lowlevel.ring import RingMemoryPool, SpscRingBuffer, WriteSlot
 from model_runtime.lowlevel.session import Session
 
 __all__ = [
@@ -33,8 +39,10 @@ __all__ = [
     "CallbackFactory",
     "CallbackHandle",
     "CallbackInfo",
+    "InputData",
     "InputQueue",
     "LaunchPolicy",
+    "OutputData",
     "OutputQueue",
     "PopefDataUsagePolicy",
     "PopefDataUsagePredicate",
@@ -46,6 +54,7 @@ __all__ = [
     "Session",
     "SessionConfig",
     "SpscRingBuffer",
+    "WriteSlot",
     "allocate_queue_storage",
     "predicate_factory",
     "ring_size_multiplier_factory",

@@ -6,33 +6,50 @@ number of rows at a time; an anchor without one takes exactly its own shape. An
 :class:`OutputQueue` splits what the executable writes into the buffers you enqueue, in order.
 Queues are created by :class:`~model_runtime.lowlevel.queue_manager.QueueManager`.
 
+Enqueue in one call (``await q.enqueue(...)``) or in two, as the seed does: ``enqueue_lock``
+hands out an :class:`InputData` (:class:`OutputData`) to fill and ``enqueue_complete`` queues
+it. The producer side (``enqueue*``, ``flush``) may run on an OS thread while the session runs
+on its event loop: the waiting calls have ``*_blocking`` forms for threads, and the queue's ring
+is thread-safe (see :mod:`.ring`). One producer per queue.
+
 Memory: an enqueued input is not copied when one element can be a view of it (rows first,
 C-contiguous); else its rows are copied into a :class:`RingMemoryPool` blob. Either way, do not
 modify an enqueued array until its ``read_complete_callback`` ran. Outputs the executable writes
 before you enqueue a buffer for them wait in the queue (at most ``num_buffers`` elements).
 
 Callbacks: ``read_start_callback`` when the first rows of an enqueued input are taken,
-``read_complete_callback`` when its last rows are about to be consumed by the executable,
-``write_complete_callback`` once an output buffer is full. They run on the event loop.
+``read_complete_callback`` when its last rows are about to be consumed by the executable (both
+on the session's event loop), ``write_complete_callback`` once an output buffer is full: on the
+session's loop, or in the enqueuing thread when outputs were already waiting for that buffer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from model_runtime.errors import InputValidationError
+from model_runtime.errors import DeviceStateError, InputValidationError
 from model_runtime.executable.model import Anchor, TensorInfo
 from model_runtime.lowlevel.errors import QueueDisconnectedError, QueueTimeoutError
-from model_runtime.lowlevel.ring import RingMemoryPool, SpscRingBuffer
+from model_runtime.lowlevel.ring import (
+    PENDING,
+    Pending,
+    RingMemoryPool,
+    SpscRingBuffer,
+    Waiters,
+    WriteSlot,
+)
 
 __all__ = [
+    "InputData",
     "InputQueue",
+    "OutputData",
     "OutputQueue",
     "ReadCompleteCallback",
     "ReadStartCallback",
@@ -43,6 +60,28 @@ __all__ = [
 ReadStartCallback = Callable[[], object]
 ReadCompleteCallback = Callable[[], object]
 WriteCompleteCallback = Callable[[], object]
+
+
+@dataclass(slots=True, eq=False)
+class InputData:
+    """An input buffer to fill between :meth:`InputQueue.enqueue_lock` and
+    :meth:`InputQueue.enqueue_complete` (seed ``InputData``; the array carries its size)."""
+
+    data: np.ndarray | None = None
+    read_start_callback: ReadStartCallback | None = None
+    read_complete_callback: ReadCompleteCallback | None = None
+
+
+@dataclass(slots=True, eq=False)
+class OutputData:
+    """An output buffer to fill between :meth:`OutputQueue.enqueue_lock` and
+    :meth:`OutputQueue.enqueue_complete` (seed ``OutputData``): ``data`` is where to write."""
+
+    data: np.ndarray | None = None
+    write_complete_callback: WriteCompleteCallback | None = None
+
+
+D = TypeVar("D", bound=InputData | OutputData)
 
 
 @dataclass(slots=True, eq=False)
@@ -68,8 +107,8 @@ class _OutEntry:
     offset: int = 0
 
 
-class _Queue:
-    """What input and output queues share (seed ``IQueue``)."""
+class _Queue(Generic[D]):
+    """What input and output queues share (seed ``IQueue``), and the producer's side."""
 
     def __init__(self, anchor: Anchor, num_buffers: int, timeout: float, kind: str) -> None:
         self.anchor = anchor
@@ -84,6 +123,8 @@ class _Queue:
         self._ring: SpscRingBuffer[Any] = SpscRingBuffer(num_buffers, f"{kind}:{anchor.name}")
         self._kind = kind
         self._count = 0  # rows enqueued, modulo the rows of one element
+        self._slot: WriteSlot[Any] | None = None  # the ring's buffer behind enqueue_lock
+        self._locked: D | None = None  # what enqueue_lock handed out
 
     @property
     def name(self) -> str:
@@ -107,6 +148,9 @@ class _Queue:
         """Stop waiting for data: blocked calls return, reads give dummy (zero) data, writes are
         dropped, and ``enqueue`` raises until :meth:`reset`."""
         self._ring.invalidate()
+
+    def _new_data(self) -> D:
+        raise NotImplementedError
 
     def _rows(self, array: np.ndarray) -> np.ndarray:
         if self._axis is None:
@@ -135,24 +179,90 @@ class _Queue:
             )
         return self._rows(array)
 
-    async def _put(self, entry: object, timeout: float | None) -> None:
+    # -- producer: waiting for a buffer ------------------------------------------------------
+
+    def _disconnected(self) -> QueueDisconnectedError:
+        return QueueDisconnectedError(f"{self._kind} queue {self.name!r} is disconnected")
+
+    def _full(self, limit: float) -> QueueTimeoutError:
+        return QueueTimeoutError(
+            f"{self._kind} queue {self.name!r}: all {self.num_buffers} buffers still in use "
+            f"after {limit} s"
+        )
+
+    def _limit(self, timeout: float | None) -> float:
         if not self._ring.is_valid:
-            raise QueueDisconnectedError(f"{self._kind} queue {self.name!r} is disconnected")
-        limit = self.timeout if timeout is None else timeout
+            raise self._disconnected()
+        return self.timeout if timeout is None else timeout
+
+    async def _put(self, entry: object, timeout: float | None) -> None:
+        limit = self._limit(timeout)
         try:
             written = await self._ring.write(entry, limit)
         except TimeoutError:
-            raise QueueTimeoutError(
-                f"{self._kind} queue {self.name!r}: all {self.num_buffers} buffers still in use "
-                f"after {limit} s"
-            ) from None
+            raise self._full(limit) from None
+        self._written(written)
+
+    def _put_blocking(self, entry: object, timeout: float | None) -> None:
+        limit = self._limit(timeout)
+        try:
+            written = self._ring.write_blocking(entry, limit)
+        except TimeoutError:
+            raise self._full(limit) from None
+        self._written(written)
+
+    def _written(self, written: bool) -> None:
         if not written:
-            raise QueueDisconnectedError(f"{self._kind} queue {self.name!r} is disconnected")
+            raise self._disconnected()
+        self._slot = self._locked = None  # a write-locked buffer was the one written (seed)
+
+    async def _lock(self, timeout: float | None) -> D:
+        limit = self._limit(timeout)
+        try:
+            slot = await self._ring.write_lock(limit)
+        except TimeoutError:
+            raise self._full(limit) from None
+        return self._locked_data(slot)
+
+    def _lock_blocking(self, timeout: float | None) -> D:
+        limit = self._limit(timeout)
+        try:
+            slot = self._ring.write_lock_blocking(limit)
+        except TimeoutError:
+            raise self._full(limit) from None
+        return self._locked_data(slot)
+
+    def _locked_data(self, slot: WriteSlot[Any] | None) -> D:
+        if slot is None:
+            raise self._disconnected()
+        if self._locked is None or self._slot is not slot:
+            self._slot, self._locked = slot, self._new_data()
+        return self._locked
+
+    def _check_locked(self) -> D:
+        if self._locked is None or self._slot is None:
+            raise DeviceStateError(
+                f"{self._kind} queue {self.name!r}: enqueue_complete() without enqueue_lock()"
+            )
+        return self._locked
+
+    def _complete(self, entry: object) -> None:
+        """Publish the locked buffer as ``entry``."""
+        assert self._slot is not None
+        self._slot.value = entry
+        written = self._ring.write_complete()
+        self._slot = self._locked = None
+        if not written:
+            raise self._disconnected()
 
     def _flush_rows(self) -> int:
         rem = self._count % self._rows_per_element
         self._count = 0
         return self._rows_per_element - rem if rem else self._rows_per_element
+
+    def _reset_producer(self) -> None:
+        self._count = 0
+        self._slot = self._locked = None
 
 
 def _without(shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
@@ -172,7 +282,7 @@ def allocate_queue_storage(
     )
 
 
-class InputQueue(_Queue):
+class InputQueue(_Queue[InputData]):
     """Feeds one input anchor (see the module docstring). Made by ``QueueManager``."""
 
     def __init__(self, anchor: Anchor, num_buffers: int, timeout: float) -> None:
@@ -184,6 +294,9 @@ class InputQueue(_Queue):
         self._dummy = np.zeros(anchor.shape, anchor.dtype)
         self._dummy.flags.writeable = False
 
+    def _new_data(self) -> InputData:
+        return InputData()
+
     async def enqueue(
         self,
         tensor: np.ndarray,
@@ -192,7 +305,8 @@ class InputQueue(_Queue):
         *,
         timeout: float | None = None,
     ) -> None:
-        """Queue ``tensor`` (rows along the anchor's batch axis, or exactly its shape).
+        """Queue ``tensor`` (rows along the anchor's batch axis, or exactly its shape): lock a
+        buffer (the enqueue-locked one, if any), fill it and complete it.
 
         Waits for a free buffer at most ``timeout`` seconds (default: the queue's timeout).
 
@@ -205,19 +319,79 @@ class InputQueue(_Queue):
         await self._put(_InEntry(rows, read_start_callback, read_complete_callback), timeout)
         self._count = (self._count + rows.shape[0]) % self._rows_per_element
 
+    def enqueue_blocking(
+        self,
+        tensor: np.ndarray,
+        read_start_callback: ReadStartCallback | None = None,
+        read_complete_callback: ReadCompleteCallback | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> None:
+        """:meth:`enqueue` for a producer thread.
+
+        Raises:
+            InputValidationError: wrong dtype or shape.
+            QueueTimeoutError: no free buffer in time.
+            QueueDisconnectedError: the queue is disconnected.
+            DeviceStateError: called on an event loop's thread (await :meth:`enqueue`).
+        """
+        rows = self._validated_rows(np.asarray(tensor))
+        self._put_blocking(_InEntry(rows, read_start_callback, read_complete_callback), timeout)
+        self._count = (self._count + rows.shape[0]) % self._rows_per_element
+
+    async def enqueue_lock(self, *, timeout: float | None = None) -> InputData:
+        """Lock a buffer for writing and return it to fill; waits for a free one at most
+        ``timeout`` seconds (default: the queue's timeout). One buffer is locked at a time:
+        while one is, this returns that same :class:`InputData`.
+
+        Raises:
+            QueueTimeoutError: no free buffer in time.
+            QueueDisconnectedError: the queue is disconnected.
+        """
+        return await self._lock(timeout)
+
+    def enqueue_lock_blocking(self, *, timeout: float | None = None) -> InputData:
+        """:meth:`enqueue_lock` for a producer thread.
+
+        Raises:
+            QueueTimeoutError: no free buffer in time.
+            QueueDisconnectedError: the queue is disconnected.
+            DeviceStateError: called on an event loop's thread (await :meth:`enqueue_lock`).
+        """
+        return self._lock_blocking(timeout)
+
+    def enqueue_complete(self) -> None:
+        """Queue the locked :class:`InputData` and unlock it; the next lock is a new buffer.
+
+        Raises:
+            DeviceStateError: no buffer is locked (no :meth:`enqueue_lock`, or a reset since).
+            InputValidationError: ``data`` unset, or of the wrong dtype or shape (the buffer
+                stays locked: fix it and complete again).
+            QueueDisconnectedError: the queue was disconnected meanwhile (the data is dropped).
+        """
+        data = self._check_locked()
+        if data.data is None:
+            raise InputValidationError(
+                f"input queue {self.name!r}: set InputData.data before enqueue_complete()"
+            )
+        rows = self._validated_rows(np.asarray(data.data))
+        self._complete(_InEntry(rows, data.read_start_callback, data.read_complete_callback))
+        self._count = (self._count + rows.shape[0]) % self._rows_per_element
+
     def flush(self) -> None:
-        """Pad a partly enqueued element with zero rows, or, with none, queue a dummy element."""
+        """Pad a partly enqueued element with zero rows, or, with none, queue a dummy element
+        (ahead of an enqueue-locked buffer, which is not queued yet)."""
         if self._ring.is_valid:
             pad = np.zeros((self._flush_rows(), *self._ring_shape[1:]), self.anchor.dtype)
             self._ring.write_nowait(_InEntry(pad, None, None), force=True)
 
     def reset(self) -> None:
-        """Drop everything queued or half-read and reconnect the queue."""
+        """Drop everything queued, locked or half-read, and reconnect the queue."""
         self._ring.reset()
         self._prepared.clear()
         self._partial = None
         self._filled = 0
-        self._count = 0
+        self._reset_producer()
 
     @property
     def queued_elements(self) -> int:
@@ -293,16 +467,34 @@ class InputQueue(_Queue):
             if entry.read_complete is not None:
                 element.done.append(entry.read_complete)
             self._ring.read_complete()
+        else:  # rows left for the next element: the entry goes back, first to read again
+            self._ring.read_reset()
 
 
-class OutputQueue(_Queue):
-    """Collects one output anchor into your buffers (see the module docstring)."""
+class OutputQueue(_Queue[OutputData]):
+    """Collects one output anchor into your buffers (see the module docstring).
+
+    Outputs are moved into buffers by whoever makes the match: the session when it writes
+    (buffers were waiting), or the producer when it enqueues (outputs were waiting); a lock
+    keeps the two apart, and callbacks run after it is released.
+    """
 
     def __init__(self, anchor: Anchor, num_buffers: int, timeout: float) -> None:
         super().__init__(anchor, num_buffers, timeout, "output")
         self._stash: deque[np.ndarray] = deque()
         self._stashed = 0
-        self._room = asyncio.Event()
+        self._mutex = threading.Lock()  # the stash, and draining it into the ring's buffers
+        self._room = Waiters(self._mutex)
+
+    def _new_data(self) -> OutputData:
+        return OutputData()
+
+    def _validated_output(self, output: object) -> np.ndarray:
+        if not isinstance(output, np.ndarray) or not output.flags.writeable:
+            raise InputValidationError(
+                f"output queue {self.name!r}: the buffer must be a writable numpy array"
+            )
+        return self._validated_rows(output)
 
     async def enqueue(
         self,
@@ -311,7 +503,8 @@ class OutputQueue(_Queue):
         *,
         timeout: float | None = None,
     ) -> None:
-        """Queue ``output``, a writable buffer for the next rows (or the whole tensor).
+        """Queue ``output``, a writable buffer for the next rows (or the whole tensor): lock a
+        buffer (the enqueue-locked one, if any), fill it and complete it.
 
         Waits for a free buffer at most ``timeout`` seconds (default: the queue's timeout).
 
@@ -320,12 +513,66 @@ class OutputQueue(_Queue):
             QueueTimeoutError: no free buffer in time.
             QueueDisconnectedError: the queue is disconnected.
         """
-        if not isinstance(output, np.ndarray) or not output.flags.writeable:
-            raise InputValidationError(
-                f"output queue {self.name!r}: the buffer must be a writable numpy array"
-            )
-        rows = self._validated_rows(output)
+        rows = self._validated_output(output)
         await self._put(_OutEntry(rows, rows.shape[0], write_complete_callback), timeout)
+        self._enqueued(rows)
+
+    def enqueue_blocking(
+        self,
+        output: np.ndarray,
+        write_complete_callback: WriteCompleteCallback | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> None:
+        """:meth:`enqueue` for a producer thread.
+
+        Raises:
+            InputValidationError: not a writable numpy array, or wrong dtype or shape.
+            QueueTimeoutError: no free buffer in time.
+            QueueDisconnectedError: the queue is disconnected.
+            DeviceStateError: called on an event loop's thread (await :meth:`enqueue`).
+        """
+        rows = self._validated_output(output)
+        self._put_blocking(_OutEntry(rows, rows.shape[0], write_complete_callback), timeout)
+        self._enqueued(rows)
+
+    async def enqueue_lock(self, *, timeout: float | None = None) -> OutputData:
+        """Lock a buffer for writing and return it to fill; waits for a free one at most
+        ``timeout`` seconds (default: the queue's timeout). One buffer is locked at a time:
+        while one is, this returns that same :class:`OutputData`.
+
+        Raises:
+            QueueTimeoutError: no free buffer in time.
+            QueueDisconnectedError: the queue is disconnected.
+        """
+        return await self._lock(timeout)
+
+    def enqueue_lock_blocking(self, *, timeout: float | None = None) -> OutputData:
+        """:meth:`enqueue_lock` for a producer thread.
+
+        Raises:
+            QueueTimeoutError: no free buffer in time.
+            QueueDisconnectedError: the queue is disconnected.
+            DeviceStateError: called on an event loop's thread (await :meth:`enqueue_lock`).
+        """
+        return self._lock_blocking(timeout)
+
+    def enqueue_complete(self) -> None:
+        """Queue the locked :class:`OutputData` and unlock it; the next lock is a new buffer.
+
+        Raises:
+            DeviceStateError: no buffer is locked (no :meth:`enqueue_lock`, or a reset since).
+            InputValidationError: ``data`` unset, not a writable numpy array, or of the wrong
+                dtype or shape (the buffer stays locked: fix it and complete again).
+            QueueDisconnectedError: the queue was disconnected meanwhile (the buffer is
+                dropped).
+        """
+        data = self._check_locked()
+        rows = self._validated_output(data.data)
+        self._complete(_OutEntry(rows, rows.shape[0], data.write_complete_callback))
+        self._enqueued(rows)
+
+    def _enqueued(self, rows: np.ndarray) -> None:
         self._count = (self._count + rows.shape[0]) % self._rows_per_element
         self._drain()
 
@@ -337,17 +584,19 @@ class OutputQueue(_Queue):
             self._drain()
 
     def reset(self) -> None:
-        """Drop every queued buffer and waiting output, and reconnect the queue."""
-        self._ring.reset()
-        self._stash.clear()
-        self._stashed = 0
-        self._count = 0
-        self._signal_room()
+        """Drop every queued or locked buffer and waiting output, and reconnect the queue."""
+        with self._mutex:
+            self._ring.reset()
+            self._stash.clear()
+            self._stashed = 0
+            self._room.notify()
+        self._reset_producer()
 
     def disconnect(self) -> None:
         """See :meth:`_Queue.disconnect`."""
         super().disconnect()
-        self._signal_room()
+        with self._mutex:
+            self._room.notify()
 
     @property
     def waiting_elements(self) -> float:
@@ -362,10 +611,12 @@ class OutputQueue(_Queue):
         """
         limit = self.num_buffers * self._rows_per_element
         need = elements * self._rows_per_element
+
+        def room() -> bool | Pending:
+            return True if not self._ring.is_valid or self._stashed + need <= limit else PENDING
+
         try:
-            async with asyncio.timeout(timeout):
-                while self._ring.is_valid and self._stashed + need > limit:
-                    await self._room.wait()
+            await self._room.wait(room, timeout)
         except TimeoutError:
             raise QueueTimeoutError(
                 f"output queue {self.name!r}: {self.waiting_elements:g} outputs wait for buffers "
@@ -376,34 +627,40 @@ class OutputQueue(_Queue):
         """The executable wrote ``element`` (session side; dropped when disconnected)."""
         if self._ring.is_valid:
             rows = self._rows(element)
-            self._stash.append(rows)
-            self._stashed += rows.shape[0]
+            with self._mutex:
+                self._stash.append(rows)
+                self._stashed += rows.shape[0]
             self._drain()
 
     def _drain(self) -> None:
-        moved = False
-        while self._stash:
-            entry: _OutEntry | None = self._ring.peek()
-            if entry is None:
-                break
-            src = self._stash[0]
-            take = min(src.shape[0], entry.count - entry.offset)
-            if entry.rows is not None:
-                entry.rows[entry.offset : entry.offset + take] = src[:take]
-            entry.offset += take
-            if take == src.shape[0]:
-                self._stash.popleft()
-            else:
-                self._stash[0] = src[take:]
-            self._stashed -= take
-            moved = True
-            if entry.offset == entry.count:
-                self._ring.read_complete()
-                if entry.write_complete is not None:
-                    entry.write_complete()
-        if moved:
-            self._signal_room()
-
-    def _signal_room(self) -> None:
-        room, self._room = self._room, asyncio.Event()
-        room.set()
+        done: list[WriteCompleteCallback] = []
+        with self._mutex:
+            entry: _OutEntry | None = None
+            moved = False
+            while self._stash:
+                if entry is None:
+                    entry = self._ring.read_lock_nowait()
+                    if entry is None:
+                        break
+                src = self._stash[0]
+                take = min(src.shape[0], entry.count - entry.offset)
+                if entry.rows is not None:
+                    entry.rows[entry.offset : entry.offset + take] = src[:take]
+                entry.offset += take
+                if take == src.shape[0]:
+                    self._stash.popleft()
+                else:
+                    self._stash[0] = src[take:]
+                self._stashed -= take
+                moved = True
+                if entry.offset == entry.count:
+                    self._ring.read_complete()
+                    if entry.write_complete is not None:
+                        done.append(entry.write_complete)
+                    entry = None
+            if entry is not None:  # partly filled: it goes back, first to fill next time
+                self._ring.read_reset()
+            if moved:
+                self._room.notify()
+        for cb in done:
+            cb()

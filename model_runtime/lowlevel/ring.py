@@ -1,34 +1,248 @@
 """Ring buffers and memory pools behind the queues (seed ``SpscRingBuffer``, ``RingMemoryPool``).
 
-The seed's ring buffer is lock-free across threads; here producer and consumer are coroutines on
-one event loop, so the ring is a bounded deque with an :class:`asyncio.Condition`. Blocking calls
-(``write``, ``read_lock``) wait for room or data, return early when the ring is invalidated
-(``None``/``False``: check :attr:`is_valid`), and raise :class:`TimeoutError` past ``timeout``
-seconds, so no caller waits forever unless it asks to.
+:class:`SpscRingBuffer` is a fixed-size, single-producer, single-consumer ring. Producer and
+consumer may each be an OS thread or a coroutine, on any event loop: a thread producer can feed
+an async consumer, and the reverse (as in the seed, where the executable's callback thread and
+the application's threads meet at the ring). One ``threading.Lock`` guards the ring's state;
+a waiting thread sleeps on its ``Condition``, a waiting coroutine on a future of its own loop,
+woken from other threads with ``call_soon_threadsafe``. No call ever blocks an event loop:
+the ``*_blocking`` calls refuse to run on a thread that runs one.
+
+Waiting calls come in two forms: ``await ring.write_lock()`` for coroutines and
+``ring.write_lock_blocking()`` for threads (likewise ``write``, ``read_lock``). They return
+early when the ring is invalidated (``None``/``False``: check :attr:`is_valid`, as the seed's
+example does) and raise :class:`TimeoutError` past ``timeout`` seconds, so no caller waits
+forever unless it asks to (``timeout=None``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
+import threading
+import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import numpy as np
 
-from model_runtime.errors import ConfigurationError
+from model_runtime.errors import ConfigurationError, DeviceStateError
 
-__all__ = ["RingMemoryPool", "SpscRingBuffer"]
+# Waiters and PENDING are for the queues of this package, not for users.
+__all__ = ["RingMemoryPool", "SpscRingBuffer", "WriteSlot"]
 
 T = TypeVar("T")
+R = TypeVar("R")
 _ALIGN = 64
+
+
+class _Pending(enum.Enum):
+    PENDING = 0
+
+
+Pending = Literal[_Pending.PENDING]
+PENDING: Pending = _Pending.PENDING
+"""What an attempt passed to :meth:`Waiters.wait` returns when it must wait and try again."""
+
+Attempt = Callable[[], "R | Pending"]
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class Waiters:
+    """Threads and coroutines waiting for a change of the state one lock guards.
+
+    Every waiting call passes an *attempt*, run with the lock held, that either does its work
+    and returns the result or returns :data:`PENDING`; the waiter then sleeps until the next
+    :meth:`notify` (which the state's owner calls, with the lock held, after every change) and
+    tries again. A thread sleeps on :attr:`cond`; a coroutine on a future of its own loop.
+    """
+
+    __slots__ = ("_blocked", "_futures", "_sleepers", "_watchers", "cond")
+
+    def __init__(self, lock: threading.Lock | None = None) -> None:
+        self.cond = threading.Condition(lock if lock is not None else threading.Lock())
+        self._futures: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._sleepers = 0  # threads in cond.wait for a change
+        self._watchers = 0  # threads in wait_until_blocked
+        self._blocked = 0  # waiting calls, threads and coroutines
+
+    def notify(self) -> None:
+        """Wake every waiter. Call with :attr:`cond` held."""
+        if self._sleepers:
+            self.cond.notify_all()
+        if not self._futures:
+            return
+        futures, self._futures = self._futures, []
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        for loop, fut in futures:
+            if loop is running:
+                _wake(fut)
+            else:
+                try:
+                    loop.call_soon_threadsafe(_wake, fut)
+                except RuntimeError:  # that loop is closed: nobody is left to wake
+                    pass
+
+    async def wait(
+        self,
+        attempt: Attempt[R],
+        timeout: float | None,
+        idle: tuple[float, Callable[[], object]] | None = None,
+    ) -> R:
+        """Run ``attempt`` until it is not :data:`PENDING`; ``idle = (period, cb)`` calls ``cb``
+        every ``period`` seconds spent waiting.
+
+        Raises:
+            TimeoutError: still pending after ``timeout`` seconds.
+        """
+        loop = asyncio.get_running_loop()
+        now = time.monotonic()
+        deadline = None if timeout is None else now + timeout
+        idle_at = None if idle is None else now + idle[0]
+        while True:
+            with self.cond:
+                result = attempt()
+                if result is not PENDING:
+                    return result
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    raise TimeoutError
+                idle_due = idle_at is not None and now >= idle_at
+                if not idle_due:
+                    fut: asyncio.Future[None] = loop.create_future()
+                    entry = (loop, fut)
+                    self._futures.append(entry)
+                    self._blocked += 1
+                    self._watched()
+            if idle_due:
+                assert idle is not None
+                idle[1]()
+                idle_at = time.monotonic() + idle[0]
+                continue
+            try:
+                wake_at = _earliest(deadline, idle_at)
+                if wake_at is None:
+                    await fut
+                else:
+                    await asyncio.wait((fut,), timeout=wake_at - now)
+            finally:
+                with self.cond:
+                    self._blocked -= 1
+                    if not fut.done():
+                        fut.cancel()
+                        if entry in self._futures:
+                            self._futures.remove(entry)
+
+    def wait_blocking(
+        self,
+        attempt: Attempt[R],
+        timeout: float | None,
+        idle: tuple[float, Callable[[], object]] | None = None,
+        *,
+        instead: str = "the async call (await it)",
+    ) -> R:
+        """:meth:`wait` for a thread: sleeps on :attr:`cond` (``idle`` runs without the lock).
+
+        Raises:
+            TimeoutError: still pending after ``timeout`` seconds.
+            DeviceStateError: called on a thread running an event loop (it would block the
+                loop; use ``instead``).
+        """
+        _refuse_on_loop(instead)
+        now = time.monotonic()
+        deadline = None if timeout is None else now + timeout
+        idle_at = None if idle is None else now + idle[0]
+        while True:
+            with self.cond:
+                while True:
+                    result = attempt()
+                    if result is not PENDING:
+                        return result
+                    now = time.monotonic()
+                    if deadline is not None and now >= deadline:
+                        raise TimeoutError
+                    if idle_at is not None and now >= idle_at:
+                        break  # run the idle callback without the lock
+                    wake_at = _earliest(deadline, idle_at)
+                    self._blocked += 1
+                    self._sleepers += 1
+                    self._watched()
+                    try:
+                        self.cond.wait(None if wake_at is None else wake_at - now)
+                    finally:
+                        self._blocked -= 1
+                        self._sleepers -= 1
+            assert idle is not None
+            idle[1]()
+            idle_at = time.monotonic() + idle[0]
+
+    def wait_until_blocked(self, count: int = 1, timeout: float = 5.0) -> bool:
+        """Block until ``count`` calls are waiting (a thread-side aid for tests and debugging:
+        it says *when* the other side sleeps, without sleeping for it). False on timeout."""
+        with self.cond:
+            self._watchers += 1
+            try:
+                return self.cond.wait_for(lambda: self._blocked >= count, timeout)
+            finally:
+                self._watchers -= 1
+
+    @property
+    def blocked(self) -> int:
+        """How many calls are waiting now."""
+        return self._blocked
+
+    def _watched(self) -> None:
+        # A new waiter: wake wait_until_blocked (and, spuriously, sleepers, who retry).
+        if self._watchers:
+            self.cond.notify_all()
+
+
+def _refuse_on_loop(instead: str) -> None:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise DeviceStateError(
+        f"a blocking call would block the event loop running in this thread; use {instead}"
+    )
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    return a if b is None else min(a, b)
+
+
+class WriteSlot(Generic[T]):
+    """The buffer :meth:`SpscRingBuffer.write_lock` hands out (the seed's ``BufferType*``):
+    set :attr:`value`, then call :meth:`SpscRingBuffer.write_complete`. The ring takes the
+    value at completion; setting it later changes nothing."""
+
+    __slots__ = ("value",)
+    value: T
 
 
 class SpscRingBuffer(Generic[T]):
     """A fixed-size ring of ``num_buffers`` items, one producer, one consumer (see module doc).
 
-    ``timeout_cb`` is called (with the ring) each time ``read_lock`` has waited ``timeout``
-    seconds without data, as the seed's read-timeout callback.
+    The seed's example, from a producer thread::
+
+        dst = ring.write_lock_blocking()
+        if not ring.is_valid:
+            return  # dst is not valid: don't use it
+        dst.value = obj
+        ring.write_complete()
+
+    ``timeout_cb`` is called (with the ring) each ``timeout`` seconds a read lock waits for data,
+    until data comes, as the seed's read-timeout callback; it runs in the reader's thread.
 
     Raises:
         ConfigurationError: (constructor) ``num_buffers`` < 1 or a negative ``timeout``.
@@ -38,7 +252,7 @@ class SpscRingBuffer(Generic[T]):
         self,
         num_buffers: int,
         label: str,
-        timeout_cb: Callable[[SpscRingBuffer[T]], None] | None = None,
+        timeout_cb: Callable[[SpscRingBuffer[T]], object] | None = None,
         timeout: float = 0.0,
     ) -> None:
         if num_buffers < 1 or timeout < 0:
@@ -47,87 +261,177 @@ class SpscRingBuffer(Generic[T]):
             )
         self._capacity = num_buffers
         self._label = label
-        self._timeout_cb = timeout_cb
-        self._cb_timeout = timeout
-        self._items: deque[T] = deque()
+        self._idle: tuple[float, Callable[[], object]] | None = None
+        if timeout_cb is not None and timeout > 0:
+            self._idle = (timeout, lambda: timeout_cb(self))
+        self._items: deque[T] = deque()  # published, oldest first
+        self._read_locked = 0  # the first _read_locked items are locked by the reader
+        self._slot: WriteSlot[T] | None = None  # locked by the writer, not yet published
         self._valid = True
-        # A fresh event per change: waiters hold the current one, a change sets and replaces it
-        # (synchronous to signal, so the sync calls below can wake waiters).
-        self._changed = asyncio.Event()
-
-    async def _wait_until(self, ready: Callable[[], bool], timeout: float | None) -> None:
-        async with asyncio.timeout(timeout):
-            while not ready():
-                changed = self._changed
-                if self._timeout_cb is not None and self._cb_timeout > 0:
-                    try:
-                        async with asyncio.timeout(self._cb_timeout):
-                            await changed.wait()
-                    except TimeoutError:
-                        self._timeout_cb(self)
-                else:
-                    await changed.wait()
+        self._waiters = Waiters()
+        self._lock = self._waiters.cond
 
     # -- producer ----------------------------------------------------------------------------
 
-    async def write(self, obj: T, timeout: float | None = None) -> bool:
-        """Append ``obj``, waiting for room. Returns False (and writes nothing) if invalidated.
+    async def write_lock(self, timeout: float | None = None) -> WriteSlot[T] | None:
+        """Lock the next free buffer for writing; waits for one. While one is locked, returns
+        that same one. None when the ring is (or gets) invalidated.
 
         Raises:
-            TimeoutError: no room within ``timeout`` seconds.
+            TimeoutError: no free buffer within ``timeout`` seconds.
         """
-        await self._wait_until(lambda: not self._valid or self._has_room(), timeout)
-        return self.write_nowait(obj)
+        return await self._waiters.wait(self._try_write_lock, timeout)
+
+    def write_lock_blocking(self, timeout: float | None = None) -> WriteSlot[T] | None:
+        """:meth:`write_lock` for a thread.
+
+        Raises:
+            TimeoutError: no free buffer within ``timeout`` seconds.
+            DeviceStateError: called on an event loop's thread.
+        """
+        return self._waiters.wait_blocking(
+            self._try_write_lock, timeout, instead="await ring.write_lock()"
+        )
+
+    def write_complete(self) -> bool:
+        """Publish the write-locked buffer to the reader and unlock it; the next lock is a
+        different buffer. False if the ring was invalidated meanwhile (the value is dropped).
+
+        Raises:
+            DeviceStateError: no buffer is write-locked, or its ``value`` was never set (it
+                stays locked).
+        """
+        with self._lock:
+            slot = self._slot
+            if slot is None:
+                raise DeviceStateError(
+                    f"ring {self._label!r}: write_complete() without write_lock()"
+                )
+            try:
+                value = slot.value
+            except AttributeError:
+                raise DeviceStateError(
+                    f"ring {self._label!r}: write_complete() before setting the slot's value"
+                ) from None
+            self._slot = None
+            if not self._valid:
+                return False
+            self._items.append(value)
+            self._waiters.notify()
+            return True
+
+    async def write(self, obj: T, timeout: float | None = None) -> bool:
+        """Lock a buffer, set it to ``obj`` and publish it (the write-locked one, if any).
+        False (and nothing written) if invalidated.
+
+        Raises:
+            TimeoutError: no free buffer within ``timeout`` seconds.
+        """
+        return await self._waiters.wait(lambda: self._try_write(obj), timeout)
+
+    def write_blocking(self, obj: T, timeout: float | None = None) -> bool:
+        """:meth:`write` for a thread.
+
+        Raises:
+            TimeoutError: no free buffer within ``timeout`` seconds.
+            DeviceStateError: called on an event loop's thread.
+        """
+        return self._waiters.wait_blocking(
+            lambda: self._try_write(obj), timeout, instead="await ring.write()"
+        )
 
     def write_nowait(self, obj: T, *, force: bool = False) -> bool:
-        """Append ``obj`` if there is room (``force``: even past capacity, for internal markers).
+        """:meth:`write` if there is room (``force``: even past capacity, and ahead of a
+        write-locked buffer, for internal markers).
 
         Returns False if the ring is full (and not ``force``) or invalidated.
         """
-        if not self._valid or (not force and not self._has_room()):
-            return False
-        self._items.append(obj)
-        self._notify()
-        return True
+        with self._lock:
+            if force and self._valid:
+                self._items.append(obj)
+                self._waiters.notify()
+                return True
+            result = self._try_write(obj)
+            return result is True
 
     # -- consumer ----------------------------------------------------------------------------
 
     async def read_lock(self, timeout: float | None = None) -> T | None:
-        """The oldest item, left in the ring until :meth:`read_complete`; waits for one.
-
-        Returns None when the ring is (or gets) invalidated.
+        """Lock the oldest unread item and return it; waits for one. Each call returns the next
+        item; locked items stay in the ring until :meth:`read_complete` (or go back to unread
+        with :meth:`read_reset`). None when the ring is (or gets) invalidated.
 
         Raises:
             TimeoutError: nothing to read within ``timeout`` seconds.
         """
-        await self._wait_until(lambda: not self._valid or bool(self._items), timeout)
-        return self.peek()
+        return await self._waiters.wait(self._try_read_lock, timeout, self._idle)
 
-    def peek(self) -> T | None:
-        """The oldest item without waiting (None when empty or invalidated)."""
-        return self._items[0] if self._valid and self._items else None
+    def read_lock_blocking(self, timeout: float | None = None) -> T | None:
+        """:meth:`read_lock` for a thread.
+
+        Raises:
+            TimeoutError: nothing to read within ``timeout`` seconds.
+            DeviceStateError: called on an event loop's thread.
+        """
+        return self._waiters.wait_blocking(
+            self._try_read_lock, timeout, self._idle, instead="await ring.read_lock()"
+        )
+
+    def read_lock_nowait(self) -> T | None:
+        """:meth:`read_lock` without waiting: None when nothing is unread or invalidated."""
+        with self._lock:
+            result = self._try_read_lock()
+            return None if result is PENDING else result
 
     def read_complete(self) -> None:
-        """Drop the oldest item (the one :meth:`read_lock` returned), making room."""
-        if self._items:
+        """Drop the oldest read-locked item, making room for the writer.
+
+        Raises:
+            DeviceStateError: no item is read-locked.
+        """
+        with self._lock:
+            if not self._read_locked:
+                raise DeviceStateError(f"ring {self._label!r}: read_complete() without read_lock()")
             self._items.popleft()
-            self._notify()
+            self._read_locked -= 1
+            self._waiters.notify()
+
+    def read_reset(self) -> None:
+        """Unlock every read-locked item and put them back, in order, at the front of the unread
+        items: the next :meth:`read_lock` returns the oldest again."""
+        with self._lock:
+            if self._read_locked:
+                self._read_locked = 0
+                self._waiters.notify()
 
     def read_available(self) -> bool:
-        return self._valid and bool(self._items)
+        """Whether an item is available to be read-locked now."""
+        with self._lock:
+            return self._valid and self._read_locked < len(self._items)
+
+    def peek(self) -> T | None:
+        """The item :meth:`read_lock` would return now, without locking it (None if none)."""
+        with self._lock:
+            if self._valid and self._read_locked < len(self._items):
+                return self._items[self._read_locked]
+            return None
 
     # -- state -------------------------------------------------------------------------------
 
     def invalidate(self) -> None:
-        """Make every blocking call return at once (and every later one)."""
-        self._valid = False
-        self._notify()
+        """Make every blocking call return at once (and every later one), from any thread."""
+        with self._lock:
+            self._valid = False
+            self._waiters.notify()
 
     def reset(self) -> None:
-        """Drop every item and make the ring valid again."""
-        self._items.clear()
-        self._valid = True
-        self._notify()
+        """Drop every item and every lock, and make the ring valid again."""
+        with self._lock:
+            self._items.clear()
+            self._read_locked = 0
+            self._slot = None
+            self._valid = True
+            self._waiters.notify()
 
     @property
     def is_valid(self) -> bool:
@@ -142,25 +446,60 @@ class SpscRingBuffer(Generic[T]):
         return self._label
 
     def items(self) -> tuple[T, ...]:
-        """The items in the ring, oldest first (a snapshot)."""
-        return tuple(self._items)
+        """The published items, oldest first, read-locked ones included (a snapshot)."""
+        with self._lock:
+            return tuple(self._items)
 
     def get_state(self, prefix: str = "") -> str:
         """A one-line debug description."""
-        return (
-            f"{prefix}{self._label}: {len(self._items)}/{self._capacity} used, "
-            f"{'valid' if self._valid else 'invalidated'}"
-        )
+        with self._lock:
+            return (
+                f"{prefix}{self._label}: {len(self._items)}/{self._capacity} used, "
+                f"{self._read_locked} read-locked, "
+                f"{'1' if self._slot is not None else '0'} write-locked, "
+                f"{'valid' if self._valid else 'invalidated'}, {self._waiters.blocked} waiting"
+            )
+
+    def wait_until_blocked(self, count: int = 1, timeout: float = 5.0) -> bool:
+        """Block until ``count`` calls wait on this ring (see :meth:`Waiters.wait_until_blocked`).
+
+        Raises:
+            DeviceStateError: called on an event loop's thread (run it in a thread).
+        """
+        _refuse_on_loop("asyncio.to_thread(ring.wait_until_blocked)")
+        return self._waiters.wait_until_blocked(count, timeout)
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def _has_room(self) -> bool:
-        return len(self._items) < self._capacity
+    # -- attempts (with the lock held) -------------------------------------------------------
 
-    def _notify(self) -> None:
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+    def _try_write_lock(self) -> WriteSlot[T] | Pending | None:
+        if not self._valid:
+            return None
+        if self._slot is None:
+            if len(self._items) >= self._capacity:
+                return PENDING
+            self._slot = WriteSlot()
+        return self._slot
+
+    def _try_write(self, obj: T) -> bool | Pending:
+        if not self._valid:
+            return False
+        if self._slot is None and len(self._items) >= self._capacity:
+            return PENDING
+        self._slot = None  # a write-locked buffer is the one written (seed)
+        self._items.append(obj)
+        self._waiters.notify()
+        return True
+
+    def _try_read_lock(self) -> T | Pending | None:
+        if not self._valid:
+            return None
+        if self._read_locked < len(self._items):
+            self._read_locked += 1
+            return self._items[self._read_locked - 1]
+        return PENDING
 
 
 class RingMemoryPool:

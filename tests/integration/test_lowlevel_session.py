@@ -25,8 +25,7 @@ from model_runtime.lowlevel import (
     Session,
     SessionConfig,
 )
-from model_runtime.lowlevel.predicate_factory import anchor_callbacks as ac
-from model_runtime.lowlevel.predicate_factory import popef_data_usage as pd
+from model_runtime.lowlevel.predicate_factory import anchor_callbacks as ac, popef_data_usage as pd
 
 pytestmark = pytest.mark.timeout(20)
 SKIP = AnchorCallbackPolicy.SKIP_CB

@@ -8,8 +8,7 @@ import anyio
 import anyio.lowlevel
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from test_queue_support import (
     expected,
     make_queue,

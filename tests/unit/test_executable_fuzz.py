@@ -12,8 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from model_runtime.errors import ModelRuntimeError
 from model_runtime.executable import Executable

@@ -9,16 +9,13 @@ from model_runtime.errors import ConfigurationError, InputValidationError
 from model_runtime.executable.testing import tiny_executable
 from model_runtime.lowlevel import (
     AnchorCallbackPolicy as A,
-)
-from model_runtime.lowlevel import (
     AnchorWithPolicy,
     PopefDataUsagePolicy,
     ProgramsWithPolicy,
     SessionConfig,
     ring_size_multiplier_factory,
 )
-from model_runtime.lowlevel.predicate_factory import anchor_callbacks as ac
-from model_runtime.lowlevel.predicate_factory import popef_data_usage as pd
+from model_runtime.lowlevel.predicate_factory import anchor_callbacks as ac, popef_data_usage as pd
 
 EXE = tiny_executable()
 META = EXE.metadata
