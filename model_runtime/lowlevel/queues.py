@@ -25,6 +25,7 @@ session's loop, or in the enqueuing thread when outputs were already waiting for
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import threading
 from collections import deque
@@ -107,7 +108,7 @@ class _OutEntry:
     offset: int = 0
 
 
-class _Queue(Generic[D]):
+class _Queue(abc.ABC, Generic[D]):
     """What input and output queues share (seed ``IQueue``), and the producer's side."""
 
     def __init__(self, anchor: Anchor, num_buffers: int, timeout: float, kind: str) -> None:
@@ -149,8 +150,9 @@ class _Queue(Generic[D]):
         dropped, and ``enqueue`` raises until :meth:`reset`."""
         self._ring.invalidate()
 
+    @abc.abstractmethod
     def _new_data(self) -> D:
-        raise NotImplementedError
+        """A fresh buffer box for ``enqueue_lock`` (input or output data)."""
 
     def _rows(self, array: np.ndarray) -> np.ndarray:
         if self._axis is None:
