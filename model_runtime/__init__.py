@@ -28,6 +28,7 @@ from model_runtime.executable import (
     TensorInfo,
 )
 from model_runtime.io import DataDesc
+from model_runtime.logs import quiet_by_default
 from model_runtime.runner_config import ModelRunnerConfig
 
 if TYPE_CHECKING:  # real types for users' type checkers; imported lazily at run time
@@ -101,6 +102,8 @@ if TYPE_CHECKING:  # real types for users' type checkers; imported lazily at run
     from model_runtime.runner import (
         ModelRunner as ModelRunner,
     )
+
+quiet_by_default()
 
 __version__ = "0.1.0"
 

@@ -33,6 +33,9 @@ def test_readme_example_runs_as_written(index: int, tmp_path: Path) -> None:
         [sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr[-2000:]
+    # The library prints nothing the application did not ask for (logging is unconfigured).
+    assert done.stderr == "", done.stderr[-2000:]
+    assert "event=" not in done.stdout and "[info" not in done.stdout, done.stdout[-2000:]
 
 
 async def test_the_readme_fault_plan_loses_nothing_under_load(tmp_path: Path) -> None:

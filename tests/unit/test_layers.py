@@ -24,6 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
         "model_runtime.compiler",
         "model_runtime.io",
         "model_runtime.demo",
+        "model_runtime.logs",
     ),
     ("actors",),
     ("supervisor",),
