@@ -27,6 +27,7 @@ at fault: the caller (bad input), the file (bad executable), the machine (no dev
     │   └── SupervisorEscalationError      restarts passed the supervisor's intensity
     └── RunnerStoppedError                 the runner is stopped or draining; request not taken
         └── ModelUnavailableError          no replica of the model is in service right now
+            └── QueueFullError             the model's queue holds max_queue_size requests
 
 Errors raised by onnxruntime, the OS or safetensors are translated at the boundary where they
 happen (``raise ... from exc``), so callers only ever need to catch ``ModelRuntimeError``.
@@ -55,6 +56,7 @@ __all__ = [
     "ModelRuntimeError",
     "ModelUnavailableError",
     "PackageHashMismatchError",
+    "QueueFullError",
     "RecoverableRuntimeError",
     "RecoveryAction",
     "RunnerStoppedError",
@@ -181,3 +183,8 @@ class RunnerStoppedError(ModelRuntimeError):
 class ModelUnavailableError(RunnerStoppedError):
     """No replica of the model is in service now (each is out of service and being re-probed,
     or the model gave up); the request was not taken. ``__cause__`` is the last failure."""
+
+
+class QueueFullError(ModelUnavailableError):
+    """The model's queue already holds ``max_queue_size`` waiting requests: this one was
+    refused at once, before anything was queued (HTTP 503; retry later)."""

@@ -302,6 +302,10 @@ class ReplicaSet:
         self._next = best + 1 if best + 1 < n else 0
         return best
 
+    def waiting_requests(self) -> int:
+        """Requests waiting to be packed, over every replica's queue."""
+        return sum(q.waiting_requests for q in self.queues)
+
     def on_status(self, r: int, status: ReplicaStatus) -> None:
         """A replica out of service hands its unanswered requests to the others; one back in
         service takes requests again."""
@@ -329,6 +333,7 @@ class ReplicaSet:
                 t_submit=old.t_submit,
                 tried=old.tried | 1 << r,
                 waiting=True,  # a moved request is flushed as any other: it waited already
+                priority=old.priority,
             )
             try:
                 if self.closing:

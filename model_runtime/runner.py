@@ -33,6 +33,7 @@ from model_runtime.errors import (
     ExecutionTimeoutError,
     InputValidationError,
     ModelRuntimeError,
+    QueueFullError,
     RunnerStoppedError,
     SupervisorEscalationError,
 )
@@ -270,18 +271,22 @@ class ModelRunner:
         outputs: Mapping[str, np.ndarray] | None = None,
         replica_id: int | None = None,
         timeout: float | None = None,
+        priority: int = 0,
     ) -> dict[str, np.ndarray]:
         """Run the model on ``inputs`` and return its outputs (or fill ``outputs``).
 
-        ``timeout`` bounds the whole request (queue and compute), in seconds.
+        ``timeout`` bounds the whole request (queue and compute), in seconds. ``priority``:
+        waiting requests of a higher priority are packed into batches first, FIFO among
+        equals (0 is the default level; negative values wait behind it).
 
         Raises:
             InputValidationError: the inputs, outputs or replica_id do not fit the model.
+            QueueFullError: ``max_queue_size`` requests already wait (nothing was queued).
             RunnerStoppedError: the runner is not running.
             ExecutionTimeoutError: the request passed ``timeout``.
             RuntimeFailure: the device failed and recovery (per the config) did not help.
         """
-        return await self.execute_async(inputs, outputs, replica_id, timeout)
+        return await self.execute_async(inputs, outputs, replica_id, timeout, priority)
 
     def execute_async(
         self,
@@ -289,11 +294,12 @@ class ModelRunner:
         outputs: Mapping[str, np.ndarray] | None = None,
         replica_id: int | None = None,
         timeout: float | None = None,
+        priority: int = 0,
     ) -> Awaitable[dict[str, np.ndarray]]:
         """Submit a request now and return an awaitable of its outputs.
 
         Must be called on the runner's event loop. Raises at once (no awaitable) for the
-        errors ``execute`` documents as input errors or a stopped runner.
+        errors ``execute`` documents as input errors, a full queue or a stopped runner.
         """
         if not self._accepting:
             if self._failure is not None:
@@ -316,6 +322,12 @@ class ModelRunner:
             samples = meta.batch_size if first is None else arrays[first.name].shape[first.axis]
         replicas = self._replicas
         assert replicas is not None
+        limit = self.config.max_queue_size
+        if limit is not None and replicas.waiting_requests() >= limit:
+            raise QueueFullError(
+                f"model {meta.model_name!r}: {limit} requests already wait "
+                f"(max_queue_size {limit}); retry later"
+            )
         r = replicas.pick(replica_id)
         assert self._loop is not None
         future: asyncio.Future[dict[str, np.ndarray]] = self._loop.create_future()
@@ -327,6 +339,7 @@ class ModelRunner:
             outputs=outputs,
             deadline=deadline,
             t_submit=now,
+            priority=priority,
         )
         queue = replicas.queues[r]
         if self.config.flush_on_waiting_outputs:

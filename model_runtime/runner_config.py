@@ -85,6 +85,9 @@ class ModelRunnerConfig:
     #: to ``probe_backoff_cap``; it serves again once a probe batch runs.
     probe_backoff_initial: float = 1.0
     probe_backoff_cap: float = 10.0
+    #: Requests that may wait to be packed (over every replica) before a new one is refused at
+    #: once with QueueFullError; None: no limit.
+    max_queue_size: int | None = None
     #: Seconds ``close()`` waits for in-flight requests before answering the rest with
     #: RunnerStoppedError.
     drain_timeout: float = 30.0
@@ -107,6 +110,8 @@ class ModelRunnerConfig:
             raise ConfigurationError("ring_buffer_size_multiplier must be >= 1")
         if self.max_retries < 0:
             raise ConfigurationError(f"max_retries must be >= 0, got {self.max_retries}")
+        if self.max_queue_size is not None and self.max_queue_size < 1:
+            raise ConfigurationError(f"max_queue_size must be >= 1, got {self.max_queue_size}")
         if self.max_failed_recoveries < 1:
             raise ConfigurationError(
                 f"max_failed_recoveries must be >= 1, got {self.max_failed_recoveries}"

@@ -316,7 +316,11 @@ class Queue(Actor[QueueMessage]):
         before = self._pending_rows
         after = self._pending_rows = before + n
         self._rows_in += n
-        self._pending.append(req)
+        pending = self._pending
+        if not pending or pending[-1].priority >= req.priority:
+            pending.append(req)  # the common case: one level, FIFO
+        else:
+            self._insert_by_priority(req)
         if after >= self.layout.capacity:
             if len(self._outstanding) < self._max_outstanding:
                 self._pump()
@@ -329,6 +333,22 @@ class Queue(Actor[QueueMessage]):
         elif before:
             return
         self._kick()
+
+    def _insert_by_priority(self, req: Request) -> None:
+        """Queue ``req`` after every request of its priority or higher, before the lower ones
+        (never before a request whose rows are already being packed)."""
+        pending = self._pending
+        i = len(pending)
+        while i > 0 and pending[i - 1].priority < req.priority:
+            i -= 1
+        if i == 0 and pending and pending[0]._taken:
+            i = 1
+        pending.insert(i, req)
+
+    @property
+    def waiting_requests(self) -> int:
+        """Requests queued and not yet packed into a batch (what ``max_queue_size`` bounds)."""
+        return len(self._pending)
 
     def _close(self, closed: tuple[int, int]) -> None:
         self._pending_samples -= closed[0]

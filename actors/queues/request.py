@@ -34,6 +34,8 @@ class Request:
     #: Its caller waits for the outputs (awaits them); with ``flush_on_waiting_outputs`` only
     #: such a request's rows make a partial batch flush on timeout.
     waiting: bool = True
+    #: Higher is packed first; FIFO among equals (0: the default level).
+    priority: int = 0
     # -- queue bookkeeping (private) --------------------------------------------------------
     #: rows assigned to batches so far (the next row to pack)
     _taken: int = field(default=0, init=False, repr=False)

@@ -17,6 +17,7 @@ from model_runtime.blocking import BlockingModelRunner
 from model_runtime.errors import (
     ExecutionTimeoutError,
     InputValidationError,
+    QueueFullError,
     RunnerStoppedError,
 )
 from model_runtime.runner import ModelRunner, ModelRunnerConfig
@@ -401,3 +402,29 @@ async def test_output_buffers_of_whole_batches_are_written_by_the_device(
     assert len(seen) == n // 4 and all(np.shares_memory(v, mine) for v in seen)
     assert other["logits"] is partial
     np.testing.assert_allclose(partial, ref({"x": partial_x})["logits"], rtol=1e-4, atol=1e-5)
+
+
+async def test_max_queue_size_refuses_at_once_and_the_queue_carries_on(
+    mlp: tuple[Path, Reference],
+) -> None:
+    """Beyond max_queue_size waiting requests a new one gets QueueFullError at once (nothing
+    queued); the waiting ones are answered and later requests are taken again."""
+    path, ref = mlp
+    clock = FakeClock()
+    config = ModelRunnerConfig(batching_dim=0, timeout=10.0, max_queue_size=2)
+    async with ModelRunner(path, config, clock=clock) as runner:
+        waiting = [runner.execute_async({"x": rows(1, seed=s)}) for s in range(2)]
+        with pytest.raises(QueueFullError, match="max_queue_size 2"):
+            runner.execute_async({"x": rows(1, seed=9)})
+        clock.advance(10.0)  # the partial batch flushes
+        for s, w in enumerate(waiting):
+            got = await within(w)
+            want = ref({"x": rows(1, seed=s)})["logits"]
+            np.testing.assert_allclose(got["logits"], want, rtol=1e-4, atol=1e-5)
+        x = rows(4, seed=3)
+        np.testing.assert_allclose(
+            (await within(runner.execute({"x": x})))["logits"],
+            ref({"x": x})["logits"],
+            rtol=1e-4,
+            atol=1e-5,
+        )

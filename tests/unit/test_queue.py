@@ -463,3 +463,25 @@ async def test_ring_size_and_look_ahead_bound_the_batches_prepared(
             assert len(session.held) <= held
         for r in reqs:
             check(r.future.result(), r.inputs["x"])
+
+
+async def test_higher_priority_requests_are_packed_first_fifo_within_a_level() -> None:
+    queue = make_queue(metadata(B), batching_dim=0, timeout=0, ring_buffer_size_multiplier=1)
+    async with running(queue, hold=True) as (ref, session):
+        first = submit(ref, request(rows(B), B))  # takes the only buffer
+        await settle()
+        order = [("low", -1), ("a", 0), ("urgent", 5), ("b", 0), ("high", 2), ("urgent2", 5)]
+        reqs = {}
+        for name, priority in order:
+            req = request(rows(B), B)
+            req.priority = priority
+            reqs[name] = submit(ref, req)
+        await settle()
+        packed: list[str] = []
+        while len(packed) < len(order):
+            session.release()
+            await settle()
+            done = [n for n, r in reqs.items() if r.future.done() and n not in packed]
+            packed.extend(done)
+        assert first.future.done()
+        assert packed == ["urgent", "urgent2", "high", "a", "b", "low"]
