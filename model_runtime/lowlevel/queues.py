@@ -150,6 +150,27 @@ class _Queue(abc.ABC, Generic[D]):
         dropped, and ``enqueue`` raises until :meth:`reset`."""
         self._ring.invalidate()
 
+    async def enqueue_lock(self, *, timeout: float | None = None) -> D:
+        """Lock a buffer for writing and return it to fill (an :class:`InputData` or an
+        :class:`OutputData`); waits for a free one at most ``timeout`` seconds (default: the
+        queue's timeout). One buffer is locked at a time: while one is, this returns it again.
+
+        Raises:
+            QueueTimeoutError: no free buffer in time.
+            QueueDisconnectedError: the queue is disconnected.
+        """
+        return await self._lock(timeout)
+
+    def enqueue_lock_blocking(self, *, timeout: float | None = None) -> D:
+        """:meth:`enqueue_lock` for a producer thread.
+
+        Raises:
+            QueueTimeoutError: no free buffer in time.
+            QueueDisconnectedError: the queue is disconnected.
+            DeviceStateError: called on an event loop's thread (await :meth:`enqueue_lock`).
+        """
+        return self._lock_blocking(timeout)
+
     @abc.abstractmethod
     def _new_data(self) -> D:
         """A fresh buffer box for ``enqueue_lock`` (input or output data)."""
@@ -341,27 +362,6 @@ class InputQueue(_Queue[InputData]):
         self._put_blocking(_InEntry(rows, read_start_callback, read_complete_callback), timeout)
         self._count = (self._count + rows.shape[0]) % self._rows_per_element
 
-    async def enqueue_lock(self, *, timeout: float | None = None) -> InputData:
-        """Lock a buffer for writing and return it to fill; waits for a free one at most
-        ``timeout`` seconds (default: the queue's timeout). One buffer is locked at a time:
-        while one is, this returns that same :class:`InputData`.
-
-        Raises:
-            QueueTimeoutError: no free buffer in time.
-            QueueDisconnectedError: the queue is disconnected.
-        """
-        return await self._lock(timeout)
-
-    def enqueue_lock_blocking(self, *, timeout: float | None = None) -> InputData:
-        """:meth:`enqueue_lock` for a producer thread.
-
-        Raises:
-            QueueTimeoutError: no free buffer in time.
-            QueueDisconnectedError: the queue is disconnected.
-            DeviceStateError: called on an event loop's thread (await :meth:`enqueue_lock`).
-        """
-        return self._lock_blocking(timeout)
-
     def enqueue_complete(self) -> None:
         """Queue the locked :class:`InputData` and unlock it; the next lock is a new buffer.
 
@@ -537,27 +537,6 @@ class OutputQueue(_Queue[OutputData]):
         rows = self._validated_output(output)
         self._put_blocking(_OutEntry(rows, rows.shape[0], write_complete_callback), timeout)
         self._enqueued(rows)
-
-    async def enqueue_lock(self, *, timeout: float | None = None) -> OutputData:
-        """Lock a buffer for writing and return it to fill; waits for a free one at most
-        ``timeout`` seconds (default: the queue's timeout). One buffer is locked at a time:
-        while one is, this returns that same :class:`OutputData`.
-
-        Raises:
-            QueueTimeoutError: no free buffer in time.
-            QueueDisconnectedError: the queue is disconnected.
-        """
-        return await self._lock(timeout)
-
-    def enqueue_lock_blocking(self, *, timeout: float | None = None) -> OutputData:
-        """:meth:`enqueue_lock` for a producer thread.
-
-        Raises:
-            QueueTimeoutError: no free buffer in time.
-            QueueDisconnectedError: the queue is disconnected.
-            DeviceStateError: called on an event loop's thread (await :meth:`enqueue_lock`).
-        """
-        return self._lock_blocking(timeout)
 
     def enqueue_complete(self) -> None:
         """Queue the locked :class:`OutputData` and unlock it; the next lock is a new buffer.
