@@ -41,7 +41,7 @@ from actors.queues.messages import (
 from actors.queues.packing import take
 from actors.queues.pool import Layout, RingPool
 from actors.queues.request import Request
-from actors.queues.routing import fail_batch, route_outputs
+from actors.queues.routing import fail_batch, fail_requests, route_outputs
 from actors.queues.stats import QueueStats, TraceRecorder
 from actors.queues.timer import FlushTimer
 from model_runtime.errors import ActorStoppedError, ApplicationRuntimeError, RunnerStoppedError
@@ -281,15 +281,7 @@ class Queue(Actor[QueueMessage]):
         t_end: float,
     ) -> None:
         """Answer a bisected batch: the rejected requests their error, the rest their rows."""
-        closed_samples = closed = 0
-        for req, error in rejected:
-            if not req.future.done():
-                req.future.set_exception(error)
-            if req._open:
-                req._open = False
-                closed_samples += req.samples
-                closed += 1
-        self._close((closed_samples, closed))
+        self._close(fail_requests(rejected))
         submits: list[float] = []
         packed: list[float] = []
         for part, outputs in parts:

@@ -7,7 +7,7 @@ answered, or when it is found gone (its future done) with rows still in a batch.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -15,7 +15,7 @@ from actors.queues.batch import Batch
 from actors.queues.pool import Layout, rows_view
 from actors.queues.request import Request
 
-__all__ = ["fail_batch", "route_outputs"]
+__all__ = ["fail_batch", "fail_requests", "route_outputs"]
 
 
 def _views(
@@ -149,9 +149,13 @@ def _route_padding(
 
 def fail_batch(batch: Batch, error: BaseException) -> tuple[int, int]:
     """Fail every request with rows in ``batch`` that is not answered yet, once."""
+    return fail_requests((seg[0], error) for seg in batch.segments)
+
+
+def fail_requests(failures: Iterable[tuple[Request, BaseException]]) -> tuple[int, int]:
+    """Answer each request not answered yet with its error; close each once."""
     closed_samples = closed = 0
-    for seg in batch.segments:
-        req = seg[0]
+    for req, error in failures:
         if not req.future.done():
             req.future.set_exception(error)
         if req._open:
