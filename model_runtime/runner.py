@@ -371,8 +371,12 @@ class ModelRunner:
     ) -> dict[str, np.ndarray]:
         if wake is not None:
             wake()
-        async with move_on_after(self._clock, timeout):
-            return await asyncio.shield(future)
+        try:
+            async with move_on_after(self._clock, timeout):
+                return await asyncio.shield(future)
+        except BaseException:
+            future.cancel()  # the caller went away (cancelled): its rows never run
+            raise
         future.cancel()
         raise ExecutionTimeoutError(f"request did not complete within {timeout} s")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Awaitable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -428,3 +429,24 @@ async def test_max_queue_size_refuses_at_once_and_the_queue_carries_on(
             rtol=1e-4,
             atol=1e-5,
         )
+
+
+@pytest.mark.parametrize("timeout", [None, 30.0])
+async def test_a_caller_that_goes_away_before_packing_costs_no_device_run(
+    mlp: tuple[Path, Reference], timeout: float | None
+) -> None:
+    """Cancelled while waiting (a client that disconnected), with or without a per-request
+    timeout: its rows are dropped before they reach a device."""
+    path, _ = mlp
+    clock = FakeClock()
+    config = ModelRunnerConfig(batching_dim=0, timeout=1.0)
+    async with ModelRunner(path, config, clock=clock) as runner:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(partial(runner.execute, {"x": rows(1, seed=1)}, timeout=timeout))
+            await anyio.wait_all_tasks_blocked()
+            tg.cancel_scope.cancel()
+        clock.advance(2.0)
+        await anyio.wait_all_tasks_blocked()
+        state = runner.replica_states()[0]
+        assert state.runs == 0 and not state.inflight
+        assert runner._replicas is not None and runner._replicas.queues[0].pending_samples == 0
