@@ -8,7 +8,8 @@ at fault: the caller (bad input), the file (bad executable), the machine (no dev
     ├── ConfigurationError                 bad configuration value (env var, config file, option)
     │   └── FaultPlanError                 a fault plan string or rule that does not parse
     ├── InvalidExecutableError             the .mrx file(s) are not a valid executable
-    │   └── PackageHashMismatchError       the stored package hash does not match the contents
+    │   ├── PackageHashMismatchError       the stored package hash does not match the contents
+    │   └── ResourceLimitError             the memory it implies is over the allocation limit
     ├── CompileError                       an ONNX model cannot be compiled into an executable
     │   └── CustomOpError                  a custom op library is missing, not allowed or broken
     ├── InputValidationError               a caller's inputs/outputs do not fit the model
@@ -59,6 +60,7 @@ __all__ = [
     "QueueFullError",
     "RecoverableRuntimeError",
     "RecoveryAction",
+    "ResourceLimitError",
     "RunnerStoppedError",
     "RuntimeFailure",
     "SupervisorEscalationError",
@@ -93,6 +95,20 @@ class InvalidExecutableError(ModelRuntimeError):
 
 class PackageHashMismatchError(InvalidExecutableError):
     """The package hash stored in the executable does not match its contents."""
+
+
+class ResourceLimitError(InvalidExecutableError):
+    """Loading or starting the executable would allocate more memory than the configured limit
+    (``--max_allocation_bytes`` in ``MODEL_RUNTIME_FLAGS``); nothing was allocated. ``needed``
+    and ``limit`` are in bytes. The file may be intact: its metadata asks for too much here."""
+
+    def __init__(self, message: str, *, needed: int = 0, limit: int = 0) -> None:
+        super().__init__(message)
+        self.needed = needed
+        self.limit = limit
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self),), {"needed": self.needed, "limit": self.limit})
 
 
 class CompileError(ModelRuntimeError):

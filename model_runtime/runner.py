@@ -38,6 +38,7 @@ from model_runtime.errors import (
     SupervisorEscalationError,
 )
 from model_runtime.executable import Executable
+from model_runtime.executable.limits import check_allocation
 from model_runtime.io import (
     DataDesc,
     describe_anchor,
@@ -155,6 +156,14 @@ class ModelRunner:
             )
             self._exe = exe
         meta = exe.metadata
+        # What the metadata implies (pools, outputs, device copies) is checked before anything
+        # is allocated: a sealed file with absurd iterations is refused, not an OOM.
+        check_allocation(
+            meta,
+            cfg.ring_buffer_size_multiplier,
+            replicas=cfg.replication_factor,
+            tensor_bytes=exe.total_tensor_bytes(),
+        )
         where = f"model {meta.model_name!r}"
         self._in_shapes = request_shapes(meta.user_inputs, cfg.batching_dim, where=where)
         self._out_shapes = request_shapes(meta.execute_outputs, cfg.batching_dim, where=where)

@@ -6,6 +6,13 @@ Tensors are the weights, the variables' initial values and the program payloads 
 field blank) and every tensor (name, dtype, shape, bytes) in name order.
 
 Files are data only: nothing in them is ever imported, unpickled or executed as Python.
+
+A loaded executable does not depend on its files: :meth:`Executable.load` reads every tensor
+into private memory (see :mod:`.safetensors_io` for why, and what it costs) and verifies the
+package hash over exactly those bytes, so a file rewritten, truncated or deleted afterwards
+changes nothing, device resets included (they reload from the ``Executable``, not the file),
+until an explicit :meth:`Executable.load` reads and verifies the file again. Before reading, the
+bytes the tensors will take are checked against the allocation limit (:mod:`.limits`).
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import hashlib
 import json
 import os
 from collections.abc import Iterable, Mapping
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +29,9 @@ import numpy as np
 
 from model_runtime.errors import InvalidExecutableError, PackageHashMismatchError
 from model_runtime.executable.codec import metadata_from_json, metadata_to_json
+from model_runtime.executable.limits import check_bytes
 from model_runtime.executable.model import ExecutableMetadata, Program
-from model_runtime.executable.safetensors_io import read_safetensors, write_safetensors
+from model_runtime.executable.safetensors_io import open_safetensors, write_safetensors
 
 __all__ = ["METADATA_KEY", "Executable", "compute_package_hash"]
 
@@ -34,7 +43,7 @@ def compute_package_hash(metadata: ExecutableMetadata, tensors: Mapping[str, np.
     """SHA-256 (hex) over the metadata (hash field excluded) and every tensor.
 
     Raises:
-        OSError: reading memory-mapped tensor data failed.
+        nothing (tensors are in memory).
     """
     h = hashlib.sha256()
     h.update(metadata_to_json(metadata, include_hash=False).encode())
@@ -84,16 +93,28 @@ class Executable:
 
     @classmethod
     def load(
-        cls, path_or_paths: PathLike | Iterable[PathLike], check_package_hash: bool = True
+        cls,
+        path_or_paths: PathLike | Iterable[PathLike],
+        check_package_hash: bool = True,
+        *,
+        limit_bytes: int | None = None,
     ) -> Executable:
         """Load an executable from one file, or assemble it from several.
 
         With several files, exactly one carries the metadata; the tensors of all are merged
-        (a tensor name may appear in only one file). Tensor data is memory-mapped.
+        (a tensor name may appear in only one file). Headers and metadata are checked first;
+        then, if the tensors fit ``limit_bytes`` (``None``: the configured allocation limit,
+        see :mod:`.limits`), they are read into private memory and the hash is verified over
+        what was read. The files are closed on return: nothing loaded depends on them.
 
         Raises:
-            InvalidExecutableError: a file is missing, malformed or inconsistent.
+            InvalidExecutableError: a file is missing, malformed or inconsistent, or changed
+                while being read.
+            ResourceLimitError: the tensors are bigger than the allocation limit (nothing
+                large was allocated).
             PackageHashMismatchError: the contents do not match the stored hash.
+            ConfigurationError: no ``limit_bytes`` given and ``MODEL_RUNTIME_FLAGS`` does not
+                parse.
         """
         from model_runtime.executable.validate import validate_programs, validate_structure
 
@@ -107,22 +128,34 @@ class Executable:
         where = ", ".join(str(p) for p in paths)
         metadata: ExecutableMetadata | None = None
         tensors: dict[str, np.ndarray] = {}
-        for path in paths:
-            header_meta, file_tensors = read_safetensors(path)
-            doc = header_meta.get(METADATA_KEY)
-            if doc is not None:
-                if metadata is not None:
-                    raise InvalidExecutableError(f"{where}: more than one file carries metadata")
-                metadata = metadata_from_json(doc, where=str(path))
-            for name, arr in file_tensors.items():
-                if name in tensors:
-                    raise InvalidExecutableError(f"{where}: tensor {name!r} is in two files")
-                tensors[name] = arr
-        if metadata is None:
-            raise InvalidExecutableError(f"{where}: no file carries executable metadata")
+        with ExitStack() as stack:
+            files = [stack.enter_context(open_safetensors(path)) for path in paths]
+            names: set[str] = set()
+            for f in files:
+                doc = f.metadata.get(METADATA_KEY)
+                if doc is not None:
+                    if metadata is not None:
+                        raise InvalidExecutableError(
+                            f"{where}: more than one file carries metadata"
+                        )
+                    metadata = metadata_from_json(doc, where=str(f.path))
+                for name in f.tensor_names:
+                    if name in names:
+                        raise InvalidExecutableError(f"{where}: tensor {name!r} is in two files")
+                    names.add(name)
+            if metadata is None:
+                raise InvalidExecutableError(f"{where}: no file carries executable metadata")
+            check_bytes(
+                sum(f.data_bytes for f in files),
+                what=f"{where}: loading the tensors",
+                limit_bytes=limit_bytes,
+            )
+            for f in files:
+                tensors.update(f.read_tensors())
         validate_structure(metadata, tensors, where=where)
         # The hash before the ONNX parse: a tampered payload is reported as tampering, and the
         # protobuf parser only sees bytes the writer sealed (unless the caller opted out).
+        # It covers the private copy, so what was verified is exactly what will run.
         if check_package_hash:
             actual = compute_package_hash(metadata, tensors)
             if actual != metadata.package_hash:
@@ -185,7 +218,7 @@ class Executable:
         return tuple(self._tensors)
 
     def tensor(self, name: str) -> np.ndarray:
-        """The stored data of tensor ``name`` (read-only; memory-mapped when loaded).
+        """The stored data of tensor ``name`` (read-only; private memory when loaded).
 
         Raises:
             KeyError: no such tensor.

@@ -1,33 +1,45 @@
-"""Reading and writing the safetensors container, memory-mapped and defensive.
+"""Reading and writing the safetensors container, defensive, into private memory.
 
 Writing goes through the ``safetensors`` library, atomically (temp file in the same folder, fsync,
 rename). Reading parses the header itself, with a size cap, a strict UTF-8/JSON decode that
-rejects duplicate keys and non-finite numbers, and checks every offset before mapping, so a
+rejects duplicate keys and non-finite numbers, and checks every offset before reading, so a
 hostile or truncated file raises :class:`InvalidExecutableError` without allocating anything
 large. The data section must be covered exactly by the tensors (no overlaps, no gaps, no trailing
 bytes): bytes that belong to no tensor would escape the package hash.
 
-Tensor data is a read-only view of ONE ``mmap`` of the file (one file descriptor per file, not
-one per tensor), never copied.
+Loading is two steps through one descriptor: :func:`open_safetensors` reads and checks the
+header (the caller learns ``data_bytes`` and can refuse before allocating, see
+:mod:`.limits`), then :meth:`SafetensorsFile.read_tensors` reads the whole data section into ONE
+private buffer and returns read-only views of it (one allocation per file, no copy per tensor).
 
-A file replaced on disk after load: the mapping keeps the inode it was opened with, so an atomic
-replacement (write elsewhere, then rename over the path; what :func:`write_safetensors` and every
-runtime writer does), or a deletion, leaves a loaded executable intact and unchanged. A file that
-another program rewrites *in place* is not protected: same-size rewrites show through the shared
-mapping, and truncation makes later reads of the vanished pages fail with SIGBUS. Guarding
-against that would mean copying every tensor on load, which this format exists to avoid.
+Why a private copy and not a memory map of the file: a loaded model must not depend on its file
+(DESIGN.md §4). A shared map shows every in-place rewrite of the file (wrong answers after the
+next device reset, which reloads from the executable) and turns a truncation into SIGBUS on the
+next read of a vanished page, killing the process. ``MAP_PRIVATE`` does not help: pages not yet
+copied-on-write still come from the file, so truncation still raises SIGBUS. Once read, the data
+is the process's own: the file may be rewritten, truncated or deleted (its disk space is freed at
+once, no map keeps the inode alive) and nothing changes until an explicit reload, which reads and
+verifies the file again. It also closes a gap: the package hash is computed over exactly the bytes
+that will run, not over file pages that could change between the check and their use.
+
+The cost: the tensors are resident anonymous memory (about the file's size per loaded
+executable, shared by all its replicas and resets) instead of page cache that the kernel could
+share with other processes and evict. Loading reads every byte once, as the hash check did
+already. Models here are ONNX programs whose weights the device backend copies anyway, so the
+extra resident memory is one more copy of the weights, bounded by the allocation limit.
 """
 
 from __future__ import annotations
 
+import io
 import json
-import mmap
 import os
 import stat
 import struct
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from types import TracebackType
 from typing import Any, NoReturn
 
 import numpy as np
@@ -35,7 +47,14 @@ from safetensors.numpy import save_file
 
 from model_runtime.errors import InvalidExecutableError
 
-__all__ = ["MAX_HEADER_BYTES", "MAX_RANK", "read_safetensors", "write_safetensors"]
+__all__ = [
+    "MAX_HEADER_BYTES",
+    "MAX_RANK",
+    "SafetensorsFile",
+    "open_safetensors",
+    "read_safetensors",
+    "write_safetensors",
+]
 
 #: The header is JSON describing tensors; 16 MiB is far beyond any real executable (a model
 #: with thousands of tensors and a large metadata document needs well under 1 MiB).
@@ -123,40 +142,145 @@ def parse_json_strict(raw: bytes | str, *, where: str, what: str) -> Any:
         raise InvalidExecutableError(f"{where}: {what} is not valid JSON: {exc}") from None
 
 
-def _read_header(path: Path, where: str) -> tuple[int, bytes, mmap.mmap | None]:
-    """Return (file size, header bytes, mapping of the whole file) read through one descriptor."""
+def _read_exactly(f: io.FileIO, into: memoryview, where: str, what: str) -> None:
+    got = 0
+    while got < len(into):
+        n = f.readinto(into[got:])
+        if not n:
+            raise InvalidExecutableError(
+                f"{where}: file ended while reading the {what} (truncated or changed during load)"
+            )
+        got += n
+
+
+def _open(path: Path, where: str) -> tuple[io.FileIO, int, bytes]:
+    """Open ``path`` and read its header: (unbuffered file, size, header bytes)."""
     try:
         # A FIFO or device would block or never end; only regular files are executables.
         if not stat.S_ISREG(path.stat().st_mode):
             raise InvalidExecutableError(f"{where}: not a regular file")
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            prefix = f.read(8)
-            if len(prefix) < 8:
-                raise InvalidExecutableError(f"{where}: truncated: {size} bytes, no header")
-            (header_len,) = struct.unpack("<Q", prefix)
-            if header_len < 2 or header_len > MAX_HEADER_BYTES or header_len > size - 8:
-                raise InvalidExecutableError(
-                    f"{where}: not an executable (bad magic/header length {header_len} "
-                    f"in a file of {size} bytes; truncated or not safetensors)"
-                )
-            raw = f.read(header_len)
-            if len(raw) != header_len:
-                raise InvalidExecutableError(f"{where}: truncated while reading the header")
-            # mmap keeps its own duplicate of the descriptor, so closing f is fine.
-            mm = (
-                mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size > 8 + header_len else None
-            )
-            if mm is not None and len(mm) != size:
-                mm.close()
-                raise InvalidExecutableError(f"{where}: file changed size while being opened")
-            return size, raw, mm
+        f = open(path, "rb", buffering=0)  # noqa: SIM115 (closed by the caller)
     except FileNotFoundError:
         raise InvalidExecutableError(f"{where}: no such file") from None
     except IsADirectoryError:
         raise InvalidExecutableError(f"{where}: is a directory") from None
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
         raise InvalidExecutableError(f"{where}: cannot read: {exc}") from exc
+    try:
+        size = os.fstat(f.fileno()).st_size
+        if size < 8:
+            raise InvalidExecutableError(f"{where}: truncated: {size} bytes, no header")
+        prefix = bytearray(8)
+        _read_exactly(f, memoryview(prefix), where, "header length")
+        (header_len,) = struct.unpack("<Q", prefix)
+        if header_len < 2 or header_len > MAX_HEADER_BYTES or header_len > size - 8:
+            raise InvalidExecutableError(
+                f"{where}: not an executable (bad magic/header length {header_len} "
+                f"in a file of {size} bytes; truncated or not safetensors)"
+            )
+        raw = bytearray(header_len)
+        _read_exactly(f, memoryview(raw), where, "header")
+        return f, size, bytes(raw)
+    except BaseException as exc:
+        f.close()
+        if isinstance(exc, OSError):
+            raise InvalidExecutableError(f"{where}: cannot read: {exc}") from exc
+        raise
+
+
+class SafetensorsFile:
+    """An open safetensors file whose header has been read and checked; data not read yet.
+
+    Close it (or use it as a context manager) when done; :meth:`read_tensors` reads the data
+    through the descriptor the header came from.
+    """
+
+    __slots__ = ("_entries", "_file", "data_bytes", "data_start", "metadata", "path", "size")
+
+    def __init__(self, path: Path) -> None:
+        """Open ``path`` and check its header against the file.
+
+        Raises:
+            InvalidExecutableError: the file is missing, not a regular file, truncated, or its
+                header is not a valid safetensors header for this file.
+        """
+        where = str(path)
+        f, size, raw = _open(path, where)
+        try:
+            entries, meta_raw, data_start = _parse_header(where, raw, size)
+        except BaseException:
+            f.close()
+            raise
+        self.path = path
+        self.size = size
+        #: the ``__metadata__`` strings of the header
+        self.metadata = meta_raw
+        self.data_start = data_start
+        #: bytes :meth:`read_tensors` allocates (the data section)
+        self.data_bytes = size - data_start
+        self._entries = entries
+        self._file: io.FileIO | None = f
+
+    @property
+    def tensor_names(self) -> tuple[str, ...]:
+        return tuple(e[2] for e in self._entries)
+
+    def read_tensors(self) -> dict[str, np.ndarray]:
+        """Read the data section into one private buffer; return read-only views of it.
+
+        Raises:
+            InvalidExecutableError: the file was closed, or it shrank or grew while being read
+                (changed during load).
+        """
+        where = str(self.path)
+        f = self._file
+        if f is None:
+            raise InvalidExecutableError(f"{where}: read after close")
+        buffer = np.empty(self.data_bytes, np.uint8)
+        try:
+            f.seek(self.data_start)
+            _read_exactly(f, buffer.data, where, "tensor data")
+            if os.fstat(f.fileno()).st_size != self.size:
+                raise InvalidExecutableError(f"{where}: file changed size while being read")
+        except OSError as exc:
+            raise InvalidExecutableError(f"{where}: cannot read: {exc}") from exc
+        # Read-only, and views of a read-only base cannot be made writeable again.
+        buffer.flags.writeable = False
+        tensors: dict[str, np.ndarray] = {}
+        for begin, end, name, dtype, shape in self._entries:
+            if end == begin:
+                arr = np.zeros(shape, dtype)
+                arr.flags.writeable = False
+            else:
+                count = (end - begin) // dtype.itemsize
+                arr = np.frombuffer(buffer, dtype=dtype, count=count, offset=begin).reshape(shape)
+            tensors[name] = arr
+        return tensors
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> SafetensorsFile:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def open_safetensors(path: Path) -> SafetensorsFile:
+    """Open ``path`` and check its header (see :class:`SafetensorsFile`).
+
+    Raises:
+        InvalidExecutableError: as :class:`SafetensorsFile`.
+    """
+    return SafetensorsFile(path)
 
 
 def _entry(where: str, name: str, info: Any, data_len: int) -> _Entry:
@@ -198,32 +322,16 @@ def _entry(where: str, name: str, info: Any, data_len: int) -> _Entry:
 
 
 def read_safetensors(path: Path) -> tuple[dict[str, str], dict[str, np.ndarray]]:
-    """Return ``(metadata, tensors)`` of a safetensors file; tensors are read-only mmap views.
+    """Return ``(metadata, tensors)`` of a safetensors file; tensors are read-only views of one
+    private buffer (the file is closed on return and may change freely afterwards).
 
     Raises:
         InvalidExecutableError: the file is missing, not a regular file, truncated, or not a
             valid safetensors file (bad header length, JSON, dtype, shape or offsets; data
             not covered exactly by the tensors).
     """
-    where = str(path)
-    size, raw, mm = _read_header(path, where)
-    try:
-        entries, meta_raw, data_start = _parse_header(where, raw, size)
-    except BaseException:
-        if mm is not None:
-            mm.close()
-        raise
-    tensors: dict[str, np.ndarray] = {}
-    for begin, end, name, dtype, shape in entries:
-        if end == begin or mm is None:
-            arr = np.zeros(shape, dtype)
-            arr.flags.writeable = False
-        else:
-            count = (end - begin) // dtype.itemsize
-            arr = np.frombuffer(mm, dtype=dtype, count=count, offset=data_start + begin)
-            arr = arr.reshape(shape)
-        tensors[name] = arr
-    return meta_raw, tensors
+    with open_safetensors(path) as f:
+        return f.metadata, f.read_tensors()
 
 
 def _parse_header(where: str, raw: bytes, size: int) -> tuple[list[_Entry], dict[str, str], int]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import struct
 import time
@@ -88,15 +87,23 @@ def test_round_trip_split_files_assemble_on_load(tmp_path: Path) -> None:
         Executable.load(prog)
 
 
-def test_loaded_tensors_are_read_only_views_of_one_file_mapping(good: Path) -> None:
+def test_loaded_tensors_are_read_only_views_of_one_private_buffer(good: Path) -> None:
+    # Private memory, not a map of the file (a file changed in place must not show through,
+    # see tests/integration/test_file_changes.py); one buffer per file, no copy per tensor.
     loaded = Executable.load(good)
+    bases = set()
     for name in loaded.tensor_names:
         arr = loaded.tensor(name)
         assert not arr.flags.writeable
+        with pytest.raises(ValueError, match="WRITEABLE"):
+            arr.flags.writeable = True
         base: Any = arr
-        while isinstance(base, np.ndarray | memoryview):
-            base = base.obj if isinstance(base, memoryview) else base.base
-        assert isinstance(base, mmap.mmap), f"tensor {name} was copied"
+        while isinstance(base, np.ndarray) and base.base is not None:
+            base = base.base
+        assert isinstance(base, np.ndarray), f"tensor {name} lives in {type(base)}, not ours"
+        assert not base.flags.writeable
+        bases.add(id(base))
+    assert len(bases) == 1
 
 
 def test_file_replaced_or_deleted_after_load_keeps_the_loaded_data(tmp_path: Path) -> None:
