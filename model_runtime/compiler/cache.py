@@ -22,6 +22,7 @@ import onnx
 import onnxruntime as ort
 import structlog
 
+from model_runtime.compiler.lower import LAYOUT
 from model_runtime.compiler.options import CompileOptions
 from model_runtime.errors import ConfigurationError, InvalidExecutableError
 from model_runtime.executable.container import Executable
@@ -39,13 +40,16 @@ def cache_key(model_sha256: str, options: CompileOptions, custom_ops: str = "") 
 
     ``custom_ops`` is the fingerprint of the custom op libraries the model uses (their hashes).
     The onnxruntime and onnx versions are part of it: the optimised graph they produce (fused
-    and contrib ops) may not load on another onnxruntime.
+    and contrib ops) may not load on another onnxruntime. So is the compiler's program layout
+    (:data:`~model_runtime.compiler.lower.LAYOUT`): an executable cached in an older layout
+    still loads, but is compiled again rather than served slower.
     """
     doc = {
         "model_sha256": model_sha256,
         "options": options.canonical(),
         "target": asdict(options.device_target),
         "format_version": FORMAT_VERSION,
+        "layout": LAYOUT,
         "onnxruntime": ort.__version__,
         "onnx": onnx.__version__,
         "custom_ops": custom_ops,

@@ -2,7 +2,8 @@
 
 The passes, in order: load and check (:mod:`.source`), prepare variables and fix the batch
 (:mod:`.rebatch`), run the graph to learn output shapes and prove the re-batching
-(:mod:`.verify`), optimise offline (:mod:`.optimize`), lift weights and seal (:mod:`.lower`).
+(:mod:`.verify`), optimise offline (:mod:`.optimize`), move the weights' bytes into anchors
+(they stay constants of the graph) and seal (:mod:`.lower`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,17 @@
 """Lowering the optimised graph into an executable: weights out, anchors and programs in.
 
-The main program's graph takes user inputs, weights and variables as graph inputs; devices bind
-weights once at load and feed only user inputs per run. Small integer constants (shapes, axes,
-indices, pads) stay inside the payload: they are structure, onnxruntime needs them constant to
-plan the graph, and they are not worth an anchor.
+The main program's graph takes user inputs and variables as graph inputs. Weights stay
+initializers of the graph -- constants, so onnxruntime at load constant-folds them, prepacks
+them for its kernels and applies the device's layout transformations, as it would on the source
+model -- but their bytes leave the payload: each becomes a weight anchor whose data is an
+executable tensor, and its initializer in the payload is only a stub marked as external data at
+:data:`~model_runtime.executable.validate.WEIGHT_DATA_LOCATION` (never a file; a device supplies
+the anchor's tensor when it creates its session). Variables stay graph inputs and outputs: they
+change between runs and are uploaded, aliased and saved by the program flow.
+
+Small integer constants (shapes, axes, indices, pads) and scalars stay inside the payload with
+their data: they are structure, onnxruntime needs them constant to plan the graph, and they are
+not worth an anchor.
 """
 
 from __future__ import annotations
@@ -33,8 +41,13 @@ from model_runtime.executable.model import (
     ProgramKind,
     TensorInfo,
 )
+from model_runtime.executable.validate import WEIGHT_DATA_LOCATION
 
-__all__ = ["LOAD_ID", "MAIN_ID", "MAIN_PAYLOAD", "SAVE_ID", "lower"]
+__all__ = ["LAYOUT", "LOAD_ID", "MAIN_ID", "MAIN_PAYLOAD", "SAVE_ID", "lower", "weights_as_inputs"]
+
+#: How main programs are laid out, part of the cache key: weights as initializers whose
+#: bytes are anchors' tensors (before: weights as graph inputs).
+LAYOUT = "weights-as-anchored-initializers"
 
 LOAD_ID, MAIN_ID, SAVE_ID = 0, 1, 2
 MAIN_PAYLOAD = "__program__/main"
@@ -102,7 +115,7 @@ def lower(
     where: str,
     custom_op_refs: tuple[CustomOpRef, ...] = (),
 ) -> Executable:
-    """Lift weights out of the optimised graph and seal the executable.
+    """Move the weights' bytes out of the optimised graph and seal the executable.
 
     Raises:
         CompileError: a tensor name clashes with the program payload, or an input the
@@ -116,15 +129,18 @@ def lower(
 
     weights: dict[str, np.ndarray] = {}
     kept: list[onnx.TensorProto] = []
-    weight_inputs: list[onnx.ValueInfoProto] = []
     for tensor in graph.initializer:
         value = numpy_helper.to_array(tensor, base_dir=base_dir)
-        liftable = value.dtype.name in DTYPES and value.dtype == DTYPES[value.dtype.name]
+        # A scalar stays in the payload: too small for an anchor, and a stored tensor is at
+        # least 1-d (the stub's rank would differ from the graph's, and broadcasting with it).
+        liftable = (
+            value.ndim > 0
+            and value.dtype.name in DTYPES
+            and value.dtype == DTYPES[value.dtype.name]
+        )
         if liftable and not _structural(tensor, consumers):
             weights[tensor.name] = np.ascontiguousarray(value)
-            weight_inputs.append(
-                helper.make_tensor_value_info(tensor.name, tensor.data_type, list(value.shape))
-            )
+            kept.append(_weight_stub(tensor.name, tensor.data_type, value.shape))
         elif onnx.external_data_helper.uses_external_data(tensor):
             kept.append(numpy_helper.from_array(value, tensor.name))
         else:
@@ -132,13 +148,13 @@ def lower(
     del graph.initializer[:]
     graph.initializer.extend(kept)
 
-    # Inputs in a fixed order (user, weights, variables); onnxruntime may have dropped unused
-    # ones, which are put back so every anchor has its graph input.
+    # Inputs in a fixed order (user, variables); onnxruntime may have dropped unused ones,
+    # which are put back so every anchor has its graph input.
     by_name = {vi.name: vi for vi in graph.input}
     user_inputs = [by_name.get(n) or _input_like(rebatched, n) for n in prepared.user_inputs]
     var_inputs = [by_name.get(n) or _input_like(rebatched, n) for n in prepared.variables]
     del graph.input[:]
-    graph.input.extend([*user_inputs, *weight_inputs, *var_inputs])
+    graph.input.extend([*user_inputs, *var_inputs])
 
     for out in graph.output:
         info = outputs[out.name]
@@ -203,6 +219,50 @@ def lower(
         options=dict(extra_options),
     )
     return Executable.build(metadata, tensors)
+
+
+def weights_as_inputs(executable: Executable) -> Executable:
+    """``executable`` in the layout compilers wrote before weights stayed initializers: every
+    main program takes its weights as graph inputs (fed at run time, so onnxruntime can neither
+    fold nor prepack them). Devices still load that layout; this rebuilds it for compatibility
+    tests and for the compiled-vs-source benchmark's "before" row.
+
+    Raises:
+        InvalidExecutableError: the result is inconsistent (a bug).
+    """
+    from dataclasses import replace
+
+    from model_runtime.executable.validate import anchored_initializers
+
+    m = executable.metadata
+    tensors = {n: executable.tensor(n) for n in executable.tensor_names}
+    for program in m.programs:
+        if program.payload is None:
+            continue
+        model = onnx.load_model_from_string(executable.program_payload(program))
+        names = set(anchored_initializers(model))
+        graph = model.graph
+        stubs = [t for t in graph.initializer if t.name in names]
+        kept = [t for t in graph.initializer if t.name not in names]
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
+        graph.input.extend(
+            helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in stubs
+        )
+        tensors[program.payload] = np.frombuffer(model.SerializeToString(), np.uint8).copy()
+    return Executable.build(replace(m, package_hash=""), tensors)
+
+
+def _weight_stub(name: str, data_type: int, shape: tuple[int, ...]) -> onnx.TensorProto:
+    """An initializer without data whose bytes are the weight anchor ``name``'s tensor."""
+    stub = onnx.TensorProto()
+    stub.name = name
+    stub.data_type = data_type
+    stub.dims.extend(int(d) for d in shape)
+    stub.data_location = onnx.TensorProto.EXTERNAL
+    entry = stub.external_data.add()
+    entry.key, entry.value = "location", WEIGHT_DATA_LOCATION
+    return stub
 
 
 def _input_like(model: onnx.ModelProto, name: str) -> onnx.ValueInfoProto:

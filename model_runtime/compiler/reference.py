@@ -1,7 +1,10 @@
 """The reference runner: one batch through an executable's main program with plain onnxruntime.
 
 It is the first end-to-end path and what device backends are tested against: no queues, no
-actors, weights fed from the executable on every call. Slow by design, obviously correct.
+actors. Weights the main program keeps as initializers are handed to onnxruntime from the
+executable's tensors when its session is made (cached per executable); weights that are graph
+inputs (executables compiled before weights stayed initializers) are fed from the executable
+on every call. Slow by design, obviously correct.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from model_runtime import custom_ops
@@ -19,10 +23,12 @@ from model_runtime.compiler.ort import first_line, random_array, session_options
 from model_runtime.errors import ApplicationRuntimeError, InputValidationError
 from model_runtime.executable.container import Executable
 from model_runtime.executable.model import Anchor, ProgramKind
+from model_runtime.executable.validate import anchored_initializers
 
 __all__ = ["random_inputs", "run_reference"]
 
-_SESSIONS: OrderedDict[str, ort.InferenceSession] = OrderedDict()
+#: package hash -> (session, the weight arrays it was given: they must outlive it)
+_SESSIONS: OrderedDict[str, tuple[ort.InferenceSession, list[np.ndarray]]] = OrderedDict()
 _SESSIONS_LOCK = threading.Lock()
 _MAX_SESSIONS = 4
 
@@ -30,10 +36,10 @@ _MAX_SESSIONS = 4
 def _session(exe: Executable) -> ort.InferenceSession:
     key = exe.package_hash
     with _SESSIONS_LOCK:
-        session = _SESSIONS.get(key)
-        if session is not None:
+        cached = _SESSIONS.get(key)
+        if cached is not None:
             _SESSIONS.move_to_end(key)
-            return session
+            return cached[0]
     main = [exe.metadata.program(p) for p in exe.metadata.program_flow.main]
     if len(main) != 1 or main[0].kind is not ProgramKind.MAIN:
         raise ApplicationRuntimeError(
@@ -41,17 +47,27 @@ def _session(exe: Executable) -> ort.InferenceSession:
         )
     so = session_options("all", enable_custom_ops=False)  # registering twice fails
     custom_ops.prepare_session(so, exe)  # install the kernels of its custom ops, if any
-    try:
-        session = ort.InferenceSession(
-            exe.program_payload(main[0]), so, providers=["CPUExecutionProvider"]
+    payload = exe.program_payload(main[0])
+    handles = {a.handle: a.name for a in exe.metadata.weights}
+    names = anchored_initializers(onnx.load_model_from_string(payload))
+    constants = [np.array(exe.tensor(handles[n]), order="C") for n in names if n in handles]
+    if len(constants) != len(names):
+        raise ApplicationRuntimeError(
+            f"{exe.metadata.model_name}: a main program initializer names no weight"
         )
+    if names:
+        so.add_external_initializers(
+            list(names), [ort.OrtValue.ortvalue_from_numpy(c) for c in constants]
+        )
+    try:
+        session = ort.InferenceSession(payload, so, providers=["CPUExecutionProvider"])
     except Exception as exc:
         raise ApplicationRuntimeError(
             f"{exe.metadata.model_name}: onnxruntime cannot load the main program: "
             f"{first_line(exc)}"
         ) from exc
     with _SESSIONS_LOCK:
-        _SESSIONS[key] = session
+        _SESSIONS[key] = (session, constants)
         while len(_SESSIONS) > _MAX_SESSIONS:
             _SESSIONS.popitem(last=False)
     return session
@@ -125,6 +141,10 @@ def run_reference(
         )
 
     session = _session(exe)
+    graph_inputs = {i.name for i in session.get_inputs()}
+    for a in m.weights:
+        if a.handle not in graph_inputs:  # a constant of the session
+            del feeds[a.handle]
     outputs = [a for a in m.anchors if a.role.value == "user_output"]
     try:
         values = session.run([a.handle for a in outputs], feeds)

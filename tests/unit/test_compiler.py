@@ -18,6 +18,7 @@ from model_runtime.compiler import (
 )
 from model_runtime.errors import CompileError, ModelRuntimeError
 from model_runtime.executable import Executable
+from model_runtime.executable.validate import WEIGHT_DATA_LOCATION, anchored_initializers
 from tests.models import (
     make_add_double,
     make_batch_mixing,
@@ -53,29 +54,44 @@ def test_mlp_compiles_to_fixed_batch_and_matches_onnxruntime(mlp_exe: Executable
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
-def test_weights_are_lifted_out_of_the_main_graph(mlp_exe: Executable) -> None:
+def test_weights_stay_initializers_whose_bytes_are_the_executables_tensors(
+    mlp_exe: Executable,
+) -> None:
     weights = {a.name: a for a in mlp_exe.metadata.weights}
     assert {"w0", "w1", "w2"} <= set(weights)
     assert weights["w1"].shape == (512, 512) and weights["w1"].programs == (0,)
     assert all(a.has_data for a in weights.values())
     payload = _payload(mlp_exe)
-    assert not payload.graph.initializer  # the MLP has no structural constants
-    graph_inputs = [i.name for i in payload.graph.input]
-    assert graph_inputs[0] == "x" and set(weights) <= set(graph_inputs)
+    # Constants for onnxruntime (folding, prepacking), not graph inputs fed on every run...
+    assert [i.name for i in payload.graph.input] == ["x"]
+    inits = {t.name: t for t in payload.graph.initializer}
+    assert set(inits) == set(weights)  # the MLP has no structural constants
+    for name, t in inits.items():
+        # ...whose bytes are the anchor's tensor: a stub at the sentinel, never a file.
+        assert [(e.key, e.value) for e in t.external_data] == [("location", WEIGHT_DATA_LOCATION)]
+        assert t.data_location == onnx.TensorProto.EXTERNAL and not t.raw_data
+        assert tuple(t.dims) == weights[name].shape
+    assert anchored_initializers(payload) == tuple(inits)
     # The payload is small: weights live in the executable's tensors, once.
     assert mlp_exe.tensor("__program__/main").nbytes < 10_000
 
 
-def test_feeding_other_weights_changes_the_answer(mlp_exe: Executable) -> None:
-    # The weights really are graph inputs: the reference runner binds them from the file.
-    payload = _payload(mlp_exe)
+def test_the_weight_initializers_are_bound_from_the_anchors(mlp_exe: Executable) -> None:
+    # A session gets the weights from the executable's tensors; other tensors, other answer.
+    payload = _payload(mlp_exe).SerializeToString()
     x = np.ones((8, 784), np.float32)
-    feeds = {a.handle: mlp_exe.tensor(a.name) for a in mlp_exe.metadata.weights}
-    session = ort.InferenceSession(payload.SerializeToString(), providers=["CPUExecutionProvider"])
-    (base,) = session.run(None, {"x": x, **feeds})
-    feeds["b2"] = feeds["b2"] + 1.0
-    (shifted,) = session.run(None, {"x": x, **feeds})
-    np.testing.assert_allclose(shifted, base + 1.0, rtol=1e-5, atol=1e-5)
+
+    def run(b2_shift: float) -> np.ndarray:
+        values = {a.handle: np.array(mlp_exe.tensor(a.name)) for a in mlp_exe.metadata.weights}
+        values["b2"] += b2_shift
+        so = ort.SessionOptions()
+        so.add_external_initializers(
+            list(values), [ort.OrtValue.ortvalue_from_numpy(v) for v in values.values()]
+        )
+        session = ort.InferenceSession(payload, so, providers=["CPUExecutionProvider"])
+        return np.asarray(session.run(None, {"x": x})[0])
+
+    np.testing.assert_allclose(run(1.0), run(0.0) + 1.0, rtol=1e-5, atol=1e-5)
 
 
 def test_metadata_records_options_and_program_flow(mlp_exe: Executable) -> None:
@@ -284,3 +300,13 @@ def test_expression_custom_op_is_lowered_recorded_and_runs() -> None:
     a, b, c = (rng.standard_normal(dims).astype(np.float32) for _ in range(3))
     out = run_reference(exe, {"a": a, "b": b, "c": c})
     np.testing.assert_allclose(out[node.output[0]], a * a + b * c, rtol=1e-6)
+
+
+def test_cache_key_names_the_program_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An executable cached by a compiler that fed weights as graph inputs still loads, but it
+    # is compiled again instead of being served at the old speed.
+    from model_runtime.compiler import cache
+
+    key = cache.cache_key("a" * 64, CompileOptions())
+    monkeypatch.setattr(cache, "LAYOUT", "weights-as-graph-inputs")
+    assert cache.cache_key("a" * 64, CompileOptions()) != key

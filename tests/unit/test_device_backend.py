@@ -4,18 +4,25 @@ reset/restore/frozen inputs, typed errors at the boundary, memory refusal of the
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from device_fixtures import batch_of, mlp_exe, tiny_exe
 
 from actors.device.backends import CpuBackend, IpuModelBackend, make_backend
+from actors.device.backends.cpu import SPINNING_ENV, session_options
 from actors.device.inventory import DeviceSpec, ipu_model_spec
+from model_runtime.compiler import CompileOptions, compile_executable, run_reference
+from model_runtime.compiler.lower import weights_as_inputs
 from model_runtime.errors import (
     ConfigurationError,
     DeviceMemoryError,
     DeviceStateError,
     InputValidationError,
 )
+from model_runtime.executable import Executable
+from model_runtime.executable.validate import anchored_initializers
+from tests.models import make_counter, make_mlp
 
 CPU = DeviceSpec(0, "cpu", 1)
 
@@ -110,3 +117,104 @@ def test_small_ipu_model_refuses_a_big_mlp_and_a_big_one_accepts_it() -> None:
     with pytest.raises(DeviceMemoryError, match=r"1\.00 MiB"):
         v1_small.load(exe, None)
     IpuModelBackend(ipu_model_spec(tiles_per_ipu=4)).load(tiny_exe(), None)  # small fits small
+
+
+# -- compiled executables: weights are session constants (issue 13) ----------------------------
+
+
+@pytest.fixture(scope="module")
+def compiled_mlp() -> Executable:
+    return compile_executable(make_mlp(sizes=(16, 32, 8)), CompileOptions(batch_size=4))
+
+
+def test_compiled_weights_are_bound_as_constants_and_match_the_reference(
+    compiled_mlp: Executable,
+) -> None:
+    payload = onnx.load_model_from_string(compiled_mlp.program_payload(1))
+    assert set(anchored_initializers(payload)) == {a.handle for a in compiled_mlp.metadata.weights}
+    b = CpuBackend(CPU)
+    b.load(compiled_mlp, None)
+    x = batch_of(compiled_mlp, 5)
+    (out,) = b.run_main([x])
+    np.testing.assert_array_equal(out["logits"], run_reference(compiled_mlp, x)["logits"])
+    # The older layout (weights fed as graph inputs) still loads and agrees.
+    old = CpuBackend(CPU)
+    old.load(weights_as_inputs(compiled_mlp), None)
+    np.testing.assert_allclose(old.run_main([x])[0]["logits"], out["logits"], rtol=1e-5)
+    b.reset()  # the load program again: constants stay
+    np.testing.assert_array_equal(b.run_main([x])[0]["logits"], out["logits"])
+
+
+def test_frozen_input_overrides_a_compiled_weight(compiled_mlp: Executable) -> None:
+    x = batch_of(compiled_mlp, 1)
+    plain = CpuBackend(CPU)
+    plain.load(compiled_mlp, None)
+    (base,) = plain.run_main([x])
+    shifted = np.array(compiled_mlp.tensor("b1")) + 1.0
+    b = CpuBackend(CPU)
+    b.load(compiled_mlp, {"b1": shifted})
+    shifted[:] = 100.0  # the device took a copy
+    (out,) = b.run_main([x])
+    np.testing.assert_allclose(out["logits"], base["logits"] + 1.0, rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_variables_still_load_alias_and_save() -> None:
+    options = CompileOptions(
+        batch_size=2,
+        device_iterations=3,
+        variables=("count",),
+        variable_updates={"count_next": "count"},
+    )
+    exe = compile_executable(make_counter(), options)
+    payload = onnx.load_model_from_string(exe.program_payload(1))
+    assert anchored_initializers(payload) == ("one",)  # a weight next to the variable
+    assert "count" in {i.name for i in payload.graph.input}
+    b = CpuBackend(CPU)
+    b.load(exe, None)
+    x = np.zeros((2, 4), np.float32)
+    outs = b.run_main([{"x": x}] * 3)
+    assert [float(o["y"][0, 0]) for o in outs] == [0.0, 1.0, 2.0]
+    assert b.run_save()["count"][0] == 3.0
+    b.reset()
+    assert b.run_save()["count"][0] == 0.0
+    b.restore_variables({"count": np.array([10.0], np.float32)})
+    assert float(b.run_main([{"x": x}] * 3)[0]["y"][0, 0]) == 10.0
+
+
+def test_session_options_are_chosen_for_a_server(
+    compiled_mlp: Executable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spin = "session.intra_op.allow_spinning"
+    opts = session_options(DeviceSpec(0, "cpu", 2), compiled_mlp, environ={})
+    assert (opts.intra_op_num_threads, opts.inter_op_num_threads) == (2, 1)
+    assert opts.execution_mode == ort.ExecutionMode.ORT_SEQUENTIAL
+    assert opts.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    assert opts.get_session_config_entry(spin) == "0"  # off unless asked for
+    on = session_options(CPU, compiled_mlp, environ={SPINNING_ENV: "1"})
+    assert on.get_session_config_entry(spin) == "1"
+    with pytest.raises(ConfigurationError, match=SPINNING_ENV):
+        session_options(CPU, compiled_mlp, environ={SPINNING_ENV: "fast"})
+    # An executable compiled to stay lightly optimised stays so on the device.
+    basic = compile_executable(
+        make_mlp(sizes=(16, 8)), CompileOptions(batch_size=4, optimization_level="basic")
+    )
+    level = session_options(CPU, basic, environ={}).graph_optimization_level
+    assert level == ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    # load reads the environment each time
+    monkeypatch.setenv(SPINNING_ENV, "fast")
+    with pytest.raises(ConfigurationError, match=SPINNING_ENV):
+        CpuBackend(CPU).load(compiled_mlp, None)
+    monkeypatch.setenv(SPINNING_ENV, "1")
+    CpuBackend(CPU).load(compiled_mlp, None)
+
+
+def test_ipu_model_counts_and_binds_compiled_weights(compiled_mlp: Executable) -> None:
+    ipu = IpuModelBackend(ipu_model_spec())
+    ipu.load(compiled_mlp, None)
+    weights = sum(compiled_mlp.tensor(a.name).nbytes for a in compiled_mlp.metadata.weights)
+    assert ipu.memory_estimate["weights"] == weights > 0
+    assert ipu.memory_estimate["activations"] > 0
+    cpu = CpuBackend(CPU)
+    cpu.load(compiled_mlp, None)
+    x = batch_of(compiled_mlp, 2)
+    np.testing.assert_array_equal(ipu.run_main([x])[0]["logits"], cpu.run_main([x])[0]["logits"])

@@ -1,15 +1,40 @@
 """The ``cpu`` backend: onnxruntime's CPU execution provider, a fixed number of intra-op threads.
 
-"Device memory" is a feed dict built once at load: weights and variables as owned, contiguous
-arrays, keyed by graph input name. A run adds only the user inputs and calls ``session.run``;
-onnxruntime wraps contiguous numpy inputs without copying, and its outputs are fresh arrays.
-(Measured on the 2-core machine, tiny model: ``run`` with a dict 13 µs; IOBinding with
-pre-bound OrtValues 44-53 µs, and its ``get_outputs`` reuses output memory between runs. So the
-plain feed is both the faster and the safer way to keep weights "on device".)
+Weights are constants of the session. A compiled main program keeps its weights as initializers
+whose bytes are the executable's weight tensors (see :mod:`model_runtime.executable.validate`);
+at load this backend hands owned copies of those tensors (or the ``frozen_inputs`` that replace
+them) to onnxruntime with ``SessionOptions.add_external_initializers``, so onnxruntime
+constant-folds and prepacks them exactly as it would the source model's, and never opens a
+file. Executables whose main program takes weights as graph inputs (compiled before that, or
+built by hand) still load: those weights are fed like variables.
+
+"Device memory" for the rest is a feed dict built once at load: variables (and weights that are
+graph inputs) as owned, contiguous arrays, keyed by graph input name. A run adds only the user
+inputs and calls ``session.run``; onnxruntime wraps contiguous numpy inputs without copying, and
+its outputs are fresh arrays. (Measured on the 2-core machine, tiny model: ``run`` with a dict
+13 µs; IOBinding with pre-bound OrtValues 44-53 µs, and its ``get_outputs`` reuses output memory
+between runs. So the plain feed is both the faster and the safer way to keep state "on device".)
+
+Session options, chosen for a server (:func:`session_options`):
+
+* threads: ``intra_op_num_threads`` is the device slot's thread count (``DeviceSpec.threads``,
+  from the inventory); one inter-op thread, sequential execution (one program runs at a time on
+  a device).
+* spinning off: ``session.intra_op.allow_spinning`` (and ``inter_op``) is ``"0"``. A spinning
+  pool keeps its threads busy-waiting after every run, which on a server steals the cores from
+  the other devices, the event loop and the network stack between batches. Set
+  ``MODEL_RUNTIME_ORT_SPINNING=1`` in the environment (read at each load) to turn spinning back
+  on for a machine whose cores a single device owns (slightly lower latency per run).
+* graph optimisation level: explicit, ``ORT_ENABLE_ALL`` (the layout transformations specific to
+  the CPU that runs the program belong here, at load, not in the portable executable), unless
+  the executable was compiled asking for less (``optimization_level`` ``disable`` or ``basic`` in
+  its options), which is then honoured.
+* logging: fatal only; every run error is translated into ours.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -20,15 +45,30 @@ import onnxruntime as ort
 from actors.device.inventory import DeviceSpec
 from model_runtime.errors import (
     ApplicationRuntimeError,
+    ConfigurationError,
     DeviceStateError,
     InputValidationError,
 )
 from model_runtime.executable.model import Anchor, AnchorRole, ProgramKind
+from model_runtime.executable.validate import anchored_initializers
 
 if TYPE_CHECKING:
     from model_runtime.executable import Executable
 
-__all__ = ["CpuBackend", "RunAborted"]
+__all__ = ["SPINNING_ENV", "CpuBackend", "RunAborted", "load_level", "session_options"]
+
+#: Environment variable that turns onnxruntime's thread-pool spinning on ("1") for every
+#: session a cpu (or ipu-model) device creates; off by default (see the module docstring).
+SPINNING_ENV = "MODEL_RUNTIME_ORT_SPINNING"
+_ON = ("1", "true", "yes", "on")
+_OFF = ("", "0", "false", "no", "off")
+
+_LEVELS = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
 
 try:  # onnxruntime's exception types live in its pybind module
     from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as _OrtInvalidArgument
@@ -38,6 +78,53 @@ except ImportError:  # pragma: no cover
 
 class RunAborted(DeviceStateError):
     """A run was aborted by :meth:`CpuBackend.terminate` (a reset or stop)."""
+
+
+def load_level(executable: Executable) -> ort.GraphOptimizationLevel:
+    """The graph optimisation level a device applies when it loads ``executable``.
+
+    ``ORT_ENABLE_ALL``, unless the executable was compiled with ``optimization_level``
+    ``disable`` or ``basic`` (then that level). An unknown or missing level means ``all``.
+    """
+    requested = executable.metadata.options.get("optimization_level", "all")
+    return _LEVELS.get(requested, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+
+
+def spinning(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``MODEL_RUNTIME_ORT_SPINNING`` turns thread-pool spinning on (default: off).
+
+    Raises:
+        ConfigurationError: the variable is set to something other than 0/1/true/false/on/off.
+    """
+    env = os.environ if environ is None else environ
+    value = env.get(SPINNING_ENV, "").strip().lower()
+    if value in _ON:
+        return True
+    if value in _OFF:
+        return False
+    raise ConfigurationError(f"{SPINNING_ENV}={env.get(SPINNING_ENV)!r}: expected 0 or 1")
+
+
+def session_options(
+    spec: DeviceSpec, executable: Executable, environ: Mapping[str, str] | None = None
+) -> ort.SessionOptions:
+    """The onnxruntime session options of ``executable`` on device ``spec`` (module docstring).
+
+    Raises:
+        ConfigurationError: ``MODEL_RUNTIME_ORT_SPINNING`` is malformed.
+    """
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = max(1, spec.threads)
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = load_level(executable)
+    spin = "1" if spinning(environ) else "0"
+    opts.add_session_config_entry("session.intra_op.allow_spinning", spin)
+    opts.add_session_config_entry("session.inter_op.allow_spinning", spin)
+    # Fatal only: every run error is translated into ours (and logged by the session);
+    # onnxruntime's own ERROR lines would go to stderr, past the application's logging.
+    opts.log_severity_level = 4
+    return opts
 
 
 class CpuBackend:
@@ -50,6 +137,7 @@ class CpuBackend:
         self.spec = spec
         self._exe: Executable | None = None
         self._frozen: dict[str, np.ndarray] = {}
+        self._constants: list[np.ndarray] = []  # weights the session holds (must outlive it)
         self._session: Any = None
         self._feed: dict[str, np.ndarray] = {}
         self._inputs: tuple[tuple[str, str, tuple[int, ...], np.dtype[Any]], ...] = ()
@@ -73,6 +161,7 @@ class CpuBackend:
         Raises:
             InputValidationError: a frozen input names no anchor or has the wrong shape/dtype.
             ApplicationRuntimeError: onnxruntime cannot build a session from the main program.
+            ConfigurationError: ``MODEL_RUNTIME_ORT_SPINNING`` is malformed.
         """
         self.unload()
         m = executable.metadata
@@ -96,23 +185,21 @@ class CpuBackend:
             raise ApplicationRuntimeError(
                 f"{self.spec.describe()}: expected exactly one main program, got {len(mains)}"
             )
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = max(1, self.spec.threads)
-        opts.inter_op_num_threads = 1
-        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        # Fatal only: every run error is translated into ours (and logged by the session);
-        # onnxruntime's own ERROR lines would go to stderr, past the application's logging.
-        opts.log_severity_level = 4
+        opts = session_options(self.spec, executable)
         self._custom_ops = bool(m.custom_ops)
         if self._custom_ops:
             # Kernels come from the allow-listed libraries of this process, never the file.
             from model_runtime.custom_ops import prepare_session
 
             prepare_session(opts, executable)
-        try:
-            session = ort.InferenceSession(
-                executable.program_payload(mains[0]), opts, providers=["CPUExecutionProvider"]
+        payload = executable.program_payload(mains[0])
+        constants = _constant_weights(executable, payload, frozen, self.spec.describe())
+        if constants:
+            opts.add_external_initializers(
+                list(constants), [ort.OrtValue.ortvalue_from_numpy(v) for v in constants.values()]
             )
+        try:
+            session = ort.InferenceSession(payload, opts, providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime raises its own (untyped) exception classes
             raise ApplicationRuntimeError(
                 f"{self.spec.describe()}: onnxruntime rejected main program "
@@ -140,6 +227,7 @@ class CpuBackend:
         self._updates = tuple(updates)
         self._variables = m.variables
         self._session = session
+        self._constants = list(constants.values())
         self._exe = executable
         self._frozen = frozen
         self.run_load()
@@ -312,6 +400,7 @@ class CpuBackend:
         """See :meth:`Backend.unload`."""
         self._exe = None
         self._session = None
+        self._constants = []
         self._feed = {}
         self._frozen = {}
 
@@ -326,6 +415,43 @@ class CpuBackend:
         if self._exe is None:
             raise DeviceStateError(f"{self.spec.describe()}: no executable loaded")
         return self._exe
+
+
+def _constant_weights(
+    executable: Executable, payload: bytes, frozen: Mapping[str, np.ndarray], device: str
+) -> dict[str, np.ndarray]:
+    """Initializer name -> owned array, for every weight the main program keeps as an
+    initializer (its frozen value where one is given): what onnxruntime must be handed.
+
+    Raises:
+        ApplicationRuntimeError: the payload does not parse, or keeps an initializer for a
+            weight it does not have (both refused by validation: such an executable was
+            assembled around it).
+    """
+    import onnx
+
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(payload)
+    except Exception as exc:  # protobuf's DecodeError
+        raise ApplicationRuntimeError(f"{device}: main program is not ONNX: {exc}") from exc
+    names = anchored_initializers(model)
+    if not names:
+        return {}
+    by_handle = {a.handle: a for a in executable.metadata.weights}
+    constants: dict[str, np.ndarray] = {}
+    for name in names:
+        a = by_handle.get(name)
+        if a is None:  # never handed to onnxruntime: it would look for a file
+            raise ApplicationRuntimeError(
+                f"{device}: main program initializer {name!r} names no weight of the executable"
+            )
+        value = frozen.get(a.name)
+        # Owned copies: onnxruntime reads them for the session's life; the file may go away.
+        constants[name] = (
+            value if value is not None else np.array(executable.tensor(a.name), order="C")
+        )
+    return constants
 
 
 def _check_custom_ops(device: str) -> None:

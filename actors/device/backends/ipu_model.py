@@ -6,6 +6,9 @@ variables and an estimate of its activations: the statically known sizes of ever
 output and intermediate value of the main program (after ONNX shape inference), times the
 device iterations' worth of user inputs and outputs. If that exceeds the memory, :meth:`load`
 refuses with :class:`~model_runtime.errors.DeviceMemoryError` stating needed vs available.
+Weights count once, from their anchors, whether the main program holds them as session
+constants (compiled executables) or takes them as graph inputs (older ones); computing, and the
+onnxruntime session options, are the cpu backend's.
 """
 
 from __future__ import annotations
