@@ -4,11 +4,15 @@ These are plain frozen values. The container (how they are stored in a ``.mrx`` 
 :mod:`model_runtime.executable.container`; nothing here touches files.
 
 How programs execute here: a ``main`` program's payload is an ONNX graph. Its graph inputs are
-the user input anchors, the weights and the variables; its graph outputs are the output anchors
-(and the new values of variables, see ``output_to_variable``). A ``load`` program uploads the
-weights and the variables' initial values to the device (the anchors it lists, whose data is
-stored in the executable); a ``save`` program downloads the variables' current values. Load and
-save programs have no payload: their work is the data movement the anchors describe.
+the user input anchors and the variables; the weights are initializers without data, marked as
+external at one sentinel location, whose bytes are the executable's weight tensors (the device
+supplies them when it builds its session, so onnxruntime can fold and prepack them; executables
+compiled earlier, with weights as graph inputs, still load). Its graph outputs are the
+output anchors (and the new values of variables, see ``output_to_variable``). A ``load`` program
+uploads the weights and the variables' initial values to the device (the anchors it lists,
+whose data is stored in the executable); a ``save`` program downloads the variables' current
+values. Load and save programs have no payload: their work is the data movement the anchors
+describe. No payload refers to anything outside the executable (see ``validate``).
 """
 
 from __future__ import annotations
