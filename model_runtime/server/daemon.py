@@ -1,5 +1,9 @@
 """The daemon's lifecycle: configure logs, start the HTTP server, load models, drain on signal.
 
+Models load one by one at start; one that fails is UNAVAILABLE (the repository index says why)
+and the others serve. ``--model-control-mode`` (Triton's: none, explicit, poll) decides which
+load at start and whether the repository API or the files drive loads afterwards.
+
 Order on SIGTERM/SIGINT: new requests get 503 at once (readiness turns false), in-flight
 requests finish (up to the grace period), every runner closes (finishes its queue, runs save
 programs, detaches), then the listener closes and the process exits 0.
@@ -22,13 +26,14 @@ from aiohttp import web
 
 from model_runtime.errors import ConfigurationError, ModelRuntimeError
 from model_runtime.server.app import InferenceServer, ServerOptions
+from model_runtime.server.connections import ConnectionLimits, GuardedAppRunner
 from model_runtime.server.options import (
     DaemonOptions,
     add_serve_arguments,
     default_cache_dir,
     options_from_args,
 )
-from model_runtime.server.repository import ModelRepository, parse_model_arg
+from model_runtime.server.repository import ControlMode, ModelRepository, parse_model_arg
 
 __all__ = ["configure_logging", "main", "run_daemon", "serve", "serve_main"]
 
@@ -78,11 +83,14 @@ def _compiler(opts: DaemonOptions) -> Callable[[Path], Path]:
 
 
 def build_repository(opts: DaemonOptions) -> tuple[ModelRepository, list[str]]:
-    """The repository for ``opts`` and the names to load at start (the demo model if none).
+    """The repository for ``opts`` and the names to load at start: every model (the demo
+    model if none is given) in ``none`` and ``poll`` mode, the ``--load-model`` ones in
+    ``explicit`` mode.
 
     Raises:
         InputValidationError: a model argument is malformed or two models share a name.
-        ConfigurationError: the repository directory does not exist.
+        ConfigurationError: the repository directory or a model file does not exist, or
+            ``--load-model`` names an unknown model.
     """
     directory = opts.model_repository
     if directory is not None and not directory.is_dir():
@@ -91,6 +99,9 @@ def build_repository(opts: DaemonOptions) -> tuple[ModelRepository, list[str]]:
         opts.runner,
         directory=directory,
         compile_source=_compiler(opts),
+        control_mode=ControlMode(opts.model_control_mode),
+        strict_readiness=opts.strict_readiness,
+        reload_device_wait=opts.reload_device_wait,
     )
     names = []
     models = list(opts.models)
@@ -105,11 +116,19 @@ def build_repository(opts: DaemonOptions) -> tuple[ModelRepository, list[str]]:
         repo.add(name, path.resolve())
         names.append(name)
     names += [n for n in repo.scan() if n not in names]
-    return repo, names
+    if repo.control_mode is not ControlMode.EXPLICIT or opts.load_models == ["*"]:
+        return repo, names
+    unknown = [n for n in opts.load_models if n not in names]
+    if unknown:
+        raise ConfigurationError(f"--load-model: no model named {unknown} (models: {names})")
+    return repo, [n for n in names if n in opts.load_models]
 
 
 async def serve(opts: DaemonOptions) -> int:
     """Run the daemon until SIGTERM/SIGINT; return the exit status.
+
+    A model that fails to load is UNAVAILABLE (with the reason in the repository index); the
+    others serve. In ``poll`` mode the repository is polled every ``repository_poll_secs``.
 
     Raises:
         ConfigurationError: the options do not describe a servable set of models.
@@ -117,27 +136,51 @@ async def serve(opts: DaemonOptions) -> int:
     """
     repo, names = build_repository(opts)
     server = InferenceServer(
-        repo, ServerOptions(max_body_size=opts.max_body_size, request_timeout=opts.request_timeout)
+        repo,
+        ServerOptions(
+            max_body_size=opts.max_body_size,
+            request_timeout=opts.request_timeout,
+            access_log=opts.access_log,
+        ),
     )
-    runner = web.AppRunner(
-        server.app(), handler_cancellation=True, access_log=None, shutdown_timeout=1.0
+    limits = ConnectionLimits(
+        header_timeout=opts.header_timeout,
+        keepalive_timeout=opts.keepalive_timeout,
+        max_connections=opts.max_connections,
+    )
+    runner = GuardedAppRunner(
+        server.app(),
+        limits=limits,
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=1.0,
     )
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    status = 0
     try:
         async with repo:
+            repo.starting = True  # not ready until the models of the start are loaded (or not)
             site = web.TCPSite(runner, opts.host, opts.port)
             await site.start()
             port = _bound_port(runner, opts.port)
-            log.info("daemon_listening", host=opts.host, port=port, models=names)
-            status = await _load_until_stopped(repo, names, stop)
-            if status == 0 and not stop.is_set():
-                log.info("daemon_ready", url=f"http://{opts.host}:{port}/v2")
-                await stop.wait()
+            log.info(
+                "daemon_listening",
+                host=opts.host,
+                port=port,
+                models=names,
+                model_control_mode=repo.control_mode.value,
+            )
+            await _load_until_stopped(repo, names, stop)
+            repo.starting = False
+            if not stop.is_set():
+                loaded = [e.name for e in repo.entries() if e.runner is not None]
+                failed = [e.name for e in repo.entries() if e.wanted and e.runner is None]
+                url = f"http://{opts.host}:{port}/v2"
+                log.info("daemon_ready", url=url, loaded=loaded, unavailable=failed)
+                await _serve_until_stopped(repo, opts, stop)
             log.info("daemon_draining", grace_period=opts.grace_period)
             t0 = time.monotonic()
             if not await server.drain(opts.grace_period):
@@ -148,8 +191,8 @@ async def serve(opts: DaemonOptions) -> int:
         await runner.cleanup()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
-    log.info("daemon_stopped", status=status)
-    return status
+    log.info("daemon_stopped", status=0)
+    return 0
 
 
 def _bound_port(runner: web.AppRunner, default: int) -> int:
@@ -161,9 +204,9 @@ def _bound_port(runner: web.AppRunner, default: int) -> int:
 
 async def _load_until_stopped(
     repo: ModelRepository, names: Sequence[str], stop: asyncio.Event
-) -> int:
-    """Load every model, giving up early on a signal; 1 if a model failed to load."""
-    status = 0
+) -> None:
+    """Load every model in turn, giving up early on a signal. A model that fails is
+    UNAVAILABLE with the reason (logged by the repository); the next one loads all the same."""
     async with anyio.create_task_group() as tg:
 
         async def watch() -> None:
@@ -176,10 +219,25 @@ async def _load_until_stopped(
                 await repo.load(name)
             except (ModelRuntimeError, OSError) as exc:
                 log.error("startup_load_failed", model=name, error=str(exc))
-                status = 1
-                break
         tg.cancel_scope.cancel()
-    return status
+
+
+async def _serve_until_stopped(
+    repo: ModelRepository, opts: DaemonOptions, stop: asyncio.Event
+) -> None:
+    """Wait for a signal; in ``poll`` mode, poll the repository meanwhile (a poll under way
+    when the signal comes is cancelled: the drain starts at once)."""
+    async with anyio.create_task_group() as tg:
+        if repo.control_mode is ControlMode.POLL:
+            tg.start_soon(_poll_forever, repo, opts.repository_poll_secs)
+        await stop.wait()
+        tg.cancel_scope.cancel()
+
+
+async def _poll_forever(repo: ModelRepository, interval: float) -> None:
+    while True:
+        await anyio.sleep(interval)
+        await repo.poll()
 
 
 def _run(opts: DaemonOptions) -> int:

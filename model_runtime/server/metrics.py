@@ -2,8 +2,9 @@
 
 Request outcomes, inference counts, durations and pending requests are counted by the HTTP
 layer as requests finish. Replica facts (state, device, batches run, resets, restarts, queue
-and compute durations) are read from each runner when ``/metrics`` is scraped: the handler
-awaits :meth:`DaemonMetrics.refresh`, then renders; collection itself never awaits.
+and compute durations) are read from each runner, and model facts (repository state, versions
+loaded, loads failed) from the repository, when ``/metrics`` is scraped: the handler awaits
+:meth:`DaemonMetrics.refresh`, then renders; collection itself never awaits.
 """
 
 from __future__ import annotations
@@ -14,16 +15,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from actors.session.state import ReplicaStatus
 from model_runtime.errors import ModelRuntimeError
-from model_runtime.server.repository import ModelRepository, replica_states
+from model_runtime.server.repository import ModelRepository, ModelState, replica_states
 
 __all__ = [
     "CONTENT_TYPE",
     "DaemonMetrics",
+    "ModelSnapshot",
     "ReplicaSnapshot",
     "phase_of",
     "read_statistics",
@@ -62,6 +64,40 @@ def replica_counters(runner: Any, replica: int) -> tuple[int | None, dict[str, i
             counters[name] = value
     device = getattr(state, "device_id", None)
     return (device if isinstance(device, int) else None), counters
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSnapshot:
+    """What one model of the repository looked like at the last scrape."""
+
+    model: str
+    state: ModelState
+    loads: int
+    load_failures: int
+
+
+class _ModelCollector(Collector):
+    def __init__(self, metrics: DaemonMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        state = GaugeMetricFamily(
+            "model_runtime_model_state",
+            "1 for the model's repository state (UNAVAILABLE, LOADING, READY, UNLOADING)",
+            labels=["model", "state"],
+        )
+        loads = CounterMetricFamily(
+            "model_runtime_model_loads",
+            "Model versions loaded (outcome=success) and loads that failed (outcome=failure)",
+            labels=["model", "outcome"],
+        )
+        for m in self._metrics.models:
+            for st in ModelState:
+                state.add_metric([m.model, st.value], 1.0 if st is m.state else 0.0)
+            loads.add_metric([m.model, "success"], float(m.loads))
+            loads.add_metric([m.model, "failure"], float(m.load_failures))
+        yield state
+        yield loads
 
 
 class _ReplicaCollector(Collector):
@@ -158,8 +194,10 @@ class DaemonMetrics:
             registry=r,
         )
         self.snapshot: list[ReplicaSnapshot] = []
+        self.models: list[ModelSnapshot] = []
         self._children: dict[str, tuple[Any, Any, Any]] = {}
         r.register(_ReplicaCollector(self))
+        r.register(_ModelCollector(self))
 
     def readiness_changed(self, model: str, ready: bool) -> None:
         """Count one readiness change of ``model``."""
@@ -185,7 +223,9 @@ class DaemonMetrics:
     async def refresh(self, repository: ModelRepository) -> None:
         """Read replica facts and statistics from every loaded runner."""
         snaps: list[ReplicaSnapshot] = []
-        for entry in repository.entries():
+        entries = repository.entries()
+        self.models = [ModelSnapshot(e.name, e.state, e.loads, e.load_failures) for e in entries]
+        for entry in entries:
             self.model_ready.labels(entry.name).set(1.0 if entry.is_ready else 0.0)
             runner = entry.runner
             if runner is None:

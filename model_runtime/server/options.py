@@ -3,7 +3,8 @@
 Precedence: command line > config file > defaults. The config file has three tables::
 
     [server]   host, port, max_body_size, request_timeout, grace_period, model_repository,
-               executable_cache, models (list of "NAME=PATH" or "PATH")
+               executable_cache, models (list of "NAME=PATH" or "PATH"), model_control_mode,
+               load_model (list), repository_poll_secs, strict_readiness, reload_device_wait
     [runner]   any scalar ModelRunnerConfig field (replication_factor, timeout, auto_reset,
                max_retries, execution_timeout, fault_plan, batching_dim, ...)
     [compile]  batch_size (for .onnx models compiled on load)
@@ -22,6 +23,8 @@ from model_runtime.errors import ConfigurationError
 from model_runtime.runner_config import ModelRunnerConfig
 
 __all__ = ["DaemonOptions", "add_serve_arguments", "default_cache_dir", "options_from_args"]
+
+CONTROL_MODES = ("none", "explicit", "poll")
 
 _RUNNER_FIELDS = {
     f.name
@@ -53,10 +56,19 @@ class DaemonOptions:
     batch_size: int = 8
     max_body_size: int = 64 << 20
     request_timeout: float | None = 60.0
+    header_timeout: float = 10.0
+    keepalive_timeout: float = 75.0
+    max_connections: int | None = None
+    access_log: bool = True
     grace_period: float = 30.0
     executable_cache: Path | None = None
     log_level: str = "info"
     log_format: str = "auto"
+    model_control_mode: str = "none"
+    load_models: list[str] = field(default_factory=list)
+    repository_poll_secs: float = 15.0
+    strict_readiness: bool = True
+    reload_device_wait: float = 10.0
     runner: ModelRunnerConfig = field(
         default_factory=lambda: ModelRunnerConfig(
             batching_dim=0, timeout=0.002, auto_reset=True, run_save_programs=True
@@ -82,10 +94,28 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     a("--max-retries", type=int, help="retries of a request after device resets")
     a("--request-timeout", type=float, help="seconds per request before 504 (default 60)")
     a("--max-body-size", type=int, help="largest request body in bytes (default 64 MiB)")
+    a("--header-timeout", type=float, help="seconds to receive a request head (default 10)")
+    a("--keepalive-timeout", type=float, help="seconds an idle connection stays open (75)")
+    a("--max-connections", type=int, help="open connections before 503 (default: from ulimit)")
+    a("--access-log", action=argparse.BooleanOptionalAction, default=None,
+      help="one INFO log line per request (default on)")  # fmt: skip
     a("--grace-period", type=float, help="seconds to drain on SIGTERM (default 30)")
     a("--executable-cache", metavar="DIR", help="executable cache for .onnx models")
     a("--log-level", choices=["debug", "info", "warning", "error"], help="default info")
     a("--log-format", choices=["auto", "json", "console"], help="auto: JSON off a terminal")
+    a("--model-control-mode", choices=CONTROL_MODES,
+      help="none (default): load every model at start, the repository API cannot load or "
+      "unload; explicit: the API loads and unloads, --load-model at start; poll: follow the "
+      "files (added, changed, removed) every --repository-poll-secs")  # fmt: skip
+    a("--load-model", action="append", metavar="NAME",
+      help="explicit mode: load NAME at start (repeatable; '*' alone: every model)")  # fmt: skip
+    a("--repository-poll-secs", type=float, help="poll mode: seconds between polls (15)")
+    a("--strict-readiness", action=argparse.BooleanOptionalAction, default=None,
+      help="ready only while every model that should be loaded is ready (default on); off: "
+      "ready while the server can serve")  # fmt: skip
+    a("--reload-device-wait", type=float,
+      help="seconds a reload waits for free devices to load the new version beside the "
+      "serving one (default 10)")  # fmt: skip
 
 
 def _load_config(path: str) -> dict[str, Any]:
@@ -126,9 +156,16 @@ def options_from_args(args: argparse.Namespace) -> DaemonOptions:
         ("port", "port"),
         ("max_body_size", "max_body_size"),
         ("request_timeout", "request_timeout"),
+        ("header_timeout", "header_timeout"),
+        ("keepalive_timeout", "keepalive_timeout"),
+        ("max_connections", "max_connections"),
+        ("access_log", "access_log"),
         ("grace_period", "grace_period"),
         ("log_level", "log_level"),
         ("log_format", "log_format"),
+        ("model_control_mode", "model_control_mode"),
+        ("strict_readiness", "strict_readiness"),
+        ("reload_device_wait", "reload_device_wait"),
     ]:
         value = pick(cli, server, name)
         if value is not None:
@@ -141,6 +178,7 @@ def options_from_args(args: argparse.Namespace) -> DaemonOptions:
         if value is not None:
             setattr(opts, name, Path(value))
     opts.models = list(getattr(args, "models", None) or server.get("models", []))
+    _model_control(opts, args, server)
     batch = pick("batch_size", compile_, "batch_size")
     if batch is not None:
         opts.batch_size = int(batch)
@@ -171,3 +209,31 @@ def options_from_args(args: argparse.Namespace) -> DaemonOptions:
     if opts.max_body_size < 1:
         raise ConfigurationError(f"max body size must be >= 1, got {opts.max_body_size}")
     return opts
+
+
+def _model_control(opts: DaemonOptions, args: argparse.Namespace, server: dict[str, Any]) -> None:
+    """The model control options, each refused where its mode would ignore it."""
+    mode = opts.model_control_mode
+    if mode not in CONTROL_MODES:
+        raise ConfigurationError(f"model control mode must be one of {CONTROL_MODES}, got {mode!r}")
+    opts.load_models = list(getattr(args, "load_model", None) or server.get("load_model", []))
+    if opts.load_models and mode != "explicit":
+        raise ConfigurationError(
+            f"--load-model needs --model-control-mode explicit (the mode is {mode!r})"
+        )
+    if "*" in opts.load_models and len(opts.load_models) > 1:
+        raise ConfigurationError("--load-model '*' loads every model: give it alone")
+    poll = getattr(args, "repository_poll_secs", None)
+    poll = server.get("repository_poll_secs") if poll is None else poll
+    if poll is not None:
+        if mode != "poll":
+            raise ConfigurationError(
+                f"--repository-poll-secs needs --model-control-mode poll (the mode is {mode!r})"
+            )
+        opts.repository_poll_secs = float(poll)
+    if not opts.repository_poll_secs > 0:
+        raise ConfigurationError(f"repository poll interval must be > 0 s, got {poll}")
+    if not opts.reload_device_wait >= 0:
+        raise ConfigurationError(
+            f"reload device wait must be >= 0 s, got {opts.reload_device_wait}"
+        )

@@ -5,26 +5,41 @@ and from a repository directory of ``NAME.mrx`` / ``NAME.onnx`` files. An ``.onn
 compiled on load through the executable cache. Names from clients (load/unload) are checked
 against a strict pattern and resolved inside the directory: ``../`` and symlinks that lead out
 are refused.
+
+Each model loads, fails, reloads and unloads on its own (Triton's per-model availability):
+
+- A model that fails to load is ``UNAVAILABLE`` with the reason in the index; the others serve.
+- A reload loads and warms the new version *beside* the serving one, then swaps it in with one
+  assignment (:class:`ServingRunner`): a request goes whole to the old version or to the new,
+  the old one drains what it took, then closes. A failed reload leaves the old one serving and
+  says why (``failed to load '<name>': ...``, Triton's wording). The new version needs its own
+  devices while the old one holds its own: a reload waits up to ``reload_device_wait`` seconds
+  for them (another reload's old version frees its devices as it retires), then fails.
+- Model control modes are Triton's (:class:`ControlMode`): the repository API may load and
+  unload only in ``explicit`` mode; ``poll`` mode follows the files (:meth:`poll`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import os
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import anyio
 import anyio.abc
 import numpy as np
 import structlog
 
+from actors.device.wait import DeviceWaitConfig
 from actors.session.state import ReplicaStatus
 from model_runtime.errors import (
+    DeviceUnavailableError,
     InputValidationError,
     InvalidExecutableError,
     ModelRuntimeError,
@@ -35,13 +50,17 @@ from model_runtime.server.codec import TensorSpec
 from model_runtime.server.datatypes import datatype_of
 
 __all__ = [
+    "ControlMode",
+    "ModelControlError",
     "ModelEntry",
+    "ModelLoadError",
     "ModelNotFoundError",
     "ModelRepository",
     "ModelState",
     "ModelStats",
     "RunnerFactory",
     "RunnerLike",
+    "ServingRunner",
     "parse_model_arg",
     "replica_states",
 ]
@@ -50,10 +69,41 @@ log = structlog.get_logger(__name__)
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
 SUFFIXES = (".mrx", ".onnx")
+#: How often a reload waiting for a free device tries again (seconds).
+_DEVICE_RETRY = 0.05
+Fingerprint = tuple[int, int, int]
+_T = TypeVar("_T")
 
 
 class ModelNotFoundError(ModelRuntimeError):
     """No model of that name is known to the repository (HTTP 404)."""
+
+
+class ModelLoadError(ModelRuntimeError):
+    """A model (version) failed to load; ``cause`` says why. The message starts with Triton's
+    ``failed to load '<name>'``. A model that was serving before still serves."""
+
+    def __init__(self, name: str, message: str, cause: BaseException | None = None) -> None:
+        super().__init__(f"failed to load '{name}': {message}")
+        self.cause = cause
+
+
+class ModelControlError(ModelRuntimeError):
+    """The model control mode does not let the repository API load or unload (HTTP 403)."""
+
+
+class ControlMode(enum.Enum):
+    """Triton's ``--model-control-mode``: who decides which models are loaded.
+
+    ``NONE``: every model is loaded at start; the repository API cannot load or unload.
+    ``EXPLICIT``: the repository API loads and unloads; the daemon loads ``--load-model`` at
+    start. ``POLL``: the files decide; the repository is polled for added, changed and removed
+    model files; the API cannot load or unload.
+    """
+
+    NONE = "none"
+    EXPLICIT = "explicit"
+    POLL = "poll"
 
 
 class RunnerLike(Protocol):
@@ -67,6 +117,7 @@ class RunnerLike(Protocol):
         outputs: Mapping[str, np.ndarray] | None = None,
         replica_id: int | None = None,
         timeout: float | None = None,
+        priority: int = 0,
     ) -> dict[str, np.ndarray]: ...
     def get_execute_inputs(self) -> list[DataDesc]: ...
     def get_execute_outputs(self) -> list[DataDesc]: ...
@@ -87,6 +138,72 @@ def _default_factory(path: Path, config: ModelRunnerConfig) -> RunnerLike:
     from model_runtime.runner import ModelRunner  # the runner sits above the server's imports
 
     return ModelRunner(path, config)
+
+
+class ServingRunner:
+    """The runner a loaded model serves with now, as one stable object for the HTTP layer.
+
+    A reload assigns :attr:`current`. :meth:`execute` reads it and hands the request to that
+    runner's queue without an ``await`` in between (a runner enqueues synchronously on its
+    first step), so the swap can never fall between choosing a version and reaching it: a
+    request is either taken by the old version (which drains it before closing) or by the new.
+
+    Raises:
+        nothing of its own: every call is the current runner's.
+    """
+
+    __slots__ = ("current",)
+
+    def __init__(self, runner: RunnerLike) -> None:
+        self.current = runner
+
+    async def start(self) -> None:
+        """Start the current runner (a loaded model's runner is already started)."""
+        await self.current.start()
+
+    async def close(self) -> None:
+        """Close the current runner."""
+        await self.current.close()
+
+    def execute(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Mapping[str, np.ndarray] | None = None,
+        replica_id: int | None = None,
+        timeout: float | None = None,
+        priority: int = 0,
+    ) -> Coroutine[Any, Any, dict[str, np.ndarray]]:
+        """The current runner's ``execute`` (no frame of its own on the hot path)."""
+        return self.current.execute(inputs, outputs, replica_id, timeout, priority)
+
+    def get_execute_inputs(self) -> list[DataDesc]:
+        """The current runner's inputs."""
+        return self.current.get_execute_inputs()
+
+    def get_execute_outputs(self) -> list[DataDesc]:
+        """The current runner's outputs."""
+        return self.current.get_execute_outputs()
+
+    def replica_status(self) -> list[ReplicaStatus]:
+        """The current runner's replica statuses."""
+        return self.current.replica_status()
+
+    def replica_states(self) -> list[Any]:
+        """The current runner's replica state objects (see :func:`replica_states`)."""
+        return replica_states(self.current)
+
+    @property
+    def is_ready(self) -> bool:
+        """True while the current runner has a ready replica."""
+        return self.current.is_ready
+
+    async def get_monitoring_statistics_total_count(self, replica_id: int = 0) -> dict[str, float]:
+        """The current runner's request counts per phase."""
+        return await self.current.get_monitoring_statistics_total_count(replica_id)
+
+    async def get_monitoring_statistics_mean(self, replica_id: int = 0) -> dict[str, float]:
+        """The current runner's mean durations per phase."""
+        return await self.current.get_monitoring_statistics_mean(replica_id)
 
 
 class ModelState(enum.Enum):
@@ -123,19 +240,30 @@ class ModelStats:
 
 @dataclass(slots=True)
 class ModelEntry:
-    """One model the repository knows, loaded or not."""
+    """One model the repository knows, loaded or not.
+
+    ``wanted``: the model should be loaded (asked for at start, by a load or by the poll; an
+    unload clears it): what strict readiness waits for. ``loads`` / ``load_failures`` count
+    versions loaded and loads that failed. ``fingerprint`` is the file as last loaded (or
+    tried): the poll reloads when it changes.
+    """
 
     name: str
     source: Path
     state: ModelState = ModelState.UNAVAILABLE
     reason: str = ""
-    runner: RunnerLike | None = None
+    runner: ServingRunner | None = None
     inputs: tuple[TensorSpec, ...] = ()
     outputs: tuple[TensorSpec, ...] = ()
     datatypes: dict[str, str] = field(default_factory=dict)
     stats: ModelStats = field(default_factory=ModelStats)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     stop: anyio.Event | None = None
+    in_directory: bool = False
+    wanted: bool = False
+    fingerprint: Fingerprint | None = None
+    loads: int = 0
+    load_failures: int = 0
 
     @property
     def is_ready(self) -> bool:
@@ -167,6 +295,15 @@ def replica_states(runner: object) -> list[Any]:
     return list(fn()) if callable(fn) else []
 
 
+def _fingerprint(path: Path) -> Fingerprint | None:
+    """What tells one version of a file from the next (None: no such file)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino
+
+
 async def _first_of(events: Sequence[anyio.Event]) -> None:
     """Return when any of ``events`` is set."""
     async with anyio.create_task_group() as tg:
@@ -193,14 +330,26 @@ def _specs(descs: Sequence[DataDesc], axis: int) -> tuple[TensorSpec, ...]:
     return tuple(out)
 
 
+@dataclass(frozen=True, slots=True)
+class _Version:
+    """A started runner and what the HTTP layer reads about it."""
+
+    runner: RunnerLike
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+
 class ModelRepository:
-    """Named models and their runners; loads, unloads and indexes them.
+    """Named models and their runners; loads, reloads, unloads, polls and indexes them.
 
     Use as ``async with ModelRepository(...) as repo``: runners are clients of the runtime's
     tree, started by a load and closed by an unload from whichever task asks; the repository's
     task group only watches their readiness. ``compile_source`` turns an ``.onnx`` path into
     an ``.mrx`` path (it runs in a worker thread); ``runner_factory`` builds runners (tests
-    pass fakes).
+    pass fakes). ``control_mode`` governs :meth:`client_load` / :meth:`client_unload` only
+    (a repository built in code is controlled by its code: ``EXPLICIT``; the daemon passes its
+    ``--model-control-mode``, default ``none``). ``strict_readiness`` and ``starting`` decide
+    :meth:`not_ready_reason`.
     """
 
     def __init__(
@@ -210,9 +359,17 @@ class ModelRepository:
         directory: Path | None = None,
         compile_source: Callable[[Path], Path] | None = None,
         runner_factory: RunnerFactory | None = None,
+        control_mode: ControlMode = ControlMode.EXPLICIT,
+        strict_readiness: bool = True,
+        reload_device_wait: float = 10.0,
     ) -> None:
         self.config = config
         self.directory = directory.resolve() if directory is not None else None
+        self.control_mode = control_mode
+        self.strict_readiness = strict_readiness
+        self.reload_device_wait = reload_device_wait
+        #: True while the daemon loads its models at start: the server is not ready yet.
+        self.starting = False
         self._compile = compile_source
         self._factory = runner_factory or _default_factory
         self._models: dict[str, ModelEntry] = {}
@@ -235,7 +392,7 @@ class ModelRepository:
 
     # -- lookup ------------------------------------------------------------------------------
 
-    def add(self, name: str, source: Path) -> ModelEntry:
+    def add(self, name: str, source: Path, *, in_directory: bool = False) -> ModelEntry:
         """Register a model by name (not loaded).
 
         Raises:
@@ -245,11 +402,15 @@ class ModelRepository:
         if entry is not None and entry.source != source:
             raise InputValidationError(f"two models are named {name!r}: {entry.source}, {source}")
         if entry is None:
-            entry = self._models[name] = ModelEntry(name, source)
+            entry = self._models[name] = ModelEntry(name, source, in_directory=in_directory)
         return entry
 
     def scan(self) -> list[str]:
-        """Register every model file of the repository directory; return their names."""
+        """Register every model file of the repository directory; return their names.
+
+        Raises:
+            OSError: the directory cannot be listed.
+        """
         if self.directory is None:
             return []
         names = set()
@@ -257,7 +418,7 @@ class ModelRepository:
             if path.suffix in SUFFIXES and _NAME.fullmatch(path.stem):
                 found = self._resolve(path.stem)
                 if found is not None and path.stem not in self._models:
-                    self.add(path.stem, found)
+                    self.add(path.stem, found, in_directory=True)
                 if path.stem in self._models:
                     names.add(path.stem)
         return sorted(names)
@@ -270,6 +431,12 @@ class ModelRepository:
             if candidate.parent == self.directory and candidate.is_file():
                 return candidate
         return None
+
+    def _source_now(self, entry: ModelEntry) -> Path | None:
+        """The file ``entry`` would load now (a directory model is resolved again), or None."""
+        if entry.in_directory and self.directory is not None:
+            return self._resolve(entry.name)
+        return entry.source if entry.source.is_file() else None
 
     def get(self, name: str) -> ModelEntry:
         """The model called ``name``.
@@ -287,14 +454,90 @@ class ModelRepository:
         return [self._models[n] for n in sorted(self._models)]
 
     def index(self) -> list[dict[str, str]]:
-        """The repository index (protocol repository extension)."""
+        """The repository index (protocol repository extension): every model, its state and
+        the reason (why it is unavailable, or why its last reload failed).
+
+        Raises:
+            OSError: the repository directory cannot be listed.
+        """
         self.scan()
         return [
             {"name": e.name, "version": "1", "state": e.state.value, "reason": e.reason}
             for e in self.entries()
         ]
 
-    # -- load / unload -------------------------------------------------------------------------
+    def not_ready_reason(self) -> str | None:
+        """Why the server is not ready (None: it is), Triton's way: while the models of the
+        start load, not ready; then, with ``strict_readiness``, ready when every model that
+        should be loaded is ready; without it, ready (the server can serve)."""
+        if self.starting:
+            return "the server is loading its models"
+        if not self.strict_readiness:
+            return None
+        bad = [e.name for e in self.entries() if e.wanted and not e.is_ready]
+        if bad:
+            return f"model(s) not ready: {bad} (see POST /v2/repository/index)"
+        return None
+
+    # -- the repository API (control modes) ------------------------------------------------------
+
+    def _check_control(self, action: str) -> None:
+        mode = self.control_mode
+        if mode is ControlMode.EXPLICIT:
+            return
+        how = (
+            "start the daemon with --model-control-mode explicit"
+            if mode is ControlMode.NONE
+            else "the repository is polled: add, replace or remove the model's file instead"
+        )
+        raise ModelControlError(
+            f"explicit model {action} is not allowed in model control mode '{mode.value}' ({how})"
+        )
+
+    async def client_load(self, name: str) -> ModelEntry:
+        """A load asked through the repository API: :meth:`load`, in ``explicit`` mode only.
+
+        Raises:
+            ModelControlError: the control mode is not ``explicit``.
+            InputValidationError, ModelNotFoundError, ModelLoadError: as :meth:`load`.
+        """
+        self._check_control("load")
+        return await self._detached(self.load(name))
+
+    async def client_unload(self, name: str) -> None:
+        """An unload asked through the repository API: :meth:`unload`, in ``explicit`` mode only.
+
+        Raises:
+            ModelControlError: the control mode is not ``explicit``.
+            ModelNotFoundError: no such model.
+        """
+        self._check_control("unload")
+        await self._detached(self.unload(name))
+
+    async def _detached(self, work: Coroutine[Any, Any, _T]) -> _T:
+        """Run ``work`` in the repository's task group and wait for it: a client that goes
+        away stops waiting but does not cancel a load or unload half done (closing the
+        repository does)."""
+        tg = self._tg
+        if tg is None:
+            work.close()
+            raise ModelRuntimeError("the model repository is not open (use `async with`)")
+        done: asyncio.Future[_T] = asyncio.get_running_loop().create_future()
+        done.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody may wait
+
+        async def run() -> None:
+            try:
+                done.set_result(await work)
+            except Exception as exc:
+                done.set_exception(exc)
+            except BaseException:
+                done.cancel()
+                raise
+
+        tg.start_soon(run)
+        return await asyncio.shield(done)
+
+    # -- load / reload / unload ------------------------------------------------------------------
 
     def _lookup_for_load(self, name: str) -> ModelEntry:
         if not _NAME.fullmatch(name) or ".." in name:
@@ -305,51 +548,121 @@ class ModelRepository:
         found = self._resolve(name) if self.directory is not None else None
         if found is None:
             raise ModelNotFoundError(f"no model {name!r} in the model repository")
-        return self.add(name, found)
+        return self.add(name, found, in_directory=True)
 
     async def load(self, name: str) -> ModelEntry:
-        """Load (or reload) ``name``: compile if needed, start its runner.
+        """Load ``name``, or reload it beside the serving version and swap atomically.
+
+        Compiles an ``.onnx`` file, starts (and warms) a runner, then makes it the one that
+        serves; a version that was serving drains its requests and closes after the swap, so
+        no request is refused. On failure a serving version keeps serving.
 
         Raises:
             InputValidationError: ``name`` is not a valid model name (path tricks included).
             ModelNotFoundError: no such model.
-            ModelRuntimeError: compiling or starting failed (the entry records the reason).
+            ModelLoadError: compiling or starting failed; the entry records the reason.
         """
         entry = self._lookup_for_load(name)
+        entry.wanted = True
         async with entry.lock:
-            if entry.runner is not None:
-                await self._close(entry)
-            entry.state, entry.reason = ModelState.LOADING, ""
-            try:
-                await self._start(entry)
-            except Exception as exc:
-                entry.state, entry.reason = ModelState.UNAVAILABLE, f"load failed: {exc}"
-                log.error("model_load_failed", model=name, error=str(exc))
-                raise
-            entry.state = ModelState.READY
-        log.info("model_loaded", model=name, source=str(entry.source))
+            await self._load_locked(entry)
         return entry
 
-    async def _start(self, entry: ModelEntry) -> None:
-        path = entry.source
+    async def _load_locked(self, entry: ModelEntry) -> None:
+        serving = entry.runner
+        source = self._source_now(entry)
+        fingerprint = None if source is None else _fingerprint(source)
+        if serving is None:
+            entry.state, entry.reason = ModelState.LOADING, ""
+        try:
+            if source is None:
+                raise ModelLoadError(entry.name, f"its file {entry.source} is gone")
+            version = await self._start_version(entry, source, beside=serving is not None)
+        except Exception as exc:
+            self._load_failed(entry, exc, fingerprint)
+            if isinstance(exc, ModelLoadError):
+                raise
+            raise ModelLoadError(entry.name, self._why(exc, entry), exc) from exc
+        except BaseException:  # cancelled: as if it had not been asked
+            if serving is None:
+                entry.state, entry.reason = ModelState.UNAVAILABLE, "load cancelled"
+            raise
+        assert source is not None
+        entry.source, entry.fingerprint = source, fingerprint
+        old, old_stop = (serving.current if serving is not None else None), entry.stop
+        # The swap: everything a request reads about the model changes in this one step.
+        entry.inputs, entry.outputs = version.inputs, version.outputs
+        entry.datatypes = {s.name: s.datatype for s in version.outputs}
+        if serving is None:
+            entry.runner = ServingRunner(version.runner)
+        else:
+            serving.current = version.runner
+        entry.stop = self._watch(entry, version.runner)
+        entry.state, entry.reason = ModelState.READY, ""
+        entry.loads += 1
+        log.info("model_loaded", model=entry.name, source=str(source), version=entry.loads)
+        if old is not None:
+            if old_stop is not None:
+                old_stop.set()
+            with anyio.CancelScope(shield=True):  # what the old one took gets its answers
+                await self._retire(entry.name, old)
+
+    def _why(self, exc: Exception, entry: ModelEntry) -> str:
+        why = str(exc) or type(exc).__name__
+        if isinstance(exc, DeviceUnavailableError) and entry.runner is not None:
+            why += (
+                "; a reload loads the new version beside the serving one, which keeps its "
+                "devices until the swap: free a device, or unload the model and load it again"
+            )
+        return why
+
+    def _load_failed(self, entry: ModelEntry, exc: Exception, fp: Fingerprint | None) -> None:
+        entry.fingerprint = fp  # the poll tries again only when the file changes
+        entry.load_failures += 1
+        reason = str(exc) if isinstance(exc, ModelLoadError) else self._why(exc, entry)
+        if not reason.startswith("failed to load"):
+            reason = f"failed to load '{entry.name}': {reason}"
+        serving = entry.runner is not None
+        if serving:
+            entry.reason = f"{reason} (the previous version is still serving)"
+        else:
+            entry.state, entry.reason = ModelState.UNAVAILABLE, reason
+        log.error("model_load_failed", model=entry.name, error=reason, still_serving=serving)
+
+    async def _start_version(self, entry: ModelEntry, source: Path, *, beside: bool) -> _Version:
+        if self._tg is None:
+            raise ModelRuntimeError("the model repository is not open (use `async with`)")
+        path = source
         if path.suffix == ".onnx":
             if self._compile is None:
                 raise ModelRuntimeError(f"cannot compile {path}: no compiler configured")
             compile_source = self._compile
-            path = await anyio.to_thread.run_sync(lambda: compile_source(entry.source))
-        if self._tg is None:
-            raise ModelRuntimeError("the model repository is not open (use `async with`)")
+            path = await anyio.to_thread.run_sync(lambda: compile_source(source))
         # A runner is a client of the runtime's tree: started here, closed by whichever task
         # unloads it. The repository hosts nothing but the readiness watchers.
         config = replace(self.config, replica_to_save_programs_outputs={})
+        if beside and config.device_wait_config is None:
+            # The serving version holds its devices until the swap; another reload's old
+            # version frees its own as it retires: wait for that, boundedly.
+            wait = DeviceWaitConfig.with_timeout(self.reload_device_wait, _DEVICE_RETRY)
+            config = replace(config, device_wait_config=wait)
         runner = self._factory(path, config)
         await runner.start()
-        axis = config.batching_dim if config.batching_dim is not None else 0
-        entry.inputs = _specs(runner.get_execute_inputs(), axis)
-        entry.outputs = _specs(runner.get_execute_outputs(), axis)
-        entry.datatypes = {s.name: s.datatype for s in entry.outputs}
-        entry.runner, entry.stop = runner, anyio.Event()
-        self._tg.start_soon(self._watch_readiness, entry, runner, entry.stop)
+        try:
+            axis = config.batching_dim if config.batching_dim is not None else 0
+            inputs = _specs(runner.get_execute_inputs(), axis)
+            outputs = _specs(runner.get_execute_outputs(), axis)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await runner.close()
+            raise
+        return _Version(runner, inputs, outputs)
+
+    def _watch(self, entry: ModelEntry, runner: RunnerLike) -> anyio.Event:
+        assert self._tg is not None
+        stop = anyio.Event()
+        self._tg.start_soon(self._watch_readiness, entry, runner, stop)
+        return stop
 
     async def _watch_readiness(
         self, entry: ModelEntry, runner: RunnerLike, stop: anyio.Event
@@ -368,6 +681,15 @@ class ModelRepository:
                 if self.on_readiness is not None:
                     self.on_readiness(entry.name, now)
 
+    async def _retire(self, name: str, runner: RunnerLike) -> None:
+        """Close a version that was swapped out: it finishes what it took, then lets go of its
+        devices (logged, never raised: the new version serves already)."""
+        try:
+            await runner.close()
+        except Exception as exc:
+            log.error("model_close_failed", model=name, error=str(exc))
+        log.info("model_version_retired", model=name)
+
     async def unload(self, name: str) -> None:
         """Drain and stop ``name``'s runner (in-flight requests finish first).
 
@@ -375,19 +697,20 @@ class ModelRepository:
             ModelNotFoundError: no such model.
         """
         entry = self.get(name)
+        entry.wanted = False
         async with entry.lock:
             await self._close(entry)
         log.info("model_unloaded", model=name)
 
     async def _close(self, entry: ModelEntry) -> None:
-        runner = entry.runner
-        if runner is None:
+        serving = entry.runner
+        if serving is None:
             return
         entry.state = ModelState.UNLOADING
         if entry.stop is not None:
             entry.stop.set()
         try:
-            await runner.close()
+            await serving.close()
         except Exception as exc:
             log.error("model_close_failed", model=entry.name, error=str(exc))
         finally:
@@ -402,3 +725,40 @@ class ModelRepository:
                     await self._close(entry)
             except Exception as exc:
                 log.error("model_close_failed", model=entry.name, error=str(exc))
+
+    # -- poll --------------------------------------------------------------------------------
+
+    async def poll(self) -> None:
+        """One pass of ``poll`` mode: load models whose files appeared, reload those whose
+        files changed since they were last loaded (or tried), unload those whose files are
+        gone (a directory model then leaves the index). A failed load is logged and kept in
+        the index; the poll goes on with the next model.
+
+        Raises:
+            nothing: an unreadable directory is logged and the pass skipped.
+        """
+        try:
+            self.scan()
+        except OSError as exc:
+            log.error("repository_poll_failed", error=str(exc))
+            return
+        for entry in self.entries():
+            source = self._source_now(entry)
+            if source is None:
+                await self._poll_removed(entry)
+                continue
+            if source == entry.source and _fingerprint(source) == entry.fingerprint:
+                continue
+            log.info("repository_change", model=entry.name, source=str(source))
+            try:
+                await self.load(entry.name)
+            except ModelRuntimeError:
+                pass  # logged by load; the index has the reason
+
+    async def _poll_removed(self, entry: ModelEntry) -> None:
+        if entry.runner is not None or entry.wanted:
+            log.info("repository_change", model=entry.name, source=None)
+            await self.unload(entry.name)
+        entry.fingerprint = None
+        if entry.in_directory and entry.runner is None and self._models.get(entry.name) is entry:
+            del self._models[entry.name]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,49 @@ async def test_repository_refuses_path_tricks(tmp_path: Path) -> None:
         await repo.load("link")
     with pytest.raises(ModelNotFoundError):
         await repo.unload("secret")
+
+
+def test_model_control_defaults_are_tritons() -> None:
+    opts = options_from_args(build_parser().parse_args([]))
+    assert opts.model_control_mode == "none" and opts.load_models == []
+    assert opts.strict_readiness is True and opts.repository_poll_secs == 15.0
+    opts = options_from_args(
+        build_parser().parse_args(
+            ["--model-control-mode", "explicit", "--load-model", "a", "--load-model", "b",
+             "--no-strict-readiness", "--reload-device-wait", "2"]
+        )
+    )  # fmt: skip
+    assert opts.load_models == ["a", "b"] and opts.strict_readiness is False
+    assert opts.reload_device_wait == 2.0
+
+
+@pytest.mark.parametrize(
+    ("text", "args", "message"),
+    [
+        ("", ["--load-model", "a"], "--load-model needs --model-control-mode explicit"),
+        ("", ["--model-control-mode", "explicit", "--load-model", "*", "--load-model", "a"],
+         "give it alone"),
+        ("", ["--repository-poll-secs", "5"], "--repository-poll-secs needs"),
+        ("", ["--model-control-mode", "poll", "--repository-poll-secs", "0"], "must be > 0"),
+        ('[server]\nmodel_control_mode = "sometimes"\n', [], "model control mode must be"),
+        ("", ["--reload-device-wait", "-1"], "must be >= 0"),
+    ],
+)  # fmt: skip
+def test_model_control_options_that_would_be_ignored_are_refused(
+    tmp_path: Path, text: str, args: list[str], message: str
+) -> None:
+    cfg = tmp_path / "serve.toml"
+    cfg.write_text(text)
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        options_from_args(build_parser().parse_args(["--config", str(cfg), *args]))
+
+
+def test_model_control_from_the_config_file(tmp_path: Path) -> None:
+    cfg = tmp_path / "serve.toml"
+    cfg.write_text(
+        '[server]\nmodel_control_mode = "poll"\nrepository_poll_secs = 2.5\n'
+        "strict_readiness = false\n"
+    )
+    opts = options_from_args(build_parser().parse_args(["--config", str(cfg)]))
+    assert (opts.model_control_mode, opts.repository_poll_secs) == ("poll", 2.5)
+    assert opts.strict_readiness is False
