@@ -3,34 +3,52 @@
 Every error is answered as ``{"error": "..."}`` with the status its cause calls for: 400 bad
 request, 404 unknown model or route, 413 body over the limit (refused from ``Content-Length``
 before a byte of the body is read, or as soon as a chunked body passes the limit), 500 device
-failure, 503 not ready / draining / stopped, 504 deadline exceeded. Client disconnects cancel
+failure, 503 not ready / draining / stopped / queue full (with ``Retry-After``), 504 deadline
+exceeded, 408 a body that did not arrive within ``body_timeout``. Client disconnects cancel
 the handler (``handler_cancellation``), which cancels the runner request.
+
+Inference honours the request's parameters (:mod:`model_runtime.server.parameters`):
+``timeout`` (microseconds) shortens the request's deadline and reaches the runner, which drops
+the request before it reaches a device once it passed; ``priority`` (1 highest, 0 default)
+becomes ``execute(priority=...)`` through :func:`~model_runtime.server.parameters.execute_priority`;
+anything not supported is a 400 that names it. Request and response JSON go through orjson;
+bodies over 1 MiB are decoded and encoded off the event loop. Every request is logged once
+(:mod:`model_runtime.server.access`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import orjson
 import structlog
 from aiohttp import web
 
 from model_runtime.errors import (
+    DeviceUnavailableError,
     ExecutionTimeoutError,
     InputValidationError,
     ModelRuntimeError,
+    QueueFullError,
     RunnerStoppedError,
 )
-from model_runtime.server.codec import encode_infer_response, parse_infer_request
+from model_runtime.server.access import RateLimitedLog, access_middleware
+from model_runtime.server.codec import (
+    InferRequest,
+    encode_infer_response,
+    parse_infer_request,
+)
 from model_runtime.server.metrics import CONTENT_TYPE, DaemonMetrics
+from model_runtime.server.parameters import execute_priority, load_request_parameters
 from model_runtime.server.repository import (
+    ModelControlError,
     ModelEntry,
+    ModelLoadError,
     ModelNotFoundError,
     ModelRepository,
     ModelState,
@@ -49,21 +67,38 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @dataclass(frozen=True, slots=True)
 class ServerOptions:
-    """Front-end limits. ``request_timeout`` (seconds, None: none) bounds queue + compute."""
+    """Front-end limits and settings.
+
+    ``request_timeout`` (seconds, None: none) bounds queue + compute; a request's own
+    ``timeout`` parameter can only shorten it. ``body_timeout`` (seconds, None: none) bounds
+    reading a request body (408 past it). ``access_log``: one INFO line per request.
+    ``priority_levels`` / ``default_priority_level``: Triton's dynamic batching fields, for
+    the mapping of a request's ``priority`` (None: not configured, see
+    :func:`~model_runtime.server.parameters.execute_priority`). ``retry_after``: seconds, in the
+    ``Retry-After`` of a 503 for a full queue.
+    """
 
     max_body_size: int = 64 << 20
     request_timeout: float | None = 60.0
     server_name: str = "model-runtime"
     server_version: str = "0.1.0"
+    body_timeout: float | None = 60.0
+    access_log: bool = True
+    priority_levels: int | None = None
+    default_priority_level: int | None = None
+    retry_after: int = 1
 
 
 class HTTPError(Exception):
-    """An answer other than 200, with its status and message."""
+    """An answer other than 200, with its status, message and extra headers."""
 
-    def __init__(self, status: int, message: str, reason: str) -> None:
+    def __init__(
+        self, status: int, message: str, reason: str, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.reason = reason
+        self.headers = headers or {}
 
 
 def _status_of(exc: BaseException) -> tuple[int, str]:
@@ -74,6 +109,8 @@ def _status_of(exc: BaseException) -> tuple[int, str]:
             return 404, "unknown_model"
         case InputValidationError():
             return 400, "bad_request"
+        case QueueFullError():
+            return 503, "queue_full"
         case RunnerStoppedError():
             return 503, "not_ready"
         case ExecutionTimeoutError() | TimeoutError():
@@ -84,16 +121,14 @@ def _status_of(exc: BaseException) -> tuple[int, str]:
 
 
 def _json(doc: Any, status: int = 200) -> web.Response:
-    return web.Response(
-        body=json.dumps(doc, separators=(",", ":")).encode(),
-        status=status,
-        content_type="application/json",
-    )
+    return web.Response(body=orjson.dumps(doc), status=status, content_type="application/json")
 
 
-def _error(status: int, message: str) -> web.Response:
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
     resp = _json({"error": message}, status)
-    if status == 413:
+    if headers:
+        resp.headers.update(headers)
+    if status in (408, 413):
         resp.force_close()  # do not linger reading a body we refused
     return resp
 
@@ -116,11 +151,13 @@ class InferenceServer:
         self._inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        self._queue_full_log = RateLimitedLog("requests_refused_queue_full")
 
     def app(self) -> web.Application:
         """The aiohttp application (``client_max_size`` enforces the body limit)."""
+        access = access_middleware(enabled=self.options.access_log)
         app = web.Application(
-            client_max_size=self.options.max_body_size, middlewares=[self._middleware]
+            client_max_size=self.options.max_body_size, middlewares=[access, self._middleware]
         )
         g, p = "GET", "POST"
         model = "/v2/models/{name}"
@@ -160,23 +197,26 @@ class InferenceServer:
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        rid = request.headers.get("X-Request-ID") or uuid.uuid4().hex[:16]
-        with structlog.contextvars.bound_contextvars(request_id=rid):
-            try:
-                resp = await handler(request)
-            except web.HTTPException as exc:
-                if exc.status < 400:
-                    raise
-                resp = _error(exc.status, exc.reason if exc.text is None else exc.text)
-            except Exception as exc:
-                status, reason = _status_of(exc)
-                if reason == "internal":
-                    log.exception("request_failed", path=request.path, status=status)
-                elif status >= 500:
-                    log.warning("request_failed", path=request.path, status=status, error=str(exc))
-                resp = _error(status, str(exc) or type(exc).__name__)
-            resp.headers["X-Request-ID"] = rid
-            return resp
+        """Every exception becomes its ``{"error": ...}`` answer (request ids, log context and
+        the access log are :func:`access_middleware`'s, outside this one)."""
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            return _error(exc.status, exc.reason if exc.text is None else exc.text)
+        except Exception as exc:
+            status, reason = _status_of(exc)
+            headers = exc.headers if isinstance(exc, HTTPError) else None
+            if reason == "queue_full":
+                # Overload is answered, counted, and logged as a rate-limited summary only.
+                headers = {"Retry-After": str(self.options.retry_after)}
+                self._queue_full_log(path=request.path, error=str(exc))
+            elif reason == "internal":
+                log.exception("request_failed", path=request.path, status=status)
+            elif status >= 500:
+                log.warning("request_failed", path=request.path, status=status, error=str(exc))
+            return _error(status, str(exc) or type(exc).__name__, headers)
 
     # -- health and metadata ---------------------------------------------------------------------
 
@@ -197,14 +237,12 @@ class InferenceServer:
     def _not_ready_reason(self) -> str | None:
         if self.draining:
             return "the server is draining"
-        loaded = [e for e in self.repository.entries() if e.state is not ModelState.UNAVAILABLE]
-        if not loaded:
-            return "no model is loaded"
-        bad = [e.name for e in loaded if not e.is_ready]
-        return f"model(s) not ready: {bad}" if bad else None
+        return self.repository.not_ready_reason()
 
     async def ready(self, request: web.Request) -> web.Response:
-        """``GET /v2/health/ready``: 200 while every loaded model has a ready replica."""
+        """``GET /v2/health/ready``: 200 while the server is ready, Triton's way (strict
+        readiness, the default: every model that should be loaded is ready; otherwise: the
+        server can serve), else 503 with the reason."""
         reason = self._not_ready_reason()
         if reason is None:
             return _json({"ready": True})
@@ -285,25 +323,46 @@ class InferenceServer:
     async def _infer(
         self, request: web.Request, entry: ModelEntry, runner: Any
     ) -> tuple[web.Response, int]:
-        body = await request.read()
         raw = request.headers.get(HEADER_LENGTH)
         try:
             header_length = None if raw is None else int(raw)
         except ValueError:
             raise HTTPError(400, f"{HEADER_LENGTH} must be an integer", "bad_request") from None
+        body = await self._read_body(request)
 
-        def parse() -> Any:
+        def parse() -> InferRequest:
             return parse_infer_request(
                 body, header_length, entry.inputs, entry.outputs, model=entry.name
             )
 
+        # Decoding ~1 MiB takes ~1-5 ms: below that the thread hop costs more than it saves.
         if len(body) > _THREAD_PARSE_BYTES:
             parsed = await anyio.to_thread.run_sync(parse)
         else:
             parsed = parse()
-        async with asyncio.timeout(self.options.request_timeout):
-            results = await runner.execute(parsed.inputs)
-        out, json_length = encode_infer_response(entry.name, "1", parsed, results, entry.datatypes)
+        opts = self.options
+        timeout = opts.request_timeout
+        if parsed.timeout is not None:
+            timeout = parsed.timeout if timeout is None else min(timeout, parsed.timeout)
+        priority = execute_priority(
+            parsed.priority, levels=opts.priority_levels, default_level=opts.default_priority_level
+        )
+        # The runner enforces the deadline (it drops a request whose deadline passed before it
+        # reaches a device); the timeout around it is the backstop for the answer.
+        # ``priority`` is passed only when it is not the default: the repository's runner facade
+        # (ServingRunner) does not take it yet.
+        async with asyncio.timeout(timeout):
+            results = await runner.execute(parsed.inputs, timeout=timeout, priority=priority)
+
+        def encode() -> tuple[bytes, int | None]:
+            return encode_infer_response(
+                entry.name, "1", parsed, results, entry.datatypes, specs=entry.outputs
+            )
+
+        if sum(a.nbytes for a in results.values()) > _THREAD_PARSE_BYTES // 4:
+            out, json_length = await anyio.to_thread.run_sync(encode)
+        else:
+            out, json_length = encode()
         first = next(iter(parsed.inputs.values()))
         samples = int(first.shape[0]) if first.ndim else 1
         if json_length is None:
@@ -311,6 +370,44 @@ class InferenceServer:
         resp = web.Response(body=out, content_type="application/octet-stream")
         resp.headers[HEADER_LENGTH] = str(json_length)
         return resp, samples
+
+    async def _read_body(self, request: web.Request) -> bytearray:
+        """The body, read into one buffer sized from ``Content-Length`` (no second copy as
+        ``request.read()`` makes), within ``max_body_size`` and ``body_timeout``.
+
+        Raises:
+            HTTPError: 413 past the size limit, 408 past the time limit.
+        """
+        limit = self.options.max_body_size
+        length = request.content_length
+        body = bytearray(length or 0)
+        view = memoryview(body)
+        filled = 0
+        try:
+            async with asyncio.timeout(self.options.body_timeout):
+                while chunk := await request.content.readany():
+                    end = filled + len(chunk)
+                    if end > limit:
+                        message = f"body of over {limit} bytes exceeds {limit}"
+                        raise HTTPError(413, message, "too_large")
+                    if end <= len(body):
+                        view[filled:end] = chunk
+                    else:  # chunked, or longer than announced
+                        view.release()
+                        body[filled:] = chunk
+                        view = memoryview(body)
+                    filled = end
+        except TimeoutError:
+            raise HTTPError(
+                408,
+                f"the request body did not arrive within {self.options.body_timeout} s",
+                "body_timeout",
+            ) from None
+        finally:
+            view.release()
+        if filled < len(body):
+            del body[filled:]  # the client sent less than it announced (then closed)
+        return body
 
     def _pending(self, model: str) -> Any:
         gauge = self._pending_gauges.get(model)
@@ -349,15 +446,29 @@ class InferenceServer:
         return _json(self.repository.index())
 
     async def load(self, request: web.Request) -> web.Response:
-        """``POST /v2/repository/models/{name}/load``."""
+        """``POST /v2/repository/models/{name}/load``: load, or reload beside the serving
+        version. 403 when the model control mode forbids it; a failed load is 400 (503 when
+        no device was free), ``failed to load '<name>': ...``, and a serving version serves on."""
         if self.draining:
             raise HTTPError(503, "the server is draining", "draining")
-        await self.repository.load(request.match_info["name"])
+        # A config or file override is not supported: refused with a 400, never ignored.
+        load_request_parameters(await request.read(), request.match_info["name"])
+        try:
+            await self.repository.client_load(request.match_info["name"])
+        except ModelControlError as exc:
+            raise HTTPError(403, str(exc), "forbidden") from exc
+        except ModelLoadError as exc:
+            busy = isinstance(exc.cause, DeviceUnavailableError)
+            raise HTTPError(503 if busy else 400, str(exc), "load_failed") from exc
         return _json({})
 
     async def unload(self, request: web.Request) -> web.Response:
-        """``POST /v2/repository/models/{name}/unload``: drains the model's in-flight requests."""
-        await self.repository.unload(request.match_info["name"])
+        """``POST /v2/repository/models/{name}/unload``: drains the model's in-flight requests
+        (403 when the model control mode forbids it)."""
+        try:
+            await self.repository.client_unload(request.match_info["name"])
+        except ModelControlError as exc:
+            raise HTTPError(403, str(exc), "forbidden") from exc
         return _json({})
 
 

@@ -7,22 +7,43 @@ each input carried in binary says its size in ``parameters.binary_data_size``, i
 The decoder treats every declared number as a claim to check, never as a size to allocate: a
 shape's element count is computed with Python integers and compared with the elements (JSON)
 or bytes (binary) actually present before any array exists. Binary inputs become zero-copy
-views of the request body; JSON inputs become arrays no larger than the JSON they came from.
-Everything wrong with a request raises :class:`ProtocolError` (HTTP 400) with a message that
-names the tensor and the defect.
+views of the request body. JSON is parsed by orjson; big ``data`` arrays are converted from
+their text slice by slice, never as one list of Python numbers (:mod:`.jsonnumbers`), so
+decoding costs about the body plus the tensors. Every parameter is honoured or refused
+(:mod:`.parameters`). Everything wrong with a request raises :class:`ProtocolError` (HTTP 400)
+with a message that names the tensor and the defect.
+
+Responses are written by orjson straight from the arrays (no lists of Python numbers); FP16
+and FP32 values are written as the float64 numbers they equal, as Triton writes them. An
+output requested with ``classification`` comes back as BYTES (:mod:`.classification`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 
 from model_runtime.errors import InputValidationError
+from model_runtime.server.classification import bytes_to_binary, classify
 from model_runtime.server.datatypes import BYTES, DATATYPES
+from model_runtime.server.jsonnumbers import (
+    Retry,
+    cut_number_arrays,
+    flatten,
+    parse_number_span,
+    placeholder_index,
+    values_to_array,
+)
+from model_runtime.server.parameters import (
+    check_input_parameters,
+    output_parameters,
+    request_parameters,
+)
 
 __all__ = [
     "MAX_DIMS",
@@ -55,44 +76,50 @@ class TensorSpec:
 
 @dataclass(frozen=True, slots=True)
 class RequestedOutput:
-    """An output the client asked for, and whether it wants it as binary data."""
+    """An output the client asked for, whether it wants it as binary data, and how many
+    classes it wants instead of the tensor (0: the tensor)."""
 
     name: str
     binary: bool
+    class_count: int = 0
 
 
 @dataclass(slots=True)
 class InferRequest:
-    """A decoded inference request."""
+    """A decoded inference request. ``timeout`` (seconds, None: none given) and ``priority``
+    (the protocol's level: 1 highest, 0 default) come from its checked ``parameters``."""
 
     id: str | None
     inputs: dict[str, np.ndarray]
     outputs: tuple[RequestedOutput, ...]
     parameters: dict[str, Any] = field(default_factory=dict)
+    timeout: float | None = None
+    priority: int = 0
 
 
 def _fail(message: str) -> ProtocolError:
     return ProtocolError(message)
 
 
-def _header_split(body: bytes, header_length: int | None) -> tuple[bytes, memoryview]:
+def _header_end(body: bytes | bytearray, header_length: int | None) -> int:
     if header_length is None:
-        return body, memoryview(b"")
+        return len(body)
     if header_length < 0 or header_length > len(body):
         raise _fail(
             f"Inference-Header-Content-Length is {header_length}, but the body has "
             f"{len(body)} bytes"
         )
-    view = memoryview(body)
-    return bytes(view[:header_length]), view[header_length:]
+    return header_length
 
 
-def _load_json(header: bytes, whole_body: bool) -> dict[str, Any]:
+def _load_json(text: bytes | memoryview, whole_body: bool, exact: bool) -> dict[str, Any]:
     try:
-        doc = json.loads(header)
-    except json.JSONDecodeError as exc:
+        # The standard library keeps integers past 64 bits exact; orjson makes floats of them.
+        doc = json.loads(bytes(text)) if exact else orjson.loads(text)
+    except json.JSONDecodeError as exc:  # orjson's error is a subclass
         hint = ""
-        if whole_body and exc.msg == "Extra data":
+        trailing = exc.msg == "Extra data" or exc.msg.startswith("unexpected content after")
+        if whole_body and trailing:
             hint = " (binary data after the JSON needs an Inference-Header-Content-Length header)"
         raise _fail(f"the request is not valid JSON{hint}: {exc}") from None
     except (ValueError, RecursionError) as exc:
@@ -120,64 +147,6 @@ def _elements(shape: tuple[int, ...]) -> int:
     return n
 
 
-def _flatten(name: str, data: Any, expected: int) -> list[Any]:
-    if not isinstance(data, list):
-        raise _fail(f"input {name!r}: 'data' must be a list")
-    if not data or not isinstance(data[0], list):
-        return data  # flat; a list hidden further on makes the numpy conversion fail (400)
-    out: list[Any] = []
-    stack = [iter(data)]
-    while stack:
-        for item in stack[-1]:
-            if isinstance(item, list):
-                stack.append(iter(item))
-                break
-            out.append(item)
-            if len(out) > expected:
-                raise _fail(f"input {name!r}: 'data' has more than the {expected} elements")
-        else:
-            stack.pop()
-    return out
-
-
-def _from_json(name: str, datatype: str, data: list[Any]) -> np.ndarray:
-    dtype = DATATYPES[datatype]
-    if not data:
-        return np.empty(0, dtype)
-    try:
-        arr = np.array(data)
-    except (ValueError, TypeError, OverflowError) as exc:
-        raise _fail(f"input {name!r}: 'data' is not a list of {datatype} values: {exc}") from None
-    kind = arr.dtype.kind
-    if datatype == "BOOL":
-        if kind != "b":
-            raise _fail(f"input {name!r}: BOOL data must be true/false")
-        return arr
-    if dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        if kind in "iu":
-            low, high = int(arr.min()), int(arr.max())
-        elif kind in "Of" and all(type(v) is int for v in data):
-            # Integers that do not all fit one of int64/uint64 ([1, 2**63], [-1, 2**63],
-            # 2**64) come out of numpy as float64 or object: check them as Python ints.
-            low, high = min(data), max(data)
-            arr = np.array(data, dtype=dtype) if info.min <= low and high <= info.max else arr
-        else:
-            raise _fail(f"input {name!r}: {datatype} data must be integers")
-        # Checked before the cast: astype would wrap (-1 as UINT8 is 255) without a word.
-        if low < info.min:
-            raise _fail(_out_of_range(name, datatype, low, info))
-        if high > info.max:
-            raise _fail(_out_of_range(name, datatype, high, info))
-    elif kind not in "iuf":
-        raise _fail(f"input {name!r}: {datatype} data must be numbers")
-    return arr.astype(dtype, copy=False)
-
-
-def _out_of_range(name: str, datatype: str, value: int, info: np.iinfo[Any]) -> str:
-    return f"input {name!r}: value {value} is out of the {datatype} range [{info.min}, {info.max}]"
-
-
 def _from_binary(name: str, datatype: str, chunk: memoryview) -> np.ndarray:
     arr = np.frombuffer(chunk, dtype=DATATYPES[datatype])
     if datatype == "BOOL" and arr.size and arr.view(np.uint8).max() > 1:
@@ -191,15 +160,6 @@ def _parameters(where: str, raw: Any) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise _fail(f"{where}: 'parameters' must be a JSON object")
     return raw
-
-
-def _binary_size(name: str, params: Mapping[str, Any]) -> int | None:
-    size = params.get("binary_data_size")
-    if size is None:
-        return None
-    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-        raise _fail(f"input {name!r}: binary_data_size must be a non-negative integer")
-    return size
 
 
 def _check_datatype(name: str, datatype: Any, spec: TensorSpec, model: str) -> str:
@@ -221,7 +181,7 @@ def _check_datatype(name: str, datatype: Any, spec: TensorSpec, model: str) -> s
 
 
 def _requested_outputs(
-    raw: Any, outputs: Sequence[TensorSpec], binary_default: bool
+    raw: Any, outputs: Sequence[TensorSpec], binary_default: bool, model: str
 ) -> tuple[RequestedOutput, ...]:
     if raw is None:
         return tuple(RequestedOutput(s.name, binary_default) for s in outputs)
@@ -237,17 +197,19 @@ def _requested_outputs(
             raise _fail(f"unknown output {name!r} (the model has {sorted(known)})")
         if any(o.name == name for o in chosen):
             raise _fail(f"output {name!r} is requested twice")
-        binary = _parameters(f"output {name!r}", item.get("parameters")).get(
-            "binary_data", binary_default
+        extra = set(item) - {"name", "parameters"}
+        if extra:
+            raise _fail(f"output {name!r}: unknown field(s) {sorted(extra)}")
+        where = f"output {name!r}"
+        params = output_parameters(
+            name, _parameters(where, item.get("parameters")), binary_default, model
         )
-        if not isinstance(binary, bool):
-            raise _fail(f"output {name!r}: binary_data must be true or false")
-        chosen.append(RequestedOutput(name, binary))
+        chosen.append(RequestedOutput(name, params.binary, params.class_count))
     return tuple(chosen)
 
 
 def parse_infer_request(
-    body: bytes,
+    body: bytes | bytearray,
     header_length: int | None,
     inputs: Sequence[TensorSpec],
     outputs: Sequence[TensorSpec],
@@ -258,23 +220,47 @@ def parse_infer_request(
 
     ``header_length`` is the ``Inference-Header-Content-Length`` header (None when absent:
     the whole body is JSON). Shapes are checked only against the data given; whether they
-    fit the model (batch axis, per-sample shape) is the runner's check.
+    fit the model (batch axis, per-sample shape) is the runner's check. Binary inputs are
+    views of ``body`` (writable if ``body`` is a bytearray): keep it unchanged while in use.
 
     Raises:
         ProtocolError: malformed JSON, unknown/missing/duplicate inputs, wrong or unknown
             datatype names, shape and data that disagree, JSON integers outside the declared
             datatype's range, binary sizes that do not add up, unknown or twice-requested
-            outputs, or a bad ``id`` or ``parameters``.
+            outputs, a bad ``id``, or a parameter that is unknown or not supported (see
+            :mod:`model_runtime.server.parameters`).
     """
-    header, binary = _header_split(body, header_length)
-    doc = _load_json(header, header_length is None)
+    end = _header_end(body, header_length)
+    skeleton, spans = cut_number_arrays(body, 0, end)
+    binary = memoryview(body)[end:]
+    whole = header_length is None
+    try:
+        doc = _load_json(skeleton, whole, exact=False)
+        return _decode(doc, body, spans, binary, inputs, outputs, model, exact=False)
+    except Retry:  # integers past 64 bits, which orjson reads as floats: read them exactly
+        doc = _load_json(skeleton, whole, exact=True)
+        return _decode(doc, body, spans, binary, inputs, outputs, model, exact=True)
+
+
+def _decode(
+    doc: dict[str, Any],
+    body: bytes | bytearray,
+    spans: list[tuple[int, int]],
+    binary: memoryview,
+    inputs: Sequence[TensorSpec],
+    outputs: Sequence[TensorSpec],
+    model: str,
+    *,
+    exact: bool,
+) -> InferRequest:
+    extra = set(doc) - {"id", "inputs", "outputs", "parameters"}
+    if extra:
+        raise _fail(f"unknown request field(s) {sorted(extra)}")
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise _fail("'id' must be a string")
-    params = _parameters("request", doc.get("parameters"))
-    binary_output = params.get("binary_data_output", False)
-    if not isinstance(binary_output, bool):
-        raise _fail("binary_data_output must be true or false")
+    raw_params = _parameters("request", doc.get("parameters"))
+    params = request_parameters(raw_params, model)
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise _fail("'inputs' must be a non-empty list")
@@ -290,10 +276,14 @@ def parse_infer_request(
             raise _fail(f"unknown input {name!r} (the model has {sorted(specs)})")
         if name in arrays:
             raise _fail(f"input {name!r} is given twice")
+        unknown = set(item) - {"name", "datatype", "shape", "data", "parameters"}
+        if unknown:
+            raise _fail(f"input {name!r}: unknown field(s) {sorted(unknown)}")
         datatype = _check_datatype(name, item.get("datatype"), spec, model)
         shape = _shape(name, item.get("shape"))
         count = _elements(shape)
-        size = _binary_size(name, _parameters(f"input {name!r}", item.get("parameters")))
+        input_params = _parameters(f"input {name!r}", item.get("parameters"))
+        size = check_input_parameters(name, input_params, model)
         if size is not None:
             if "data" in item:
                 raise _fail(f"input {name!r}: give either 'data' or binary_data_size, not both")
@@ -310,16 +300,18 @@ def parse_infer_request(
                 )
             flat = _from_binary(name, datatype, binary[offset : offset + size])
             offset += size
+        elif "data" not in item:
+            raise _fail(f"input {name!r}: no 'data' and no binary_data_size")
+        elif (cut := placeholder_index(item["data"])) is not None:
+            flat = parse_number_span(name, datatype, body, spans[cut], shape, count)
         else:
-            if "data" not in item:
-                raise _fail(f"input {name!r}: no 'data' and no binary_data_size")
-            values = _flatten(name, item["data"], count)
+            values = flatten(name, item["data"], count)
             if len(values) != count:
                 raise _fail(
                     f"input {name!r}: shape {list(shape)} needs {count} elements, "
                     f"'data' has {len(values)}"
                 )
-            flat = _from_json(name, datatype, values)
+            flat = values_to_array(name, datatype, values, exact=exact)
         try:
             arrays[name] = flat.reshape(shape)
         except ValueError as exc:  # pragma: no cover - counts were checked above
@@ -335,9 +327,14 @@ def parse_infer_request(
     return InferRequest(
         id=request_id,
         inputs=arrays,
-        outputs=_requested_outputs(doc.get("outputs"), outputs, binary_output),
-        parameters=params,
+        outputs=_requested_outputs(doc.get("outputs"), outputs, params.binary_output, model),
+        parameters=raw_params,
+        timeout=params.timeout,
+        priority=params.priority,
     )
+
+
+_JSON_AS = {"FP16": np.dtype(np.float64), "FP32": np.dtype(np.float64)}
 
 
 def encode_infer_response(
@@ -346,9 +343,16 @@ def encode_infer_response(
     request: InferRequest,
     results: Mapping[str, np.ndarray],
     datatypes: Mapping[str, str],
+    *,
+    specs: Sequence[TensorSpec] = (),
+    labels: Callable[[str], Sequence[str] | None] | None = None,
 ) -> tuple[bytes, int | None]:
     """Encode the requested outputs; return the body and, when binary data follows the JSON,
     the JSON header's length (for ``Inference-Header-Content-Length``).
+
+    ``specs`` (the model's outputs) say which outputs have a batch axis, for classification
+    (unknown: an output of two or more dimensions has one); ``labels`` gives an output's
+    class labels, if it has any.
 
     Raises:
         KeyError: a requested output is missing from ``results``.
@@ -356,21 +360,35 @@ def encode_infer_response(
     doc: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
     if request.id is not None:
         doc["id"] = request.id
+    batch_axis = {s.name: bool(s.shape) and s.shape[0] == -1 for s in specs}
     tensors: list[dict[str, Any]] = []
-    chunks: list[bytes] = []
+    chunks: list[bytes | memoryview] = []
     for out in request.outputs:
         arr = results[out.name]
         datatype = datatypes[out.name]
+        if out.class_count:
+            batched = batch_axis.get(out.name, arr.ndim >= 2)
+            names = labels(out.name) if labels is not None else None
+            arr = classify(arr, out.class_count, batched=batched, labels=names)
+            datatype = BYTES
         entry: dict[str, Any] = {"name": out.name, "datatype": datatype, "shape": list(arr.shape)}
-        if out.binary:
-            raw = np.ascontiguousarray(arr, dtype=DATATYPES[datatype]).tobytes()
-            entry["parameters"] = {"binary_data_size": len(raw)}
-            chunks.append(raw)
+        if datatype == BYTES:
+            if out.binary:
+                raw = bytes_to_binary(arr)
+                entry["parameters"] = {"binary_data_size": len(raw)}
+                chunks.append(raw)
+            else:
+                entry["data"] = [v.decode("utf-8", "replace") for v in arr.ravel()]
+        elif out.binary:
+            flat = np.ascontiguousarray(arr, dtype=DATATYPES[datatype]).reshape(-1)
+            entry["parameters"] = {"binary_data_size": flat.nbytes}
+            chunks.append(flat.data.cast("B"))
         else:
-            entry["data"] = arr.ravel().tolist()
+            dtype = _JSON_AS.get(datatype, DATATYPES[datatype].newbyteorder("="))
+            entry["data"] = np.ascontiguousarray(arr, dtype=dtype).reshape(-1)
         tensors.append(entry)
     doc["outputs"] = tensors
-    header = json.dumps(doc, separators=(",", ":")).encode()
+    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
     if not chunks:
         return header, None
     return b"".join([header, *chunks]), len(header)

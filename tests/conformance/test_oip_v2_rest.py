@@ -77,7 +77,7 @@ def test_inference_response_object(daemon: Daemon) -> None:
     pixels, _ = samples()
     doc = {
         "id": "conf-1",
-        "parameters": {"custom": "kept out of the way"},
+        "parameters": {"binary_data_output": False, "timeout": 5_000_000},
         "inputs": [{"name": "pixels", "shape": [2, 64], "datatype": "FP32",
                     "parameters": {}, "data": pixels[:2].ravel().tolist()}],
         "outputs": [{"name": "logits", "parameters": {"binary_data": False}}],
@@ -135,3 +135,30 @@ def test_repository_extension_index_object(daemon: Daemon) -> None:
     assert status == 200 and isinstance(index, list)
     for m in index:
         _check(m, {"name": str}, {"version": str, "state": str, "reason": str})
+
+
+def test_parameters_the_server_does_not_support_are_refused_with_an_error_object(
+    daemon: Daemon,
+) -> None:
+    pixels, _ = samples()
+    base = {"inputs": [{"name": "pixels", "shape": [1, 64], "datatype": "FP32",
+                        "data": pixels[:1].ravel().tolist()}]}  # fmt: skip
+    for params in ({"custom": 1}, {"sequence_id": 3, "sequence_start": True}):
+        status, err = daemon.post(f"/v2/models/{MODEL}/infer", {**base, "parameters": params})
+        assert status == 400
+        _check(err, {"error": str})
+        assert next(iter(params)) in err["error"]
+
+
+def test_classification_extension_output_object(daemon: Daemon) -> None:
+    pixels, logits = samples()
+    doc = {"inputs": [{"name": "pixels", "shape": [3, 64], "datatype": "FP32",
+                       "data": pixels[:3].ravel().tolist()}],
+           "outputs": [{"name": "logits", "parameters": {"classification": 2}}]}  # fmt: skip
+    status, out = daemon.post(f"/v2/models/{MODEL}/infer", doc)
+    assert status == 200, out
+    (o,) = out["outputs"]
+    _check(o, {"name": str, "shape": list, "datatype": str, "data": list})
+    assert o["datatype"] == "BYTES" and o["shape"] == [3, 2]
+    top = [[int(s.split(":")[1]) for s in o["data"][r * 2 : r * 2 + 2]] for r in range(3)]
+    assert top == np.argsort(-logits[:3], axis=1, kind="stable")[:, :2].tolist()

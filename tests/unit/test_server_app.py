@@ -13,12 +13,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+import structlog
 from aiohttp.test_utils import TestClient, TestServer
 
 from actors.session.state import ReplicaStatus
 from model_runtime.errors import (
     ApplicationRuntimeError,
     InputValidationError,
+    QueueFullError,
     RunnerStoppedError,
 )
 from model_runtime.io import DataDesc
@@ -41,13 +43,25 @@ class FakeRunner:
         self.closed = False
         self.entered = asyncio.Event()
         self.cancel_seen = asyncio.Event()
+        self.calls: list[dict[str, Any]] = []
+        self.actor_wake = asyncio.Event()
+        self.actor: asyncio.Future[None] | None = None
 
     async def start(self) -> None:
-        pass
+        # Like a real runner's actors: a task that outlives start() and logs now and then.
+        self.actor = asyncio.ensure_future(self._actor())
+
+    async def _actor(self) -> None:
+        while True:
+            await self.actor_wake.wait()
+            self.actor_wake.clear()
+            structlog.get_logger("fake.actor").info("actor_event")
 
     async def close(self) -> None:
         self.closed = True
         self.status = [ReplicaStatus.STOPPED]
+        if self.actor is not None:
+            self.actor.cancel()
 
     async def execute(
         self,
@@ -55,7 +69,9 @@ class FakeRunner:
         outputs: Mapping[str, np.ndarray] | None = None,
         replica_id: int | None = None,
         timeout: float | None = None,
+        priority: int = 0,
     ) -> dict[str, np.ndarray]:
+        self.calls.append({"timeout": timeout, "priority": priority})
         x = inputs["pixels"]
         if x.ndim != 2 or x.shape[1] != 4:
             raise InputValidationError(f"input 'pixels' has shape {list(x.shape)}")
@@ -305,3 +321,173 @@ async def test_client_disconnect_cancels_the_request(tmp_path: Path) -> None:
         text = await (await client.get("/metrics")).text()
         assert 'reason="cancelled"} 1.0' in text
         assert server.metrics.pending.labels("fake")._value.get() == 0
+
+
+# -- protocol honesty: timeout, priority, classification, refusals ------------------------------
+
+
+async def test_the_timeout_parameter_reaches_the_runner_and_is_enforced(tmp_path: Path) -> None:
+    async with serving(tmp_path) as (client, fake, _):  # request_timeout: the default 60 s
+        resp = await client.post("/v2/models/fake/infer", json=_infer_doc())
+        assert resp.status == 200 and fake.calls[-1]["timeout"] == 60.0
+        fake.gate = asyncio.Event()
+        t0 = asyncio.get_running_loop().time()
+        doc = _infer_doc(parameters={"timeout": 200_000})  # microseconds, as Triton sends it
+        resp = await client.post("/v2/models/fake/infer", json=doc)
+        assert resp.status == 504 and fake.calls[-1]["timeout"] == 0.2
+        assert asyncio.get_running_loop().time() - t0 < 5
+
+
+async def test_priority_levels_reach_execute_highest_first(tmp_path: Path) -> None:
+    async with serving(tmp_path) as (client, fake, _):
+        got = {}
+        for level in (0, 1, 2, 7):
+            doc = _infer_doc(parameters={"priority": level})
+            assert (await client.post("/v2/models/fake/infer", json=doc)).status == 200
+            got[level] = fake.calls[-1]["priority"]
+        # execute(): higher is packed first, 0 the default. Level 1 first, then 2, then 7,
+        # then requests at the default level (no levels configured).
+        assert got[1] > got[2] > got[7] > got[0] == 0
+    async with serving(tmp_path, priority_levels=4, default_priority_level=2) as (client, fake, _):
+        got = {}
+        for level in (0, 1, 2, 3):
+            doc = _infer_doc(parameters={"priority": level})
+            assert (await client.post("/v2/models/fake/infer", json=doc)).status == 200
+            got[level] = fake.calls[-1]["priority"]
+        assert got[1] > got[2] == got[0] == 0 > got[3]  # the default level is level 2
+        resp = await client.post(
+            "/v2/models/fake/infer", json=_infer_doc(parameters={"priority": 5})
+        )
+        assert resp.status == 400 and "past the model's 4 priority levels" in await resp.text()
+
+
+UNSUPPORTED = [
+    ({"parameters": {"sequence_id": 7, "sequence_start": True}}, "model 'fake' is stateless"),
+    ({"parameters": {"sequence_end": True}}, "is stateless"),
+    ({"parameters": {"my_custom": 1}}, "parameter(s) ['my_custom'] are not supported"),
+    ({"parameters": {"timeout": -5}}, "timeout must be a non-negative integer of microseconds"),
+    ({"parameters": {"priority": "high"}}, "priority must be an integer level"),
+    ({"outputs": [{"name": "logits", "parameters": {"shared_memory_region": "r"}}]},
+     "shared memory extension is not supported"),
+    ({"outputs": [{"name": "logits", "parameters": {"top_k": 2}}]}, "['top_k'] are not supported"),
+    ({"outputs": [{"name": "logits", "parameters": {"classification": -1}}]},
+     "classification must be a non-negative integer"),
+    ({"model_config": {"x": 1}}, "unknown request field(s) ['model_config']"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("extra", "message"), UNSUPPORTED)
+async def test_what_is_not_supported_is_a_400_that_says_so(
+    tmp_path: Path, extra: dict[str, Any], message: str
+) -> None:
+    async with serving(tmp_path) as (client, fake, _):
+        resp = await client.post("/v2/models/fake/infer", json=_infer_doc(**extra))
+        assert resp.status == 400
+        assert message in (await resp.json())["error"]
+        assert fake.calls == []  # refused before it reached the runner
+
+
+async def test_an_unsupported_input_parameter_is_a_400(tmp_path: Path) -> None:
+    doc = _infer_doc()
+    doc["inputs"][0]["parameters"] = {"shared_memory_byte_size": 32}
+    async with serving(tmp_path) as (client, _, _):
+        resp = await client.post("/v2/models/fake/infer", json=doc)
+        assert resp.status == 400
+        assert "input 'pixels'" in (error := (await resp.json())["error"])
+        assert "shared memory extension is not supported" in error
+
+
+async def test_classification_returns_the_top_classes_as_bytes(tmp_path: Path) -> None:
+    x = np.array([[1, 0, 0, 0], [0, 0, 3, 0]], np.float32)  # x @ W: rows of W, scaled
+    doc = {
+        "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [2, 4],
+                    "data": x.ravel().tolist()}],
+        "outputs": [{"name": "logits", "parameters": {"classification": 2}}],
+    }  # fmt: skip
+    async with serving(tmp_path) as (client, _, _):
+        resp = await client.post("/v2/models/fake/infer", json=doc)
+        assert resp.status == 200, await resp.text()
+        out = (await resp.json())["outputs"]
+        # W = [[0,1,2],[3,4,5],[6,7,8],[9,10,11]]: row 0 -> [0,1,2], row 1 -> 3*[6,7,8]
+        assert out == [{"name": "logits", "datatype": "BYTES", "shape": [2, 2],
+                        "data": ["2.0:2", "1.0:1", "24.0:2", "21.0:1"]}]  # fmt: skip
+        doc["outputs"] = [{"name": "logits", "parameters": {"class_count": 1, "binary_data": True}}]
+        resp = await client.post("/v2/models/fake/infer", json=doc)
+        n = int(resp.headers[HEADER_LENGTH])
+        body = await resp.read()
+        head = json.loads(body[:n])["outputs"][0]
+        assert head["datatype"] == "BYTES" and head["shape"] == [2, 1]
+        assert body[n:] == b"\x05\x00\x00\x002.0:2" + b"\x06\x00\x00\x0024.0:2"
+        assert head["parameters"]["binary_data_size"] == len(body) - n
+
+
+async def test_a_full_queue_is_503_with_retry_after_and_one_summary_line(tmp_path: Path) -> None:
+    async with serving(tmp_path) as (client, fake, _):
+        fake.error = QueueFullError("model 'fake': 4 requests already wait (max_queue_size 4)")
+        with structlog.testing.capture_logs() as events:
+            for _ in range(5):
+                resp = await client.post("/v2/models/fake/infer", json=_infer_doc())
+                assert resp.status == 503 and resp.headers["Retry-After"] == "1"
+                assert "max_queue_size 4" in (await resp.json())["error"]
+        refused = [e for e in events if e["log_level"] == "warning"]
+        assert [e["event"] for e in refused] == ["requests_refused_queue_full"]
+        text = await (await client.get("/metrics")).text()
+        assert 'reason="queue_full"} 5.0' in text
+
+
+# -- logs: one access line per request, no request context leaking into actors ------------------
+
+
+async def test_one_access_log_line_per_request(tmp_path: Path) -> None:
+    async with serving(tmp_path) as (client, _, _):
+        with structlog.testing.capture_logs() as events:
+            await client.get("/v2/health/live", headers={"X-Request-ID": "abc-1"})
+            await client.post("/v2/models/fake/infer", json=_infer_doc())
+            await client.get("/v2/models/nope")
+        lines = [e for e in events if e["event"] == "http_request"]
+        assert [(e["method"], e["path"], e["status"]) for e in lines] == [
+            ("GET", "/v2/health/live", 200),
+            ("POST", "/v2/models/fake/infer", 200),
+            ("GET", "/v2/models/nope", 404),
+        ]
+        assert lines[0]["request_id"] == "abc-1" and all(e["log_level"] == "info" for e in lines)
+        assert all(isinstance(e["duration_ms"], float) for e in lines)
+        assert len({e["request_id"] for e in lines}) == 3
+    async with serving(tmp_path, access_log=False) as (client, _, _):
+        with structlog.testing.capture_logs() as events:
+            await client.get("/v2/health/live")
+        assert not [e for e in events if e["event"] == "http_request"]
+
+
+async def test_a_sane_request_id_is_echoed_and_a_hostile_one_replaced(tmp_path: Path) -> None:
+    async with serving(tmp_path) as (client, _, _):
+        resp = await client.get("/v2/health/live", headers={"X-Request-ID": "trace-9"})
+        assert resp.headers["X-Request-ID"] == "trace-9"
+        resp = await client.get("/v2/health/live", headers={"X-Request-ID": "x\u2028" + "y" * 500})
+        assert len(resp.headers["X-Request-ID"]) == 16
+
+
+async def test_actors_started_by_a_load_do_not_log_its_request_id(tmp_path: Path) -> None:
+    merge = [structlog.contextvars.merge_contextvars]
+    async with serving(tmp_path) as (client, fake, server):
+        with structlog.testing.capture_logs(processors=merge) as events:
+            resp = await client.post(
+                "/v2/repository/models/other/load", headers={"X-Request-ID": "load-42"}
+            )
+            assert resp.status == 200 and resp.headers["X-Request-ID"] == "load-42"
+            other = getattr(server.repository.get("other").runner, "current", None)
+            assert isinstance(other, FakeRunner)  # behind the repository's serving facade
+            await client.post(
+                "/v2/models/fake/infer", json=_infer_doc(), headers={"X-Request-ID": "inf-7"}
+            )
+            for runner in (other, fake):
+                runner.actor_wake.set()
+            for _ in range(100):
+                if len([e for e in events if e["event"] == "actor_event"]) == 2:
+                    break
+                await asyncio.sleep(0.01)
+        actor_lines = [e for e in events if e["event"] == "actor_event"]
+        assert len(actor_lines) == 2
+        assert all("request_id" not in e for e in actor_lines), actor_lines
+        access = [e for e in events if e["event"] == "http_request"]
+        assert [e["request_id"] for e in access] == ["load-42", "inf-7"]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import tracemalloc
 from typing import Any
 
@@ -11,6 +12,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from model_runtime.server import jsonnumbers
+from model_runtime.server.classification import bytes_to_binary, classify
 from model_runtime.server.codec import (
     InferRequest,
     ProtocolError,
@@ -20,6 +23,7 @@ from model_runtime.server.codec import (
     parse_infer_request,
 )
 from model_runtime.server.datatypes import DATATYPES, datatype_of
+from model_runtime.server.parameters import execute_priority, load_request_parameters
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -45,9 +49,9 @@ def _parse(doc: Any, binary: bytes = b"", header: bool = False) -> InferRequest:
 
 
 def test_flat_json_decodes_to_typed_arrays() -> None:
-    req = _parse(_doc(id="r-1", parameters={"x": 1}))
+    req = _parse(_doc(id="r-1", parameters={"priority": 2, "timeout": 2500}))
     assert req.id == "r-1"
-    assert req.parameters == {"x": 1}
+    assert (req.priority, req.timeout) == (2, 0.0025)
     np.testing.assert_array_equal(
         req.inputs["pixels"], np.arange(8, dtype=np.float32).reshape(2, 4)
     )
@@ -425,3 +429,174 @@ def test_two_binary_outputs_follow_the_json_in_the_requested_order() -> None:
     head = json.loads(body[:length])
     assert head["outputs"][1]["data"] == [7, -3]
     assert body[length:] == logits.astype("<f4").tobytes() + extra.tobytes()
+
+
+# -- big JSON arrays: cut out of the document, converted slice by slice ---------------------------
+
+
+def _big(data: Any, shape: list[int], datatype: str = "FP32") -> bytes:
+    doc = {"inputs": [{"name": "x", "datatype": datatype, "shape": shape, "data": data}]}
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _parse_big(body: bytes, datatype: str = "FP32", dims: int = 2) -> InferRequest:
+    specs = (TensorSpec("x", datatype, (-1,) * dims),)
+    return parse_infer_request(body, None, specs, OUTPUTS)
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["flat", "nested"])
+def test_a_big_json_tensor_costs_about_its_array_not_python_lists(nested: bool) -> None:
+    rng = np.random.default_rng(1)
+    x64 = rng.integers(0, 10, (25_000, 64)) / 10  # "0.3": the costliest text per number
+    x = x64.astype(np.float32)
+    body = _big(x64.tolist() if nested else x64.ravel().tolist(), [25_000, 64])
+    assert len(body) > 6 << 20
+    tracemalloc.start()
+    try:
+        req = _parse_big(body)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_array_equal(req.inputs["x"], x)
+    # The tensor (6.4 MB) and one slice's lists; a list of Python floats alone would be 51 MB.
+    assert peak < x.nbytes + (8 << 20), peak
+
+
+def test_big_arrays_decode_like_small_ones() -> None:
+    rng = np.random.default_rng(2)
+    for datatype, values in [
+        ("FP64", rng.standard_normal(40_000)),
+        ("INT64", rng.integers(-(2**62), 2**62, 40_000)),
+        ("UINT8", rng.integers(0, 256, 40_000)),
+        ("BOOL", rng.integers(0, 2, 40_000).astype(bool)),
+    ]:
+        body = _big(values.tolist(), [200, 200], datatype)
+        got = _parse_big(body, datatype).inputs["x"]
+        assert got.dtype == DATATYPES[datatype]
+        np.testing.assert_array_equal(got.ravel(), values.astype(DATATYPES[datatype]))
+
+
+BIG = ",".join(["1"] * 30_000)
+BAD_BIG = [
+    ("[" + BIG + ",1.2.3]", "not valid JSON"),
+    ("[" + BIG + ",,1]", "not valid JSON"),
+    ("[" + BIG + ",]", "not valid JSON"),
+    ("[," + BIG + "]", "not valid JSON"),
+    ("[" + BIG + ",01]", "not valid JSON"),
+    ("[" + BIG + ",+1]", "not valid JSON"),
+    ("[" + BIG + "]", "shape [40000] needs 40000 elements, 'data' has 30000"),
+    ("[" + BIG + "," + BIG + "]", "'data' has more than the 40000 elements"),
+    ("[" + BIG + "," + ",".join(["1"] * 9_999) + ",1.5]", "INT32 data must be integers"),
+    ("[" + BIG + "," + ",".join(["1"] * 9_999) + ",2147483648]", "value 2147483648 is out"),
+    ("[" + BIG + "," + ",".join(["1"] * 9_999) + ",36893488147419103232]",
+     "value 36893488147419103232 is out of the INT32 range"),
+    ("[" + BIG + "," + ",".join(["1"] * 9_999) + ",true]",
+     "INT32 data must be integers, not true/false"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("data", "message"), BAD_BIG, ids=range(len(BAD_BIG)))
+def test_big_arrays_refuse_what_small_ones_refuse(data: str, message: str) -> None:
+    body = b'{"inputs":[{"name":"x","datatype":"INT32","shape":[40000],"data":%s}]}' % data.encode()
+    with pytest.raises(ProtocolError, match=re.escape(message)):
+        _parse_big(body, "INT32", dims=1)
+
+
+def test_a_huge_claimed_shape_over_a_big_array_allocates_no_more_than_the_text_holds() -> None:
+    body = _big([1] * 20_000, [2**40], "INT64")
+    tracemalloc.start()
+    try:
+        with pytest.raises(ProtocolError, match="needs 1099511627776 elements, 'data' has 20000"):
+            _parse_big(body, "INT64", dims=1)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20
+
+
+def test_data_inside_strings_is_not_cut() -> None:
+    text = '\\"data\\":[' + ",".join(["5"] * 10_000) + "]"
+    body = (
+        b'{"id":"%s","inputs":[{"name":"x","datatype":"INT32","shape":[2],"data":[1,2]}]}'
+        % text.encode()
+    )
+    req = _parse_big(body, "INT32", dims=1)
+    assert req.id == text.replace("\\", "") and req.inputs["x"].tolist() == [1, 2]
+
+
+def test_json_outside_the_tensors_is_bounded() -> None:
+    junk = "[" + ",".join(["{}"] * (3 << 20)) + "]"
+    body = b'{"outputs":%s,"inputs":[]}' % junk.encode()
+    with pytest.raises(ProtocolError, match="outside big 'data' arrays"):
+        parse_infer_request(body, None, INPUTS, OUTPUTS)
+
+
+def test_fp32_json_output_reads_as_the_float64_it_equals() -> None:
+    third = np.array([1 / 3, 0.1], np.float32)
+    req = InferRequest(None, {}, (RequestedOutput("logits", False),))
+    body, _ = encode_infer_response("m", "1", req, {"logits": third}, {"logits": "FP32"})
+    assert json.loads(body)["outputs"][0]["data"] == third.tolist()  # as Triton writes them
+
+
+# -- parameters ----------------------------------------------------------------------------------
+
+
+def test_priority_levels_map_onto_execute_highest_first() -> None:
+    order = [execute_priority(p) for p in (1, 2, 3, 1000)]
+    assert order == sorted(order, reverse=True) and order[-1] > execute_priority(0) == 0
+    configured = [execute_priority(p, levels=5, default_level=3) for p in (1, 2, 3, 4, 5)]
+    assert configured == [2, 1, 0, -1, -2]
+    with pytest.raises(ProtocolError, match="past the model's 5 priority levels"):
+        execute_priority(6, levels=5, default_level=3)
+
+
+def test_values_that_mean_no_sequence_are_accepted() -> None:
+    params = {"sequence_id": 0, "sequence_start": False, "sequence_end": False}
+    req = _parse(_doc(parameters=params))
+    assert req.priority == 0 and req.timeout is None
+    with pytest.raises(ProtocolError, match="stateless"):
+        _parse(_doc(parameters={"sequence_id": "s-1"}))
+
+
+# -- classification ------------------------------------------------------------------------------
+
+
+def test_classification_orders_by_value_then_index() -> None:
+    scores = np.array([[1, 5, 10, 4], [7, 7, 0, 7]], np.int32)
+    top = classify(scores, 3, batched=True)
+    assert top.tolist() == [[b"10:2", b"5:1", b"4:3"], [b"7:0", b"7:1", b"7:3"]]
+    labelled = classify(np.array([0.25, 0.75], np.float32), 5, batched=False, labels=["a", "b"])
+    assert labelled.tolist() == [b"0.75:1:b", b"0.25:0:a"]  # count past the classes: all
+    assert bytes_to_binary(labelled) == b"\x08\x00\x00\x000.75:1:b\x08\x00\x00\x000.25:0:a"
+
+
+def test_true_and_false_are_not_numbers() -> None:
+    specs = (TensorSpec("ids", "INT32", (-1,)),)
+    with pytest.raises(ProtocolError, match="INT32 data must be integers, not true/false"):
+        parse_infer_request(_int_request("INT32", [1, True]), None, specs, OUTPUTS)
+    with pytest.raises(ProtocolError, match="FP32 data must be numbers, not true/false"):
+        _parse(_doc(inputs=[{"name": "pixels", "datatype": "FP32", "shape": [2],
+                             "data": [1.5, False]}]))  # fmt: skip
+
+
+@pytest.mark.parametrize("where", ["end", "middle"])
+def test_an_empty_slot_where_a_slice_ends_is_refused(where: str) -> None:
+    half = jsonnumbers.CHUNK_BYTES // 2
+    # The first comma past the slice size is the empty slot's: the next slice starts empty.
+    text = "1," * (half - 1) + "1" * 100 + ("," if where == "end" else ",,1")
+    count = half + (0 if where == "end" else 1)
+    body = b'{"inputs":[{"name":"x","datatype":"FP64","shape":[%d],"data":[%s]}]}' % (
+        count,
+        text.encode(),
+    )
+    with pytest.raises(ProtocolError, match="not valid JSON"):
+        _parse_big(body, "FP64", dims=1)
+
+
+def test_a_load_with_a_config_override_is_refused() -> None:
+    load_request_parameters(b"", "m")
+    load_request_parameters(b'{"parameters": {}}', "m")
+    with pytest.raises(ProtocolError, match=r"parameter\(s\) \['config'\] are not supported"):
+        load_request_parameters(b'{"parameters": {"config": "{\\"max_batch_size\\": 8}"}}', "m")
+    with pytest.raises(ProtocolError, match=re.escape("'file:1/model.onnx'")):
+        load_request_parameters(b'{"parameters": {"file:1/model.onnx": "AAAA"}}', "m")

@@ -1,0 +1,285 @@
+"""Connection limits of the daemon's HTTP server (DESIGN.md §11).
+
+aiohttp closes idle keep-alive connections, but a client that sends a request head one byte at
+a time keeps its socket (and a file descriptor) for as long as it likes, and nothing bounds how
+many sockets are open at once: a thousand slow clients exhaust the descriptors and the server
+stops accepting anyone. :class:`GuardedAppRunner` is an ``aiohttp.web.AppRunner`` whose
+connections pass through a guard that adds:
+
+- a **header timeout**: a connection must deliver a complete request head within
+  ``header_timeout`` seconds of opening, and each later request within ``header_timeout`` of
+  its first byte; past it the connection is closed (no answer: there is no request to answer);
+- an **idle keep-alive timeout** (``keepalive_timeout``, aiohttp's own): a connection with no
+  request for that long is closed;
+- a **connection limit**: past ``max_connections`` open connections a new one is answered
+  ``503`` with ``Retry-After`` and closed at once, before it costs more than its accept;
+- **HTTP/2 on the HTTP/1.1 port**: a client that opens with the HTTP/2 preface (gRPC, curl
+  ``--http2-prior-knowledge``) gets an HTTP/2 GOAWAY with ``HTTP_1_1_REQUIRED`` (what it can
+  read) and one rate-limited warning in the log, not aiohttp's traceback. Other malformed
+  request lines are logged the same way (:class:`QuietParseErrors`).
+
+The timeouts are wall-clock (the event loop's clock): the guard runs on the real network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+from dataclasses import dataclass
+from typing import Any, cast
+
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestHandler
+
+from model_runtime.server.access import RateLimitedLog
+
+__all__ = [
+    "ConnectionGuard",
+    "ConnectionLimits",
+    "GuardedAppRunner",
+    "QuietParseErrors",
+    "default_max_connections",
+]
+
+#: The client connection preface of HTTP/2 (RFC 9113 §3.4) begins with this line.
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+_H2_SNIFF = len(b"PRI * HTTP/2.0")
+# An empty SETTINGS frame (the server preface), then GOAWAY(last stream 0, HTTP_1_1_REQUIRED).
+_H2_REFUSAL = (
+    b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+    + (8 + 38).to_bytes(3, "big")
+    + b"\x07\x00\x00\x00\x00\x00"
+    + b"\x00\x00\x00\x00\x00\x00\x00\x0d"
+    + b"this port speaks HTTP/1.1, not HTTP/2."
+)
+#: File descriptors kept for everything that is not a client connection (models, logs, ...).
+FD_RESERVE = 128
+
+
+def default_max_connections(cap: int = 4096) -> int:
+    """``cap``, or fewer when the soft open-file limit minus :data:`FD_RESERVE` is lower
+    (at least 16): past that, accepting would fail for want of descriptors anyway."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return cap
+    return max(16, min(cap, soft - FD_RESERVE))
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """The guard's limits, in seconds and connections (see the module docstring).
+
+    ``max_connections`` None: :func:`default_max_connections`.
+    """
+
+    header_timeout: float = 10.0
+    keepalive_timeout: float = 75.0
+    max_connections: int | None = None
+    retry_after: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.header_timeout > 0 or not self.keepalive_timeout > 0:
+            raise ValueError("header_timeout and keepalive_timeout must be > 0")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
+
+
+def _refusal(limit: int, retry_after: int) -> bytes:
+    body = b'{"error":"too many connections (limit %d); retry later"}' % limit
+    return (
+        b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+        b"Retry-After: %d\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+        % (retry_after, len(body), body)
+    )
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: aiohttp's protocol, behind the guard's checks."""
+
+    __slots__ = ("_busy", "_guard", "_inner", "_refused", "_sniff", "_timer", "_transport")
+
+    def __init__(self, guard: ConnectionGuard, inner: RequestHandler) -> None:
+        self._guard = guard
+        self._inner = inner
+        self._transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._busy = False
+        self._refused = False
+        self._sniff: bytes | None = b""  # the first bytes, until they rule out HTTP/2
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport = cast(asyncio.Transport, transport)  # uvloop's: no subclass
+        guard = self._guard
+        if len(guard.open) >= guard.limit:
+            self._refused = True
+            guard.refused += 1
+            guard.limit_log(limit=guard.limit)
+            transport.write(guard.refusal)
+            transport.close()
+            return
+        guard.open[self._inner] = self
+        self._arm()
+        self._inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        if self._sniff is not None:
+            seen = self._sniff + data
+            if H2_PREFACE[:_H2_SNIFF].startswith(seen[:_H2_SNIFF]):
+                if len(seen) < _H2_SNIFF:
+                    self._sniff = seen  # a prefix of the preface: wait for more
+                    return
+                self._refuse_http2()
+                return
+            self._sniff, data = None, seen
+        if not self._busy and self._timer is None:
+            self._arm()  # the first byte of the next request head
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        if not self._refused:
+            self._inner.eof_received()
+        return None
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._disarm()
+        if self._refused:
+            return
+        self._guard.open.pop(self._inner, None)
+        self._inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        if not self._refused:
+            self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if not self._refused:
+            self._inner.resume_writing()
+
+    # -- the header timeout --------------------------------------------------------------------
+
+    def request_started(self) -> None:
+        self._busy = True
+        self._disarm()
+
+    def request_finished(self) -> None:
+        self._busy = False
+
+    def _arm(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(self._guard.limits.header_timeout, self._expire)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expire(self) -> None:
+        self._timer = None
+        if not self._busy:
+            self._guard.header_timeouts += 1
+            self._inner.force_close()  # closes the transport; connection_lost follows
+
+    def _refuse_http2(self) -> None:
+        self._sniff = None
+        self._guard.http2_log(peer=_peer(self._transport))
+        assert self._transport is not None
+        self._transport.write(_H2_REFUSAL)
+        self._inner.force_close()
+
+
+def _peer(transport: asyncio.BaseTransport | None) -> str:
+    peer = None if transport is None else transport.get_extra_info("peername")
+    return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer)
+
+
+class ConnectionGuard:
+    """The state the guard keeps for one server: its open connections and counters."""
+
+    def __init__(self, limits: ConnectionLimits) -> None:
+        self.limits = limits
+        self.limit = limits.max_connections or default_max_connections()
+        self.refusal = _refusal(self.limit, limits.retry_after)
+        self.open: dict[RequestHandler, _Connection] = {}
+        self.refused = 0
+        self.header_timeouts = 0
+        self.limit_log = RateLimitedLog("connection_limit_reached")
+        self.http2_log = RateLimitedLog("http2_preface_refused")
+
+    def protocol(self, inner: RequestHandler) -> asyncio.Protocol:
+        """Put ``inner`` (aiohttp's protocol for a new connection) behind the guard."""
+        return _Connection(self, inner)
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """Tells the connection its request head is complete (the header timeout stops)."""
+        conn = self.open.get(request.protocol)
+        if conn is None:
+            return await handler(request)  # type: ignore[no-any-return]
+        conn.request_started()
+        try:
+            return await handler(request)  # type: ignore[no-any-return]
+        finally:
+            conn.request_finished()
+
+
+class _GuardedServer(web.Server):
+    """aiohttp's server (the protocol factory) with its connections behind a guard."""
+
+    guard: ConnectionGuard
+
+    def __call__(self) -> Any:
+        return self.guard.protocol(super().__call__())
+
+
+class GuardedAppRunner(web.AppRunner):
+    """An ``aiohttp.web.AppRunner`` whose connections are held to ``limits``.
+
+    Use it where an ``AppRunner`` would be (then ``TCPSite``/``SockSite`` as usual). It adds
+    its middleware to ``app`` (first, before the app's own), so build it before the app is
+    frozen (before ``setup()``). ``keepalive_timeout`` comes from ``limits`` unless given.
+    """
+
+    def __init__(
+        self, app: web.Application, *, limits: ConnectionLimits | None = None, **kwargs: Any
+    ) -> None:
+        self.guard = ConnectionGuard(limits or ConnectionLimits())
+        kwargs.setdefault("keepalive_timeout", self.guard.limits.keepalive_timeout)
+        super().__init__(app, **kwargs)
+        app.middlewares.insert(0, self.guard.middleware)
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        # aiohttp builds its Server inside Application._make_handler; the only change made
+        # here is the protocol factory (__call__), so the instance is specialised in place.
+        server.__class__ = _GuardedServer
+        assert isinstance(server, _GuardedServer)
+        server.guard = self.guard
+        QuietParseErrors.install()
+        return server
+
+
+class QuietParseErrors(logging.Filter):
+    """Turns aiohttp's traceback for a request it could not parse (a malformed request line,
+    TLS or HTTP/2 sent to the HTTP port) into one rate-limited warning, ``bad_http_request``;
+    the client still gets aiohttp's 400."""
+
+    _log = RateLimitedLog("bad_http_request")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError):
+            return True
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        self._log(error=first_line[:200])
+        return False
+
+    @classmethod
+    def install(cls) -> None:
+        """Add the filter to aiohttp's server logger, once per process."""
+        logger = logging.getLogger("aiohttp.server")
+        if not any(isinstance(f, cls) for f in logger.filters):
+            logger.addFilter(cls())

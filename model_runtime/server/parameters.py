@@ -1,0 +1,213 @@
+"""The ``parameters`` of an inference request, its inputs and its outputs: each one is honoured,
+or the request is refused with a 400 that names it. Nothing is silently ignored.
+
+Request parameters (Triton's reserved names, the KServe v2 binary data extension):
+
+- ``binary_data_output`` (bool): every output as binary data unless the output says otherwise.
+- ``timeout`` (integer, microseconds, as Triton and its clients send it; 0: none): the request's
+  deadline, queue and compute; it can only shorten the server's own ``request_timeout``.
+- ``priority`` (integer >= 0): Triton's priority level, 1 the highest, larger numbers lower, 0
+  the model's default level; see :func:`execute_priority` for how it reaches the runner.
+- ``sequence_id`` / ``sequence_start`` / ``sequence_end``: sequence batching, for stateful
+  models. Every model here is stateless, so a sequence (an id other than 0 or "", or a start
+  or end flag that is true) is refused; the values that mean "no sequence" are accepted.
+
+Input parameters: ``binary_data_size`` only. Output parameters: ``binary_data`` and
+``classification`` (Triton's HTTP name; ``class_count``, its gRPC name, is accepted too).
+The shared memory parameters are refused: this server has no shared memory extension.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from model_runtime.errors import InputValidationError
+
+__all__ = [
+    "MAX_PRIORITY_LEVEL",
+    "OutputParameters",
+    "RequestParameters",
+    "check_input_parameters",
+    "execute_priority",
+    "load_request_parameters",
+    "output_parameters",
+    "request_parameters",
+]
+
+#: The largest priority level a request may name (Triton's is a uint32; ours maps onto ints).
+MAX_PRIORITY_LEVEL = 2**31 - 1
+_SEQUENCE = ("sequence_id", "sequence_start", "sequence_end")
+_REQUEST = {"binary_data_output", "timeout", "priority", *_SEQUENCE}
+_SHARED_MEMORY = {"shared_memory_region", "shared_memory_byte_size", "shared_memory_offset"}
+
+
+@dataclass(frozen=True, slots=True)
+class RequestParameters:
+    """A request's parameters, checked. ``timeout`` in seconds (None: none given)."""
+
+    binary_output: bool = False
+    timeout: float | None = None
+    priority: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class OutputParameters:
+    """An output's parameters, checked. ``class_count`` 0: the tensor, not classes."""
+
+    binary: bool
+    class_count: int = 0
+
+
+def _fail(message: str) -> InputValidationError:
+    from model_runtime.server.codec import ProtocolError  # the codec imports this module
+
+    return ProtocolError(message)
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _unsupported(where: str, names: set[str], model: str) -> InputValidationError:
+    shm = sorted(names & _SHARED_MEMORY)
+    if shm:
+        return _fail(f"{where}: {shm}: the shared memory extension is not supported")
+    of = f" by model {model!r}" if model else ""
+    return _fail(f"{where}: parameter(s) {sorted(names)} are not supported{of}")
+
+
+def request_parameters(raw: Mapping[str, Any], model: str = "") -> RequestParameters:
+    """Check the request's ``parameters``.
+
+    Raises:
+        ProtocolError: an unknown parameter, a value of the wrong type or range, or a sequence.
+    """
+    unknown = set(raw) - _REQUEST
+    if unknown:
+        raise _unsupported("request", unknown, model)
+    binary = raw.get("binary_data_output", False)
+    if not isinstance(binary, bool):
+        raise _fail("binary_data_output must be true or false")
+    seq_id = raw.get("sequence_id", 0)
+    if not (_int(seq_id) or isinstance(seq_id, str)):
+        raise _fail("sequence_id must be an integer or a string")
+    flags = [raw.get(k, False) for k in _SEQUENCE[1:]]
+    if not all(isinstance(f, bool) for f in flags):
+        raise _fail("sequence_start and sequence_end must be true or false")
+    if seq_id not in (0, "") or any(flags):
+        given = {k: raw[k] for k in _SEQUENCE if k in raw}
+        raise _fail(
+            f"sequence parameters {given} are not supported: model {model!r} is stateless "
+            "(no sequence batching); send each request on its own"
+        )
+    timeout_us = raw.get("timeout", 0)
+    if not _int(timeout_us) or timeout_us < 0:
+        raise _fail(f"timeout must be a non-negative integer of microseconds, got {timeout_us!r}")
+    priority = raw.get("priority", 0)
+    if not _int(priority) or not 0 <= priority <= MAX_PRIORITY_LEVEL:
+        raise _fail(
+            f"priority must be an integer level in [0, {MAX_PRIORITY_LEVEL}] (1 is the highest, "
+            f"0 the default), got {priority!r}"
+        )
+    return RequestParameters(
+        binary_output=binary,
+        timeout=timeout_us / 1e6 if timeout_us else None,
+        priority=priority,
+    )
+
+
+def check_input_parameters(name: str, raw: Mapping[str, Any], model: str = "") -> int | None:
+    """Check an input's ``parameters``; return its ``binary_data_size`` (None: JSON data).
+
+    Raises:
+        ProtocolError: an unknown parameter, or a size that is not a non-negative integer.
+    """
+    unknown = set(raw) - {"binary_data_size"}
+    if unknown:
+        raise _unsupported(f"input {name!r}", unknown, model)
+    size = raw.get("binary_data_size")
+    if size is None:
+        return None
+    if not _int(size) or size < 0:
+        raise _fail(f"input {name!r}: binary_data_size must be a non-negative integer")
+    return int(size)
+
+
+def output_parameters(
+    name: str, raw: Mapping[str, Any], binary_default: bool, model: str = ""
+) -> OutputParameters:
+    """Check an output's ``parameters``.
+
+    Raises:
+        ProtocolError: an unknown parameter, or a value of the wrong type or range.
+    """
+    unknown = set(raw) - {"binary_data", "classification", "class_count"}
+    if unknown:
+        raise _unsupported(f"output {name!r}", unknown, model)
+    binary = raw.get("binary_data", binary_default)
+    if not isinstance(binary, bool):
+        raise _fail(f"output {name!r}: binary_data must be true or false")
+    counts = {raw[k] for k in ("classification", "class_count") if k in raw}
+    if len(counts) > 1:
+        raise _fail(f"output {name!r}: classification and class_count disagree")
+    count = counts.pop() if counts else 0
+    if not _int(count) or count < 0:
+        raise _fail(f"output {name!r}: classification must be a non-negative integer")
+    return OutputParameters(binary=binary, class_count=count)
+
+
+def execute_priority(
+    level: int, *, levels: int | None = None, default_level: int | None = None
+) -> int:
+    """Map a protocol priority level onto ``ModelRunner.execute(priority=...)``.
+
+    The protocol counts down: level 1 is the highest, larger numbers are lower, and 0 means
+    the model's default level. ``execute`` counts up: higher is packed first, 0 is the default.
+    Level ``p`` becomes ``default_level - p``: the default level itself becomes 0, the levels
+    above it positive, those below it negative, so the order of the levels is kept and a
+    request at the default level waits exactly like one that named no level.
+
+    With ``levels`` and ``default_level`` unset (no priority levels configured for the
+    model) the default level sits below every named level: a request that names any level
+    is packed before those that do not, and level 1 before level 2.
+
+    Raises:
+        ProtocolError: ``level`` is over the configured ``levels``.
+    """
+    if level == 0:
+        return 0
+    if levels is not None and level > levels:
+        raise _fail(f"priority {level} is past the model's {levels} priority levels")
+    base = MAX_PRIORITY_LEVEL + 1 if default_level is None else default_level
+    return base - level
+
+
+def load_request_parameters(body: bytes, model: str) -> None:
+    """Check the body of ``POST /v2/repository/models/{name}/load``. Triton's load
+    ``parameters`` (``config``: a configuration override; ``file:<path>``: model files sent
+    with the request) are not supported: the model loads as the repository holds it.
+
+    Raises:
+        ProtocolError: the body is not a JSON object, has fields other than ``parameters``,
+            or has any parameter.
+    """
+    if not body.strip():
+        return
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise _fail(f"the load request is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict) or set(doc) - {"parameters"}:
+        raise _fail("a load request is a JSON object with 'parameters' at most")
+    params = doc.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise _fail("'parameters' must be a JSON object")
+    if params:
+        raise _fail(
+            f"load of model {model!r}: parameter(s) {sorted(params)} are not supported (no "
+            "configuration or file overrides); the model loads as the repository holds it"
+        )
