@@ -26,6 +26,9 @@ at fault: the caller (bad input), the file (bad executable), the machine (no dev
     ├── ActorError                         the actor machinery
     │   ├── ActorStoppedError              the actor stopped before it answered
     │   └── SupervisorEscalationError      restarts passed the supervisor's intensity
+    ├── ModelNotFoundError                 the daemon's repository knows no model of that name
+    ├── ModelLoadError                     a model (version) failed to load (Triton's wording)
+    ├── ModelControlError                  the model control mode forbids that load or unload
     └── RunnerStoppedError                 the runner is stopped or draining; request not taken
         └── ModelUnavailableError          no replica of the model is in service right now
             └── QueueFullError             the model's queue holds max_queue_size requests
@@ -54,6 +57,9 @@ __all__ = [
     "FaultPlanError",
     "InputValidationError",
     "InvalidExecutableError",
+    "ModelControlError",
+    "ModelLoadError",
+    "ModelNotFoundError",
     "ModelRuntimeError",
     "ModelUnavailableError",
     "PackageHashMismatchError",
@@ -194,6 +200,23 @@ class SupervisorEscalationError(ActorError):
 
 class RunnerStoppedError(ModelRuntimeError):
     """The runner is stopped or draining and did not take (or could not finish) the request."""
+
+
+class ModelNotFoundError(ModelRuntimeError):
+    """No model of that name is known to the daemon's repository (HTTP 404)."""
+
+
+class ModelLoadError(ModelRuntimeError):
+    """A model (version) failed to load; ``cause`` says why. The message starts with Triton's
+    ``failed to load '<name>'``. A model that was serving before still serves."""
+
+    def __init__(self, name: str, message: str, cause: BaseException | None = None) -> None:
+        super().__init__(f"failed to load '{name}': {message}")
+        self.cause = cause
+
+
+class ModelControlError(ModelRuntimeError):
+    """The model control mode does not let the repository API load or unload (HTTP 403)."""
 
 
 class ModelUnavailableError(RunnerStoppedError):
