@@ -41,6 +41,7 @@ __all__ = [
     "GuardedAppRunner",
     "QuietParseErrors",
     "default_max_connections",
+    "raise_open_file_limit",
 ]
 
 #: The client connection preface of HTTP/2 (RFC 9113 §3.4) begins with this line.
@@ -56,6 +57,25 @@ _H2_REFUSAL = (
 )
 #: File descriptors kept for everything that is not a client connection (models, logs, ...).
 FD_RESERVE = 128
+
+
+def raise_open_file_limit() -> tuple[int, int]:
+    """Raise the soft open-file limit to the hard one (what a server should be allowed to
+    hold; the default soft 1,024 resets clients long before the machine is busy). Returns the
+    (old, new) soft limits.
+
+    Raises:
+        nothing: a limit that cannot be raised stays as it is.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard or (hard != resource.RLIM_INFINITY and soft >= hard):
+        return soft, soft
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        return soft, soft
+    return soft, target
 
 
 def default_max_connections(cap: int = 4096) -> int:

@@ -26,7 +26,11 @@ from aiohttp import web
 
 from model_runtime.errors import ConfigurationError, ModelRuntimeError
 from model_runtime.server.app import InferenceServer, ServerOptions
-from model_runtime.server.connections import ConnectionLimits, GuardedAppRunner
+from model_runtime.server.connections import (
+    ConnectionLimits,
+    GuardedAppRunner,
+    raise_open_file_limit,
+)
 from model_runtime.server.options import (
     DaemonOptions,
     add_serve_arguments,
@@ -148,6 +152,11 @@ async def serve(opts: DaemonOptions) -> int:
         keepalive_timeout=opts.keepalive_timeout,
         max_connections=opts.max_connections,
     )
+    # Before the connection limit is derived from it: a server may hold what the hard limit
+    # allows, and a burst of clients must not meet the soft default of 1,024.
+    before, after = raise_open_file_limit()
+    if after != before:
+        log.info("open_file_limit_raised", soft_before=before, soft=after)
     runner = GuardedAppRunner(
         server.app(),
         limits=limits,
@@ -163,7 +172,7 @@ async def serve(opts: DaemonOptions) -> int:
     try:
         async with repo:
             repo.starting = True  # not ready until the models of the start are loaded (or not)
-            site = web.TCPSite(runner, opts.host, opts.port)
+            site = web.TCPSite(runner, opts.host, opts.port, backlog=opts.backlog)
             await site.start()
             port = _bound_port(runner, opts.port)
             log.info(

@@ -59,6 +59,9 @@ class DaemonOptions:
     header_timeout: float = 10.0
     keepalive_timeout: float = 75.0
     max_connections: int | None = None
+    #: The listen backlog: a burst of new connections waits in the kernel instead of being
+    #: dropped (the OS caps it at net.core.somaxconn).
+    backlog: int = 2048
     access_log: bool = True
     grace_period: float = 30.0
     executable_cache: Path | None = None
@@ -97,6 +100,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     a("--header-timeout", type=float, help="seconds to receive a request head (default 10)")
     a("--keepalive-timeout", type=float, help="seconds an idle connection stays open (75)")
     a("--max-connections", type=int, help="open connections before 503 (default: from ulimit)")
+    a("--backlog", type=int, help="listen backlog for bursts of new connections (2048)")
     a("--access-log", action=argparse.BooleanOptionalAction, default=None,
       help="one INFO log line per request (default on)")  # fmt: skip
     a("--grace-period", type=float, help="seconds to drain on SIGTERM (default 30)")
@@ -159,6 +163,7 @@ def options_from_args(args: argparse.Namespace) -> DaemonOptions:
         ("header_timeout", "header_timeout"),
         ("keepalive_timeout", "keepalive_timeout"),
         ("max_connections", "max_connections"),
+        ("backlog", "backlog"),
         ("access_log", "access_log"),
         ("grace_period", "grace_period"),
         ("log_level", "log_level"),

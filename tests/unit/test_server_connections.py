@@ -208,3 +208,26 @@ async def test_slow_heads_are_closed_within_30_s_with_the_defaults() -> None:
         assert runner.guard.header_timeouts == 24
         for _, w in conns:
             w.close()
+
+
+def test_the_daemon_raises_its_open_file_limit_to_the_hard_limit() -> None:
+    """A server may hold what the hard limit allows: a process started with a low soft limit
+    gets the hard one (in a child process, so this test's own limits stay as they are)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import resource\n"
+        "from model_runtime.server.connections import raise_open_file_limit\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))\n"
+        "before, after = raise_open_file_limit()\n"
+        "now = resource.getrlimit(resource.RLIMIT_NOFILE)[0]\n"
+        "print(before, after, now, hard)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    before, after, now, hard = (int(v) for v in done.stdout.split())
+    assert before == min(256, hard) and now == after
+    assert after == hard or hard == -1

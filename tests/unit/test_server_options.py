@@ -25,6 +25,8 @@ def test_defaults_serve_on_loopback_with_dynamic_batching() -> None:
     assert opts.models == [] and opts.model_repository is None
     assert opts.runner.batching_dim == 0 and opts.runner.auto_reset
     assert opts.runner.fault_plan is None
+    assert opts.backlog == 2048  # a burst of connections waits in the kernel, not dropped
+    assert options_from_args(build_parser().parse_args(["--backlog", "4096"])).backlog == 4096
 
 
 def test_command_line_overrides_config_file(tmp_path: Path) -> None:
