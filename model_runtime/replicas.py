@@ -302,6 +302,17 @@ class ReplicaSet:
         self._next = best + 1 if best + 1 < n else 0
         return best
 
+    def backlog_seconds(self, extra_samples: int) -> float:
+        """Seconds the replicas in service would take to finish what is queued now plus
+        ``extra_samples``, at their measured rates (0 when nothing is measured yet)."""
+        rate = 0.0
+        waiting = extra_samples
+        for state, queue in zip(self.states, self.queues, strict=True):
+            waiting += queue.pending_samples
+            if state.status is ReplicaStatus.READY and state.seconds_per_sample > 0.0:
+                rate += 1.0 / state.seconds_per_sample
+        return waiting / rate if rate > 0.0 else 0.0
+
     def waiting_requests(self) -> int:
         """Requests waiting to be packed, over every replica's queue."""
         return sum(q.waiting_requests for q in self.queues)

@@ -337,6 +337,16 @@ class ModelRunner:
                 f"model {meta.model_name!r}: {limit} requests already wait "
                 f"(max_queue_size {limit}); retry later"
             )
+        budget = self.config.latency_budget
+        if (
+            budget is not None
+            and (backlog := replicas.backlog_seconds(samples)) > budget
+            and replicas.waiting_requests()  # a request is always taken when nothing waits
+        ):
+            raise QueueFullError(
+                f"model {meta.model_name!r}: the queue would take {backlog:.3g} s to serve, "
+                f"past the latency budget of {budget:g} s; retry later"
+            )
         r = replicas.pick(replica_id)
         assert self._loop is not None
         future: asyncio.Future[dict[str, np.ndarray]] = self._loop.create_future()

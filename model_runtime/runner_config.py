@@ -88,6 +88,11 @@ class ModelRunnerConfig:
     #: Requests that may wait to be packed (over every replica) before a new one is refused at
     #: once with QueueFullError; None: no limit.
     max_queue_size: int | None = None
+    #: Admission control: a request is refused at once with QueueFullError when the replicas in
+    #: service, at their measured rate, would need more than this many seconds to finish what
+    #: is queued with it (a request is always taken when nothing waits). None: off (the
+    #: library's default); the daemon sets 1 s, so overload costs fast refusals, not timeouts.
+    latency_budget: float | None = None
     #: Seconds ``close()`` waits for in-flight requests before answering the rest with
     #: RunnerStoppedError.
     drain_timeout: float = 30.0
@@ -110,6 +115,10 @@ class ModelRunnerConfig:
             raise ConfigurationError("ring_buffer_size_multiplier must be >= 1")
         if self.max_retries < 0:
             raise ConfigurationError(f"max_retries must be >= 0, got {self.max_retries}")
+        if self.latency_budget is not None and not self.latency_budget > 0:
+            raise ConfigurationError(
+                f"latency_budget must be > 0 seconds, got {self.latency_budget}"
+            )
         if self.max_queue_size is not None and self.max_queue_size < 1:
             raise ConfigurationError(f"max_queue_size must be >= 1, got {self.max_queue_size}")
         if self.max_failed_recoveries < 1:

@@ -315,6 +315,7 @@ class SessionActor(Actor[object]):
         state = self._state
         t_end = self.clock.monotonic()
         self._times.samples.append(t_end - t_start)
+        self._measure(t_end - t_start)
         if state.fault_at is not None:
             state.recovery_times.append(t_end - state.fault_at)
             state.fault_at = None
@@ -328,6 +329,15 @@ class SessionActor(Actor[object]):
             if self._on_progress is not None:
                 self._on_progress()
         state.runs += 1
+
+    def _measure(self, seconds: float) -> None:
+        """Fold one run's duration into the replica's measured seconds per sample."""
+        per_sample = seconds / self._layout.capacity
+        state = self._state
+        if state.seconds_per_sample <= 0.0:
+            state.seconds_per_sample = per_sample
+        else:  # a moving average over about the last 32 batches
+            state.seconds_per_sample += (per_sample - state.seconds_per_sample) / 32.0
 
     def _finish(self, batch: Batch, answer: Complete | Settle | Fail) -> None:
         self._queue.tell(answer)
@@ -517,7 +527,9 @@ class SessionActor(Actor[object]):
         ]
         t_start = self.clock.monotonic()
         await self._run_main(inputs, probe=True)
-        self._times.samples.append(self.clock.monotonic() - t_start)
+        took = self.clock.monotonic() - t_start
+        self._times.samples.append(took)
+        self._measure(took)
         if self._stateful:  # the zeros ran through the variables: put them back
             await self._device.ask(
                 Reset(self._state.saved_variables), timeout=self._policy.reset_timeout

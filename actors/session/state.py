@@ -57,6 +57,9 @@ class ReplicaState:
     poisoned: int = 0
     #: Clock time past which the run on the device counts as hung (inf: nothing running).
     hung_after: float = float("inf")
+    #: Measured seconds of device time per sample (a moving average over recent batches; 0:
+    #: not measured yet), what admission control prices a waiting sample at.
+    seconds_per_sample: float = 0.0
     #: Failed runs seen (any kind), and when the current unrecovered one happened.
     faults: int = 0
     #: Last sign of life of the replica's session (clock time), read by the watchdog.

@@ -74,7 +74,11 @@ class DaemonOptions:
     reload_device_wait: float = 10.0
     runner: ModelRunnerConfig = field(
         default_factory=lambda: ModelRunnerConfig(
-            batching_dim=0, timeout=0.002, auto_reset=True, run_save_programs=True
+            batching_dim=0,
+            timeout=0.002,
+            auto_reset=True,
+            run_save_programs=True,
+            latency_budget=1.0,  # admission control on: overload is refused, not queued
         )
     )
 

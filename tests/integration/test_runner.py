@@ -450,3 +450,35 @@ async def test_a_caller_that_goes_away_before_packing_costs_no_device_run(
         state = runner.replica_states()[0]
         assert state.runs == 0 and not state.inflight
         assert runner._replicas is not None and runner._replicas.queues[0].pending_samples == 0
+
+
+async def test_latency_budget_refuses_what_the_replicas_cannot_serve_in_time(
+    mlp: tuple[Path, Reference],
+) -> None:
+    """Admission control: with a budget, a request is refused at once (QueueFullError) when
+    the queue would take the replicas longer than the budget at their measured rate; a
+    request is always taken when nothing waits, and one within the budget is served."""
+    path, ref = mlp
+    clock = FakeClock()
+    config = ModelRunnerConfig(batching_dim=0, timeout=10.0, latency_budget=1.0)
+    async with ModelRunner(path, config, clock=clock) as runner:
+        state = runner.replica_states()[0]
+        # The fake clock measures runs as instant; say the device does 10 samples/s.
+        state.seconds_per_sample = 0.1
+        first = runner.execute_async({"x": rows(3, seed=1)})  # nothing waits: always taken
+        second = runner.execute_async({"x": rows(3, seed=2)})  # 6 samples: 0.6 s
+        with pytest.raises(QueueFullError, match="latency budget of 1 s"):
+            runner.execute_async({"x": rows(5, seed=3)})  # 11 samples: 1.1 s > 1 s
+        clock.advance(10.0)
+        for seed, pending in ((1, first), (2, second)):
+            got = await within(pending)
+            want = ref({"x": rows(3, seed=seed)})["logits"]
+            np.testing.assert_allclose(got["logits"], want, rtol=1e-4, atol=1e-5)
+
+
+def test_the_daemon_turns_admission_control_on_by_default() -> None:
+    from model_runtime.server import build_parser, options_from_args
+
+    opts = options_from_args(build_parser().parse_args([]))
+    assert opts.runner.latency_budget == 1.0
+    assert ModelRunnerConfig().latency_budget is None  # the library's default: off
