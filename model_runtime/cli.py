@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import structlog
 
+from model_runtime import __version__
 from model_runtime.errors import ModelRuntimeError
 
 __all__ = ["main"]
@@ -47,18 +48,25 @@ def _parser() -> argparse.ArgumentParser:
     from model_runtime.compiler.options import OPTIMIZATION_LEVELS
 
     parser = argparse.ArgumentParser(prog="model-runtime", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("compile", help="compile an ONNX model into an executable (.mrx)")
     c.add_argument("model", help="the ONNX model file")
     c.add_argument("-o", "--output", help="executable to write (default: MODEL.mrx)")
-    c.add_argument("--batch-size", type=int, required=True)
-    c.add_argument("--device-iterations", type=int, default=1)
-    c.add_argument("--replication-factor", type=int, default=1)
-    c.add_argument("--target", default="cpu", help="cpu or ipu-model")
-    c.add_argument("--ipu-version", type=int, default=2)
-    c.add_argument("--tiles-per-ipu", type=int, default=0)
-    c.add_argument("--batch-dim", type=int, default=0)
+    c.add_argument("--batch-size", type=int, required=True, help="rows per main-program run")
+    c.add_argument(
+        "--device-iterations", type=int, default=1, help="batches one main run consumes (1)"
+    )
+    c.add_argument(
+        "--replication-factor", type=int, default=1, help="replicas the target holds (1)"
+    )
+    c.add_argument("--target", default="cpu", help="cpu or ipu-model (cpu)")
+    c.add_argument("--ipu-version", type=int, default=2, help="IPU version of ipu-model (2)")
+    c.add_argument(
+        "--tiles-per-ipu", type=int, default=0, help="tiles of ipu-model (0: the version's)"
+    )
+    c.add_argument("--batch-dim", type=int, default=0, help="the inputs' batch axis (0)")
     c.add_argument(
         "--variable", action="append", default=[], metavar="NAME", help="a mutable initializer"
     )
@@ -69,17 +77,22 @@ def _parser() -> argparse.ArgumentParser:
         metavar="OUTPUT=VARIABLE",
         help="graph output holding a variable's new value",
     )
-    c.add_argument("--optimization-level", choices=OPTIMIZATION_LEVELS, default="extended")
+    c.add_argument(
+        "--optimization-level",
+        choices=OPTIMIZATION_LEVELS,
+        default="extended",
+        help="onnxruntime graph optimisation applied offline (extended)",
+    )
     c.add_argument("--cache", metavar="DIR", help="executable cache directory")
     c.add_argument("--name", help="model name recorded in the executable")
 
     i = sub.add_parser("inspect", help="describe an executable")
-    i.add_argument("file")
+    i.add_argument("file", help="the executable (.mrx)")
     i.add_argument("--json", action="store_true", help="print JSON")
 
     r = sub.add_parser("run", help="run one batch of random inputs (reference runner)")
-    r.add_argument("file")
-    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("file", help="the executable (.mrx)")
+    r.add_argument("--seed", type=int, default=0, help="seed of the random inputs (0)")
 
     from model_runtime.server import add_serve_arguments  # options only: no aiohttp import
 
@@ -87,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     add_serve_arguments(s)
 
     d = sub.add_parser("demo", help="compile the demo model and run one batch (no server)")
-    d.add_argument("--batch-size", type=int, default=4)
+    d.add_argument("--batch-size", type=int, default=4, help="batch size to compile for (4)")
     return parser
 
 

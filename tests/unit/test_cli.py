@@ -119,3 +119,35 @@ def test_console_script_entry_point(model: Path, tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert done.stderr.startswith("error: ") and "Traceback" not in done.stderr
+
+
+def test_python_dash_m_and_version_work() -> None:
+    import subprocess
+    import sys
+
+    from model_runtime import __version__
+
+    done = subprocess.run(
+        [sys.executable, "-m", "model_runtime", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"model-runtime {__version__}"
+    helped = subprocess.run(
+        [sys.executable, "-m", "model_runtime", "compile", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert helped.returncode == 0
+    text = " ".join(helped.stdout.split())
+    for documented in (
+        "rows per main-program run",
+        "batches one main run consumes",
+        "cpu or ipu-model",
+        "graph optimisation applied offline",
+        "the inputs' batch axis",
+    ):
+        assert documented in text, documented
