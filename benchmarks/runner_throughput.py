@@ -1,24 +1,39 @@
-"""Runner throughput and latency against the raw backend, in one run.
+"""Runner throughput and latency against the raw backend and the bare batcher, in one run.
 
-For each model: the raw backend (the cpu backend, onnxruntime, the executable's main program at
-its batch size B, back to back, with all the machine's cores as intra-op threads), then the
-runtime (ModelRunner, one 1-thread replica per core, dynamic batching) with C concurrent callers
-each sending single-sample requests; at C=1 the runtime uses one device with all the cores, as
-the raw run does, so the latencies compare. Prints a table and writes JSON.
+DESIGN §13: for each model and each device configuration, three things on the same compiled
+program and the same threads:
 
-    .venv/bin/python benchmarks/runner_throughput.py [--seconds 3] [--callers 1 64 256]
+* raw: the cpu backend (onnxruntime) running the main program at its batch size B back to back,
+  one loop per device of the configuration, concurrently (the host's compute ceiling);
+* bare: the bare reference batcher (``benchmarks/bare_batcher.py``: a list, one sealing task,
+  one worker thread, 2 ms flush) per device of the configuration; with two devices, two bare
+  batchers, the callers dealt round-robin between them (caller k to batcher k mod 2, like
+  connections; ``--bare-split request`` deals each request instead, which fragments batches:
+  a batcher whose worker is busy still flushes its partial batch after 2 ms, and it queues);
+* runtime: ``ModelRunner`` with the configuration as its device inventory, one replica per
+  device, dynamic batching.
+
+Configurations are written REPLICASxTHREADS: 1x1 always; 1x2 and 2x1 where the machine has two
+cores. bare and runtime get the same load: C concurrent callers each sending single-sample
+requests back to back for ``--seconds``. Prints a table (ratios runtime/bare and runtime/raw)
+and writes JSON.
+
+    .venv/bin/python benchmarks/runner_throughput.py [--seconds 3] [--callers 1 16 256]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from actors.device.backends import make_backend
 from actors.device.inventory import DeviceSpec
 from actors.device.manager import DeviceManager
+from benchmarks.bare_batcher import BareBatcher
 from model_runtime.compiler import CompileOptions, compile_model
 from model_runtime.executable import Executable
 from model_runtime.runner import ModelRunner, ModelRunnerConfig
@@ -37,68 +53,129 @@ from tests.models import light_model, make_mlp
 
 RESULTS = Path(__file__).parent / "results" / "runner_throughput.json"
 
+Row = dict[str, np.ndarray]
+Execute = Callable[[Row], Coroutine[Any, Any, Row]]
 
-def raw_backend(exe: Executable, seconds: float, threads: int) -> dict[str, float]:
-    """Samples/s and per-batch latency of the backend running full batches back to back."""
-    backend = make_backend(DeviceSpec(id=0, kind="cpu", threads=threads))
-    backend.load(exe, None)
-    backend.run_load()
+
+def raw_backend(exe: Executable, seconds: float, replicas: int, threads: int) -> dict[str, float]:
+    """Samples/s and per-batch latency: ``replicas`` backends of ``threads`` threads each, each
+    running full batches back to back on its own thread, all at once."""
     meta = exe.metadata
     rng = np.random.default_rng(0)
     batch = {a.name: rng.standard_normal(a.shape).astype(a.dtype) for a in meta.user_inputs}
     batches = (batch,) * meta.device_iterations
-    for _ in range(5):
-        backend.run_main(batches)
-    latencies = []
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        t = time.perf_counter()
-        backend.run_main(batches)
-        latencies.append(time.perf_counter() - t)
-    backend.unload()
-    samples = len(latencies) * meta.batch_size * meta.device_iterations
+    backends = []
+    for i in range(replicas):
+        backend = make_backend(DeviceSpec(id=i, kind="cpu", threads=threads))
+        backend.load(exe, None)
+        for _ in range(5):
+            backend.run_main(batches)
+        backends.append(backend)
+    latencies: list[list[float]] = [[] for _ in backends]
+    start = threading.Barrier(replicas + 1)
+    end = 0.0
+
+    def loop(backend: Any, out: list[float]) -> None:
+        start.wait()
+        while time.perf_counter() < end:
+            t = time.perf_counter()
+            backend.run_main(batches)
+            out.append(time.perf_counter() - t)
+
+    threads_ = [
+        threading.Thread(target=loop, args=(b, lat))
+        for b, lat in zip(backends, latencies, strict=True)
+    ]
+    for t in threads_:
+        t.start()
+    t0 = time.perf_counter()
+    end = t0 + seconds
+    start.wait()
+    for t in threads_:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    for backend in backends:
+        backend.unload()
+    runs = [x for lat in latencies for x in lat]
     return {
-        "samples_per_s": samples / sum(latencies),
-        "p50_us": statistics.median(latencies) * 1e6,
+        "samples_per_s": len(runs) * meta.batch_size * meta.device_iterations / elapsed,
+        "p50_us": statistics.median(runs) * 1e6,
     }
 
 
-async def runtime(path: Path, callers: int, seconds: float, replicas: int) -> dict[str, float]:
-    """Samples/s and request latency with ``callers`` concurrent single-sample callers."""
-    manager = None
-    if callers == 1:
-        # Latency is compared on equal terms: one device with all the cores as intra-op
-        # threads, like the raw run (throughput uses one 1-thread replica per core).
-        manager = DeviceManager(inventory=[DeviceSpec(id=0, kind="cpu", threads=replicas)])
-        replicas = 1
-    config = ModelRunnerConfig(
-        replication_factor=replicas, batching_dim=0, timeout=0.00001, max_retries=0
-    )
-    async with ModelRunner(path, config, device_manager=manager) as runner:
-        desc = runner.get_execute_inputs()
-        rng = np.random.default_rng(1)
-        one = {d.name: rng.standard_normal((1, *d.shape[1:])).astype(d.dtype) for d in desc}
+async def drive(
+    executes: Sequence[Execute], one: Row, callers: int, seconds: float
+) -> tuple[dict[str, float], Row]:
+    """The load generator: ``callers`` concurrent callers, each sending ``one`` (a single
+    sample) back to back for ``seconds``; caller k sends through ``executes[k % len]``.
+    Returns samples/s, latency, and one answer."""
+    answer = await executes[0](one)
+    for execute in executes:
         for _ in range(20):
-            await runner.execute(one)
-        latencies: list[float] = []
-        stop = time.perf_counter() + seconds
+            await execute(one)
+    async with anyio.create_task_group() as tg:  # a burst, so full batches are warm too
+        for k in range(64):
+            tg.start_soon(executes[k % len(executes)], one)
+    latencies: list[float] = []
+    stop = time.perf_counter() + seconds
 
-        async def caller() -> None:
-            while time.perf_counter() < stop:
-                t = time.perf_counter()
-                await runner.execute(one)
-                latencies.append(time.perf_counter() - t)
+    async def caller(execute: Execute) -> None:
+        while time.perf_counter() < stop:
+            t = time.perf_counter()
+            await execute(one)
+            latencies.append(time.perf_counter() - t)
 
-        t0 = time.perf_counter()
-        async with anyio.create_task_group() as tg:
-            for _ in range(callers):
-                tg.start_soon(caller)
-        elapsed = time.perf_counter() - t0
-    return {
+    t0 = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for k in range(callers):
+            tg.start_soon(caller, executes[k % len(executes)])
+    elapsed = time.perf_counter() - t0
+    stats = {
         "samples_per_s": len(latencies) / elapsed,
         "p50_us": statistics.median(latencies) * 1e6,
         "p99_us": float(np.percentile(latencies, 99)) * 1e6,
     }
+    return stats, answer
+
+
+async def runtime(
+    path: Path, one: Row, callers: int, seconds: float, replicas: int, threads: int, timeout: float
+) -> tuple[dict[str, float], Row]:
+    """The runtime on ``replicas`` devices of ``threads`` threads, one replica each."""
+    manager = DeviceManager(
+        inventory=[DeviceSpec(id=i, kind="cpu", threads=threads) for i in range(replicas)]
+    )
+    config = ModelRunnerConfig(
+        replication_factor=replicas, batching_dim=0, timeout=timeout, max_retries=0
+    )
+    async with ModelRunner(path, config, device_manager=manager) as runner:
+        return await drive([runner.execute], one, callers, seconds)
+
+
+async def bare(
+    exe: Executable,
+    one: Row,
+    callers: int,
+    seconds: float,
+    replicas: int,
+    threads: int,
+    flush: float,
+    split: str,
+) -> tuple[dict[str, float], Row]:
+    """``replicas`` bare batchers of ``threads`` threads each. ``split``: "caller" (caller k
+    always goes to batcher k mod replicas, like connections dealt round-robin) or "request"
+    (each request goes to the next batcher)."""
+    batchers = [BareBatcher(exe, threads, flush_s=flush) for _ in range(replicas)]
+    for b in batchers:
+        await b.__aenter__()
+    try:
+        if split == "caller" or replicas == 1:
+            return await drive([b.infer for b in batchers], one, callers, seconds)
+        turn = itertools.cycle(batchers)
+        return await drive([lambda row: next(turn).infer(row)], one, callers, seconds)
+    finally:
+        for b in batchers:
+            await b.__aexit__(None, None, None)
 
 
 def compile_models(cache: Path) -> list[tuple[str, Path]]:
@@ -115,54 +192,129 @@ def compile_models(cache: Path) -> list[tuple[str, Path]]:
     return [("mlp 784-512-512-10 B=32", mlp), ("squeezenet (light) B=8", conv)]
 
 
+def parse_config(text: str) -> tuple[int, int]:
+    replicas, _, threads = text.partition("x")
+    return int(replicas), int(threads or 1)
+
+
+def same(a: Row, b: Row) -> bool:
+    return a.keys() == b.keys() and all(np.allclose(a[k], b[k], rtol=1e-4, atol=1e-5) for k in a)
+
+
+HEADER = (
+    f"{'model':26} {'cfg':>4} {'C':>4} {'raw/s':>9} {'bare/s':>9} {'runtime/s':>9} "
+    f"{'rt/bare':>7} {'rt/raw':>6} {'rt p50us':>9} {'rt p99us':>9} {'bare p50us':>10} "
+    f"{'bare p99us':>10}"
+)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--callers", type=int, nargs="+", default=[1, 64, 256])
-    parser.add_argument("--uvloop", action="store_true", help="run the runtime on uvloop")
+    parser.add_argument("--callers", type=int, nargs="+", default=[1, 16, 256])
+    parser.add_argument(
+        "--configs", nargs="+", help="REPLICASxTHREADS (default: 1x1, plus 1x2 2x1 on 2+ cores)"
+    )
+    parser.add_argument("--flush-ms", type=float, default=2.0, help="the bare batcher's flush")
+    parser.add_argument(
+        "--timeout-ms", type=float, default=0.01, help="the runtime's flush timeout"
+    )
+    parser.add_argument(
+        "--bare-split",
+        choices=("caller", "request"),
+        default="caller",
+        help="how several bare batchers share the callers (see bare())",
+    )
+    parser.add_argument("--uvloop", action="store_true", help="run the event loop on uvloop")
     args = parser.parse_args()
-    cores = os.cpu_count() or 1
-    os.environ.setdefault("MODEL_RUNTIME_DEVICES", f"cpu:{cores}x1")
+    cores = len(os.sched_getaffinity(0))
+    configs = [
+        parse_config(c) for c in args.configs or (["1x1", "1x2", "2x1"] if cores >= 2 else ["1x1"])
+    ]
     os.environ.setdefault("MODEL_RUNTIME_DIR", tempfile.mkdtemp(prefix="mr-bench-"))
-    backend_name = "uvloop" if args.uvloop else "asyncio"
+    loop = "uvloop" if args.uvloop else "asyncio"
+    options = {"use_uvloop": args.uvloop}
     rows: list[dict[str, Any]] = []
+    print(
+        f"{cores} cores, {loop}; bare flush {args.flush_ms} ms, runtime timeout "
+        f"{args.timeout_ms} ms; {args.seconds} s per point; bare split by {args.bare_split}"
+    )
+    print(HEADER, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for name, path in compile_models(Path(tmp)):
             exe = Executable.load(path)
-            raw = raw_backend(exe, args.seconds, threads=cores)
-            for c in args.callers:
-                rt = anyio.run(
-                    runtime,
-                    path,
-                    c,
-                    args.seconds,
-                    cores,
-                    backend_options={"use_uvloop": args.uvloop},
-                )
-                rows.append(
-                    {
+            rng = np.random.default_rng(1)
+            one = {
+                a.name: rng.standard_normal((1, *a.shape[1:])).astype(a.dtype)
+                for a in exe.metadata.user_inputs
+            }
+            for replicas, threads in configs:
+                cfg = f"{replicas}x{threads}"
+                raw = raw_backend(exe, args.seconds, replicas, threads)
+                for c in args.callers:
+                    bw, bare_answer = anyio.run(
+                        bare,
+                        exe,
+                        one,
+                        c,
+                        args.seconds,
+                        replicas,
+                        threads,
+                        args.flush_ms / 1e3,
+                        args.bare_split,
+                        backend_options=options,
+                    )
+                    rt, rt_answer = anyio.run(
+                        runtime,
+                        path,
+                        one,
+                        c,
+                        args.seconds,
+                        replicas,
+                        threads,
+                        args.timeout_ms / 1e3,
+                        backend_options=options,
+                    )
+                    if not same(bare_answer, rt_answer):
+                        print(f"WARNING: {name} {cfg}: bare and runtime answers differ")
+                    r = {
                         "model": name,
+                        "config": cfg,
+                        "replicas": replicas,
+                        "threads": threads,
                         "callers": c,
                         "raw_samples_per_s": raw["samples_per_s"],
                         "raw_batch_p50_us": raw["p50_us"],
+                        "bare_samples_per_s": bw["samples_per_s"],
+                        "bare_p50_us": bw["p50_us"],
+                        "bare_p99_us": bw["p99_us"],
                         "runtime_samples_per_s": rt["samples_per_s"],
                         "runtime_p50_us": rt["p50_us"],
                         "runtime_p99_us": rt["p99_us"],
-                        "ratio": rt["samples_per_s"] / raw["samples_per_s"],
+                        "runtime_over_bare": rt["samples_per_s"] / bw["samples_per_s"],
+                        "runtime_over_raw": rt["samples_per_s"] / raw["samples_per_s"],
+                        "bare_over_raw": bw["samples_per_s"] / raw["samples_per_s"],
                     }
-                )
-                r = rows[-1]
-                print(
-                    f"{name:28} C={c:<4} raw {r['raw_samples_per_s']:>9.0f}/s "
-                    f"(batch p50 {r['raw_batch_p50_us']:>7.0f} us)  runtime "
-                    f"{r['runtime_samples_per_s']:>9.0f}/s  ratio {r['ratio']:>5.2f}  "
-                    f"p50 {r['runtime_p50_us']:>7.0f} us  p99 {r['runtime_p99_us']:>7.0f} us",
-                    flush=True,
-                )
+                    rows.append(r)
+                    print(
+                        f"{name:26} {cfg:>4} {c:>4} {r['raw_samples_per_s']:>9.0f} "
+                        f"{r['bare_samples_per_s']:>9.0f} {r['runtime_samples_per_s']:>9.0f} "
+                        f"{r['runtime_over_bare']:>7.2f} {r['runtime_over_raw']:>6.2f} "
+                        f"{r['runtime_p50_us']:>9.0f} {r['runtime_p99_us']:>9.0f} "
+                        f"{r['bare_p50_us']:>10.0f} {r['bare_p99_us']:>10.0f}",
+                        flush=True,
+                    )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        json.dumps({"cores": cores, "loop": backend_name, "rows": rows}, indent=2) + "\n"
-    )
+    doc = {
+        "cores": cores,
+        "loop": loop,
+        "seconds": args.seconds,
+        "bare_flush_ms": args.flush_ms,
+        "runtime_timeout_ms": args.timeout_ms,
+        "bare_split": args.bare_split,
+        "rows": rows,
+    }
+    RESULTS.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote {RESULTS}")
 
 
