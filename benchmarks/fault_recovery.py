@@ -165,6 +165,18 @@ def kinds_table(mlp: Compiled, callers: int, per_caller: int) -> list[dict[str, 
 # -- table 2: issue 11's "Done when" --------------------------------------------------------------
 
 
+def _counts(out: Any) -> dict[str, Any]:
+    """What every scenario reports of an outcome (``Outcome`` or ``Healing``)."""
+    return {
+        "sent": out.sent,
+        "ok": out.ok,
+        "wrong": out.wrong,
+        "errors": dict(out.errors),
+        "lost": out.lost,
+        "after": ",".join(out.statuses),
+    }
+
+
 def _row(scenario: str, plan: str | None, **values: Any) -> dict[str, Any]:
     row: dict[str, Any] = {
         "scenario": scenario,
@@ -212,17 +224,12 @@ def _healing_row(scenario: str, plan: str, out: Healing, sampler: Sampler) -> di
     return _row(
         scenario,
         plan,
+        **_counts(out),
         resets=sampler.resets,
-        sent=out.sent,
-        ok=out.ok,
-        wrong=out.wrong,
-        errors=dict(out.errors),
-        lost=out.lost,
         restarts=out.restarts,
         device_restarts=sampler.device_restarts,
         outages=out.outages,
         back_after_s=None if out.back_after is None else round(out.back_after, 3),
-        after=",".join(out.statuses),
         seconds=round(out.seconds, 2),
     )
 
@@ -234,13 +241,8 @@ def done_a(mlp: Compiled) -> dict[str, Any]:
     row = _row(
         "a. 3000 mixed, recoverable/20",
         plan,
-        sent=out.sent,
-        ok=out.ok,
-        wrong=out.wrong,
-        errors=dict(out.errors),
-        lost=out.lost,
+        **_counts(out),
         resets=out.resets,
-        after=",".join(out.statuses),
         seconds=round(time.perf_counter() - t0, 2),
     )
     return _verdict(
@@ -345,16 +347,11 @@ def done_e_storm(mlp: Compiled) -> dict[str, Any]:
     row = _row(
         "e. crash storm, crash/3",
         plan,
-        sent=out.sent,
-        ok=out.ok,
-        wrong=out.wrong,
-        errors=dict(out.errors),
-        lost=out.lost,
+        **_counts(out),
         resets=out.resets,
         restarts=seen.get("restarts"),
         device_restarts=sampler.device_restarts,
         outages=seen.get("outages"),
-        after=",".join(out.statuses),
         seconds=round(time.perf_counter() - t0, 2),
     )
     return _verdict(
