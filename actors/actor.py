@@ -76,6 +76,12 @@ class ActorRef(Generic[M]):
     def is_alive(self) -> bool:
         return self._actor.is_running
 
+    @property
+    def actor(self) -> Actor[M]:
+        """The actor itself, for the few same-loop fast paths that skip the mailbox (each
+        documented where it is defined, e.g. ``Queue.enqueue_nowait``)."""
+        return self._actor
+
     def tell(self, message: M) -> None:
         """Send ``message`` without waiting for room or for an answer.
 

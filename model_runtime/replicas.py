@@ -412,6 +412,18 @@ class ReplicaSet:
             saved[r] = dict(variables)
         return saved
 
+    async def wait_answered(self) -> None:
+        """Return once no queue holds an unanswered request (requests that move between
+        replicas meanwhile are followed)."""
+        while any(q.inflight_requests > 0 for q in self.queues):
+            for queue in list(self.queues):
+                await queue.wait_answered()
+
+    def fail_everything(self, error: BaseException) -> None:
+        """Answer every request still in any queue with ``error``, at once."""
+        for queue in self.queues:
+            queue.fail_everything(error)
+
     async def fail_all(self, error: BaseException) -> None:
         """Answer every request still in a queue with ``error``."""
         for r in range(len(self.states)):

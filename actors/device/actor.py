@@ -1,9 +1,11 @@
 """The Device actor: one per attached device; owns its backend and its worker thread.
 
-Every backend call runs in the device's own single worker thread (a one-thread executor), and a
+Every backend call runs in the device's own single worker thread (:mod:`.worker`), and a
 ``RunMain`` is exactly one hand-off to it whatever its device iterations. Jobs are submitted to
-the worker in mailbox order, and their answers are sent by tasks, so the mailbox stays free:
-``GetStatus`` is answered and ``Reset`` taken while a run is in flight, even a hung one.
+the worker in mailbox order, and answered from the worker's delivery on the loop, so the mailbox
+stays free: ``GetStatus`` is answered and ``Reset`` taken while a run is in flight, even a hung
+one. The replica's session skips the mailbox on the hot path: :meth:`Device.run_main_nowait`
+submits a run at once and returns its future (same loop, same checks, same book-keeping).
 
 A ``Reset`` aborts the runs in flight or queued (they fail with
 :class:`~actors.device.backends.RunAborted`, a ``DeviceStateError``): it bumps the device's
@@ -22,8 +24,7 @@ import asyncio
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -49,6 +50,7 @@ from actors.device.messages import (
     RunSave,
     Unload,
 )
+from actors.device.worker import Worker
 from model_runtime.errors import (
     ActorStoppedError,
     ApplicationRuntimeError,
@@ -70,9 +72,9 @@ class DeviceCrash(RuntimeError):
 @dataclass(slots=True, eq=False)
 class _Job:
     kind: str
-    future: asyncio.Future[Any]
     started_at: float | None
     envelope: Envelope | None = None
+    future: asyncio.Future[Any] = field(init=False)
 
 
 class Device(DeferringActor[DeviceMessage]):
@@ -112,7 +114,7 @@ class Device(DeferringActor[DeviceMessage]):
         self.log = self.log.bind(device=device.spec.id, replica=replica)
         # One injector per replica outlives its Device actors (``at=N`` fires once).
         self._faults = fault_injector or (fault_plan.for_replica(replica) if fault_plan else None)
-        self._executor: ThreadPoolExecutor | None = None
+        self._executor: Worker | None = None
         self._jobs: deque[_Job] = deque()
         self._abort = threading.Event()
         self._generation = 0
@@ -177,18 +179,22 @@ class Device(DeferringActor[DeviceMessage]):
             # is stuck in a run that ignores termination: then it is abandoned after the grace.
             # asyncio.wait, not await: a cancelled future must not raise CancelledError here,
             # where anyio would take it for a cancellation of the supervisor's scope.
+            # Failed, not cancelled: a cancelled future would cancel the task awaiting it.
+            self._generation += 1
             for job in self._jobs:
-                job.future.cancel()
+                if not job.future.done():
+                    job.future.set_exception(stopped)
+                    job.future.exception()
             unloaded = self._executor.submit(self.backend.unload)
-            self._executor.shutdown(wait=False)
+            self._executor.shutdown()
             self._executor = None
-            await asyncio.wait([asyncio.wrap_future(unloaded)], timeout=self.abort_grace)
+            await asyncio.wait([unloaded], timeout=self.abort_grace)
         if self.detach_on_stop:
             self.device.detach()
         self.log.info("device.stopped")
 
-    def _new_executor(self) -> ThreadPoolExecutor:
-        return ThreadPoolExecutor(1, thread_name_prefix=f"device-{self.device.spec.id}")
+    def _new_executor(self) -> Worker:
+        return Worker(f"device-{self.device.spec.id}")
 
     # -- dispatch --------------------------------------------------------------------------
 
@@ -254,15 +260,50 @@ class Device(DeferringActor[DeviceMessage]):
         if not self._loaded:
             raise DeviceStateError(f"{self._what()}: no executable loaded")
 
-    # -- jobs (submitted in mailbox order, answered by tasks) ------------------------------
+    # -- the hot path: a run without the mailbox -------------------------------------------
+
+    def run_main_nowait(
+        self,
+        batches: Sequence[Mapping[str, np.ndarray]],
+        probe: bool = False,
+        into: Sequence[Mapping[str, np.ndarray]] | None = None,
+    ) -> asyncio.Future[list[dict[str, np.ndarray]]]:
+        """Submit a main run now, as ``RunMain`` would, without the mailbox's hop; the future
+        gets the outputs or the run's error (a crash: :class:`ActorStoppedError`). For callers
+        on the actor's own loop (its replica's session); it overtakes messages still in the
+        mailbox, which a session never has in flight beside its runs.
+
+        Raises:
+            ActorStoppedError: the actor is not running.
+            DeviceStateError: detached, resetting, or nothing loaded.
+            UnrecoverableRuntimeError: the device is broken.
+        """
+        if not self.is_running:
+            raise ActorStoppedError(f"actor {self.name} has stopped")
+        self._check_loaded()
+        return self._submit("main", self._work_main, batches, probe, into).future
+
+    # -- jobs (submitted in mailbox order, settled as the worker delivers them) ------------
 
     def _submit(self, kind: str, fn: Callable[..., Any], *args: Any) -> _Job:
         assert self._executor is not None
-        loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._executor, fn, self._generation, self._abort, *args)
-        job = _Job(kind, future, None if self._jobs else self.clock.monotonic())
+        job = _Job(kind, None if self._jobs else self.clock.monotonic())
+        job.future = self._executor.submit(
+            fn, self._generation, self._abort, *args, hook=lambda r, e: self._delivered(job, e)
+        )
         self._jobs.append(job)
         return job
+
+    def _delivered(self, job: _Job, exc: BaseException | None) -> BaseException | None:
+        """Every job ends here once, on the loop, before its future is resolved."""
+        if isinstance(exc, asyncio.CancelledError):
+            self._finish(job)
+            return exc
+        self._settle(job, exc)
+        if isinstance(exc, DeviceCrash):
+            self.die(exc)
+            return ActorStoppedError(f"actor {self.name} crashed: {exc}")
+        return exc
 
     def _settle(self, job: _Job, exc: BaseException | None) -> None:
         """Book-keeping when a job ends (loop thread): progress, counters, error context."""
@@ -283,18 +324,13 @@ class Device(DeferringActor[DeviceMessage]):
 
     async def _await_job(self, job: _Job) -> Any:
         try:
-            result = await job.future
+            return await job.future
         except asyncio.CancelledError:
             self._finish(job)
             raise
-        except Exception as exc:
-            self._settle(job, exc)
-            raise
-        self._settle(job, None)
-        return result
 
     def _reply_when_done(self, envelope: Envelope, job: _Job) -> None:
-        # The hot path: answer from the future's done-callback, no task per run.
+        # Answer from the future's done-callback, no task per job.
         job.envelope = envelope
         job.future.add_done_callback(lambda f: self._completed(job, f))
 
@@ -306,11 +342,10 @@ class Device(DeferringActor[DeviceMessage]):
             envelope.fail(ActorStoppedError(f"actor {self.name} has stopped"))
             return
         exc = future.exception()
-        self._settle(job, exc)
         if exc is None:
             envelope.answer(future.result())
-        elif isinstance(exc, DeviceCrash) or envelope.reply is None:
-            envelope.fail(ActorStoppedError(f"actor {self.name} crashed: {exc}"))
+        elif envelope.reply is None:  # a failed tell ends the actor, as in the base class
+            envelope.fail(exc)
             self.die(exc)
         else:
             envelope.fail(exc)
@@ -433,7 +468,7 @@ class Device(DeferringActor[DeviceMessage]):
         if any(not f.done() for f in pending):
             self.log.warning("device.worker_abandoned", stuck=len(pending))
             assert self._executor is not None
-            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor.abandon(RunAborted(f"{self._what()}: run aborted by a reset"))
             self._executor = self._new_executor()
             self.backend = make_backend(self.device.spec)
         self._jobs.clear()

@@ -98,6 +98,7 @@ class Queue(Actor[QueueMessage]):
         self._backlog_event: anyio.Event | None = None
         self._draining = False
         self._drain_waiters: list[Envelope] = []
+        self._idle: anyio.Event | None = None  # set when no request is left unanswered
         self._rows_in = 0  # rows ever enqueued (rows packed or dropped: _rows_in - _pending_rows)
         self._flush_mark = 0  # a flush covers the rows enqueued before this mark
         self._last_arrival = self._open_since = self._iter_full_since = 0.0
@@ -161,6 +162,8 @@ class Queue(Actor[QueueMessage]):
         self._draining = True
         self._pending.clear()
         self._pending_rows = self._pending_samples = self._inflight = 0
+        if self._idle is not None:
+            self._idle.set()
         for batch in list(self._outstanding.values()):
             self._release(batch)
         self._backlog.clear()
@@ -239,6 +242,35 @@ class Queue(Actor[QueueMessage]):
         match message:
             case Enqueue(request):
                 self._enqueue(request)
+            case Complete() | Settle() | Fail():
+                self._answer(message)
+            case Flush():
+                self._flush()
+            case Drain():
+                self._start_drain()
+            case FailAll(error):
+                self._fail_all(error)
+            case GetStats():
+                return self._recorder.snapshot()
+            case _:
+                return await super().handle(message)
+        return None
+
+    def answer_nowait(self, answer: Complete | Settle | Fail) -> None:
+        """Take a batch's outcome at once, as handling the message would, without the
+        mailbox's hop (the replica's session, on the queue's own loop: one fewer wake-up per
+        batch). Like :meth:`enqueue_nowait`, it overtakes messages still in the mailbox,
+        which only matters to ``GetStats`` (it sees the batch answered sooner).
+
+        Raises:
+            ActorStoppedError: the queue has stopped (its callers were handed off or failed).
+        """
+        if not self.is_running:
+            raise ActorStoppedError(f"actor {self.name} has stopped")
+        self._answer(answer)
+
+    def _answer(self, answer: Complete | Settle | Fail) -> None:
+        match answer:
             case Complete(batch, outputs, t_start, t_end):
                 if self._release(batch):
                     submits: list[float] = []
@@ -261,17 +293,6 @@ class Queue(Actor[QueueMessage]):
                     else:
                         self._close(fail_batch(batch, error))
                     self._after_release()
-            case Flush():
-                self._flush()
-            case Drain():
-                self._start_drain()
-            case FailAll(error):
-                self._fail_all(error)
-            case GetStats():
-                return self._recorder.snapshot()
-            case _:
-                return await super().handle(message)
-        return None
 
     def _settle(
         self,
@@ -345,14 +366,28 @@ class Queue(Actor[QueueMessage]):
     def _close(self, closed: tuple[int, int]) -> None:
         self._pending_samples -= closed[0]
         self._inflight -= closed[1]
+        if self._idle is not None and self._inflight <= 0:
+            self._idle.set()
 
     def _drop(self, req: Request) -> None:
         """Forget a gone caller's unpacked rows."""
         self._pending_rows -= req.samples - req._taken
         if req._open:
             req._open = False
-            self._pending_samples -= req.samples
-            self._inflight -= 1
+            self._close((req.samples, 1))
+
+    async def wait_answered(self) -> None:
+        """Return once every request taken here has its answer, or has moved to another
+        queue (a caller gone meanwhile counts once the queue has noticed)."""
+        while self._inflight > 0:
+            if self._idle is None or self._idle.is_set():
+                self._idle = anyio.Event()
+            await self._idle.wait()
+
+    def fail_everything(self, error: BaseException) -> None:
+        """Answer every request still here with ``error`` (what :class:`FailAll` does), at
+        once and whether or not the actor runs: the runner's last net when it stops."""
+        self._fail_all(error)
 
     def _pump(self) -> None:
         """Seal every batch that may be sealed now (full ones, or a due partial one)."""

@@ -3,8 +3,15 @@
 The session binds one executable to one Device actor. Before it reports started it runs a
 warm-up batch (zeros) on the device: "started" means the device runs the program, and the run
 time seeds the hang deadline. Its background loop then takes the next ready batch from its
-Queue, asks the Device to run the main program (one thread hop per batch, inside the device),
-and gives the outputs back to the Queue, which answers the callers.
+Queue, has the Device run the main program (one thread hop per batch, inside the device), and
+gives the outputs back to the Queue, which answers the callers.
+
+The hot path skips both mailboxes (all three actors share the loop): ``pipeline_depth``
+coroutines, not a task per batch, take sealed batches (without a loop iteration when one is
+ready), submit them with :meth:`Device.run_main_nowait` and hand the outcome to
+:meth:`Queue.answer_nowait`; one timer watches the execution deadlines of the runs on the
+device instead of a cancel scope per run. Per batch that is one cross-thread wake-up (the
+device's delivery) and one task step.
 
 Failures are classified (DESIGN.md §7):
 
@@ -31,6 +38,7 @@ variables, the replica's health) lives in :class:`ReplicaState`, owned by the re
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,11 +50,14 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from actors.actor import Actor, ActorRef
 from actors.clock import Clock, move_on_after
+from actors.device.actor import Device
 from actors.device.messages import Reset, RunMain, RunSave
+from actors.queues.actor import Queue
 from actors.queues.batch import Batch
 from actors.queues.messages import Complete, Fail, Settle
 from actors.queues.pool import Layout
 from actors.queues.request import Request
+from actors.queues.timer import FlushTimer
 from actors.session import bisect
 from actors.session.state import ReplicaState, ReplicaStatus
 from model_runtime.errors import (
@@ -161,6 +172,10 @@ class SessionActor(Actor[object]):
         self._progressed = False  # a batch succeeded in this incarnation
         self._device_free_at = 0.0  # when the device last finished a batch (clock time)
         self._out = anyio.Event()  # set when the replica leaves service
+        #: runs on the device -> (deadline, seconds), watched by _hang_timer once it runs
+        self._runs: dict[asyncio.Future[Outputs], tuple[float, float]] = {}
+        self._hang_timer = FlushTimer(self.clock, self._next_hang, self._on_hang)
+        self._watching = False
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -184,46 +199,62 @@ class SessionActor(Actor[object]):
 
     async def background(self) -> None:
         state = self._state
-        while True:
-            if state.status is ReplicaStatus.FAILED:
-                await self._probe_until_ready()
-            self._out = anyio.Event()
-            await self._serve()
-            # Out of service: the queue handed every unanswered request to other replicas,
-            # those of the batches in flight included.
-            state.inflight.clear()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._hang_timer.run)
+            self._watching = True
+            try:
+                while True:
+                    if state.status is ReplicaStatus.FAILED:
+                        await self._probe_until_ready()
+                    self._out = anyio.Event()
+                    await self._serve()
+                    # Out of service: the queue handed every unanswered request to other
+                    # replicas, those of the batches in flight included.
+                    state.inflight.clear()
+            finally:
+                self._watching = False
+                tg.cancel_scope.cancel()
 
     async def _serve(self) -> None:
         """Run batches until the replica leaves service."""
         state = self._state
         state.heartbeat = self.clock.monotonic()
-        slots = anyio.Semaphore(self._policy.pipeline_depth)
+        # Batches left in flight by a previous incarnation of this actor run first: their
+        # callers have not been answered yet.
+        leftover = deque(state.inflight.values())
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._stop_serving_when_out, tg.cancel_scope)
-            # Batches left in flight by a previous incarnation of this actor run first: their
-            # callers have not been answered yet.
-            for batch in list(state.inflight.values()):
-                await slots.acquire()
-                tg.start_soon(self._run, batch, slots)
-            async for batch in self._ready:
-                # Recorded at once: if this session is restarted from here on, the next one
-                # runs the batch. Up to pipeline_depth batches sit in the device's worker
-                # queue, so the device starts the next one the moment the last ends.
+            # Up to pipeline_depth batches sit in the device's worker queue, so the device
+            # starts the next one the moment the last ends.
+            for _ in range(self._policy.pipeline_depth):
+                tg.start_soon(self._pipeline, leftover)
+
+    async def _pipeline(self, leftover: deque[Batch]) -> None:
+        """One slot of the pipeline: take the next batch, run it, answer it; again."""
+        state, ready = self._state, self._ready
+        while True:
+            if leftover:
+                batch = leftover.popleft()
+            else:
+                try:  # a batch already sealed is taken without a trip through the loop
+                    batch = ready.receive_nowait()
+                except anyio.WouldBlock:
+                    try:
+                        batch = await ready.receive()
+                    except anyio.EndOfStream:
+                        return
+                except anyio.EndOfStream:
+                    return
+                # Recorded at once: if this session is restarted from here on, the next
+                # one runs the batch.
                 state.inflight[batch.id] = batch
-                await slots.acquire()
-                state.heartbeat = self.clock.monotonic()
-                tg.start_soon(self._run, batch, slots)
+            state.heartbeat = self.clock.monotonic()
+            await self._run_batch(batch)
+            state.heartbeat = self.clock.monotonic()
 
     async def _stop_serving_when_out(self, scope: anyio.CancelScope) -> None:
         await self._out.wait()
         scope.cancel()
-
-    async def _run(self, batch: Batch, slots: anyio.Semaphore) -> None:
-        try:
-            await self._run_batch(batch)
-        finally:
-            slots.release()
-            self._state.heartbeat = self.clock.monotonic()
 
     async def _run_batch(self, batch: Batch) -> None:
         state = self._state
@@ -290,7 +321,13 @@ class SessionActor(Actor[object]):
         probe: bool = False,
         into: tuple[dict[str, np.ndarray], ...] | None = None,
     ) -> Outputs:
-        """One main run on the device, bounded by the execution deadline (clock time)."""
+        """One main run on the device, bounded by the execution deadline (clock time).
+
+        Raises:
+            ExecutionTimeoutError: the run passed its deadline (it may still be running).
+            ActorStoppedError: the Device actor stopped.
+            DeviceStateError, RuntimeFailure, InputValidationError: from the device.
+        """
         deadline = self._deadline()
         state = self._state
         now = self.clock.monotonic()
@@ -298,18 +335,51 @@ class SessionActor(Actor[object]):
             state.hung_after = now + deadline
         self._on_device += 1
         try:
-            async with move_on_after(self.clock, deadline) as scope:
-                outputs: Outputs = await self._device.ask(RunMain(tuple(inputs), probe, into))
-            if scope.cancelled_caught:
-                raise ExecutionTimeoutError(
-                    f"replica {self.replica}: the main program ran past its deadline "
-                    f"({deadline:.3g} s)"
-                )
+            device = self._device.actor
+            if not isinstance(device, Device):  # a stand-in device: through its mailbox
+                async with move_on_after(self.clock, deadline) as scope:
+                    outputs: Outputs = await self._device.ask(RunMain(tuple(inputs), probe, into))
+                if scope.cancelled_caught:
+                    raise self._past_deadline(deadline)
+                return outputs
+            future = device.run_main_nowait(tuple(inputs), probe, into)
+            if not self._watching:  # the warm-up, before the deadline timer runs
+                async with move_on_after(self.clock, deadline) as scope:
+                    return await future
+                raise self._past_deadline(deadline)
+            self._runs[future] = (now + deadline, deadline)
+            if len(self._runs) == 1:
+                self._hang_timer.kick()
+            try:
+                return await future
+            finally:
+                self._runs.pop(future, None)
         finally:
             self._on_device -= 1
             # The next run in the device's queue starts now.
             state.hung_after = self.clock.monotonic() + deadline if self._on_device else _INF
-        return outputs
+
+    def _past_deadline(self, deadline: float) -> ExecutionTimeoutError:
+        return ExecutionTimeoutError(
+            f"replica {self.replica}: the main program ran past its deadline ({deadline:.3g} s)"
+        )
+
+    def _next_hang(self) -> float:
+        """When the first run on the device passes its deadline (``inf``: nothing runs)."""
+        runs = self._runs
+        if not runs:
+            return _INF
+        return min(at for at, _ in runs.values())
+
+    def _on_hang(self) -> None:
+        """Runs past their deadline fail with :class:`ExecutionTimeoutError` (the device goes
+        on with them until the reset that the failure leads to aborts them)."""
+        now = self.clock.monotonic()
+        for future, (at, seconds) in list(self._runs.items()):
+            if at <= now:
+                del self._runs[future]
+                if not future.done():
+                    future.set_exception(self._past_deadline(seconds))
 
     def _succeeded(self, t_start: float) -> None:
         state = self._state
@@ -340,7 +410,11 @@ class SessionActor(Actor[object]):
             state.seconds_per_sample += (per_sample - state.seconds_per_sample) / 32.0
 
     def _finish(self, batch: Batch, answer: Complete | Settle | Fail) -> None:
-        self._queue.tell(answer)
+        queue = self._queue.actor
+        if isinstance(queue, Queue):
+            queue.answer_nowait(answer)
+        else:
+            self._queue.tell(answer)
         self._state.inflight.pop(batch.id, None)
 
     def _deadline(self) -> float:

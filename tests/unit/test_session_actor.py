@@ -244,6 +244,17 @@ def _check_alive(rep: Replica) -> None:
         raise AssertionError(f"the {event.child_id} actor crashed: {event.reason!r}")
 
 
+async def settled() -> None:
+    """Every task waits and no callback is due. ``wait_all_tasks_blocked`` alone misses a
+    callback already scheduled (a finished task's done-callback that wakes its task group),
+    so a chain of task endings can still be under way when it returns."""
+    loop = asyncio.get_running_loop()
+    while True:
+        await anyio.wait_all_tasks_blocked()
+        if not loop._ready:  # type: ignore[attr-defined]
+            return
+
+
 async def until(rep: Replica, condition: Callable[[], bool], what: str) -> None:
     """Poll ``condition`` (device work runs in a thread) until it holds, at most WAIT seconds."""
     deadline = anyio.current_time() + WAIT
@@ -364,9 +375,9 @@ async def test_a_replica_out_of_service_is_probed_and_comes_back() -> None:
                 await answer(rep, rep.submit("x", tiny_rows(seed)))
         assert rep.status() is ReplicaStatus.FAILED and state.probes == 0
 
-        await anyio.wait_all_tasks_blocked()  # leaving service asks nothing of the device
+        await settled()  # leaving service asks nothing of the device
         clock.advance(0.5)  # less than probe_initial (1 s): no probe yet
-        await anyio.wait_all_tasks_blocked()
+        await settled()
         assert state.probes == 0 and rep.status() is ReplicaStatus.FAILED
 
         clock.advance(0.5)
@@ -404,9 +415,9 @@ async def test_probes_back_off_exponentially_up_to_the_cap_until_the_device_runs
 
         # Probe k waits d_k = 1, 2, 4, 8, 10, 10 s (doubling, capped at probe_cap = 10).
         for probes, delay in enumerate((1.0, 2.0, 4.0, 8.0, 10.0, 10.0), start=1):
-            await anyio.wait_all_tasks_blocked()
+            await settled()
             clock.advance(delay / 2)
-            await anyio.wait_all_tasks_blocked()
+            await settled()
             assert state.probes == probes - 1, f"probe {probes} ran before {delay} s"
             clock.advance(delay / 2)
             await until(rep, functools.partial(failed, probes), f"probe {probes} fails")
@@ -419,9 +430,9 @@ async def test_probes_back_off_exponentially_up_to_the_cap_until_the_device_runs
         # probing at the capped delay): the next probe, 10 s later, runs and it serves again.
         await until(rep, lambda: len(rep.devices) == 2, "a fresh device")
         await until(rep, lambda: clock.next_deadline() == 45.0, "the next probe is 10 s away")
-        await anyio.wait_all_tasks_blocked()
+        await settled()
         clock.advance(9.5)
-        await anyio.wait_all_tasks_blocked()
+        await settled()
         assert state.probes == 6 and rep.status() is ReplicaStatus.FAILED
         clock.advance(0.5)
         await until(rep, lambda: rep.status() is ReplicaStatus.READY, "the probe brought it back")
@@ -444,7 +455,7 @@ async def save(rep: Replica) -> None:
 async def on_device(rep: Replica, batches: int) -> None:
     """Wait until the session has asked the device to run ``batches`` batches."""
     await until(rep, lambda: len(rep.state.inflight) == batches, f"{batches} batches taken")
-    await anyio.wait_all_tasks_blocked()  # ... and the device queued the runs it was asked
+    await settled()  # ... and the device queued the runs it was asked
 
 
 async def test_a_fault_with_a_second_batch_queued_on_the_device_resets_once() -> None:
@@ -463,7 +474,7 @@ async def test_a_fault_with_a_second_batch_queued_on_the_device_resets_once() ->
             f1 = rep.submit("x", x1)
             await on_device(rep, 1)
             tg.start_soon(save, rep)
-            await anyio.wait_all_tasks_blocked()
+            await settled()
             f2 = rep.submit("x", x2)
             await on_device(rep, 2)
             assert rep.injector.iteration == 0
@@ -547,12 +558,12 @@ async def test_a_hang_is_reset_once_the_clock_passes_the_derived_deadline(
         x = tiny_rows(4)
         future = rep.submit("x", x)
         await until(rep, lambda: state.hung_after < math.inf, "the run is on the device")
-        await anyio.wait_all_tasks_blocked()
+        await settled()
         assert state.hung_after == 1.0 and clock.next_deadline() == 1.0
         assert state.is_ready_at(0.9) and not state.is_ready_at(1.0)
 
         clock.advance(0.9)
-        await anyio.wait_all_tasks_blocked()
+        await settled()
         assert state.resets == 0 and not future.done()
         assert rep.status() is ReplicaStatus.READY
 

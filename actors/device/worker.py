@@ -1,0 +1,129 @@
+"""A device's worker thread: runs jobs one at a time, answers them on the event loop.
+
+Replaces a one-thread ``ThreadPoolExecutor`` with ``run_in_executor`` on the hot path. That pair
+costs, per job, a ``concurrent.futures.Future``, a chained asyncio future, and one
+``call_soon_threadsafe`` (a write to the loop's self-pipe) whether or not the loop is already
+due to wake. Here a job is ``(future, fn, args)`` on a ``SimpleQueue``; the thread runs it and
+appends the outcome to a list that the loop delivers in one callback, scheduled only when none
+is pending: at most one cross-thread wake-up per job, and fewer when jobs finish while the loop
+is busy. Futures are plain asyncio futures, resolved on the loop.
+
+A worker stuck in a job that ignores termination is abandoned (:meth:`Worker.abandon`): its
+queued jobs are cancelled, and its thread (a daemon thread) answers the stuck job, if it ever
+returns, and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["Worker"]
+
+#: Called on the loop with a job's result and error before its future is resolved, even when
+#: that future was cancelled meanwhile (book-keeping that must happen once per job); returns
+#: the error the future gets (``None``: the result).
+Hook = Callable[[Any, BaseException | None], BaseException | None]
+_Job = tuple["asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...], Hook | None]
+_Outcome = tuple["asyncio.Future[Any]", Hook | None, Any, BaseException | None]
+
+
+class Worker:
+    """One thread that runs submitted callables in order (see the module docstring)."""
+
+    __slots__ = ("_done", "_jobs", "_lock", "_loop", "_scheduled", "_stopped", "_thread")
+
+    def __init__(self, name: str, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._loop = loop or asyncio.get_running_loop()
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._done: list[_Outcome] = []
+        self._lock = threading.Lock()
+        self._scheduled = False
+        self._stopped = False
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(
+        self, fn: Callable[..., Any], *args: Any, hook: Hook | None = None
+    ) -> asyncio.Future[Any]:
+        """Run ``fn(*args)`` on the worker after the jobs before it; on the loop only.
+
+        A job whose future is done before it starts (cancelled, or failed by its owner) is
+        skipped (its ``hook`` still gets a ``CancelledError``); ``hook`` (see :data:`Hook`)
+        runs on the loop when it ends.
+
+        Raises:
+            RuntimeError: the worker was shut down or abandoned.
+        """
+        if self._stopped:
+            raise RuntimeError("the device worker has stopped")
+        future: asyncio.Future[Any] = self._loop.create_future()
+        self._jobs.put((future, fn, args, hook))
+        return future
+
+    def shutdown(self) -> None:
+        """Take no more jobs; the thread ends after the jobs already submitted."""
+        if not self._stopped:
+            self._stopped = True
+            self._jobs.put(None)
+
+    def abandon(self, error: BaseException) -> None:
+        """Give up on the thread (stuck in a job): queued jobs fail with ``error`` (not a
+        cancellation, which their awaiting tasks would take for their own); the thread
+        answers the current job if it ever returns, and exits."""
+        self.shutdown()
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None and not job[0].done():
+                job[0].set_exception(error)
+                job[0].exception()  # its awaiter may be gone: no "never retrieved" warning
+        self._jobs.put(None)
+
+    # -- the thread ----------------------------------------------------------------------------
+
+    def _main(self) -> None:
+        jobs = self._jobs
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            future, fn, args, hook = job
+            outcome: _Outcome
+            if future.done():  # a read of a flag: benign across threads
+                if hook is None:
+                    continue
+                outcome = (future, hook, None, asyncio.CancelledError())
+            else:
+                try:
+                    outcome = (future, hook, fn(*args), None)
+                except Exception as exc:
+                    outcome = (future, hook, None, exc)
+            with self._lock:
+                self._done.append(outcome)
+                if self._scheduled:
+                    continue  # the loop has a delivery pending: it takes this one too
+                self._scheduled = True
+            try:
+                self._loop.call_soon_threadsafe(self._deliver)
+            except RuntimeError:  # the loop is closed: nobody waits any more
+                return
+
+    def _deliver(self) -> None:
+        with self._lock:
+            done, self._done = self._done, []
+            self._scheduled = False
+        for future, hook, result, exc in done:
+            if hook is not None:
+                exc = hook(result, exc)
+            if future.done():
+                continue
+            if exc is None:
+                future.set_result(result)
+            else:
+                future.set_exception(exc)
