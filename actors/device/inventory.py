@@ -2,16 +2,18 @@
 
 Where it comes from, first match wins:
 
-1. ``MODEL_RUNTIME_DEVICES``: comma-separated groups ``KIND:COUNTxTHREADS`` (``xTHREADS`` may be
-   left out: 1 thread). ``cpu:2x1`` is two cpu devices of one intra-op thread each;
-   ``cpu:1x2,cpu:1x1`` is one device of two threads and one of one thread; ``ipu-model:1x1`` is
-   one simulated Mk2 IPU (version 2, 1472 tiles) computing with one thread.
+1. ``MODEL_RUNTIME_DEVICES``: comma-separated groups ``KIND:COUNTxTHREADS[:exclusive]``
+   (``xTHREADS`` may be left out: 1 thread). ``cpu:2x1`` is two cpu devices of one intra-op
+   thread each; ``cpu:1x2,cpu:1x1`` is one device of two threads and one of one thread;
+   ``cpu:2x1:exclusive`` two cpu devices that are not shared inside the process;
+   ``ipu-model:1x1`` is one simulated Mk2 IPU (version 2, 1472 tiles) computing with one thread.
 2. The TOML file named by ``MODEL_RUNTIME_CONFIG``, its ``[[devices]]`` tables, e.g.::
 
        [[devices]]
        kind = "cpu"          # or "ipu-model"
        count = 2             # devices of this shape (default 1)
        threads = 1           # intra-op threads of each (default 1)
+       exclusive = false     # cpu: one attachment at a time in this process too (default false)
        # ipu-model only: ipu_version (2), tiles_per_ipu (version default), num_ipus (1)
        # supports_remote_buffers (default: true for cpu, false for ipu-model)
 
@@ -21,6 +23,12 @@ Where it comes from, first match wins:
    intra-op threads is faster for one big batch but worse for many small callers.)
 
 Device ids are 0, 1, ... in the order listed; the lock files in the runtime directory use them.
+
+Sharing: a cpu device is shareable inside the process (:attr:`DeviceSpec.shareable`): replicas
+of any number of models may attach it at once, each with its own worker thread computing with
+the device's intra-op threads, so two cores serve any number of models. It stays exclusive
+across processes (one OS lock per device). ``exclusive`` cpu devices and ipu-model devices are
+exclusive inside the process too: one attachment at a time.
 """
 
 from __future__ import annotations
@@ -56,7 +64,9 @@ IPU_TILES = {1: 1216, 2: 1472}
 IPU_TILE_MEMORY = {1: 256 * 1024, 2: 624 * 1024}
 SMALL_IPU_TILES = 4
 
-_GROUP = re.compile(r"^(?P<kind>[a-z-]+):(?P<count>\d+)(?:x(?P<threads>\d+))?$")
+_GROUP = re.compile(
+    r"^(?P<kind>[a-z-]+):(?P<count>\d+)(?:x(?P<threads>\d+))?(?::(?P<flag>exclusive))?$"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +75,8 @@ class DeviceSpec:
 
     ``threads`` is the onnxruntime intra-op thread count the device computes with.
     ``ipu_version``, ``tiles_per_ipu`` and ``memory_per_tile`` describe an ipu-model (0 for cpu);
-    ``num_ipus`` is the device's size in the seed's sense (cpu: 1).
+    ``num_ipus`` is the device's size in the seed's sense (cpu: 1). ``exclusive`` (cpu only)
+    keeps a cpu device to one attachment at a time inside the process (see :attr:`shareable`).
     """
 
     id: int
@@ -76,6 +87,13 @@ class DeviceSpec:
     memory_per_tile: int = 0
     supports_remote_buffers: bool = True
     num_ipus: int = 1
+    exclusive: bool = False
+
+    @property
+    def shareable(self) -> bool:
+        """True when several attachments of this process may hold the device at once: a cpu
+        device not configured ``exclusive``. ipu-model devices are never shared."""
+        return self.kind == "cpu" and not self.exclusive
 
     @property
     def memory_bytes(self) -> int:
@@ -84,7 +102,8 @@ class DeviceSpec:
 
     def describe(self) -> str:
         if self.kind == "cpu":
-            return f"device {self.id} (cpu, {self.threads} thread{'s' * (self.threads != 1)})"
+            excl = ", exclusive" if self.exclusive else ""
+            return f"device {self.id} (cpu, {self.threads} thread{'s' * (self.threads != 1)}{excl})"
         return (
             f"device {self.id} (ipu-model v{self.ipu_version}, {self.num_ipus} x "
             f"{self.tiles_per_ipu} tiles, {self.threads} thread{'s' * (self.threads != 1)})"
@@ -131,15 +150,21 @@ def _make(
 ) -> DeviceSpec:
     if threads < 1:
         raise ConfigurationError(f"{where}: threads must be >= 1, got {threads}")
+    exclusive = extra.get("exclusive", kind != "cpu")
+    if not isinstance(exclusive, bool):
+        raise ConfigurationError(f"{where}: exclusive must be true or false")
     if kind == "cpu":
-        if set(extra) - {"supports_remote_buffers"}:
-            bad = sorted(set(extra) - {"supports_remote_buffers"})
+        if set(extra) - {"supports_remote_buffers", "exclusive"}:
+            bad = sorted(set(extra) - {"supports_remote_buffers", "exclusive"})
             raise ConfigurationError(f"{where}: keys {bad} do not apply to a cpu device")
         return DeviceSpec(
             device_id, "cpu", threads,
             supports_remote_buffers=bool(extra.get("supports_remote_buffers", True)),
+            exclusive=exclusive,
         )  # fmt: skip
     if kind == "ipu-model":
+        if not exclusive:
+            raise ConfigurationError(f"{where}: ipu-model devices are always exclusive")
         try:
             return ipu_model_spec(
                 device_id,
@@ -173,8 +198,9 @@ def parse_devices(text: str) -> list[DeviceSpec]:
         threads = int(m["threads"] or 1)
         if count < 1:
             raise ConfigurationError(f"{where}: count must be >= 1")
+        extra = {"exclusive": True} if m["flag"] else {}
         for _ in range(count):
-            specs.append(_make(len(specs), m["kind"], threads, {}, where))
+            specs.append(_make(len(specs), m["kind"], threads, extra, where))
     return specs
 
 
@@ -206,6 +232,7 @@ def inventory_from_toml(path: str | os.PathLike[str]) -> list[DeviceSpec]:
         count = extra.pop("count", 1)
         threads = extra.pop("threads", 1)
         allowed = {"num_ipus", "ipu_version", "tiles_per_ipu", "supports_remote_buffers"}
+        allowed.add("exclusive")
         if set(extra) - allowed:
             raise ConfigurationError(f"{where}: unknown keys {sorted(set(extra) - allowed)}")
         if not isinstance(kind, str) or not isinstance(count, int) or count < 1:
@@ -218,7 +245,8 @@ def inventory_from_toml(path: str | os.PathLike[str]) -> list[DeviceSpec]:
 
 
 def default_inventory() -> list[DeviceSpec]:
-    """One single-threaded cpu device per core this process may use."""
+    """One single-threaded cpu device per core this process may use, shareable inside the
+    process (any number of models' replicas; placement spreads them over the devices)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux

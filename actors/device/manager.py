@@ -2,7 +2,20 @@
 
 A plain class with an async API (waiting sleeps on an injected :class:`~actors.clock.Clock`, so
 tests drive it with a fake clock); :class:`~actors.device.manager_actor.DeviceManagerActor` wraps
-it for the supervisor tree. Attaching is exclusive across processes (:mod:`.locks`).
+it for the supervisor tree.
+
+Sharing (DESIGN.md §5): attaching is exclusive across processes (:mod:`.locks`); inside one
+process a shareable device (:attr:`~actors.device.inventory.DeviceSpec.shareable`: every cpu
+device unless configured ``exclusive``) may be attached any number of times, by replicas of one
+model or of several. The process takes the device's OS lock once, at the first attachment, and
+gives it back at the last detach (a reference count kept per lock directory and device id,
+process-wide, so every :class:`DeviceManager` of the process agrees). Each attachment is its own
+:class:`AttachedDevice`, detached once (idempotent) and owned by whoever asked for it (normally
+a replica's Device actor, with its own worker thread). ipu-model devices and ``exclusive`` cpu
+devices stay exclusive inside the process too. Placement (:meth:`DeviceManager.get_device`,
+:meth:`DeviceManager.get_device_for`) takes the least-loaded device: fewest attachments in this
+process, then lowest id. A device another process holds is never shared: the wait strategies
+apply to it as before, and a shareable device this process already holds needs no waiting.
 
 IPU versions, as the seed words them (two calls, two answers for "no IPU"):
 
@@ -25,7 +38,9 @@ Where the seed takes a ``popef::Model``, these calls take an
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -45,17 +60,96 @@ __all__ = ["AttachedDevice", "DeviceInfo", "DeviceManager"]
 log = structlog.get_logger(__name__)
 
 
+@dataclass(slots=True)
+class _Hold:
+    """This process's hold on one device: its OS lock and the attachments that share it."""
+
+    lock: DeviceLock
+    shareable: bool
+    users: int = 1
+
+
+class _Holdings:
+    """Every device lock this process holds, by (lock directory, device id), counted.
+
+    Process-wide (one instance, :data:`_HOLDINGS`) so that several :class:`DeviceManager`
+    instances of one process (a runner's, a session's, the daemon's) share a device as one.
+    Thread-safe: attachments are made from event loops and released from any thread.
+    """
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._held: dict[tuple[str, int], _Hold] = {}
+
+    @staticmethod
+    def key(lock_dir: Path, device_id: int) -> tuple[str, int]:
+        return (os.path.abspath(lock_dir), device_id)
+
+    def attachments(self, key: tuple[str, int]) -> int:
+        """How many attachments this process has on the device now."""
+        hold = self._held.get(key)
+        return 0 if hold is None else hold.users
+
+    def try_attach(self, lock_dir: Path, spec: DeviceSpec) -> _Hold | None:
+        """One more attachment of ``spec``: shared if this process holds it and it is
+        shareable, else the OS lock is taken now; ``None`` if it is not to be had.
+
+        Raises:
+            ConfigurationError / DeviceError: as :meth:`DeviceLock.try_acquire`.
+        """
+        key = self.key(lock_dir, spec.id)
+        with self._guard:
+            hold = self._held.get(key)
+            if hold is not None:
+                if not hold.shareable:
+                    return None
+                hold.users += 1
+                return hold
+            lock = DeviceLock.try_acquire(lock_dir, spec.id)
+            if lock is None:
+                return None
+            hold = self._held[key] = _Hold(lock, spec.shareable)
+            return hold
+
+    def release(self, key: tuple[str, int], hold: _Hold) -> int:
+        """One attachment fewer; the last one gives the OS lock back. The attachments left."""
+        with self._guard:
+            if self._held.get(key) is not hold:  # forgotten after a fork: not ours to release
+                return 0
+            hold.users -= 1
+            if hold.users > 0:
+                return hold.users
+            del self._held[key]
+        hold.lock.release()
+        return 0
+
+    def forget(self) -> None:
+        """In a forked child: it holds nothing of its own (the parent's locks stay the parent's)."""
+        self._guard = threading.Lock()
+        self._held = {}
+
+
+_HOLDINGS = _Holdings()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_HOLDINGS.forget)
+
+
 @dataclass(eq=False)
 class AttachedDevice:
-    """A device this process holds: its spec and lock (``None`` for a created ipu-model).
+    """One attachment of a device by this process: its spec and lock (``None`` for a created
+    ipu-model). A shared cpu device has one :class:`AttachedDevice` per attachment, all with
+    the same lock, which the last detach releases.
 
-    Detach with :meth:`detach` (idempotent) or use it as an (async) context manager.
+    Detach with :meth:`detach` (idempotent, per attachment) or use it as an (async) context
+    manager.
     """
 
     spec: DeviceSpec
     lock: DeviceLock | None = None
     options: Mapping[str, str] = field(default_factory=dict)
     _attached: bool = True
+    #: Gives this attachment back to the process-wide count (None: release ``lock`` directly).
+    _release: Callable[[], int] | None = field(default=None, repr=False)
 
     @property
     def id(self) -> int:
@@ -77,12 +171,22 @@ class AttachedDevice:
         return self.spec.ipu_version if self.spec.kind == "ipu-model" else -1
 
     def detach(self) -> None:
-        """Release the device (its lock) so others may attach it. Idempotent."""
-        if self._attached:
-            self._attached = False
-            if self.lock is not None:
-                self.lock.release()
-            log.info("device.detached", device=self.spec.id, kind=self.spec.kind)
+        """Give this attachment back; the last attachment of the device in this process
+        releases its lock, so that other processes may attach it. Idempotent: a second call
+        on the same attachment does nothing (it never releases another attachment's share).
+
+        Raises:
+            nothing.
+        """
+        if not self._attached:
+            return
+        self._attached = False
+        left = 0
+        if self._release is not None:
+            left = self._release()
+        elif self.lock is not None:
+            self.lock.release()
+        log.info("device.detached", device=self.spec.id, kind=self.spec.kind, attachments=left)
 
     def __enter__(self) -> AttachedDevice:
         return self
@@ -104,10 +208,12 @@ class AttachedDevice:
 
 @dataclass(frozen=True, slots=True)
 class DeviceInfo:
-    """One line of :meth:`DeviceManager.list_devices`: the device and who holds it (or None)."""
+    """One line of :meth:`DeviceManager.list_devices`: the device, who holds it (or None) and
+    how many attachments this process has on it."""
 
     spec: DeviceSpec
     holder: LockHolder | None
+    attachments: int = 0
 
 
 class DeviceManager:
@@ -161,7 +267,18 @@ class DeviceManager:
         Raises:
             nothing: an unreadable lock directory lists every device as free.
         """
-        return [DeviceInfo(s, read_holder(self.lock_dir, s.id)) for s in self.inventory]
+        return [
+            DeviceInfo(s, read_holder(self.lock_dir, s.id), self.attachments(s.id))
+            for s in self.inventory
+        ]
+
+    def attachments(self, device_id: int) -> int:
+        """How many attachments this process has on device ``device_id`` now (0: none).
+
+        Raises:
+            nothing.
+        """
+        return _HOLDINGS.attachments(_HOLDINGS.key(self.lock_dir, device_id))
 
     # -- attach ----------------------------------------------------------------------------
 
@@ -174,13 +291,16 @@ class DeviceManager:
         *,
         kind: str | None = None,
     ) -> AttachedDevice:
-        """Attach a free device of ``num_devices`` (its ``num_ipus``) meeting ``constraints``.
+        """Attach a device of ``num_devices`` (its ``num_ipus``) meeting ``constraints``: the
+        least-loaded one (fewest attachments in this process, then lowest id) among those free
+        or shareable with this process's attachments (see the module docstring).
 
         ``kind`` restricts the device kind (``get_device_for`` uses it).
 
         Raises:
             DeviceNotFoundError: no device of the inventory could ever match.
-            DeviceUnavailableError: every match is held, per ``wait_config``.
+            DeviceUnavailableError: every match is held by another process (or, exclusive,
+                by this one), per ``wait_config``.
             ConfigurationError: ``num_devices < 1`` or the lock directory is not usable.
         """
         if num_devices < 1:
@@ -240,7 +360,8 @@ class DeviceManager:
         options: Mapping[str, str] | Executable | None = None,
         wait_config: DeviceWaitConfig = DeviceWaitConfig(),  # noqa: B008
     ) -> AttachedDevice:
-        """Attach the inventory device ``device_id``.
+        """Attach the inventory device ``device_id`` (shared if this process holds it already
+        and it is shareable).
 
         Given an :class:`Executable` in place of ``options`` (the seed's model overload), the
         device must be able to run it: the kind, size (``num_ipus``) and, for ipu-model, the
@@ -291,8 +412,9 @@ class DeviceManager:
         executable: Executable,
         wait_config: DeviceWaitConfig = DeviceWaitConfig(),  # noqa: B008
     ) -> AttachedDevice:
-        """A device for ``executable``'s target: a cpu device of the inventory (attached), or a
-        created ipu-model of the target's version, size and tiles.
+        """A device for ``executable``'s target: the least-loaded cpu device of the inventory
+        (attached, shared with this process's other attachments), or a created ipu-model of the
+        target's version, size and tiles.
 
         Raises:
             DeviceNotFoundError / DeviceUnavailableError: as :meth:`get_device`.
@@ -448,11 +570,20 @@ class DeviceManager:
         attempts = 0
         while True:
             attempts += 1
-            for spec in candidates:
-                lock = DeviceLock.try_acquire(self.lock_dir, spec.id)
-                if lock is not None:
-                    log.info("device.attached", device=spec.id, kind=spec.kind, attempts=attempts)
-                    return AttachedDevice(spec, lock, dict(options or {}))
+            for spec in self._by_load(candidates):
+                hold = _HOLDINGS.try_attach(self.lock_dir, spec)
+                if hold is not None:
+                    key = _HOLDINGS.key(self.lock_dir, spec.id)
+                    log.info(
+                        "device.attached",
+                        device=spec.id,
+                        kind=spec.kind,
+                        attempts=attempts,
+                        attachments=hold.users,
+                    )
+                    return AttachedDevice(
+                        spec, hold.lock, dict(options or {}), _release=_releaser(key, hold)
+                    )
             now = self.clock.monotonic()
             if strategy is DeviceWaitStrategy.NO_WAIT or now >= deadline:
                 holders = {s.id: read_holder(self.lock_dir, s.id) for s in candidates}
@@ -466,6 +597,14 @@ class DeviceManager:
                 )
             log.debug("device.wait", candidates=[s.id for s in candidates], attempt=attempts)
             await self.clock.sleep(min(wait_config.sleep_time, deadline - now))
+
+    def _by_load(self, candidates: Sequence[DeviceSpec]) -> list[DeviceSpec]:
+        """Least-loaded first: fewest attachments in this process, then lowest id."""
+        return sorted(candidates, key=lambda s: (self.attachments(s.id), s.id))
+
+
+def _releaser(key: tuple[str, int], hold: _Hold) -> Callable[[], int]:
+    return lambda: _HOLDINGS.release(key, hold)
 
 
 def _misfit(spec: DeviceSpec, target: Target) -> str:

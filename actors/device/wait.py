@@ -2,6 +2,11 @@
 
 Durations are seconds as ``float`` (DESIGN.md §2); the defaults are the seed's: ``NO_WAIT``,
 ``timeout=0``, ``sleep_time=15``.
+
+A strategy only matters when no candidate device can be attached now: every one is held by
+another process, or is exclusive (ipu-model, ``exclusive`` cpu) and attached in this process
+already. A shareable cpu device that this process holds is attached at once (shared) under
+every strategy, without a sleep (:mod:`actors.device.manager`).
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ __all__ = ["DeviceConstraints", "DeviceWaitConfig", "DeviceWaitStrategy"]
 
 
 class DeviceWaitStrategy(enum.Enum):
-    """What to do when no matching device is free right now."""
+    """What to do when no matching device can be attached right now (held by another
+    process, or exclusive and held by this one; never for a shareable device held here)."""
 
     #: Raise :class:`~model_runtime.errors.DeviceUnavailableError` at once.
     NO_WAIT = "NO_WAIT"

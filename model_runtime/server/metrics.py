@@ -1,10 +1,27 @@
 """Prometheus metrics of one daemon (its own ``CollectorRegistry``, never the global one).
 
-Request outcomes, inference counts, durations and pending requests are counted by the HTTP
-layer as requests finish. Replica facts (state, device, batches run, resets, restarts, queue
-and compute durations) are read from each runner, and model facts (repository state, versions
-loaded, loads failed) from the repository, when ``/metrics`` is scraped: the handler awaits
-:meth:`DaemonMetrics.refresh`, then renders; collection itself never awaits.
+Triton's metrics, under Triton's names and labels (``model``, ``version``), as Triton exposes
+them (counters without a ``_total`` suffix, durations as cumulative microsecond counters):
+``nv_inference_request_success``, ``nv_inference_request_failure``, ``nv_inference_count``
+(samples), ``nv_inference_exec_count`` (batches run), ``nv_inference_request_duration_us``,
+``nv_inference_queue_duration_us``, ``nv_inference_compute_input_duration_us``,
+``nv_inference_compute_infer_duration_us``, ``nv_inference_compute_output_duration_us`` and the
+gauge ``nv_inference_pending_request_count``. Their totals live here, per (model, version), not
+in a runner: a reload replaces the runner and the totals go on (:class:`TritonTotals`).
+
+Ours (``model_runtime_*``): requests by outcome and reason, a duration histogram, replica state,
+device, batches, resets, restarts, retries and poisoned requests, repository state and loads,
+readiness changes, draining; and the process collector's ``process_*`` metrics.
+
+Request outcomes, inference counts, durations and pending requests are counted by the front
+ends (HTTP, gRPC) as requests finish. Replica facts (state, device, batches run, resets,
+restarts, queue and compute durations) are read from each runner, and model facts (repository
+state, versions loaded, loads failed) from the repository, when ``/metrics`` is scraped: the
+handler awaits :meth:`DaemonMetrics.refresh`, then renders; collection itself never awaits.
+Runner facts become totals by difference with the previous read of the same runner (a new
+runner starts from zero); the queue and compute microseconds of the requests counted since
+then are their count times the replica's current mean (the runner keeps means over a bounded
+window of requests, not sums).
 """
 
 from __future__ import annotations
@@ -14,7 +31,15 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -24,9 +49,12 @@ from model_runtime.server.repository import ModelRepository, ModelState, replica
 
 __all__ = [
     "CONTENT_TYPE",
+    "TRITON_PHASES",
+    "BatchTotals",
     "DaemonMetrics",
     "ModelSnapshot",
     "ReplicaSnapshot",
+    "TritonTotals",
     "phase_of",
     "read_statistics",
     "replica_counters",
@@ -36,6 +64,85 @@ __all__ = [
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _STATS_TIMEOUT = 1.0
+
+#: The runner's request phase (monitoring statistics key stem) behind each Triton duration.
+#: ``output`` (splitting a batch's outputs back to its callers) is read when the runner
+#: measures it; until then it adds nothing.
+TRITON_PHASES = {
+    "queue_duration_us": "read_queue",
+    "compute_input_duration_us": "read_preparation",
+    "compute_infer_duration_us": "computation",
+    "compute_output_duration_us": "output",
+}
+
+
+@dataclass(slots=True)
+class BatchTotals:
+    """Executions of one batch size and their compute durations (Triton's ``batch_stats``):
+    each batch counts its run's mean per-request phase durations once."""
+
+    count: int = 0
+    compute_input_us: float = 0.0
+    compute_infer_us: float = 0.0
+    compute_output_us: float = 0.0
+
+
+@dataclass(slots=True)
+class TritonTotals:
+    """Cumulative Triton counters of one (model, version), across reloads of it.
+
+    Each numeric field is the metric ``nv_inference_<field>``; ``batches`` are the executions
+    by batch size (the statistics extension's ``batch_stats``).
+    """
+
+    request_success: int = 0
+    request_failure: int = 0
+    count: int = 0
+    exec_count: int = 0
+    request_duration_us: float = 0.0
+    queue_duration_us: float = 0.0
+    compute_input_duration_us: float = 0.0
+    compute_infer_duration_us: float = 0.0
+    compute_output_duration_us: float = 0.0
+    batches: dict[int, BatchTotals] = field(default_factory=dict)
+    #: Requests each duration was recorded for, by field name (``queue_duration_us``, ...).
+    recorded: dict[str, int] = field(default_factory=dict)
+
+
+_TRITON_HELP = {
+    "request_success": "Number of successful inference requests, all batch sizes",
+    "request_failure": "Number of failed inference requests, all batch sizes",
+    "count": "Number of inferences performed (samples)",
+    "exec_count": "Number of model executions performed (batches)",
+    "request_duration_us": "Cumulative inference request duration in microseconds",
+    "queue_duration_us": "Cumulative inference queuing duration in microseconds",
+    "compute_input_duration_us": "Cumulative compute input duration in microseconds",
+    "compute_infer_duration_us": "Cumulative compute inference duration in microseconds",
+    "compute_output_duration_us": "Cumulative inference compute output duration in microseconds",
+}
+
+
+@dataclass(slots=True)
+class _Mark:
+    """What one runner had counted at the last read (its replicas' runs and phase counts)."""
+
+    runner: object
+    runs: dict[int, int] = field(default_factory=dict)
+    counts: dict[tuple[int, str], float] = field(default_factory=dict)
+
+
+def _batch_size(runner: object) -> int:
+    """The batch size ``runner`` executes (its executable's; 0 when it does not say)."""
+    try:
+        size = runner.executable.metadata.batch_size  # type: ignore[attr-defined]
+    except (AttributeError, ModelRuntimeError):
+        return 0
+    return size if isinstance(size, int) else 0
+
+
+def _delta(now: float, before: float) -> float:
+    """The increase of a counter since ``before`` (a counter that went back restarted)."""
+    return now - before if now >= before else now
 
 
 @dataclass(slots=True)
@@ -58,7 +165,7 @@ def replica_counters(runner: Any, replica: int) -> tuple[int | None, dict[str, i
         return None, {}
     state = states[replica]
     counters = {}
-    for name in ("runs", "resets", "restarts", "retries"):
+    for name in ("runs", "resets", "restarts", "retries", "poisoned"):
         value = getattr(state, name, None)
         if isinstance(value, int):
             counters[name] = value
@@ -74,6 +181,24 @@ class ModelSnapshot:
     state: ModelState
     loads: int
     load_failures: int
+
+
+def _triton_text(triton: Mapping[tuple[str, str], TritonTotals]) -> bytes:
+    """Triton's counters in the text format, named as Triton names them: prometheus_client
+    would add ``_total`` to a counter's name, and Triton users' dashboards query without it."""
+    lines: list[str] = []
+    totals = sorted(triton.items())
+    for name, doc in _TRITON_HELP.items():
+        full = f"nv_inference_{name}"
+        lines += [f"# HELP {full} {doc}", f"# TYPE {full} counter"]
+        for (model, version), t in totals:
+            labels = f'model="{_escape(model)}",version="{_escape(version)}"'
+            lines.append(f"{full}{{{labels}}} {float(getattr(t, name))!r}")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
 class _ModelCollector(Collector):
@@ -117,6 +242,7 @@ class _ReplicaCollector(Collector):
             "resets": "Device resets of the replica",
             "restarts": "Actor restarts of the replica",
             "retries": "Requests retried after a reset",
+            "poisoned": "Requests answered with an input error after their batch was bisected",
         }
         families = {
             name: GaugeMetricFamily(f"model_runtime_replica_{name}", doc, labels=labels)
@@ -183,6 +309,12 @@ class DaemonMetrics:
         self.pending = Gauge(
             "model_runtime_pending_requests", "Inference requests in flight", ["model"], registry=r
         )
+        self.nv_pending = Gauge(
+            "nv_inference_pending_request_count",
+            "Instantaneous number of pending requests awaiting execution per model",
+            ["model", "version"],
+            registry=r,
+        )
         self.model_ready = Gauge(
             "model_runtime_model_ready", "1 while the model serves requests", ["model"], registry=r
         )
@@ -195,16 +327,58 @@ class DaemonMetrics:
         )
         self.snapshot: list[ReplicaSnapshot] = []
         self.models: list[ModelSnapshot] = []
+        #: Triton's totals per (model, version): they outlive reloads (see the module doc).
+        self.triton: dict[tuple[str, str], TritonTotals] = {}
+        self._marks: dict[tuple[str, str], _Mark] = {}
         self._children: dict[str, tuple[Any, Any, Any]] = {}
+        self._pending_children: dict[tuple[str, str], tuple[Any, Any]] = {}
         r.register(_ReplicaCollector(self))
         r.register(_ModelCollector(self))
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
 
     def readiness_changed(self, model: str, ready: bool) -> None:
         """Count one readiness change of ``model``."""
         self.readiness_changes.labels(model, "true" if ready else "false").inc()
 
-    def observe(self, model: str, reason: str | None, seconds: float, samples: int) -> None:
+    def totals(self, model: str, version: str = "1") -> TritonTotals:
+        """The Triton totals of ``model`` ``version`` (created at zero)."""
+        key = (model, version)
+        t = self.triton.get(key)
+        if t is None:
+            t = self.triton[key] = TritonTotals()
+        return t
+
+    def request_started(self, model: str, version: str = "1") -> None:
+        """Count one request in flight (``model_runtime_pending_requests``, Triton's pending)."""
+        for child in self._pending_of(model, version):
+            child.inc()
+
+    def request_finished(self, model: str, version: str = "1") -> None:
+        """Count one request no longer in flight (see :meth:`request_started`)."""
+        for child in self._pending_of(model, version):
+            child.dec()
+
+    def _pending_of(self, model: str, version: str) -> tuple[Any, Any]:
+        children = self._pending_children.get((model, version))
+        if children is None:
+            children = self._pending_children[(model, version)] = (
+                self.pending.labels(model),
+                self.nv_pending.labels(model, version),
+            )
+        return children
+
+    def observe(
+        self, model: str, reason: str | None, seconds: float, samples: int, version: str = "1"
+    ) -> None:
         """Count one finished inference request (``reason`` None means success)."""
+        t = self.totals(model, version)
+        if reason is None:
+            t.request_success += 1
+            t.count += samples
+            t.request_duration_us += seconds * 1e6
+        else:
+            t.request_failure += 1
         children = self._children.get(model)
         if children is None:
             children = self._children[model] = (
@@ -227,20 +401,55 @@ class DaemonMetrics:
         self.models = [ModelSnapshot(e.name, e.state, e.loads, e.load_failures) for e in entries]
         for entry in entries:
             self.model_ready.labels(entry.name).set(1.0 if entry.is_ready else 0.0)
-            runner = entry.runner
-            if runner is None:
-                continue
-            for r, status in enumerate(runner.replica_status()):
-                device, counters = replica_counters(runner, r)
-                snap = ReplicaSnapshot(entry.name, r, status, device, counters)
-                snap.mean_us = await read_statistics(runner.get_monitoring_statistics_mean, r)
-                snap.count = await read_statistics(runner.get_monitoring_statistics_total_count, r)
-                snaps.append(snap)
+            snaps += await self.read_runner(entry.name, entry.version, entry.runner)
         self.snapshot = snaps
+
+    async def read_runner(self, model: str, version: str, runner: Any) -> list[ReplicaSnapshot]:
+        """Read one model version's runner: its replicas now, and what it ran since the last
+        read added to the version's :class:`TritonTotals` (never raises; None: nothing)."""
+        if runner is None:
+            return []
+        key = (model, version)
+        current = getattr(runner, "current", runner)  # a ServingRunner swaps it on reload
+        mark = self._marks.get(key)
+        if mark is None or mark.runner is not current:
+            mark = self._marks[key] = _Mark(current)  # a new runner counts from zero
+        totals = self.totals(model, version)
+        batch = _batch_size(current)
+        snaps = []
+        for r, status in enumerate(runner.replica_status()):
+            device, counters = replica_counters(runner, r)
+            snap = ReplicaSnapshot(model, r, status, device, counters)
+            snap.mean_us = await read_statistics(runner.get_monitoring_statistics_mean, r)
+            snap.count = await read_statistics(runner.get_monitoring_statistics_total_count, r)
+            snaps.append(snap)
+            runs = counters.get("runs", 0)
+            executions = int(_delta(runs, mark.runs.get(r, 0)))
+            totals.exec_count += executions
+            mark.runs[r] = runs
+            mean = {phase_of(k): v for k, v in snap.mean_us.items()}
+            count = {phase_of(k): v for k, v in snap.count.items()}
+            if executions:
+                b = totals.batches.get(batch)
+                if b is None:
+                    b = totals.batches[batch] = BatchTotals()
+                b.count += executions
+                b.compute_input_us += executions * mean.get("read_preparation", 0.0)
+                b.compute_infer_us += executions * mean.get("computation", 0.0)
+                b.compute_output_us += executions * mean.get("output", 0.0)
+            for name, phase in TRITON_PHASES.items():
+                if phase not in count:
+                    continue
+                n = count[phase]
+                added = _delta(n, mark.counts.get((r, phase), 0.0))
+                mark.counts[(r, phase)] = n
+                setattr(totals, name, getattr(totals, name) + added * mean.get(phase, 0.0))
+                totals.recorded[name] = totals.recorded.get(name, 0) + int(added)
+        return snaps
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
-        return generate_latest(self.registry)
+        return generate_latest(self.registry) + _triton_text(self.triton)
 
 
 async def read_statistics(fn: Any, replica: int) -> dict[str, float]:

@@ -1,5 +1,7 @@
 """Exclusive attach across two real processes: NO_WAIT, WAIT_WITH_TIMEOUT (released in time
-or not), and a holder killed with SIGKILL whose device the waiter then gets."""
+or not), a holder killed with SIGKILL whose device the waiter then gets, and a cpu device
+shared by several attachments here that another process cannot attach until the last one
+detaches."""
 
 from __future__ import annotations
 
@@ -37,13 +39,31 @@ async def main() -> None:
 
 asyncio.run(main())
 """
+PROBE = """
+import asyncio, sys
+from actors.device import DeviceManager
+
+async def main() -> None:
+    for _ in sys.stdin:
+        device = await DeviceManager().try_get_device()
+        print("got" if device is not None else "held", flush=True)
+        if device is not None:
+            device.detach()
+
+asyncio.run(main())
+"""
+
+
+def child_env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ, MODEL_RUNTIME_DIR=str(tmp_path), MODEL_RUNTIME_DEVICES="cpu:1x1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
 
 
 @pytest.fixture
 def holder(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
     """Another process that has attached the only device (and waits for a line to detach)."""
-    env = dict(os.environ, MODEL_RUNTIME_DIR=str(tmp_path), MODEL_RUNTIME_DEVICES="cpu:1x1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env = child_env(tmp_path)
     proc = subprocess.Popen(
         [sys.executable, "-c", HOLDER],
         stdin=subprocess.PIPE,
@@ -127,3 +147,49 @@ async def test_the_waiter_gets_the_device_of_a_holder_killed_with_sigkill(
     assert holder.wait() == -signal.SIGKILL
     assert got[0].is_attached
     got[0].detach()
+
+
+@pytest.fixture
+def prober(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
+    """Another process that tries to attach the only device for each line it reads."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PROBE],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=child_env(tmp_path),
+        cwd=ROOT,
+    )
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+async def test_a_device_shared_here_is_exclusive_to_other_processes(
+    tmp_path: Path, prober: subprocess.Popen[str]
+) -> None:
+    """Three attachments in this process (one lock, counted); another process cannot attach
+    the device while any of them is attached, and can once the last one detaches."""
+    proc = prober
+
+    async def probe() -> str:
+        say(proc)
+        assert proc.stdout is not None
+        with anyio.fail_after(30):
+            return (await anyio.to_thread.run_sync(proc.stdout.readline)).strip()
+
+    m = mine(tmp_path)
+    devices = [await m.get_device(), await m.get_device(), await m.get_specific_device(0)]
+    assert {d.id for d in devices} == {0} and m.attachments(0) == 3
+    assert await probe() == "held"
+    devices[0].detach()
+    devices[0].detach()  # idempotent: still two attachments
+    devices[1].detach()
+    assert await probe() == "held"
+    devices[2].detach()
+    assert await probe() == "got"  # the last detach released the lock
+    again = await m.get_device()  # and the other process let go of it again
+    assert again.is_attached and m.attachments(0) == 1
+    assert await probe() == "held"
+    again.detach()

@@ -55,6 +55,7 @@ def test_devices_env_groups() -> None:
         ("cpu:1x0", "threads"),
         ("cpu:two", "'cpu:two'"),
         (",", "no device groups"),
+        ("cpu:2x1:shared", "'cpu:2x1:shared'"),
     ],
 )
 def test_malformed_devices_env_names_the_bad_part(text: str, bad: str) -> None:
@@ -84,6 +85,8 @@ def test_env_wins_over_config_file_and_default_is_one_device_per_core(tmp_path: 
         ('[[devices]]\nkind = "tpu"\n', "tpu"),
         ('[[devices]]\nkind = "cpu"\ncolour = 1\n', "colour"),
         ('[[devices]]\nkind = "ipu-model"\nipu_version = 7\n', "version 7"),
+        ('[[devices]]\nkind = "ipu-model"\nexclusive = false\n', "always exclusive"),
+        ('[[devices]]\nkind = "cpu"\nexclusive = "yes"\n', "exclusive must be true or false"),
         ("[[devices]\n", "not valid TOML"),
     ],
 )
@@ -94,6 +97,22 @@ def test_malformed_config_file(tmp_path: Path, text: str, bad: str) -> None:
         inventory_from_toml(cfg)
     with pytest.raises(ConfigurationError, match="cannot read"):
         inventory_from_toml(tmp_path / "missing.toml")
+
+
+def test_cpu_devices_are_shareable_unless_exclusive_and_ipu_models_never(tmp_path: Path) -> None:
+    assert all(s.shareable and not s.exclusive for s in default_inventory())
+    specs = parse_devices("cpu:1x1,cpu:2x1:exclusive,ipu-model:1:exclusive,ipu-model:1")
+    assert [(s.kind, s.exclusive, s.shareable) for s in specs] == [
+        ("cpu", False, True),
+        ("cpu", True, False),
+        ("cpu", True, False),
+        ("ipu-model", False, False),
+        ("ipu-model", False, False),
+    ]
+    assert specs[1].describe() == "device 1 (cpu, 1 thread, exclusive)"
+    cfg = tmp_path / "rt.toml"
+    cfg.write_text('[[devices]]\ncount = 2\nexclusive = true\n\n[[devices]]\nkind = "cpu"\n')
+    assert [s.shareable for s in inventory_from_toml(cfg)] == [False, False, True]
 
 
 def test_fault_plan_parses_and_round_trips() -> None:

@@ -1,4 +1,6 @@
-"""DeviceManager in one process: exclusive attach, wait strategies on a fake clock, listing,
+"""DeviceManager in one process: cpu devices shared by attachments (counted, the last detach
+releases), exclusive ipu-model and ``exclusive`` cpu devices, least-loaded placement, wait
+strategies on a fake clock (against a lock held from outside, as another process would), listing,
 created ipu-model devices, bad input, and the DeviceManager actor."""
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from actors.device import (
     parse_devices,
 )
 from actors.device.inventory import ipu_model_spec
+from actors.device.locks import DeviceLock
 from model_runtime.errors import ConfigurationError, DeviceNotFoundError, DeviceUnavailableError
 from model_runtime.executable import Target
 
@@ -43,38 +46,109 @@ async def settle(clock: FakeClock, sleepers: int) -> None:
         await anyio.lowlevel.checkpoint()
 
 
-async def test_attach_is_exclusive_and_detach_releases(tmp_path: Path) -> None:
-    a, b = manager(tmp_path), manager(tmp_path)  # two managers: two "users" of the same dir
+def outside(tmp_path: Path, device_id: int = 0) -> DeviceLock:
+    """The device's lock taken as another process would (its own open file description)."""
+    lock = DeviceLock.try_acquire(tmp_path, device_id)
+    assert lock is not None
+    return lock
+
+
+async def test_cpu_devices_are_shared_in_the_process_and_the_last_detach_releases(
+    tmp_path: Path,
+) -> None:
+    a, b = manager(tmp_path), manager(tmp_path)  # two managers of one process: one count
     dev = await a.get_device()
     assert dev.id == 0 and dev.is_attached
-    with pytest.raises(DeviceUnavailableError, match=f"pid {os.getpid()}"):
-        await b.get_device()
-    assert await b.try_get_device() is None
+    again = await b.get_device()  # no "no free device": shared
+    assert again.id == 0 and again is not dev and again.is_attached
+    pinned = await b.get_specific_device(0)
+    assert [i.attachments for i in a.list_devices()] == [3]
     listing = a.list_devices()
     assert listing[0].holder is not None and listing[0].holder.pid == os.getpid()
+    assert DeviceLock.try_acquire(tmp_path, 0) is None  # other processes: still exclusive
     dev.detach()
-    dev.detach()  # idempotent
-    assert a.list_devices()[0].holder is None
+    dev.detach()  # idempotent per attachment: it does not give back another one's share
+    assert a.attachments(0) == 2 and a.list_devices()[0].holder is not None
+    assert again.is_attached and not dev.is_attached
+    pinned.detach()
+    assert a.list_devices()[0].holder is not None  # one attachment left holds the lock
+    again.detach()
+    assert a.list_devices()[0].holder is None and a.attachments(0) == 0
+    outside(tmp_path).release()  # released: another process could attach it now
+    async with await b.get_specific_device(0) as third:
+        assert third.is_attached and b.attachments(0) == 1
+    assert not third.is_attached and b.attachments(0) == 0
+
+
+@pytest.mark.parametrize("devices", ["ipu-model:1x1", "cpu:1x1:exclusive"])
+async def test_exclusive_devices_stay_exclusive_in_the_process(
+    tmp_path: Path, devices: str
+) -> None:
+    a, b = manager(tmp_path, devices), manager(tmp_path, devices)
+    dev = await a.get_device(kind=a.inventory[0].kind)
+    mine = rf"no free device: held: 0 \(pid {os.getpid()}\)"
+    with pytest.raises(DeviceUnavailableError, match=mine):
+        await b.get_device()
+    assert await b.try_get_device() is None
+    with pytest.raises(DeviceUnavailableError):
+        await b.get_specific_device(0)
+    assert a.attachments(0) == 1
+    dev.detach()
     async with await b.get_specific_device(0) as again:
         assert again.is_attached
-    assert not again.is_attached
+    assert a.list_devices()[0].holder is None
 
 
-async def test_get_device_takes_the_next_free_device(tmp_path: Path) -> None:
-    m = manager(tmp_path, "cpu:2x1")
-    d0, d1 = await m.get_device(), await m.get_device()
-    assert {d0.id, d1.id} == {0, 1}
-    with pytest.raises(DeviceUnavailableError):
+async def test_a_device_held_by_another_process_is_not_shared(tmp_path: Path) -> None:
+    held = outside(tmp_path)
+    m = manager(tmp_path)
+    with pytest.raises(DeviceUnavailableError, match=f"pid {os.getpid()}"):
         await m.get_device()
-    assert [i.holder is not None for i in m.list_devices()] == [True, True]
-    d0.detach()
-    d1.detach()
+    assert await m.try_get_specific_device(0) is None and m.attachments(0) == 0
+    held.release()
+    async with await m.get_device() as dev:
+        assert dev.id == 0
+
+
+async def test_placement_takes_the_least_loaded_device(tmp_path: Path) -> None:
+    m = manager(tmp_path, "cpu:2x1")
+    devs = [await m.get_device() for _ in range(4)]  # 4 replicas on 2 devices: 2 + 2
+    assert [d.id for d in devs] == [0, 1, 0, 1]
+    assert [i.attachments for i in m.list_devices()] == [2, 2]
+    devs[1].detach()
+    devs[3].detach()  # device 1 is free again, device 0 has 2: the next goes to 1, then 1 again
+    nxt = [await m.get_device_for(tiny_exe()), await m.get_device()]
+    assert [d.id for d in nxt] == [1, 1]
+    third = await m.get_device()  # 2 and 2: lowest id
+    assert third.id == 0
+    for d in [*devs, *nxt, third]:
+        d.detach()
+    assert [i.holder for i in m.list_devices()] == [None, None]
+    held = outside(tmp_path, 0)  # device 0 held by another process: every attach goes to 1
+    more = [await m.get_device() for _ in range(3)]
+    assert [d.id for d in more] == [1, 1, 1]
+    for d in more:
+        d.detach()
+    held.release()
+
+
+async def test_a_shared_device_needs_no_wait_under_any_strategy(tmp_path: Path) -> None:
+    clock = FakeClock()
+    m = manager(tmp_path, clock=clock)
+    first = await m.get_device()
+    forever = DeviceWaitConfig(DeviceWaitStrategy.WAIT_FOREVER, sleep_time=15)
+    for wait in (DeviceWaitConfig(), WAIT_10, forever):
+        with anyio.fail_after(5):  # real-time guard only: it must not sleep on the fake clock
+            dev = await m.get_device(wait_config=wait)
+        assert dev.id == 0 and clock.sleepers == 0 and clock.monotonic() == 0
+        dev.detach()
+    first.detach()
 
 
 async def test_wait_with_timeout_gets_the_device_when_released_in_time(tmp_path: Path) -> None:
     clock = FakeClock()
-    holder, waiter = manager(tmp_path), manager(tmp_path, clock=clock)
-    held = await holder.get_device()
+    waiter = manager(tmp_path, clock=clock)
+    held = outside(tmp_path)
     got: list[AttachedDevice] = []
     async with anyio.create_task_group() as tg:
 
@@ -86,7 +160,7 @@ async def test_wait_with_timeout_gets_the_device_when_released_in_time(tmp_path:
         clock.advance(3)  # attempt 2 at t=3: still held
         await settle(clock, 1)
         assert not got
-        held.detach()
+        held.release()
         clock.advance(3)  # attempt 3 at t=6: free
     assert got and got[0].is_attached and clock.monotonic() == 6
     got[0].detach()
@@ -94,8 +168,8 @@ async def test_wait_with_timeout_gets_the_device_when_released_in_time(tmp_path:
 
 async def test_wait_with_timeout_fails_after_the_timeout(tmp_path: Path) -> None:
     clock = FakeClock()
-    holder, waiter = manager(tmp_path), manager(tmp_path, clock=clock)
-    held = await holder.get_device()
+    waiter = manager(tmp_path, clock=clock)
+    held = outside(tmp_path)
     errors: list[Exception] = []
     async with anyio.create_task_group() as tg:
 
@@ -112,13 +186,13 @@ async def test_wait_with_timeout_fails_after_the_timeout(tmp_path: Path) -> None
             clock.advance(clock.next_deadline() - clock.monotonic())
     assert clock.monotonic() == 10
     assert errors and "after waiting 10" in str(errors[0]) and "5 attempts" in str(errors[0])
-    held.detach()
+    held.release()
 
 
 async def test_wait_forever_waits_until_released_or_cancelled(tmp_path: Path) -> None:
     clock = FakeClock()
-    holder, waiter = manager(tmp_path), manager(tmp_path, clock=clock)
-    held = await holder.get_device()
+    waiter = manager(tmp_path, clock=clock)
+    held = outside(tmp_path)
     forever = DeviceWaitConfig(DeviceWaitStrategy.WAIT_FOREVER, sleep_time=15)
     with anyio.move_on_after(5):  # real-time guard only; cancellation ends the wait
         async with anyio.create_task_group() as tg:
@@ -136,7 +210,7 @@ async def test_wait_forever_waits_until_released_or_cancelled(tmp_path: Path) ->
 
         tg.start_soon(wait)
         await settle(clock, 1)
-        held.detach()
+        held.release()
         clock.advance(15)
     assert got[0].is_attached
     got[0].detach()
@@ -212,10 +286,15 @@ async def test_try_get_device_for_a_model_is_none_where_get_raises(tmp_path: Pat
     exe = tiny_exe()
     dev = await m.try_get_device_for(exe)
     assert dev is not None and dev.spec.kind == "cpu" and dev.is_attached
+    shared = await m.try_get_device_for(exe)  # held by this process: shared
+    assert shared is not None and shared.id == dev.id
+    dev.detach()
+    shared.detach()
+    held = outside(tmp_path)  # held by another process
     with pytest.raises(DeviceUnavailableError):
         await m.get_device_for(exe)
-    assert await m.try_get_device_for(exe) is None  # held
-    dev.detach()
+    assert await m.try_get_device_for(exe) is None
+    held.release()
     two = tiny_exe(target=Target("cpu", 2))
     with pytest.raises(DeviceNotFoundError):
         await m.get_device_for(two)
@@ -231,9 +310,12 @@ async def test_specific_device_for_a_model_must_be_able_to_run_it(tmp_path: Path
     cpu_exe, v2_exe = tiny_exe(), tiny_exe(target=Target("ipu-model", 1, 2, 4))
     async with await m.get_specific_device(0, cpu_exe) as dev:
         assert dev.id == 0 and dev.options == {}
-        assert await m.try_get_specific_device(0, cpu_exe) is None  # held
+        shared = await m.try_get_specific_device(0, cpu_exe)  # cpu: shared in the process
+        assert shared is not None and shared.is_attached
+        shared.detach()
     async with await m.get_specific_device(1, v2_exe, WAIT_10) as dev:
         assert dev.id == 1
+        assert await m.try_get_specific_device(1, v2_exe) is None  # ipu-model: exclusive
     with pytest.raises(DeviceNotFoundError, match=r"device 0 \(cpu.*compiled for ipu-model"):
         await m.get_specific_device(0, v2_exe)
     assert await m.try_get_specific_device(0, v2_exe) is None
@@ -267,8 +349,8 @@ def test_ipu_model_devices_created_for_a_model(tmp_path: Path) -> None:
 
 async def test_device_manager_actor_answers_while_an_attach_waits(tmp_path: Path) -> None:
     clock = FakeClock()
-    m = manager(tmp_path, clock=clock)
-    held = await manager(tmp_path).get_device()
+    m = manager(tmp_path, "cpu:1x1:exclusive", clock=clock)
+    held = outside(tmp_path)
     async with anyio.create_task_group() as tg:
         ref: ActorRef[object] = await tg.start(DeviceManagerActor(m, clock=clock).run)
         got: list[AttachedDevice] = []
@@ -280,7 +362,7 @@ async def test_device_manager_actor_answers_while_an_attach_waits(tmp_path: Path
         await settle(clock, 1)
         listing = await ref.ask(ListDevices())  # the mailbox is free while attach waits
         assert listing[0].holder.pid == os.getpid()
-        held.detach()
+        held.release()
         clock.advance(3)
         while not got:
             await anyio.lowlevel.checkpoint()
