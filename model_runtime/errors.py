@@ -27,6 +27,7 @@ at fault: the caller (bad input), the file (bad executable), the machine (no dev
     │   ├── ActorStoppedError              the actor stopped before it answered
     │   └── SupervisorEscalationError      restarts passed the supervisor's intensity
     ├── ModelNotFoundError                 the daemon's repository knows no model of that name
+    │   └── UnknownModelError              ... as answered to a client, in Triton's words
     ├── ModelLoadError                     a model (version) failed to load (Triton's wording)
     ├── ModelControlError                  the model control mode forbids that load or unload
     └── RunnerStoppedError                 the runner is stopped or draining; request not taken
@@ -70,6 +71,7 @@ __all__ = [
     "RunnerStoppedError",
     "RuntimeFailure",
     "SupervisorEscalationError",
+    "UnknownModelError",
     "UnrecoverableRuntimeError",
 ]
 
@@ -204,6 +206,20 @@ class RunnerStoppedError(ModelRuntimeError):
 
 class ModelNotFoundError(ModelRuntimeError):
     """No model of that name is known to the daemon's repository (HTTP 404)."""
+
+
+class UnknownModelError(ModelNotFoundError):
+    """A request named a model, or a version of one, that the daemon does not serve; the
+    message is Triton's, which clients match on: ``Request for unknown model: 'NAME' is not
+    found`` (a name the repository does not know: HTTP 400, gRPC INVALID_ARGUMENT, Triton's
+    codes) or ``Request for unknown model: 'NAME' version V is not found`` (a known model
+    without that version: HTTP 404, gRPC NOT_FOUND)."""
+
+    def __init__(self, name: str, version: str | None = None) -> None:
+        which = "" if version is None else f" version {version}"
+        super().__init__(f"Request for unknown model: '{name}'{which} is not found")
+        self.model = name
+        self.version = version
 
 
 class ModelLoadError(ModelRuntimeError):

@@ -1,7 +1,9 @@
 """HTTP routes of the Open Inference Protocol v2 (KServe v2) over aiohttp.
 
 Every error is answered as ``{"error": "..."}`` with the status its cause calls for: 400 bad
-request, 404 unknown model or route, 413 body over the limit (refused from ``Content-Length``
+request or unknown model (Triton's code and wording, ``Request for unknown model: 'NAME' is
+not found``), 404 unknown version of a known model or unknown route, 403 a load or unload the
+model control mode forbids, 413 body over the limit (refused from ``Content-Length``
 before a byte of the body is read, or as soon as a chunked body passes the limit), 500 device
 failure, 503 not ready / draining / stopped / queue full (with ``Retry-After``), 504 deadline
 exceeded, 408 a body that did not arrive within ``body_timeout``. Client disconnects cancel
@@ -36,15 +38,17 @@ from model_runtime.errors import (
     ModelRuntimeError,
     QueueFullError,
     RunnerStoppedError,
+    UnknownModelError,
 )
 from model_runtime.server.access import RateLimitedLog, access_middleware
+from model_runtime.server.admission import DEFAULT_QUEUE_DELAY, AdmissionControl
 from model_runtime.server.codec import (
     InferRequest,
     encode_infer_response,
     parse_infer_request,
 )
 from model_runtime.server.metrics import CONTENT_TYPE, DaemonMetrics
-from model_runtime.server.parameters import execute_priority, load_request_parameters
+from model_runtime.server.parameters import load_request_parameters
 from model_runtime.server.repository import (
     ModelControlError,
     ModelEntry,
@@ -54,8 +58,9 @@ from model_runtime.server.repository import (
     ModelState,
 )
 from model_runtime.server.stats import model_statistics
+from model_runtime.server.triton.config import DEFAULT_SETTINGS, config_json, served_config
 
-__all__ = ["HEADER_LENGTH", "InferenceServer", "ServerOptions"]
+__all__ = ["HEADER_LENGTH", "HTTPError", "InferenceServer", "ServerOptions", "status_of"]
 
 log = structlog.get_logger(__name__)
 
@@ -75,7 +80,9 @@ class ServerOptions:
     ``priority_levels`` / ``default_priority_level``: Triton's dynamic batching fields, for
     the mapping of a request's ``priority`` (None: not configured, see
     :func:`~model_runtime.server.parameters.execute_priority`). ``retry_after``: seconds, in the
-    ``Retry-After`` of a 503 for a full queue.
+    ``Retry-After`` of a 503 for a full queue. ``admission_delay``: seconds of work a model may
+    hold at the front end before new requests are refused unparsed (None: no front-end limit;
+    see :mod:`model_runtime.server.admission`).
     """
 
     max_body_size: int = 64 << 20
@@ -87,6 +94,7 @@ class ServerOptions:
     priority_levels: int | None = None
     default_priority_level: int | None = None
     retry_after: int = 1
+    admission_delay: float | None = DEFAULT_QUEUE_DELAY
 
 
 class HTTPError(Exception):
@@ -101,10 +109,14 @@ class HTTPError(Exception):
         self.headers = headers or {}
 
 
-def _status_of(exc: BaseException) -> tuple[int, str]:
+def status_of(exc: BaseException) -> tuple[int, str]:
+    """The HTTP status and the reason (for logs and metrics) that answer ``exc``; the gRPC
+    front end maps the status onto its codes, so both answer alike."""
     match exc:
         case HTTPError():
             return exc.status, exc.reason
+        case UnknownModelError(version=None):
+            return 400, "unknown_model"  # Triton's code for a name it does not know
         case ModelNotFoundError():
             return 404, "unknown_model"
         case InputValidationError():
@@ -147,17 +159,22 @@ class InferenceServer:
         self.metrics = metrics or DaemonMetrics()
         repository.on_readiness = self.metrics.readiness_changed
         self.draining = False
-        self._pending_gauges: dict[str, Any] = {}
         self._inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
         self._queue_full_log = RateLimitedLog("requests_refused_queue_full")
+        self.admission = AdmissionControl(
+            self.metrics.registry,
+            queue_delay=self.options.admission_delay,
+            retry_after=self.options.retry_after,
+        )
 
     def app(self) -> web.Application:
         """The aiohttp application (``client_max_size`` enforces the body limit)."""
         access = access_middleware(enabled=self.options.access_log)
         app = web.Application(
-            client_max_size=self.options.max_body_size, middlewares=[access, self._middleware]
+            client_max_size=self.options.max_body_size,
+            middlewares=[self.admission.middleware, access, self._middleware],
         )
         g, p = "GET", "POST"
         model = "/v2/models/{name}"
@@ -176,6 +193,7 @@ class InferenceServer:
             routes += [
                 (g, base, self.model_metadata),
                 (g, f"{base}/ready", self.model_ready),
+                (g, f"{base}/config", self.model_config),
                 (p, f"{base}/infer", self.infer),
                 (g, f"{base}/stats", self.stats),
             ]
@@ -206,7 +224,7 @@ class InferenceServer:
                 raise
             return _error(exc.status, exc.reason if exc.text is None else exc.text)
         except Exception as exc:
-            status, reason = _status_of(exc)
+            status, reason = status_of(exc)
             headers = exc.headers if isinstance(exc, HTTPError) else None
             if reason == "queue_full":
                 # Overload is answered, counted, and logged as a rate-limited summary only.
@@ -249,11 +267,22 @@ class InferenceServer:
         return _json({"ready": False, "error": reason}, 503)
 
     def _entry(self, request: web.Request) -> ModelEntry:
-        version = request.match_info.get("version")
-        entry = self.repository.get(request.match_info["name"])
-        if version is not None and version != "1":
-            raise ModelNotFoundError(f"model {entry.name!r} has no version {version!r}")
-        return entry
+        return self.entry(request.match_info["name"], request.match_info.get("version"))
+
+    def entry(self, name: str, version: str | None = None) -> ModelEntry:
+        """The model ``name`` (``version``: None or "" for the one served).
+
+        Raises:
+            UnknownModelError: no such model, or no such version of it (Triton's wording).
+        """
+        try:
+            entry = self.repository.get(name)
+        except ModelNotFoundError:
+            raise UnknownModelError(name) from None
+        served = entry.version_entry(version) if version else entry
+        if served is None:
+            raise UnknownModelError(name, version)
+        return served
 
     async def model_metadata(self, request: web.Request) -> web.Response:
         """``GET /v2/models/{name}``: inputs and outputs with protocol datatypes."""
@@ -263,12 +292,17 @@ class InferenceServer:
         return _json(
             {
                 "name": entry.name,
-                "versions": ["1"],
+                "versions": self.repository.get(entry.name).served_versions(),
                 "platform": "model-runtime",
                 "inputs": [_tensor(s) for s in entry.inputs],
                 "outputs": [_tensor(s) for s in entry.outputs],
             }
         )
+
+    async def model_config(self, request: web.Request) -> web.Response:
+        """``GET /v2/models/{name}/config``: what the model serves, as Triton's ``ModelConfig``
+        in Triton's JSON (``tritonclient``'s ``get_model_config``, ``perf_analyzer``)."""
+        return _json(config_json(served_config(self._entry(request))))
 
     async def model_ready(self, request: web.Request) -> web.Response:
         """``GET /v2/models/{name}/ready``: 200 while a replica is ready, else 503."""
@@ -296,9 +330,9 @@ class InferenceServer:
             limit = self.options.max_body_size
             refusal = HTTPError(413, f"body of {size} bytes exceeds {limit}", "too_large")
         if refusal is not None:
-            self.metrics.observe(entry.name, refusal.reason, 0.0, 0)
+            self.metrics.observe(entry.name, refusal.reason, 0.0, 0, entry.version)
             raise refusal
-        self._enter(entry.name)
+        self.enter_request(entry.name, entry.version)
         t0 = time.perf_counter()
         reason: str | None = "internal"
         samples = 0
@@ -312,13 +346,13 @@ class InferenceServer:
             raise
         except BaseException as exc:
             reason = "too_large" if isinstance(exc, web.HTTPRequestEntityTooLarge) else None
-            reason = reason or _status_of(exc)[1]
+            reason = reason or status_of(exc)[1]
             raise
         finally:
             seconds = time.perf_counter() - t0
             entry.stats.record(reason is None, int(seconds * 1e9), samples)
-            self.metrics.observe(entry.name, reason, seconds, samples)
-            self._leave(entry.name)
+            self.metrics.observe(entry.name, reason, seconds, samples, entry.version)
+            self.leave_request(entry.name, entry.version)
 
     async def _infer(
         self, request: web.Request, entry: ModelEntry, runner: Any
@@ -340,23 +374,11 @@ class InferenceServer:
             parsed = await anyio.to_thread.run_sync(parse)
         else:
             parsed = parse()
-        opts = self.options
-        timeout = opts.request_timeout
-        if parsed.timeout is not None:
-            timeout = parsed.timeout if timeout is None else min(timeout, parsed.timeout)
-        priority = execute_priority(
-            parsed.priority, levels=opts.priority_levels, default_level=opts.default_priority_level
-        )
-        # The runner enforces the deadline (it drops a request whose deadline passed before it
-        # reaches a device); the timeout around it is the backstop for the answer.
-        # ``priority`` is passed only when it is not the default: the repository's runner facade
-        # (ServingRunner) does not take it yet.
-        async with asyncio.timeout(timeout):
-            results = await runner.execute(parsed.inputs, timeout=timeout, priority=priority)
+        results = await self.execute(entry, runner, parsed)
 
         def encode() -> tuple[bytes, int | None]:
             return encode_infer_response(
-                entry.name, "1", parsed, results, entry.datatypes, specs=entry.outputs
+                entry.name, entry.version, parsed, results, entry.datatypes, specs=entry.outputs
             )
 
         if sum(a.nbytes for a in results.values()) > _THREAD_PARSE_BYTES // 4:
@@ -370,6 +392,34 @@ class InferenceServer:
         resp = web.Response(body=out, content_type="application/octet-stream")
         resp.headers[HEADER_LENGTH] = str(json_length)
         return resp, samples
+
+    async def execute(
+        self, entry: ModelEntry, runner: Any, parsed: InferRequest, deadline: float | None = None
+    ) -> dict[str, Any]:
+        """Run a decoded request on ``runner`` (``entry``'s), HTTP or gRPC, within the shortest
+        of the server's ``request_timeout``, the request's ``timeout`` and ``deadline``
+        (seconds: the gRPC caller's), at its priority.
+
+        Raises:
+            TimeoutError, ExecutionTimeoutError: past the deadline.
+            ModelRuntimeError: whatever the runner raises (refusals, bad inputs, failures).
+        """
+        opts = self.options
+        # The model's own settings (config.pbtxt / TOML) over the server's.
+        settings = entry.settings or DEFAULT_SETTINGS
+        timeout = settings.deadline(opts.request_timeout, parsed.timeout)
+        if deadline is not None:
+            timeout = deadline if timeout is None else min(timeout, deadline)
+        priority = settings.priority(
+            parsed.priority, opts.priority_levels, opts.default_priority_level
+        )
+        # The runner enforces the deadline (it drops a request whose deadline passed before it
+        # reaches a device); the timeout around it is the backstop for the answer.
+        async with asyncio.timeout(timeout):
+            results: dict[str, Any] = await runner.execute(
+                parsed.inputs, timeout=timeout, priority=priority
+            )
+        return results
 
     async def _read_body(self, request: web.Request) -> bytearray:
         """The body, read into one buffer sized from ``Content-Length`` (no second copy as
@@ -409,20 +459,16 @@ class InferenceServer:
             del body[filled:]  # the client sent less than it announced (then closed)
         return body
 
-    def _pending(self, model: str) -> Any:
-        gauge = self._pending_gauges.get(model)
-        if gauge is None:
-            gauge = self._pending_gauges[model] = self.metrics.pending.labels(model)
-        return gauge
-
-    def _enter(self, model: str) -> None:
+    def enter_request(self, model: str, version: str = "1") -> None:
+        """Count an inference request in flight (the drain waits for it), HTTP or gRPC."""
         self._inflight += 1
         self._idle.clear()
-        self._pending(model).inc()
+        self.metrics.request_started(model, version)
 
-    def _leave(self, model: str) -> None:
+    def leave_request(self, model: str, version: str = "1") -> None:
+        """Count an inference request done (see :meth:`enter_request`)."""
         self._inflight -= 1
-        self._pending(model).dec()
+        self.metrics.request_finished(model, version)
         if self._inflight == 0:
             self._idle.set()
 
@@ -432,7 +478,8 @@ class InferenceServer:
         """``GET /v2/models/{name}/stats`` (or all models): the statistics extension."""
         entries = [self._entry(request)] if "name" in request.match_info else None
         entries = entries if entries is not None else self.repository.entries()
-        return _json({"model_stats": [await model_statistics(e) for e in entries]})
+        stats = [await model_statistics(e, self.metrics) for e in entries]
+        return _json({"model_stats": stats})
 
     async def prometheus(self, request: web.Request) -> web.Response:
         """``GET /metrics``: Prometheus text format."""
@@ -449,27 +496,54 @@ class InferenceServer:
         """``POST /v2/repository/models/{name}/load``: load, or reload beside the serving
         version. 403 when the model control mode forbids it; a failed load is 400 (503 when
         no device was free), ``failed to load '<name>': ...``, and a serving version serves on."""
+        await self.load_model(request.match_info["name"], await request.read())
+        return _json({})
+
+    async def load_model(self, name: str, body: bytes = b"") -> None:
+        """Load (or reload) ``name`` for a client, HTTP or gRPC; ``body`` is the load request's
+        JSON (its ``parameters``).
+
+        Raises:
+            HTTPError: 503 draining or no device free, 403 the control mode forbids it, 400
+                the load failed or the model is not in the repository (Triton's ``failed to
+                load 'NAME', failed to poll from model repository``; Triton answers that one
+                500, but the fault is the caller's).
+            ProtocolError: the body is malformed or has parameters (overrides).
+        """
         if self.draining:
             raise HTTPError(503, "the server is draining", "draining")
         # A config or file override is not supported: refused with a 400, never ignored.
-        load_request_parameters(await request.read(), request.match_info["name"])
+        load_request_parameters(body, name)
         try:
-            await self.repository.client_load(request.match_info["name"])
+            await self.repository.client_load(name)
         except ModelControlError as exc:
             raise HTTPError(403, str(exc), "forbidden") from exc
         except ModelLoadError as exc:
             busy = isinstance(exc.cause, DeviceUnavailableError)
             raise HTTPError(503 if busy else 400, str(exc), "load_failed") from exc
-        return _json({})
+        except ModelNotFoundError as exc:
+            message = f"failed to load '{name}', failed to poll from model repository: {exc}"
+            raise HTTPError(400, message, "load_failed") from exc
 
     async def unload(self, request: web.Request) -> web.Response:
         """``POST /v2/repository/models/{name}/unload``: drains the model's in-flight requests
         (403 when the model control mode forbids it)."""
+        await self.unload_model(request.match_info["name"])
+        return _json({})
+
+    async def unload_model(self, name: str) -> None:
+        """Unload ``name`` for a client, HTTP or gRPC, draining its in-flight requests.
+
+        Raises:
+            HTTPError: 403 the control mode forbids it.
+            UnknownModelError: no such model.
+        """
         try:
-            await self.repository.client_unload(request.match_info["name"])
+            await self.repository.client_unload(name)
         except ModelControlError as exc:
             raise HTTPError(403, str(exc), "forbidden") from exc
-        return _json({})
+        except ModelNotFoundError:
+            raise UnknownModelError(name) from None
 
 
 def _tensor(spec: Any) -> dict[str, Any]:

@@ -13,6 +13,11 @@ connections pass through a guard that adds:
   request for that long is closed;
 - a **connection limit**: past ``max_connections`` open connections a new one is answered
   ``503`` with ``Retry-After`` and closed at once, before it costs more than its accept;
+- **idle connections make room**: once the open connections near the limit (its last
+  sixteenth, :func:`high_water`), each new connection closes the connection idle in keep-alive
+  the longest (one that has been answered and sent nothing since), so a new client is served
+  rather than refused while idle ones are held for ``keepalive_timeout``; only when none is
+  idle is the limit's 503 given;
 - **HTTP/2 on the HTTP/1.1 port**: a client that opens with the HTTP/2 preface (gRPC, curl
   ``--http2-prior-knowledge``) gets an HTTP/2 GOAWAY with ``HTTP_1_1_REQUIRED`` (what it can
   read) and one rate-limited warning in the log, not aiohttp's traceback. Other malformed
@@ -41,6 +46,7 @@ __all__ = [
     "GuardedAppRunner",
     "QuietParseErrors",
     "default_max_connections",
+    "high_water",
     "raise_open_file_limit",
 ]
 
@@ -87,6 +93,12 @@ def default_max_connections(cap: int = 4096) -> int:
     return max(16, min(cap, soft - FD_RESERVE))
 
 
+def high_water(limit: int) -> int:
+    """Open connections from which a new one closes the longest-idle keep-alive connection
+    first: the limit less a sixteenth of it (at least one)."""
+    return limit - max(1, limit // 16)
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectionLimits:
     """The guard's limits, in seconds and connections (see the module docstring).
@@ -118,7 +130,15 @@ def _refusal(limit: int, retry_after: int) -> bytes:
 class _Connection(asyncio.Protocol):
     """One client connection: aiohttp's protocol, behind the guard's checks."""
 
-    __slots__ = ("_busy", "_guard", "_inner", "_refused", "_sniff", "_timer", "_transport")
+    __slots__ = (
+        "_busy",
+        "_guard",
+        "_inner",
+        "_refused",
+        "_sniff",
+        "_timer",
+        "_transport",
+    )
 
     def __init__(self, guard: ConnectionGuard, inner: RequestHandler) -> None:
         self._guard = guard
@@ -132,6 +152,8 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport = cast(asyncio.Transport, transport)  # uvloop's: no subclass
         guard = self._guard
+        if len(guard.open) >= guard.high_water:
+            guard.close_idle()
         if len(guard.open) >= guard.limit:
             self._refused = True
             guard.refused += 1
@@ -146,6 +168,7 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
+        self._guard.idle.pop(self, None)  # the next request: not idle any more
         if self._sniff is not None:
             seen = self._sniff + data
             if H2_PREFACE[:_H2_SNIFF].startswith(seen[:_H2_SNIFF]):
@@ -169,6 +192,7 @@ class _Connection(asyncio.Protocol):
         if self._refused:
             return
         self._guard.open.pop(self._inner, None)
+        self._guard.idle.pop(self, None)
         self._inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -187,6 +211,29 @@ class _Connection(asyncio.Protocol):
 
     def request_finished(self) -> None:
         self._busy = False
+        idle = self._guard.idle
+        idle.pop(self, None)
+        idle[self] = None  # newest idle last: the oldest is closed first
+
+    def is_idle(self) -> bool:
+        """Waiting in keep-alive for a next request: answered, nothing sent since (aiohttp's
+        own test before its keep-alive close: its handler awaits the next message)."""
+        inner = self._inner
+        waiter = inner._waiter
+        return (
+            not self._busy
+            and waiter is not None
+            and not waiter.done()
+            and not inner._messages
+            and self._transport is not None
+            and not self._transport.get_write_buffer_size()
+        )
+
+    def close_idle(self) -> None:
+        """Close this idle connection to make room (no request is lost: none is under way)."""
+        self._disarm()
+        self._guard.open.pop(self._inner, None)
+        self._inner.force_close()  # closes the transport; connection_lost follows
 
     def _arm(self) -> None:
         loop = asyncio.get_running_loop()
@@ -222,12 +269,30 @@ class ConnectionGuard:
     def __init__(self, limits: ConnectionLimits) -> None:
         self.limits = limits
         self.limit = limits.max_connections or default_max_connections()
+        self.high_water = high_water(self.limit)
         self.refusal = _refusal(self.limit, limits.retry_after)
         self.open: dict[RequestHandler, _Connection] = {}
+        #: Connections idle in keep-alive, longest idle first (dicts keep insertion order).
+        self.idle: dict[_Connection, None] = {}
         self.refused = 0
+        self.idle_closed = 0
         self.header_timeouts = 0
         self.limit_log = RateLimitedLog("connection_limit_reached")
         self.http2_log = RateLimitedLog("http2_preface_refused")
+        self.idle_log = RateLimitedLog("idle_connections_closed_near_limit")
+
+    def close_idle(self) -> bool:
+        """Close the connection idle in keep-alive the longest; False if none is idle."""
+        idle = self.idle
+        while idle:
+            conn = next(iter(idle))
+            del idle[conn]
+            if conn.is_idle():
+                conn.close_idle()
+                self.idle_closed += 1
+                self.idle_log(limit=self.limit, open=len(self.open))
+                return True
+        return False
 
     def protocol(self, inner: RequestHandler) -> asyncio.Protocol:
         """Put ``inner`` (aiohttp's protocol for a new connection) behind the guard."""

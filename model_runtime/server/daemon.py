@@ -1,12 +1,14 @@
-"""The daemon's lifecycle: configure logs, start the HTTP server, load models, drain on signal.
+"""The daemon's lifecycle: configure logs, start the HTTP and gRPC servers, load models, drain
+on signal.
 
 Models load one by one at start; one that fails is UNAVAILABLE (the repository index says why)
 and the others serve. ``--model-control-mode`` (Triton's: none, explicit, poll) decides which
 load at start and whether the repository API or the files drive loads afterwards.
 
-Order on SIGTERM/SIGINT: new requests get 503 at once (readiness turns false), in-flight
-requests finish (up to the grace period), every runner closes (finishes its queue, runs save
-programs, detaches), then the listener closes and the process exits 0.
+Order on SIGTERM/SIGINT: new requests get 503 at once (gRPC: UNAVAILABLE; readiness turns
+false), in-flight requests of both protocols finish (up to the grace period), every runner
+closes (finishes its queue, runs save programs, detaches), then the listeners close and the
+process exits 0.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import anyio
 import structlog
@@ -31,6 +34,7 @@ from model_runtime.server.connections import (
     GuardedAppRunner,
     raise_open_file_limit,
 )
+from model_runtime.server.grpc.server import GrpcLimits, start_grpc_server
 from model_runtime.server.options import (
     DaemonOptions,
     add_serve_arguments,
@@ -68,7 +72,7 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 
 
-def _compiler(opts: DaemonOptions) -> Callable[[Path], Path]:
+def _compiler(opts: DaemonOptions) -> Callable[..., Path]:
     from model_runtime.compiler import CompileOptions, compile_model
 
     cache = opts.executable_cache
@@ -79,8 +83,10 @@ def _compiler(opts: DaemonOptions) -> Callable[[Path], Path]:
         cache = Path(flag) if flag else default_cache_dir()
     cache_path = str(cache)
 
-    def compile_source(path: Path) -> Path:
-        options = CompileOptions(batch_size=opts.batch_size, executable_cache_path=cache_path)
+    def compile_source(path: Path, batch_size: int | None = None) -> Path:
+        # A model's own batch (its config, or the one it fixes) wins over --batch-size.
+        batch = opts.batch_size if batch_size is None else batch_size
+        options = CompileOptions(batch_size=batch, executable_cache_path=cache_path)
         return compile_model(path, options=options)
 
     return compile_source
@@ -145,6 +151,7 @@ async def serve(opts: DaemonOptions) -> int:
             max_body_size=opts.max_body_size,
             request_timeout=opts.request_timeout,
             access_log=opts.access_log,
+            admission_delay=opts.admission_delay or None,
         ),
     )
     limits = ConnectionLimits(
@@ -165,6 +172,10 @@ async def serve(opts: DaemonOptions) -> int:
         shutdown_timeout=1.0,
     )
     await runner.setup()
+    grpc_limits = GrpcLimits(
+        max_message_size=opts.max_body_size, idle_timeout=opts.keepalive_timeout
+    )
+    grpc_server: Any = None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -175,10 +186,14 @@ async def serve(opts: DaemonOptions) -> int:
             site = web.TCPSite(runner, opts.host, opts.port, backlog=opts.backlog)
             await site.start()
             port = _bound_port(runner, opts.port)
+            grpc_server, grpc_port = await start_grpc_server(
+                server, opts.host, opts.grpc_port, grpc_limits
+            )
             log.info(
                 "daemon_listening",
                 host=opts.host,
                 port=port,
+                grpc_port=grpc_port,
                 models=names,
                 model_control_mode=repo.control_mode.value,
             )
@@ -188,7 +203,8 @@ async def serve(opts: DaemonOptions) -> int:
                 loaded = [e.name for e in repo.entries() if e.runner is not None]
                 failed = [e.name for e in repo.entries() if e.wanted and e.runner is None]
                 url = f"http://{opts.host}:{port}/v2"
-                log.info("daemon_ready", url=url, loaded=loaded, unavailable=failed)
+                grpc_url = f"{opts.host}:{grpc_port}"
+                log.info("daemon_ready", url=url, grpc=grpc_url, loaded=loaded, unavailable=failed)
                 await _serve_until_stopped(repo, opts, stop)
             log.info("daemon_draining", grace_period=opts.grace_period)
             t0 = time.monotonic()
@@ -197,6 +213,8 @@ async def serve(opts: DaemonOptions) -> int:
             with anyio.move_on_after(max(0.0, opts.grace_period - (time.monotonic() - t0))):
                 await repo.close_all()
     finally:
+        if grpc_server is not None:
+            await grpc_server.stop(1.0)  # in-flight calls drained above; stragglers: 1 s
         await runner.cleanup()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
@@ -304,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``serve`` argument parser (standalone: ``python -m model_runtime.server``)."""
     parser = argparse.ArgumentParser(
         prog="model-runtime serve",
-        description="Serve models over the Open Inference Protocol v2 (KServe v2) over HTTP.",
+        description="Serve models over the Open Inference Protocol v2 (KServe v2): HTTP and gRPC.",
     )
     add_serve_arguments(parser)
     return parser

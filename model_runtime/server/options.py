@@ -2,9 +2,10 @@
 
 Precedence: command line > config file > defaults. The config file has three tables::
 
-    [server]   host, port, max_body_size, request_timeout, grace_period, model_repository,
-               executable_cache, models (list of "NAME=PATH" or "PATH"), model_control_mode,
-               load_model (list), repository_poll_secs, strict_readiness, reload_device_wait
+    [server]   host, port, grpc_port, max_body_size, request_timeout, grace_period,
+               model_repository, executable_cache, models (list of "NAME=PATH" or "PATH"),
+               model_control_mode, load_model (list), repository_poll_secs, strict_readiness,
+               reload_device_wait
     [runner]   any scalar ModelRunnerConfig field (replication_factor, timeout, auto_reset,
                max_retries, execution_timeout, fault_plan, batching_dim, ...)
     [compile]  batch_size (for .onnx models compiled on load)
@@ -53,6 +54,8 @@ class DaemonOptions:
     model_repository: Path | None = None
     host: str = "127.0.0.1"
     port: int = 8000
+    #: The gRPC listener's port (on ``host``, like HTTP); 0 picks a free one.
+    grpc_port: int = 8001
     batch_size: int = 8
     max_body_size: int = 64 << 20
     request_timeout: float | None = 60.0
@@ -63,6 +66,9 @@ class DaemonOptions:
     #: dropped (the OS caps it at net.core.somaxconn).
     backlog: int = 2048
     access_log: bool = True
+    #: Seconds of work a model may hold at the front end before new requests are refused
+    #: unread (admission control); None turns that limit off.
+    admission_delay: float | None = 1.0
     grace_period: float = 30.0
     executable_cache: Path | None = None
     log_level: str = "info"
@@ -90,6 +96,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     a("--model-repository", metavar="DIR", help="a directory of NAME.mrx / NAME.onnx files")
     a("--host", help="address to bind (default 127.0.0.1)")
     a("--port", type=int, help="port to bind (default 8000; 0 picks a free one)")
+    a("--grpc-port", type=int,
+      help="gRPC port (Triton's GRPCInferenceService) on --host (8001; 0: a free one)")  # fmt: skip
     a("--replicas", type=int, help="replicas per model (default 1)")
     a("--batch-size", type=int, help="batch size .onnx models are compiled for (default 8)")
     a("--config", metavar="FILE", help="TOML config file ([server], [runner], [compile])")
@@ -105,6 +113,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     a("--keepalive-timeout", type=float, help="seconds an idle connection stays open (75)")
     a("--max-connections", type=int, help="open connections before 503 (default: from ulimit)")
     a("--backlog", type=int, help="listen backlog for bursts of new connections (2048)")
+    a("--admission-delay", type=float,
+      help="seconds of work a model may hold before new requests are refused unread with 503 "
+      "(default 1; 0 turns it off)")  # fmt: skip
     a("--access-log", action=argparse.BooleanOptionalAction, default=None,
       help="one INFO log line per request (default on)")  # fmt: skip
     a("--grace-period", type=float, help="seconds to drain on SIGTERM (default 30)")
@@ -162,6 +173,7 @@ def options_from_args(args: argparse.Namespace) -> DaemonOptions:
     for name, cli in [
         ("host", "host"),
         ("port", "port"),
+        ("grpc_port", "grpc_port"),
         ("max_body_size", "max_body_size"),
         ("request_timeout", "request_timeout"),
         ("header_timeout", "header_timeout"),
@@ -169,6 +181,7 @@ def options_from_args(args: argparse.Namespace) -> DaemonOptions:
         ("max_connections", "max_connections"),
         ("backlog", "backlog"),
         ("access_log", "access_log"),
+        ("admission_delay", "admission_delay"),
         ("grace_period", "grace_period"),
         ("log_level", "log_level"),
         ("log_format", "log_format"),

@@ -1,10 +1,15 @@
 """The daemon's model repository: named models, each served by its own ModelRunner.
 
 Models come from explicit paths (``NAME=PATH`` or ``PATH``; the name is then the file's stem)
-and from a repository directory of ``NAME.mrx`` / ``NAME.onnx`` files. An ``.onnx`` model is
-compiled on load through the executable cache. Names from clients (load/unload) are checked
-against a strict pattern and resolved inside the directory: ``../`` and symlinks that lead out
-are refused.
+and from a repository directory of ``NAME.mrx`` / ``NAME.onnx`` files (with an optional
+``NAME.toml`` of per-model settings) and of Triton model directories (``NAME/config.pbtxt``,
+``NAME/<version>/model.onnx``; see :mod:`model_runtime.server.triton.layout`). Per-model
+settings override the server-wide ones; an ``.onnx`` model is compiled on load through the
+executable cache, for its configured batch, else the batch it fixes itself, else the server's.
+Each version a Triton model's version policy selects is served by its own runner: the
+:class:`ModelEntry` of a model is its highest version, the others are in its ``versions``.
+Names from clients (load/unload) are checked against a strict pattern and resolved inside the
+directory: ``../`` and symlinks that lead out are refused.
 
 Each model loads, fails, reloads and unloads on its own (Triton's per-model availability):
 
@@ -23,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import os
 import re
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -34,9 +38,11 @@ from typing import Any, TypeVar
 import anyio
 import anyio.abc
 import structlog
+from google.protobuf.message import Message
 
 from actors.device.wait import DeviceWaitConfig
 from model_runtime.errors import (
+    ConfigurationError,
     DeviceUnavailableError,
     InputValidationError,
     InvalidExecutableError,
@@ -55,6 +61,13 @@ from model_runtime.server.serving import (
     ServingRunner,
     default_factory,
     replica_states,
+)
+from model_runtime.server.triton.config import ModelSettings, build_config, check_tensors
+from model_runtime.server.triton.layout import (
+    fingerprint as _fingerprint,
+    is_model_dir,
+    onnx_fixed_batch,
+    plan_model,
 )
 
 __all__ = [
@@ -79,7 +92,7 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
 SUFFIXES = (".mrx", ".onnx")
 #: How often a reload waiting for a free device tries again (seconds).
 _DEVICE_RETRY = 0.05
-Fingerprint = tuple[int, int, int]
+Fingerprint = tuple[object, ...]
 _T = TypeVar("_T")
 
 
@@ -155,6 +168,26 @@ class ModelEntry:
     fingerprint: Fingerprint | None = None
     loads: int = 0
     load_failures: int = 0
+    #: The version this entry serves (a model's entry: its highest version served).
+    version: str = "1"
+    #: The model's own settings (config.pbtxt or TOML) as last loaded; None before.
+    settings: ModelSettings | None = None
+    #: The ``ModelConfig`` (Triton's) of what this version serves; None while not loaded.
+    served: Message | None = None
+    #: The model's other versions served, by version (empty but for Triton's version policy).
+    versions: dict[str, ModelEntry] = field(default_factory=dict)
+
+    def version_entry(self, version: str) -> ModelEntry | None:
+        """The entry of ``version`` of this model, or None when that version is not served."""
+        if version == self.version:
+            return self
+        return self.versions.get(version)
+
+    def served_versions(self) -> list[str]:
+        """Every version of this model served now, in ascending order."""
+        if self.runner is None:
+            return []
+        return sorted([self.version, *self.versions], key=int)
 
     @property
     def is_ready(self) -> bool:
@@ -174,18 +207,11 @@ def parse_model_arg(arg: str) -> tuple[str, Path]:
         name = p.stem
     if not _NAME.fullmatch(name) or ".." in name:
         raise InputValidationError(f"invalid model name {name!r} (letters, digits, _ . -)")
-    if p.suffix not in SUFFIXES:
-        raise InputValidationError(f"model {str(p)!r} must be an .mrx or .onnx file")
+    if p.suffix not in SUFFIXES and not is_model_dir(p):
+        raise InputValidationError(
+            f"model {str(p)!r} must be an .mrx or .onnx file or a Triton model directory"
+        )
     return name, p
-
-
-def _fingerprint(path: Path) -> Fingerprint | None:
-    """What tells one version of a file from the next (None: no such file)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_size, st.st_ino
 
 
 async def _first_of(events: Sequence[anyio.Event]) -> None:
@@ -198,6 +224,14 @@ async def _first_of(events: Sequence[anyio.Event]) -> None:
 
         for event in events:
             tg.start_soon(wait, event)
+
+
+def _batch_of(descs: Sequence[DataDesc], axis: int) -> int | None:
+    """The batch an executable runs (its first input's size on the batch axis)."""
+    for d in descs:
+        if 0 <= axis < len(d.shape):
+            return int(d.shape[axis])
+    return None
 
 
 def _specs(descs: Sequence[DataDesc], axis: int) -> tuple[TensorSpec, ...]:
@@ -221,6 +255,7 @@ class _Version:
     runner: RunnerLike
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    served: Message
 
 
 class ModelRepository:
@@ -229,7 +264,8 @@ class ModelRepository:
     Use as ``async with ModelRepository(...) as repo``: runners are clients of the runtime's
     tree, started by a load and closed by an unload from whichever task asks; the repository's
     task group only watches their readiness. ``compile_source`` turns an ``.onnx`` path into
-    an ``.mrx`` path (it runs in a worker thread); ``runner_factory`` builds runners (tests
+    an ``.mrx`` path (it runs in a worker thread), ``compile_source(path, batch_size)`` for a
+    model whose batch is its own; ``runner_factory`` builds runners (tests
     pass fakes). ``control_mode`` governs :meth:`client_load` / :meth:`client_unload` only
     (a repository built in code is controlled by its code: ``EXPLICIT``; the daemon passes its
     ``--model-control-mode``, default ``none``). ``strict_readiness`` and ``starting`` decide
@@ -241,7 +277,7 @@ class ModelRepository:
         config: ModelRunnerConfig,
         *,
         directory: Path | None = None,
-        compile_source: Callable[[Path], Path] | None = None,
+        compile_source: Callable[..., Path] | None = None,
         runner_factory: RunnerFactory | None = None,
         control_mode: ControlMode = ControlMode.EXPLICIT,
         strict_readiness: bool = True,
@@ -299,43 +335,62 @@ class ModelRepository:
             return []
         names = set()
         for path in self.directory.iterdir():
-            if path.suffix in SUFFIXES and _NAME.fullmatch(path.stem):
-                found = self._resolve(path.stem)
-                if found is not None and path.stem not in self._models:
-                    self.add(path.stem, found, in_directory=True)
-                if path.stem in self._models:
-                    names.add(path.stem)
+            name = path.name if path.is_dir() else path.stem
+            if (path.suffix in SUFFIXES or path.is_dir()) and _NAME.fullmatch(name):
+                found = self._resolve(name)
+                if found is not None and name not in self._models:
+                    self.add(name, found, in_directory=True)
+                if name in self._models and found is not None:
+                    names.add(name)
         return sorted(names)
 
     def _resolve(self, name: str) -> Path | None:
-        """The file of ``name`` inside the repository directory (``.mrx`` first), or None."""
+        """The file of ``name`` inside the repository directory (``.mrx`` first), else its
+        Triton model directory, or None."""
         assert self.directory is not None
         for suffix in SUFFIXES:
             candidate = (self.directory / f"{name}{suffix}").resolve()
             if candidate.parent == self.directory and candidate.is_file():
                 return candidate
+        candidate = (self.directory / name).resolve()
+        if candidate.parent == self.directory and is_model_dir(candidate):
+            return candidate
         return None
 
     def _source_now(self, entry: ModelEntry) -> Path | None:
         """The file ``entry`` would load now (a directory model is resolved again), or None."""
         if entry.in_directory and self.directory is not None:
             return self._resolve(entry.name)
-        return entry.source if entry.source.is_file() else None
+        source = entry.source
+        return source if source.is_file() or is_model_dir(source) else None
 
-    def get(self, name: str) -> ModelEntry:
-        """The model called ``name``.
+    def get(self, name: str, version: str | None = None) -> ModelEntry:
+        """The model called ``name`` (its highest version served), or its ``version``.
 
         Raises:
-            ModelNotFoundError: no such model.
+            ModelNotFoundError: no such model, or that version of it is not served.
         """
         entry = self._models.get(name)
         if entry is None:
             raise ModelNotFoundError(f"unknown model {name!r}")
-        return entry
+        if not version:
+            return entry
+        found = entry.version_entry(version)
+        if found is None:
+            raise ModelNotFoundError(f"model {name!r} has no version {version!r}")
+        return found
+
+    def _models_by_name(self) -> list[ModelEntry]:
+        return [self._models[n] for n in sorted(self._models)]
 
     def entries(self) -> list[ModelEntry]:
-        """Every known model, by name."""
-        return [self._models[n] for n in sorted(self._models)]
+        """Every known model, by name, and each version served (the others after the
+        model's own entry, ascending)."""
+        out = []
+        for entry in self._models_by_name():
+            out.append(entry)
+            out += [entry.versions[v] for v in sorted(entry.versions, key=int)]
+        return out
 
     def index(self) -> list[dict[str, str]]:
         """The repository index (protocol repository extension): every model, its state and
@@ -346,7 +401,7 @@ class ModelRepository:
         """
         self.scan()
         return [
-            {"name": e.name, "version": "1", "state": e.state.value, "reason": e.reason}
+            {"name": e.name, "version": e.version, "state": e.state.value, "reason": e.reason}
             for e in self.entries()
         ]
 
@@ -358,7 +413,7 @@ class ModelRepository:
             return "the server is loading its models"
         if not self.strict_readiness:
             return None
-        bad = [e.name for e in self.entries() if e.wanted and not e.is_ready]
+        bad = [e.name for e in self._models_by_name() if e.wanted and not e.is_ready]
         if bad:
             return f"model(s) not ready: {bad} (see POST /v2/repository/index)"
         return None
@@ -458,38 +513,83 @@ class ModelRepository:
         fingerprint = None if source is None else _fingerprint(source)
         if serving is None:
             entry.state, entry.reason = ModelState.LOADING, ""
+        started: dict[str, _Version] = {}
         try:
             if source is None:
                 raise ModelLoadError(entry.name, f"its file {entry.source} is gone")
-            version = await self._start_version(entry, source, beside=serving is not None)
+            plan = await anyio.to_thread.run_sync(plan_model, entry.name, source)
+            for version, path in plan.files.items():  # highest first
+                started[version] = await self._start_version(
+                    entry, path, plan.settings, beside=serving is not None
+                )
         except Exception as exc:
+            await self._close_started(entry.name, started)
             self._load_failed(entry, exc, fingerprint)
             if isinstance(exc, ModelLoadError):
                 raise
             raise ModelLoadError(entry.name, self._why(exc, entry), exc) from exc
         except BaseException:  # cancelled: as if it had not been asked
+            await self._close_started(entry.name, started)
             if serving is None:
                 entry.state, entry.reason = ModelState.UNAVAILABLE, "load cancelled"
             raise
         assert source is not None
-        entry.source, entry.fingerprint = source, fingerprint
-        old, old_stop = (serving.current if serving is not None else None), entry.stop
+        entry.source, entry.fingerprint, entry.settings = source, fingerprint, plan.settings
+        before = [entry, *entry.versions.values()]
+        old = [e.runner.current for e in before if e.runner is not None]
+        old_stops = [e.stop for e in before if e.stop is not None]
+        stats = {e.version: e.stats for e in before}
         # The swap: everything a request reads about the model changes in this one step.
-        entry.inputs, entry.outputs = version.inputs, version.outputs
-        entry.datatypes = {s.name: s.datatype for s in version.outputs}
-        if serving is None:
-            entry.runner = ServingRunner(version.runner)
-        else:
-            serving.current = version.runner
-        entry.stop = self._watch(entry, version.runner)
-        entry.state, entry.reason = ModelState.READY, ""
+        top, *rest = started
+        others = {}
+        for version in rest:
+            other = entry.versions.get(version) or ModelEntry(
+                entry.name, plan.files[version], version=version, wanted=True
+            )
+            other.settings = plan.settings
+            self._install(other, version, started[version], stats)
+            others[version] = other
+        for version, gone in entry.versions.items():
+            if version not in others:
+                gone.runner = gone.stop = gone.served = None
+                gone.state, gone.reason = ModelState.UNAVAILABLE, "version no longer served"
+        self._install(entry, top, started[top], stats)
+        entry.versions = others
         entry.loads += 1
-        log.info("model_loaded", model=entry.name, source=str(source), version=entry.loads)
-        if old is not None:
-            if old_stop is not None:
-                old_stop.set()
-            with anyio.CancelScope(shield=True):  # what the old one took gets its answers
-                await self._retire(entry.name, old)
+        log.info(
+            "model_loaded",
+            model=entry.name,
+            source=str(source),
+            versions=entry.served_versions(),
+            load=entry.loads,
+        )
+        for stop in old_stops:
+            stop.set()
+        with anyio.CancelScope(shield=True):  # what the old ones took gets its answers
+            for runner in old:
+                await self._retire(entry.name, runner)
+
+    def _install(
+        self, entry: ModelEntry, version: str, new: _Version, stats: dict[str, ModelStats]
+    ) -> None:
+        """Make ``new`` the runner ``entry`` serves ``version`` with (no await: one step)."""
+        if entry.version != version:
+            entry.stats = stats.get(version) or ModelStats()
+        entry.version = version
+        entry.inputs, entry.outputs, entry.served = new.inputs, new.outputs, new.served
+        entry.datatypes = {s.name: s.datatype for s in new.outputs}
+        if entry.runner is None:
+            entry.runner = ServingRunner(new.runner)
+        else:
+            entry.runner.current = new.runner
+        entry.stop = self._watch(entry, new.runner)
+        entry.state, entry.reason = ModelState.READY, ""
+
+    async def _close_started(self, name: str, started: dict[str, _Version]) -> None:
+        """Close the versions a failed or cancelled load had started already."""
+        with anyio.CancelScope(shield=True):
+            for version in started.values():
+                await self._retire(name, version.runner)
 
     def _why(self, exc: Exception, entry: ModelEntry) -> str:
         why = str(exc) or type(exc).__name__
@@ -513,18 +613,29 @@ class ModelRepository:
             entry.state, entry.reason = ModelState.UNAVAILABLE, reason
         log.error("model_load_failed", model=entry.name, error=reason, still_serving=serving)
 
-    async def _start_version(self, entry: ModelEntry, source: Path, *, beside: bool) -> _Version:
+    async def _start_version(
+        self, entry: ModelEntry, source: Path, settings: ModelSettings, *, beside: bool
+    ) -> _Version:
         if self._tg is None:
             raise ModelRuntimeError("the model repository is not open (use `async with`)")
         path = source
+        # The model's own settings first; the server-wide ones are the defaults.
+        config = settings.runner_config(replace(self.config, replica_to_save_programs_outputs={}))
+        axis = config.batching_dim if config.batching_dim is not None else 0
         if path.suffix == ".onnx":
             if self._compile is None:
                 raise ModelRuntimeError(f"cannot compile {path}: no compiler configured")
             compile_source = self._compile
-            path = await anyio.to_thread.run_sync(lambda: compile_source(source))
+            # The configured batch, else the one the model fixes itself (a model fixed at 2
+            # is not compiled for the server's default 8), else the server's.
+            batch = settings.batch_size
+            if batch is None:
+                batch = await anyio.to_thread.run_sync(onnx_fixed_batch, source, axis)
+            path = await anyio.to_thread.run_sync(
+                lambda: compile_source(source) if batch is None else compile_source(source, batch)
+            )
         # A runner is a client of the runtime's tree: started here, closed by whichever task
         # unloads it. The repository hosts nothing but the readiness watchers.
-        config = replace(self.config, replica_to_save_programs_outputs={})
         if beside and config.device_wait_config is None:
             # The serving version holds its devices until the swap; another reload's old
             # version frees its own as it retires: wait for that, boundedly.
@@ -533,14 +644,22 @@ class ModelRepository:
         runner = self._factory(path, config)
         await runner.start()
         try:
-            axis = config.batching_dim if config.batching_dim is not None else 0
-            inputs = _specs(runner.get_execute_inputs(), axis)
+            descs = runner.get_execute_inputs()
+            inputs = _specs(descs, axis)
             outputs = _specs(runner.get_execute_outputs(), axis)
+            runs = _batch_of(descs, axis)
+            want = settings.batch_size
+            if want is not None and runs is not None and runs != want:
+                raise ConfigurationError(
+                    f"{settings.source}: the batch is {want}, but {source} runs batches of {runs}"
+                )
+            check_tensors(settings, inputs, outputs)
+            served = build_config(entry.name, settings, config, runs or 1, inputs, outputs)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await runner.close()
             raise
-        return _Version(runner, inputs, outputs)
+        return _Version(runner, inputs, outputs, served)
 
     def _watch(self, entry: ModelEntry, runner: RunnerLike) -> anyio.Event:
         assert self._tg is not None
@@ -587,23 +706,25 @@ class ModelRepository:
         log.info("model_unloaded", model=name)
 
     async def _close(self, entry: ModelEntry) -> None:
-        serving = entry.runner
-        if serving is None:
-            return
-        entry.state = ModelState.UNLOADING
-        if entry.stop is not None:
-            entry.stop.set()
-        try:
-            await serving.close()
-        except Exception as exc:
-            log.error("model_close_failed", model=entry.name, error=str(exc))
-        finally:
-            entry.runner = entry.stop = None
-            entry.state, entry.reason = ModelState.UNAVAILABLE, "unloaded"
+        others, entry.versions = list(entry.versions.values()), {}
+        for version in [*others, entry]:
+            serving = version.runner
+            if serving is None:
+                continue
+            version.state = ModelState.UNLOADING
+            if version.stop is not None:
+                version.stop.set()
+            try:
+                await serving.close()
+            except Exception as exc:
+                log.error("model_close_failed", model=entry.name, error=str(exc))
+            finally:
+                version.runner = version.stop = version.served = None
+                version.state, version.reason = ModelState.UNAVAILABLE, "unloaded"
 
     async def close_all(self) -> None:
         """Unload every model (runs save programs per the config); never raises."""
-        for entry in self.entries():
+        for entry in self._models_by_name():
             try:
                 async with entry.lock:
                     await self._close(entry)
@@ -626,7 +747,7 @@ class ModelRepository:
         except OSError as exc:
             log.error("repository_poll_failed", error=str(exc))
             return
-        for entry in self.entries():
+        for entry in self._models_by_name():
             source = self._source_now(entry)
             if source is None:
                 await self._poll_removed(entry)

@@ -58,7 +58,7 @@ def test_server_health_and_metadata(daemon: Daemon) -> None:
     assert daemon.get(f"/v2/models/{MODEL}/versions/1")[1] == model
     assert daemon.get(f"/v2/models/{MODEL}/ready")[0] == 200
     assert daemon.get(f"/v2/models/{MODEL}/versions/1/ready")[0] == 200
-    assert daemon.get("/v2/models/nope/ready")[0] == 404
+    assert daemon.get("/v2/models/nope/ready")[0] == 400  # Triton's code for an unknown name
 
 
 def test_json_inference_matches_the_reference(daemon: Daemon) -> None:
@@ -178,12 +178,13 @@ def test_binary_sizes_that_do_not_add_up(daemon: Daemon) -> None:
     assert status == 400 and "add up to 256 bytes, but 300" in out["error"]
 
 
-def test_unknown_model_and_version_are_404(daemon: Daemon) -> None:
+def test_unknown_model_is_400_and_unknown_version_404_in_tritons_words(daemon: Daemon) -> None:
     pixels, _ = samples()
     status, out = daemon.post("/v2/models/nope/infer", infer_doc(pixels[:1]))
-    assert status == 404 and "unknown model 'nope'" in out["error"]
+    assert (status, out["error"]) == (400, "Request for unknown model: 'nope' is not found")
     status, out = daemon.post(f"/v2/models/{MODEL}/versions/3/infer", infer_doc(pixels[:1]))
     assert status == 404
+    assert out["error"] == f"Request for unknown model: '{MODEL}' version 3 is not found"
     assert daemon.get("/v2/no/such/route")[0] == 404
 
 

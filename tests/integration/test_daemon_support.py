@@ -33,6 +33,7 @@ class Daemon:
     proc: subprocess.Popen[bytes]
     port: int
     log_path: Path
+    grpc_port: int = 0
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
@@ -91,15 +92,16 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
 
 
 def start_daemon(tmp_path: Path, *args: str, wait_ready: bool = True) -> Daemon:
-    """Start ``python -m model_runtime.server --port 0 ARGS`` and wait until it is ready."""
+    """Start ``python -m model_runtime.server --port 0 --grpc-port 0 ARGS`` and wait until it
+    is ready."""
     log_path = tmp_path / f"daemon-{time.monotonic_ns()}.log"
     env = dict(os.environ)
     env.setdefault("XDG_CACHE_HOME", str(tmp_path.parent / "xdg-cache"))
     env["PYTHONUNBUFFERED"] = "1"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "model_runtime.server", "--port", "0", "--log-format",
-             "json", *args],
+            [sys.executable, "-m", "model_runtime.server", "--port", "0", "--grpc-port", "0",
+             "--log-format", "json", *args],
             stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=env,
         )  # fmt: skip
     daemon = Daemon(proc, 0, log_path)
@@ -111,6 +113,7 @@ def start_daemon(tmp_path: Path, *args: str, wait_ready: bool = True) -> Daemon:
             for e in daemon.events():
                 if e.get("event") == "daemon_listening":
                     daemon.port = int(e["port"])
+                    daemon.grpc_port = int(e["grpc_port"])
                     return True
             return False
 

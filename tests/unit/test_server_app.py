@@ -196,14 +196,17 @@ async def test_binary_request_and_response(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("path", "body", "status", "message"),
     [
-        ("/v2/models/nope/infer", _infer_doc(), 404, "unknown model 'nope'"),
-        ("/v2/models/fake/versions/7/infer", _infer_doc(), 404, "no version '7'"),
+        ("/v2/models/nope/infer", _infer_doc(), 400,
+         "Request for unknown model: 'nope' is not found"),
+        ("/v2/models/fake/versions/7/infer", _infer_doc(), 404,
+         "Request for unknown model: 'fake' version 7 is not found"),
         ("/v2/models/fake/infer", b"{oops", 400, "not valid JSON"),
         ("/v2/models/fake/infer", {"inputs": [{"name": "pixels", "datatype": "FP32",
                                                "shape": [1, 3], "data": [1, 2, 3]}]},
          400, "has shape [1, 3]"),
         ("/v2/repository/models/..%2Fetc/load", b"", 400, "invalid model name"),
-        ("/v2/repository/models/missing/load", b"", 404, "no model 'missing'"),
+        ("/v2/repository/models/missing/load", b"", 400,
+         "failed to load 'missing', failed to poll from model repository"),
     ],
 )  # fmt: skip
 async def test_errors_are_json_with_status(
@@ -448,7 +451,7 @@ async def test_one_access_log_line_per_request(tmp_path: Path) -> None:
         assert [(e["method"], e["path"], e["status"]) for e in lines] == [
             ("GET", "/v2/health/live", 200),
             ("POST", "/v2/models/fake/infer", 200),
-            ("GET", "/v2/models/nope", 404),
+            ("GET", "/v2/models/nope", 400),
         ]
         assert lines[0]["request_id"] == "abc-1" and all(e["log_level"] == "info" for e in lines)
         assert all(isinstance(e["duration_ms"], float) for e in lines)

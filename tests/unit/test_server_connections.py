@@ -24,6 +24,7 @@ from model_runtime.server.connections import (
     ConnectionLimits,
     GuardedAppRunner,
     default_max_connections,
+    high_water,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -137,14 +138,18 @@ async def test_an_idle_keepalive_connection_is_closed() -> None:
 async def test_past_the_connection_limit_a_client_gets_503_then_service_again() -> None:
     async with guarded(ConnectionLimits(max_connections=5)) as (port, runner):
         held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(5)]
-        for reader, writer in held:  # each with a request answered: open, keep-alive
-            writer.write(GOOD)
-            await reader.readuntil(b"ok")
+        for _, writer in held:  # each in the middle of a request head: none is idle
+            writer.write(b"GET /ok HTTP/1.1\r\n")
+        for _ in range(50):
+            if len(runner.guard.open) == 5:
+                break
+            await asyncio.sleep(0.02)
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         answer = await asyncio.wait_for(reader.read(), 5)  # then the server closes
         assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
         assert b"Retry-After: 1\r\n" in answer and b"too many connections (limit 5)" in answer
         assert runner.guard.refused == 1
+        assert runner.guard.idle_closed == 0
         writer.close()
         held[0][1].close()
         await asyncio.wait_for(_closed_by_server(held[0][0]), 5)
@@ -155,6 +160,44 @@ async def test_past_the_connection_limit_a_client_gets_503_then_service_again() 
         assert (await _get(port)).startswith(b"HTTP/1.1 200")
         for _, w in held[1:]:
             w.close()
+
+
+async def test_near_the_limit_the_longest_idle_keepalive_connection_makes_room() -> None:
+    # A limit of 8 (high water 7) so that a handful of sockets reach it; the default is
+    # thousands (test_the_defaults_*).
+    limits = ConnectionLimits(max_connections=8)
+    assert high_water(8) == 7
+    async with guarded(limits) as (port, runner):
+        held = [await _keep_alive(port) for _ in range(7)]  # answered, then idle (75 s)
+        assert len(runner.guard.idle) == 7
+        # The second one is busy again (a head under way): never closed to make room.
+        held[1][1].write(b"GET /ok HTTP/1.1\r\n")
+        for _ in range(100):  # until the server has read it
+            if len(runner.guard.idle) == 6:
+                break
+            await asyncio.sleep(0.01)
+        # Two new clients are served (and stay); for each, the longest idle one was closed.
+        new = [await asyncio.wait_for(_keep_alive(port), 5) for _ in range(2)]
+        assert runner.guard.refused == 0
+        assert runner.guard.idle_closed == 2
+        await asyncio.wait_for(_closed_by_server(held[0][0]), 5)
+        await asyncio.wait_for(_closed_by_server(held[2][0]), 5)
+        # The busy one finishes its request on its connection; the others still answer.
+        held[1][1].write(b"Host: x\r\n\r\n")
+        assert (await asyncio.wait_for(held[1][0].readuntil(b"ok"), 5)).startswith(b"HTTP/1.1 200")
+        for reader, writer in held[3:] + new:
+            writer.write(GOOD)
+            assert (await asyncio.wait_for(reader.readuntil(b"ok"), 5)).startswith(b"HTTP/1.1 200")
+        for _, w in held + new:
+            w.close()
+
+
+async def _keep_alive(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection with one request answered, left open (keep-alive)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(GOOD)
+    assert (await reader.readuntil(b"ok")).startswith(b"HTTP/1.1 200")
+    return reader, writer
 
 
 async def test_http2_on_the_http_port_gets_goaway_and_one_warning_line(

@@ -1,0 +1,263 @@
+"""Admission control at the front end: refusals that cost almost nothing (DESIGN.md §11).
+
+On this machine the daemon's limit under many small requests is its event loop, not the
+device: an accepted JSON request costs ~0.5 ms of loop time, of which the device is a few
+percent, so the runner's latency budget (priced at the device's rate) sees no queue while the
+loop falls seconds behind. :class:`AdmissionControl` therefore bounds what the front end holds:
+
+- **the front-end limit**: a model's requests in flight at the front end (reading, parsing,
+  queued, computing, encoding) may not exceed what it finishes within ``queue_delay`` seconds
+  at its measured completion rate (completions per second while it has work, re-measured every
+  :data:`WINDOW` seconds; no limit until a first window is measured). By Little's law an
+  admitted request then waits about ``queue_delay``, whatever the model.
+- **the runner's limit**: when the runner refused a request (``QueueFullError``: its latency
+  budget or ``max_queue_size``) with ``n`` in flight, requests are refused at ``n`` in flight
+  without reaching it, for :data:`LATCH` seconds (then the runner is asked again).
+
+A refused request is answered before its body is parsed, from a 503 built once per model (JSON
+error naming the model and the limit, ``Retry-After``), without an access log line: it is
+counted in ``model_runtime_requests_refused_total{model,reason}`` and logged as a rate-limited
+summary (``requests_refused``), never one line per refusal.
+
+HTTP: :meth:`AdmissionControl.middleware` (the app's outermost). gRPC, the same rule:
+``message = admission.try_admit(model)``; a message means UNAVAILABLE with it, None means
+admitted, and then ``admission.release(model, queue_full=...)`` once answered.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter
+
+from model_runtime.server.access import RateLimitedLog
+
+__all__ = [
+    "DEFAULT_QUEUE_DELAY",
+    "LATCH",
+    "MIN_LIMIT",
+    "WINDOW",
+    "AdmissionControl",
+    "ModelAdmission",
+]
+
+#: Seconds of front-end work a model may hold (see the module docstring): the daemon's latency
+#: budget. Shorter sheds sooner under overload, but refuses healthy closed-loop clients whose
+#: requests simply take longer than it (N clients at latency L complete N/L per second, so
+#: the limit N*delay/L is under N once L passes the delay) and bursts after a quiet spell.
+DEFAULT_QUEUE_DELAY = 1.0
+#: The front-end limit never falls below this many requests in flight.
+MIN_LIMIT = 4
+#: Seconds per measurement window of the completion rate (and completions it needs).
+WINDOW = 0.1
+_WINDOW_COMPLETIONS = 8
+#: Seconds the in-flight count at which the runner refused stays the limit.
+LATCH = 0.5
+#: Refusal reasons (the ``reason`` label).
+OVERLOADED = "overloaded"
+QUEUE_FULL = "queue_full"
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class ModelAdmission:
+    """One model's front-end state: requests in flight, the measured rate, its limits, its
+    prebuilt refusal and counters. Owned by the event loop's thread (no locks)."""
+
+    __slots__ = (
+        "_busy",
+        "_busy_since",
+        "_completions",
+        "_window_start",
+        "body",
+        "clock",
+        "headers",
+        "inflight",
+        "limit",
+        "message",
+        "name",
+        "rate",
+        "refused",
+        "runner_limit",
+        "runner_until",
+    )
+
+    def __init__(self, name: str, control: AdmissionControl) -> None:
+        self.name = name
+        self.clock = control.clock
+        self.inflight = 0
+        self.limit = float("inf")  # not measured yet
+        self.rate = 0.0
+        self.runner_limit = float("inf")
+        self.runner_until = 0.0
+        self._completions = 0
+        self._busy = 0.0
+        self._busy_since = 0.0
+        self._window_start = self.clock()
+        limit = (
+            f"what it can finish within {control.queue_delay:g} s"
+            if control.queue_delay < float("inf")
+            else "its queue is full"
+        )
+        self.message = (
+            f"model {name!r} is over its admission limit ({limit}); "
+            f"retry after {control.retry_after} s"
+        )
+        self.body = orjson.dumps({"error": self.message})
+        self.headers = {"Retry-After": str(control.retry_after)}
+        self.refused = {
+            reason: control.refused.labels(name, reason) for reason in (OVERLOADED, QUEUE_FULL)
+        }
+
+    def refuses(self) -> str | None:
+        """The reason a new request is refused now, or None: admitted. O(1), no allocation."""
+        n = self.inflight
+        if n >= self.limit:
+            return OVERLOADED
+        if n >= self.runner_limit:
+            if self.clock() < self.runner_until:
+                return QUEUE_FULL
+            self.runner_limit = float("inf")
+        return None
+
+    def enter(self) -> None:
+        """One more request in flight."""
+        if self.inflight == 0:
+            self._busy_since = self.clock()
+        self.inflight += 1
+
+    def leave(self, queue_full: bool, queue_delay: float) -> None:
+        """A request in flight was answered (``queue_full``: the runner refused it)."""
+        now = self.clock()
+        if queue_full:
+            self.runner_limit = max(1, self.inflight - 1)
+            self.runner_until = now + LATCH
+        self.inflight -= 1
+        self._completions += 1
+        if self.inflight == 0:
+            self._busy += now - self._busy_since
+            self._busy_since = now
+        if now - self._window_start < WINDOW or self._completions < _WINDOW_COMPLETIONS:
+            return
+        busy = self._busy + (now - self._busy_since if self.inflight else 0.0)
+        if busy > 0.0:
+            measured = self._completions / busy
+            self.rate = measured if self.rate == 0.0 else 0.5 * (self.rate + measured)
+            self.limit = max(MIN_LIMIT, self.rate * queue_delay)
+        self._completions = 0
+        self._busy = 0.0
+        self._busy_since = now
+        self._window_start = now
+
+
+class AdmissionControl:
+    """Front-end admission for every model of one server (see the module docstring).
+
+    ``queue_delay`` None turns the front-end limit off (the runner's limit still applies).
+    Metrics go to ``registry`` (the daemon's own), or a private one. ``clock``: seconds, the
+    time base of the rate and the latch (the same as the rate-limited log's).
+
+    Raises:
+        ValueError: ``queue_delay`` is not > 0.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        queue_delay: float | None = DEFAULT_QUEUE_DELAY,
+        retry_after: int = 1,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if queue_delay is not None and not queue_delay > 0:
+            raise ValueError(f"queue_delay must be > 0 seconds, got {queue_delay}")
+        self.queue_delay = queue_delay if queue_delay is not None else float("inf")
+        self.retry_after = retry_after
+        self.clock = clock
+        self.refused = Counter(
+            "model_runtime_requests_refused",
+            "Inference requests refused by admission control before their body was parsed "
+            "(overloaded: the front-end limit; queue_full: the runner's queue limit)",
+            ["model", "reason"],
+            registry=registry or CollectorRegistry(),
+        )
+        self.models: dict[str, ModelAdmission] = {}
+        self.log = RateLimitedLog("requests_refused")
+
+    def model(self, name: str) -> ModelAdmission:
+        """The state of model ``name`` (made on first use)."""
+        state = self.models.get(name)
+        if state is None:
+            state = self.models[name] = ModelAdmission(name, self)
+        return state
+
+    def _refuse(self, state: ModelAdmission, reason: str) -> None:
+        state.refused[reason].inc()
+        self.log(model=state.name, reason=reason, in_flight=state.inflight, limit=state.limit)
+
+    # -- gRPC (and any other front end) ------------------------------------------------------
+
+    def try_admit(self, model: str) -> str | None:
+        """Admit one request for ``model``: None, and it counts as in flight until
+        :meth:`release`; or the refusal's message (counted and logged as a summary), to be
+        answered at once (gRPC: UNAVAILABLE with the message; HTTP: 503).
+
+        Raises:
+            nothing.
+        """
+        state = self.model(model)
+        reason = state.refuses()
+        if reason is not None:
+            self._refuse(state, reason)
+            return state.message
+        state.enter()
+        return None
+
+    def release(self, model: str, *, queue_full: bool = False) -> None:
+        """An admitted request of ``model`` was answered; ``queue_full``: the runner refused
+        it (``QueueFullError``), so its in-flight count becomes the limit for a while."""
+        self.model(model).leave(queue_full, self.queue_delay)
+
+    # -- HTTP ------------------------------------------------------------------------------------
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """The outermost middleware: refuses an infer request over its model's limit before
+        anything reads its body (no access log line, no parse), answers from the prebuilt
+        503; counts admitted ones in flight."""
+        if request.method != "POST" or not request.path.endswith("/infer"):
+            return await handler(request)
+        name: Any = request.match_info.get("name")
+        if not isinstance(name, str):
+            return await handler(request)
+        state = self.models.get(name)
+        if state is None:
+            # State is made for models that exist only (a client's made-up names cost nothing).
+            resp = await handler(request)
+            if resp.status != 404:
+                self.model(name)
+            return resp
+        reason = state.refuses()
+        if reason is not None:
+            self._refuse(state, reason)
+            return web.Response(
+                body=state.body,
+                status=503,
+                content_type="application/json",
+                headers=state.headers,
+            )
+        state.enter()
+        queue_full = False
+        try:
+            resp = await handler(request)
+            # The runner's refusal (QueueFullError) is the only 503 that carries Retry-After.
+            queue_full = resp.status == 503 and "Retry-After" in resp.headers
+            if queue_full:
+                state.refused[QUEUE_FULL].inc()
+            return resp
+        finally:
+            state.leave(queue_full, self.queue_delay)

@@ -1,0 +1,1 @@
+"""The daemon's gRPC front end: Triton's ``GRPCInferenceService`` (KServe v2) on grpc.aio."""

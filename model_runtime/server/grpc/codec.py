@@ -1,0 +1,283 @@
+"""Decode ``ModelInferRequest`` messages into arrays and encode ``ModelInferResponse`` messages.
+
+The gRPC twin of :mod:`model_runtime.server.codec`, with the same contract: every declared
+number is a claim to check, never a size to allocate. A shape's element count is computed with
+Python integers and compared with the bytes (``raw_input_contents``) or values (typed
+``contents``) actually present before any array exists; raw inputs become zero-copy, read-only
+views of the message's bytes. Parameters go through the same checks as over HTTP
+(:mod:`model_runtime.server.parameters`): honoured, or refused with a message that names them.
+Everything wrong with a request raises :class:`~model_runtime.server.codec.ProtocolError`
+(gRPC INVALID_ARGUMENT, HTTP 400).
+
+Typed contents use the field of the input's datatype only (Triton's rule): ``bool_contents``
+for BOOL, ``int_contents`` for INT8/16/32 (range-checked), ``int64_contents``,
+``uint_contents`` for UINT8/16/32 (range-checked), ``uint64_contents``, ``fp32_contents``,
+``fp64_contents``; FP16 travels as raw contents only. Responses carry every output in
+``raw_output_contents`` (what ``tritonclient.grpc`` reads first): little-endian elements, or for
+BYTES (a classification) each element as a 4-byte little-endian length and its bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from model_runtime.server.classification import bytes_to_binary, classify
+from model_runtime.server.codec import (
+    MAX_DIM,
+    MAX_DIMS,
+    InferRequest,
+    ProtocolError,
+    RequestedOutput,
+    TensorSpec,
+)
+from model_runtime.server.datatypes import BYTES, DATATYPES
+from model_runtime.server.parameters import (
+    check_input_parameters,
+    output_parameters,
+    request_parameters,
+)
+from model_runtime.server.triton import grpc_service_pb2 as pb
+
+__all__ = ["encode_model_infer_response", "parameter_values", "parse_model_infer_request"]
+
+#: Datatype -> the typed contents field that carries it (FP16 and BYTES have none we take).
+_FIELDS = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+}
+_ALL_FIELDS = (*dict.fromkeys(_FIELDS.values()), "bytes_contents")
+#: The dtype a field's values arrive in (what protobuf's container holds).
+_WIRE = {
+    "bool_contents": np.dtype(np.bool_),
+    "int_contents": np.dtype(np.int32),
+    "int64_contents": np.dtype(np.int64),
+    "uint_contents": np.dtype(np.uint32),
+    "uint64_contents": np.dtype(np.uint64),
+    "fp32_contents": np.dtype(np.float32),
+    "fp64_contents": np.dtype(np.float64),
+}
+
+
+def _fail(message: str) -> ProtocolError:
+    return ProtocolError(message)
+
+
+def parameter_values(where: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """An ``InferParameter`` (or ``ModelRepositoryParameter``) map as plain Python values.
+
+    Raises:
+        ProtocolError: a parameter has no value set.
+    """
+    out: dict[str, Any] = {}
+    for key, param in params.items():
+        choice = param.WhichOneof("parameter_choice")
+        if choice is None:
+            raise _fail(f"{where}: parameter {key!r} has no value")
+        out[key] = getattr(param, choice)
+    return out
+
+
+def _shape(name: str, raw: Sequence[int]) -> tuple[int, ...]:
+    if len(raw) > MAX_DIMS:
+        raise _fail(f"input {name!r}: shape has {len(raw)} dimensions (at most {MAX_DIMS})")
+    for d in raw:
+        if not 0 <= d <= MAX_DIM:
+            raise _fail(f"input {name!r}: shape {list(raw)} must hold integers in [0, {MAX_DIM}]")
+    return tuple(raw)
+
+
+def _elements(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d  # Python ints: no overflow, and nothing is allocated
+    return n
+
+
+def _check_datatype(name: str, datatype: str, spec: TensorSpec, model: str) -> str:
+    if datatype == BYTES:
+        raise _fail(
+            f"input {name!r}: datatype BYTES is not supported by model {model!r}, which has "
+            f"no BYTES input ({name!r} is {spec.datatype})"
+        )
+    if datatype not in DATATYPES:
+        known = ", ".join([*DATATYPES, BYTES])
+        raise _fail(f"input {name!r}: unknown datatype {datatype!r} (known: {known})")
+    if datatype != spec.datatype:
+        raise _fail(
+            f"input {name!r}: datatype {datatype} does not match the model's {spec.datatype}"
+        )
+    return datatype
+
+
+def _from_raw(name: str, datatype: str, raw: bytes, count: int) -> np.ndarray:
+    dtype = DATATYPES[datatype]
+    expected = count * dtype.itemsize
+    if len(raw) != expected:
+        raise _fail(
+            f"input {name!r}: raw_input_contents has {len(raw)} bytes, but {count} elements "
+            f"of {datatype} need {expected}"
+        )
+    arr = np.frombuffer(raw, dtype=dtype)
+    if datatype == "BOOL" and arr.size and arr.view(np.uint8).max() > 1:
+        raise _fail(f"input {name!r}: BOOL raw contents must be bytes 0 or 1")
+    return arr
+
+
+def _from_contents(name: str, datatype: str, contents: Any, count: int) -> np.ndarray:
+    field = _FIELDS.get(datatype)
+    if field is None:
+        raise _fail(f"input {name!r}: {datatype} has no typed contents field: send it raw")
+    others = [f for f in _ALL_FIELDS if f != field and len(getattr(contents, f))]
+    if others:
+        raise _fail(f"input {name!r}: {datatype} data goes in {field}, not in {others}")
+    values = getattr(contents, field)
+    if len(values) != count:
+        raise _fail(f"input {name!r}: shape needs {count} elements, {field} has {len(values)}")
+    wire = np.array(values, dtype=_WIRE[field])
+    dtype = DATATYPES[datatype]
+    if dtype.kind in "iu" and dtype.itemsize < wire.dtype.itemsize and wire.size:
+        info = np.iinfo(dtype)
+        low, high = int(wire.min()), int(wire.max())
+        if low < info.min or high > info.max:
+            raise _fail(
+                f"input {name!r}: {field} holds values in [{low}, {high}], outside "
+                f"{datatype}'s [{info.min}, {info.max}]"
+            )
+    return wire.astype(dtype, copy=False)
+
+
+def _requested_outputs(
+    raw: Sequence[Any], outputs: Sequence[TensorSpec], model: str
+) -> tuple[RequestedOutput, ...]:
+    if not raw:
+        return tuple(RequestedOutput(s.name, True) for s in outputs)
+    known = {s.name for s in outputs}
+    chosen: list[RequestedOutput] = []
+    for item in raw:
+        name = item.name
+        if name not in known:
+            raise _fail(f"unknown output {name!r} (the model has {sorted(known)})")
+        if any(o.name == name for o in chosen):
+            raise _fail(f"output {name!r} is requested twice")
+        where = f"output {name!r}"
+        params = output_parameters(name, parameter_values(where, item.parameters), True, model)
+        chosen.append(RequestedOutput(name, True, params.class_count))
+    return tuple(chosen)
+
+
+def parse_model_infer_request(
+    request: Any,
+    inputs: Sequence[TensorSpec],
+    outputs: Sequence[TensorSpec],
+    *,
+    model: str = "",
+) -> InferRequest:
+    """Decode and check a ``ModelInferRequest`` for a model with ``inputs`` and ``outputs``.
+
+    Shapes are checked only against the data given; whether they fit the model (batch axis,
+    per-sample shape) is the runner's check. Raw inputs are read-only views of the message's
+    bytes: keep the message alive while they are in use.
+
+    Raises:
+        ProtocolError: unknown, missing or duplicate inputs; wrong or unknown datatypes; a
+            shape out of range; raw contents and typed contents mixed, missing, or of a size
+            that does not match the shape; typed values outside the datatype's range; unknown
+            or twice-requested outputs; a parameter that is unknown or not supported.
+    """
+    params = request_parameters(parameter_values("request", request.parameters), model)
+    if not request.inputs:
+        raise _fail("the request has no inputs")
+    raw_contents = request.raw_input_contents
+    if raw_contents and len(raw_contents) != len(request.inputs):
+        raise _fail(
+            f"raw_input_contents has {len(raw_contents)} entries for {len(request.inputs)} "
+            "inputs: give one per input, in the order of the inputs"
+        )
+    specs = {s.name: s for s in inputs}
+    arrays: dict[str, np.ndarray] = {}
+    for index, item in enumerate(request.inputs):
+        name = item.name
+        spec = specs.get(name)
+        if spec is None:
+            raise _fail(f"unknown input {name!r} (the model has {sorted(specs)})")
+        if name in arrays:
+            raise _fail(f"input {name!r} is given twice")
+        datatype = _check_datatype(name, item.datatype, spec, model)
+        shape = _shape(name, item.shape)
+        count = _elements(shape)
+        where = f"input {name!r}"
+        check_input_parameters(name, parameter_values(where, item.parameters), model)
+        typed = item.HasField("contents") and any(
+            len(getattr(item.contents, f)) for f in _ALL_FIELDS
+        )
+        if raw_contents:
+            if typed:
+                raise _fail(
+                    f"input {name!r}: contents must be empty when raw_input_contents is used"
+                )
+            flat = _from_raw(name, datatype, raw_contents[index], count)
+        elif typed or count == 0:
+            flat = _from_contents(name, datatype, item.contents, count)
+        else:
+            raise _fail(f"input {name!r}: no data (neither contents nor raw_input_contents)")
+        arrays[name] = flat.reshape(shape)
+    missing = sorted(set(specs) - set(arrays))
+    if missing:
+        raise _fail(f"missing input(s) {missing} (the model needs {sorted(specs)})")
+    return InferRequest(
+        id=request.id or None,
+        inputs=arrays,
+        outputs=_requested_outputs(request.outputs, outputs, model),
+        parameters={},
+        timeout=params.timeout,
+        priority=params.priority,
+    )
+
+
+def encode_model_infer_response(
+    model_name: str,
+    model_version: str,
+    request: InferRequest,
+    results: Mapping[str, np.ndarray],
+    datatypes: Mapping[str, str],
+    *,
+    specs: Sequence[TensorSpec] = (),
+) -> Any:
+    """The ``ModelInferResponse`` of the requested outputs, their data in
+    ``raw_output_contents``.
+
+    Raises:
+        KeyError: a requested output is missing from ``results``.
+    """
+    response = pb.ModelInferResponse(model_name=model_name, model_version=model_version)
+    if request.id is not None:
+        response.id = request.id
+    batch_axis = {s.name: bool(s.shape) and s.shape[0] == -1 for s in specs}
+    raw: list[bytes] = []
+    for out in request.outputs:
+        arr = results[out.name]
+        datatype = datatypes[out.name]
+        if out.class_count:
+            batched = batch_axis.get(out.name, arr.ndim >= 2)
+            arr = classify(arr, out.class_count, batched=batched)
+            datatype = BYTES
+            raw.append(bytes_to_binary(arr))
+        else:
+            raw.append(np.ascontiguousarray(arr, dtype=DATATYPES[datatype]).tobytes())
+        tensor = response.outputs.add()
+        tensor.name, tensor.datatype = out.name, datatype
+        tensor.shape.extend(arr.shape)
+    response.raw_output_contents.extend(raw)
+    return response

@@ -1,0 +1,67 @@
+"""Start and stop the daemon's gRPC listener (grpc.aio, on the daemon's event loop).
+
+Its limits mirror the HTTP listener's: a message larger than the daemon's body-size limit is
+refused by grpcio itself (RESOURCE_EXHAUSTED) before a handler runs; idle connections close
+after the keep-alive timeout; each connection may carry a bounded number of concurrent streams
+and the server a bounded number of calls in flight (past it a call is refused at once with
+RESOURCE_EXHAUSTED, never queued), so a flood costs refusals, not memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from model_runtime.server.app import InferenceServer
+from model_runtime.server.grpc.service import InferenceServicer
+from model_runtime.server.triton import grpc_service_pb2_grpc as pb_grpc
+
+__all__ = ["GrpcLimits", "start_grpc_server"]
+
+
+@dataclass(frozen=True, slots=True)
+class GrpcLimits:
+    """Limits of the gRPC listener: ``max_message_size`` bytes per received message (answers
+    are as large as the model makes them), ``idle_timeout`` seconds before an idle connection
+    closes, ``max_streams`` concurrent calls per connection (HTTP/2 streams), ``max_calls``
+    calls in flight in the server."""
+
+    max_message_size: int = 64 << 20
+    idle_timeout: float = 75.0
+    max_streams: int = 256
+    max_calls: int = 4096
+
+
+async def start_grpc_server(
+    server: InferenceServer, host: str, port: int, limits: GrpcLimits | None = None
+) -> tuple[Any, int]:
+    """Start a grpc.aio server of ``server``'s models on ``host:port`` (0: a free port);
+    return it and the port it is bound to. Stop it with ``await grpc_server.stop(grace)``.
+
+    Raises:
+        OSError: the address cannot be bound.
+    """
+    limits = limits or GrpcLimits()
+    grpc_server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", limits.max_message_size),
+            ("grpc.max_send_message_length", -1),  # answers are as large as the model makes them
+            ("grpc.max_concurrent_streams", limits.max_streams),
+            ("grpc.max_connection_idle_ms", int(limits.idle_timeout * 1000)),
+            ("grpc.so_reuseport", 0),  # a port in use is an error, as for HTTP
+        ],
+        maximum_concurrent_rpcs=limits.max_calls,
+    )
+    servicer = InferenceServicer(server)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, grpc_server)  # type: ignore[no-untyped-call]
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        bound = grpc_server.add_insecure_port(address)
+    except RuntimeError as exc:  # grpcio reports a failed bind as RuntimeError
+        raise OSError(f"cannot bind gRPC to {address}: {exc}") from exc
+    if bound == 0:
+        raise OSError(f"cannot bind gRPC to {address}")
+    await grpc_server.start()
+    return grpc_server, bound

@@ -1,0 +1,271 @@
+"""The KServe v2 / Triton ``GRPCInferenceService`` over the daemon's HTTP front end.
+
+Every method is answered from the same :class:`~model_runtime.server.app.InferenceServer` the
+HTTP routes use: the same repository and runners, the same draining flag and in-flight count
+(SIGTERM drains both protocols), the same statistics and metrics, and the same error mapping:
+an exception becomes the HTTP status :func:`~model_runtime.server.app.status_of` gives it, and
+that status becomes its gRPC code (:data:`GRPC_CODES`: 400 INVALID_ARGUMENT, 403
+PERMISSION_DENIED, 404 NOT_FOUND, 503 UNAVAILABLE, 504 DEADLINE_EXCEEDED, 500 INTERNAL ...).
+An error ends that one call with its code and message; the server serves on.
+
+Inference honours the caller's gRPC deadline as it honours the ``timeout`` parameter: the
+shorter of the two and the server's ``request_timeout`` bounds queue and compute. A call the
+client cancels cancels its request (grpc.aio cancels the handler).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import functools
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import anyio
+import grpc
+import orjson
+import structlog
+from google.protobuf import json_format
+
+from model_runtime.errors import UnknownModelError
+from model_runtime.server.app import HTTPError, InferenceServer, status_of
+from model_runtime.server.codec import InferRequest
+from model_runtime.server.grpc.codec import (
+    encode_model_infer_response,
+    parameter_values,
+    parse_model_infer_request,
+)
+from model_runtime.server.repository import ModelEntry, ModelState
+from model_runtime.server.stats import model_statistics
+from model_runtime.server.triton import grpc_service_pb2 as pb, grpc_service_pb2_grpc as pb_grpc
+
+__all__ = ["GRPC_CODES", "InferenceServicer", "grpc_code"]
+
+log = structlog.get_logger(__name__)
+
+#: The HTTP status an error is answered with -> the gRPC code that says the same.
+GRPC_CODES: dict[int, grpc.StatusCode] = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    408: grpc.StatusCode.DEADLINE_EXCEEDED,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    500: grpc.StatusCode.INTERNAL,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+#: Requests bigger than this are decoded off the event loop (as over HTTP).
+_THREAD_PARSE_BYTES = 1 << 20
+_R = TypeVar("_R")
+Handler = Callable[["InferenceServicer", Any, Any], Awaitable[_R]]
+
+
+def grpc_code(status: int) -> grpc.StatusCode:
+    """The gRPC code of an HTTP status (INTERNAL for one without its own)."""
+    return GRPC_CODES.get(status, grpc.StatusCode.INTERNAL)
+
+
+def _answers(method: Handler[_R]) -> Handler[_R]:
+    """Turn every exception of ``method`` into its gRPC status for that call only (logged as
+    the HTTP front end logs it)."""
+
+    @functools.wraps(method)
+    async def handler(self: InferenceServicer, request: Any, context: Any) -> _R:
+        try:
+            return await method(self, request, context)
+        except Exception as exc:
+            status, reason = status_of(exc)
+            message = str(exc) or type(exc).__name__
+            if reason == "internal":
+                log.exception("grpc_request_failed", method=method.__name__, status=status)
+            elif status >= 500 and reason != "queue_full":
+                log.warning(
+                    "grpc_request_failed", method=method.__name__, status=status, error=message
+                )
+            code = grpc_code(status)
+        # Outside the except block: abort raises to end the call, with no chained context.
+        await context.abort(code, message)
+        raise AssertionError("context.abort returned")  # pragma: no cover
+
+    return handler
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+    """The service's methods, each a client of ``server`` (the HTTP front end's state)."""
+
+    def __init__(self, server: InferenceServer) -> None:
+        self.server = server
+
+    # -- health and metadata ---------------------------------------------------------------------
+
+    @_answers
+    async def ServerLive(self, request: Any, context: Any) -> Any:
+        """The process answers."""
+        return pb.ServerLiveResponse(live=True)
+
+    @_answers
+    async def ServerReady(self, request: Any, context: Any) -> Any:
+        """Ready as ``GET /v2/health/ready`` is (strict readiness by default; not while
+        draining)."""
+        ready = not self.server.draining and self.server.repository.not_ready_reason() is None
+        return pb.ServerReadyResponse(ready=ready)
+
+    @_answers
+    async def ModelReady(self, request: Any, context: Any) -> Any:
+        """Whether the model (version) takes requests; false for an unknown one, as Triton."""
+        try:
+            entry = self.server.entry(request.name, request.version)
+        except UnknownModelError:
+            return pb.ModelReadyResponse(ready=False)
+        return pb.ModelReadyResponse(ready=entry.is_ready and not self.server.draining)
+
+    @_answers
+    async def ServerMetadata(self, request: Any, context: Any) -> Any:
+        """Server name, version and protocol extensions (as ``GET /v2``)."""
+        opts = self.server.options
+        return pb.ServerMetadataResponse(
+            name=opts.server_name,
+            version=opts.server_version,
+            extensions=["binary_tensor_data", "model_repository", "statistics"],
+        )
+
+    @_answers
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:
+        """Inputs and outputs with protocol datatypes (as ``GET /v2/models/{name}``)."""
+        entry = self.server.entry(request.name, request.version)
+        if entry.runner is None:
+            raise HTTPError(503, f"model {entry.name!r} is not loaded", "not_ready")
+        tensor = pb.ModelMetadataResponse.TensorMetadata
+        return pb.ModelMetadataResponse(
+            name=entry.name,
+            versions=self.server.repository.get(entry.name).served_versions(),
+            platform="model-runtime",
+            inputs=[tensor(name=s.name, datatype=s.datatype, shape=s.shape) for s in entry.inputs],
+            outputs=[
+                tensor(name=s.name, datatype=s.datatype, shape=s.shape) for s in entry.outputs
+            ],
+        )
+
+    @_answers
+    async def ModelConfig(self, request: Any, context: Any) -> Any:
+        """The model's configuration in Triton's ``ModelConfig`` message."""
+        from model_runtime.server.triton.config import served_config
+
+        entry = self.server.entry(request.name, request.version)
+        return pb.ModelConfigResponse(config=served_config(entry))
+
+    # -- inference -------------------------------------------------------------------------------
+
+    @_answers
+    async def ModelInfer(self, request: Any, context: Any) -> Any:
+        """One inference request: raw or typed contents in, raw contents out."""
+        server = self.server
+        entry = server.entry(request.model_name, request.model_version)
+        runner = entry.runner
+        refusal: HTTPError | None = None
+        if server.draining:
+            refusal = HTTPError(503, "the server is draining", "draining")
+        elif runner is None or entry.state is not ModelState.READY:
+            refusal = HTTPError(503, f"model {entry.name!r} is {entry.state.value}", "not_ready")
+        if refusal is not None:
+            server.metrics.observe(entry.name, refusal.reason, 0.0, 0, entry.version)
+            raise refusal
+        server.enter_request(entry.name, entry.version)
+        t0 = time.perf_counter()
+        reason: str | None = "internal"
+        samples = 0
+        try:
+            response, samples = await self._infer(request, context, entry, runner)
+            reason = None
+            return response
+        except asyncio.CancelledError:
+            reason = "cancelled"
+            log.info("request_cancelled", model=entry.name)
+            raise
+        except BaseException as exc:
+            reason = status_of(exc)[1]
+            raise
+        finally:
+            seconds = time.perf_counter() - t0
+            entry.stats.record(reason is None, int(seconds * 1e9), samples)
+            server.metrics.observe(entry.name, reason, seconds, samples, entry.version)
+            server.leave_request(entry.name, entry.version)
+
+    async def _infer(
+        self, request: Any, context: Any, entry: ModelEntry, runner: Any
+    ) -> tuple[Any, int]:
+        def parse() -> InferRequest:
+            return parse_model_infer_request(request, entry.inputs, entry.outputs, model=entry.name)
+
+        size = sum(len(raw) for raw in request.raw_input_contents)
+        parsed = await anyio.to_thread.run_sync(parse) if size > _THREAD_PARSE_BYTES else parse()
+        # The caller's gRPC deadline bounds the request as its `timeout` parameter does.
+        results = await self.server.execute(entry, runner, parsed, context.time_remaining())
+        response = encode_model_infer_response(
+            entry.name, entry.version, parsed, results, entry.datatypes, specs=entry.outputs
+        )
+        first = next(iter(parsed.inputs.values()))
+        return response, int(first.shape[0]) if first.ndim else 1
+
+    # -- statistics and the repository -----------------------------------------------------------
+
+    @_answers
+    async def ModelStatistics(self, request: Any, context: Any) -> Any:
+        """The statistics extension: one model (version), or every model for an empty name."""
+        if request.name:
+            entries = [self.server.entry(request.name, request.version)]
+        else:
+            entries = self.server.repository.entries()
+        response = pb.ModelStatisticsResponse()
+        for entry in entries:
+            doc = await model_statistics(entry)
+            json_format.ParseDict(doc, response.model_stats.add(), ignore_unknown_fields=True)
+        return response
+
+    @_answers
+    async def RepositoryIndex(self, request: Any, context: Any) -> Any:
+        """Every model, its state and why (``ready``: only those that are ready)."""
+        _check_repository_name(request.repository_name)
+        response = pb.RepositoryIndexResponse()
+        for doc in self.server.repository.index():
+            if request.ready and doc.get("state") != ModelState.READY.value:
+                continue
+            json_format.ParseDict(doc, response.models.add(), ignore_unknown_fields=True)
+        return response
+
+    @_answers
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
+        """Load or reload a model: the HTTP load's rules (explicit mode only; parameters
+        refused), codes and wording."""
+        _check_repository_name(request.repository_name)
+        params = parameter_values("load", request.parameters)
+        for key, value in params.items():
+            if isinstance(value, bytes):  # `file:` contents: named in the refusal, not echoed
+                params[key] = base64.b64encode(value[:16]).decode()
+        body = orjson.dumps({"parameters": params}) if params else b""
+        await self.server.load_model(request.model_name, body)
+        return pb.RepositoryModelLoadResponse()
+
+    @_answers
+    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
+        """Unload a model (explicit mode only), draining its in-flight requests."""
+        _check_repository_name(request.repository_name)
+        params = parameter_values("unload", request.parameters)
+        # tritonclient always sends `unload_dependents`; no model here has dependents (no
+        # ensembles), so either value is honoured by unloading the model alone.
+        params.pop("unload_dependents", None)
+        if params:
+            names = sorted(params)
+            raise HTTPError(400, f"unload parameter(s) {names} are not supported", "bad_request")
+        await self.server.unload_model(request.model_name)
+        return pb.RepositoryModelUnloadResponse()
+
+
+def _check_repository_name(name: str) -> None:
+    if name:
+        raise HTTPError(
+            400,
+            f"repository {name!r}: this server has one model repository; leave the name empty",
+            "bad_request",
+        )

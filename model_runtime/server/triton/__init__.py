@@ -1,0 +1,1 @@
+"""Triton compatibility: its model configuration (``config.pbtxt``) and protocol messages."""

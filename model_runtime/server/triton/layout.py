@@ -1,0 +1,145 @@
+"""Where a model's files and settings are: our flat layout and Triton's repository layout.
+
+Flat: ``NAME.mrx`` or ``NAME.onnx``, with an optional ``NAME.toml`` beside it (Triton's
+``ModelConfig`` fields as TOML, see :func:`~.config.parse_toml`); one version, ``1``.
+
+Triton: a directory ``NAME/`` with ``config.pbtxt`` (optional, as Triton's for ONNX models)
+and version directories ``NAME/<N>/model.mrx`` or ``NAME/<N>/model.onnx`` (or the config's
+``default_model_filename``); the config's ``version_policy`` picks the versions served.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from model_runtime.errors import ConfigurationError
+from model_runtime.server.triton import model_config_pb2 as pb
+from model_runtime.server.triton.config import (
+    CONFIG_FILE,
+    ModelSettings,
+    parse_pbtxt,
+    parse_toml,
+)
+
+__all__ = [
+    "MODEL_FILES",
+    "ModelPlan",
+    "fingerprint",
+    "is_model_dir",
+    "onnx_fixed_batch",
+    "plan_model",
+    "settings_file",
+]
+
+#: The file names a Triton version directory is searched for, in order.
+MODEL_FILES = ("model.mrx", "model.onnx")
+Stat = tuple[int, int, int] | None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelPlan:
+    """What to load for a model: its settings and the file of each version served
+    (highest version first)."""
+
+    settings: ModelSettings
+    files: dict[str, Path]
+
+
+def is_model_dir(path: Path) -> bool:
+    """True when ``path`` is a Triton model directory: a ``config.pbtxt`` or a numeric
+    version directory inside."""
+    if not path.is_dir():
+        return False
+    if (path / CONFIG_FILE).is_file():
+        return True
+    return any(p.name.isdigit() and p.is_dir() for p in path.iterdir())
+
+
+def settings_file(model_file: Path) -> Path:
+    """A flat model's optional TOML: beside the model file, with its stem."""
+    return model_file.with_suffix(".toml")
+
+
+def plan_model(name: str, source: Path) -> ModelPlan:
+    """The settings and version files of the model ``name`` at ``source`` (a model file or a
+    Triton model directory).
+
+    Raises:
+        ConfigurationError: a bad ``config.pbtxt`` or TOML, or no version to serve.
+    """
+    if not source.is_dir():
+        toml = settings_file(source)
+        settings = parse_toml(toml) if toml.is_file() else ModelSettings(pb.ModelConfig())
+        return ModelPlan(settings, {"1": source})
+    config = source / CONFIG_FILE
+    if config.is_file():
+        settings = parse_pbtxt(config, name)
+    else:
+        settings = ModelSettings(pb.ModelConfig(), source=config)
+    found = [int(p.name) for p in source.iterdir() if p.name.isdigit() and p.is_dir()]
+    chosen = settings.version_policy.select(v for v in found if v > 0)
+    if not chosen:
+        policy = settings.version_policy
+        raise ConfigurationError(
+            f"{source}: no version to serve (version_policy {policy.kind}, version "
+            f"directories {sorted(found)})"
+        )
+    names = (
+        (settings.config.default_model_filename,)
+        if settings.config.default_model_filename
+        else MODEL_FILES
+    )
+    files = {}
+    for version in chosen:
+        vdir = source / str(version)
+        path = next((vdir / n for n in names if (vdir / n).is_file()), None)
+        if path is None:
+            raise ConfigurationError(f"{vdir}: no model file ({' or '.join(names)})")
+        files[str(version)] = path
+    return ModelPlan(settings, files)
+
+
+def _stat(path: Path) -> Stat:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino
+
+
+def fingerprint(source: Path) -> tuple[object, ...] | None:
+    """What tells one state of a model's files from the next (None: the model is gone): the
+    model file and its TOML, or a Triton directory's config and version files."""
+    if not source.is_dir():
+        stat = _stat(source)
+        return None if stat is None else (stat, _stat(settings_file(source)))
+    try:
+        versions = sorted(p for p in source.iterdir() if p.name.isdigit() and p.is_dir())
+        files = [(str(f), _stat(f)) for v in versions for f in sorted(v.iterdir())]
+    except OSError:
+        return None
+    return (_stat(source / CONFIG_FILE), *files)
+
+
+def onnx_fixed_batch(path: Path, axis: int = 0) -> int | None:
+    """The batch an ``.onnx`` model's first input fixes (None: dynamic, 1, or not ONNX):
+    such a model is compiled for its own batch, whatever the server-wide batch size."""
+    if path.suffix != ".onnx":
+        return None
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # the compiler reports a broken file with its own words
+        return None
+    weights = {t.name for t in model.graph.initializer}
+    for value in model.graph.input:
+        if value.name in weights:
+            continue
+        dims = value.type.tensor_type.shape.dim
+        if len(dims) > axis and dims[axis].HasField("dim_value") and dims[axis].dim_value > 1:
+            return int(dims[axis].dim_value)
+        return None
+    return None

@@ -1,0 +1,227 @@
+"""The gRPC codec: ``ModelInferRequest`` messages decode to typed arrays (raw and typed
+contents), anything malformed is a ``ProtocolError`` that names the defect, declared shapes
+are never trusted (hypothesis-fuzzed), and responses carry raw contents as tritonclient reads
+them."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from model_runtime.server.classification import bytes_to_binary
+from model_runtime.server.codec import InferRequest, ProtocolError, RequestedOutput, TensorSpec
+from model_runtime.server.datatypes import DATATYPES
+from model_runtime.server.grpc.codec import (
+    encode_model_infer_response,
+    parse_model_infer_request,
+)
+from model_runtime.server.triton import grpc_service_pb2 as pb
+
+pytestmark = pytest.mark.timeout(60)
+
+INPUTS = (TensorSpec("pixels", "FP32", (-1, 4)), TensorSpec("mask", "BOOL", (-1, 2)))
+OUTPUTS = (TensorSpec("logits", "FP32", (-1, 3)), TensorSpec("label", "INT64", (-1,)))
+
+
+def _request(raw: bool = True, **fields: Any) -> Any:
+    pixels = np.arange(8, dtype=np.float32).reshape(2, 4)
+    mask = np.array([[True, False], [False, True]])
+    req = pb.ModelInferRequest(model_name="m", **fields)
+    for name, datatype, arr in (("pixels", "FP32", pixels), ("mask", "BOOL", mask)):
+        tensor = req.inputs.add(name=name, datatype=datatype, shape=arr.shape)
+        if raw:
+            req.raw_input_contents.append(arr.tobytes())
+        elif datatype == "FP32":
+            tensor.contents.fp32_contents.extend(arr.ravel().tolist())
+        else:
+            tensor.contents.bool_contents.extend(arr.ravel().tolist())
+    return req
+
+
+def _parse(req: Any, inputs: tuple[TensorSpec, ...] = INPUTS) -> InferRequest:
+    return parse_model_infer_request(req, inputs, OUTPUTS, model="m")
+
+
+@pytest.mark.parametrize("raw", [True, False])
+def test_raw_and_typed_contents_decode_to_the_same_arrays(raw: bool) -> None:
+    req = _parse(_request(raw=raw))
+    np.testing.assert_array_equal(
+        req.inputs["pixels"], np.arange(8, dtype=np.float32).reshape(2, 4)
+    )
+    assert req.inputs["pixels"].dtype == np.float32
+    np.testing.assert_array_equal(req.inputs["mask"], [[True, False], [False, True]])
+    assert [o.name for o in req.outputs] == ["logits", "label"]
+    assert req.id is None and req.timeout is None and req.priority == 0
+
+
+def test_parameters_are_honoured_as_over_http() -> None:
+    req = _request(id="r-1")
+    req.parameters["timeout"].int64_param = 2500
+    req.parameters["priority"].uint64_param = 2
+    req.outputs.add(name="label").parameters["classification"].int64_param = 2
+    parsed = _parse(req)
+    assert (parsed.id, parsed.timeout, parsed.priority) == ("r-1", 0.0025, 2)
+    assert parsed.outputs == (RequestedOutput("label", True, 2),)
+
+
+@pytest.mark.parametrize(
+    ("datatype", "field", "values", "dtype"),
+    [
+        ("INT8", "int_contents", [-128, 0, 127], np.int8),
+        ("INT16", "int_contents", [-(2**15), 2**15 - 1], np.int16),
+        ("INT32", "int_contents", [-(2**31), 2**31 - 1], np.int32),
+        ("INT64", "int64_contents", [-(2**63), 2**63 - 1], np.int64),
+        ("UINT8", "uint_contents", [0, 255], np.uint8),
+        ("UINT16", "uint_contents", [0, 65535], np.uint16),
+        ("UINT32", "uint_contents", [0, 2**32 - 1], np.uint32),
+        ("UINT64", "uint64_contents", [0, 2**64 - 1], np.uint64),
+        ("FP64", "fp64_contents", [0.1, -2.5], np.float64),
+        ("BOOL", "bool_contents", [True, False], np.bool_),
+    ],
+)
+def test_every_typed_contents_field_decodes_exactly(
+    datatype: str, field: str, values: list[Any], dtype: Any
+) -> None:
+    req = pb.ModelInferRequest()
+    tensor = req.inputs.add(name="x", datatype=datatype, shape=[len(values)])
+    getattr(tensor.contents, field).extend(values)
+    arr = _parse(req, (TensorSpec("x", datatype, (-1,)),)).inputs["x"]
+    assert arr.dtype == np.dtype(dtype)
+    assert arr.tolist() == values
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda r: r.inputs[0].shape.__setitem__(0, 3), "raw_input_contents has 32 bytes"),
+        (lambda r: setattr(r.inputs[0], "datatype", "FP64"), "does not match the model's FP32"),
+        (lambda r: setattr(r.inputs[0], "datatype", "FP8"), "unknown datatype 'FP8'"),
+        (lambda r: setattr(r.inputs[0], "datatype", "BYTES"), "BYTES is not supported"),
+        (lambda r: setattr(r.inputs[0], "name", "nope"), "unknown input 'nope'"),
+        (lambda r: setattr(r.inputs[1], "name", "pixels"), "input 'pixels' is given twice"),
+        (lambda r: r.raw_input_contents.pop(), "raw_input_contents has 1 entries for 2 inputs"),
+        (lambda r: r.raw_input_contents.__setitem__(1, b"\x02\x00\x00\x01"), "bytes 0 or 1"),
+        (lambda r: r.inputs[0].contents.fp32_contents.append(1.0), "contents must be empty"),
+        (lambda r: r.outputs.add(name="nope"), "unknown output 'nope'"),
+        (lambda r: r.parameters["sequence_id"].MergeFrom(pb.InferParameter(int64_param=7)),
+         "sequence parameters"),
+        (lambda r: r.parameters["bogus"].MergeFrom(pb.InferParameter(bool_param=True)),
+         "['bogus'] are not supported"),
+        (lambda r: r.inputs[0].parameters["shared_memory_region"].MergeFrom(
+            pb.InferParameter(string_param="r")), "shared memory extension is not supported"),
+        (lambda r: r.parameters["timeout"].MergeFrom(pb.InferParameter()), "has no value"),
+        (lambda r: r.inputs[0].shape.extend([1] * 40), "dimensions (at most 32)"),
+        (lambda r: r.inputs[0].shape.__setitem__(0, -1), "must hold integers in"),
+        (lambda r: r.ClearField("inputs"), "the request has no inputs"),
+    ],
+)  # fmt: skip
+def test_malformed_requests_are_protocol_errors_that_say_why(mutate: Any, message: str) -> None:
+    req = _request()
+    mutate(req)
+    with pytest.raises(ProtocolError, match=re.escape(message)):
+        _parse(req)
+
+
+def test_typed_contents_are_checked_against_shape_field_and_range() -> None:
+    spec = (TensorSpec("x", "INT8", (-1,)),)
+    req = pb.ModelInferRequest()
+    tensor = req.inputs.add(name="x", datatype="INT8", shape=[2])
+    tensor.contents.int_contents.extend([1, 300])
+    with pytest.raises(ProtocolError, match=r"outside INT8's \[-128, 127\]"):
+        _parse(req, spec)
+    tensor.contents.ClearField("int_contents")
+    tensor.contents.int64_contents.extend([1, 2])
+    with pytest.raises(ProtocolError, match="goes in int_contents"):
+        _parse(req, spec)
+    tensor.contents.ClearField("int64_contents")
+    tensor.contents.int_contents.extend([1])
+    with pytest.raises(ProtocolError, match="needs 2 elements, int_contents has 1"):
+        _parse(req, spec)
+    tensor.contents.ClearField("int_contents")
+    with pytest.raises(ProtocolError, match="no data"):
+        _parse(req, spec)
+    fp16 = pb.ModelInferRequest()
+    fp16.inputs.add(name="h", datatype="FP16", shape=[1]).contents.fp32_contents.append(1.0)
+    with pytest.raises(ProtocolError, match="FP16 has no typed contents field: send it raw"):
+        _parse(fp16, (TensorSpec("h", "FP16", (-1,)),))
+
+
+def test_the_response_carries_raw_contents_tritonclient_reads() -> None:
+    parsed = InferRequest(
+        id="r-9",
+        inputs={},
+        outputs=(RequestedOutput("logits", True), RequestedOutput("label", True, 2)),
+    )
+    logits = np.array([[0.1, 0.7, 0.2]], dtype=np.float32)
+    results = {"logits": logits, "label": logits}
+    resp = encode_model_infer_response(
+        "m", "1", parsed, results, {"logits": "FP32", "label": "FP32"}, specs=OUTPUTS[:1]
+    )
+    assert (resp.model_name, resp.model_version, resp.id) == ("m", "1", "r-9")
+    assert [(o.name, o.datatype, list(o.shape)) for o in resp.outputs] == [
+        ("logits", "FP32", [1, 3]),
+        ("label", "BYTES", [1, 2]),
+    ]
+    np.testing.assert_array_equal(
+        np.frombuffer(resp.raw_output_contents[0], np.float32).reshape(1, 3), logits
+    )
+    classes = np.array([[b"0.7:1", b"0.2:2"]], dtype=object)
+    assert resp.raw_output_contents[1] == bytes_to_binary(classes)
+
+
+_TYPES = sorted(DATATYPES)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    datatype=st.sampled_from([*_TYPES, "BYTES", "", "fp32"]),
+    shape=st.lists(st.integers(-(2**63), 2**63 - 1) | st.integers(0, 6), max_size=5),
+    raw=st.lists(st.binary(max_size=64), max_size=3),
+    ints=st.lists(st.integers(-(2**31), 2**31 - 1), max_size=8),
+    floats=st.lists(st.floats(width=32), max_size=8),
+    names=st.lists(st.sampled_from(["x", "y", "z"]), min_size=0, max_size=3),
+)
+def test_any_bytes_and_shapes_give_arrays_or_a_protocol_error(
+    datatype: str,
+    shape: list[int],
+    raw: list[bytes],
+    ints: list[int],
+    floats: list[float],
+    names: list[str],
+) -> None:
+    """Whatever a client declares, the decoder answers with arrays that match the declaration
+    or a ProtocolError; it never allocates from a declared size, and never fails otherwise."""
+    specs = (TensorSpec("x", "INT32", (-1,)), TensorSpec("y", "FP32", (-1, 2)))
+    req = pb.ModelInferRequest()
+    for name in names:
+        tensor = req.inputs.add(name=name, datatype=datatype, shape=shape)
+        tensor.contents.int_contents.extend(ints)
+        tensor.contents.fp32_contents.extend(floats)
+    req.raw_input_contents.extend(raw)
+    try:
+        parsed = parse_model_infer_request(req, specs, OUTPUTS, model="m")
+    except ProtocolError as exc:
+        assert str(exc)
+        return
+    for tensor in req.inputs:
+        arr = parsed.inputs[tensor.name]
+        assert arr.shape == tuple(tensor.shape)
+        assert arr.dtype == DATATYPES[tensor.datatype]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=300))
+def test_any_wire_bytes_decode_to_arrays_or_a_protocol_error(data: bytes) -> None:
+    """Bytes off the wire that protobuf accepts as a ModelInferRequest still decode safely."""
+    try:
+        req = pb.ModelInferRequest.FromString(data)
+    except Exception:  # protobuf's DecodeError: grpcio answers these itself
+        return
+    try:
+        parse_model_infer_request(req, INPUTS, OUTPUTS, model="m")
+    except ProtocolError:
+        pass

@@ -1,0 +1,180 @@
+"""Triton's ModelConfig: config.pbtxt and TOML parsing, what maps onto the runner, the JSON
+shape of the config endpoint, and the layout of a Triton model directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from model_runtime.errors import ConfigurationError
+from model_runtime.runner_config import ModelRunnerConfig
+from model_runtime.server.codec import TensorSpec
+from model_runtime.server.triton import model_config_pb2 as pb
+from model_runtime.server.triton.config import (
+    build_config,
+    check_tensors,
+    config_json,
+    parse_pbtxt,
+    parse_toml,
+)
+from model_runtime.server.triton.layout import plan_model
+
+pytestmark = pytest.mark.timeout(10)
+
+FULL = """
+name: "m"
+max_batch_size: 8
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ -1 ] } ]
+dynamic_batching {
+  max_queue_delay_microseconds: 250
+  preferred_batch_size: [ 4 ]
+  priority_levels: 3
+  default_priority_level: 2
+  default_queue_policy { max_queue_size: 16 default_timeout_microseconds: 20000 }
+}
+instance_group [ { count: 2 kind: KIND_CPU }, { kind: KIND_AUTO } ]
+version_policy: { specific { versions: [ 1, 3 ] } }
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "config.pbtxt") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_a_full_config_maps_onto_the_runner(tmp_path: Path) -> None:
+    s = parse_pbtxt(write(tmp_path, FULL), "m")
+    assert (s.max_batch_size, s.batch_size) == (8, 4)  # the preferred size is the batch run
+    assert s.replicas == 3  # groups add up; a group's count defaults to 1
+    assert s.timeout == pytest.approx(250e-6)
+    assert (s.priority_levels, s.default_priority_level) == (3, 2)
+    assert s.request_timeout == pytest.approx(0.02)
+    assert s.version_policy.select([1, 2, 3, 4]) == [3, 1]
+    base = ModelRunnerConfig(timeout=0.002, latency_budget=1.0, replication_factor=1)
+    runner = s.runner_config(base)
+    assert (runner.replication_factor, runner.timeout) == (3, pytest.approx(250e-6))
+    assert (runner.max_queue_size, runner.latency_budget) == (16, None)  # the policy wins
+    # the request's own timeout, else the model's, within the server's limit
+    assert s.deadline(60.0, None) == pytest.approx(0.02)
+    assert s.deadline(60.0, 5.0) == 5.0
+    assert s.deadline(1.0, 5.0) == 1.0
+
+
+def test_without_settings_the_server_defaults_stay(tmp_path: Path) -> None:
+    s = parse_pbtxt(write(tmp_path, ""), "m")
+    base = ModelRunnerConfig(timeout=0.002, latency_budget=1.0, replication_factor=2)
+    assert s.runner_config(base) == base
+    assert s.version_policy.select([1, 2, 3]) == [3]  # Triton's default: the latest one
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("sequence_batching { }", "sequence_batching"),
+        ("max_batch_size: 2 bogus: 1", "bogus"),
+        ("instance_group [ { kind: KIND_GPU } ]", "instance_group[0].kind"),
+        ("instance_group [ { gpus: [0] } ]", "instance_group[0].gpus"),
+        ("max_batch_size: 0 dynamic_batching { }", "max_batch_size"),
+        ("max_batch_size: 2 platform: 'tensorrt_plan'", "platform"),
+        ("max_batch_size: 4 dynamic_batching { preferred_batch_size: [2, 4] }", "preferred"),
+        (
+            "max_batch_size: 4 dynamic_batching { priority_queue_policy { key: 1 value {} } }",
+            "priority_queue_policy",
+        ),
+        (
+            "max_batch_size: 2 dynamic_batching { default_queue_policy { timeout_action: DELAY } }",
+            "timeout_action",
+        ),
+        ("max_batch_size: 2 parameters { key: 'k' value { string_value: 'v' } }", "parameters"),
+        ('name: "other"', "name"),
+    ],
+)
+def test_an_unknown_or_unsupported_field_is_an_error_naming_file_and_field(
+    tmp_path: Path, text: str, field: str
+) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigurationError) as info:
+        parse_pbtxt(path, "m")
+    assert str(path) in str(info.value)
+    assert field in str(info.value)
+
+
+def test_the_toml_carries_the_same_fields(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "max_batch_size = 4\n[dynamic_batching]\nmax_queue_delay_microseconds = 900\n"
+        "[[instance_group]]\ncount = 2\nkind = 'KIND_CPU'\n",
+        "m.toml",
+    )
+    s = parse_toml(path)
+    assert (s.batch_size, s.replicas, s.timeout) == (4, 2, pytest.approx(900e-6))
+    bad = write(tmp_path, "max_batch_size = 4\nsequence_batching = {}\n", "bad.toml")
+    with pytest.raises(ConfigurationError, match="sequence_batching"):
+        parse_toml(bad)
+
+
+def test_tensors_are_checked_against_the_model(tmp_path: Path) -> None:
+    s = parse_pbtxt(write(tmp_path, FULL), "m")
+    x, y = TensorSpec("x", "FP32", (-1, 4)), TensorSpec("y", "FP32", (-1, 4))
+    check_tensors(s, [x], [y])
+    with pytest.raises(ConfigurationError, match=r"input\[0\].dims"):
+        check_tensors(s, [TensorSpec("x", "FP32", (-1, 5))], [y])
+    with pytest.raises(ConfigurationError, match=r"input\[0\].data_type"):
+        check_tensors(s, [TensorSpec("x", "INT64", (-1, 4))], [y])
+    with pytest.raises(ConfigurationError, match=r"output\[0\].name"):
+        check_tensors(s, [x], [TensorSpec("z", "FP32", (-1, 4))])
+
+
+def test_the_served_config_has_tritons_json_shape(tmp_path: Path) -> None:
+    s = parse_pbtxt(write(tmp_path, FULL), "m")
+    runner = s.runner_config(ModelRunnerConfig(timeout=0.002))
+    x, y = TensorSpec("x", "FP32", (-1, 4)), TensorSpec("y", "FP32", (-1, 4))
+    doc = config_json(build_config("m", s, runner, 4, [x], [y]))
+    assert doc["name"] == "m"
+    assert (doc["platform"], doc["backend"], doc["max_batch_size"]) == (
+        "onnxruntime_onnx",
+        "onnxruntime",
+        8,
+    )
+    assert doc["input"] == [
+        {
+            "name": "x",
+            "data_type": "TYPE_FP32",
+            "format": "FORMAT_NONE",
+            "dims": [4],
+            "optional": False,
+        }
+    ]
+    assert doc["output"][0]["dims"] == [4]  # from the model, not the config's -1
+    db = doc["dynamic_batching"]
+    # 64-bit fields are JSON numbers, as Triton writes them (protobuf would write strings)
+    assert db["max_queue_delay_microseconds"] == 250
+    assert db["default_queue_policy"]["default_timeout_microseconds"] == 20000
+    assert db["preferred_batch_size"] == [4]
+    assert doc["instance_group"] == [{"name": "m", "kind": "KIND_CPU", "count": 3, "gpus": []}]
+    assert doc["version_policy"] == {"specific": {"versions": [1, 3]}}
+
+
+def test_a_triton_directory_serves_the_versions_its_policy_picks(tmp_path: Path) -> None:
+    model = tmp_path / "m"
+    for v, name in [(1, "model.onnx"), (2, "model.mrx"), (3, "model.onnx")]:
+        (model / str(v)).mkdir(parents=True)
+        (model / str(v) / name).write_bytes(b"")
+    (model / "config.pbtxt").write_text("version_policy { latest { num_versions: 2 } }")
+    plan = plan_model("m", model)
+    assert plan.files == {"3": model / "3" / "model.onnx", "2": model / "2" / "model.mrx"}
+    (model / "config.pbtxt").write_text("version_policy { specific { versions: [7] } }")
+    with pytest.raises(ConfigurationError, match="no version to serve"):
+        plan_model("m", model)
+
+
+def test_our_messages_and_tritonclients_live_in_one_process() -> None:
+    grpc = pytest.importorskip("tritonclient.grpc.model_config_pb2")
+    ours = pb.ModelConfig(name="m", max_batch_size=4)
+    ours.dynamic_batching.max_queue_delay_microseconds = 100
+    theirs = grpc.ModelConfig.FromString(ours.SerializeToString())  # the same wire format
+    assert (theirs.name, theirs.max_batch_size) == ("m", 4)
+    assert theirs.dynamic_batching.max_queue_delay_microseconds == 100
