@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint typecheck pytest serve bench clean
+.PHONY: install test lint typecheck pytest serve bench clean protos
 
 install: $(STAMP)
 
@@ -29,8 +29,50 @@ test: lint typecheck pytest
 serve: $(STAMP)
 	$(BIN)/model-runtime serve $(SERVE_ARGS)
 
+# Regenerate the protobuf/gRPC code of model_runtime/server/triton/*.proto (needs grpcio-tools,
+# not installed by `make install`: pip install grpcio-tools); commit what changes.
+protos: $(STAMP)
+	PYTHON=$(abspath $(BIN))/python model_runtime/server/triton/generate.sh
+
+# Benchmarks (DESIGN §13, issue 13): `make bench` runs them all in one run, then writes
+# benchmarks/RESULTS.md and the README's bench block (benchmarks/report.py). A benchmark that
+# fails is reported missing (or stale) and the others still count. The HTTP peers (MLServer,
+# KServe's server) get venvs of their own under .venv-peers/ (they pin fastapi, pydantic,
+# protobuf, uvicorn), with our onnxruntime version; where one cannot be made (no network) the
+# HTTP benchmark skips it and says so. BENCH_SECONDS/HTTP_SECONDS: seconds per point.
+BENCH_SECONDS ?= 3
+HTTP_SECONDS ?= 4
+PEERS := .venv-peers
+.PHONY: peers
+
+peers: $(PEERS)/mlserver/.installed $(PEERS)/kserve/.installed
+
+$(PEERS)/%/.installed: benchmarks/peers/%.txt | $(STAMP)
+	@rm -rf $(PEERS)/$*
+	@echo "making $(PEERS)/$* (log: $(PEERS)/$*.log)"
+	@mkdir -p $(PEERS)
+	@( $(PYTHON) -m venv $(PEERS)/$* \
+	  && $(PEERS)/$*/bin/python -m pip install --quiet --retries 2 --timeout 15 --upgrade pip \
+	  && $(PEERS)/$*/bin/python -m pip install --quiet --retries 2 --timeout 15 -r $< \
+	     "onnxruntime==$$($(BIN)/python -c 'import onnxruntime; print(onnxruntime.__version__)')" \
+	) > $(PEERS)/$*.log 2>&1 \
+	|| { tail -5 $(PEERS)/$*.log; rm -rf $(PEERS)/$*; echo "could not make $(PEERS)/$*"; exit 1; }
+	@touch $@
+
 bench: $(STAMP)
-	$(BIN)/python benchmarks/runner_throughput.py
+	-$(MAKE) --no-print-directory -k peers
+	@mkdir -p benchmarks/results && date +%s > benchmarks/results/.bench-started
+	-$(BIN)/python benchmarks/runner_throughput.py --seconds $(BENCH_SECONDS)
+	-$(BIN)/python benchmarks/compiled_vs_source.py
+	-$(BIN)/python benchmarks/http_throughput.py --seconds $(HTTP_SECONDS)
+	$(BIN)/python benchmarks/report.py --since-file benchmarks/results/.bench-started --readme README.md
+
+# Overload (issue 19): the daemon at 3x its measured capacity, then 0.5x; 3,000 idle
+# connections. Writes benchmarks/results/overload.{json,md}. OVERLOAD_SECONDS shortens it.
+OVERLOAD_SECONDS ?= 30
+.PHONY: bench-overload
+bench-overload: $(STAMP)
+	$(BIN)/python benchmarks/overload.py --seconds $(OVERLOAD_SECONDS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -18,6 +18,11 @@ cores. bare and runtime get the same load: C concurrent callers each sending sin
 requests back to back for ``--seconds``. Prints a table (ratios runtime/bare and runtime/raw)
 and writes JSON.
 
+Then, per model, a lone caller (issue 13's latency target): plain onnxruntime on the SOURCE
+model at batch 1 (the backend's session options, 1 thread; the floor), against the runtime with
+the DEFAULT ``ModelRunnerConfig`` (only ``batching_dim=0``) on one cpu device of one thread,
+one caller sending requests back to back (p50/p99; at least 3 requests, at most ~30 s).
+
     .venv/bin/python benchmarks/runner_throughput.py [--seconds 3] [--callers 1 16 256]
 """
 
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import itertools
 import json
 import os
@@ -39,6 +45,7 @@ from typing import Any
 
 import anyio
 import numpy as np
+import onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -46,10 +53,11 @@ from actors.device.backends import make_backend
 from actors.device.inventory import DeviceSpec
 from actors.device.manager import DeviceManager
 from benchmarks.bare_batcher import BareBatcher
+from benchmarks.peers.ort_session import make_session
 from model_runtime.compiler import CompileOptions, compile_model
 from model_runtime.executable import Executable
 from model_runtime.runner import ModelRunner, ModelRunnerConfig
-from tests.models import light_model, make_mlp
+from tests.models import light_model, make_mlp, save
 
 RESULTS = Path(__file__).parent / "results" / "runner_throughput.json"
 
@@ -178,18 +186,62 @@ async def bare(
             await b.__aexit__(None, None, None)
 
 
-def compile_models(cache: Path) -> list[tuple[str, Path]]:
-    mlp = compile_model(
-        make_mlp(sizes=(784, 512, 512, 10)),
-        cache / "mlp.mrx",
-        CompileOptions(batch_size=32, model_name="mlp-784-512-512-10"),
-    )
-    conv = compile_model(
-        light_model("squeezenet"),
-        cache / "squeezenet.mrx",
-        CompileOptions(batch_size=8, model_name="squeezenet"),
-    )
-    return [("mlp 784-512-512-10 B=32", mlp), ("squeezenet (light) B=8", conv)]
+def compile_models(cache: Path) -> list[tuple[str, Path, Path]]:
+    """(name, compiled executable, source ONNX file) of each benchmark model."""
+    sources: list[tuple[str, onnx.ModelProto, int, str]] = [
+        ("mlp 784-512-512-10 B=32", make_mlp(sizes=(784, 512, 512, 10)), 32, "mlp-784-512-512-10"),
+        ("squeezenet (light) B=8", light_model("squeezenet"), 8, "squeezenet"),
+    ]
+    out = []
+    for name, model, batch, short in sources:
+        source = save(model, cache / f"{short}.onnx")
+        exe = compile_model(
+            model, cache / f"{short}.mrx", CompileOptions(batch_size=batch, model_name=short)
+        )
+        out.append((name, exe, source))
+    return out
+
+
+def raw_batch1(source: Path, one: Row, seconds: float, threads: int = 1) -> dict[str, float]:
+    """Latency of plain onnxruntime running the source model on one sample, back to back (the
+    backend's session options; ``seconds``, at most 1 s)."""
+    session = make_session(str(source), threads)
+    names = [i.name for i in session.get_inputs()]
+    feed = dict(zip(names, one.values(), strict=True))  # the executable keeps the input order
+    for _ in range(20):
+        session.run(None, feed)
+    runs: list[float] = []
+    stop = time.perf_counter() + min(seconds, 1.0)
+    while time.perf_counter() < stop or len(runs) < 100:
+        t = time.perf_counter()
+        session.run(None, feed)
+        runs.append(time.perf_counter() - t)
+    return {"p50_us": statistics.median(runs) * 1e6, "runs": len(runs)}
+
+
+async def lone_caller(path: Path, one: Row, seconds: float, cap: float = 30.0) -> dict[str, float]:
+    """One caller, requests back to back, the runtime with the default config on cpu 1x1."""
+    manager = DeviceManager(inventory=[DeviceSpec(id=0, kind="cpu", threads=1)])
+    config = ModelRunnerConfig(batching_dim=0)
+    latencies: list[float] = []
+    async with ModelRunner(path, config, device_manager=manager) as runner:
+        t0 = time.perf_counter()
+        await runner.execute(one)
+        while time.perf_counter() - t0 < min(seconds, 1.0):  # warm-up
+            await runner.execute(one)
+        t0 = time.perf_counter()
+        while (time.perf_counter() - t0 < seconds or len(latencies) < 3) and (
+            time.perf_counter() - t0 < cap
+        ):
+            t = time.perf_counter()
+            await runner.execute(one)
+            latencies.append(time.perf_counter() - t)
+    return {
+        "p50_us": statistics.median(latencies) * 1e6,
+        "p99_us": float(np.percentile(latencies, 99)) * 1e6,
+        "requests": len(latencies),
+        "default_timeout_ms": config.timeout * 1e3,
+    }
 
 
 def parse_config(text: str) -> tuple[int, int]:
@@ -241,7 +293,8 @@ def main() -> None:
     )
     print(HEADER, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        for name, path in compile_models(Path(tmp)):
+        models = compile_models(Path(tmp))
+        for name, path, _ in models:
             exe = Executable.load(path)
             rng = np.random.default_rng(1)
             one = {
@@ -304,8 +357,38 @@ def main() -> None:
                         f"{r['bare_p50_us']:>10.0f} {r['bare_p99_us']:>10.0f}",
                         flush=True,
                     )
+        lone: list[dict[str, Any]] = []
+        print(
+            f"\nlone caller: {'model':26} {'raw b1 p50us':>12} {'rt p50us':>9} {'rt p99us':>9} "
+            f"{'rt - raw us':>11}"
+        )
+        for name, path, source in models:
+            exe = Executable.load(path)
+            rng = np.random.default_rng(1)
+            one = {
+                a.name: rng.standard_normal((1, *a.shape[1:])).astype(a.dtype)
+                for a in exe.metadata.user_inputs
+            }
+            floor = raw_batch1(source, one, args.seconds)
+            rt = anyio.run(lone_caller, path, one, args.seconds, backend_options=options)
+            lone.append(
+                {
+                    "model": name,
+                    "raw_batch1_p50_us": floor["p50_us"],
+                    "runtime_default_p50_us": rt["p50_us"],
+                    "runtime_default_p99_us": rt["p99_us"],
+                    "runtime_default_requests": rt["requests"],
+                    "runtime_default_timeout_ms": rt["default_timeout_ms"],
+                }
+            )
+            print(
+                f"lone caller: {name:26} {floor['p50_us']:>12.0f} {rt['p50_us']:>9.0f} "
+                f"{rt['p99_us']:>9.0f} {rt['p50_us'] - floor['p50_us']:>11.0f}",
+                flush=True,
+            )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     doc = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "cores": cores,
         "loop": loop,
         "seconds": args.seconds,
@@ -313,6 +396,7 @@ def main() -> None:
         "runtime_timeout_ms": args.timeout_ms,
         "bare_split": args.bare_split,
         "rows": rows,
+        "lone": lone,
     }
     RESULTS.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote {RESULTS}")

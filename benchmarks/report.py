@@ -1,0 +1,422 @@
+"""Write ``benchmarks/RESULTS.md`` from the JSON results of one ``make bench`` run.
+
+Reads ``benchmarks/results/{runner_throughput,compiled_vs_source,http_throughput}.json`` (and
+includes ``benchmarks/results/overload.md`` when present), adds the machine (cores, CPU model,
+RAM), the versions and the date, the tables, and issue 13's "done when" targets with a PASS/FAIL
+column (``n/a`` where the figure is missing). A result file older than ``--since-file``'s
+timestamp came from an earlier run (its benchmark failed this time): it is reported, marked
+stale. With ``--readme``, the headline ratios replace the block between the README's
+``<!-- bench:begin -->`` and ``<!-- bench:end -->`` markers, so the README quotes this run.
+
+    .venv/bin/python benchmarks/report.py [--since-file benchmarks/results/.bench-started]
+        [--readme README.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+RESULTS_DIR = HERE / "results"
+OUT = HERE / "RESULTS.md"
+SOURCES = ("runner_throughput", "compiled_vs_source", "http_throughput")
+README_BEGIN, README_END = "<!-- bench:begin -->", "<!-- bench:end -->"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One "done when" target of issue 13: the measured value against the goal."""
+
+    what: str
+    value: float | None
+    goal: str
+    ok: bool | None  # None: not measured in this run
+    digits: int = 2
+
+    @property
+    def verdict(self) -> str:
+        return "n/a" if self.ok is None else ("PASS" if self.ok else "FAIL")
+
+
+def load(results: Path, since: float | None) -> tuple[dict[str, Any], list[str]]:
+    """The results documents by name, and notes on missing or stale ones."""
+    docs: dict[str, Any] = {}
+    notes: list[str] = []
+    for name in SOURCES:
+        path = results / f"{name}.json"
+        if not path.exists():
+            notes.append(f"`{name}`: no results (the benchmark did not run or failed)")
+            continue
+        try:
+            docs[name] = json.loads(path.read_text())
+        except ValueError as exc:
+            notes.append(f"`{name}`: unreadable results ({exc})")
+            continue
+        if since is not None and path.stat().st_mtime < since:
+            stamp = datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.UTC)
+            notes.append(
+                f"`{name}`: STALE, from an earlier run ({stamp:%Y-%m-%d %H:%M} UTC): "
+                "the benchmark failed in this one"
+            )
+    return docs, notes
+
+
+def _row(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
+    for r in rows:
+        if all(
+            (str(r.get(k, "")).startswith(v) if k == "model" else r.get(k) == v)
+            for k, v in match.items()
+        ):
+            return r
+    return None
+
+
+def _target(
+    what: str, value: float | None, goal: str, test: Callable[[float], bool], digits: int = 2
+) -> Target:
+    return Target(what, value, goal, None if value is None else test(value), digits)
+
+
+def targets(docs: dict[str, Any]) -> list[Target]:
+    """Issue 13's "done when" targets, from whatever this run measured."""
+    rt = docs.get("runner_throughput", {})
+    rows, lone = rt.get("rows", []), rt.get("lone", [])
+    out: list[Target] = []
+    for cfg, goal in (("1x1", 0.9), ("1x2", 0.85), ("2x1", 0.85)):
+        r = _row(rows, model="mlp", config=cfg, callers=256)
+        out.append(
+            _target(
+                f"runtime / bare batcher, MLP {cfg}, 256 callers",
+                r and r["runtime_over_bare"],
+                f">= {goal}",
+                lambda v, g=goal: v >= g,
+            )
+        )
+    cvs = docs.get("compiled_vs_source", {})
+    c = _row(cvs.get("rows", []), layout="weights as constants")
+    out.append(
+        _target(
+            f"compiled / source time, {cvs.get('model')} batch {cvs.get('batch')}",
+            c and c["ratio"],
+            "<= 1.05",
+            lambda v: v <= 1.05,
+        )
+    )
+    solo = _row(lone, model="mlp")
+    budget = solo and solo["raw_batch1_p50_us"] + 150
+    out.append(
+        _target(
+            "one caller p50 (µs), MLP, default config",
+            solo and solo["runtime_default_p50_us"],
+            f"<= raw batch-1 + 150 = {budget:.0f}" if budget else "<= raw batch-1 + 150",
+            lambda v: budget is not None and v <= budget,
+            digits=0,
+        )
+    )
+    http = docs.get("http_throughput", {}).get("rows", [])
+    for peer, clients, goal in (("kserve", 1, 1.5), ("mlserver", 64, 3.0)):
+        d = _row(http, server="daemon", mode="json", clients=clients)
+        p = _row(http, server=peer, mode="json", clients=clients)
+        ratio = d["req_per_s"] / p["req_per_s"] if d and p and p["req_per_s"] else None
+        out.append(
+            _target(
+                f"HTTP JSON daemon / {peer}, {clients} client{'s' * (clients > 1)}",
+                ratio,
+                f">= {goal}",
+                lambda v, g=goal: v >= g,
+            )
+        )
+    one = _row(rows, model="squeezenet", config="1x1", callers=256)
+    two = _row(rows, model="squeezenet", config="2x1", callers=256)
+    out.append(
+        _target(
+            "squeezenet, 2 replicas / 1 replica (runtime, 256 callers)",
+            one and two and two["runtime_samples_per_s"] / one["runtime_samples_per_s"],
+            ">= 1.8",
+            lambda v: v >= 1.8,
+        )
+    )
+    return out
+
+
+def machine() -> dict[str, str]:
+    """Cores, CPU model and RAM of this machine (Linux /proc; best effort elsewhere)."""
+    cpu = platform.processor() or platform.machine()
+    ram = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                ram = f"{int(line.split()[1]) / 2**20:.1f} GiB"
+                break
+    except OSError:
+        pass
+    return {
+        "cores (nproc)": str(len(os.sched_getaffinity(0))),
+        "CPU": cpu,
+        "RAM": ram,
+        "OS": f"{platform.system()} {platform.release()}",
+    }
+
+
+def versions(docs: dict[str, Any]) -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for package in ("onnxruntime", "numpy", "aiohttp", "model-runtime"):
+        try:
+            out[package] = version(package)
+        except PackageNotFoundError:
+            out[package] = "not installed"
+    servers = docs.get("http_throughput", {}).get("servers", {})
+    for peer in ("mlserver", "kserve"):
+        out[peer] = servers.get(peer, {}).get("version", "not measured")
+    return out
+
+
+def _fmt(v: float | None, digits: int = 2) -> str:
+    return "" if v is None else f"{v:.{digits}f}"
+
+
+def _minus(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    cells = [["" if c is None else str(c) for c in r] for r in rows]
+    return lines + ["| " + " | ".join(r) + " |" for r in cells]
+
+
+def headline(docs: dict[str, Any], goals: list[Target]) -> list[str]:
+    """The few lines the README quotes."""
+    by = {t.what: t for t in goals}
+    lines = []
+    ratios = [
+        f"{t.what.split(',')[1].split()[-1]} {_fmt(t.value)}"
+        for w, t in by.items()
+        if w.startswith("runtime / bare") and t.value is not None
+    ]
+    if ratios:
+        lines.append(f"- runtime / bare batcher (MLP, 256 callers): {', '.join(ratios)}")
+    http = docs.get("http_throughput", {}).get("rows", [])
+    for peer in ("mlserver", "kserve"):
+        parts = []
+        for mode in ("json", "binary"):
+            clients, ratios = [], []
+            for c in sorted({r["clients"] for r in http if r.get("mode") == mode}):
+                d = _row(http, server="daemon", mode=mode, clients=c)
+                p = _row(http, server=peer, mode=mode, clients=c)
+                if d and p and p["req_per_s"]:
+                    clients.append(str(c))
+                    ratios.append(f"{d['req_per_s'] / p['req_per_s']:.2f}x")
+            if ratios:
+                parts.append(f"{mode} at {'/'.join(clients)} clients {' / '.join(ratios)}")
+        if parts:
+            lines.append(f"- HTTP daemon / {peer} (req/s): {'; '.join(parts)}")
+    passed = sum(t.ok is True for t in goals)
+    lines.append(
+        f"- issue 13 targets: {passed} of {len(goals)} PASS "
+        f"({sum(t.ok is None for t in goals)} not measured)"
+    )
+    return lines
+
+
+def render(
+    docs: dict[str, Any],
+    notes: list[str],
+    host: dict[str, str],
+    vers: dict[str, str],
+    overload: str | None,
+    now: datetime.datetime,
+) -> str:
+    """RESULTS.md."""
+    goals = targets(docs)
+    out = [
+        "# Benchmark results",
+        "",
+        "Generated by `make bench` (`benchmarks/report.py`); do not edit by hand. "
+        f"Date: {now:%Y-%m-%d %H:%M} UTC.",
+        "",
+        "Machine: " + "; ".join(f"{k} {v}" for k, v in host.items()) + ".",
+        "",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in vers.items()) + ".",
+        "",
+    ]
+    if notes:
+        out += ["**Missing or stale:**", ""] + [f"- {n}" for n in notes] + [""]
+    out += ["## Headline", "", *headline(docs, goals), ""]
+    out += ["## Issue 13 targets", ""]
+    out += _table(
+        ["target", "measured", "goal", "result"],
+        [[t.what, _fmt(t.value, t.digits), t.goal, t.verdict] for t in goals],
+    )
+    out += [""]
+
+    rt = docs.get("runner_throughput")
+    if rt:
+        out += [
+            "## In process: raw onnxruntime, the bare batcher, the runtime",
+            "",
+            f"`benchmarks/runner_throughput.py`: {rt.get('seconds')} s per point, loop "
+            f"{rt.get('loop')}, bare batcher flush {rt.get('bare_flush_ms')} ms, runtime timeout "
+            f"{rt.get('runtime_timeout_ms')} ms; C single-sample callers; raw = full batches "
+            "back to back (the compute ceiling). Config REPLICASxTHREADS.",
+            "",
+        ]
+        out += _table(
+            ["model", "cfg", "C", "raw/s", "bare/s", "runtime/s", "rt/bare", "rt/raw",
+             "rt p50 µs", "rt p99 µs", "bare p50 µs", "bare p99 µs"],
+            [
+                [r.get("model"), r.get("config"), r.get("callers"),
+                 _fmt(r.get("raw_samples_per_s"), 0), _fmt(r.get("bare_samples_per_s"), 0),
+                 _fmt(r.get("runtime_samples_per_s"), 0), _fmt(r.get("runtime_over_bare")),
+                 _fmt(r.get("runtime_over_raw")), _fmt(r.get("runtime_p50_us"), 0),
+                 _fmt(r.get("runtime_p99_us"), 0), _fmt(r.get("bare_p50_us"), 0),
+                 _fmt(r.get("bare_p99_us"), 0)]
+                for r in rt.get("rows", [])
+            ],
+        )  # fmt: skip
+        if rt.get("lone"):
+            out += [
+                "",
+                "One caller, the runtime's DEFAULT config (cpu 1x1) vs plain onnxruntime on the "
+                "source model at batch 1:",
+                "",
+            ]
+            out += _table(
+                ["model", "raw batch-1 p50 µs", "runtime p50 µs", "runtime p99 µs",
+                 "runtime - raw µs", "requests", "default timeout ms"],
+                [
+                    [r.get("model"), _fmt(r.get("raw_batch1_p50_us"), 0),
+                     _fmt(r.get("runtime_default_p50_us"), 0),
+                     _fmt(r.get("runtime_default_p99_us"), 0),
+                     _fmt(_minus(r.get("runtime_default_p50_us"), r.get("raw_batch1_p50_us")), 0),
+                     r.get("runtime_default_requests"),
+                     _fmt(r.get("runtime_default_timeout_ms"), 3)]
+                    for r in rt["lone"]
+                ],
+            )  # fmt: skip
+        out += [""]
+
+    cvs = docs.get("compiled_vs_source")
+    if cvs:
+        out += [
+            "## Compiled program vs its source model",
+            "",
+            f"`benchmarks/compiled_vs_source.py`: {cvs.get('model')} batch {cvs.get('batch')}, "
+            f"{cvs.get('threads')} thread(s), {cvs.get('rounds')} rounds x {cvs.get('runs')} "
+            "interleaved runs, median ratio.",
+            "",
+        ]
+        out += _table(
+            ["compiled layout", "compiled ms", "source ms", "compiled/source"],
+            [
+                [
+                    r.get("layout"),
+                    _fmt(r.get("compiled_ms")),
+                    _fmt(r.get("source_ms")),
+                    _fmt(r.get("ratio"), 3),
+                ]
+                for r in cvs.get("rows", [])
+            ],
+        )
+        out += [""]
+
+    http = docs.get("http_throughput")
+    if http:
+        out += [
+            "## HTTP: the daemon vs MLServer vs KServe's Python server",
+            "",
+            f"`benchmarks/http_throughput.py`: {http.get('model')}; single-sample v2 requests "
+            f"from one load generator ({http.get('client_processes')} process), C keep-alive "
+            f"clients, {http.get('seconds')} s per point; every answer checked against "
+            "onnxruntime (errors = wrong or failed answers).",
+            "",
+        ]
+        for name, s in http.get("servers", {}).items():
+            out.append(f"- {name} {s.get('version')}: {s.get('setup')}")
+        for s in http.get("skipped", []):
+            out.append(f"- {s['server']} {s['mode']}: not measured: {s['why'].splitlines()[0]}")
+        out += [""]
+        daemon = {
+            (r.get("mode"), r.get("clients")): r.get("req_per_s")
+            for r in http.get("rows", [])
+            if r.get("server") == "daemon"
+        }
+        table = []
+        for r in http.get("rows", []):
+            d = daemon.get((r.get("mode"), r.get("clients")))
+            rps = r.get("req_per_s")
+            ratio = d / rps if d and rps and r.get("server") != "daemon" else None
+            table.append(
+                [r.get("server"), r.get("mode"), r.get("clients"), _fmt(rps, 0),
+                 _fmt(r.get("p50_ms")), _fmt(r.get("p99_ms")), r.get("errors"), _fmt(ratio)]
+            )  # fmt: skip
+        out += _table(
+            ["server", "mode", "clients", "req/s", "p50 ms", "p99 ms", "errors", "daemon/this"],
+            table,
+        )
+        out += [""]
+
+    if overload:
+        out += ["## Overload", "", overload.strip(), ""]
+    return "\n".join(out) + "\n"
+
+
+def update_readme(text: str, lines: list[str], source: str = "benchmarks/RESULTS.md") -> str:
+    """``text`` with the block between the bench markers replaced (unchanged if none)."""
+    pattern = re.compile(re.escape(README_BEGIN) + r".*?" + re.escape(README_END), re.S)
+    if not pattern.search(text):
+        return text
+    block = "\n".join(
+        [README_BEGIN, f"From the last `make bench` ([{source}]({source})):", "", *lines]
+    )
+    return pattern.sub(lambda _: block + "\n" + README_END, text, count=1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--since-file", type=Path, help="a file holding the run's start (epoch s)")
+    parser.add_argument("--readme", type=Path, help="update the README's bench block")
+    args = parser.parse_args()
+    since = None
+    if args.since_file and args.since_file.exists():
+        since = float(args.since_file.read_text().strip() or 0)
+    docs, notes = load(args.results, since)
+    overload_md = args.results / "overload.md"
+    overload = overload_md.read_text() if overload_md.exists() else None
+    now = datetime.datetime.now(datetime.UTC)
+    text = render(docs, notes, machine(), versions(docs), overload, now)
+    args.out.write_text(text)
+    goals = targets(docs)
+    width = max(len(t.what) for t in goals)
+    print(f"{'issue 13 target':<{width}}  {'measured':>9}  {'goal':<30} result")
+    for t in goals:
+        print(f"{t.what:<{width}}  {_fmt(t.value, t.digits):>9}  {t.goal:<30} {t.verdict}")
+    for n in notes:
+        print(f"note: {n}")
+    print(f"wrote {args.out}")
+    if args.readme:
+        old = args.readme.read_text()
+        new = update_readme(old, headline(docs, goals))
+        if new != old:
+            args.readme.write_text(new)
+            print(f"updated the bench block of {args.readme}")
+
+
+if __name__ == "__main__":
+    main()

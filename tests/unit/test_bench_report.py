@@ -1,0 +1,146 @@
+"""benchmarks/report.py: issue 13's targets judged from the JSON results, stale and missing
+results said, the README's bench block rewritten and nothing else; and the HTTP benchmark's
+answer check (a wrong answer must be seen)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from benchmarks import report
+from benchmarks.http_throughput import OUTPUT, decode_output
+
+
+def _docs(*, rt_over_bare: float = 0.95, http: bool = True) -> dict[str, Any]:
+    rows = [
+        {
+            "model": "mlp 784-512-512-10 B=32",
+            "config": cfg,
+            "callers": 256,
+            "runtime_over_bare": rt_over_bare,
+            "runtime_samples_per_s": 1.0,
+        }
+        for cfg in ("1x1", "1x2", "2x1")
+    ] + [
+        {"model": "squeezenet (light) B=8", "config": "1x1", "callers": 256,
+         "runtime_samples_per_s": 100.0, "runtime_over_bare": 1.0},
+        {"model": "squeezenet (light) B=8", "config": "2x1", "callers": 256,
+         "runtime_samples_per_s": 190.0, "runtime_over_bare": 1.0},
+    ]  # fmt: skip
+    docs: dict[str, Any] = {
+        "runner_throughput": {
+            "rows": rows,
+            "lone": [
+                {
+                    "model": "mlp 784-512-512-10 B=32",
+                    "raw_batch1_p50_us": 80.0,
+                    "runtime_default_p50_us": 300.0,
+                    "runtime_default_p99_us": 400.0,
+                    "runtime_default_requests": 10,
+                    "runtime_default_timeout_ms": 2.0,
+                }
+            ],
+        },
+        "compiled_vs_source": {
+            "model": "squeezenet",
+            "batch": 4,
+            "rows": [{"layout": "weights as constants", "ratio": 1.04}],
+        },
+    }
+    if http:
+        docs["http_throughput"] = {
+            "servers": {"kserve": {"version": "0.21.0"}},
+            "rows": [
+                {"server": s, "mode": "json", "clients": c, "req_per_s": rps}
+                for s, c, rps in (
+                    ("daemon", 1, 1000.0),
+                    ("kserve", 1, 500.0),
+                    ("daemon", 64, 3000.0),
+                    ("mlserver", 64, 1200.0),
+                )
+            ],
+        }
+    return docs
+
+
+def _verdicts(docs: dict[str, Any]) -> dict[str, str]:
+    return {t.what: t.verdict for t in report.targets(docs)}
+
+
+def test_targets_pass_and_fail_against_issue_13_goals() -> None:
+    verdicts = _verdicts(_docs())
+    assert verdicts == {
+        "runtime / bare batcher, MLP 1x1, 256 callers": "PASS",
+        "runtime / bare batcher, MLP 1x2, 256 callers": "PASS",
+        "runtime / bare batcher, MLP 2x1, 256 callers": "PASS",
+        "compiled / source time, squeezenet batch 4": "PASS",
+        "one caller p50 (µs), MLP, default config": "FAIL",  # 300 > 80 + 150
+        "HTTP JSON daemon / kserve, 1 client": "PASS",  # 2.0 >= 1.5
+        "HTTP JSON daemon / mlserver, 64 clients": "FAIL",  # 2.5 < 3
+        "squeezenet, 2 replicas / 1 replica (runtime, 256 callers)": "PASS",  # 1.9
+    }
+    low = _verdicts(_docs(rt_over_bare=0.87))
+    assert low["runtime / bare batcher, MLP 1x1, 256 callers"] == "FAIL"
+    assert low["runtime / bare batcher, MLP 2x1, 256 callers"] == "PASS"
+
+
+def test_a_peer_not_measured_is_na_not_pass() -> None:
+    verdicts = _verdicts(_docs(http=False))
+    assert verdicts["HTTP JSON daemon / kserve, 1 client"] == "n/a"
+    assert verdicts["HTTP JSON daemon / mlserver, 64 clients"] == "n/a"
+    assert _verdicts({})["runtime / bare batcher, MLP 1x1, 256 callers"] == "n/a"
+
+
+def test_missing_and_stale_results_are_said(tmp_path: Path) -> None:
+    docs = _docs()
+    for name in ("runner_throughput", "compiled_vs_source"):
+        (tmp_path / f"{name}.json").write_text(json.dumps(docs[name]))
+    old = tmp_path / "compiled_vs_source.json"
+    os.utime(old, (1000.0, 1000.0))
+    loaded, notes = report.load(tmp_path, since=2000.0)
+    assert set(loaded) == {"runner_throughput", "compiled_vs_source"}
+    assert any("http_throughput" in n and "no results" in n for n in notes)
+    assert any("compiled_vs_source" in n and "STALE" in n for n in notes)
+    assert not any("runner_throughput" in n for n in notes)
+    text = report.render(
+        loaded, notes, {"cores (nproc)": "2"}, {"python": "3.11"}, "overload table here",
+        datetime.datetime(2026, 1, 2, tzinfo=datetime.UTC),
+    )  # fmt: skip
+    assert "STALE" in text and "overload table here" in text and "2026-01-02" in text
+    lone = "| one caller p50 (µs), MLP, default config | 300 | <= raw batch-1 + 150 = 230 | FAIL |"
+    assert lone in text
+
+
+def test_readme_block_is_replaced_and_nothing_else() -> None:
+    readme = f"intro\n{report.README_BEGIN}\nold figures\n{report.README_END}\noutro\n"
+    new = report.update_readme(readme, ["- ratio 0.95"])
+    assert new.startswith("intro\n") and new.endswith(f"{report.README_END}\noutro\n")
+    assert "old figures" not in new and "- ratio 0.95" in new
+    assert report.update_readme("no markers\n", ["- x"]) == "no markers\n"
+
+
+def test_http_answer_check_reads_json_and_binary_answers() -> None:
+    y = np.arange(10, dtype=np.float32)
+    as_json = orjson.dumps(
+        {"outputs": [{"name": OUTPUT, "datatype": "FP32", "shape": [1, 10], "data": y.tolist()}]}
+    )
+    assert np.array_equal(decode_output(as_json, None), y)
+    other = np.ones(3, np.float32)
+    head = orjson.dumps(
+        {
+            "outputs": [
+                {"name": "other", "parameters": {"binary_data_size": other.nbytes}},
+                {"name": OUTPUT, "parameters": {"binary_data_size": y.nbytes}},
+            ]
+        }
+    )
+    got = decode_output(head + other.tobytes() + y.tobytes(), str(len(head)))
+    assert np.array_equal(got, y)
+    swapped = head + y.tobytes() + other.tobytes()  # a server that mixed up its outputs
+    assert not np.allclose(decode_output(swapped, str(len(head))), y)
