@@ -14,6 +14,7 @@ handler and the background timer never see each other's half-done work.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import math
 from collections import deque
@@ -103,6 +104,11 @@ class Queue(Actor[QueueMessage]):
         self._flush_mark = 0  # a flush covers the rows enqueued before this mark
         self._last_arrival = self._open_since = self._iter_full_since = 0.0
         self._timer = FlushTimer(self.clock, self._flush_deadline, self._on_timeout)
+        #: Batch-size buckets (DESIGN.md §6): a request is dispatched at once when the device
+        #: is idle, at the smallest bucket that holds what waits, and ``timeout`` bounds the
+        #: wait of a batch's first request. One batch size: the seed's fixed-batch rules.
+        self._eager = len(self.layout.buckets) > 1
+        self._idle_flush_due = False
         self._kick = self._timer.kick
         self._open_streams()
 
@@ -338,6 +344,9 @@ class Queue(Actor[QueueMessage]):
             if len(self._outstanding) < self._max_outstanding:
                 self._pump()
             return
+        if self._eager and not self._outstanding and not self._idle_flush_due:
+            self._flush()  # an idle device: this request runs now, at its bucket
+            return
         b = self.layout.B
         if before == 0:
             self._open_since = now
@@ -430,12 +439,17 @@ class Queue(Actor[QueueMessage]):
             self._emit(batch)
             return True
         index = self._pool.free.pop()
-        padded = got.rows < self.layout.capacity
         inputs = self._pool.buffers[index]
+        size = self.layout.capacity
+        if self._eager and got.rows < size:  # the smallest bucket that holds the rows
+            size = self.layout.bucket(got.rows)
+            if size < self.layout.capacity:
+                inputs = ({name: array[:size] for name, array in inputs[0].items()},)
+        padded = got.rows < size
         batch = Batch(next(self._ids), inputs, segments, got.rows, padded, now, _buffer=index)
         try:
             batch.flush_outputs = self._pool.fill(
-                index, got.per_iteration, got.rows, self.config.flush_callback
+                index, got.per_iteration, got.rows, self.config.flush_callback, size
             )
         except Exception as exc:
             self._pool.free.append(index)
@@ -476,9 +490,24 @@ class Queue(Actor[QueueMessage]):
         return True
 
     def _after_release(self) -> None:
+        if self._eager and not self._outstanding:
+            self._flush_when_idle()
         if self._pending_rows:
             self._pump()
             self._kick()  # a partial batch that timed out while the pool was full is due now
+
+    def _flush_when_idle(self) -> None:
+        """The device went idle: flush what waits once the callers this batch's answers woke
+        have run (their wake-ups were scheduled first), so their next requests ride along in
+        one batch instead of the first going alone."""
+        if not self._idle_flush_due:
+            self._idle_flush_due = True
+            asyncio.get_running_loop().call_soon(self._idle_flush)
+
+    def _idle_flush(self) -> None:
+        self._idle_flush_due = False
+        if self._pending_rows and not self._outstanding and self.is_running:
+            self._flush()
 
     # -- background tasks ----------------------------------------------------------------------
 
@@ -517,7 +546,10 @@ class Queue(Actor[QueueMessage]):
             # Nobody waits for these rows (yet): no flush. (With rows of callers that went
             # away the timer still fires, to forget them.)
             return _INF
-        deadline = self._last_arrival + cfg.timeout if cfg.timeout > 0 else _INF
+        # With buckets the first request's wait is bounded (Triton's max_queue_delay); with
+        # one batch size, the seed's: no data for ``timeout`` since the last arrival.
+        since = self._open_since if self._eager else self._last_arrival
+        deadline = since + cfg.timeout if cfg.timeout > 0 else _INF
         if cfg.is_batch_size_timeout_enabled:
             if cfg.batch_size_timeout is not None:
                 deadline = min(deadline, self._open_since + cfg.batch_size_timeout)

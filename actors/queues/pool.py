@@ -60,7 +60,16 @@ def _spec(anchor: Anchor, batch: int, batching_dim: int | None) -> Spec:
 class Layout:
     """Batch geometry of one executable under one config."""
 
-    __slots__ = ("B", "I", "capacity", "fast_output", "inputs", "outputs", "simple_inputs")
+    __slots__ = (
+        "B",
+        "I",
+        "buckets",
+        "capacity",
+        "fast_output",
+        "inputs",
+        "outputs",
+        "simple_inputs",
+    )
 
     def __init__(self, metadata: ExecutableMetadata, config: QueueConfig) -> None:
         """Derive the row axes.
@@ -78,10 +87,27 @@ class Layout:
         if not self.inputs:
             raise ConfigurationError(f"model {metadata.model_name!r} has no user input to queue")
         self.simple_inputs = all(s.axis == 0 for s in self.inputs)
+        #: Batch sizes a partial batch may run at (smallest first, B last): the executable's
+        #: buckets when every row axis is 0, one iteration and no flush callback (whose data
+        #: fills a whole batch); else B alone, the seed's fixed batch.
+        self.buckets: tuple[int, ...] = (self.B,)
+        if (
+            self.I == 1
+            and config.flush_callback is None
+            and all(s.axis == 0 for s in (*self.inputs, *self.outputs))
+        ):
+            self.buckets = metadata.batch_sizes
         #: the output's name when it is the only one and has row axis 0 (the fast split path)
         self.fast_output = (
             self.outputs[0].name if len(self.outputs) == 1 and self.outputs[0].axis == 0 else None
         )
+
+    def bucket(self, rows: int) -> int:
+        """The smallest batch size that holds ``rows`` rows."""
+        for size in self.buckets:
+            if size >= rows:
+                return size
+        return self.B
 
     def zero_copy(self, inputs: Any, start: int) -> tuple[dict[str, np.ndarray], ...] | None:
         """Views of rows ``[start, start + I*B)`` of ``inputs`` as batch inputs, if no copy is
@@ -146,8 +172,10 @@ class RingPool:
         per_iteration: Sequence[list[Segment]],
         valid_rows: int,
         flush_callback: FlushCallback | None,
+        size: int | None = None,
     ) -> dict[str, np.ndarray] | None:
-        """Copy the segments' rows into buffer ``index`` and fill the padding rows.
+        """Copy the segments' rows into buffer ``index`` and fill the padding rows (up to the
+        bucket ``size`` when given: one iteration, row axis 0, no flush callback).
 
         Returns the flush callback's output buffers, if it gave any.
 
@@ -181,6 +209,10 @@ class RingPool:
                     np.concatenate(views, out=out)
                 elif rows:
                     np.concatenate(views, out=out[:rows])
+        if size is not None and size < layout.capacity:
+            for s in layout.inputs:  # a bucket's padding only (Layout.buckets' conditions)
+                buf[0][s.name][valid_rows:size] = 0
+            return None
         if valid_rows == layout.capacity:
             return None
         return self._pad(buf, valid_rows, flush_callback)

@@ -311,7 +311,7 @@ class SessionActor(Actor[object]):
             # computation (the seed's read_queue / computation split).
             t_start = max(t_start, self._device_free_at)
             t_end = self._device_free_at = self.clock.monotonic()
-            self._succeeded(t_start)
+            self._succeeded(t_start, batch.valid_rows)
             self._finish(batch, Complete(batch, outputs, t_start, t_end))
             return
 
@@ -381,11 +381,11 @@ class SessionActor(Actor[object]):
                 if not future.done():
                     future.set_exception(self._past_deadline(seconds))
 
-    def _succeeded(self, t_start: float) -> None:
+    def _succeeded(self, t_start: float, rows: int | None = None) -> None:
         state = self._state
         t_end = self.clock.monotonic()
         self._times.samples.append(t_end - t_start)
-        self._measure(t_end - t_start)
+        self._measure(t_end - t_start, rows)
         if state.fault_at is not None:
             state.recovery_times.append(t_end - state.fault_at)
             state.fault_at = None
@@ -400,9 +400,10 @@ class SessionActor(Actor[object]):
                 self._on_progress()
         state.runs += 1
 
-    def _measure(self, seconds: float) -> None:
-        """Fold one run's duration into the replica's measured seconds per sample."""
-        per_sample = seconds / self._layout.capacity
+    def _measure(self, seconds: float, rows: int | None = None) -> None:
+        """Fold one run's duration into the replica's measured seconds per sample (``rows``:
+        the batch's real rows; a whole batch when not given)."""
+        per_sample = seconds / (rows or self._layout.capacity)
         state = self._state
         if state.seconds_per_sample <= 0.0:
             state.seconds_per_sample = per_sample

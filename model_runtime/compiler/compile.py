@@ -20,6 +20,7 @@ import structlog
 from onnx import helper
 
 from model_runtime import custom_ops
+from model_runtime.compiler.buckets import find_buckets
 from model_runtime.compiler.cache import ExecutableCache, cache_key
 from model_runtime.compiler.graph import default_opset, upgrade_opset
 from model_runtime.compiler.lower import lower
@@ -155,6 +156,9 @@ def _compile(source: ModelSource, options: CompileOptions) -> Executable:
     _set_output_shapes(rebatched.proto, outputs)
     with tempfile.TemporaryDirectory(prefix="model-runtime-compile-") as tmp:
         optimized = optimize(rebatched.proto, options.optimization_level, where, Path(tmp))
+        buckets = find_buckets(
+            optimized, prepared, rebatched, outputs, options, bool(custom_op_refs)
+        )
         extra = {
             "optimization_level": options.optimization_level,
             "offline_optimization_level": optimized.level,
@@ -168,6 +172,8 @@ def _compile(source: ModelSource, options: CompileOptions) -> Executable:
             "onnxruntime_version": ort.__version__,
             "producer": source.proto.producer_name or "",
         }
+        if buckets:
+            extra["batch_sizes"] = ",".join(map(str, buckets))
         exe = lower(
             optimized,
             prepared,
@@ -178,6 +184,7 @@ def _compile(source: ModelSource, options: CompileOptions) -> Executable:
             extra,
             where,
             custom_op_refs,
+            symbolic_batch=bool(buckets),
         )
     return exe
 

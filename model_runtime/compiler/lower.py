@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from model_runtime.compiler.buckets import make_batch_symbolic
 from model_runtime.compiler.graph import anchor_dtype
 from model_runtime.compiler.optimize import OptimizedModel
 from model_runtime.compiler.options import CompileOptions
@@ -114,6 +115,8 @@ def lower(
     extra_options: Mapping[str, str],
     where: str,
     custom_op_refs: tuple[CustomOpRef, ...] = (),
+    *,
+    symbolic_batch: bool = False,
 ) -> Executable:
     """Move the weights' bytes out of the optimised graph and seal the executable.
 
@@ -161,7 +164,14 @@ def lower(
         elem = helper.np_dtype_to_tensor_dtype(info.dtype)
         out.type.CopyFrom(helper.make_tensor_type_proto(elem, list(info.shape)))
 
-    payload = np.frombuffer(model.SerializeToString(), dtype=np.uint8).copy()
+    serialized = model
+    if symbolic_batch:  # batch-size buckets: anchors keep the full batch, the payload any
+        serialized = onnx.ModelProto()
+        serialized.CopyFrom(model)
+        make_batch_symbolic(
+            serialized, prepared.user_inputs, prepared.user_outputs, options.batch_dim
+        )
+    payload = np.frombuffer(serialized.SerializeToString(), dtype=np.uint8).copy()
     tensors: dict[str, np.ndarray] = {MAIN_PAYLOAD: payload}
     anchors: list[Anchor] = []
     bd = options.batch_dim

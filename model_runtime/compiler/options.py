@@ -42,6 +42,10 @@ class CompileOptions:
     optimization_level: str = "extended"
     executable_cache_path: str | None = None
     model_name: str | None = None
+    #: Let the main program also run smaller batches (1, 2, 4, ... up to ``batch_size``) when
+    #: it computes every row independently whatever the batch (checked by running it): the
+    #: queue then runs a lone request at batch 1 instead of padding it to ``batch_size``.
+    batch_buckets: bool = True
 
     def __post_init__(self) -> None:
         # Frozen and hashable: store immutable copies of the collection fields.
@@ -123,6 +127,7 @@ class CompileOptions:
             "batch_dim": self.batch_dim,
             "optimization_level": self.optimization_level,
             "model_name": self.model_name,
+            "batch_buckets": self.batch_buckets,
         }
 
     def canonical_json(self) -> str:

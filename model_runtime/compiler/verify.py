@@ -19,7 +19,7 @@ from model_runtime.compiler.rebatch import PreparedModel, RebatchedModel
 from model_runtime.errors import CompileError
 from model_runtime.executable.model import TensorInfo
 
-__all__ = ["check_outputs", "check_updates"]
+__all__ = ["check_outputs", "check_updates", "rows_equal"]
 
 _RTOL = 1e-3
 _ATOL = 1e-4
@@ -35,7 +35,7 @@ def _input_infos(model: onnx.ModelProto, names: tuple[str, ...]) -> dict[str, Te
     return infos
 
 
-def _rows_equal(expected: np.ndarray, actual: np.ndarray) -> tuple[bool, float]:
+def rows_equal(expected: np.ndarray, actual: np.ndarray) -> tuple[bool, float]:
     if expected.shape != actual.shape:
         return False, float("inf")
     if expected.dtype.kind != "f":
@@ -156,7 +156,7 @@ def _compare_rows(
         for name in prepared.user_outputs:
             want = expected[name]
             got = np.take(outputs[name], [row], axis=batch_dim)
-            ok, diff = _rows_equal(want, got)
+            ok, diff = rows_equal(want, got)
             if not ok:
                 raise CompileError(
                     f"{where}: the graph cannot be re-batched to {batch_size}: row {row} of "

@@ -18,6 +18,7 @@ describe. No payload refers to anything outside the executable (see ``validate``
 from __future__ import annotations
 
 import enum
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,7 @@ __all__ = [
     "ProgramKind",
     "Target",
     "TensorInfo",
+    "parse_batch_sizes",
 ]
 
 FORMAT_VERSION = 1
@@ -158,6 +160,22 @@ class CustomOpRef:
     is_hashable: bool = False
 
 
+def parse_batch_sizes(text: str | None, batch_size: int) -> tuple[int, ...] | None:
+    """``"1,2,4,8"`` as sizes, or None when absent or malformed (not increasing positive
+    integers ending at ``batch_size``; at most 64 of them)."""
+    if not text:
+        return None
+    try:
+        sizes = tuple(int(x) for x in text.split(",", 64))
+    except ValueError:
+        return None
+    if len(sizes) > 64 or not sizes or sizes[-1] != batch_size or sizes[0] < 1:
+        return None
+    if any(a >= b for a, b in itertools.pairwise(sizes)):
+        return None
+    return sizes
+
+
 @dataclass(frozen=True, slots=True)
 class ExecutableMetadata:
     """Everything in an executable but the tensor data. ``package_hash`` is "" until sealed."""
@@ -191,6 +209,15 @@ class ExecutableMetadata:
 
     def anchors_with_role(self, role: AnchorRole) -> tuple[Anchor, ...]:
         return tuple(a for a in self.anchors if a.role is role)
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        """The batch sizes the main program runs, smallest first, ``batch_size`` last: its
+        batch-size buckets when the compiler found it batch-agnostic (option ``batch_sizes``),
+        else ``batch_size`` alone."""
+        return parse_batch_sizes(self.options.get("batch_sizes"), self.batch_size) or (
+            self.batch_size,
+        )
 
     @property
     def user_inputs(self) -> tuple[Anchor, ...]:

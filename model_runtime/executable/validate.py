@@ -31,6 +31,7 @@ from model_runtime.executable.model import (
     AnchorType,
     ExecutableMetadata,
     ProgramKind,
+    parse_batch_sizes,
 )
 
 __all__ = [
@@ -103,6 +104,15 @@ def validate_structure(
     if m.target.device_kind == "cpu" and m.target.version != 0:
         raise fail(f"target cpu has IPU version {m.target.version} (must be 0)")
     _check_programs_and_flow(m, tensors, fail)
+    buckets = m.options.get("batch_sizes")
+    if buckets is not None:
+        if parse_batch_sizes(buckets, m.batch_size) is None:
+            raise fail(
+                f"option batch_sizes {buckets[:80]!r} is not increasing positive sizes ending "
+                f"at the batch size {m.batch_size}"
+            )
+        if m.device_iterations != 1 or m.variables:
+            raise fail("batch_sizes needs one device iteration and no variables")
     names: set[str] = set()
     for a in m.anchors:
         if not a.name:

@@ -198,7 +198,9 @@ async def test_a_session_actor_killed_mid_load_loses_nothing(
             await runner._replicas.replica_supervisor(kills % 2).restart_child("session")
             kills += 1
 
-    out = await drive(path, ref, config(""), callers=200, side_task=killer)
+    # Enough requests that the load outlasts several kills (a restart takes up to ~0.15 s;
+    # the runtime answers ~10k of these requests per second here).
+    out = await drive(path, ref, config(""), callers=200, per_caller=40, side_task=killer)
     assert_nothing_lost(out)
     assert out.failed == 0, f"failed requests: {dict(out.errors)}"
     assert kills > 3

@@ -32,9 +32,18 @@ SIZES = (32, 48, 10)
 
 @pytest.fixture(scope="module")
 def mlp(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Reference]:
+    """One batch size (no buckets): the seed's fixed-batch queue, padding and timeouts."""
     model = make_mlp(sizes=SIZES, seed=3)
     tmp = tmp_path_factory.mktemp("mlp")
-    return compile_to(model, tmp, batch_size=4), Reference(model)
+    return compile_to(model, tmp, batch_size=4, batch_buckets=False), Reference(model)
+
+
+@pytest.fixture(scope="module")
+def mlp_buckets(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Reference]:
+    """The same model compiled with its batch-size buckets (the compiler's default)."""
+    model = make_mlp(sizes=SIZES, seed=3)
+    tmp = tmp_path_factory.mktemp("mlp_buckets")
+    return compile_to(model, tmp, batch_size=8), Reference(model)
 
 
 @pytest.fixture(scope="module")
@@ -482,3 +491,16 @@ def test_the_daemon_turns_admission_control_on_by_default() -> None:
     opts = options_from_args(build_parser().parse_args([]))
     assert opts.runner.latency_budget == 1.0
     assert ModelRunnerConfig().latency_budget is None  # the library's default: off
+
+
+async def test_with_buckets_lone_requests_are_answered_at_once_by_the_default_config(
+    mlp_buckets: tuple[Path, Reference],
+) -> None:
+    # A fake clock that never moves: the seed's fixed batch would wait for the flush timeout
+    # forever; with buckets an idle replica runs each request at once, at its own size.
+    path, ref = mlp_buckets
+    async with ModelRunner(path, ModelRunnerConfig(batching_dim=0), clock=FakeClock()) as runner:
+        for n in (1, 3, 8, 11):
+            x = rows(n, seed=40 + n)
+            out = await within(runner.execute({"x": x}), 10)
+            np.testing.assert_allclose(out["logits"], ref({"x": x})["logits"], rtol=1e-4, atol=1e-5)

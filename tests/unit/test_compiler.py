@@ -310,3 +310,33 @@ def test_cache_key_names_the_program_layout(monkeypatch: pytest.MonkeyPatch) -> 
     key = cache.cache_key("a" * 64, CompileOptions())
     monkeypatch.setattr(cache, "LAYOUT", "weights-as-graph-inputs")
     assert cache.cache_key("a" * 64, CompileOptions()) != key
+
+
+# -- batch-size buckets ---------------------------------------------------------------------
+
+
+def test_a_batch_agnostic_program_gets_buckets_and_runs_each_size(mlp_exe: Executable) -> None:
+    assert mlp_exe.metadata.batch_sizes == (1, 2, 4, 8)
+    dims = _payload(mlp_exe).graph.input[0].type.tensor_type.shape.dim
+    assert dims[0].dim_param == "batch" and dims[1].dim_value == 784  # anchors keep (8, 784)
+    values = [np.array(mlp_exe.tensor(a.name)) for a in mlp_exe.metadata.weights]
+    so = ort.SessionOptions()
+    so.add_external_initializers(
+        [a.handle for a in mlp_exe.metadata.weights],
+        [ort.OrtValue.ortvalue_from_numpy(v) for v in values],
+    )
+    payload = _payload(mlp_exe).SerializeToString()
+    session = ort.InferenceSession(payload, so, providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(4).standard_normal((8, 784)).astype(np.float32)
+    (full,) = session.run(None, {"x": x})
+    (one,) = session.run(None, {"x": x[:1]})
+    np.testing.assert_allclose(one, full[:1], rtol=1e-4, atol=1e-5)
+
+
+def test_without_buckets_or_with_a_batch_the_model_fixed_there_is_one_size() -> None:
+    off = compile_executable(make_mlp(), CompileOptions(batch_size=8, batch_buckets=False))
+    assert off.metadata.batch_sizes == (8,) and "batch_sizes" not in off.metadata.options
+    dims = _payload(off).graph.input[0].type.tensor_type.shape.dim
+    assert dims[0].dim_value == 8
+    fixed = compile_executable(make_mlp(batch=4), CompileOptions(batch_size=4))
+    assert fixed.metadata.batch_sizes == (4,)  # the source fixed its batch: kept as it is

@@ -145,6 +145,19 @@ def test_compiled_weights_are_bound_as_constants_and_match_the_reference(
     np.testing.assert_array_equal(b.run_main([x])[0]["logits"], out["logits"])
 
 
+def test_a_bucketed_program_runs_its_batch_sizes_only(compiled_mlp: Executable) -> None:
+    assert compiled_mlp.metadata.batch_sizes == (1, 2, 4)
+    b = CpuBackend(CPU)
+    b.load(compiled_mlp, None)
+    x = batch_of(compiled_mlp, 5)
+    (full,) = b.run_main([x])
+    for n in (1, 2):
+        (part,) = b.run_main([{"x": x["x"][:n]}])
+        np.testing.assert_allclose(part["logits"], full["logits"][:n], rtol=1e-5, atol=1e-6)
+    with pytest.raises(InputValidationError, match="expected float32"):
+        b.run_main([{"x": x["x"][:3]}])  # not one of its batch sizes
+
+
 def test_frozen_input_overrides_a_compiled_weight(compiled_mlp: Executable) -> None:
     x = batch_of(compiled_mlp, 1)
     plain = CpuBackend(CPU)

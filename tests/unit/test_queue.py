@@ -58,6 +58,49 @@ async def test_partial_batch_flushes_after_idle_timeout_with_zero_padding() -> N
         check(r2, second.inputs["x"])
 
 
+# -- batch-size buckets ------------------------------------------------------------------------
+
+
+async def test_with_buckets_a_lone_request_runs_at_once_at_its_own_size() -> None:
+    clock = FakeClock()
+    queue = make_queue(metadata(B, buckets=(1, 2, 4)), clock, batching_dim=0, timeout=5.0)
+    async with running(queue) as (ref, session):
+        req = submit(ref, request(rows(1), 1))
+        await settle()  # the clock never moves: no timeout is waited for
+        (batch,) = session.seen
+        assert batch.inputs[0]["x"].shape == (1, 3) and not batch.padded
+        check(await req.future, req.inputs["x"])
+        three = submit(ref, request(rows(3), 3))  # idle again: at once, bucket 4, padded
+        await settle()
+        assert session.seen[1].inputs[0]["x"].shape == (4, 3) and session.seen[1].padded
+        assert (await three.future)["y"].shape == (3, 3)
+
+
+async def test_with_buckets_timeout_bounds_the_wait_of_the_first_request() -> None:
+    clock = FakeClock()
+    queue = make_queue(metadata(B, buckets=(1, 2, 4)), clock, batching_dim=0, timeout=5.0)
+    async with running(queue, hold=True) as (ref, session):
+        busy = submit(ref, request(rows(1), 1))  # the device takes it at once, and keeps it
+        await settle()
+        first = submit(ref, request(rows(1), 1))
+        await settle()
+        clock.advance(3.0)
+        second = submit(ref, request(rows(1), 1))  # does not restart the first one's wait
+        await settle()
+        clock.advance(1.9)
+        await settle()
+        assert len(session.seen) == 1
+        clock.advance(0.1)  # 5 s after the first request, not after the last
+        await settle()
+        assert len(session.seen) == 2 and session.seen[1].inputs[0]["x"].shape == (2, 3)
+        session.release()
+        await settle()
+        session.release()
+        check(await busy.future, busy.inputs["x"])
+        check(await first.future, first.inputs["x"])
+        check(await second.future, second.inputs["x"])
+
+
 async def test_timeout_zero_never_flushes_by_time() -> None:
     clock = FakeClock()
     queue = make_queue(metadata(B), clock, batching_dim=0, timeout=0)

@@ -41,9 +41,15 @@ F32 = np.dtype(np.float32)
 
 
 def metadata(
-    batch: int, iterations: int = 1, *, axis: int = 0, two_outputs: bool = False
+    batch: int,
+    iterations: int = 1,
+    *,
+    axis: int = 0,
+    two_outputs: bool = False,
+    buckets: tuple[int, ...] = (),
 ) -> ExecutableMetadata:
-    """A model with input ``x`` (rows x F) and output ``y`` = 2x+1 (and ``s`` = row sums)."""
+    """A model with input ``x`` (rows x F) and output ``y`` = 2x+1 (and ``s`` = row sums);
+    ``buckets``: the batch sizes its program runs (batch-size buckets)."""
 
     def shape(b: int) -> tuple[int, ...]:
         return (b, F) if axis == 0 else (F, b)
@@ -76,6 +82,7 @@ def metadata(
         programs=(Program(1, "main", ProgramKind.MAIN),),
         program_flow=ProgramFlow(main=(1,)),
         device_iterations=iterations,
+        options={"batch_sizes": ",".join(map(str, buckets))} if buckets else {},
     )
 
 

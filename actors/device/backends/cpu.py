@@ -141,6 +141,7 @@ class CpuBackend:
         self._session: Any = None
         self._feed: dict[str, np.ndarray] = {}
         self._inputs: tuple[tuple[str, str, tuple[int, ...], np.dtype[Any]], ...] = ()
+        self._buckets: frozenset[int] = frozenset()
         self._output_names: list[str] = []
         self._outputs: tuple[tuple[int, str], ...] = ()  # (graph output index, anchor name)
         self._updates: tuple[tuple[int, str, bool], ...] = ()  # (index, var handle, copy?)
@@ -218,6 +219,9 @@ class CpuBackend:
             o, v = m.anchor(out), m.anchor(var)
             if o.handle in out_index:
                 updates.append((out_index[o.handle], v.handle, out in user_output_names))
+        # Smaller batches the program runs too (its batch dimension is symbolic), along
+        # axis 0 of every user input; the full batch is checked as before.
+        self._buckets = frozenset(m.batch_sizes[:-1])
         self._inputs = tuple(
             (a.name, a.handle, a.shape, a.dtype)
             for a in m.user_inputs
@@ -292,7 +296,12 @@ class CpuBackend:
                         arr = batch[name]
                     except KeyError:
                         raise InputValidationError(f"run_main: input {name!r} missing") from None
-                    if arr.shape != shape or arr.dtype != dtype:
+                    if (arr.shape != shape or arr.dtype != dtype) and not (
+                        arr.dtype == dtype
+                        and arr.shape[1:] == shape[1:]
+                        and arr.shape[:1] != ()
+                        and arr.shape[0] in self._buckets
+                    ):
                         raise InputValidationError(
                             f"run_main: input {name!r} is {arr.dtype.name}{list(arr.shape)}, "
                             f"expected {dtype.name}{list(shape)}"
