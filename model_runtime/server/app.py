@@ -158,6 +158,8 @@ class InferenceServer:
         self.options = options or ServerOptions()
         self.metrics = metrics or DaemonMetrics()
         repository.on_readiness = self.metrics.readiness_changed
+        # A runner a reload swaps out (or an unload closes) is read into the totals first.
+        repository.on_retire = self.metrics.retire_runner
         self.draining = False
         self._inflight = 0
         self._idle = asyncio.Event()
@@ -275,14 +277,7 @@ class InferenceServer:
         Raises:
             UnknownModelError: no such model, or no such version of it (Triton's wording).
         """
-        try:
-            entry = self.repository.get(name)
-        except ModelNotFoundError:
-            raise UnknownModelError(name) from None
-        served = entry.version_entry(version) if version else entry
-        if served is None:
-            raise UnknownModelError(name, version)
-        return served
+        return self.repository.get(name, version)
 
     async def model_metadata(self, request: web.Request) -> web.Response:
         """``GET /v2/models/{name}``: inputs and outputs with protocol datatypes."""
@@ -521,8 +516,8 @@ class InferenceServer:
         except ModelLoadError as exc:
             busy = isinstance(exc.cause, DeviceUnavailableError)
             raise HTTPError(503 if busy else 400, str(exc), "load_failed") from exc
-        except ModelNotFoundError as exc:
-            message = f"failed to load '{name}', failed to poll from model repository: {exc}"
+        except UnknownModelError as exc:
+            message = f"failed to load '{name}', failed to poll from model repository"
             raise HTTPError(400, message, "load_failed") from exc
 
     async def unload(self, request: web.Request) -> web.Response:
@@ -542,8 +537,6 @@ class InferenceServer:
             await self.repository.client_unload(name)
         except ModelControlError as exc:
             raise HTTPError(403, str(exc), "forbidden") from exc
-        except ModelNotFoundError:
-            raise UnknownModelError(name) from None
 
 
 def _tensor(spec: Any) -> dict[str, Any]:

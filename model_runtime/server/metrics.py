@@ -21,7 +21,9 @@ handler awaits :meth:`DaemonMetrics.refresh`, then renders; collection itself ne
 Runner facts become totals by difference with the previous read of the same runner (a new
 runner starts from zero); the queue and compute microseconds of the requests counted since
 then are their count times the replica's current mean (the runner keeps means over a bounded
-window of requests, not sums).
+window of requests, not sums). A runner about to close (swapped out by a reload, or unloaded)
+is read one last time (:meth:`DaemonMetrics.retire_runner`, the repository's ``on_retire``),
+so what it ran since the last scrape is counted too.
 """
 
 from __future__ import annotations
@@ -329,7 +331,10 @@ class DaemonMetrics:
         self.models: list[ModelSnapshot] = []
         #: Triton's totals per (model, version): they outlive reloads (see the module doc).
         self.triton: dict[tuple[str, str], TritonTotals] = {}
-        self._marks: dict[tuple[str, str], _Mark] = {}
+        #: The last read of each runner of a (model, version), by ``id`` of the runner (a mark
+        #: holds its runner, so the id is not reused while it lives): during a reload the old
+        #: runner and the new one are both read.
+        self._marks: dict[tuple[str, str], dict[int, _Mark]] = {}
         self._children: dict[str, tuple[Any, Any, Any]] = {}
         self._pending_children: dict[tuple[str, str], tuple[Any, Any]] = {}
         r.register(_ReplicaCollector(self))
@@ -411,9 +416,10 @@ class DaemonMetrics:
             return []
         key = (model, version)
         current = getattr(runner, "current", runner)  # a ServingRunner swaps it on reload
-        mark = self._marks.get(key)
+        marks = self._marks.setdefault(key, {})
+        mark = marks.get(id(current))
         if mark is None or mark.runner is not current:
-            mark = self._marks[key] = _Mark(current)  # a new runner counts from zero
+            mark = marks[id(current)] = _Mark(current)  # a new runner counts from zero
         totals = self.totals(model, version)
         batch = _batch_size(current)
         snaps = []
@@ -446,6 +452,14 @@ class DaemonMetrics:
                 setattr(totals, name, getattr(totals, name) + added * mean.get(phase, 0.0))
                 totals.recorded[name] = totals.recorded.get(name, 0) + int(added)
         return snaps
+
+    async def retire_runner(self, model: str, version: str, runner: Any) -> None:
+        """Read a runner of ``model`` ``version`` that is about to close one last time (what
+        it ran since the last read reaches the totals), then forget it (never raises)."""
+        await self.read_runner(model, version, runner)
+        marks = self._marks.get((model, version))
+        if marks is not None:
+            marks.pop(id(getattr(runner, "current", runner)), None)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

@@ -30,7 +30,7 @@ import asyncio
 import enum
 import re
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -50,6 +50,7 @@ from model_runtime.errors import (
     ModelLoadError,
     ModelNotFoundError,
     ModelRuntimeError,
+    UnknownModelError,
 )
 from model_runtime.io import DataDesc
 from model_runtime.runner_config import ModelRunnerConfig
@@ -296,6 +297,10 @@ class ModelRepository:
         self._tg: anyio.abc.TaskGroup | None = None
         #: Called with (model, ready) whenever a loaded model's readiness changes.
         self.on_readiness: Callable[[str, bool], None] | None = None
+        #: Awaited with (model, version, runner) just before a runner that served closes (a
+        #: reload swapped it out, or an unload): the last chance to read what it ran. Its
+        #: errors are logged; the runner closes anyway.
+        self.on_retire: Callable[[str, str, RunnerLike], Awaitable[None]] | None = None
 
     async def __aenter__(self) -> ModelRepository:
         self._tg = anyio.create_task_group()
@@ -368,16 +373,17 @@ class ModelRepository:
         """The model called ``name`` (its highest version served), or its ``version``.
 
         Raises:
-            ModelNotFoundError: no such model, or that version of it is not served.
+            UnknownModelError: no such model, or that version of it is not served (Triton's
+                wording, as a client is answered).
         """
         entry = self._models.get(name)
         if entry is None:
-            raise ModelNotFoundError(f"unknown model {name!r}")
+            raise UnknownModelError(name)
         if not version:
             return entry
         found = entry.version_entry(version)
         if found is None:
-            raise ModelNotFoundError(f"model {name!r} has no version {version!r}")
+            raise UnknownModelError(name, version)
         return found
 
     def _models_by_name(self) -> list[ModelEntry]:
@@ -438,7 +444,7 @@ class ModelRepository:
 
         Raises:
             ModelControlError: the control mode is not ``explicit``.
-            InputValidationError, ModelNotFoundError, ModelLoadError: as :meth:`load`.
+            InputValidationError, UnknownModelError, ModelLoadError: as :meth:`load`.
         """
         self._check_control("load")
         return await self._detached(self.load(name))
@@ -448,7 +454,7 @@ class ModelRepository:
 
         Raises:
             ModelControlError: the control mode is not ``explicit``.
-            ModelNotFoundError: no such model.
+            UnknownModelError: no such model.
         """
         self._check_control("unload")
         await self._detached(self.unload(name))
@@ -486,7 +492,7 @@ class ModelRepository:
             return entry
         found = self._resolve(name) if self.directory is not None else None
         if found is None:
-            raise ModelNotFoundError(f"no model {name!r} in the model repository")
+            raise UnknownModelError(name)
         return self.add(name, found, in_directory=True)
 
     async def load(self, name: str) -> ModelEntry:
@@ -498,7 +504,7 @@ class ModelRepository:
 
         Raises:
             InputValidationError: ``name`` is not a valid model name (path tricks included).
-            ModelNotFoundError: no such model.
+            UnknownModelError: no such model (Triton's wording).
             ModelLoadError: compiling or starting failed; the entry records the reason.
         """
         entry = self._lookup_for_load(name)
@@ -536,7 +542,8 @@ class ModelRepository:
         assert source is not None
         entry.source, entry.fingerprint, entry.settings = source, fingerprint, plan.settings
         before = [entry, *entry.versions.values()]
-        old = [e.runner.current for e in before if e.runner is not None]
+        # (version, runner) now: the swap may change which version an entry serves.
+        old = [(e.version, e.runner.current) for e in before if e.runner is not None]
         old_stops = [e.stop for e in before if e.stop is not None]
         stats = {e.version: e.stats for e in before}
         # The swap: everything a request reads about the model changes in this one step.
@@ -566,8 +573,8 @@ class ModelRepository:
         for stop in old_stops:
             stop.set()
         with anyio.CancelScope(shield=True):  # what the old ones took gets its answers
-            for runner in old:
-                await self._retire(entry.name, runner)
+            for version, runner in old:
+                await self._retire(entry.name, runner, version)
 
     def _install(
         self, entry: ModelEntry, version: str, new: _Version, stats: dict[str, ModelStats]
@@ -589,7 +596,7 @@ class ModelRepository:
         """Close the versions a failed or cancelled load had started already."""
         with anyio.CancelScope(shield=True):
             for version in started.values():
-                await self._retire(name, version.runner)
+                await self._retire(name, version.runner)  # never served: nothing to report
 
     def _why(self, exc: Exception, entry: ModelEntry) -> str:
         why = str(exc) or type(exc).__name__
@@ -684,28 +691,44 @@ class ModelRepository:
                 if self.on_readiness is not None:
                     self.on_readiness(entry.name, now)
 
-    async def _retire(self, name: str, runner: RunnerLike) -> None:
+    async def _retire(self, name: str, runner: RunnerLike, version: str | None = None) -> None:
         """Close a version that was swapped out: it finishes what it took, then lets go of its
-        devices (logged, never raised: the new version serves already)."""
+        devices (logged, never raised: the new version serves already). A ``version`` that
+        served is reported to :attr:`on_retire` first."""
+        if version is not None:
+            await self._report_retired(name, version, runner)
         try:
             await runner.close()
         except Exception as exc:
             log.error("model_close_failed", model=name, error=str(exc))
         log.info("model_version_retired", model=name)
 
+    async def _report_retired(self, name: str, version: str, runner: RunnerLike) -> None:
+        """Await :attr:`on_retire` for a runner about to close (logged, never raised)."""
+        hook = self.on_retire
+        if hook is None:
+            return
+        try:
+            with anyio.CancelScope(shield=True):  # an unload cancelled here still closes
+                await hook(name, version, runner)
+        except Exception as exc:
+            log.error("model_retire_hook_failed", model=name, version=version, error=str(exc))
+
     async def unload(self, name: str) -> None:
         """Drain and stop ``name``'s runner (in-flight requests finish first).
 
         Raises:
-            ModelNotFoundError: no such model.
+            UnknownModelError: no such model.
         """
         entry = self.get(name)
         entry.wanted = False
         async with entry.lock:
-            await self._close(entry)
+            await self._close(entry, report=True)
         log.info("model_unloaded", model=name)
 
-    async def _close(self, entry: ModelEntry) -> None:
+    async def _close(self, entry: ModelEntry, *, report: bool = False) -> None:
+        """Close every version of ``entry`` (``report``: to :attr:`on_retire` first; not at
+        shutdown, where nobody reads the metrics again)."""
         others, entry.versions = list(entry.versions.values()), {}
         for version in [*others, entry]:
             serving = version.runner
@@ -715,6 +738,8 @@ class ModelRepository:
             if version.stop is not None:
                 version.stop.set()
             try:
+                if report:
+                    await self._report_retired(entry.name, version.version, serving.current)
                 await serving.close()
             except Exception as exc:
                 log.error("model_close_failed", model=entry.name, error=str(exc))

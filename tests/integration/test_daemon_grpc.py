@@ -2,7 +2,9 @@
 metadata, config, inference with raw and typed contents, bad requests (answered to that caller
 only), Triton's error texts, the repository in explicit mode, statistics, and a drain on
 SIGTERM that exits 0. One daemon serves the module: ``digits`` (the demo model) is loaded at
-start; ``spare`` (the same model) and ``broken`` (not a model) wait in the repository."""
+start; ``spare`` (the same model) and ``broken`` (not a model) wait in the repository. A Triton
+model with two versions, on a daemon of its own: metadata, metrics and statistics per version,
+cumulative across a reload."""
 
 from __future__ import annotations
 
@@ -12,13 +14,21 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+import onnx
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from model_runtime.demo import DEMO_ONNX_PATH
-from tests.integration.test_daemon_support import Daemon, samples, start_daemon, stop_daemon
+from tests.integration.test_daemon_repository import add_const
+from tests.integration.test_daemon_support import (
+    Daemon,
+    metric,
+    samples,
+    start_daemon,
+    stop_daemon,
+)
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 ATOL = 1e-4
@@ -213,3 +223,62 @@ def test_control_mode_and_message_size_limits_hold_over_grpc(tmp_path: Path) -> 
     finally:
         stop_daemon(d)
     assert d.proc.returncode == 0
+
+
+TWO_VERSIONS = """
+max_batch_size: 4
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+version_policy: { all { } }
+"""
+
+
+def test_each_version_is_listed_counted_and_its_statistics_survive_a_reload(
+    tmp_path: Path,
+) -> None:
+    """Model ``a`` serves versions 1 (``y = x + 1``) and 2 (``y = x + 2``), each its own runner:
+    over gRPC, the metadata lists both, requests are counted under the version that ran them,
+    and statistics are the daemon's cumulative totals (a reload does not reset them)."""
+    repo = tmp_path / "models"
+    (repo / "a").mkdir(parents=True)
+    (repo / "a" / "config.pbtxt").write_text(TWO_VERSIONS)
+    for v in (1, 2):
+        (repo / "a" / str(v)).mkdir()
+        onnx.save_model(add_const(float(v)), str(repo / "a" / str(v) / "model.onnx"))
+    d = start_daemon(
+        tmp_path, "--model-repository", str(repo), "--model-control-mode", "explicit",
+        "--load-model", "a",
+    )  # fmt: skip
+    try:
+        with grpcclient.InferenceServerClient(f"127.0.0.1:{d.grpc_port}") as c:
+            assert c.get_model_metadata("a", as_json=True)["versions"] == ["1", "2"]
+            x = grpcclient.InferInput("x", [1, 4], "FP32")
+            x.set_data_from_numpy(np.zeros((1, 4), np.float32))
+            for version, n in (("1", 2), ("2", 3)):
+                for _ in range(n):  # one at a time: each request is one execution
+                    y = c.infer("a", [x], model_version=version).as_numpy("y")
+                    assert y[0, 0] == float(version)
+
+            def stats(version: str) -> dict[str, object]:
+                (s,) = c.get_inference_statistics("a", version, as_json=True)["model_stats"]
+                assert s["version"] == version
+                return s  # type: ignore[no-any-return]
+
+            before = stats("1")
+            assert int(before["execution_count"]) == 2  # type: ignore[call-overload]
+            assert before["batch_stats"], before  # the daemon's totals: batch_stats included
+            c.infer("a", [x], model_version="1")
+            c.load_model("a")  # a reload: new runners, nothing read in between
+            c.infer("a", [x], model_version="1")
+            after = stats("1")
+            assert int(after["execution_count"]) == 4  # type: ignore[call-overload]
+            assert int(after["inference_stats"]["success"]["count"]) == 4  # type: ignore[index]
+            assert int(stats("2")["execution_count"]) == 3  # type: ignore[call-overload]
+        _, text = d.get("/metrics")
+        for version, n in (("1", 4), ("2", 3)):
+            labels = f'{{model="a",version="{version}"}} '
+            assert metric(text, f"nv_inference_request_success{labels}") == n, version
+            assert metric(text, f"nv_inference_exec_count{labels}") == n, version
+            assert metric(text, f"nv_inference_pending_request_count{labels}") == 0, version
+    finally:
+        stop_daemon(d)

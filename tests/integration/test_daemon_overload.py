@@ -2,6 +2,8 @@
 can finish within its admission delay, a new infer request is refused before its body is read
 or parsed (a 503 that names the model, with ``Retry-After``), counted, and logged as one
 summary, never an access line per refusal; when the load goes, requests are served again.
+gRPC requests are held to the same limit: one over it is UNAVAILABLE with the same message, and
+the ones admitted are released when answered.
 
 The load is held deterministically: requests whose body never finishes stay in flight at the
 front end (reading their body), so the test fills the model's limit without timing anything.
@@ -14,8 +16,11 @@ import socket
 import time
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 from test_daemon_support import MODEL, Daemon, infer_doc, metric, running, samples, wait_for
+from tritonclient.utils import InferenceServerException
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.slow]
 PATH = f"/v2/models/{MODEL}/infer"
@@ -66,6 +71,22 @@ def _held(daemon: Daemon, body: bytes) -> socket.socket:
     return sock
 
 
+def _hold_until_refused(
+    daemon: Daemon, body: bytes, probe: socket.socket, held: list[socket.socket]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """Hold requests in flight (into ``held``) until ``probe`` is refused: the 503's headers
+    and JSON body."""
+    while len(held) < MAX_HELD:
+        held.append(_held(daemon, body))
+        # A body that is not JSON: admitted, it is parsed (400); refused, it is not (503).
+        probe.sendall(_head(daemon, 10) + b"not json!!")
+        status, headers, answer = _answer(probe)
+        if status == 503:
+            return headers, json.loads(answer)
+        assert status == 400, answer
+    raise AssertionError(f"no refusal with {len(held)} requests in flight")
+
+
 def test_over_its_limit_a_request_is_refused_unread_counted_and_summarised(
     daemon: Daemon,
 ) -> None:
@@ -76,19 +97,8 @@ def test_over_its_limit_a_request_is_refused_unread_counted_and_summarised(
         assert daemon.post(PATH, doc)[0] == 200
     probe = _connect(daemon)
     held: list[socket.socket] = []
-    refusal = None
     try:
-        while refusal is None and len(held) < MAX_HELD:
-            held.append(_held(daemon, body))
-            # A body that is not JSON: admitted, it is parsed (400); refused, it is not (503).
-            probe.sendall(_head(daemon, 10) + b"not json!!")
-            status, headers, answer = _answer(probe)
-            if status == 503:
-                refusal = (headers, json.loads(answer))
-            else:
-                assert status == 400, answer
-        assert refusal is not None, f"no refusal with {len(held)} requests in flight"
-        headers, doc_503 = refusal
+        headers, doc_503 = _hold_until_refused(daemon, body, probe, held)
         assert headers["retry-after"] == "1"
         assert MODEL in doc_503["error"] and "admission limit" in doc_503["error"]
         refused_at = len(held)
@@ -118,3 +128,45 @@ def test_over_its_limit_a_request_is_refused_unread_counted_and_summarised(
     summaries = [e for e in events if e.get("event") == "requests_refused"]
     assert len(summaries) == 1 and summaries[0]["model"] == MODEL  # ... one summary per 10 s
     print(f"refused from {refused_at} in flight; {per_refusal * 1e6:.0f} us per refusal")
+
+
+def _grpc_pixels(pixels: np.ndarray) -> list[grpcclient.InferInput]:
+    inp = grpcclient.InferInput("pixels", list(pixels.shape), "FP32")
+    inp.set_data_from_numpy(pixels)
+    return [inp]
+
+
+def test_grpc_requests_share_the_limit_and_are_released_when_answered(daemon: Daemon) -> None:
+    pixels, _ = samples()
+    doc = infer_doc(pixels[:1])
+    body = json.dumps(doc).encode()
+    inputs = _grpc_pixels(pixels[:1])
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{daemon.grpc_port}") as client:
+        for _ in range(30):  # measured from gRPC and HTTP completions alike
+            client.infer(MODEL, inputs)
+            assert daemon.post(PATH, doc)[0] == 200
+        _, before = daemon.get("/metrics")
+        probe = _connect(daemon)
+        held: list[socket.socket] = []
+        try:
+            _, doc_503 = _hold_until_refused(daemon, body, probe, held)
+            # Over HTTP's limit, a gRPC request is over it too: refused before it is decoded.
+            with pytest.raises(InferenceServerException) as refused:
+                client.infer(MODEL, inputs)
+            assert refused.value.status() == "StatusCode.UNAVAILABLE"
+            assert refused.value.message() == doc_503["error"]
+            limit = len(held)
+        finally:
+            for sock in held:
+                sock.close()
+            probe.close()
+        wait_for(lambda: daemon.post(PATH, doc)[0] == 200, 10, "service after the overload")
+        # Each admitted gRPC request leaves when answered: many times the limit, one at a
+        # time, is never refused (a request never released would hold its place for good).
+        for _ in range(4 * limit + 50):
+            client.infer(MODEL, inputs)
+        _, after = daemon.get("/metrics")
+    line = f'model_runtime_requests_refused_total{{model="{MODEL}",reason="overloaded"'
+    assert (metric(after, line) or 0) > (metric(before, line) or 0)
+    # Refusals are summarised (requests_refused), never logged one by one as failures.
+    assert not [e for e in daemon.events() if e.get("event") == "grpc_request_failed"]

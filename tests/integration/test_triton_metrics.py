@@ -103,3 +103,25 @@ def test_triton_metrics_count_and_survive_a_reload(tmp_path: Path) -> None:
         assert b["batch_size"] == BATCH and b["compute_infer"]["count"] == 10
         assert b["compute_infer"]["ns"] > 0 and set(b) >= {"compute_input", "compute_output"}
         assert "compute_output" in s["inference_stats"]
+
+
+def test_what_a_runner_ran_is_counted_when_a_reload_or_unload_retires_it(tmp_path: Path) -> None:
+    """No scrape between the inferences and the reload: the swapped-out runner is read as it
+    retires, so its last executions (and their durations) reach the totals; an unload alike."""
+    repo = tmp_path / "models"
+    repo.mkdir()
+    compile_to(make_mlp(sizes=(WIDTH, 8, 3), seed=1), repo, name="m", batch_size=BATCH)
+    args = ("--model-repository", str(repo), "--model-control-mode", "explicit")
+    with running(tmp_path, *args, "--load-model", "m") as d:
+        infer(d, 6)
+        assert d.post("/v2/repository/models/m/load")[0] == 200  # a reload, then the scrape
+        m = scrape(d)
+        assert (m["nv_inference_request_success"], m["nv_inference_exec_count"]) == (6, 6)
+        assert m["nv_inference_queue_duration_us"] > 0
+        assert m["nv_inference_compute_infer_duration_us"] > 0
+        infer(d, 2)
+        assert d.post("/v2/repository/models/m/unload")[0] == 200
+        assert scrape(d)["nv_inference_exec_count"] == 8  # unloaded: its totals stay
+        assert d.post("/v2/repository/models/m/load")[0] == 200
+        infer(d, 1)
+        assert scrape(d)["nv_inference_exec_count"] == 9

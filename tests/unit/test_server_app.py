@@ -9,8 +9,10 @@ import json
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 import structlog
@@ -22,11 +24,15 @@ from model_runtime.errors import (
     InputValidationError,
     QueueFullError,
     RunnerStoppedError,
+    UnknownModelError,
 )
 from model_runtime.io import DataDesc
 from model_runtime.runner_config import ModelRunnerConfig
 from model_runtime.server.app import HEADER_LENGTH, InferenceServer, ServerOptions
-from model_runtime.server.repository import ModelRepository, RunnerLike
+from model_runtime.server.grpc.server import start_grpc_server
+from model_runtime.server.metrics import DaemonMetrics
+from model_runtime.server.repository import ModelRepository, RunnerLike, ServingRunner
+from model_runtime.server.triton import grpc_service_pb2 as pb, grpc_service_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.timeout(20)
 W = np.arange(12, dtype=np.float32).reshape(4, 3)
@@ -436,6 +442,125 @@ async def test_a_full_queue_is_503_with_retry_after_and_one_summary_line(tmp_pat
         assert [e["event"] for e in refused] == ["requests_refused_queue_full"]
         text = await (await client.get("/metrics")).text()
         assert 'reason="queue_full"} 5.0' in text
+
+
+async def test_the_repository_itself_answers_unknown_names_in_tritons_words(
+    tmp_path: Path,
+) -> None:
+    async with serving(tmp_path) as (client, _, server):
+        with pytest.raises(UnknownModelError) as name:
+            server.repository.get("nope")
+        assert str(name.value) == "Request for unknown model: 'nope' is not found"
+        with pytest.raises(UnknownModelError) as version:
+            server.repository.get("fake", "7")
+        assert str(version.value) == "Request for unknown model: 'fake' version 7 is not found"
+        resp = await client.post("/v2/repository/models/nope/unload")
+        assert (resp.status, (await resp.json())["error"]) == (400, str(name.value))
+        # A load says it the way Triton's load does, and nothing else.
+        resp = await client.post("/v2/repository/models/missing/load")
+        assert (resp.status, (await resp.json())["error"]) == (
+            400,
+            "failed to load 'missing', failed to poll from model repository",
+        )
+
+
+class _Ran:
+    """A runner that has run ``runs`` batches on its one replica (all the metrics read)."""
+
+    def __init__(self, runs: int) -> None:
+        self.state = SimpleNamespace(runs=runs, status=ReplicaStatus.READY)
+
+    def replica_states(self) -> list[Any]:
+        return [self.state]
+
+    def replica_status(self) -> list[ReplicaStatus]:
+        return [ReplicaStatus.READY]
+
+    async def get_monitoring_statistics_mean(self, replica_id: int = 0) -> dict[str, float]:
+        return {}
+
+    async def get_monitoring_statistics_total_count(self, replica_id: int = 0) -> dict[str, float]:
+        return {}
+
+
+async def test_a_retiring_runner_is_counted_once_whatever_was_scraped_before() -> None:
+    metrics = DaemonMetrics()
+    old, new = _Ran(3), _Ran(0)
+    serving = ServingRunner(old)  # type: ignore[arg-type]
+    await metrics.read_runner("m", "1", serving)  # a scrape: 3
+    old.state.runs = 5
+    serving.current = new  # type: ignore[assignment]  # a reload's swap
+    new.state.runs = 1
+    await metrics.read_runner("m", "1", serving)  # a scrape before the old one retires: +1
+    await metrics.retire_runner("m", "1", old)  # what the old one ran since its last read: +2
+    assert metrics.totals("m", "1").exec_count == 6
+    new.state.runs = 4
+    await metrics.read_runner("m", "1", serving)  # +3
+    assert metrics.totals("m", "1").exec_count == 9
+
+
+# -- gRPC: the same admission as HTTP ------------------------------------------------------------
+
+
+def _grpc_request(model: str = "fake", rows: int = 2) -> Any:
+    request = pb.ModelInferRequest(model_name=model)
+    request.inputs.add(name="pixels", datatype="FP32", shape=[rows, 4])
+    request.raw_input_contents.append(np.arange(rows * 4, dtype=np.float32).tobytes())
+    return request
+
+
+async def _grpc_code(call: Any) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call
+    return info.value.code(), info.value.details() or ""
+
+
+async def test_grpc_infer_is_admitted_as_over_http_and_released_once_answered(
+    tmp_path: Path,
+) -> None:
+    async with serving(tmp_path) as (client, fake, server):
+        # A frozen clock: no rate window closes, and the runner's refusal latches for good.
+        server.admission.clock = lambda: 100.0
+        state = server.admission.model("fake")
+        grpc_server, port = await start_grpc_server(server, "127.0.0.1", 0)
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+                await stub.ModelInfer(_grpc_request(), timeout=5)
+                assert state.inflight == 0  # answered: released
+                fake.error = InputValidationError("input 'pixels' is wrong")
+                code, _ = await _grpc_code(stub.ModelInfer(_grpc_request(), timeout=5))
+                assert code is grpc.StatusCode.INVALID_ARGUMENT and state.inflight == 0
+                # The runner's refusal: released with queue_full, its in-flight count latched.
+                fake.error = QueueFullError("model 'fake': 4 requests already wait")
+                code, message = await _grpc_code(stub.ModelInfer(_grpc_request(), timeout=5))
+                assert (code, message) == (grpc.StatusCode.UNAVAILABLE, str(fake.error))
+                assert state.inflight == 0
+                fake.error, fake.gate = None, asyncio.Event()
+                fake.entered.clear()
+                held = asyncio.ensure_future(stub.ModelInfer(_grpc_request(), timeout=5))
+                await fake.entered.wait()
+                calls = len(fake.calls)
+                with structlog.testing.capture_logs() as events:
+                    code, message = await _grpc_code(stub.ModelInfer(_grpc_request(), timeout=5))
+                    resp = await client.post("/v2/models/fake/infer", json=_infer_doc())
+                # Refused before it was decoded or reached the runner, with the HTTP 503's words.
+                assert (code, message) == (grpc.StatusCode.UNAVAILABLE, state.message)
+                assert len(fake.calls) == calls
+                assert resp.status == 503 and (await resp.json())["error"] == state.message
+                assert "grpc_request_failed" not in {e["event"] for e in events}
+                fake.gate.set()
+                await held
+                assert state.inflight == 0
+                # An unknown name is answered as such and leaves no admission state behind.
+                code, _ = await _grpc_code(stub.ModelInfer(_grpc_request("nope"), timeout=5))
+                assert code is grpc.StatusCode.INVALID_ARGUMENT
+                assert "nope" not in server.admission.models
+        finally:
+            await grpc_server.stop(None)
+        text = await (await client.get("/metrics")).text()
+        refused = 'model_runtime_requests_refused_total{model="fake",reason="queue_full"}'
+        assert f"{refused} 2.0" in text  # the gRPC refusal and the HTTP one
 
 
 # -- logs: one access line per request, no request context leaking into actors ------------------

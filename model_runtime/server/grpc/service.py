@@ -8,6 +8,11 @@ that status becomes its gRPC code (:data:`GRPC_CODES`: 400 INVALID_ARGUMENT, 403
 PERMISSION_DENIED, 404 NOT_FOUND, 503 UNAVAILABLE, 504 DEADLINE_EXCEEDED, 500 INTERNAL ...).
 An error ends that one call with its code and message; the server serves on.
 
+Inference goes through the same front-end admission as HTTP
+(:mod:`model_runtime.server.admission`): over its model's limit a call is answered UNAVAILABLE
+with the admission's message before its request is decoded, counted and logged as a summary
+only; an admitted call is released once answered.
+
 Inference honours the caller's gRPC deadline as it honours the ``timeout`` parameter: the
 shorter of the two and the server's ``request_timeout`` bounds queue and compute. A call the
 client cancels cancels its request (grpc.aio cancels the handler).
@@ -28,7 +33,8 @@ import orjson
 import structlog
 from google.protobuf import json_format
 
-from model_runtime.errors import UnknownModelError
+from model_runtime.errors import QueueFullError, UnknownModelError
+from model_runtime.server.admission import OVERLOADED, QUEUE_FULL
 from model_runtime.server.app import HTTPError, InferenceServer, status_of
 from model_runtime.server.codec import InferRequest
 from model_runtime.server.grpc.codec import (
@@ -57,6 +63,8 @@ GRPC_CODES: dict[int, grpc.StatusCode] = {
 }
 #: Requests bigger than this are decoded off the event loop (as over HTTP).
 _THREAD_PARSE_BYTES = 1 << 20
+#: Refusals under overload: logged as rate-limited summaries elsewhere, never one per call.
+_SUMMARISED = frozenset({QUEUE_FULL, OVERLOADED})
 _R = TypeVar("_R")
 Handler = Callable[["InferenceServicer", Any, Any], Awaitable[_R]]
 
@@ -79,7 +87,7 @@ def _answers(method: Handler[_R]) -> Handler[_R]:
             message = str(exc) or type(exc).__name__
             if reason == "internal":
                 log.exception("grpc_request_failed", method=method.__name__, status=status)
-            elif status >= 500 and reason != "queue_full":
+            elif status >= 500 and reason not in _SUMMARISED:
                 log.warning(
                     "grpc_request_failed", method=method.__name__, status=status, error=message
                 )
@@ -159,38 +167,50 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
 
     @_answers
     async def ModelInfer(self, request: Any, context: Any) -> Any:
-        """One inference request: raw or typed contents in, raw contents out."""
+        """One inference request: raw or typed contents in, raw contents out; refused
+        (UNAVAILABLE) before it is decoded while its model is over its admission limit."""
         server = self.server
         entry = server.entry(request.model_name, request.model_version)
-        runner = entry.runner
-        refusal: HTTPError | None = None
-        if server.draining:
-            refusal = HTTPError(503, "the server is draining", "draining")
-        elif runner is None or entry.state is not ModelState.READY:
-            refusal = HTTPError(503, f"model {entry.name!r} is {entry.state.value}", "not_ready")
-        if refusal is not None:
-            server.metrics.observe(entry.name, refusal.reason, 0.0, 0, entry.version)
-            raise refusal
-        server.enter_request(entry.name, entry.version)
-        t0 = time.perf_counter()
-        reason: str | None = "internal"
-        samples = 0
+        admission = server.admission
+        # After the lookup: admission state is made for models that exist only (as over HTTP).
+        refused = admission.try_admit(entry.name)
+        if refused is not None:
+            raise HTTPError(503, refused, OVERLOADED)
+        queue_full = False
         try:
-            response, samples = await self._infer(request, context, entry, runner)
-            reason = None
-            return response
-        except asyncio.CancelledError:
-            reason = "cancelled"
-            log.info("request_cancelled", model=entry.name)
-            raise
-        except BaseException as exc:
-            reason = status_of(exc)[1]
-            raise
+            runner = entry.runner
+            refusal: HTTPError | None = None
+            if server.draining:
+                refusal = HTTPError(503, "the server is draining", "draining")
+            elif runner is None or entry.state is not ModelState.READY:
+                message = f"model {entry.name!r} is {entry.state.value}"
+                refusal = HTTPError(503, message, "not_ready")
+            if refusal is not None:
+                server.metrics.observe(entry.name, refusal.reason, 0.0, 0, entry.version)
+                raise refusal
+            server.enter_request(entry.name, entry.version)
+            t0 = time.perf_counter()
+            reason: str | None = "internal"
+            samples = 0
+            try:
+                response, samples = await self._infer(request, context, entry, runner)
+                reason = None
+                return response
+            except asyncio.CancelledError:
+                reason = "cancelled"
+                log.info("request_cancelled", model=entry.name)
+                raise
+            except BaseException as exc:
+                reason = status_of(exc)[1]
+                queue_full = isinstance(exc, QueueFullError)
+                raise
+            finally:
+                seconds = time.perf_counter() - t0
+                entry.stats.record(reason is None, int(seconds * 1e9), samples)
+                server.metrics.observe(entry.name, reason, seconds, samples, entry.version)
+                server.leave_request(entry.name, entry.version)
         finally:
-            seconds = time.perf_counter() - t0
-            entry.stats.record(reason is None, int(seconds * 1e9), samples)
-            server.metrics.observe(entry.name, reason, seconds, samples, entry.version)
-            server.leave_request(entry.name, entry.version)
+            admission.release(entry.name, queue_full=queue_full)
 
     async def _infer(
         self, request: Any, context: Any, entry: ModelEntry, runner: Any
@@ -219,7 +239,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
             entries = self.server.repository.entries()
         response = pb.ModelStatisticsResponse()
         for entry in entries:
-            doc = await model_statistics(entry)
+            doc = await model_statistics(entry, self.server.metrics)
             json_format.ParseDict(doc, response.model_stats.add(), ignore_unknown_fields=True)
         return response
 
