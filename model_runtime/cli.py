@@ -68,6 +68,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--batch-dim", type=int, default=0, help="the inputs' batch axis (0)")
     c.add_argument(
+        "--batch-buckets",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="let the program also run batches of 1, 2, 4, ... when it computes the same rows "
+        "(checked by running it), so a lone request is not padded (default on)",
+    )
+    c.add_argument(
         "--variable", action="append", default=[], metavar="NAME", help="a mutable initializer"
     )
     c.add_argument(
@@ -96,7 +103,9 @@ def _parser() -> argparse.ArgumentParser:
 
     from model_runtime.server import add_serve_arguments  # options only: no aiohttp import
 
-    s = sub.add_parser("serve", help="serve models over the Open Inference Protocol v2 (HTTP)")
+    s = sub.add_parser(
+        "serve", help="serve models over the Open Inference Protocol v2 (HTTP and gRPC)"
+    )
     add_serve_arguments(s)
 
     d = sub.add_parser("demo", help="compile the demo model and run one batch (no server)")
@@ -127,6 +136,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         optimization_level=args.optimization_level,
         executable_cache_path=args.cache,
         model_name=args.name,
+        batch_buckets=args.batch_buckets,
     )
     print(compile_model(args.model, args.output, options))
     return 0
@@ -171,6 +181,13 @@ def _demo_model() -> Path:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    if args.ray is not None:
+        try:
+            from model_runtime.ray import serve_main as serve_on_ray
+        except ImportError as exc:
+            print(f"error: --ray needs the 'ray' extra ({exc}): pip install 'model-runtime[ray]'")
+            return EXIT_ERROR
+        return serve_on_ray(args)
     from model_runtime.server import serve_main
 
     return serve_main(args)

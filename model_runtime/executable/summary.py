@@ -93,6 +93,7 @@ def format_summary(exe: Executable) -> str:
         f"  package hash        {s['package_hash'] or '(unsealed)'}",
         f"  target              {target}",
         f"  batch size          {s['batch_size']}",
+        f"  batch sizes run     {s['options'].get('batch_sizes', s['batch_size'])}",
         f"  device iterations   {s['device_iterations']}",
         f"  replication factor  {s['replication_factor']}",
         "",

@@ -78,6 +78,12 @@ class DaemonOptions:
     repository_poll_secs: float = 15.0
     strict_readiness: bool = True
     reload_device_wait: float = 10.0
+    #: ``--ray``: serve on the Ray cluster at this address (``auto``; ``local`` starts one)
+    #: instead of as a daemon; None: the daemon. See :mod:`model_runtime.ray`.
+    ray_address: str | None = None
+    #: Ray Serve replicas (each hosts the runtime on ``ray_cpus`` CPUs of its node).
+    ray_replicas: int = 1
+    ray_cpus: float = 1.0
     runner: ModelRunnerConfig = field(
         default_factory=lambda: ModelRunnerConfig(
             batching_dim=0,
@@ -135,6 +141,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     a("--reload-device-wait", type=float,
       help="seconds a reload waits for free devices to load the new version beside the "
       "serving one (default 10)")  # fmt: skip
+    a("--ray", nargs="?", const="auto", metavar="ADDRESS",
+      help="serve as a Ray Serve application on the cluster at ADDRESS, not as a daemon "
+      "(default auto: this machine's cluster, else a local one; the 'ray' extra)")  # fmt: skip
+    a("--ray-replicas", type=int, help="with --ray: Ray Serve replicas (default 1)")
+    a("--ray-cpus", type=float, help="with --ray: CPUs (cpu devices) per Ray replica (default 1)")
 
 
 def _load_config(path: str) -> dict[str, Any]:
@@ -199,6 +210,7 @@ def options_from_args(args: argparse.Namespace) -> DaemonOptions:
         value = pick(path_cli, server, name)
         if value is not None:
             setattr(opts, name, Path(value))
+    _ray_options(opts, args)
     opts.models = list(getattr(args, "models", None) or server.get("models", []))
     _model_control(opts, args, server)
     batch = pick("batch_size", compile_, "batch_size")
@@ -231,6 +243,20 @@ def options_from_args(args: argparse.Namespace) -> DaemonOptions:
     if opts.max_body_size < 1:
         raise ConfigurationError(f"max body size must be >= 1, got {opts.max_body_size}")
     return opts
+
+
+def _ray_options(opts: DaemonOptions, args: argparse.Namespace) -> None:
+    """The ``--ray*`` options; the replica and CPU counts are refused without ``--ray``."""
+    opts.ray_address = getattr(args, "ray", None)
+    for name in ("ray_replicas", "ray_cpus"):
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        if opts.ray_address is None:
+            raise ConfigurationError(f"--{name.replace('_', '-')} needs --ray")
+        if not value > 0 or (name == "ray_replicas" and value < 1):
+            raise ConfigurationError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+        setattr(opts, name, value)
 
 
 def _model_control(opts: DaemonOptions, args: argparse.Namespace, server: dict[str, Any]) -> None:

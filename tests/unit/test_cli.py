@@ -100,6 +100,21 @@ def test_usage_error_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert info.value.code == 2
 
 
+def test_help_says_serve_speaks_http_and_grpc(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps the help text
+    assert "Open Inference Protocol v2 (HTTP and gRPC)" in out
+
+
+def test_the_readme_documents_admission_and_its_benchmark() -> None:
+    readme = (REPO / "README.md").read_text()
+    daemon = readme.split("## Try it", 1)[1].split("\n## ", 1)[0]  # the daemon's section
+    assert "`--admission-delay`" in daemon and "0 turns that" in daemon
+    assert "`make bench-overload`" in daemon
+
+
 def test_demo_runs_end_to_end(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--batch-size", "2"]) == 0
     out = capsys.readouterr().out
