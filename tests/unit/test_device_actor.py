@@ -302,3 +302,26 @@ async def test_a_device_given_an_executable_is_loaded_when_started() -> None:
         async with anyio.create_task_group() as tg:
             await tg.start(bad.run)
     assert not bad.device.is_attached
+
+
+async def test_a_run_shorter_than_a_hop_runs_on_the_loop_unless_a_fault_plan_is_set() -> None:
+    # Once measured on the worker (a moving average per batch size), a tiny run on an idle
+    # device is done before run_main_nowait returns, on the loop's thread; with a fault plan
+    # (a hang must never block the loop) every run goes to the worker.
+    exe = tiny_exe(device_iterations=1)
+    batch = (batch_of(exe, 0),)
+    for plan, inline in (("", True), ("recoverable:at=1000", False)):
+        spy = SpyBackend()
+        async with device(plan, backend=spy) as (ref, actor):
+            await ref.ask(LoadExecutable(exe))
+            first = actor.run_main_nowait(batch)
+            assert not first.done()  # nothing measured yet: the worker
+            await first
+            done_at_once = []
+            for _ in range(30):
+                run = actor.run_main_nowait(batch)
+                done_at_once.append(run.done())
+                await run
+            assert any(done_at_once) is inline, plan
+            assert (threading.current_thread().name in spy.threads) is inline
+            assert (await ref.ask(GetStatus())).runs_completed == 31
