@@ -11,6 +11,11 @@ before anything is queued and to that caller only, everything the queue relies o
 dtypes, per-sample shapes, one sample count for all batched inputs, and output buffers of the
 exact shape that the queue can write into (not read-only). Anchors without a batch dimension
 (``batch_dim`` None) are unbatched, as in the queue: they are given whole, in the anchor's shape.
+
+String inputs (``bytes`` anchors, numpy dtype ``object``) take numpy object arrays of ``bytes``
+or ``str`` (encoded UTF-8), ``S``/``U`` arrays, or nested lists of those; every element is
+checked (type, and valid UTF-8, which onnxruntime needs), so those models pay per element.
+Outputs are object arrays of ``bytes``.
 """
 
 from __future__ import annotations
@@ -24,7 +29,14 @@ import numpy as np
 from model_runtime.errors import InputValidationError
 from model_runtime.executable.model import Anchor
 
-__all__ = ["DataDesc", "RequestShape", "describe_anchor", "validate_inputs", "validate_outputs"]
+__all__ = [
+    "DataDesc",
+    "RequestShape",
+    "as_bytes_array",
+    "describe_anchor",
+    "validate_inputs",
+    "validate_outputs",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +48,8 @@ class DataDesc:
     shape: tuple[int, ...]
     dtype: np.dtype[Any]
     has_data: bool = False
+    #: False for a tensor without a batch axis (given whole, at this shape)
+    batched: bool = True
 
 
 def describe_anchor(anchor: Anchor) -> DataDesc:
@@ -46,6 +60,7 @@ def describe_anchor(anchor: Anchor) -> DataDesc:
         shape=anchor.tensor_info.shape,
         dtype=anchor.tensor_info.dtype,
         has_data=anchor.has_data,
+        batched=anchor.batch_dim is not None,
     )
 
 
@@ -59,6 +74,8 @@ class RequestShape:
     shape: tuple[int, ...]  # the executable's shape with the batch axis removed
     #: False for an anchor without a batch dimension: given whole, in the anchor's shape
     batched: bool = True
+    #: a string (``bytes``) anchor: elements are checked and made ``bytes``
+    strings: bool = False
 
 
 def request_shapes(
@@ -72,8 +89,11 @@ def request_shapes(
     out = []
     for a in anchors:
         shape = a.tensor_info.shape
+        strings = a.tensor_info.dtype.kind == "O"
         if a.batch_dim is None:  # the queue's rule too (actors/queues/pool.py)
-            out.append(RequestShape(a.name, 0, a.tensor_info.dtype, shape, batched=False))
+            out.append(
+                RequestShape(a.name, 0, a.tensor_info.dtype, shape, batched=False, strings=strings)
+            )
             continue
         axis = batching_dim if batching_dim is not None else a.batch_dim
         if axis >= len(shape):
@@ -81,7 +101,13 @@ def request_shapes(
                 f"{where}: batching_dim {axis} is beyond the rank of {a.name!r} {list(shape)}"
             )
         out.append(
-            RequestShape(a.name, axis, a.tensor_info.dtype, shape[:axis] + shape[axis + 1 :])
+            RequestShape(
+                a.name,
+                axis,
+                a.tensor_info.dtype,
+                shape[:axis] + shape[axis + 1 :],
+                strings=strings,
+            )
         )
     return tuple(out)
 
@@ -114,7 +140,10 @@ def validate_inputs(
             value = inputs[s.name]
         except KeyError:
             raise _name_mismatch(inputs, shapes) from None
-        arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+        if s.strings:
+            arr = as_bytes_array(value, s.name)
+        else:
+            arr = value if isinstance(value, np.ndarray) else np.asarray(value)
         if arr.dtype != s.dtype:
             raise InputValidationError(
                 f"input {s.name!r} has dtype {arr.dtype}, the model expects {s.dtype}"
@@ -155,6 +184,54 @@ def validate_inputs(
             f"(set batching_dim to accept any number of samples)"
         )
     return arrays, samples
+
+
+def as_bytes_array(value: Any, name: str) -> np.ndarray:
+    """``value`` as an object array of UTF-8 ``bytes`` (``value`` itself when it is one).
+
+    Raises:
+        InputValidationError: an element is neither ``bytes`` nor ``str``, or is not UTF-8.
+    """
+    if not isinstance(value, np.ndarray):
+        try:
+            value = np.array(value, dtype=object)
+        except ValueError as exc:  # ragged nesting
+            raise InputValidationError(f"input {name!r}: {exc}") from None
+    if value.dtype.kind == "S":  # numpy's fixed-size bytes (trailing NULs are numpy's loss)
+        value = value.astype(object)
+    elif value.dtype.kind not in "UO":
+        raise InputValidationError(
+            f"input {name!r} has dtype {value.dtype}, the model expects bytes (an object array "
+            "of bytes or str)"
+        )
+    out: np.ndarray | None = None
+    flat = value.reshape(-1)
+    for i, v in enumerate(flat):
+        if type(v) is bytes:
+            b = v
+        elif isinstance(v, str):
+            b = v.encode("utf-8", "surrogatepass")
+        elif isinstance(v, bytes | bytearray | memoryview):
+            b = bytes(v)
+        else:
+            raise InputValidationError(
+                f"input {name!r} element {i} is {type(v).__name__}, expected bytes or str"
+            )
+        try:
+            b.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputValidationError(
+                f"input {name!r} element {i} is not valid UTF-8 ({exc.reason} at byte "
+                f"{exc.start}), which onnxruntime needs for its strings"
+            ) from None
+        if b is not v or value.dtype.kind != "O":
+            if out is None:
+                out = np.empty(value.shape, dtype=object)
+                out.reshape(-1)[:i] = flat[:i]
+            out.reshape(-1)[i] = b
+        elif out is not None:
+            out.reshape(-1)[i] = b
+    return value if out is None else out
 
 
 def _name_mismatch(

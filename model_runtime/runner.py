@@ -123,6 +123,7 @@ class ModelRunner:
         #: validated input signatures: ((name, dtype, shape), ...) -> samples
         #: (for one input, just its (name, dtype, shape))
         self._signatures: dict[tuple[Any, ...], int] = {}
+        self._strings = False  # string inputs: every request's elements are checked
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -171,6 +172,7 @@ class ModelRunner:
         where = f"model {meta.model_name!r}"
         self._in_shapes = request_shapes(meta.user_inputs, cfg.batching_dim, where=where)
         self._out_shapes = request_shapes(meta.execute_outputs, cfg.batching_dim, where=where)
+        self._strings = any(s.strings for s in self._in_shapes)
         plan = (
             FaultPlan.parse(cfg.fault_plan) if isinstance(cfg.fault_plan, str) else cfg.fault_plan
         )
@@ -399,7 +401,7 @@ class ModelRunner:
             self._executable.metadata.batch_size,
             self.config.batching_dim is not None,
         )
-        if key is not None and len(self._signatures) < _SIGNATURES:
+        if key is not None and len(self._signatures) < _SIGNATURES and not self._strings:
             self._signatures[key[0] if len(key) == 1 else signature] = samples
         return arrays, samples
 

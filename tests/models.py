@@ -26,6 +26,9 @@ __all__ = [
     "make_embedding",
     "make_fixed_batch_reshape",
     "make_mlp",
+    "make_no_batch",
+    "make_string_identity",
+    "make_string_mixed",
     "save",
 ]
 
@@ -197,6 +200,65 @@ def make_dynamic_feature() -> onnx.ModelProto:
         "dynamic_feature",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "seq"])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "seq"])],
+    )
+    return _model(graph)
+
+
+def make_string_identity(batch: Dim = "N", width: int = 1) -> onnx.ModelProto:
+    """Triton's ``simple_identity``: ``INPUT0`` STRING [batch, width] -> Identity ->
+    ``OUTPUT0`` STRING [batch, width]."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])],
+        "string_identity",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.STRING, [batch, width])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.STRING, [batch, width])],
+    )
+    return _model(graph)
+
+
+def make_string_mixed(batch: Dim = "N", width: int = 2) -> onnx.ModelProto:
+    """Strings beside numbers: ``text`` STRING [batch, width] and ``x`` FLOAT [batch, 4] in;
+    ``echo`` (``text``), ``is_yes`` (``text == "yes"``, a string constant of the graph) and
+    ``double`` (``x + x``) out."""
+    yes = helper.make_tensor("yes", TensorProto.STRING, [1], [b"yes"])
+    graph = helper.make_graph(
+        [
+            helper.make_node("Identity", ["text"], ["echo"]),
+            helper.make_node("Equal", ["text", "yes"], ["is_yes"]),
+            helper.make_node("Add", ["x", "x"], ["double"]),
+        ],
+        "string_mixed",
+        [
+            helper.make_tensor_value_info("text", TensorProto.STRING, [batch, width]),
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 4]),
+        ],
+        [
+            helper.make_tensor_value_info("echo", TensorProto.STRING, [batch, width]),
+            helper.make_tensor_value_info("is_yes", TensorProto.BOOL, [batch, width]),
+            helper.make_tensor_value_info("double", TensorProto.FLOAT, [batch, 4]),
+        ],
+        [yes],
+    )
+    model = helper.make_model(  # Equal on strings needs opset 19
+        graph, opset_imports=[helper.make_opsetid("", 19)], producer_name="tests.models"
+    )
+    model.ir_version = 9
+    onnx.checker.check_model(model)
+    return model
+
+
+def make_no_batch(shape: tuple[int, ...] = (3, 4, 4)) -> onnx.ModelProto:
+    """A model without a batch axis (Triton's ``max_batch_size: 0``): ``x`` FLOAT ``shape``
+    -> ``y = x - mean(x)`` over the whole tensor, so splitting or combining inputs along any
+    axis would change the answer."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceMean", ["x"], ["m"], keepdims=1),
+            helper.make_node("Sub", ["x", "m"], ["y"]),
+        ],
+        "no_batch",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))],
     )
     return _model(graph)
 

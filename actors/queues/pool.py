@@ -4,6 +4,10 @@ Every batched anchor is handled along its *row axis*: the configured ``batching_
 set, else the anchor's ``batch_dim``; the anchor's shape holds B there. Anchors without a
 ``batch_dim`` are unbatched: a batch takes their value from the last request packed into each
 iteration, and each caller gets a copy of the output's value.
+
+String anchors (``bytes``) are numpy object arrays: their batch buffers are object arrays too
+(rows are references to the callers' ``bytes``, copied like any row), padded with ``b""``, and
+the device never writes them in place (no output views into callers' buffers).
 """
 
 from __future__ import annotations
@@ -30,6 +34,17 @@ class Spec:
     axis: int | None
     shape: tuple[int, ...]
     dtype: np.dtype[Any]
+
+    @property
+    def pad(self) -> Any:
+        """The value padding rows hold: ``b""`` for strings, else 0."""
+        return b"" if self.dtype.kind == "O" else 0
+
+    def zeros(self, shape: tuple[int, ...]) -> np.ndarray:
+        """A padding-filled array of this anchor's dtype."""
+        if self.dtype.kind == "O":
+            return np.full(shape, b"", dtype=self.dtype)
+        return np.zeros(shape, dtype=self.dtype)
 
     def shape_with_rows(self, rows: int) -> tuple[int, ...]:
         """The anchor's shape with ``rows`` along the row axis."""
@@ -67,6 +82,7 @@ class Layout:
         "capacity",
         "fast_output",
         "inputs",
+        "into_outputs",
         "outputs",
         "simple_inputs",
     )
@@ -97,6 +113,8 @@ class Layout:
             and all(s.axis == 0 for s in (*self.inputs, *self.outputs))
         ):
             self.buckets = metadata.batch_sizes
+        #: outputs the device may write into callers' buffers: row axis 0, not strings
+        self.into_outputs = tuple(s for s in self.outputs if s.axis == 0 and s.dtype.kind != "O")
         #: the output's name when it is the only one and has row axis 0 (the fast split path)
         self.fast_output = (
             self.outputs[0].name if len(self.outputs) == 1 and self.outputs[0].axis == 0 else None
@@ -134,9 +152,8 @@ class Layout:
             return None
         usable = [
             s
-            for s in self.outputs
-            if s.axis == 0
-            and (a := outputs.get(s.name)) is not None
+            for s in self.into_outputs
+            if (a := outputs.get(s.name)) is not None
             and a.flags.c_contiguous
             and a.flags.writeable
             and a.dtype == s.dtype
@@ -158,10 +175,7 @@ class RingPool:
     def __init__(self, layout: Layout, size: int) -> None:
         self.layout = layout
         self.buffers = [
-            tuple(
-                {s.name: np.zeros(s.shape, dtype=s.dtype) for s in layout.inputs}
-                for _ in range(layout.I)
-            )
+            tuple({s.name: s.zeros(s.shape) for s in layout.inputs} for _ in range(layout.I))
             for _ in range(size)
         ]
         self.free = list(range(size - 1, -1, -1))
@@ -211,7 +225,7 @@ class RingPool:
                     np.concatenate(views, out=out[:rows])
         if size is not None and size < layout.capacity:
             for s in layout.inputs:  # a bucket's padding only (Layout.buckets' conditions)
-                buf[0][s.name][valid_rows:size] = 0
+                buf[0][s.name][valid_rows:size] = s.pad
             return None
         if valid_rows == layout.capacity:
             return None
@@ -229,9 +243,7 @@ class RingPool:
         outputs: dict[str, np.ndarray] = {}
         if flush_callback is not None:
             data = {
-                s.name: np.zeros(s.shape_with_rows(pad), dtype=s.dtype)
-                for s in layout.inputs
-                if s.axis is not None
+                s.name: s.zeros(s.shape_with_rows(pad)) for s in layout.inputs if s.axis is not None
             }
             flush_callback(layout.inputs[0].name, data, outputs)
         for s in layout.inputs:
@@ -245,7 +257,7 @@ class RingPool:
                 first = valid_rows - k * b if k == valid_rows // b else 0
                 dst = rows_view(buf[k][s.name], s.axis)[first:]
                 if src is None:
-                    dst[...] = 0
+                    dst[...] = s.pad
                 else:
                     dst[...] = src[taken : taken + b - first]
                 taken += b - first

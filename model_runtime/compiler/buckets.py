@@ -81,6 +81,7 @@ def find_buckets(
         or custom_ops
         or options.batch_dim != 0
         or rebatched.mode == "none"  # the source fixed the batch itself: keep it
+        or any(info.dtype.kind == "O" for info in outputs.values())  # strings: one size
     ):
         return None
     bd = options.batch_dim
@@ -97,6 +98,8 @@ def find_buckets(
     for name, tt in infos.items():
         shape = tuple(d.dim_value for d in tt.shape.dim)
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
+        if np.dtype(dtype).kind == "O":
+            return None  # string rows: one batch size
         feed[name] = random_array(rng, shape, np.dtype(dtype))
     names = list(prepared.user_outputs)
     for name in names:

@@ -41,13 +41,16 @@ def anchor_dtype(elem_type: int, what: str) -> np.dtype[Any]:
 
     Raises:
         CompileError: the type has no numpy equivalent the executable format stores
-            (bfloat16, string, complex...); ``what`` names the tensor.
+            (bfloat16, complex...); ``what`` names the tensor. STRING is ``bytes`` (numpy
+            object arrays).
     """
     try:
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
     except Exception:
         dtype = None
     name = onnx.TensorProto.DataType.Name(elem_type) if elem_type else "UNDEFINED"
+    if elem_type == onnx.TensorProto.STRING:
+        return DTYPES["bytes"]
     if dtype is None or dtype.name not in DTYPES or dtype != DTYPES[dtype.name]:
         raise CompileError(
             f"{what} has element type {name}, which executables cannot carry "

@@ -174,7 +174,7 @@ def lower(
     payload = np.frombuffer(serialized.SerializeToString(), dtype=np.uint8).copy()
     tensors: dict[str, np.ndarray] = {MAIN_PAYLOAD: payload}
     anchors: list[Anchor] = []
-    bd = options.batch_dim
+    bd: int | None = options.batch_dim if options.batch_size else None  # 0: no batch axis
     for vi in user_inputs:
         dims = tuple(d.dim_value for d in vi.type.tensor_type.shape.dim)
         dtype = anchor_dtype(vi.type.tensor_type.elem_type, f"{where}: input {vi.name!r}")
@@ -214,7 +214,7 @@ def lower(
     metadata = ExecutableMetadata(
         model_name=model_name,
         target=options.device_target,
-        batch_size=options.batch_size,
+        batch_size=options.batch_size or 1,  # no batch axis: one request per run
         anchors=tuple(anchors),
         programs=(
             Program(LOAD_ID, "load", ProgramKind.LOAD),

@@ -28,6 +28,10 @@ class CompileOptions:
     downloaded by the save program); ``variable_updates`` maps a graph output to the variable
     whose new value it is. ``executable_cache_path`` (or ``MODEL_RUNTIME_FLAGS``) enables the
     executable cache; it does not change what is compiled.
+
+    ``batch_size=0`` compiles a model without a batch axis (Triton's ``max_batch_size: 0``):
+    its inputs keep their own, fully fixed shapes, no anchor has a ``batch_dim``, and the
+    executable runs each request on its own (its metadata says batch size 1).
     """
 
     batch_size: int = 1
@@ -67,8 +71,12 @@ class CompileOptions:
 
         for name in ("batch_size", "device_iterations", "replication_factor"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise fail(f"{name} must be a positive integer, got {value!r}")
+            least = 0 if name == "batch_size" else 1  # batch 0: no batch axis
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                also = " (or 0: no batch axis)" if least == 0 else ""
+                raise fail(f"{name} must be a positive integer{also}, got {value!r}")
+        if self.batch_size == 0 and self.device_iterations != 1:
+            raise fail("a model without a batch axis (batch_size 0) runs one device iteration")
         if self.target not in DEVICE_KINDS:
             raise fail(f"unknown target {self.target!r} (known: {', '.join(DEVICE_KINDS)})")
         if self.target == "ipu-model":

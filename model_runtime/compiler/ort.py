@@ -73,6 +73,10 @@ def random_array(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dty
         return rng.random(shape) < 0.5
     if dtype.kind in "iu":
         return rng.integers(0, 2, size=shape).astype(dtype)
+    if dtype.kind == "O":  # strings, as onnxruntime's Python binding takes them (str)
+        words = np.empty(shape, dtype=object)
+        words.reshape(-1)[:] = [str(v) for v in rng.integers(0, 1000, size=words.size)]
+        return words
     return np.zeros(shape, dtype=dtype)
 
 

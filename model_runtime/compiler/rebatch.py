@@ -138,7 +138,8 @@ def prepare(proto: onnx.ModelProto, options: CompileOptions, where: str) -> Prep
 
 
 def rebatch(prepared: PreparedModel, batch_size: int, batch_dim: int, where: str) -> RebatchedModel:
-    """Fix the batch dim of every user input at ``batch_size``.
+    """Fix the batch dim of every user input at ``batch_size`` (0: no batch axis, every
+    input's shape must be fixed already).
 
     Raises:
         CompileError: an input has unknown rank, no batch dim, a batch fixed at a size other
@@ -146,6 +147,8 @@ def rebatch(prepared: PreparedModel, batch_size: int, batch_dim: int, where: str
     """
     model = _copy(prepared.proto)
     graph = model.graph
+    if batch_size == 0:
+        return _unbatched(model, prepared, where)
     modes: set[str] = set()
     symbolic: list[onnx.TensorShapeProto.Dimension] = []
     for vi in graph.input:
@@ -214,6 +217,24 @@ def rebatch(prepared: PreparedModel, batch_size: int, batch_dim: int, where: str
         d.dim_value = batch_size
     mode = "fixed-1" if "fixed-1" in modes else "dynamic"
     return RebatchedModel(proto=model, mode=mode, reshapes_rewritten=rewritten)
+
+
+def _unbatched(model: onnx.ModelProto, prepared: PreparedModel, where: str) -> RebatchedModel:
+    """A model without a batch axis (batch size 0) runs at its own shapes: all fixed."""
+    for vi in model.graph.input:
+        if vi.name not in prepared.user_inputs:
+            continue
+        tensor_type = vi.type.tensor_type
+        if not tensor_type.HasField("shape"):
+            raise CompileError(f"{where}: input {vi.name!r} has unknown rank; give it a shape")
+        for i, d in enumerate(tensor_type.shape.dim):
+            if not (d.HasField("dim_value") and d.dim_value > 0):
+                raise CompileError(
+                    f"{where}: input {vi.name!r} dimension {i} is dynamic; a model without a "
+                    f"batch axis (batch size 0) runs at its own shape, so every dimension must "
+                    f"be fixed (shape {tensor_shape(vi)})"
+                )
+    return RebatchedModel(proto=model, mode="none", reshapes_rewritten=0)
 
 
 def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -90,7 +90,7 @@ def check_outputs(
             onnx.helper.np_dtype_to_tensor_dtype(value.dtype), f"{where}: output {name!r}"
         )
         infos[name] = TensorInfo(tuple(int(d) for d in value.shape), dtype)
-    for name in prepared.user_outputs:
+    for name in prepared.user_outputs if batch_size else ():  # 0: no batch axis
         shape = infos[name].shape
         if len(shape) <= batch_dim or shape[batch_dim] != batch_size:
             hint = (

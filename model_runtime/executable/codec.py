@@ -26,7 +26,12 @@ from model_runtime.executable.model import (
 )
 from model_runtime.executable.safetensors_io import parse_json_strict
 
-__all__ = ["DTYPES", "metadata_from_json", "metadata_to_json"]
+__all__ = ["BYTES_DTYPE", "DTYPES", "dtype_name", "metadata_from_json", "metadata_to_json"]
+
+#: A string anchor's dtype (ONNX STRING, protocol BYTES): at run time a numpy object array of
+#: ``bytes``; stored in the file by the name ``bytes`` (metadata only: an anchor with data of
+#: this dtype is refused on load, see ``validate``).
+BYTES_DTYPE: np.dtype[Any] = np.dtype(object)
 
 #: dtypes an anchor may have, by the name stored in the file.
 DTYPES: dict[str, np.dtype[Any]] = {
@@ -46,6 +51,12 @@ DTYPES: dict[str, np.dtype[Any]] = {
         "float64",
     )
 }
+DTYPES["bytes"] = BYTES_DTYPE
+
+
+def dtype_name(dtype: np.dtype[Any]) -> str:
+    """The name ``dtype`` is stored under (``bytes`` for strings, else numpy's name)."""
+    return "bytes" if dtype.kind == "O" else dtype.name
 
 
 def _anchor_to_dict(a: Anchor) -> dict[str, Any]:
@@ -53,7 +64,7 @@ def _anchor_to_dict(a: Anchor) -> dict[str, Any]:
         "name": a.name,
         "handle": a.handle,
         "shape": list(a.tensor_info.shape),
-        "dtype": a.tensor_info.dtype.name,
+        "dtype": dtype_name(a.tensor_info.dtype),
         "type": a.type.value,
         "role": a.role.value,
         "programs": list(a.programs),

@@ -17,7 +17,9 @@ will hold is computed from the metadata first and refused with
 * per replica, ``device``: the device's own copy of the weights and variables (the cpu backend
   keeps one; the ipu-model backend is a cpu backend).
 
-String anchors (numpy ``object`` arrays) never go through the pool and are not counted.
+String anchors (numpy ``object`` arrays of ``bytes``) count one pointer (8 bytes) per element:
+their pool buffers hold references to the callers' strings, whose bytes the request (and the
+daemon's body limit) already bounds.
 
 The limit: ``limit_bytes`` when given, else ``--max_allocation_bytes`` in ``MODEL_RUNTIME_FLAGS``,
 else half the memory this process may use (physical memory, or the cgroup v2/v1 memory limit
@@ -85,7 +87,7 @@ class AllocationEstimate:
 
 
 def _anchor_bytes(anchors: tuple[Anchor, ...]) -> int:
-    return sum(a.tensor_info.size_in_bytes for a in anchors if a.dtype.kind != "O")
+    return sum(a.tensor_info.size_in_bytes for a in anchors)
 
 
 def estimate_allocation(

@@ -208,6 +208,11 @@ def _check_anchor(
                 f"anchor {a.name!r}: dimension {a.batch_dim} (its batch_dim) is "
                 f"{shape[a.batch_dim]} but the executable's batch_size is {m.batch_size}"
             )
+    # Strings are user data only: a string constant stays inside the program payload.
+    if a.dtype.kind == "O" and (
+        a.role not in (AnchorRole.USER_INPUT, AnchorRole.USER_OUTPUT) or a.has_data
+    ):
+        raise fail(f"anchor {a.name!r}: a bytes anchor must be a user input or output without data")
     if a.has_data:
         if a.role is AnchorRole.USER_OUTPUT:
             raise fail(f"anchor {a.name!r}: a user_output cannot have stored data")

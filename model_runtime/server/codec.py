@@ -16,11 +16,16 @@ with a message that names the tensor and the defect.
 Responses are written by orjson straight from the arrays (no lists of Python numbers); FP16
 and FP32 values are written as the float64 numbers they equal, as Triton writes them. An
 output requested with ``classification`` comes back as BYTES (:mod:`.classification`).
+
+BYTES inputs (a model's string tensors) arrive as JSON strings (UTF-8 encoded) or as binary
+data, each element a 4-byte little-endian length then its bytes (:func:`bytes_from_binary`);
+they become numpy object arrays of ``bytes``.
 """
 
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +56,7 @@ __all__ = [
     "ProtocolError",
     "RequestedOutput",
     "TensorSpec",
+    "bytes_from_binary",
     "encode_infer_response",
     "parse_infer_request",
 ]
@@ -154,6 +160,58 @@ def _from_binary(name: str, datatype: str, chunk: memoryview) -> np.ndarray:
     return arr
 
 
+_LENGTH = struct.Struct("<I")
+
+
+def bytes_from_binary(name: str, data: bytes | bytearray | memoryview, count: int) -> np.ndarray:
+    """``count`` BYTES elements from ``data`` (each a 4-byte little-endian length, then that
+    many bytes, nothing after the last) as a flat object array of ``bytes``.
+
+    Nothing is allocated before ``count`` is known to fit ``data`` (each element needs at
+    least its 4-byte length).
+
+    Raises:
+        ProtocolError: a length is cut off, an element runs past the end, fewer or more
+            elements (or bytes) than ``count``; the message names the input and the element.
+    """
+    view = memoryview(data).cast("B")
+    end = len(view)
+    if count * 4 > end:
+        raise _fail(
+            f"input {name!r}: {count} BYTES elements need at least {count * 4} bytes (a 4-byte "
+            f"length each), the data has {end}"
+        )
+    out = np.empty(count, dtype=object)
+    pos = 0
+    unpack = _LENGTH.unpack_from
+    for i in range(count):
+        (n,) = unpack(view, pos)  # in range: each element left has 4 bytes (checked below)
+        pos += 4
+        if n > end - pos - 4 * (count - i - 1):
+            raise _fail(
+                f"input {name!r}: BYTES element {i} of {count} claims {n} bytes, but only "
+                f"{end - pos - 4 * (count - i - 1)} remain for it"
+            )
+        out[i] = bytes(view[pos : pos + n])
+        pos += n
+    if pos != end:
+        raise _fail(
+            f"input {name!r}: {end - pos} bytes follow the last of its {count} BYTES elements"
+        )
+    return out
+
+
+def _strings(name: str, values: list[Any]) -> np.ndarray:
+    out = np.empty(len(values), dtype=object)
+    for i, v in enumerate(values):
+        if not isinstance(v, str):
+            raise _fail(
+                f"input {name!r}: BYTES data must be strings, element {i} is {type(v).__name__}"
+            )
+        out[i] = v.encode("utf-8", "surrogatepass")
+    return out
+
+
 def _parameters(where: str, raw: Any) -> dict[str, Any]:
     if raw is None:
         return {}
@@ -165,6 +223,8 @@ def _parameters(where: str, raw: Any) -> dict[str, Any]:
 def _check_datatype(name: str, datatype: Any, spec: TensorSpec, model: str) -> str:
     if not isinstance(datatype, str):
         raise _fail(f"input {name!r}: 'datatype' must be a string")
+    if datatype == BYTES and spec.datatype == BYTES:
+        return datatype
     if datatype == BYTES:
         raise _fail(
             f"input {name!r}: datatype BYTES is not supported by model {model!r}, which has "
@@ -287,7 +347,7 @@ def _decode(
         if size is not None:
             if "data" in item:
                 raise _fail(f"input {name!r}: give either 'data' or binary_data_size, not both")
-            expected = count * DATATYPES[datatype].itemsize
+            expected = size if datatype == BYTES else count * DATATYPES[datatype].itemsize
             if size != expected:
                 raise _fail(
                     f"input {name!r}: binary_data_size is {size} bytes, but shape "
@@ -298,10 +358,22 @@ def _decode(
                     f"input {name!r}: binary data sizes add up to more than the "
                     f"{len(binary)} bytes after the JSON header"
                 )
-            flat = _from_binary(name, datatype, binary[offset : offset + size])
+            chunk = binary[offset : offset + size]
+            if datatype == BYTES:
+                flat = bytes_from_binary(name, chunk, count)
+            else:
+                flat = _from_binary(name, datatype, chunk)
             offset += size
         elif "data" not in item:
             raise _fail(f"input {name!r}: no 'data' and no binary_data_size")
+        elif datatype == BYTES:
+            values = flatten(name, item["data"], count)
+            if len(values) != count:
+                raise _fail(
+                    f"input {name!r}: shape {list(shape)} needs {count} elements, "
+                    f"'data' has {len(values)}"
+                )
+            flat = _strings(name, values)
         elif (cut := placeholder_index(item["data"])) is not None:
             flat = parse_number_span(name, datatype, body, spans[cut], shape, count)
         else:

@@ -13,7 +13,7 @@ import numpy as np
 
 __all__ = ["BYTES", "DATATYPES", "datatype_of", "dtype_of"]
 
-#: Variable-length byte strings: a valid protocol datatype, but no executable has such a tensor.
+#: Variable-length byte strings: a model's string tensors (numpy object arrays of ``bytes``).
 BYTES = "BYTES"
 
 #: Protocol datatype name -> numpy dtype (little-endian), for every fixed-size element type.
@@ -38,11 +38,14 @@ _BY_KIND_SIZE: dict[tuple[str, int], str] = {
 
 
 def datatype_of(dtype: np.dtype[Any]) -> str:
-    """The protocol datatype name of a numpy dtype (byte order ignored).
+    """The protocol datatype name of a numpy dtype (byte order ignored; ``object``, a string
+    tensor, is ``BYTES``).
 
     Raises:
         ValueError: the dtype has no protocol equivalent (e.g. complex, structured).
     """
+    if dtype.kind == "O":
+        return BYTES
     try:
         return _BY_KIND_SIZE[(dtype.kind, dtype.itemsize)]
     except KeyError:

@@ -230,7 +230,7 @@ async def _first_of(events: Sequence[anyio.Event]) -> None:
 def _batch_of(descs: Sequence[DataDesc], axis: int) -> int | None:
     """The batch an executable runs (its first input's size on the batch axis)."""
     for d in descs:
-        if 0 <= axis < len(d.shape):
+        if d.batched and 0 <= axis < len(d.shape):
             return int(d.shape[axis])
     return None
 
@@ -239,7 +239,7 @@ def _specs(descs: Sequence[DataDesc], axis: int) -> tuple[TensorSpec, ...]:
     out = []
     for d in descs:
         shape = list(d.shape)
-        if 0 <= axis < len(shape):
+        if d.batched and 0 <= axis < len(shape):  # no batch axis: the whole shape
             shape[axis] = -1
         try:
             datatype = datatype_of(d.dtype)
@@ -656,12 +656,20 @@ class ModelRepository:
             outputs = _specs(runner.get_execute_outputs(), axis)
             runs = _batch_of(descs, axis)
             want = settings.batch_size
+            if want == 0 and runs is not None:
+                raise ConfigurationError(
+                    f"{settings.source}: max_batch_size is 0 (no batch axis), but {source} "
+                    f"runs batches of {runs}"
+                )
             if want is not None and runs is not None and runs != want:
                 raise ConfigurationError(
                     f"{settings.source}: the batch is {want}, but {source} runs batches of {runs}"
                 )
             check_tensors(settings, inputs, outputs)
-            served = build_config(entry.name, settings, config, runs or 1, inputs, outputs)
+            unbatched = runs is None and not any(d.batched for d in descs)
+            served = build_config(
+                entry.name, settings, config, 0 if unbatched else runs or 1, inputs, outputs
+            )
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await runner.close()

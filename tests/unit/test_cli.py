@@ -71,7 +71,7 @@ def test_compile_with_variable_and_cache(
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["compile", "{model}", "--batch-size", "0"], "batch_size must be a positive integer"),
+        (["compile", "{model}", "--batch-size", "-1"], "batch_size must be a positive integer"),
         (["compile", "{model}", "--batch-size", "2", "--target", "tpu"], "unknown target 'tpu'"),
         (["compile", "{model}", "--batch-size", "2", "--variable", "w"], "variable 'w' is not"),
         (["compile", "{model}", "--batch-size", "2", "--variable-update", "x"], "OUTPUT=VARIABLE"),

@@ -164,7 +164,7 @@ def test_batch_fixed_at_another_size_is_refused() -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        (CompileOptions(batch_size=0), "batch_size must be a positive integer"),
+        (CompileOptions(batch_size=-1), "batch_size must be a positive integer"),
         (CompileOptions(batch_size=2, target="gpu"), "unknown target 'gpu'"),
         (CompileOptions(optimization_level="max"), "unknown optimization_level 'max'"),
         (CompileOptions(variables=("nope",)), "variable 'nope' is not an initializer"),

@@ -30,6 +30,11 @@ Session options, chosen for a server (:func:`session_options`):
   the executable was compiled asking for less (``optimization_level`` ``disable`` or ``basic`` in
   its options), which is then honoured.
 * logging: fatal only; every run error is translated into ours.
+
+String tensors (``bytes`` anchors) are numpy object arrays of ``bytes`` everywhere in the
+runtime; onnxruntime's Python binding takes ``str`` (it would write a ``bytes`` object as its
+``repr``) and returns ``str``, so a model with string inputs or outputs has them decoded from
+and encoded to UTF-8 here, per run (models without strings skip this).
 """
 
 from __future__ import annotations
@@ -74,6 +79,38 @@ try:  # onnxruntime's exception types live in its pybind module
     from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as _OrtInvalidArgument
 except ImportError:  # pragma: no cover
     _OrtInvalidArgument = ValueError
+
+
+def _decode_one(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _encode_one(value: Any) -> bytes:
+    return value.encode("utf-8") if isinstance(value, str) else bytes(value)
+
+
+_DECODE = np.frompyfunc(_decode_one, 1, 1)
+_ENCODE = np.frompyfunc(_encode_one, 1, 1)
+
+
+def to_str_array(arr: np.ndarray, name: str) -> np.ndarray:
+    """``arr`` (``bytes`` elements) as the ``str`` array onnxruntime takes.
+
+    Raises:
+        InputValidationError: an element is not valid UTF-8.
+    """
+    try:
+        return np.asarray(_DECODE(arr), dtype=object)
+    except UnicodeDecodeError as exc:
+        raise InputValidationError(
+            f"run_main: input {name!r} holds bytes that are not UTF-8, which onnxruntime "
+            f"cannot take: {exc}"
+        ) from None
+
+
+def to_bytes_array(arr: np.ndarray) -> np.ndarray:
+    """onnxruntime's ``str`` array as the runtime's ``bytes`` array (UTF-8)."""
+    return np.asarray(_ENCODE(arr), dtype=object)
 
 
 class RunAborted(DeviceStateError):
@@ -142,6 +179,9 @@ class CpuBackend:
         self._feed: dict[str, np.ndarray] = {}
         self._inputs: tuple[tuple[str, str, tuple[int, ...], np.dtype[Any]], ...] = ()
         self._buckets: frozenset[int] = frozenset()
+        self._strings = False  # any string input or output: converted per run
+        self._str_inputs: tuple[tuple[str, str], ...] = ()  # (anchor name, handle)
+        self._str_outputs: frozenset[int] = frozenset()  # graph output indexes
         self._output_names: list[str] = []
         self._outputs: tuple[tuple[int, str], ...] = ()  # (graph output index, anchor name)
         self._updates: tuple[tuple[int, str, bool], ...] = ()  # (index, var handle, copy?)
@@ -228,6 +268,11 @@ class CpuBackend:
             if a.name not in frozen and a.handle in graph_inputs
         )
         self._outputs = tuple(user_outputs)
+        self._str_inputs = tuple((n, h) for n, h, _, dt in self._inputs if dt.kind == "O")
+        self._str_outputs = frozenset(
+            i for i, o in enumerate(session.get_outputs()) if o.type == "tensor(string)"
+        )
+        self._strings = bool(self._str_inputs or self._str_outputs)
         self._updates = tuple(updates)
         self._variables = m.variables
         self._session = session
@@ -308,6 +353,10 @@ class CpuBackend:
                         )
                     feed[handle] = arr
                 dest = into[k] if into is not None else None
+                if self._strings:
+                    for name, handle in self._str_inputs:
+                        feed[handle] = to_str_array(feed[handle], name)
+                    dest = None  # IOBinding does not bind object arrays
                 try:
                     if dest:
                         result = self._run_into(feed, dest, run_options)
@@ -325,6 +374,11 @@ class CpuBackend:
                     ) from exc
                 if self._custom_ops:
                     _check_custom_ops(self.spec.describe())
+                if self._str_outputs:
+                    result = [
+                        to_bytes_array(v) if i in self._str_outputs else v
+                        for i, v in enumerate(result)
+                    ]
                 for index, handle, copy in self._updates:
                     value = result[index]
                     feed[handle] = value.copy() if copy else value

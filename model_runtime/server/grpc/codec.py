@@ -14,7 +14,8 @@ for BOOL, ``int_contents`` for INT8/16/32 (range-checked), ``int64_contents``,
 ``uint_contents`` for UINT8/16/32 (range-checked), ``uint64_contents``, ``fp32_contents``,
 ``fp64_contents``; FP16 travels as raw contents only. Responses carry every output in
 ``raw_output_contents`` (what ``tritonclient.grpc`` reads first): little-endian elements, or for
-BYTES (a classification) each element as a 4-byte little-endian length and its bytes.
+BYTES (a string output, or a classification) each element as a 4-byte little-endian length
+and its bytes. BYTES inputs arrive in ``bytes_contents`` or raw in that same form.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from model_runtime.server.codec import (
     ProtocolError,
     RequestedOutput,
     TensorSpec,
+    bytes_from_binary,
 )
 from model_runtime.server.datatypes import BYTES, DATATYPES
 from model_runtime.server.parameters import (
@@ -106,6 +108,8 @@ def _elements(shape: tuple[int, ...]) -> int:
 
 
 def _check_datatype(name: str, datatype: str, spec: TensorSpec, model: str) -> str:
+    if datatype == BYTES and spec.datatype == BYTES:
+        return datatype
     if datatype == BYTES:
         raise _fail(
             f"input {name!r}: datatype BYTES is not supported by model {model!r}, which has "
@@ -122,6 +126,8 @@ def _check_datatype(name: str, datatype: str, spec: TensorSpec, model: str) -> s
 
 
 def _from_raw(name: str, datatype: str, raw: bytes, count: int) -> np.ndarray:
+    if datatype == BYTES:
+        return bytes_from_binary(name, raw, count)
     dtype = DATATYPES[datatype]
     expected = count * dtype.itemsize
     if len(raw) != expected:
@@ -136,6 +142,18 @@ def _from_raw(name: str, datatype: str, raw: bytes, count: int) -> np.ndarray:
 
 
 def _from_contents(name: str, datatype: str, contents: Any, count: int) -> np.ndarray:
+    if datatype == BYTES:
+        others = [f for f in _ALL_FIELDS if f != "bytes_contents" and len(getattr(contents, f))]
+        if others:
+            raise _fail(f"input {name!r}: BYTES data goes in bytes_contents, not in {others}")
+        values = contents.bytes_contents
+        if len(values) != count:
+            raise _fail(
+                f"input {name!r}: shape needs {count} elements, bytes_contents has {len(values)}"
+            )
+        out = np.empty(count, dtype=object)
+        out[:] = list(values)
+        return out
     field = _FIELDS.get(datatype)
     if field is None:
         raise _fail(f"input {name!r}: {datatype} has no typed contents field: send it raw")
@@ -273,6 +291,8 @@ def encode_model_infer_response(
             batched = batch_axis.get(out.name, arr.ndim >= 2)
             arr = classify(arr, out.class_count, batched=batched)
             datatype = BYTES
+            raw.append(bytes_to_binary(arr))
+        elif datatype == BYTES:
             raw.append(bytes_to_binary(arr))
         else:
             raw.append(np.ascontiguousarray(arr, dtype=DATATYPES[datatype]).tobytes())

@@ -4,13 +4,17 @@ runner's settings and the served ``ModelConfig`` out.
 Both files carry one schema, Triton's ``ModelConfig`` (:mod:`.model_config_pb2`): a Triton
 model directory's ``config.pbtxt`` is read with protobuf's text format, a flat model's
 ``NAME.toml`` (beside ``NAME.onnx`` / ``NAME.mrx``) with the same field names as TOML tables.
-A field the schema lacks, or a value we do not serve (``KIND_GPU``, ``max_batch_size: 0``,
-a reshape...), is a :class:`~model_runtime.errors.ConfigurationError` that names the file and
-the field: that model fails to load, the others serve.
+A field the schema lacks, or a value we do not serve (``KIND_GPU``, dynamic batching with
+``max_batch_size: 0``, a reshape...), is a :class:`~model_runtime.errors.ConfigurationError`
+that names the file and the field: that model fails to load, the others serve.
 
 What maps to what (:func:`settings_of`):
 
 - ``max_batch_size`` -> the batch the ``.onnx`` is compiled for (an ``.mrx`` must match it);
+  ``max_batch_size: 0`` with the ``input`` tensors listed (their full shapes, as Triton reads
+  them) -> a model without a batch axis: compiled with batch size 0, each request one run at
+  the model's own shape (without listed inputs, 0 is "not given": the model's own or the
+  server's batch, as Triton's auto-complete would find it);
   ``dynamic_batching.preferred_batch_size`` (one size) -> that batch instead: a batch is
   dispatched when it holds that many rows, larger requests are split over batches.
 - ``dynamic_batching.max_queue_delay_microseconds`` -> the batch timeout (0: at once).
@@ -232,15 +236,17 @@ def settings_of(config: pb.ModelConfig, source: Path | None = None) -> ModelSett
         )
     if config.max_batch_size < 0:
         raise _fail(where, "max_batch_size", "must be >= 0")
-    explicit = config.HasField("dynamic_batching") or config.max_batch_size > 0
-    if explicit and config.max_batch_size == 0:
+    if config.HasField("dynamic_batching") and config.max_batch_size == 0:
         raise _fail(
             where,
             "max_batch_size",
-            "0 (a model without a batch dimension) is not supported yet: give the largest batch",
+            "0 (a model without a batch dimension) cannot have dynamic_batching: give the "
+            "largest batch, or drop dynamic_batching",
         )
     _check_tensors(config, where)
     batch = config.max_batch_size or None
+    if config.max_batch_size == 0 and config.input:
+        batch = 0  # no batch axis: the listed inputs are the model's whole shapes
     fields: dict[str, Any] = {}
     if config.HasField("dynamic_batching"):
         fields = _dynamic_batching(config.dynamic_batching, where, config.max_batch_size)
@@ -395,26 +401,31 @@ def build_config(
     outputs: Sequence[TensorSpec],
 ) -> pb.ModelConfig:
     """The ``ModelConfig`` of what is served: the file's settings completed with the ones in
-    effect (batch, batch timeout, queue, replicas) and the model's tensors."""
+    effect (batch, batch timeout, queue, replicas) and the model's tensors. ``batch_size``
+    0: the model has no batch axis (``max_batch_size: 0``, full shapes, no dynamic batcher)."""
     config = pb.ModelConfig()
     config.CopyFrom(settings.config)
     config.name, config.platform, config.backend = name, PLATFORM, BACKEND
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1
-    config.max_batch_size = settings.max_batch_size or batch_size
+    batched = batch_size > 0  # 0: a model without a batch axis (max_batch_size 0)
+    config.max_batch_size = (settings.max_batch_size or batch_size) if batched else 0
     del config.input[:], config.output[:]
-    config.input.extend(_tensor(pb.ModelInput, s, True) for s in inputs)
-    config.output.extend(_tensor(pb.ModelOutput, s, True) for s in outputs)
+    config.input.extend(_tensor(pb.ModelInput, s, batched) for s in inputs)
+    config.output.extend(_tensor(pb.ModelOutput, s, batched) for s in outputs)
+    del config.instance_group[:]
+    config.instance_group.add(
+        name=name, kind=pb.ModelInstanceGroup.KIND_CPU, count=runner.replication_factor
+    )
+    if not batched:  # each request runs alone: no dynamic batcher (Triton refuses one)
+        config.ClearField("dynamic_batching")
+        return config
     db = config.dynamic_batching
     if not db.preferred_batch_size and batch_size != config.max_batch_size:
         db.preferred_batch_size.append(batch_size)
     db.max_queue_delay_microseconds = max(1, round(runner.timeout * 1e6))
     if runner.max_queue_size is not None:
         db.default_queue_policy.max_queue_size = runner.max_queue_size
-    del config.instance_group[:]
-    config.instance_group.add(
-        name=name, kind=pb.ModelInstanceGroup.KIND_CPU, count=runner.replication_factor
-    )
     return config
 
 
