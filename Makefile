@@ -69,10 +69,12 @@ bench: $(STAMP)
 
 # Overload (issue 19): the daemon at 3x its measured capacity, then 0.5x; 3,000 idle
 # connections. Writes benchmarks/results/overload.{json,md}. OVERLOAD_SECONDS shortens it.
+# OVERLOAD_MULTIPLES: the open-loop rates (multiples of C) run one after the other.
 OVERLOAD_SECONDS ?= 30
+OVERLOAD_MULTIPLES ?= 3,2,1.5
 .PHONY: bench-overload
 bench-overload: $(STAMP)
-	$(BIN)/python benchmarks/overload.py --seconds $(OVERLOAD_SECONDS)
+	$(BIN)/python benchmarks/overload.py --seconds $(OVERLOAD_SECONDS) --multiples $(OVERLOAD_MULTIPLES)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
