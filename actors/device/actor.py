@@ -65,8 +65,9 @@ from model_runtime.executable.model import ProgramKind
 
 __all__ = ["INLINE_BELOW", "Device", "DeviceCrash"]
 
-#: A main run measured (moving average, per batch size) under this many seconds, asked of an
-#: idle device without a fault plan, runs on the event loop instead of the worker thread. On
+#: A main run of one row measured (moving average) under this many seconds, asked of an idle
+#: device without a fault plan, runs on the event loop instead of the worker thread (a lone
+#: request; bigger batches mean other callers, and replicas whose runs must overlap). On
 #: the 2-core machine the hop there and back costs 80 µs empty and ~160 µs with a run (the
 #: woken worker runs it on cold caches: MLP batch 1, 86 µs inline, 245 µs through the worker),
 #: so such a run holds the loop for less than it would delay its caller. Under load the device
@@ -298,7 +299,8 @@ class Device(DeferringActor[DeviceMessage]):
             and into is None
             and self._faults is None
             and len(batches) == 1
-            and self._run_seconds.get(self._rows(batches[0]), INLINE_BELOW) < INLINE_BELOW
+            and self._rows(batches[0]) == 1
+            and self._run_seconds.get(1, INLINE_BELOW) < INLINE_BELOW
         ):
             return self._run_inline(batches)
         return self._submit("main", self._work_main, batches, probe, into).future

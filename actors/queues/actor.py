@@ -426,6 +426,8 @@ class Queue(Actor[QueueMessage]):
         """Make a batch of up to I*B waiting rows; False if none was made (no live rows, or
         fewer than a full batch when not ``partial``)."""
         now = self._now()
+        if self._eager and partial and len(self._pending) == 1 and self._seal_alone(now):
+            return True
         got = take(self._pending, self.layout, partial, now)
         for req in got.dropped:
             self._drop(req)
@@ -462,6 +464,26 @@ class Queue(Actor[QueueMessage]):
             self._close(fail_batch(batch, error))
             self.log.warning("queue.flush_failed", error=repr(exc))
             return True
+        self._emit(batch)
+        return True
+
+    def _seal_alone(self, now: float) -> bool:
+        """A lone waiting request whose rows are exactly a bucket runs on views of its own
+        arrays (no copy into the pool); False: it is packed as usual."""
+        req = self._pending[0]
+        n = req.samples
+        if req._taken or n not in self.layout.buckets or req.future.done():
+            return False
+        views = self.layout.zero_copy(req.inputs, 0, n)
+        if views is None:
+            return False
+        self._pending.popleft()
+        self._pending_rows -= n
+        req._taken = n
+        req._t_packed = now
+        segment = (req, 0, 0, 0, n)
+        batch = Batch(next(self._ids), views, (segment,), n, False, now)
+        batch.outputs_into = self.layout.zero_copy_outputs(req.outputs, 0, n)
         self._emit(batch)
         return True
 

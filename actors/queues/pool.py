@@ -127,23 +127,26 @@ class Layout:
                 return size
         return self.B
 
-    def zero_copy(self, inputs: Any, start: int) -> tuple[dict[str, np.ndarray], ...] | None:
-        """Views of rows ``[start, start + I*B)`` of ``inputs`` as batch inputs, if no copy is
-        needed (row axis 0, C-contiguous, the anchor's dtype); else ``None``."""
+    def zero_copy(
+        self, inputs: Any, start: int, rows: int | None = None
+    ) -> tuple[dict[str, np.ndarray], ...] | None:
+        """Views of rows ``[start, start + I*B)`` of ``inputs`` as batch inputs (or of
+        ``rows`` rows, one iteration: a bucket), if no copy is needed (row axis 0,
+        C-contiguous, the anchor's dtype); else ``None``."""
         if not self.simple_inputs:
             return None
         for s in self.inputs:
             a = inputs[s.name]
             if not a.flags.c_contiguous or a.dtype != s.dtype:
                 return None
-        b = self.B
+        b = self.B if rows is None else rows
         return tuple(
             {s.name: inputs[s.name][start + k * b : start + (k + 1) * b] for s in self.inputs}
             for k in range(self.I)
         )
 
     def zero_copy_outputs(
-        self, outputs: Any, start: int
+        self, outputs: Any, start: int, rows: int | None = None
     ) -> tuple[dict[str, np.ndarray], ...] | None:
         """Views of rows ``[start, start + I*B)`` of the caller's output buffers that the
         device can write into directly (row axis 0, C-contiguous, writeable, the anchor's
@@ -160,7 +163,7 @@ class Layout:
         ]
         if not usable:
             return None
-        b = self.B
+        b = self.B if rows is None else rows
         return tuple(
             {s.name: outputs[s.name][start + k * b : start + (k + 1) * b] for s in usable}
             for k in range(self.I)
