@@ -27,6 +27,8 @@ __all__ = [
     "make_fixed_batch_reshape",
     "make_mlp",
     "make_no_batch",
+    "make_simple",
+    "make_simple_string",
     "make_string_identity",
     "make_string_mixed",
     "save",
@@ -316,5 +318,77 @@ def light_model(name: str, seed: int = 0) -> onnx.ModelProto:
         logits = softmax[-1].input[0]
         inferred = onnx.shape_inference.infer_shapes(model).graph.value_info
         graph.output.extend(vi for vi in inferred if vi.name == logits)
+    onnx.checker.check_model(model)
+    return model
+
+
+def make_simple(dtype: int = TensorProto.INT32, width: int = 16) -> onnx.ModelProto:
+    """Triton's ``simple``: ``INPUT0``, ``INPUT1`` [batch, width] of ``dtype`` (INT32; INT8
+    for ``simple_int8``) -> ``OUTPUT0 = INPUT0 + INPUT1``, ``OUTPUT1 = INPUT0 - INPUT1``.
+    Types other than INT32 are computed in int32 (``Cast``: onnxruntime has no int8 ``Add``)
+    and wrap around as Triton's int8 model does."""
+    nodes = []
+    a, b, total, diff = "INPUT0", "INPUT1", "OUTPUT0", "OUTPUT1"
+    if dtype != TensorProto.INT32:
+        a, b, total, diff = "a", "b", "sum", "diff"
+        nodes += [
+            helper.make_node("Cast", ["INPUT0"], [a], to=TensorProto.INT32),
+            helper.make_node("Cast", ["INPUT1"], [b], to=TensorProto.INT32),
+        ]
+    nodes += [helper.make_node("Add", [a, b], [total]), helper.make_node("Sub", [a, b], [diff])]
+    if dtype != TensorProto.INT32:
+        nodes += [
+            helper.make_node("Cast", [total], ["OUTPUT0"], to=dtype),
+            helper.make_node("Cast", [diff], ["OUTPUT1"], to=dtype),
+        ]
+    graph = helper.make_graph(
+        nodes,
+        "simple",
+        [helper.make_tensor_value_info(n, dtype, ["N", width]) for n in ("INPUT0", "INPUT1")],
+        [helper.make_tensor_value_info(n, dtype, ["N", width]) for n in ("OUTPUT0", "OUTPUT1")],
+    )
+    return _model(graph)
+
+
+def make_simple_string(width: int = 16) -> onnx.ModelProto:
+    """Triton's ``simple_string``: ``simple`` on numbers written as strings. ``INPUT0``,
+    ``INPUT1`` STRING [batch, width] (decimal integers) -> ``OUTPUT0`` (sum) and ``OUTPUT1``
+    (difference), STRING; ONNX ``Cast`` converts between strings and int32.
+
+    An empty string reads as 0: the rows that pad a partial batch are ``b""``, which ``Cast``
+    cannot parse (onnxruntime fails the whole batch), so the graph maps them to ``"0"`` first.
+    """
+    zero = helper.make_tensor("zero", TensorProto.STRING, [], [b"0"])
+    empty = helper.make_tensor("empty", TensorProto.STRING, [], [b""])
+    nodes = []
+    for name, parsed in (("INPUT0", "a"), ("INPUT1", "b")):
+        nodes += [
+            helper.make_node("Equal", [name, "empty"], [f"{parsed}_empty"]),
+            helper.make_node("Where", [f"{parsed}_empty", "zero", name], [f"{parsed}_text"]),
+            helper.make_node("Cast", [f"{parsed}_text"], [parsed], to=TensorProto.INT32),
+        ]
+    nodes += [
+        helper.make_node("Add", ["a", "b"], ["sum"]),
+        helper.make_node("Sub", ["a", "b"], ["diff"]),
+        helper.make_node("Cast", ["sum"], ["OUTPUT0"], to=TensorProto.STRING),
+        helper.make_node("Cast", ["diff"], ["OUTPUT1"], to=TensorProto.STRING),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "simple_string",
+        [
+            helper.make_tensor_value_info(n, TensorProto.STRING, ["N", width])
+            for n in ("INPUT0", "INPUT1")
+        ],
+        [
+            helper.make_tensor_value_info(n, TensorProto.STRING, ["N", width])
+            for n in ("OUTPUT0", "OUTPUT1")
+        ],
+        [zero, empty],
+    )
+    model = helper.make_model(  # Equal on strings needs opset 19
+        graph, opset_imports=[helper.make_opsetid("", 19)], producer_name="tests.models"
+    )
+    model.ir_version = 9
     onnx.checker.check_model(model)
     return model

@@ -6,7 +6,8 @@ set, else the anchor's ``batch_dim``; the anchor's shape holds B there. Anchors 
 iteration, and each caller gets a copy of the output's value.
 
 String anchors (``bytes``) are numpy object arrays: their batch buffers are object arrays too
-(rows are references to the callers' ``bytes``, copied like any row), padded with ``b""``, and
+(rows are references to the callers' ``bytes``, copied like any row), padded with copies of the
+batch's first row (a graph that parses its strings would fail on ``b""``), and
 the device never writes them in place (no output views into callers' buffers).
 """
 
@@ -37,7 +38,8 @@ class Spec:
 
     @property
     def pad(self) -> Any:
-        """The value padding rows hold: ``b""`` for strings, else 0."""
+        """The value padding rows hold: 0, or ``b""`` for strings (where the pool copies the
+        batch's first row instead when it has one)."""
         return b"" if self.dtype.kind == "O" else 0
 
     def zeros(self, shape: tuple[int, ...]) -> np.ndarray:
@@ -228,7 +230,8 @@ class RingPool:
                     np.concatenate(views, out=out[:rows])
         if size is not None and size < layout.capacity:
             for s in layout.inputs:  # a bucket's padding only (Layout.buckets' conditions)
-                buf[0][s.name][valid_rows:size] = s.pad
+                a = buf[0][s.name]
+                a[valid_rows:size] = a[0] if s.dtype.kind == "O" else s.pad
             return None
         if valid_rows == layout.capacity:
             return None
@@ -259,7 +262,11 @@ class RingPool:
             for k in range(valid_rows // b, layout.I):
                 first = valid_rows - k * b if k == valid_rows // b else 0
                 dst = rows_view(buf[k][s.name], s.axis)[first:]
-                if src is None:
+                if src is None and s.dtype.kind == "O":
+                    # A copy of the batch's first row, not b"": a graph that parses its
+                    # strings (a Cast to a number) would fail the whole batch on an empty one.
+                    dst[...] = rows_view(buf[0][s.name], s.axis)[0]
+                elif src is None:
                     dst[...] = s.pad
                 else:
                     dst[...] = src[taken : taken + b - first]

@@ -191,6 +191,9 @@ class InferenceServer:
             (p, "/v2/repository/models/{name}/load", self.load),
             (p, "/v2/repository/models/{name}/unload", self.unload),
         ]
+        for ext in ("systemsharedmemory", "cudasharedmemory"):
+            # Triton's shared memory extensions: each call refused with a message that says so.
+            routes += [(m, f"/v2/{ext}{{tail:(/.*)?}}", self.shared_memory) for m in (g, p)]
         for base in (model, versioned):
             routes += [
                 (g, base, self.model_metadata),
@@ -467,6 +470,21 @@ class InferenceServer:
         if self._inflight == 0:
             self._idle.set()
 
+    async def shared_memory(self, request: web.Request) -> web.Response:
+        """``/v2/systemsharedmemory/...`` and ``/v2/cudasharedmemory/...`` (status, register,
+        unregister): always a 400 that names the extension; requests carry their tensors.
+
+        Raises:
+            HTTPError: always (400).
+        """
+        kind = "CUDA" if request.path.startswith("/v2/cuda") else "system"
+        raise HTTPError(
+            400,
+            f"the {kind} shared memory extension is not supported by this server: send the "
+            "tensors in the request body (JSON or binary data)",
+            "unsupported",
+        )
+
     # -- statistics, metrics, repository ---------------------------------------------------------
 
     async def stats(self, request: web.Request) -> web.Response:
@@ -489,8 +507,10 @@ class InferenceServer:
 
     async def load(self, request: web.Request) -> web.Response:
         """``POST /v2/repository/models/{name}/load``: load, or reload beside the serving
-        version. 403 when the model control mode forbids it; a failed load is 400 (503 when
-        no device was free), ``failed to load '<name>': ...``, and a serving version serves on."""
+        version, with the body's ``config`` override if any (Triton's ``load_model(name,
+        config=...)``). 403 when the model control mode forbids it; a failed load (an invalid
+        override included) is 400 (503 when no device was free), ``failed to load '<name>':
+        ...``, and a serving version serves on."""
         await self.load_model(request.match_info["name"], await request.read())
         return _json({})
 
@@ -503,14 +523,14 @@ class InferenceServer:
                 the load failed or the model is not in the repository (Triton's ``failed to
                 load 'NAME', failed to poll from model repository``; Triton answers that one
                 500, but the fault is the caller's).
-            ProtocolError: the body is malformed or has parameters (overrides).
+            ProtocolError: the body is malformed or has parameters other than ``config``.
         """
         if self.draining:
             raise HTTPError(503, "the server is draining", "draining")
-        # A config or file override is not supported: refused with a 400, never ignored.
-        load_request_parameters(body, name)
+        # A `config` override is applied (or its load fails, a 400); file overrides are refused.
+        config = load_request_parameters(body, name)
         try:
-            await self.repository.client_load(name)
+            await self.repository.client_load(name, config)
         except ModelControlError as exc:
             raise HTTPError(403, str(exc), "forbidden") from exc
         except ModelLoadError as exc:

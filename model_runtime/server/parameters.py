@@ -186,17 +186,17 @@ def execute_priority(
     return base - level
 
 
-def load_request_parameters(body: bytes, model: str) -> None:
-    """Check the body of ``POST /v2/repository/models/{name}/load``. Triton's load
-    ``parameters`` (``config``: a configuration override; ``file:<path>``: model files sent
-    with the request) are not supported: the model loads as the repository holds it.
+def load_request_parameters(body: bytes, model: str) -> str | None:
+    """Check the body of ``POST /v2/repository/models/{name}/load``; return its ``config``
+    parameter (Triton's configuration override, a ``ModelConfig`` in JSON; None: none).
+    Model files sent with the request (``file:<path>``) are not supported.
 
     Raises:
         ProtocolError: the body is not a JSON object, has fields other than ``parameters``,
-            or has any parameter.
+            a ``config`` that is not a string, or any other parameter.
     """
     if not body.strip():
-        return
+        return None
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -206,8 +206,13 @@ def load_request_parameters(body: bytes, model: str) -> None:
     params = doc.get("parameters") or {}
     if not isinstance(params, dict):
         raise _fail("'parameters' must be a JSON object")
-    if params:
+    other = set(params) - {"config"}
+    if other:
         raise _fail(
-            f"load of model {model!r}: parameter(s) {sorted(params)} are not supported (no "
-            "configuration or file overrides); the model loads as the repository holds it"
+            f"load of model {model!r}: parameter(s) {sorted(other)} are not supported (no "
+            "file overrides); the model loads from the repository's files"
         )
+    config = params.get("config")
+    if config is not None and not isinstance(config, str):
+        raise _fail(f"load of model {model!r}: 'config' must be a ModelConfig as a JSON string")
+    return config

@@ -63,7 +63,12 @@ from model_runtime.server.serving import (
     default_factory,
     replica_states,
 )
-from model_runtime.server.triton.config import ModelSettings, build_config, check_tensors
+from model_runtime.server.triton.config import (
+    ModelSettings,
+    build_config,
+    check_tensors,
+    parse_override,
+)
 from model_runtime.server.triton.layout import (
     fingerprint as _fingerprint,
     is_model_dir,
@@ -439,15 +444,16 @@ class ModelRepository:
             f"explicit model {action} is not allowed in model control mode '{mode.value}' ({how})"
         )
 
-    async def client_load(self, name: str) -> ModelEntry:
+    async def client_load(self, name: str, config: str | None = None) -> ModelEntry:
         """A load asked through the repository API: :meth:`load`, in ``explicit`` mode only.
+        ``config``: Triton's configuration override (a ``ModelConfig`` in JSON) for this load.
 
         Raises:
             ModelControlError: the control mode is not ``explicit``.
             InputValidationError, UnknownModelError, ModelLoadError: as :meth:`load`.
         """
         self._check_control("load")
-        return await self._detached(self.load(name))
+        return await self._detached(self.load(name, config))
 
     async def client_unload(self, name: str) -> None:
         """An unload asked through the repository API: :meth:`unload`, in ``explicit`` mode only.
@@ -495,12 +501,15 @@ class ModelRepository:
             raise UnknownModelError(name)
         return self.add(name, found, in_directory=True)
 
-    async def load(self, name: str) -> ModelEntry:
+    async def load(self, name: str, config: str | None = None) -> ModelEntry:
         """Load ``name``, or reload it beside the serving version and swap atomically.
 
         Compiles an ``.onnx`` file, starts (and warms) a runner, then makes it the one that
         serves; a version that was serving drains its requests and closes after the swap, so
-        no request is refused. On failure a serving version keeps serving.
+        no request is refused. On failure a serving version keeps serving. ``config``: a
+        configuration override (Triton's ``ModelConfig`` in JSON) used instead of the model's
+        ``config.pbtxt`` / TOML for this load (a later load without one reads the files);
+        an invalid one fails the load like a bad ``config.pbtxt``.
 
         Raises:
             InputValidationError: ``name`` is not a valid model name (path tricks included).
@@ -510,20 +519,23 @@ class ModelRepository:
         entry = self._lookup_for_load(name)
         entry.wanted = True
         async with entry.lock:
-            await self._load_locked(entry)
+            await self._load_locked(entry, config)
         return entry
 
-    async def _load_locked(self, entry: ModelEntry) -> None:
+    async def _load_locked(self, entry: ModelEntry, config: str | None = None) -> None:
         serving = entry.runner
         source = self._source_now(entry)
         fingerprint = None if source is None else _fingerprint(source)
+        if config is not None:
+            fingerprint = None  # not the files' settings: a poll would load the files again
         if serving is None:
             entry.state, entry.reason = ModelState.LOADING, ""
         started: dict[str, _Version] = {}
         try:
             if source is None:
                 raise ModelLoadError(entry.name, f"its file {entry.source} is gone")
-            plan = await anyio.to_thread.run_sync(plan_model, entry.name, source)
+            override = None if config is None else parse_override(config, entry.name)
+            plan = await anyio.to_thread.run_sync(plan_model, entry.name, source, override)
             for version, path in plan.files.items():  # highest first
                 started[version] = await self._start_version(
                     entry, path, plan.settings, beside=serving is not None
@@ -656,14 +668,15 @@ class ModelRepository:
             outputs = _specs(runner.get_execute_outputs(), axis)
             runs = _batch_of(descs, axis)
             want = settings.batch_size
+            where = settings.source or settings.origin
             if want == 0 and runs is not None:
                 raise ConfigurationError(
-                    f"{settings.source}: max_batch_size is 0 (no batch axis), but {source} "
+                    f"{where}: max_batch_size is 0 (no batch axis), but {source} "
                     f"runs batches of {runs}"
                 )
             if want is not None and runs is not None and runs != want:
                 raise ConfigurationError(
-                    f"{settings.source}: the batch is {want}, but {source} runs batches of {runs}"
+                    f"{where}: the batch is {want}, but {source} runs batches of {runs}"
                 )
             check_tensors(settings, inputs, outputs)
             unbatched = runs is None and not any(d.batched for d in descs)

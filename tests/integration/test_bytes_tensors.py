@@ -12,6 +12,7 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+import onnx
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
@@ -67,6 +68,27 @@ def test_runner_batches_strings_of_many_callers(tmp_path: Path) -> None:
             # str (UTF-8) and nested lists are taken too; bytes come back
             out = await runner.execute({"text": [["é", "yes"]], "x": np.zeros((1, 4), np.float32)})
             assert out["echo"].tolist() == [["é".encode(), b"yes"]]
+
+    asyncio.run(main())
+
+
+def test_a_partial_batch_of_numbers_written_as_strings_runs(tmp_path: Path) -> None:
+    # The graph parses its strings (Cast to int32): padding rows of b"" would make the whole
+    # batch fail; the pool pads with copies of a real row, whose outputs nobody sees.
+    text = onnx.helper.make_tensor_value_info("text", onnx.TensorProto.STRING, ["N", 1])
+    out = onnx.helper.make_tensor_value_info("number", onnx.TensorProto.INT32, ["N", 1])
+    cast = onnx.helper.make_node("Cast", ["text"], ["number"], to=onnx.TensorProto.INT32)
+    graph = onnx.helper.make_graph([cast], "parse", [text], [out])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 13)])
+    path = compile_model(model, tmp_path / "parse.mrx", CompileOptions(batch_size=4))
+
+    async def main() -> None:
+        config = ModelRunnerConfig(batching_dim=0, timeout=0.001)
+        async with ModelRunner(path, config) as runner:
+            for n in (1, 2, 3, 5):
+                words = np.array([[str(7 * i).encode()] for i in range(n)], dtype=object)
+                got = await runner.execute({"text": words})
+                assert got["number"].ravel().tolist() == [7 * i for i in range(n)]
 
     asyncio.run(main())
 

@@ -197,8 +197,10 @@ def test_repository_load_unload_and_statistics_in_explicit_mode(
     assert "failed to load 'broken'" in broken.message()
     ghost = _error(lambda: client.load_model("ghost"))
     assert "failed to load 'ghost', failed to poll from model repository" in ghost.message()
-    override = _error(lambda: client.load_model("spare", config='{"max_batch_size": 2}'))
+    gpu = '{"instance_group": [{"kind": "KIND_GPU"}]}'  # an override we cannot serve
+    override = _error(lambda: client.load_model("spare", config=gpu))
     assert override.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "failed to load 'spare'" in override.message()
     ready = client.get_model_repository_index(as_json=True)["models"]
     assert MODEL in {m["name"] for m in ready}
     assert client.is_model_ready(MODEL)  # the failures touched no other model

@@ -593,10 +593,12 @@ def test_an_empty_slot_where_a_slice_ends_is_refused(where: str) -> None:
         _parse_big(body, "FP64", dims=1)
 
 
-def test_a_load_with_a_config_override_is_refused() -> None:
-    load_request_parameters(b"", "m")
-    load_request_parameters(b'{"parameters": {}}', "m")
-    with pytest.raises(ProtocolError, match=r"parameter\(s\) \['config'\] are not supported"):
-        load_request_parameters(b'{"parameters": {"config": "{\\"max_batch_size\\": 8}"}}', "m")
+def test_a_load_takes_a_config_override_and_refuses_files() -> None:
+    assert load_request_parameters(b"", "m") is None
+    assert load_request_parameters(b'{"parameters": {}}', "m") is None
+    body = b'{"parameters": {"config": "{\\"max_batch_size\\": 8}"}}'
+    assert load_request_parameters(body, "m") == '{"max_batch_size": 8}'
+    with pytest.raises(ProtocolError, match="'config' must be a ModelConfig as a JSON string"):
+        load_request_parameters(b'{"parameters": {"config": {"max_batch_size": 8}}}', "m")
     with pytest.raises(ProtocolError, match=re.escape("'file:1/model.onnx'")):
         load_request_parameters(b'{"parameters": {"file:1/model.onnx": "AAAA"}}', "m")

@@ -219,6 +219,10 @@ def parse_model_infer_request(
         raise _fail("the request has no inputs")
     raw_contents = request.raw_input_contents
     if raw_contents and len(raw_contents) != len(request.inputs):
+        for item in request.inputs:  # a shared memory input has no contents: name that first
+            check_input_parameters(
+                item.name, parameter_values(f"input {item.name!r}", item.parameters), model
+            )
         raise _fail(
             f"raw_input_contents has {len(raw_contents)} entries for {len(request.inputs)} "
             "inputs: give one per input, in the order of the inputs"

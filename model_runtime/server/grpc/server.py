@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 
 from model_runtime.server.app import InferenceServer
-from model_runtime.server.grpc.service import InferenceServicer
+from model_runtime.server.grpc.service import InferenceServicer, UnsupportedMethods
 from model_runtime.server.triton import grpc_service_pb2_grpc as pb_grpc
 
 __all__ = ["GrpcLimits", "start_grpc_server"]
@@ -56,6 +56,8 @@ async def start_grpc_server(
     )
     servicer = InferenceServicer(server)
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, grpc_server)  # type: ignore[no-untyped-call]
+    # Triton's methods we lack (shared memory, streaming) say so instead of "Method not found!".
+    grpc_server.add_generic_rpc_handlers((UnsupportedMethods(),))
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         bound = grpc_server.add_insecure_port(address)

@@ -46,7 +46,13 @@ from model_runtime.server.repository import ModelEntry, ModelState
 from model_runtime.server.stats import model_statistics
 from model_runtime.server.triton import grpc_service_pb2 as pb, grpc_service_pb2_grpc as pb_grpc
 
-__all__ = ["GRPC_CODES", "InferenceServicer", "grpc_code"]
+__all__ = [
+    "GRPC_CODES",
+    "UNSUPPORTED_METHODS",
+    "InferenceServicer",
+    "UnsupportedMethods",
+    "grpc_code",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -256,9 +262,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
 
     @_answers
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
-        """Load or reload a model: the HTTP load's rules (explicit mode only; parameters
-        refused), codes and wording."""
+        """Load or reload a model: the HTTP load's rules (explicit mode only; a ``config``
+        override applied, files refused), codes and wording."""
         _check_repository_name(request.repository_name)
+        # `config` (a ModelConfig in JSON) is applied as the HTTP load applies it.
         params = parameter_values("load", request.parameters)
         for key, value in params.items():
             if isinstance(value, bytes):  # `file:` contents: named in the refusal, not echoed
@@ -289,3 +296,48 @@ def _check_repository_name(name: str) -> None:
             f"repository {name!r}: this server has one model repository; leave the name empty",
             "bad_request",
         )
+
+
+_SERVICE = "/inference.GRPCInferenceService/"
+_SYSTEM_SHM = (
+    "the system shared memory extension is not supported by this server: send the tensors "
+    "in the request (raw_input_contents or contents)"
+)
+_CUDA_SHM = (
+    "the CUDA shared memory extension is not supported by this server: send the tensors in "
+    "the request (raw_input_contents or contents)"
+)
+#: Methods of Triton's service that this server does not serve -> why (UNIMPLEMENTED).
+UNSUPPORTED_METHODS: dict[str, str] = {
+    **{f"SystemSharedMemory{m}": _SYSTEM_SHM for m in ("Status", "Register", "Unregister")},
+    **{f"CudaSharedMemory{m}": _CUDA_SHM for m in ("Status", "Register", "Unregister")},
+    "ModelStreamInfer": (
+        "streaming inference (ModelStreamInfer: sequences, decoupled models) is not supported "
+        "by this server: use ModelInfer"
+    ),
+    "TraceSetting": "the trace extension is not supported by this server",
+    "LogSettings": "the logging extension is not supported by this server",
+}
+
+
+class UnsupportedMethods(grpc.GenericRpcHandler):  # type: ignore[misc]
+    """Answers the methods of Triton's service this server lacks (:data:`UNSUPPORTED_METHODS`)
+    with UNIMPLEMENTED and a message that names what is unsupported, where grpcio would say
+    only ``Method not found!``."""
+
+    def service(self, handler_call_details: Any) -> Any:
+        """The handler of an unsupported method (None: another handler's method)."""
+        method: str = handler_call_details.method
+        if not method.startswith(_SERVICE):
+            return None
+        name = method.removeprefix(_SERVICE)
+        why = UNSUPPORTED_METHODS.get(name)
+        if why is None:
+            return None
+
+        async def refuse(request: Any, context: Any) -> None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, why)
+
+        if name == "ModelStreamInfer":
+            return grpc.stream_stream_rpc_method_handler(refuse)
+        return grpc.unary_unary_rpc_method_handler(refuse)

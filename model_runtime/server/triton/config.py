@@ -48,12 +48,14 @@ __all__ = [
     "BACKEND",
     "CONFIG_FILE",
     "DEFAULT_SETTINGS",
+    "OVERRIDE",
     "PLATFORM",
     "ModelSettings",
     "VersionPolicy",
     "build_config",
     "check_tensors",
     "config_json",
+    "parse_override",
     "parse_pbtxt",
     "parse_toml",
     "served_config",
@@ -61,6 +63,8 @@ __all__ = [
 ]
 
 CONFIG_FILE = "config.pbtxt"
+#: Where a load's configuration override comes from, as errors name it.
+OVERRIDE = "load parameter 'config'"
 PLATFORM = "onnxruntime_onnx"
 BACKEND = "onnxruntime"
 _PLATFORMS = ("", PLATFORM)
@@ -110,11 +114,13 @@ class ModelSettings:
     ``batch_size``: the batch the executable is built for; ``max_batch_size``: the largest
     request (Triton's), reported in the config; ``timeout``: batch timeout (seconds);
     ``request_timeout``: a request's default deadline (seconds); ``config``: the parsed file
-    (an empty ``ModelConfig`` when the model has none); ``source``: that file.
+    (an empty ``ModelConfig`` when the model has none); ``source``: that file; ``origin``:
+    where the settings came from when not from a file (a load's ``config`` override).
     """
 
     config: pb.ModelConfig
     source: Path | None = None
+    origin: str | None = None
     batch_size: int | None = None
     max_batch_size: int | None = None
     replicas: int | None = None
@@ -214,13 +220,35 @@ def parse_toml(path: Path) -> ModelSettings:
     return settings_of(config, path)
 
 
-def settings_of(config: pb.ModelConfig, source: Path | None = None) -> ModelSettings:
+def parse_override(text: str, name: str) -> ModelSettings:
+    """Read a load's configuration override (Triton's ``load_model(name, config=...)``: a
+    ``ModelConfig`` in protobuf's JSON mapping) for the model ``name``. It replaces the
+    model's ``config.pbtxt`` / TOML for that load, with the same checks.
+
+    Raises:
+        ConfigurationError: not a ``ModelConfig`` in JSON, another model's name, or a value
+            we do not serve; the message names the override and the field.
+    """
+    config = pb.ModelConfig()
+    try:
+        json_format.Parse(text, config)
+    except json_format.ParseError as exc:
+        raise ConfigurationError(f"{OVERRIDE}: not a ModelConfig in JSON: {exc}") from exc
+    if config.name and config.name != name:
+        raise _fail(OVERRIDE, "name", f"{config.name!r} is not the model's name {name!r}")
+    return settings_of(config, origin=OVERRIDE)
+
+
+def settings_of(
+    config: pb.ModelConfig, source: Path | None = None, *, origin: str | None = None
+) -> ModelSettings:
     """Check ``config`` for what we serve and map it onto :class:`ModelSettings`.
 
     Raises:
-        ConfigurationError: a value we do not serve, naming ``source`` and the field.
+        ConfigurationError: a value we do not serve, naming ``source`` (or ``origin``) and the
+            field.
     """
-    where = source or "model config"
+    where = source or origin or "model config"
     if config.platform not in _PLATFORMS:
         raise _fail(where, "platform", f"{config.platform!r} is not served (only {PLATFORM!r})")
     if config.backend not in _BACKENDS:
@@ -254,6 +282,7 @@ def settings_of(config: pb.ModelConfig, source: Path | None = None) -> ModelSett
     return ModelSettings(
         config=config,
         source=source,
+        origin=origin,
         batch_size=batch,
         max_batch_size=config.max_batch_size or None,
         replicas=_replicas(config.instance_group, where),
@@ -364,7 +393,7 @@ def check_tensors(
     Raises:
         ConfigurationError: a tensor the model lacks, or another datatype or shape.
     """
-    where = settings.source or "model config"
+    where = settings.source or settings.origin or "model config"
     batched = settings.config.max_batch_size > 0
     for kind, declared, actual in (
         ("input", settings.config.input, inputs),

@@ -62,19 +62,25 @@ def settings_file(model_file: Path) -> Path:
     return model_file.with_suffix(".toml")
 
 
-def plan_model(name: str, source: Path) -> ModelPlan:
+def plan_model(name: str, source: Path, override: ModelSettings | None = None) -> ModelPlan:
     """The settings and version files of the model ``name`` at ``source`` (a model file or a
-    Triton model directory).
+    Triton model directory); ``override`` (a load's configuration override) replaces the
+    model's own ``config.pbtxt`` or TOML, which is then not read.
 
     Raises:
         ConfigurationError: a bad ``config.pbtxt`` or TOML, or no version to serve.
     """
     if not source.is_dir():
         toml = settings_file(source)
-        settings = parse_toml(toml) if toml.is_file() else ModelSettings(pb.ModelConfig())
+        if override is not None:
+            settings = override
+        else:
+            settings = parse_toml(toml) if toml.is_file() else ModelSettings(pb.ModelConfig())
         return ModelPlan(settings, {"1": source})
     config = source / CONFIG_FILE
-    if config.is_file():
+    if override is not None:
+        settings = override
+    elif config.is_file():
         settings = parse_pbtxt(config, name)
     else:
         settings = ModelSettings(pb.ModelConfig(), source=config)
