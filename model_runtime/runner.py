@@ -75,6 +75,12 @@ def _root_cause(exc: BaseException) -> BaseException:
     return exc
 
 
+def _expire(future: asyncio.Future[Any], timeout: float) -> None:
+    """A request's deadline passed: its caller gets :class:`ExecutionTimeoutError`."""
+    if not future.done():
+        future.set_exception(ExecutionTimeoutError(f"request did not complete within {timeout} s"))
+
+
 def _store_saved(
     into: dict[int, dict[str, np.ndarray]], saved: Mapping[int, Mapping[str, np.ndarray]]
 ) -> None:
@@ -420,6 +426,15 @@ class ModelRunner:
     ) -> dict[str, np.ndarray]:
         if wake is not None:
             wake()
+        if isinstance(self._clock, SystemClock):
+            # A timer that fails the future itself: no cancel scope, shield or backend lookup
+            # per request (a done future is "gone" to the queue: its rows never run).
+            assert self._loop is not None
+            timer = self._loop.call_later(timeout, _expire, future, timeout)
+            try:
+                return await future  # a cancelled caller cancels the future too
+            finally:
+                timer.cancel()
         try:
             async with move_on_after(self._clock, timeout):
                 return await asyncio.shield(future)

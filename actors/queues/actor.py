@@ -100,6 +100,7 @@ class Queue(Actor[QueueMessage]):
         self._draining = False
         self._drain_waiters: list[Envelope] = []
         self._idle: anyio.Event | None = None  # set when no request is left unanswered
+        self._readers: deque[asyncio.Future[None]] = deque()  # see batch_ready()
         self._rows_in = 0  # rows ever enqueued (rows packed or dropped: _rows_in - _pending_rows)
         self._flush_mark = 0  # a flush covers the rows enqueued before this mark
         self._last_arrival = self._open_since = self._iter_full_since = 0.0
@@ -224,6 +225,10 @@ class Queue(Actor[QueueMessage]):
             envelope.fail(stopped)
         self._drain_waiters.clear()
         self._ready_send.close()
+        for waiter in self._readers:  # they find the stream ended
+            if not waiter.done():
+                waiter.set_result(None)
+        self._readers.clear()
         self._streams_closed = True
 
     async def background(self) -> None:
@@ -492,6 +497,7 @@ class Queue(Actor[QueueMessage]):
         if not self._backlog:
             try:
                 self._ready_send.send_nowait(batch)
+                self._wake_reader()
                 return
             except anyio.WouldBlock:
                 pass
@@ -501,6 +507,25 @@ class Queue(Actor[QueueMessage]):
         self._backlog.append(batch)
         if self._backlog_event is not None:
             self._backlog_event.set()
+
+    def batch_ready(self) -> asyncio.Future[None]:
+        """A future done once a batch may be in ``ready`` (or the queue stopped): the session's
+        cheap wait, then ``ready.receive_nowait()``. (anyio's ``receive`` costs a checkpoint
+        and a backend lookup per wait.) Same-loop callers only."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self._streams_closed or self._ready_recv.statistics().current_buffer_used:
+            waiter.set_result(None)
+        else:
+            self._readers.append(waiter)
+        return waiter
+
+    def _wake_reader(self) -> None:
+        readers = self._readers
+        while readers:
+            waiter = readers.popleft()
+            if not waiter.done():  # a cancelled reader's turn passes to the next
+                waiter.set_result(None)
+                return
 
     def _release(self, batch: Batch) -> bool:
         if batch._released:
@@ -543,6 +568,7 @@ class Queue(Actor[QueueMessage]):
             batch = self._backlog[0]
             try:
                 await self._ready_send.send(batch)
+                self._wake_reader()
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 self._undeliverable(batch)
             if self._backlog and self._backlog[0] is batch:  # evacuate() may have emptied it

@@ -232,6 +232,7 @@ class SessionActor(Actor[object]):
     async def _pipeline(self, leftover: deque[Batch]) -> None:
         """One slot of the pipeline: take the next batch, run it, answer it; again."""
         state, ready = self._state, self._ready
+        queue = self._queue.actor
         while True:
             if leftover:
                 batch = leftover.popleft()
@@ -239,11 +240,14 @@ class SessionActor(Actor[object]):
                 try:  # a batch already sealed is taken without a trip through the loop
                     batch = ready.receive_nowait()
                 except anyio.WouldBlock:
+                    if isinstance(queue, Queue):
+                        await queue.batch_ready()
+                        continue
                     try:
                         batch = await ready.receive()
                     except anyio.EndOfStream:
                         return
-                except anyio.EndOfStream:
+                except (anyio.EndOfStream, anyio.ClosedResourceError):
                     return
                 # Recorded at once: if this session is restarted from here on, the next
                 # one runs the batch.

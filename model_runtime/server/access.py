@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import itertools
 import re
 import time
 import uuid
@@ -42,6 +43,10 @@ log = structlog.get_logger("model_runtime.server.access")
 REQUEST_ID_HEADER = "X-Request-ID"
 #: What a client's request id may look like; anything else (log injection, megabytes) is
 #: replaced by a fresh id.
+#: New request ids: a random prefix per process, then a counter (uuid4 per request costs a
+#: call to os.urandom; the ids only need to be unique, not secret).
+_ID_PREFIX = uuid.uuid4().hex[:8]
+_ids = itertools.count()
 _SANE_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
 #: A client that closed the connection before the answer (nginx's code for it).
 CLIENT_CLOSED = 499
@@ -54,7 +59,7 @@ def request_id_of(request: web.Request) -> str:
     given = request.headers.get(REQUEST_ID_HEADER)
     if given is not None and _SANE_ID.fullmatch(given):
         return given
-    return uuid.uuid4().hex[:16]
+    return f"{_ID_PREFIX}{next(_ids):08x}"
 
 
 def detaches(request: web.Request) -> bool:
