@@ -57,6 +57,7 @@ __all__ = [
     "RequestedOutput",
     "TensorSpec",
     "bytes_from_binary",
+    "check_datatype",
     "encode_infer_response",
     "parse_infer_request",
 ]
@@ -220,7 +221,12 @@ def _parameters(where: str, raw: Any) -> dict[str, Any]:
     return raw
 
 
-def _check_datatype(name: str, datatype: Any, spec: TensorSpec, model: str) -> str:
+def check_datatype(name: str, datatype: Any, spec: TensorSpec, model: str) -> str:
+    """The request's datatype of input ``name`` when it fits the model's (HTTP and gRPC).
+
+    Raises:
+        ProtocolError: not a string, unknown, BYTES where the model has none, or another.
+    """
     if not isinstance(datatype, str):
         raise _fail(f"input {name!r}: 'datatype' must be a string")
     if datatype == BYTES and spec.datatype == BYTES:
@@ -339,7 +345,7 @@ def _decode(
         unknown = set(item) - {"name", "datatype", "shape", "data", "parameters"}
         if unknown:
             raise _fail(f"input {name!r}: unknown field(s) {sorted(unknown)}")
-        datatype = _check_datatype(name, item.get("datatype"), spec, model)
+        datatype = check_datatype(name, item.get("datatype"), spec, model)
         shape = _shape(name, item.get("shape"))
         count = _elements(shape)
         input_params = _parameters(f"input {name!r}", item.get("parameters"))

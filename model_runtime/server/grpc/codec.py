@@ -34,6 +34,7 @@ from model_runtime.server.codec import (
     RequestedOutput,
     TensorSpec,
     bytes_from_binary,
+    check_datatype,
 )
 from model_runtime.server.datatypes import BYTES, DATATYPES
 from model_runtime.server.parameters import (
@@ -105,24 +106,6 @@ def _elements(shape: tuple[int, ...]) -> int:
     for d in shape:
         n *= d  # Python ints: no overflow, and nothing is allocated
     return n
-
-
-def _check_datatype(name: str, datatype: str, spec: TensorSpec, model: str) -> str:
-    if datatype == BYTES and spec.datatype == BYTES:
-        return datatype
-    if datatype == BYTES:
-        raise _fail(
-            f"input {name!r}: datatype BYTES is not supported by model {model!r}, which has "
-            f"no BYTES input ({name!r} is {spec.datatype})"
-        )
-    if datatype not in DATATYPES:
-        known = ", ".join([*DATATYPES, BYTES])
-        raise _fail(f"input {name!r}: unknown datatype {datatype!r} (known: {known})")
-    if datatype != spec.datatype:
-        raise _fail(
-            f"input {name!r}: datatype {datatype} does not match the model's {spec.datatype}"
-        )
-    return datatype
 
 
 def _from_raw(name: str, datatype: str, raw: bytes, count: int) -> np.ndarray:
@@ -236,7 +219,7 @@ def parse_model_infer_request(
             raise _fail(f"unknown input {name!r} (the model has {sorted(specs)})")
         if name in arrays:
             raise _fail(f"input {name!r} is given twice")
-        datatype = _check_datatype(name, item.datatype, spec, model)
+        datatype = check_datatype(name, item.datatype, spec, model)
         shape = _shape(name, item.shape)
         count = _elements(shape)
         where = f"input {name!r}"
