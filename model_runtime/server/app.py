@@ -314,12 +314,15 @@ class InferenceServer:
 
     # -- inference -------------------------------------------------------------------------------
 
-    async def infer(self, request: web.Request) -> web.Response:
-        """``POST /v2/models/{name}/infer``: JSON and binary tensors in, the same out."""
-        entry = self._entry(request)
+    def serving_runner(self, entry: ModelEntry, size: int | None = None) -> Any:
+        """The runner that takes an infer request for ``entry`` now (HTTP and gRPC alike).
+
+        Raises:
+            HTTPError: 503 while draining or the model is not ready, 413 for a body of
+                ``size`` bytes past the limit; counted in the metrics as refused.
+        """
         runner = entry.runner
         refusal: HTTPError | None = None
-        size = request.content_length
         if self.draining:
             refusal = HTTPError(503, "the server is draining", "draining")
         elif runner is None or entry.state is not ModelState.READY:
@@ -330,6 +333,12 @@ class InferenceServer:
         if refusal is not None:
             self.metrics.observe(entry.name, refusal.reason, 0.0, 0, entry.version)
             raise refusal
+        return runner
+
+    async def infer(self, request: web.Request) -> web.Response:
+        """``POST /v2/models/{name}/infer``: JSON and binary tensors in, the same out."""
+        entry = self._entry(request)
+        runner = self.serving_runner(entry, request.content_length)
         self.enter_request(entry.name, entry.version)
         t0 = time.perf_counter()
         reason: str | None = "internal"

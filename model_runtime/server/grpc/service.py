@@ -184,16 +184,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
             raise HTTPError(503, refused, OVERLOADED)
         queue_full = False
         try:
-            runner = entry.runner
-            refusal: HTTPError | None = None
-            if server.draining:
-                refusal = HTTPError(503, "the server is draining", "draining")
-            elif runner is None or entry.state is not ModelState.READY:
-                message = f"model {entry.name!r} is {entry.state.value}"
-                refusal = HTTPError(503, message, "not_ready")
-            if refusal is not None:
-                server.metrics.observe(entry.name, refusal.reason, 0.0, 0, entry.version)
-                raise refusal
+            runner = server.serving_runner(entry)
             server.enter_request(entry.name, entry.version)
             t0 = time.perf_counter()
             reason: str | None = "internal"
