@@ -195,8 +195,8 @@ def _outcome(request: Any) -> tuple[str, str | None]:
         result = request.get_result(block=True, timeout=15.0)
     except InferenceServerException as exc:
         return f"http {exc.status()}", None
-    except OSError as exc:  # its connection went with its node's proxy
-        return type(exc).__name__, None
+    except ConnectionError:  # its connection went with its node's proxy
+        return "connection lost", None
     out = result.as_numpy("logits")
     np.testing.assert_allclose(out, logits[:4], atol=ATOL)
     return "ok", result.get_response()["parameters"]["ray_replica"]
@@ -228,10 +228,11 @@ def test_losing_a_node_under_load(ray_serve: RayServe) -> None:
     remover.join()
     # Both replicas served the load; every request got an answer or a typed error (a 5xx, or
     # the connection to the lost node's proxy reset), none waited out its 10 s deadline.
-    assert doomed & set(replicas), replicas
-    assert outcomes["ok"] > 0
-    assert slowest < 10.0, outcomes
-    typed = {"ok", "http 500", "http 502", "http 503", "ConnectionResetError", "BrokenPipeError"}
+    assert doomed & set(replicas), (doomed, replicas, outcomes)
+    assert outcomes["ok"] > 0, outcomes
+    assert slowest < 10.0, (slowest, outcomes)
+    # A 5xx from Serve (500, 502, 503, 504), or the connection reset, refused or aborted.
+    typed = {f"http {code}" for code in (500, 502, 503, 504)} | {"ok", "connection lost"}
     assert set(outcomes) <= typed, outcomes
 
     # Later requests: every one answered, by the replica that is left.
