@@ -79,17 +79,21 @@ def access_middleware(
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         rid = request_id_of(request)
-        arrived = contextvars.copy_context()  # the context without this request's id
         t0 = time.perf_counter()
         status = 500
         try:
             if detach(request):
-                # A fresh task in the arrival context: what it starts inherits no request id.
-                # Cancelling this handler (client gone) cancels the task it awaits.
+                # A fresh task in the arrival context (without this request's id): what it
+                # starts inherits no request id. Cancelling this handler (client gone)
+                # cancels the task it awaits.
+                arrived = contextvars.copy_context()
                 resp = await asyncio.create_task(_call(handler, request), context=arrived)
             else:
-                with structlog.contextvars.bound_contextvars(request_id=rid):
-                    resp = await _call(handler, request)
+                tokens = structlog.contextvars.bind_contextvars(request_id=rid)
+                try:
+                    resp = await handler(request)
+                finally:
+                    structlog.contextvars.reset_contextvars(**tokens)
             status = resp.status
             resp.headers[REQUEST_ID_HEADER] = rid
             return resp

@@ -50,7 +50,9 @@ __all__ = [
 #: requests simply take longer than it (N clients at latency L complete N/L per second, so
 #: the limit N*delay/L is under N once L passes the delay) and bursts after a quiet spell.
 DEFAULT_QUEUE_DELAY = 1.0
-#: The front-end limit never falls below this many requests in flight.
+#: The front-end limit never falls below this many requests in flight, nor below what the
+#: model's replicas take at once (AdmissionControl's ``capacity``): a limit under a full batch
+#: per replica would keep batches small, and the rate measured from them low, for good.
 MIN_LIMIT = 4
 #: Seconds per measurement window of the completion rate (and completions it needs).
 WINDOW = 0.1
@@ -75,6 +77,7 @@ class ModelAdmission:
         "_window_start",
         "body",
         "clock",
+        "floor",
         "headers",
         "inflight",
         "limit",
@@ -82,6 +85,7 @@ class ModelAdmission:
         "name",
         "rate",
         "refused",
+        "response",
         "runner_limit",
         "runner_until",
     )
@@ -90,6 +94,7 @@ class ModelAdmission:
         self.name = name
         self.clock = control.clock
         self.inflight = 0
+        self.floor = max(MIN_LIMIT, control.capacity(name))
         self.limit = float("inf")  # not measured yet
         self.rate = 0.0
         self.runner_limit = float("inf")
@@ -109,6 +114,12 @@ class ModelAdmission:
         )
         self.body = orjson.dumps({"error": self.message})
         self.headers = {"Retry-After": str(control.retry_after)}
+        #: The same 503 as a whole HTTP/1.1 response, for refusals before aiohttp.
+        self.response = (
+            b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            b"Retry-After: %d\r\nContent-Length: %d\r\n\r\n%s"
+            % (control.retry_after, len(self.body), self.body)
+        )
         self.refused = {
             reason: control.refused.labels(name, reason) for reason in (OVERLOADED, QUEUE_FULL)
         }
@@ -130,7 +141,9 @@ class ModelAdmission:
             self._busy_since = self.clock()
         self.inflight += 1
 
-    def leave(self, queue_full: bool, queue_delay: float) -> None:
+    def leave(
+        self, queue_full: bool, queue_delay: float, capacity: Callable[[str], int] | None = None
+    ) -> None:
         """A request in flight was answered (``queue_full``: the runner refused it)."""
         now = self.clock()
         if queue_full:
@@ -147,7 +160,9 @@ class ModelAdmission:
         if busy > 0.0:
             measured = self._completions / busy
             self.rate = measured if self.rate == 0.0 else 0.5 * (self.rate + measured)
-            self.limit = max(MIN_LIMIT, self.rate * queue_delay)
+            if capacity is not None:  # a reload may have changed the batch size or replicas
+                self.floor = max(MIN_LIMIT, capacity(self.name))
+            self.limit = max(self.floor, self.rate * queue_delay)
         self._completions = 0
         self._busy = 0.0
         self._busy_since = now
@@ -159,7 +174,8 @@ class AdmissionControl:
 
     ``queue_delay`` None turns the front-end limit off (the runner's limit still applies).
     Metrics go to ``registry`` (the daemon's own), or a private one. ``clock``: seconds, the
-    time base of the rate and the latch (the same as the rate-limited log's).
+    time base of the rate and the latch (the same as the rate-limited log's). ``capacity``:
+    requests a model's replicas take at once (0 if unknown), the floor of its limit.
 
     Raises:
         ValueError: ``queue_delay`` is not > 0.
@@ -172,12 +188,14 @@ class AdmissionControl:
         queue_delay: float | None = DEFAULT_QUEUE_DELAY,
         retry_after: int = 1,
         clock: Callable[[], float] = time.monotonic,
+        capacity: Callable[[str], int] = lambda name: 0,
     ) -> None:
         if queue_delay is not None and not queue_delay > 0:
             raise ValueError(f"queue_delay must be > 0 seconds, got {queue_delay}")
         self.queue_delay = queue_delay if queue_delay is not None else float("inf")
         self.retry_after = retry_after
         self.clock = clock
+        self.capacity = capacity
         self.refused = Counter(
             "model_runtime_requests_refused",
             "Inference requests refused by admission control before their body was parsed "
@@ -220,9 +238,31 @@ class AdmissionControl:
     def release(self, model: str, *, queue_full: bool = False) -> None:
         """An admitted request of ``model`` was answered; ``queue_full``: the runner refused
         it (``QueueFullError``), so its in-flight count becomes the limit for a while."""
-        self.model(model).leave(queue_full, self.queue_delay)
+        self.model(model).leave(queue_full, self.queue_delay, self.capacity)
 
     # -- HTTP ------------------------------------------------------------------------------------
+
+    def early_refusal(self, target: bytes) -> bytes | None:
+        """The prebuilt 503 (a whole HTTP/1.1 response) when ``target``, the request target of
+        a POST, is the infer URL of a model over its limit now; else None (let it through).
+        Counted and summarised like any refusal. For the connection guard
+        (:class:`~model_runtime.server.connections.ConnectionGuard`), which calls it with the
+        head only: the body is never read."""
+        if not target.startswith(b"/v2/models/") or not target.endswith(b"/infer"):
+            return None
+        parts = target[11:-6].split(b"/")
+        if len(parts) not in (1, 3) or (len(parts) == 3 and parts[1] != b"versions"):
+            return None
+        if b"%" in parts[0]:
+            return None  # percent-encoded: aiohttp decodes it, the middleware decides
+        try:
+            state = self.models.get(parts[0].decode())
+        except UnicodeDecodeError:
+            return None
+        if state is None or (reason := state.refuses()) is None:
+            return None
+        self._refuse(state, reason)
+        return state.response
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -260,4 +300,4 @@ class AdmissionControl:
                 state.refused[QUEUE_FULL].inc()
             return resp
         finally:
-            state.leave(queue_full, self.queue_delay)
+            state.leave(queue_full, self.queue_delay, self.capacity)

@@ -169,7 +169,20 @@ class InferenceServer:
             self.metrics.registry,
             queue_delay=self.options.admission_delay,
             retry_after=self.options.retry_after,
+            capacity=self._capacity,
         )
+
+    def _capacity(self, name: str) -> int:
+        """Requests model ``name``'s replicas take at once: a batch computing and one filling
+        per replica (0 when it is not loaded)."""
+        try:
+            runner = self.repository.get(name, None).runner
+        except ModelRuntimeError:
+            return 0
+        executable = getattr(runner and runner.current, "executable", None)
+        if runner is None or executable is None:
+            return 0
+        return 2 * int(executable.metadata.batch_size) * len(runner.replica_status())
 
     def app(self) -> web.Application:
         """The aiohttp application (``client_max_size`` enforces the body limit)."""
@@ -437,6 +450,11 @@ class InferenceServer:
         """
         limit = self.options.max_body_size
         length = request.content_length
+        content = request.content
+        if length is not None and content.is_eof() and content.total_bytes == length:
+            # All of it arrived with the head (the common case for small bodies): no waiting,
+            # so no timer to arm; aiohttp's parser already held it to Content-Length.
+            return bytearray(await content.read())
         body = bytearray(length or 0)
         view = memoryview(body)
         filled = 0

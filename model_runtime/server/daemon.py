@@ -171,6 +171,8 @@ async def serve(opts: DaemonOptions) -> int:
         access_log=None,
         shutdown_timeout=1.0,
     )
+    # Infer requests over their model's admission limit are refused as their head arrives.
+    runner.guard.early_refusal = server.admission.early_refusal
     await runner.setup()
     grpc_limits = GrpcLimits(
         max_message_size=opts.max_body_size, idle_timeout=opts.keepalive_timeout

@@ -80,12 +80,16 @@ def cut_number_arrays(
     spans: list[tuple[int, int]] = []
     pieces: list[bytes | memoryview] = []
     view = memoryview(buf)
+    if end - start < MIN_CUT_BYTES:  # no array in it can be big enough: skip the scan
+        return view[start:end], spans
     pos = search = start
     # A match can start at an escaped quote only in a key that ends in '\"data' (inside a
     # string every quote is escaped, and after a real closing quote comes no 'd'): a key the
     # protocol does not have, refused whether or not its value was cut.
     while (m := _DATA_KEY.search(buf, search, end)) is not None:
         search = m.end()
+        if end - search < MIN_CUT_BYTES:
+            break
         lo, hi = m.end(), _array_end(buf, m.end(), end)
         if hi < 0 or hi - lo < MIN_CUT_BYTES:
             continue
@@ -292,7 +296,7 @@ def values_to_array(
     elif kind not in "iuf":
         raise _fail(f"input {name!r}: {datatype} data must be numbers")
     if bools is None:
-        bools = any(type(v) is bool for v in data)
+        bools = bool in map(type, data)  # the loop runs in C
     if bools:
         kinds = "integers" if dtype.kind in "iu" else "numbers"
         raise _fail(f"input {name!r}: {datatype} data must be {kinds}, not true/false")

@@ -67,6 +67,25 @@ def test_a_slow_model_holds_at_least_the_minimum() -> None:
     assert WINDOW < 0.5
 
 
+def test_a_slow_model_admits_a_full_batch_per_replica_at_least() -> None:
+    # 2 requests/s, answered one at a time, gives a limit of one: were that the limit, batches
+    # would stay that small, and the rate measured from them as low, whatever the load.
+    clock = FakeClock()
+    capacity = {"m": 64}
+    control = AdmissionControl(clock=clock, capacity=lambda name: capacity.get(name, 0))
+    _serve(control, clock, 20, 0.5)
+    assert control.model("m").limit == 64
+    admitted = 0
+    while control.try_admit("m") is None:
+        admitted += 1
+    assert admitted == 64
+    capacity["m"] = 128  # reloaded with a larger batch: the next window takes it
+    for _ in range(admitted):
+        clock.now += 0.5
+        control.release("m")
+    assert control.model("m").limit == 128
+
+
 def test_the_runners_refusal_is_the_limit_for_a_while() -> None:
     clock = FakeClock()
     control = AdmissionControl(queue_delay=None, clock=clock)  # the runner's limit alone

@@ -274,3 +274,145 @@ def test_the_daemon_raises_its_open_file_limit_to_the_hard_limit() -> None:
     before, after, now, hard = (int(v) for v in done.stdout.split())
     assert before == min(256, hard) and now == after
     assert after == hard or hard == -1
+
+
+# -- early refusals ---------------------------------------------------------------------------
+
+REFUSED_503 = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\nfull"
+
+
+@asynccontextmanager
+async def refusing() -> AsyncIterator[tuple[int, GuardedAppRunner, list[str]]]:
+    """A guarded server whose ``early_refusal`` refuses POSTs to ``/full``; the app answers
+    every POST it sees (``/full`` too) with 200 and the path, and lists the paths in ``seen``."""
+    seen: list[str] = []
+    entered, gate = asyncio.Event(), asyncio.Event()
+
+    async def echo(request: web.Request) -> web.Response:
+        await request.read()
+        if request.path == "/slow":  # held until the test opens the gate
+            entered.set()
+            await gate.wait()
+        seen.append(request.path)
+        return web.Response(text=request.path)
+
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", echo)
+    runner = GuardedAppRunner(app, limits=ConnectionLimits(header_timeout=5), access_log=None)
+    runner.guard.early_refusal = lambda target: REFUSED_503 if target == b"/full" else None
+    runner.gates = (entered, gate)  # type: ignore[attr-defined]
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield site.port, runner, seen
+    finally:
+        await runner.cleanup()
+
+
+def _post(path: str, body: bytes, *extra: str) -> bytes:
+    head = [f"POST {path} HTTP/1.1", "Host: x", f"Content-Length: {len(body)}", *extra]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+async def _response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    while head.startswith(b"HTTP/1.1 1"):  # 100 Continue
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    lines = head.decode().split("\r\n")
+    length = next(int(x.split(":")[1]) for x in lines if x.lower().startswith("content-length"))
+    body = await asyncio.wait_for(reader.readexactly(length), 5)
+    return int(lines[0].split()[1]), body
+
+
+async def test_a_request_the_guard_refuses_is_answered_from_its_head_and_its_body_skipped() -> None:
+    async with refusing() as (port, runner, seen):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_post("/a", b"first"))
+        assert await _response(reader) == (200, b"/a")
+        # Refused as soon as the head is in, before any of the body arrived ...
+        writer.write(_post("/full", b"0123456789")[:-10])
+        assert await _response(reader) == (503, b"full")
+        # ... whose bytes, when they come (in pieces), are skipped: the next request is read
+        # from the right place, on the same connection.
+        writer.write(b"01234")
+        await asyncio.sleep(0)
+        writer.write(b"56789" + _post("/b", b"second"))
+        assert await _response(reader) == (200, b"/b")
+        # Refused again with head and body in one piece, and then one with a body in the
+        # same write as the next request.
+        writer.write(_post("/full", b"x" * 100))
+        assert await _response(reader) == (503, b"full")
+        writer.write(_post("/full", b"y") + _post("/c", b"third"))
+        assert await _response(reader) == (503, b"full")
+        assert await _response(reader) == (200, b"/c")
+        writer.close()
+    assert seen == ["/a", "/b", "/c"]  # the app never saw a refused request
+    assert runner.guard.early_refused == 3
+
+
+async def test_heads_the_guard_does_not_read_plainly_go_to_the_app() -> None:
+    async def case(port: int, *writes: bytes) -> list[tuple[int, bytes]]:
+        """On a new connection after one request (aiohttp then waits for the next), send
+        ``writes`` (a pause between them) and read the answers."""
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_post("/a", b"1"))
+        await _response(reader)
+        for i, data in enumerate(writes):
+            if i:
+                await asyncio.sleep(0.05)
+            writer.write(data)
+        answers = [await _response(reader) for _ in range(b"".join(writes).count(b"POST "))]
+        writer.close()
+        return answers
+
+    full = [(200, b"/full")]
+    async with refusing() as (port, runner, seen):
+        assert await case(port, _post("/full", b"1", "Connection: close")) == full
+        assert await case(port, _post("/full", b"1", "Expect: 100-continue")) == full
+        assert (
+            await case(port, b"POST /full HTTP/1.0\r\nHost: x\r\nContent-Length: 1\r\n\r\n1")
+            == full
+        )
+        chunked = b"POST /full HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        chunked += b"1\r\nx\r\n0\r\n\r\n"
+        assert await case(port, chunked) == full
+        # A head that comes in two pieces (the guard reads whole heads only).
+        whole = _post("/full", b"2")
+        assert await case(port, whole[:10], whole[10:]) == full
+        # Pipelined behind a request aiohttp holds: answered in order, by aiohttp.
+        assert await case(port, _post("/b", b"3") + _post("/full", b"4")) == [
+            (200, b"/b"),
+            *full,
+        ]
+        # Sent while aiohttp is still working on the connection's last request: it waits its
+        # turn there, so answers keep their order.
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        entered, gate = runner.gates  # type: ignore[attr-defined]
+        writer.write(_post("/slow", b"5"))
+        await asyncio.wait_for(entered.wait(), 5)
+        writer.write(_post("/full", b"6"))
+        conn = list(runner.guard.open.values())[-1]  # the newest
+        for _ in range(500):  # until aiohttp has parsed it (or the guard took it)
+            if conn._inner._messages or runner.guard.early_refused:
+                break
+            await asyncio.sleep(0.01)
+        gate.set()
+        assert [await _response(reader) for _ in range(2)] == [(200, b"/slow"), *full]
+        writer.close()
+    assert runner.guard.early_refused == 0
+    assert seen.count("/full") == 7
+
+
+async def test_a_refused_body_that_never_comes_is_cut_off_by_the_header_timeout() -> None:
+    async with refusing() as (port, runner, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_post("/a", b"1"))
+        await _response(reader)
+        runner.guard.limits = ConnectionLimits(header_timeout=0.2)
+        t0 = time.monotonic()
+        writer.write(_post("/full", b"never sent")[:-10])
+        assert await _response(reader) == (503, b"full")
+        closed = await asyncio.wait_for(_closed_by_server(reader), 5)
+        assert closed - t0 < 3
+        writer.close()
