@@ -12,6 +12,16 @@ change between runs and are uploaded, aliased and saved by the program flow.
 Small integer constants (shapes, axes, indices, pads) and scalars stay inside the payload with
 their data: they are structure, onnxruntime needs them constant to plan the graph, and they are
 not worth an anchor.
+
+String constants (top-level STRING initializers: class labels, vocabularies, the "yes" a graph
+compares with) all leave the payload, whatever their size, scalars included: no ONNX op takes
+structure (a shape, an axis) as a string, so none is needed to plan the graph, and one rule
+keeps every string byte of the model in the executable's tensors, checked on load, rather than
+some inside the payload. Each becomes a weight anchor of dtype ``bytes`` whose data is an
+offsets and a bytes tensor (:mod:`model_runtime.executable.strings`), with the same stub in the
+payload; a device puts the strings back into the graph when it creates its session. Strings in
+node attributes (a LabelEncoder's keys, a classifier's ``classlabels_strings``) and subgraphs
+are part of the program and stay in it.
 """
 
 from __future__ import annotations
@@ -41,14 +51,21 @@ from model_runtime.executable.model import (
     ProgramFlow,
     ProgramKind,
     TensorInfo,
+    required_format_version,
+)
+from model_runtime.executable.strings import (
+    pack_strings,
+    string_tensor_names,
+    with_string_initializers,
 )
 from model_runtime.executable.validate import WEIGHT_DATA_LOCATION
 
 __all__ = ["LAYOUT", "LOAD_ID", "MAIN_ID", "MAIN_PAYLOAD", "SAVE_ID", "lower", "weights_as_inputs"]
 
-#: How main programs are laid out, part of the cache key: weights as initializers whose
-#: bytes are anchors' tensors (before: weights as graph inputs).
-LAYOUT = "weights-as-anchored-initializers"
+#: How main programs are laid out, part of the cache key: weights and string constants as
+#: initializers whose data are anchors' tensors (before: string constants inside the payload;
+#: before that, weights as graph inputs).
+LAYOUT = "weights-and-strings-as-anchored-initializers"
 
 LOAD_ID, MAIN_ID, SAVE_ID = 0, 1, 2
 MAIN_PAYLOAD = "__program__/main"
@@ -131,8 +148,13 @@ def lower(
     base_dir = str(optimized.base_dir)
 
     weights: dict[str, np.ndarray] = {}
+    strings: dict[str, np.ndarray] = {}
     kept: list[onnx.TensorProto] = []
     for tensor in graph.initializer:
+        if tensor.data_type == onnx.TensorProto.STRING:
+            strings[tensor.name] = _string_value(tensor, where)
+            kept.append(_weight_stub(tensor.name, tensor.data_type, strings[tensor.name].shape))
+            continue
         value = numpy_helper.to_array(tensor, base_dir=base_dir)
         # A scalar stays in the payload: too small for an anchor, and a stored tensor is at
         # least 1-d (the stub's rank would differ from the graph's, and broadcasting with it).
@@ -208,8 +230,16 @@ def lower(
     for name, value in prepared.variables.items():
         anchors.append(_data_anchor(name, value, AnchorRole.VARIABLE, (LOAD_ID, MAIN_ID, SAVE_ID)))
         tensors[name] = np.ascontiguousarray(value)
-    if MAIN_PAYLOAD in {a.name for a in anchors}:
-        raise CompileError(f"{where}: a tensor is named {MAIN_PAYLOAD!r}, which is reserved")
+    # Tensor names the executable derives (payload, string constants' data) may be no anchor's.
+    derived = {MAIN_PAYLOAD}
+    for name, value in strings.items():
+        anchors.append(_data_anchor(name, value, AnchorRole.WEIGHT, (LOAD_ID,)))
+        for t, data in zip(string_tensor_names(name), pack_strings(value), strict=True):
+            derived.add(t)
+            tensors[t] = data
+    clash = sorted(derived & {a.name for a in anchors})
+    if clash:
+        raise CompileError(f"{where}: a tensor is named {clash[0]!r}, which is reserved")
 
     metadata = ExecutableMetadata(
         model_name=model_name,
@@ -227,6 +257,7 @@ def lower(
         output_to_variable=dict(options.variable_updates),
         custom_ops=custom_op_refs,
         options=dict(extra_options),
+        format_version=required_format_version(tuple(anchors)),
     )
     return Executable.build(metadata, tensors)
 
@@ -234,7 +265,8 @@ def lower(
 def weights_as_inputs(executable: Executable) -> Executable:
     """``executable`` in the layout compilers wrote before weights stayed initializers: every
     main program takes its weights as graph inputs (fed at run time, so onnxruntime can neither
-    fold nor prepack them). Devices still load that layout; this rebuilds it for compatibility
+    fold nor prepack them) and keeps its string constants inside the payload (format version
+    1: no string anchors). Devices still load that layout; this rebuilds it for compatibility
     tests and for the compiled-vs-source benchmark's "before" row.
 
     Raises:
@@ -245,12 +277,15 @@ def weights_as_inputs(executable: Executable) -> Executable:
     from model_runtime.executable.validate import anchored_initializers
 
     m = executable.metadata
-    tensors = {n: executable.tensor(n) for n in executable.tensor_names}
+    string_anchors = [a for a in m.weights if a.has_data and a.dtype.kind == "O"]
+    strings = {a.handle: executable.anchor_data(a.name) for a in string_anchors}
+    dropped = {t for a in string_anchors for t in string_tensor_names(a.name)}
+    tensors = {n: executable.tensor(n) for n in executable.tensor_names if n not in dropped}
     for program in m.programs:
         if program.payload is None:
             continue
         model = onnx.load_model_from_string(executable.program_payload(program))
-        names = set(anchored_initializers(model))
+        names = set(anchored_initializers(model)) - set(strings)
         graph = model.graph
         stubs = [t for t in graph.initializer if t.name in names]
         kept = [t for t in graph.initializer if t.name not in names]
@@ -259,8 +294,19 @@ def weights_as_inputs(executable: Executable) -> Executable:
         graph.input.extend(
             helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in stubs
         )
-        tensors[program.payload] = np.frombuffer(model.SerializeToString(), np.uint8).copy()
-    return Executable.build(replace(m, package_hash=""), tensors)
+        inline = {t.name: strings[t.name] for t in kept if t.name in strings}
+        payload = with_string_initializers(model, inline)
+        tensors[program.payload] = np.frombuffer(payload, np.uint8).copy()
+    anchors = tuple(a for a in m.anchors if a not in string_anchors)
+    return Executable.build(
+        replace(
+            m,
+            anchors=anchors,
+            format_version=required_format_version(anchors),
+            package_hash="",
+        ),
+        tensors,
+    )
 
 
 def _weight_stub(name: str, data_type: int, shape: tuple[int, ...]) -> onnx.TensorProto:
@@ -273,6 +319,25 @@ def _weight_stub(name: str, data_type: int, shape: tuple[int, ...]) -> onnx.Tens
     entry = stub.external_data.add()
     entry.key, entry.value = "location", WEIGHT_DATA_LOCATION
     return stub
+
+
+def _string_value(tensor: onnx.TensorProto, where: str) -> np.ndarray:
+    """A STRING initializer's elements as an object array of ``bytes`` (any bytes: numpy_helper
+    would insist on UTF-8)."""
+    if onnx.external_data_helper.uses_external_data(tensor):
+        raise CompileError(f"{where}: string initializer {tensor.name!r} uses external data")
+    shape = tuple(int(d) for d in tensor.dims)
+    n = 1
+    for d in shape:
+        n *= d
+    if len(tensor.string_data) != n:
+        raise CompileError(
+            f"{where}: string initializer {tensor.name!r} of shape {list(shape)} holds "
+            f"{len(tensor.string_data)} strings"
+        )
+    value = np.empty(n, dtype=object)
+    value[:] = list(tensor.string_data)
+    return value.reshape(shape)
 
 
 def _input_like(model: onnx.ModelProto, name: str) -> onnx.ValueInfoProto:

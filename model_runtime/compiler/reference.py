@@ -2,7 +2,8 @@
 
 It is the first end-to-end path and what device backends are tested against: no queues, no
 actors. Weights the main program keeps as initializers are handed to onnxruntime from the
-executable's tensors when its session is made (cached per executable); weights that are graph
+executable's tensors when its session is made (cached per executable; string constants, which
+onnxruntime cannot take that way, are put back into the graph); weights that are graph
 inputs (executables compiled before weights stayed initializers) are fed from the executable
 on every call. Slow by design, obviously correct.
 """
@@ -23,6 +24,7 @@ from model_runtime.compiler.ort import first_line, random_array, session_options
 from model_runtime.errors import ApplicationRuntimeError, InputValidationError
 from model_runtime.executable.container import Executable
 from model_runtime.executable.model import Anchor, ProgramKind
+from model_runtime.executable.strings import with_string_initializers
 from model_runtime.executable.validate import anchored_initializers
 
 __all__ = ["random_inputs", "run_reference"]
@@ -49,15 +51,21 @@ def _session(exe: Executable) -> ort.InferenceSession:
     custom_ops.prepare_session(so, exe)  # install the kernels of its custom ops, if any
     payload = exe.program_payload(main[0])
     handles = {a.handle: a.name for a in exe.metadata.weights}
-    names = anchored_initializers(onnx.load_model_from_string(payload))
-    constants = [np.array(exe.tensor(handles[n]), order="C") for n in names if n in handles]
-    if len(constants) != len(names):
+    model = onnx.load_model_from_string(payload)
+    names = anchored_initializers(model)
+    if any(n not in handles for n in names):
         raise ApplicationRuntimeError(
             f"{exe.metadata.model_name}: a main program initializer names no weight"
         )
-    if names:
+    values = {n: np.array(exe.anchor_data(handles[n]), order="C") for n in names}
+    strings = {n: v for n, v in values.items() if v.dtype.kind == "O"}
+    if strings:  # an OrtValue holds no strings: they go back into the graph
+        payload = with_string_initializers(model, strings)
+    constants = [v for n, v in values.items() if n not in strings]
+    if constants:
         so.add_external_initializers(
-            list(names), [ort.OrtValue.ortvalue_from_numpy(c) for c in constants]
+            [n for n in values if n not in strings],
+            [ort.OrtValue.ortvalue_from_numpy(c) for c in constants],
         )
     try:
         session = ort.InferenceSession(payload, so, providers=["CPUExecutionProvider"])
@@ -127,8 +135,6 @@ def run_reference(
     feeds: dict[str, np.ndarray] = {}
     for a in m.user_inputs:
         feeds[a.handle] = _checked("input", a, inputs[a.name], model)
-    for a in m.weights:
-        feeds[a.handle] = exe.tensor(a.name)
     given = dict(variables or {})
     known_vars = [a.name for a in m.variables]
     unknown = [n for n in given if n not in known_vars]
@@ -143,8 +149,8 @@ def run_reference(
     session = _session(exe)
     graph_inputs = {i.name for i in session.get_inputs()}
     for a in m.weights:
-        if a.handle not in graph_inputs:  # a constant of the session
-            del feeds[a.handle]
+        if a.handle in graph_inputs:  # else a constant of the session
+            feeds[a.handle] = exe.tensor(a.name)
     outputs = [a for a in m.anchors if a.role.value == "user_output"]
     try:
         values = session.run([a.handle for a in outputs], feeds)

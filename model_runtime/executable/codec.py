@@ -13,6 +13,7 @@ import numpy as np
 
 from model_runtime.errors import InvalidExecutableError
 from model_runtime.executable.model import (
+    READABLE_FORMAT_VERSIONS,
     Anchor,
     AnchorRole,
     AnchorType,
@@ -29,8 +30,8 @@ from model_runtime.executable.safetensors_io import parse_json_strict
 __all__ = ["BYTES_DTYPE", "DTYPES", "dtype_name", "metadata_from_json", "metadata_to_json"]
 
 #: A string anchor's dtype (ONNX STRING, protocol BYTES): at run time a numpy object array of
-#: ``bytes``; stored in the file by the name ``bytes`` (metadata only: an anchor with data of
-#: this dtype is refused on load, see ``validate``).
+#: ``bytes``; stored in the file by the name ``bytes``. Only a weight of this dtype has data,
+#: stored as an offsets and a bytes tensor (see ``strings``).
 BYTES_DTYPE: np.dtype[Any] = np.dtype(object)
 
 #: dtypes an anchor may have, by the name stored in the file.
@@ -195,8 +196,11 @@ def metadata_from_json(text: str, *, where: str) -> ExecutableMetadata:
     doc = parse_json_strict(text, where=where, what="metadata")
     r = _Reader(where)
     version = r.int_(doc, "format_version", "$")
-    if version != 1:
-        raise r.fail("$.format_version", f"unsupported format version {version} (this reads 1)")
+    if version not in READABLE_FORMAT_VERSIONS:
+        readable = ", ".join(str(v) for v in READABLE_FORMAT_VERSIONS)
+        raise r.fail(
+            "$.format_version", f"unsupported format version {version} (this reads {readable})"
+        )
     t = r.get(doc, "target", "$")
     target = Target(
         device_kind=r.str_(t, "device_kind", "$.target"),

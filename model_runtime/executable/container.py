@@ -1,6 +1,7 @@
 """The ``.mrx`` container: a safetensors file holding an executable (seed: PopEF file).
 
-Tensors are the weights, the variables' initial values and the program payloads (``uint8``).
+Tensors are the weights, the variables' initial values and the program payloads (``uint8``);
+a string constant is two tensors, its offsets and its bytes (see :mod:`.strings`).
 ``__metadata__`` holds one key, ``model_runtime``, whose value is the JSON document of
 :class:`ExecutableMetadata`. The package hash is SHA-256 over the canonical metadata JSON (hash
 field blank) and every tensor (name, dtype, shape, bytes) in name order.
@@ -32,6 +33,7 @@ from model_runtime.executable.codec import metadata_from_json, metadata_to_json
 from model_runtime.executable.limits import check_bytes
 from model_runtime.executable.model import ExecutableMetadata, Program
 from model_runtime.executable.safetensors_io import open_safetensors, write_safetensors
+from model_runtime.executable.strings import string_tensor_names, unpack_strings
 
 __all__ = ["METADATA_KEY", "Executable", "compute_package_hash"]
 
@@ -227,6 +229,21 @@ class Executable:
             return self._tensors[name]
         except KeyError:
             raise KeyError(f"executable has no tensor {name!r}") from None
+
+    def anchor_data(self, name: str) -> np.ndarray:
+        """The stored data of anchor ``name``: its tensor (read-only), or for a string constant
+        the object array of ``bytes`` its offsets and bytes tensors hold (a fresh array).
+
+        Raises:
+            KeyError: no such anchor, or it has no stored data.
+        """
+        a = self.metadata.anchor(name)
+        if not a.has_data:
+            raise KeyError(f"anchor {name!r} has no stored data")
+        if a.dtype.kind != "O":
+            return self.tensor(name)
+        offsets, data = string_tensor_names(name)
+        return unpack_strings(self.tensor(offsets), self.tensor(data), a.shape)
 
     def program_payload(self, program: Program | int) -> bytes:
         """The ONNX bytes of a program.

@@ -38,9 +38,19 @@ __all__ = [
     "Target",
     "TensorInfo",
     "parse_batch_sizes",
+    "required_format_version",
 ]
 
-FORMAT_VERSION = 1
+#: The newest format version this runtime reads and writes. Version 2 adds string constants
+#: (``bytes`` weights whose data is two tensors, see :mod:`.strings`); an executable without
+#: them is written as version 1 (:func:`required_format_version`), so a runtime that reads only
+#: version 1 still loads it, and refuses one with strings by its version, not by a puzzling
+#: anchor.
+FORMAT_VERSION = 2
+#: Format versions this runtime reads.
+READABLE_FORMAT_VERSIONS = (1, 2)
+#: The first format version with string constants.
+STRINGS_FORMAT_VERSION = 2
 
 #: Device kinds an executable may target.
 DEVICE_KINDS = ("cpu", "ipu-model")
@@ -94,7 +104,8 @@ class Anchor:
 
     ``handle`` is the tensor's name inside the program graphs. ``batch_dim`` is the axis that
     holds the executable's batch size for user inputs and outputs (``None``: not batched).
-    ``has_data`` means the executable stores this anchor's data (a tensor named ``name``).
+    ``has_data`` means the executable stores this anchor's data: a tensor named ``name``, or,
+    for a ``bytes`` weight (a string constant), two tensors (see :mod:`.strings`).
     """
 
     name: str
@@ -174,6 +185,13 @@ def parse_batch_sizes(text: str | None, batch_size: int) -> tuple[int, ...] | No
     if any(a >= b for a, b in itertools.pairwise(sizes)):
         return None
     return sizes
+
+
+def required_format_version(anchors: tuple[Anchor, ...]) -> int:
+    """The oldest format version that can describe ``anchors``: 2 with a string constant (a
+    ``bytes`` anchor with data), else 1."""
+    strings = any(a.has_data and a.dtype.kind == "O" for a in anchors)
+    return STRINGS_FORMAT_VERSION if strings else 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from typing import Any
 
 from model_runtime.executable.codec import metadata_to_json
 from model_runtime.executable.container import Executable
+from model_runtime.executable.strings import string_tensor_names
 
 __all__ = ["format_summary", "summarize"]
 
@@ -36,6 +37,8 @@ def summarize(exe: Executable) -> dict[str, Any]:
     doc: dict[str, Any] = json.loads(metadata_to_json(m, include_hash=True))
     for entry, a in zip(doc["anchors"], m.anchors, strict=True):
         entry["size_bytes"] = a.tensor_info.size_in_bytes
+        if a.has_data and a.dtype.kind == "O":  # a string constant: what its tensors hold
+            entry["size_bytes"] = sum(int(tensors[t].nbytes) for t in string_tensor_names(a.name))
     for entry in doc["programs"]:
         payload = entry["payload"]
         entry["payload_bytes"] = int(tensors[payload].nbytes) if payload in tensors else None

@@ -10,10 +10,13 @@ onnxruntime constant-folds and prepacks it) without holding its bytes: the initi
 marked as ONNX external data at the fixed location :data:`WEIGHT_DATA_LOCATION`, and the bytes
 are the executable's own tensor of the weight anchor whose handle is the initializer's name
 (a device supplies them when it creates its session, see :func:`anchored_initializers`).
-That is the only external data an executable may hold: any other tensor anywhere in a payload
-(initializer, sparse initializer, node attribute, subgraph, function) that references external
-data -- a file, a memory address, anything -- is refused before onnxruntime or the ONNX checker
-sees it, because onnxruntime would otherwise open that file relative to the working directory.
+A string constant (a ``bytes`` weight, see :mod:`.strings`) is such an initializer too, of
+type STRING: its data is the anchor's offsets and bytes tensors, which the device puts back into
+the graph. That is the only external data an executable may hold: any other tensor anywhere in
+a payload (initializer, sparse initializer, node attribute, subgraph, function) that references
+external data -- a file, a memory address, anything -- is refused before onnxruntime or the
+ONNX checker sees it, because onnxruntime would otherwise open that file relative to the
+working directory.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import numpy as np
 from model_runtime.errors import InvalidExecutableError
 from model_runtime.executable.model import (
     DEVICE_KINDS,
+    STRINGS_FORMAT_VERSION,
     Anchor,
     AnchorRole,
     AnchorType,
@@ -33,6 +37,7 @@ from model_runtime.executable.model import (
     ProgramKind,
     parse_batch_sizes,
 )
+from model_runtime.executable.strings import check_string_data, string_tensor_names
 
 __all__ = [
     "MAX_ANCHOR_ELEMENTS",
@@ -121,6 +126,15 @@ def validate_structure(
             raise fail(f"duplicate anchor name {a.name!r}")
         names.add(a.name)
         _check_anchor(m, a, tensors, fail)
+    payloads = {p.payload for p in m.programs if p.payload is not None}
+    for a in m.anchors:
+        if a.has_data and a.dtype.kind == "O":
+            for t in string_tensor_names(a.name):
+                if t in names or t in payloads:
+                    raise fail(
+                        f"anchor {a.name!r}: its string tensor {t!r} is also named by an "
+                        "anchor or a program"
+                    )
     targets: set[str] = set()
     for out, var in m.output_to_variable.items():
         if out not in names or var not in names:
@@ -208,11 +222,22 @@ def _check_anchor(
                 f"anchor {a.name!r}: dimension {a.batch_dim} (its batch_dim) is "
                 f"{shape[a.batch_dim]} but the executable's batch_size is {m.batch_size}"
             )
-    # Strings are user data only: a string constant stays inside the program payload.
-    if a.dtype.kind == "O" and (
-        a.role not in (AnchorRole.USER_INPUT, AnchorRole.USER_OUTPUT) or a.has_data
-    ):
-        raise fail(f"anchor {a.name!r}: a bytes anchor must be a user input or output without data")
+    if a.dtype.kind == "O":
+        # Strings are user data fed and returned per run, or string constants: weights whose
+        # data is an offsets and a bytes tensor (never variables: state is numbers).
+        if a.role is AnchorRole.WEIGHT and a.has_data:
+            if m.format_version < STRINGS_FORMAT_VERSION:
+                raise fail(
+                    f"anchor {a.name!r}: a string constant needs format version "
+                    f"{STRINGS_FORMAT_VERSION}, the executable says {m.format_version}"
+                )
+            check_string_data(a, tensors, fail)
+            return
+        if a.role not in (AnchorRole.USER_INPUT, AnchorRole.USER_OUTPUT) or a.has_data:
+            raise fail(
+                f"anchor {a.name!r}: a bytes anchor must be a user input or output without "
+                "data, or a weight with data (a string constant)"
+            )
     if a.has_data:
         if a.role is AnchorRole.USER_OUTPUT:
             raise fail(f"anchor {a.name!r}: a user_output cannot have stored data")
@@ -246,6 +271,7 @@ def validate_programs(
     import onnx
 
     fail = _failer(where)
+    anchored_anywhere: set[str] = set()
     for p in metadata.programs:
         if p.kind is not ProgramKind.MAIN or p.payload is None:
             continue
@@ -265,6 +291,7 @@ def validate_programs(
             onnx.checker.check_model(_without_anchored(model, anchored))
         except Exception as exc:  # ValidationError and friends from the C++ checker
             raise fail(f"{what} is not a valid ONNX model: {str(exc)[:300]}") from None
+        anchored_anywhere |= anchored
         inputs = {v.name: v for v in model.graph.input}
         outputs = {v.name: v for v in model.graph.output}
         for a in metadata.anchors:
@@ -279,6 +306,14 @@ def validate_programs(
             if value is None:
                 raise fail(f"anchor {a.name!r}: {what} has no graph {side} {a.handle!r}")
             _check_value(a, value, what, fail)
+    # A device hands string constants to onnxruntime only as initializers (strings are never
+    # weights fed as graph inputs), so each must be one.
+    for a in metadata.weights:
+        if a.has_data and a.dtype.kind == "O" and a.handle not in anchored_anywhere:
+            raise fail(
+                f"anchor {a.name!r}: no main program has string constant {a.handle!r} as an "
+                f"initializer at {WEIGHT_DATA_LOCATION!r}"
+            )
 
 
 def anchored_initializers(model: Any) -> tuple[str, ...]:

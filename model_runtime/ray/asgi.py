@@ -66,6 +66,11 @@ class _Body:
         self._receive = receive
         self._done = False
 
+    def is_eof(self) -> bool:
+        """False: the body comes message by message, so it is read with :meth:`readany`
+        (aiohttp's ``StreamReader`` says True once the whole body is buffered)."""
+        return False
+
     async def readany(self) -> bytes:
         """The next non-empty chunk of the body, or ``b""`` when it has ended."""
         while not self._done:

@@ -45,6 +45,10 @@ def test_compiled_executable_carries_bytes_anchors(tmp_path: Path) -> None:
     kinds = {a.name: a.dtype.kind for a in (*m.user_inputs, *m.user_outputs)}
     assert kinds == {"text": "O", "x": "f", "echo": "O", "is_yes": "b", "double": "f"}
     assert "batch_sizes" not in m.options  # strings get one batch size
+    # The graph's "yes" is a string constant: data of the executable, not of the payload.
+    (yes,) = m.weights
+    assert (yes.name, yes.dtype.kind, yes.has_data) == ("yes", "O", True)
+    assert Executable.load(path).anchor_data("yes").tolist() == [b"yes"]
 
 
 def test_runner_batches_strings_of_many_callers(tmp_path: Path) -> None:

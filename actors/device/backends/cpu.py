@@ -5,8 +5,10 @@ whose bytes are the executable's weight tensors (see :mod:`model_runtime.executa
 at load this backend hands owned copies of those tensors (or the ``frozen_inputs`` that replace
 them) to onnxruntime with ``SessionOptions.add_external_initializers``, so onnxruntime
 constant-folds and prepacks them exactly as it would the source model's, and never opens a
-file. Executables whose main program takes weights as graph inputs (compiled before that, or
-built by hand) still load: those weights are fed like variables.
+file. String constants cannot travel that way (an ``OrtValue`` holds no strings): they are put
+back into the main program's graph as initializers before the session is created, at load.
+Executables whose main program takes weights as graph inputs (compiled before that, or built by
+hand) still load: those weights are fed like variables.
 
 "Device memory" for the rest is a feed dict built once at load: variables (and weights that are
 graph inputs) as owned, contiguous arrays, keyed by graph input name. A run adds only the user
@@ -235,6 +237,10 @@ class CpuBackend:
             prepare_session(opts, executable)
         payload = executable.program_payload(mains[0])
         constants = _constant_weights(executable, payload, frozen, self.spec.describe())
+        strings = {n: v for n, v in constants.items() if v.dtype.kind == "O"}
+        if strings:  # an OrtValue holds no strings: they go back into the graph itself
+            payload = _with_strings(payload, strings, self.spec.describe())
+            constants = {n: v for n, v in constants.items() if n not in strings}
         if constants:
             opts.add_external_initializers(
                 list(constants), [ort.OrtValue.ortvalue_from_numpy(v) for v in constants.values()]
@@ -511,10 +517,33 @@ def _constant_weights(
             )
         value = frozen.get(a.name)
         # Owned copies: onnxruntime reads them for the session's life; the file may go away.
+        # (A string constant's array is always a fresh one.)
         constants[name] = (
-            value if value is not None else np.array(executable.tensor(a.name), order="C")
+            value if value is not None else np.array(executable.anchor_data(a.name), order="C")
         )
     return constants
+
+
+def _with_strings(payload: bytes, strings: Mapping[str, np.ndarray], device: str) -> bytes:
+    """``payload`` with its string constants' stubs replaced by initializers holding them.
+
+    Raises:
+        InputValidationError: a frozen string constant holds something other than bytes/str.
+        ApplicationRuntimeError: the payload does not parse (refused by validation).
+    """
+    import onnx
+
+    from model_runtime.executable.strings import with_string_initializers
+
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(payload)
+    except Exception as exc:  # protobuf's DecodeError
+        raise ApplicationRuntimeError(f"{device}: main program is not ONNX: {exc}") from exc
+    try:
+        return with_string_initializers(model, strings)
+    except TypeError as exc:
+        raise InputValidationError(f"{device}: frozen string constant: {exc}") from exc
 
 
 def _check_custom_ops(device: str) -> None:
