@@ -353,30 +353,31 @@ class ModelRunner:
                 f"model {self._executable.metadata.model_name!r}: the queue would take "
                 f"{backlog:.3g} s to serve, past the latency budget of {budget:g} s; retry later"
             )
-        r = replicas.pick(replica_id)
+        queue = replicas.queues[replicas.pick(replica_id)]
         assert self._loop is not None
         future: asyncio.Future[dict[str, np.ndarray]] = self._loop.create_future()
-        deadline = None if timeout is None else now + timeout
+        # Positional: a third of the cost of keywords on this per-request path. The fields:
+        # inputs, samples, future, outputs, deadline, t_submit, tried, waiting, priority.
+        waiting = not config.flush_on_waiting_outputs  # else: not until its caller awaits
         request = Request(
-            inputs=arrays,
-            samples=samples,
-            future=future,
-            outputs=outputs,
-            deadline=deadline,
-            t_submit=now,
-            priority=priority,
+            arrays,
+            samples,
+            future,
+            outputs,
+            None if timeout is None else now + timeout,
+            now,
+            0,
+            waiting,
+            priority,
         )
-        queue = replicas.queues[r]
-        if config.flush_on_waiting_outputs:
-            request.waiting = False  # until its caller awaits the outputs
         # The queue's own Enqueue handler, called in place: same loop, same code, one event-loop
         # iteration less per request than a mailbox hop (measured ~7 µs of ~15 µs).
         queue.enqueue_nowait(request)
         if timeout is None:
-            if request.waiting:
+            if waiting:
                 return future
             return self._when_awaited(future, lambda: queue.waiting(request))
-        wake = None if request.waiting else (lambda: queue.waiting(request))
+        wake = None if waiting else (lambda: queue.waiting(request))
         return self._with_deadline(future, timeout, wake)
 
     def _validated(self, inputs: Mapping[str, Any]) -> tuple[Mapping[str, np.ndarray], int]:

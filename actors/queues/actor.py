@@ -82,6 +82,7 @@ class Queue(Actor[QueueMessage]):
         self.config = config
         self.replica = replica
         self.layout = Layout(metadata, config)
+        self._capacity = self.layout.capacity
         self._handoff = handoff
         self._pool = RingPool(self.layout, config.pool_buffers)
         #: batches packed and not completed, at most (max_look_ahead + 1, within the pool)
@@ -126,6 +127,20 @@ class Queue(Actor[QueueMessage]):
         return self._pending_samples
 
     @property
+    def saturated(self) -> bool:
+        """Every batch buffer is in use: rows queued now wait until a batch ends."""
+        return len(self._outstanding) >= self._max_outstanding
+
+    @property
+    def filling(self) -> bool:
+        """:attr:`saturated`, with a partial batch open (the waiting rows are not a whole
+        number of batches): a request queued now completes a batch that runs no later."""
+        return (
+            len(self._outstanding) >= self._max_outstanding
+            and self._pending_rows % self._capacity != 0
+        )
+
+    @property
     def inflight_requests(self) -> int:
         """Requests enqueued and not answered yet."""
         return self._inflight
@@ -138,7 +153,7 @@ class Queue(Actor[QueueMessage]):
         difference from ``tell(Enqueue(...))`` is that it overtakes messages still in the
         mailbox. Never raises: refusals go to ``request.future``.
         """
-        if not self.is_running:
+        if not self._running:
             if not request.future.done():
                 request.future.set_exception(RunnerStoppedError(f"queue {self.name} stopped"))
             return
@@ -276,7 +291,7 @@ class Queue(Actor[QueueMessage]):
         Raises:
             ActorStoppedError: the queue has stopped (its callers were handed off or failed).
         """
-        if not self.is_running:
+        if not self._running:
             raise ActorStoppedError(f"actor {self.name} has stopped")
         self._answer(answer)
 
@@ -345,7 +360,7 @@ class Queue(Actor[QueueMessage]):
             pending.append(req)  # the common case: one level, FIFO
         else:
             self._insert_by_priority(req)
-        if after >= self.layout.capacity:
+        if after >= self._capacity:
             if len(self._outstanding) < self._max_outstanding:
                 self._pump()
             return

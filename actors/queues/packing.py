@@ -59,7 +59,27 @@ def take(pending: deque[Request], layout: Layout, partial: bool, now: float) -> 
             return Take(cap, segments, [[s] for s in segments], views, dropped, into)
     popped: list[Request] = []
     taken = 0
-    while pending and taken < cap:
+    if iters == 1:  # the common case, one request at a time off the front
+        popleft = pending.popleft
+        while pending and taken < cap:
+            req = popleft()
+            if req.future.done():
+                dropped.append(req)
+                continue
+            start = req._taken
+            n = req.samples - start
+            if n > cap - taken:  # its rest does not fit: it stays at the front
+                n = cap - taken
+                pending.appendleft(req)
+                req._taken = start + n
+            else:
+                req._taken = req.samples
+                popped.append(req)
+            if not start:
+                req._t_packed = now
+            segments.append((req, start, 0, taken, n))
+            taken += n
+    while pending and taken < cap:  # several iterations: segments never cross one
         req = pending[0]
         if req.future.done():
             dropped.append(pending.popleft())
@@ -68,19 +88,15 @@ def take(pending: deque[Request], layout: Layout, partial: bool, now: float) -> 
         n = min(req.samples - start, cap - taken)
         if not start:
             req._t_packed = now
-        if iters == 1:
-            segments.append((req, start, 0, taken, n))
-            taken += n
-        else:
-            end = start + n
-            while start < end:
-                k, row = divmod(taken, b)
-                m = min(end - start, b - row)
-                seg = (req, start, k, row, m)
-                segments.append(seg)
-                per_iteration[k].append(seg)
-                start += m
-                taken += m
+        end = start + n
+        while start < end:
+            k, row = divmod(taken, b)
+            m = min(end - start, b - row)
+            seg = (req, start, k, row, m)
+            segments.append(seg)
+            per_iteration[k].append(seg)
+            start += m
+            taken += m
         req._taken += n
         if req._taken == req.samples:
             popped.append(pending.popleft())

@@ -108,13 +108,24 @@ class _RunTimes:
     """Recent main-run durations, to derive the hang deadline when none is configured."""
 
     samples: deque[float] = field(default_factory=lambda: deque(maxlen=64))
+    #: the largest of ``samples`` (kept as they come and go: no scan per run)
+    slowest: float = 0.0
+
+    def add(self, seconds: float) -> None:
+        samples = self.samples
+        evicted = samples[0] if len(samples) == samples.maxlen else None
+        samples.append(seconds)
+        if seconds >= self.slowest:
+            self.slowest = seconds
+        elif evicted == self.slowest:
+            self.slowest = max(samples)
 
     def deadline(self, floor: float, first: float) -> float:
         # A hang is "no progress", not "slower than usual": 20x the slowest recent run,
         # never under the floor. Before any run (the warm-up itself) the reset timeout.
         if not self.samples:
             return first
-        return max(floor, 20.0 * max(self.samples))
+        return max(floor, 20.0 * self.slowest)
 
 
 def is_resettable(exc: BaseException) -> bool:
@@ -388,7 +399,7 @@ class SessionActor(Actor[object]):
     def _succeeded(self, t_start: float, rows: int | None = None) -> None:
         state = self._state
         t_end = self.clock.monotonic()
-        self._times.samples.append(t_end - t_start)
+        self._times.add(t_end - t_start)
         self._measure(t_end - t_start, rows)
         if state.fault_at is not None:
             state.recovery_times.append(t_end - state.fault_at)
@@ -607,7 +618,7 @@ class SessionActor(Actor[object]):
         t_start = self.clock.monotonic()
         await self._run_main(inputs, probe=True)
         took = self.clock.monotonic() - t_start
-        self._times.samples.append(took)
+        self._times.add(took)
         self._measure(took)
         if self._stateful:  # the zeros ran through the variables: put them back
             await self._device.ask(

@@ -1,0 +1,115 @@
+"""Who takes a request when every replica is busy: the one picked fills its open batch first.
+
+``ReplicaSet.pick`` is least-loaded per request while some replica has a free batch buffer;
+once all are saturated, the replica it picked keeps taking requests until its open batch is
+full (``Queue.filling``), then it picks the least loaded again. A replica leaving service, or
+a run past its deadline, ends that at once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from test_queue_support import make_queue, metadata, request, rows, running, settle
+
+from actors.clock import FakeClock
+from actors.session.actor import _RunTimes
+from actors.session.state import ReplicaState, ReplicaStatus
+from model_runtime.replicas import ReplicaSet
+
+
+@dataclass
+class _Queue:
+    """What pick() reads of a queue, set by hand."""
+
+    pending_samples: int = 0
+    saturated: bool = False
+    filling: bool = False
+
+
+def _replicas(n: int, clock: FakeClock) -> tuple[ReplicaSet, list[_Queue]]:
+    rs = ReplicaSet.__new__(ReplicaSet)  # only what pick() reads: no tree, no devices
+    rs.states = [ReplicaState(replica=r, status=ReplicaStatus.READY) for r in range(n)]
+    queues = [_Queue() for _ in range(n)]
+    rs.queues = queues  # type: ignore[assignment]
+    rs._clock = clock
+    rs._next = 0
+    rs._filling = -1
+    return rs, queues
+
+
+def test_least_loaded_per_request_while_a_replica_has_room() -> None:
+    rs, queues = _replicas(2, FakeClock())
+    queues[0].saturated = queues[0].filling = True  # replica 1 still has a free buffer
+    picks = []
+    for _ in range(4):
+        r = rs.pick(None)
+        picks.append(r)
+        queues[r].pending_samples += 1
+    assert picks == [0, 1, 0, 1]
+
+
+def test_all_busy_the_picked_replica_fills_its_batch_then_least_loaded_again() -> None:
+    rs, queues = _replicas(2, FakeClock())
+    for q in queues:
+        q.saturated = True
+    queues[0].pending_samples = 70
+    queues[1].pending_samples = 64
+    assert rs.pick(None) == 1  # the least loaded
+    queues[1].filling = True  # its open batch takes the next requests
+    queues[1].pending_samples = 80
+    assert [rs.pick(None) for _ in range(5)] == [1] * 5
+    queues[1].filling = False  # that batch is full: least loaded again
+    assert rs.pick(None) == 0
+
+
+def test_a_filling_replica_that_leaves_service_or_hangs_takes_nothing_more() -> None:
+    clock = FakeClock()
+    rs, queues = _replicas(2, clock)
+    for q in queues:
+        q.saturated = q.filling = True
+    queues[1].pending_samples = 1
+    assert rs.pick(None) == 0
+    assert rs.pick(None) == 0
+    rs.states[0].hung_after = clock.monotonic()  # its run is past its deadline
+    assert rs.pick(None) == 1
+    rs.states[0].hung_after = math.inf
+    rs.states[1].set_status(ReplicaStatus.RESETTING)
+    assert rs.pick(None) == 0
+    rs.states[0].set_status(ReplicaStatus.FAILED)
+    assert rs.pick(None) == 1  # RESETTING still queues when nobody is ready
+
+
+def test_a_moved_request_avoids_the_replicas_that_failed_it_even_while_filling() -> None:
+    rs, queues = _replicas(2, FakeClock())
+    for q in queues:
+        q.saturated = q.filling = True
+    assert rs.pick(None) == 0
+    assert rs.pick(None, avoid=1) == 1
+
+
+async def test_queue_reports_saturated_then_filling_until_a_whole_batch_waits() -> None:
+    clock = FakeClock()
+    queue = make_queue(metadata(4), clock, batching_dim=0, ring_buffer_size_multiplier=2)
+    async with running(queue, hold=True) as (_, fake):
+        for _ in range(8):  # two full batches: both buffers in use
+            queue.enqueue_nowait(request(rows(1), 1, clock=clock))
+        await settle()
+        assert queue.saturated and not queue.filling
+        for i in range(4):
+            queue.enqueue_nowait(request(rows(1), 1, clock=clock))
+            assert queue.filling is (i < 3)  # the 4th row completes the waiting batch
+        fake.release()
+        await settle()
+        assert len(fake.seen) == 3
+
+
+def test_run_times_keep_the_slowest_of_the_recent_runs() -> None:
+    times = _RunTimes()
+    rng = np.random.default_rng(0)
+    for seconds in rng.exponential(1.0, 500):
+        times.add(float(seconds))
+        assert times.slowest == max(times.samples)
+    assert times.deadline(0.0, 99.0) == 20.0 * max(times.samples)
