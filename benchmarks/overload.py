@@ -403,7 +403,7 @@ def markdown(r: dict[str, Any], command: str) -> str:
         [
             "## Overload (issue 19)",
             "",
-            f"`{command}` -- the daemon with its defaults (admission delay 1 s), MLP "
+            f"`{command}` -- the daemon with its defaults{r['daemon_args_note']}, MLP "
             "784-512-512-10 at batch 32, single-sample JSON requests. Load generator "
             f"`benchmarks/loadgen.py`: {g['processes']} processes (uvloop), raw HTTP/1.1 "
             "keep-alive connections with one request in flight each (no pipelining), "
@@ -435,6 +435,7 @@ def markdown(r: dict[str, Any], command: str) -> str:
 def rewrite_markdown(out: Path = RESULTS) -> None:
     """Write ``overload.md`` again from ``overload.json`` (same run, no new measurement)."""
     result = json.loads((out / "overload.json").read_text())
+    result.setdefault("daemon_args_note", "")
     (out / "overload.md").write_text(markdown(result, result["command"]))
 
 
@@ -448,13 +449,19 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--processes", type=int, default=2, help="generator processes (2)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory")
+    parser.add_argument(
+        "--daemon-args",
+        default="",
+        help="extra daemon options, to compare with the defaults (e.g. '--admission-delay 0.1')",
+    )
     args = parser.parse_args(argv)
     multiples = [float(m) for m in args.multiples.split(",")]
     raise_open_file_limit()  # the client holds thousands of sockets too
     with tempfile.TemporaryDirectory(prefix="mr-overload-") as tmp:
         work = Path(tmp)
         model = save(make_mlp(), work / "mlp.onnx")
-        with running(work, f"mlp={model}", "--batch-size", "32") as daemon:
+        extra = args.daemon_args.split()
+        with running(work, f"mlp={model}", "--batch-size", "32", *extra) as daemon:
             requests, expected = samples(model, daemon.port)
             client = Client("127.0.0.1", daemon.port, requests, expected, args.processes)
             try:
@@ -481,7 +488,11 @@ def main(argv: list[str] | None = None) -> None:
             f".venv/bin/python benchmarks/overload.py --seconds {args.seconds:g} "
             f"--multiples {args.multiples} --processes {args.processes}"
         )
+    if args.daemon_args:
+        command += f" --daemon-args '{args.daemon_args}'"
     result["command"] = command
+    result["daemon_args"] = args.daemon_args
+    result["daemon_args_note"] = f" and {args.daemon_args}" if args.daemon_args else ""
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "overload.json").write_text(json.dumps(result, indent=2) + "\n")
     md = markdown(result, command)

@@ -14,6 +14,15 @@ loop falls seconds behind. :class:`AdmissionControl` therefore bounds what the f
   budget or ``max_queue_size``) with ``n`` in flight, requests are refused at ``n`` in flight
   without reaching it, for :data:`LATCH` seconds (then the runner is asked again).
 
+- **the loop's limit**: the front-end limit bounds what is held, not what the event loop can
+  afford to take. Past the loop's capacity, requests (refused ones too) wait unread in socket
+  buffers, a backlog no limit above sees, and everyone's latency grows with it. So the loop's
+  lag is measured (:class:`LoopLag`: how late a timer due every :data:`LAG_TICK` seconds
+  fires); while it is over :data:`LAG_LIMIT`, each model's in-flight cap shrinks to
+  :data:`LAG_DECREASE` of what it holds (never under its floor), and while the loop keeps up
+  it grows back by :data:`LAG_INCREASE` per tick (additive increase, multiplicative decrease).
+  Shed requests cost an early refusal (~a tenth of an admitted one), so the loop catches up.
+
 A refused request is answered before its body is parsed, from a 503 built once per model (JSON
 error naming the model and the limit, ``Retry-After``), without an access log line: it is
 counted in ``model_runtime_requests_refused_total{model,reason}`` and logged as a rate-limited
@@ -26,6 +35,7 @@ admitted, and then ``admission.release(model, queue_full=...)`` once answered.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -38,10 +48,15 @@ from model_runtime.server.access import RateLimitedLog
 
 __all__ = [
     "DEFAULT_QUEUE_DELAY",
+    "LAG_DECREASE",
+    "LAG_INCREASE",
+    "LAG_LIMIT",
+    "LAG_TICK",
     "LATCH",
     "MIN_LIMIT",
     "WINDOW",
     "AdmissionControl",
+    "LoopLag",
     "ModelAdmission",
 ]
 
@@ -59,6 +74,13 @@ WINDOW = 0.1
 _WINDOW_COMPLETIONS = 8
 #: Seconds the in-flight count at which the runner refused stays the limit.
 LATCH = 0.5
+#: Seconds between the loop-lag monitor's ticks, and the lag past which the loop is behind.
+LAG_TICK = 0.01
+LAG_LIMIT = 0.02
+#: Behind: a model's in-flight cap becomes this share of what it holds; keeping up: the cap
+#: grows by this share of its floor per tick, up to no cap.
+LAG_DECREASE = 0.7
+LAG_INCREASE = 0.25
 #: Refusal reasons (the ``reason`` label).
 OVERLOADED = "overloaded"
 QUEUE_FULL = "queue_full"
@@ -80,6 +102,7 @@ class ModelAdmission:
         "floor",
         "headers",
         "inflight",
+        "lag_cap",
         "limit",
         "message",
         "name",
@@ -96,6 +119,7 @@ class ModelAdmission:
         self.inflight = 0
         self.floor = max(MIN_LIMIT, control.capacity(name))
         self.limit = float("inf")  # not measured yet
+        self.lag_cap = float("inf")  # the loop keeps up
         self.rate = 0.0
         self.runner_limit = float("inf")
         self.runner_until = 0.0
@@ -127,13 +151,25 @@ class ModelAdmission:
     def refuses(self) -> str | None:
         """The reason a new request is refused now, or None: admitted. O(1), no allocation."""
         n = self.inflight
-        if n >= self.limit:
+        if n >= self.limit or n >= self.lag_cap:
             return OVERLOADED
         if n >= self.runner_limit:
             if self.clock() < self.runner_until:
                 return QUEUE_FULL
             self.runner_limit = float("inf")
         return None
+
+    def loop_behind(self) -> None:
+        """The event loop is behind: hold at most :data:`LAG_DECREASE` of what is in flight."""
+        self.lag_cap = max(self.floor, min(self.lag_cap, self.inflight * LAG_DECREASE))
+
+    def loop_keeps_up(self) -> None:
+        """The event loop keeps up: raise the cap by :data:`LAG_INCREASE` of the floor (gone
+        once over the front-end limit, or far over what is held)."""
+        if self.lag_cap < float("inf"):
+            self.lag_cap += self.floor * LAG_INCREASE
+            if self.lag_cap >= self.limit or self.lag_cap > 4 * max(self.inflight, self.floor):
+                self.lag_cap = float("inf")  # past anything it would hold back
 
     def enter(self) -> None:
         """One more request in flight."""
@@ -212,6 +248,15 @@ class AdmissionControl:
         if state is None:
             state = self.models[name] = ModelAdmission(name, self)
         return state
+
+    def loop_lag(self, lag: float) -> None:
+        """One reading of the event loop's lag, in seconds (see :class:`LoopLag`)."""
+        if lag > LAG_LIMIT:
+            for state in self.models.values():
+                state.loop_behind()
+        else:
+            for state in self.models.values():
+                state.loop_keeps_up()
 
     def _refuse(self, state: ModelAdmission, reason: str) -> None:
         state.refused[reason].inc()
@@ -301,3 +346,37 @@ class AdmissionControl:
             return resp
         finally:
             state.leave(queue_full, self.queue_delay, self.capacity)
+
+
+class LoopLag:
+    """Measures the running event loop's lag for ``control``: a timer due every
+    :data:`LAG_TICK` seconds reports how late it fired (:meth:`AdmissionControl.loop_lag`).
+    ``start()`` on the loop, ``stop()`` when done; one timer handle, no task."""
+
+    def __init__(self, control: AdmissionControl, tick: float = LAG_TICK) -> None:
+        self.control = control
+        self.tick = tick
+        self._handle: asyncio.TimerHandle | None = None
+        self._due = 0.0
+
+    def start(self) -> None:
+        """Start ticking on the running loop.
+
+        Raises:
+            RuntimeError: no running event loop.
+        """
+        loop = asyncio.get_running_loop()
+        self._due = loop.time() + self.tick
+        self._handle = loop.call_at(self._due, self._tick, loop)
+
+    def stop(self) -> None:
+        """Stop ticking."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
+        now = loop.time()
+        self.control.loop_lag(now - self._due)
+        self._due = now + self.tick
+        self._handle = loop.call_at(self._due, self._tick, loop)

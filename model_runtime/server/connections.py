@@ -6,11 +6,12 @@ many sockets are open at once: a thousand slow clients exhaust the descriptors a
 stops accepting anyone. :class:`GuardedAppRunner` is an ``aiohttp.web.AppRunner`` whose
 connections pass through a guard that adds:
 
-- a **header timeout**: a connection must deliver a complete request head within
-  ``header_timeout`` seconds of opening, and each later request within ``header_timeout`` of
+- a **header timeout**: a request head must be complete within ``header_timeout`` seconds of
   its first byte; past it the connection is closed (no answer: there is no request to answer);
-- an **idle keep-alive timeout** (``keepalive_timeout``, aiohttp's own): a connection with no
-  request for that long is closed;
+- an **idle timeout** (``keepalive_timeout``; aiohttp's own between requests): a connection
+  with no request for that long is closed, a new one that has sent nothing yet too. A client
+  pool opened ahead of use (load balancers and proxies pre-connect) is idle, not slow: closed
+  after the header timeout, it would come back as a burst of reconnects in the next rush;
 - a **connection limit**: past ``max_connections`` open connections a new one is answered
   ``503`` with ``Retry-After`` and closed at once, before it costs more than its accept;
 - **idle connections make room**: once the open connections near the limit (its last
@@ -162,6 +163,7 @@ class _Connection(asyncio.Protocol):
         "_busy",
         "_clean",
         "_finished",
+        "_fresh",
         "_guard",
         "_inner",
         "_payload",
@@ -186,6 +188,7 @@ class _Connection(asyncio.Protocol):
         # Whether what aiohttp was given ended at a line break: then a new chunk that begins
         # with a request line cannot be the rest of a line aiohttp holds.
         self._clean = True
+        self._fresh = True  # nothing received yet: its timer is the idle one
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport = cast(asyncio.Transport, transport)  # uvloop's: no subclass
@@ -200,7 +203,8 @@ class _Connection(asyncio.Protocol):
             transport.close()
             return
         guard.open[self._inner] = self
-        self._arm()
+        guard.idle[self] = None  # idle until its first request, closed first near the limit
+        self._arm(guard.limits.keepalive_timeout)
         self._inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
@@ -215,6 +219,9 @@ class _Connection(asyncio.Protocol):
             data = data[self._skip :]
             self._skip = 0
             self._refusal_done()
+        if self._fresh:  # the first byte: from now on a head must come within its timeout
+            self._fresh = False
+            self._disarm()
         if self._sniff is None and self._guard.early_refusal is not None:
             while data.startswith(b"POST /") and self._clean and self._quiet():
                 taken = self._refuse_early(data)
@@ -302,9 +309,12 @@ class _Connection(asyncio.Protocol):
         self._guard.open.pop(self._inner, None)
         self._inner.force_close()  # closes the transport; connection_lost follows
 
-    def _arm(self) -> None:
+    def _arm(self, seconds: float | None = None) -> None:
+        """The timer that closes the connection if no complete head comes: ``seconds``, or
+        the header timeout."""
         loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(self._guard.limits.header_timeout, self._expire)
+        delay = self._guard.limits.header_timeout if seconds is None else seconds
+        self._timer = loop.call_later(delay, self._expire)
 
     def _disarm(self) -> None:
         if self._timer is not None:
@@ -314,7 +324,10 @@ class _Connection(asyncio.Protocol):
     def _expire(self) -> None:
         self._timer = None
         if not self._busy:
-            self._guard.header_timeouts += 1
+            if self._fresh:
+                self._guard.idle_timeouts += 1
+            else:
+                self._guard.header_timeouts += 1
             self._inner.force_close()  # closes the transport; connection_lost follows
 
     # -- early refusals ----------------------------------------------------------------------
@@ -421,6 +434,7 @@ class ConnectionGuard:
         self._state_checked = False
         self.idle_closed = 0
         self.header_timeouts = 0
+        self.idle_timeouts = 0  # new connections that sent nothing within keepalive_timeout
         self.limit_log = RateLimitedLog("connection_limit_reached")
         self.http2_log = RateLimitedLog("http2_preface_refused")
         self.idle_log = RateLimitedLog("idle_connections_closed_near_limit")

@@ -28,6 +28,7 @@ import structlog
 from aiohttp import web
 
 from model_runtime.errors import ConfigurationError, ModelRuntimeError
+from model_runtime.server.admission import LoopLag
 from model_runtime.server.app import InferenceServer, ServerOptions
 from model_runtime.server.connections import (
     ConnectionLimits,
@@ -180,6 +181,8 @@ async def serve(opts: DaemonOptions) -> int:
     grpc_server: Any = None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    lag = LoopLag(server.admission)  # sheds while the loop falls behind
+    lag.start()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
@@ -218,6 +221,7 @@ async def serve(opts: DaemonOptions) -> int:
         if grpc_server is not None:
             await grpc_server.stop(1.0)  # in-flight calls drained above; stragglers: 1 s
         await runner.cleanup()
+        lag.stop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
     log.info("daemon_stopped", status=0)

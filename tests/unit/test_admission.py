@@ -4,16 +4,22 @@ refusal is counted, summarised in the log, and carries the model's prebuilt mess
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 import structlog
 from prometheus_client import CollectorRegistry, generate_latest
 
 from model_runtime.server.admission import (
     DEFAULT_QUEUE_DELAY,
+    LAG_DECREASE,
+    LAG_LIMIT,
     LATCH,
     MIN_LIMIT,
     WINDOW,
     AdmissionControl,
+    LoopLag,
 )
 
 pytestmark = pytest.mark.timeout(10)
@@ -118,3 +124,51 @@ def test_refusals_are_counted_and_logged_as_one_summary() -> None:
 def test_the_delay_must_be_positive() -> None:
     with pytest.raises(ValueError, match="queue_delay"):
         AdmissionControl(queue_delay=0)
+
+
+def test_while_the_loop_is_behind_fewer_are_held_then_the_cap_lifts() -> None:
+    # Past the loop's capacity requests wait unread in socket buffers, where no in-flight limit
+    # sees them: the loop's lag shrinks what a model may hold until the loop keeps up again.
+    clock = FakeClock()
+    control = AdmissionControl(clock=clock, capacity=lambda name: 8)
+    _serve(control, clock, 200, 0.001)  # limit 1,000
+    state = control.model("m")
+    for _ in range(100):
+        assert control.try_admit("m") is None
+    control.loop_lag(LAG_LIMIT / 2)  # keeping up: nothing changes
+    assert control.try_admit("m") is None
+    control.loop_lag(LAG_LIMIT * 2)  # behind, with 101 in flight: hold 70 at most
+    assert state.lag_cap == pytest.approx(101 * LAG_DECREASE)
+    assert control.try_admit("m") is not None
+    for _ in range(40):
+        control.release("m")
+    assert control.try_admit("m") is None  # 61 in flight: under the cap
+    control.loop_lag(LAG_LIMIT * 2)  # still behind: the cap follows what is held down
+    assert state.lag_cap == pytest.approx(62 * LAG_DECREASE)
+    for _ in range(62):
+        control.release("m")
+    control.loop_lag(LAG_LIMIT * 3)  # nothing held: never under the floor
+    assert state.lag_cap == 8
+    ticks = 0
+    while state.lag_cap != float("inf"):  # keeping up: it grows back, then goes
+        control.loop_lag(0.0)
+        ticks += 1
+    assert ticks < 20
+    assert control.try_admit("m") is None
+
+
+async def test_the_lag_monitor_reports_how_late_its_timer_fires() -> None:
+    readings: list[float] = []
+
+    class Recorder(AdmissionControl):
+        def loop_lag(self, lag: float) -> None:
+            readings.append(lag)
+
+    lag = LoopLag(Recorder(), tick=0.001)
+    lag.start()
+    await asyncio.sleep(0.05)
+    time.sleep(0.1)  # noqa: ASYNC251 -- the loop blocked on purpose: the next tick is late
+    await asyncio.sleep(0.01)
+    lag.stop()
+    assert len(readings) >= 3
+    assert max(readings) >= 0.09 and min(readings) < 0.02

@@ -124,6 +124,27 @@ async def test_a_later_request_head_gets_the_same_timeout() -> None:
         writer.close()
 
 
+async def test_a_new_connection_that_sends_nothing_is_idle_not_slow() -> None:
+    # A pool opened ahead of use (proxies, load balancers pre-connect) is idle: it stays past
+    # the header timeout and is closed after the idle one; its first byte starts a head's
+    # timeout.
+    limits = ConnectionLimits(header_timeout=0.2, keepalive_timeout=1.0)
+    async with guarded(limits) as (port, runner):
+        idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
+        t0 = time.monotonic()
+        await asyncio.sleep(0.5)  # past the header timeout: still open, and it serves
+        idle[0][1].write(GOOD)
+        assert (await idle[0][0].readuntil(b"ok")).startswith(b"HTTP/1.1 200")
+        idle[1][1].write(b"GET /ok HTTP/1.1\r\n")  # a head begun: its own timeout now
+        t1 = time.monotonic()
+        assert await asyncio.wait_for(_closed_by_server(idle[1][0]), 3) - t1 < 0.2 + 0.5
+        closed = await asyncio.wait_for(_closed_by_server(idle[2][0]), 5)
+        assert 0.9 <= closed - t0 < 2.0
+        assert runner.guard.idle_timeouts == 1 and runner.guard.header_timeouts == 1
+        for _, writer in idle:
+            writer.close()
+
+
 async def test_an_idle_keepalive_connection_is_closed() -> None:
     async with guarded(ConnectionLimits(keepalive_timeout=0.5)) as (port, _):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -137,13 +158,15 @@ async def test_an_idle_keepalive_connection_is_closed() -> None:
 
 async def test_past_the_connection_limit_a_client_gets_503_then_service_again() -> None:
     async with guarded(ConnectionLimits(max_connections=5)) as (port, runner):
-        held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(5)]
-        for _, writer in held:  # each in the middle of a request head: none is idle
-            writer.write(b"GET /ok HTTP/1.1\r\n")
-        for _ in range(50):
-            if len(runner.guard.open) == 5:
-                break
-            await asyncio.sleep(0.02)
+        held = []
+        for _ in range(5):  # each in the middle of a request head (none is idle) ...
+            held.append(await asyncio.open_connection("127.0.0.1", port))
+            held[-1][1].write(b"GET /ok HTTP/1.1\r\n")
+            for _ in range(50):  # ... once the server has its first bytes
+                if not runner.guard.idle:
+                    break
+                await asyncio.sleep(0.02)
+        assert len(runner.guard.open) == 5
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         answer = await asyncio.wait_for(reader.read(), 5)  # then the server closes
         assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
