@@ -24,9 +24,8 @@ connections pass through a guard that adds:
   arrives on a connection idle in keep-alive is answered from prebuilt bytes as soon as its
   head is read, and its body is skipped as it arrives: aiohttp never sees it, so no request
   object, task, middleware or parse is paid for it (~10 us instead of ~140 us of loop time).
-  Only a plain head is taken this way (HTTP/1.1, ``Content-Length``, no ``Transfer-Encoding``,
-  ``Expect``, ``Upgrade`` or ``Connection: close``); anything else goes to aiohttp, whose
-  middleware refuses it the usual way;
+  Only a plain head is taken this way (:func:`~model_runtime.server.heads.plain_head`);
+  anything else goes to aiohttp, whose middleware refuses it the usual way;
 - **HTTP/2 on the HTTP/1.1 port**: a client that opens with the HTTP/2 preface (gRPC, curl
   ``--http2-prior-knowledge``) gets an HTTP/2 GOAWAY with ``HTTP_1_1_REQUIRED`` (what it can
   read) and one rate-limited warning in the log, not aiohttp's traceback. Other malformed
@@ -49,6 +48,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
 from model_runtime.server.access import RateLimitedLog
+from model_runtime.server.heads import plain_head
 
 __all__ = [
     "ConnectionGuard",
@@ -85,9 +85,6 @@ AIOHTTP_STATE = (
     "_next_keepalive_close_time",
     "_keepalive_timeout",
 )
-#: The longest request head read for an early refusal; a longer one goes to aiohttp.
-EARLY_HEAD_BYTES = 8192
-_PASS_ON = frozenset({b"transfer-encoding", b"expect", b"upgrade"})
 
 #: ``early_refusal(target)``: the whole HTTP response (bytes) refusing a POST to ``target``
 #: now, or None to let it through (see :meth:`ConnectionGuard.early_refusal`).
@@ -354,34 +351,16 @@ class _Connection(asyncio.Protocol):
         """If ``data`` opens with a plain request head the guard's ``early_refusal`` refuses,
         answer it and return the bytes it takes (head and the body present; the rest of the
         body is skipped as it comes); else 0 and nothing is done."""
-        head_end = data.find(b"\r\n\r\n", 0, EARLY_HEAD_BYTES)
-        if head_end < 0:
+        guard = self._guard
+        head = plain_head(data, guard.early_max_body)
+        assert guard.early_refusal is not None
+        if head is None or (answer := guard.early_refusal(head[0])) is None:
             return 0
-        line_end = data.find(b"\r\n")
-        request_line = data[:line_end].split(b" ")
-        if len(request_line) != 3 or request_line[2] != b"HTTP/1.1":
-            return 0  # data opens with "POST /"
-        target = request_line[1]
-        length = -1
-        for line in data[line_end + 2 : head_end].split(b"\r\n"):
-            name, colon, value = line.partition(b":")
-            key = name.lower()
-            if not colon or key != key.strip():
-                return 0  # malformed: aiohttp says what is wrong
-            if key == b"content-length":
-                value = value.strip()
-                if length >= 0 or not value.isdigit():
-                    return 0
-                length = int(value)
-            elif key in _PASS_ON or (key == b"connection" and b"close" in value.lower()):
-                return 0
-        assert self._guard.early_refusal is not None
-        if length < 0 or (answer := self._guard.early_refusal(target)) is None:
-            return 0
+        _, head_size, length = head
         self._guard.early_refused += 1
         assert self._transport is not None
         self._transport.write(answer)
-        taken = head_end + 4 + length
+        taken = head_size + length
         if taken <= len(data):
             self._refusal_done()
             return taken
@@ -430,6 +409,8 @@ class ConnectionGuard:
         #: refuses it now, or None (see :meth:`_Connection._refuse_early`). None: no early
         #: refusals at all.
         self.early_refusal: EarlyRefusal | None = None
+        #: A head announcing a larger body goes to aiohttp (whose limit answers it 413).
+        self.early_max_body = 64 << 20
         self.early_refused = 0
         self._state_checked = False
         self.idle_closed = 0

@@ -174,6 +174,7 @@ async def serve(opts: DaemonOptions) -> int:
     )
     # Infer requests over their model's admission limit are refused as their head arrives.
     runner.guard.early_refusal = server.admission.early_refusal
+    runner.guard.early_max_body = opts.max_body_size
     await runner.setup()
     grpc_limits = GrpcLimits(
         max_message_size=opts.max_body_size, idle_timeout=opts.keepalive_timeout

@@ -1,0 +1,88 @@
+"""The plain request heads the connection guard reads itself (to refuse without aiohttp): what
+is one, what is not (then aiohttp reads it), and no input that breaks the reader."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, strategies as st
+
+from model_runtime.server.heads import MAX_HEAD_BYTES, plain_head
+
+pytestmark = pytest.mark.timeout(60)
+MAX = 1 << 20
+
+
+def _head(*lines: str, start: str = "POST /v2/models/m/infer HTTP/1.1") -> bytes:
+    return ("\r\n".join([start, *lines]) + "\r\n\r\n").encode()
+
+
+def test_a_plain_head_gives_target_head_size_and_body_size() -> None:
+    head = _head("Host: x", "Content-Type: application/json", "Content-Length: 12")
+    assert plain_head(head + b"{...body...}" + b"POST next", MAX) == (
+        b"/v2/models/m/infer",
+        len(head),
+        12,
+    )
+    head = _head("content-length:\t7 ")
+    assert plain_head(head, MAX) == (b"/v2/models/m/infer", len(head), 7)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        _head("Host: x", "Content-Length: 3")[:-2],  # incomplete
+        _head("Host: x"),  # no Content-Length
+        _head("Content-Length: 3", "Content-Length: 3"),  # twice
+        _head("Content-Length: +3"),
+        _head("Content-Length: 3 4"),
+        _head("Content-Length: 99999999999999999999"),
+        _head(f"Content-Length: {MAX + 1}"),  # past the body limit: aiohttp answers 413
+        _head("Content-Length: 3", "Transfer-Encoding: chunked"),
+        _head("Content-Length: 3", "Expect: 100-continue"),
+        _head("Content-Length: 3", "Upgrade: websocket"),
+        _head("Content-Length: 3", "Connection: keep-alive, close"),
+        _head("Content-Length : 3"),  # a blank before the colon
+        _head(" Content-Length: 3"),  # obs-fold
+        _head("Content-Length: 3", "no colon here"),
+        _head("Content-Length: 3", start="POST /v2/models/m/infer HTTP/1.0"),
+        _head("Content-Length: 3", start="post /v2/models/m/infer HTTP/1.1"),
+        _head("Content-Length: 3", start="POST  /v2/models/m/infer HTTP/1.1"),
+        _head("Content-Length: 3", start="GET /v2/models/m/infer HTTP/1.1"),
+        _head("X: " + "y" * MAX_HEAD_BYTES, "Content-Length: 3"),  # too long
+    ],
+)
+def test_anything_else_is_left_to_aiohttp(data: bytes) -> None:
+    assert plain_head(data, MAX) is None
+
+
+@given(st.binary(max_size=600))
+def test_no_bytes_break_the_reader(data: bytes) -> None:
+    got = plain_head(data, MAX)
+    if got is not None:
+        target, head_size, body = got
+        assert data[head_size - 4 : head_size] == b"\r\n\r\n"
+        assert data.startswith(b"POST " + target + b" HTTP/1.1\r\n")
+        assert 0 <= body <= MAX
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["Host", "content-length", "X-A", "Content-Type", "Connection"]),
+            st.text(alphabet="0123456789 abcxyz,", max_size=8),
+        ),
+        max_size=5,
+    ),
+    st.binary(max_size=40),
+)
+def test_a_head_is_taken_only_with_one_content_length_of_digits(
+    headers: list[tuple[str, str]], rest: bytes
+) -> None:
+    data = _head(*(f"{k}:{v}" for k, v in headers)) + rest
+    got = plain_head(data, MAX)
+    lengths = [v.strip(" ") for k, v in headers if k.lower() == "content-length"]
+    closes = any(k == "Connection" and "close" in v for k, v in headers)
+    plain = len(lengths) == 1 and lengths[0].isdigit() and len(lengths[0]) <= 18 and not closes
+    assert (got is not None) == (plain and int(lengths[0]) <= MAX)
+    if got is not None:
+        assert got[2] == int(lengths[0])
