@@ -48,7 +48,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
 from model_runtime.server.access import RateLimitedLog
-from model_runtime.server.heads import plain_head
+from model_runtime.server.heads import Framer, plain_head
 
 __all__ = [
     "ConnectionGuard",
@@ -158,8 +158,8 @@ class _Connection(asyncio.Protocol):
 
     __slots__ = (
         "_busy",
-        "_clean",
         "_finished",
+        "_framer",
         "_fresh",
         "_guard",
         "_inner",
@@ -182,10 +182,11 @@ class _Connection(asyncio.Protocol):
         self._skip = 0  # body bytes of an early-refused request still to come (and drop)
         self._finished = 0  # requests that left the app (its middleware saw them end)
         self._payload: Any = None  # the body stream of the last of them
-        # Whether what aiohttp was given ended at a line break: then a new chunk that begins
-        # with a request line cannot be the rest of a line aiohttp holds.
-        self._clean = True
-        self._fresh = True  # nothing received yet: its timer is the idle one
+        # Where the bytes given to aiohttp end: a head read here must start at a boundary.
+        self._framer = Framer()
+        # Idle: its timer (if any) is the idle one, replaced by the header timeout at the
+        # next byte. New connections are idle until they send something.
+        self._fresh = True
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport = cast(asyncio.Transport, transport)  # uvloop's: no subclass
@@ -216,17 +217,23 @@ class _Connection(asyncio.Protocol):
             data = data[self._skip :]
             self._skip = 0
             self._refusal_done()
-        if self._fresh:  # the first byte: from now on a head must come within its timeout
+        if self._fresh:  # the first byte of a head: it must be complete within its timeout
             self._fresh = False
             self._disarm()
+            self._arm()
         if self._sniff is None and self._guard.early_refusal is not None:
-            while data.startswith(b"POST /") and self._clean and self._quiet():
+            framer = self._framer
+            while data.startswith(b"POST /") and framer.at_boundary and self._quiet():
                 taken = self._refuse_early(data)
                 if not taken:
                     break
                 data = data[taken:]
             if not data:
                 return
+            if self._fresh:  # the rest, after refusals: a head again
+                self._fresh = False
+                self._disarm()
+                self._arm()
         self._guard.idle.pop(self, None)  # the next request: not idle any more
         if self._sniff is not None:
             seen = self._sniff + data
@@ -239,17 +246,9 @@ class _Connection(asyncio.Protocol):
             self._sniff, data = None, seen
         if not self._busy and self._timer is None:
             self._arm()  # the first byte of the next request head
-        inner: Any = self._inner
-        parsed = inner._request_count
-        inner.data_received(data)
-        # Clean: what aiohttp holds of a next head (if anything) ends at a line break, so a
-        # chunk that opens with a request line cannot be the rest of one of its lines. A
-        # chunk that completed a head, or came while a request is open (its body), is clean.
-        self._clean = (
-            data.endswith(b"\n")
-            or inner._request_count != parsed
-            or inner._request_count != self._finished
-        )
+        if self._guard.early_refusal is not None:
+            self._framer.feed(data)
+        self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
         if not self._refused:
@@ -345,6 +344,10 @@ class _Connection(asyncio.Protocol):
             and not inner._close
             and not inner._force_close
             and (payload is None or payload.is_eof())
+            # Answers not yet taken by the client: the next refusal waits its turn in aiohttp,
+            # whose reading pauses (a client that sends and never reads holds no memory).
+            and self._transport is not None
+            and not self._transport.get_write_buffer_size()
         )
 
     def _refuse_early(self, data: bytes) -> int:
@@ -373,6 +376,8 @@ class _Connection(asyncio.Protocol):
         """An early-refused request is over (its body skipped): the connection is idle in
         keep-alive again, as after any answer."""
         self._disarm()
+        self._arm(self._guard.limits.keepalive_timeout)  # idle until the next head
+        self._fresh = True
         idle = self._guard.idle
         idle.pop(self, None)
         idle[self] = None

@@ -1,24 +1,59 @@
-"""Reading a plain HTTP/1.1 request head without aiohttp, for refusals at the protocol level.
+"""Reading HTTP/1.1 request framing without aiohttp, for refusals at the protocol level.
 
 The connection guard (:mod:`model_runtime.server.connections`) answers a request it will refuse
 anyway (an infer request over its model's admission limit) from prebuilt bytes, without
 building an aiohttp request for it. It may only do so for a head whose framing it knows for
-sure: :func:`plain_head` accepts a small subset of HTTP/1.1 and says None to everything else,
-which then goes to aiohttp untouched (and is refused, or rejected as malformed, there).
+sure, at a point of the byte stream it knows is a message boundary:
 
-A plain head: ``POST <target> HTTP/1.1``, complete (its blank line within
-:data:`MAX_HEAD_BYTES`), every header line ``name:value`` with no blank around the name, one
-``Content-Length`` of decimal digits within ``max_body``, and no ``Transfer-Encoding``,
-``Expect``, ``Upgrade`` or ``Connection: close`` (whose framing or effect aiohttp handles).
+- :func:`plain_head` accepts a small subset of HTTP/1.1 and says None to everything else, which
+  then goes to aiohttp untouched (and is refused, or rejected as malformed, there). A plain
+  head: ``POST <target> HTTP/1.1``, complete (its blank line within :data:`MAX_HEAD_BYTES`),
+  only printable bytes and tabs besides its CRLF line ends (no bare CR or LF), every header
+  line ``name:value`` with no blank around the name, one ``Content-Length`` of decimal digits
+  within ``max_body``, and no ``Transfer-Encoding``, ``Expect``, ``Upgrade`` or
+  ``Connection: close`` (whose framing or effect aiohttp handles).
+- :class:`Framer` follows the bytes given to aiohttp (heads and ``Content-Length`` bodies)
+  and says whether they end at a message boundary. A stream it cannot frame for certain
+  (chunked bodies, a head that is not plain in the framing sense) makes it give up for the
+  connection's lifetime: ``lost``, never at a boundary again.
 """
 
 from __future__ import annotations
 
-__all__ = ["MAX_HEAD_BYTES", "plain_head"]
+import re
+
+__all__ = ["MAX_HEAD_BYTES", "Framer", "plain_head"]
 
 #: The longest head read here; a longer one goes to aiohttp.
 MAX_HEAD_BYTES = 8192
 _PASS_ON = frozenset({b"transfer-encoding", b"expect", b"upgrade"})
+# Control bytes (tab aside), and CR or LF outside a CRLF pair: not in a plain head.
+_NOT_PLAIN = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]|\r(?!\n)|(?<!\r)\n")
+
+
+def _body_length(head: bytes, line_end: int, *, strict: bool) -> int | None:
+    """The ``Content-Length`` of ``head`` (the head without its blank line; its request
+    line ends at ``line_end``): 0 without one; None when the framing is not plain (see the
+    module docstring; ``strict`` also refuses what a plain *refusable* head may not have)."""
+    if _NOT_PLAIN.search(head) is not None:
+        return None
+    length = -1
+    if line_end < len(head):  # header lines
+        for line in head[line_end + 2 :].split(b"\r\n"):
+            name, colon, value = line.partition(b":")
+            key = name.lower()
+            if not colon or not key or key != key.strip():
+                return None
+            if key == b"content-length":
+                value = value.strip(b" \t")
+                if length >= 0 or not value.isdigit() or len(value) > 18:
+                    return None
+                length = int(value)
+            elif key == b"transfer-encoding" or (
+                strict and (key in _PASS_ON or (key == b"connection" and b"close" in value.lower()))
+            ):
+                return None
+    return max(length, 0) if not strict else (length if length >= 0 else None)
 
 
 def plain_head(data: bytes, max_body: int) -> tuple[bytes, int, int] | None:
@@ -36,20 +71,60 @@ def plain_head(data: bytes, max_body: int) -> tuple[bytes, int, int] | None:
     request_line = data[:line_end].split(b" ")
     if len(request_line) != 3 or request_line[0] != b"POST" or request_line[2] != b"HTTP/1.1":
         return None
-    length = -1
-    if line_end < head_end:  # header lines
-        for line in data[line_end + 2 : head_end].split(b"\r\n"):
-            name, colon, value = line.partition(b":")
-            key = name.lower()
-            if not colon or not key or key != key.strip():
-                return None
-            if key == b"content-length":
-                value = value.strip(b" \t")
-                if length >= 0 or not value.isdigit() or len(value) > 18:
-                    return None
-                length = int(value)
-            elif key in _PASS_ON or (key == b"connection" and b"close" in value.lower()):
-                return None
-    if not 0 <= length <= max_body:
+    length = _body_length(data[:head_end], line_end, strict=True)
+    if length is None or length > max_body:
         return None
     return request_line[1], head_end + 4, length
+
+
+class Framer:
+    """Where message boundaries fall in one connection's request bytes (see the module
+    docstring). Feed it every byte given to aiohttp, in order; :attr:`at_boundary` then says
+    whether they end exactly at the end of a message."""
+
+    __slots__ = ("_head", "_remaining", "lost")
+
+    def __init__(self) -> None:
+        self._head = b""  # the part of a head seen so far
+        self._remaining = 0  # body bytes of the current message still to come
+        self.lost = False  # framing unknown from here on: never at a boundary again
+
+    @property
+    def at_boundary(self) -> bool:
+        """Whether the bytes fed so far end at a message boundary (not inside a head or a
+        body, and the framing was never lost)."""
+        return not self.lost and not self._remaining and not self._head
+
+    def feed(self, data: bytes) -> None:
+        """Follow ``data``, the next bytes of the stream.
+
+        Raises:
+            nothing: bytes it cannot frame set :attr:`lost`.
+        """
+        pos, n = 0, len(data)
+        while pos < n and not self.lost:
+            if self._remaining:
+                take = min(self._remaining, n - pos)
+                self._remaining -= take
+                pos += take
+                continue
+            start = len(self._head)
+            head = self._head + data[pos : pos + MAX_HEAD_BYTES]
+            end = head.find(b"\r\n\r\n", max(0, start - 3))
+            if end < 0:
+                if len(head) >= MAX_HEAD_BYTES:
+                    self.lost = True
+                else:
+                    self._head = head
+                return
+            if end == 0 and start == 0:  # a blank line between messages: not plain
+                self.lost = True
+                return
+            line_end = head.find(b"\r\n")
+            length = _body_length(head[:end], line_end, strict=False)
+            if length is None:
+                self.lost = True
+                return
+            pos += end + 4 - start
+            self._head = b""
+            self._remaining = length

@@ -439,3 +439,59 @@ async def test_a_refused_body_that_never_comes_is_cut_off_by_the_header_timeout(
         closed = await asyncio.wait_for(_closed_by_server(reader), 5)
         assert closed - t0 < 3
         writer.close()
+
+
+async def test_a_split_inside_a_head_is_never_read_as_a_new_head() -> None:
+    # R1's header value looks like a request line; the stream is cut right before it. The
+    # guard must not take the rest of R1's head for a request of its own.
+    async with refusing() as (port, runner, seen):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_post("/warm", b"0"))
+        await _response(reader)
+        r1 = b"POST /a HTTP/1.1\r\nHost: x\r\nX-Note: POST /full HTTP/1.1\r\n"
+        r1 += b"Content-Length: 3\r\n\r\nabc"
+        stream = _post("/first", b"1") + r1 + _post("/b", b"")
+        cut = stream.index(b"X-Note: ") + len(b"X-Note: ")
+        writer.write(stream[:cut])
+        for _ in range(250):  # until the server has read the first part
+            if "/first" in seen:
+                break
+            await asyncio.sleep(0.01)
+        writer.write(stream[cut:])
+        answers = [await _response(reader) for _ in range(3)]
+        assert answers == [(200, b"/first"), (200, b"/a"), (200, b"/b")]
+        writer.close()
+    assert runner.guard.early_refused == 0
+
+
+async def test_a_head_that_starts_like_http2_gets_the_header_timeout() -> None:
+    async with guarded(ConnectionLimits(header_timeout=0.3, keepalive_timeout=30)) as (port, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"P")  # "PRI * HTTP/2.0" or "POST": the sniff waits for more
+        t0 = time.monotonic()
+        assert await asyncio.wait_for(_closed_by_server(reader), 5) - t0 < 0.3 + 1.0
+        writer.close()
+
+
+async def test_refusals_a_client_does_not_read_wait_their_turn() -> None:
+    # A client that sends refusable requests and never reads its answers: past what the
+    # socket holds, refusals stop being written ahead, and reading stops (aiohttp's
+    # backpressure), so the server holds no growing pile of answers.
+    async with refusing() as (port, runner, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_post("/warm", b"0"))
+        await _response(reader)
+        batch = _post("/full", b"x" * 200) * 256
+        sent = 0
+        while sent < (64 << 20):
+            writer.write(batch)
+            try:
+                await asyncio.wait_for(writer.drain(), 1.0)
+            except TimeoutError:
+                break  # the server stopped reading: what we wanted to see
+            sent += len(batch)
+        assert sent < (64 << 20)
+        conn = list(runner.guard.open.values())[-1]
+        assert conn._transport is not None
+        assert conn._transport.get_write_buffer_size() < (4 << 20)
+        writer.transport.abort()

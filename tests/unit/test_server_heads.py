@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 
-from model_runtime.server.heads import MAX_HEAD_BYTES, plain_head
+from model_runtime.server.heads import MAX_HEAD_BYTES, Framer, plain_head
 
 pytestmark = pytest.mark.timeout(60)
 MAX = 1 << 20
@@ -49,6 +49,9 @@ def test_a_plain_head_gives_target_head_size_and_body_size() -> None:
         _head("Content-Length: 3", start="POST  /v2/models/m/infer HTTP/1.1"),
         _head("Content-Length: 3", start="GET /v2/models/m/infer HTTP/1.1"),
         _head("X: " + "y" * MAX_HEAD_BYTES, "Content-Length: 3"),  # too long
+        _head("X: a\nTransfer-Encoding: chunked", "Content-Length: 3"),  # a bare LF
+        _head("X: a\rb", "Content-Length: 3"),  # a bare CR
+        _head("X: a\x00", "Content-Length: 3"),  # a control byte
     ],
 )
 def test_anything_else_is_left_to_aiohttp(data: bytes) -> None:
@@ -86,3 +89,37 @@ def test_a_head_is_taken_only_with_one_content_length_of_digits(
     assert (got is not None) == (plain and int(lengths[0]) <= MAX)
     if got is not None:
         assert got[2] == int(lengths[0])
+
+
+_MESSAGES = st.sampled_from(
+    [
+        b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n{\r\n\r\n",
+        b"POST /a HTTP/1.1\r\ncontent-length: 0\r\n\r\n",
+        b"POST /b HTTP/1.0\r\nContent-Length: 3\r\nX: POST /c HTTP/1.1\r\n\r\nabc",
+    ]
+)
+
+
+@given(st.lists(_MESSAGES, min_size=1, max_size=5), st.data())
+def test_the_framer_knows_each_boundary_however_the_stream_is_cut(
+    messages: list[bytes], data: st.DataObject
+) -> None:
+    stream = b"".join(messages)
+    ends = {sum(len(m) for m in messages[: i + 1]) for i in range(len(messages))}
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(stream) - 1), max_size=6)))
+    framer = Framer()
+    for lo, hi in zip([0, *cuts], [*cuts, len(stream)], strict=True):
+        framer.feed(stream[lo:hi])
+        assert framer.at_boundary == (hi in ends)
+
+
+@given(st.binary(max_size=400), st.binary(max_size=100))
+def test_no_bytes_break_the_framer_and_chunked_is_lost_for_good(junk: bytes, more: bytes) -> None:
+    framer = Framer()
+    framer.feed(junk)
+    framer.feed(more)  # whatever it says, it says it without raising
+    chunked = Framer()
+    chunked.feed(b"POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n")
+    chunked.feed(b"0\r\n\r\n" + junk)
+    assert chunked.lost and not chunked.at_boundary
