@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import resource
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -48,6 +47,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
 from model_runtime.server.access import RateLimitedLog
+from model_runtime.server.fdlimit import default_max_connections
 from model_runtime.server.heads import Framer, plain_head
 
 __all__ = [
@@ -55,9 +55,7 @@ __all__ = [
     "ConnectionLimits",
     "GuardedAppRunner",
     "QuietParseErrors",
-    "default_max_connections",
     "high_water",
-    "raise_open_file_limit",
 ]
 
 #: The client connection preface of HTTP/2 (RFC 9113 §3.4) begins with this line.
@@ -71,8 +69,6 @@ _H2_REFUSAL = (
     + b"\x00\x00\x00\x00\x00\x00\x00\x0d"
     + b"this port speaks HTTP/1.1, not HTTP/2."
 )
-#: File descriptors kept for everything that is not a client connection (models, logs, ...).
-FD_RESERVE = 128
 #: The attributes of aiohttp's ``RequestHandler`` the guard reads (it writes only
 #: ``_next_keepalive_close_time``); :func:`aiohttp_state_readable` checks they are there.
 AIOHTTP_STATE = (
@@ -89,34 +85,6 @@ AIOHTTP_STATE = (
 #: ``early_refusal(target)``: the whole HTTP response (bytes) refusing a POST to ``target``
 #: now, or None to let it through (see :meth:`ConnectionGuard.early_refusal`).
 EarlyRefusal = Callable[[bytes], bytes | None]
-
-
-def raise_open_file_limit() -> tuple[int, int]:
-    """Raise the soft open-file limit to the hard one (what a server should be allowed to
-    hold; the default soft 1,024 resets clients long before the machine is busy). Returns the
-    (old, new) soft limits.
-
-    Raises:
-        nothing: a limit that cannot be raised stays as it is.
-    """
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == hard or (hard != resource.RLIM_INFINITY and soft >= hard):
-        return soft, soft
-    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    except (ValueError, OSError):
-        return soft, soft
-    return soft, target
-
-
-def default_max_connections(cap: int = 4096) -> int:
-    """``cap``, or fewer when the soft open-file limit minus :data:`FD_RESERVE` is lower
-    (at least 16): past that, accepting would fail for want of descriptors anyway."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return cap
-    return max(16, min(cap, soft - FD_RESERVE))
 
 
 def high_water(limit: int) -> int:

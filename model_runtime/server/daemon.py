@@ -30,11 +30,8 @@ from aiohttp import web
 from model_runtime.errors import ConfigurationError, ModelRuntimeError
 from model_runtime.server.admission import LoopLag
 from model_runtime.server.app import InferenceServer, ServerOptions
-from model_runtime.server.connections import (
-    ConnectionLimits,
-    GuardedAppRunner,
-    raise_open_file_limit,
-)
+from model_runtime.server.connections import ConnectionLimits, GuardedAppRunner
+from model_runtime.server.fdlimit import raise_open_file_limit
 from model_runtime.server.grpc.server import GrpcLimits, start_grpc_server
 from model_runtime.server.options import (
     DaemonOptions,

@@ -19,13 +19,12 @@ import structlog
 from aiohttp import web
 
 from model_runtime.server.connections import (
-    FD_RESERVE,
     H2_PREFACE,
     ConnectionLimits,
     GuardedAppRunner,
-    default_max_connections,
     high_water,
 )
+from model_runtime.server.fdlimit import FD_RESERVE, default_max_connections
 
 pytestmark = pytest.mark.timeout(60)
 GOOD = b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -284,7 +283,7 @@ def test_the_daemon_raises_its_open_file_limit_to_the_hard_limit() -> None:
 
     script = (
         "import resource\n"
-        "from model_runtime.server.connections import raise_open_file_limit\n"
+        "from model_runtime.server.fdlimit import raise_open_file_limit\n"
         "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))\n"
         "before, after = raise_open_file_limit()\n"
