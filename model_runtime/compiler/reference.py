@@ -95,7 +95,17 @@ def _checked(kind: str, anchor: Anchor, value: Any, model: str) -> np.ndarray:
             f"{model}: {kind} {anchor.name!r} must have shape {list(anchor.shape)}, "
             f"got {list(value.shape)}"
         )
+    if value.dtype.kind == "O":  # strings: the runtime's bytes, as onnxruntime takes them
+        return np.asarray(_AS_STR(value), dtype=object)
     return np.ascontiguousarray(value)
+
+
+def _as_str(value: Any) -> Any:
+    # onnxruntime's binding would write a bytes object as its repr ("b'...'"), silently.
+    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else value
+
+
+_AS_STR = np.frompyfunc(_as_str, 1, 1)
 
 
 def _names_match(kind: str, given: Mapping[str, Any], expected: list[str], model: str) -> None:
@@ -117,7 +127,9 @@ def run_reference(
 ) -> dict[str, np.ndarray]:
     """Run ``exe``'s main program once, on exactly one batch, with plain onnxruntime.
 
-    ``inputs`` maps every user input anchor name to an array of exactly its shape and dtype.
+    ``inputs`` maps every user input anchor name to an array of exactly its shape and dtype;
+    string inputs may hold ``bytes`` (UTF-8, as the runtime keeps them) or ``str``, and string
+    outputs come back as onnxruntime gives them, ``str``.
     ``variables`` gives the current value of some or all variables (the rest start from their
     initial values). Returns every output anchor by name, user outputs and variables' new
     values (see ``metadata.output_to_variable``) alike.

@@ -15,7 +15,7 @@ from model_runtime.compiler import (
 )
 from model_runtime.errors import InputValidationError
 from model_runtime.executable import Executable
-from tests.models import make_add_double, make_counter
+from tests.models import make_add_double, make_counter, make_string_identity
 
 
 @pytest.fixture(scope="module")
@@ -69,3 +69,12 @@ def test_loaded_executable_runs_the_same(exe: Executable, tmp_path: Path) -> Non
     np.testing.assert_array_equal(
         run_reference(loaded, {"x": x})["sum"], run_reference(exe, {"x": x})["sum"]
     )
+
+
+def test_string_inputs_may_be_the_runtimes_bytes_or_str() -> None:
+    # onnxruntime's binding would take a bytes element as its repr ("b'abc'"), silently.
+    exe = compile_executable(make_string_identity(), CompileOptions(batch_size=2))
+    as_bytes = np.array([[b"abc"], ["d\u00e9f".encode()]], dtype=object)
+    as_str = np.array([["abc"], ["d\u00e9f"]], dtype=object)
+    for given in (as_bytes, as_str):
+        assert run_reference(exe, {"INPUT0": given})["OUTPUT0"].tolist() == [["abc"], ["d\u00e9f"]]
