@@ -76,7 +76,7 @@ _WINDOW_COMPLETIONS = 8
 LATCH = 0.5
 #: Seconds between the loop-lag monitor's ticks, and the lag past which the loop is behind.
 LAG_TICK = 0.01
-LAG_LIMIT = 0.02
+LAG_LIMIT = 0.01
 #: Behind: a model's in-flight cap becomes this share of what it holds; keeping up: the cap
 #: grows by this share of its floor per tick, up to no cap.
 LAG_DECREASE = 0.7
