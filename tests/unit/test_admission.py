@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from model_runtime.server.admission import (
     DEFAULT_QUEUE_DELAY,
     LAG_DECREASE,
+    LAG_HOLD,
     LAG_LIMIT,
     LATCH,
     MIN_LIMIT,
@@ -131,24 +132,25 @@ def test_while_the_loop_is_behind_fewer_are_held_then_the_cap_lifts() -> None:
     # sees them: the loop's lag shrinks what a model may hold until the loop keeps up again.
     clock = FakeClock()
     control = AdmissionControl(clock=clock, capacity=lambda name: 8)
-    _serve(control, clock, 200, 0.001)  # limit 1,000
+    _serve(control, clock, 200, 0.01)  # 100 a second: limit 100, 10 within LAG_HOLD
     state = control.model("m")
-    for _ in range(100):
+    assert state.rate * LAG_HOLD == pytest.approx(10)
+    for _ in range(60):
         assert control.try_admit("m") is None
     control.loop_lag(LAG_LIMIT / 2)  # keeping up: nothing changes
     assert control.try_admit("m") is None
-    control.loop_lag(LAG_LIMIT * 2)  # behind, with 101 in flight: hold 70 at most
-    assert state.lag_cap == pytest.approx(101 * LAG_DECREASE)
+    control.loop_lag(LAG_LIMIT * 2)  # behind, with 61 in flight: hold 42.7 at most
+    assert state.lag_cap == pytest.approx(61 * LAG_DECREASE)
     assert control.try_admit("m") is not None
     for _ in range(40):
         control.release("m")
-    assert control.try_admit("m") is None  # 61 in flight: under the cap
+    assert control.try_admit("m") is None  # 22 in flight: under the cap
     control.loop_lag(LAG_LIMIT * 2)  # still behind: the cap follows what is held down
-    assert state.lag_cap == pytest.approx(62 * LAG_DECREASE)
-    for _ in range(62):
+    assert state.lag_cap == pytest.approx(22 * LAG_DECREASE)
+    for _ in range(22):
         control.release("m")
-    control.loop_lag(LAG_LIMIT * 3)  # nothing held: never under the floor
-    assert state.lag_cap == 8
+    control.loop_lag(LAG_LIMIT * 3)  # nothing held: never under what it finishes in 0.1 s
+    assert state.lag_cap == pytest.approx(max(8, state.rate * LAG_HOLD))
     ticks = 0
     while state.lag_cap != float("inf"):  # keeping up: it grows back, then goes
         control.loop_lag(0.0)
