@@ -58,6 +58,8 @@ __all__ = [
     "TensorSpec",
     "bytes_from_binary",
     "check_datatype",
+    "check_shape",
+    "element_count",
     "encode_infer_response",
     "parse_infer_request",
 ]
@@ -136,7 +138,13 @@ def _load_json(text: bytes | memoryview, whole_body: bool, exact: bool) -> dict[
     return doc
 
 
-def _shape(name: str, raw: Any) -> tuple[int, ...]:
+def check_shape(name: str, raw: Any) -> tuple[int, ...]:
+    """Input ``name``'s shape: a list of at most :data:`MAX_DIMS` integers in
+    [0, :data:`MAX_DIM`] (HTTP's JSON and gRPC's repeated int64 alike).
+
+    Raises:
+        ProtocolError: anything else.
+    """
     if not isinstance(raw, list):
         raise _fail(f"input {name!r}: 'shape' must be a list of integers")
     if len(raw) > MAX_DIMS:
@@ -147,7 +155,8 @@ def _shape(name: str, raw: Any) -> tuple[int, ...]:
     return tuple(raw)
 
 
-def _elements(shape: tuple[int, ...]) -> int:
+def element_count(shape: tuple[int, ...]) -> int:
+    """The elements a checked shape holds (Python ints: no overflow, nothing allocated)."""
     n = 1
     for d in shape:
         n *= d  # Python ints: no overflow, and nothing is allocated
@@ -346,8 +355,8 @@ def _decode(
         if unknown:
             raise _fail(f"input {name!r}: unknown field(s) {sorted(unknown)}")
         datatype = check_datatype(name, item.get("datatype"), spec, model)
-        shape = _shape(name, item.get("shape"))
-        count = _elements(shape)
+        shape = check_shape(name, item.get("shape"))
+        count = element_count(shape)
         input_params = _parameters(f"input {name!r}", item.get("parameters"))
         size = check_input_parameters(name, input_params, model)
         if size is not None:

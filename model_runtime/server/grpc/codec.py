@@ -27,14 +27,14 @@ import numpy as np
 
 from model_runtime.server.classification import bytes_to_binary, classify
 from model_runtime.server.codec import (
-    MAX_DIM,
-    MAX_DIMS,
     InferRequest,
     ProtocolError,
     RequestedOutput,
     TensorSpec,
     bytes_from_binary,
     check_datatype,
+    check_shape,
+    element_count,
 )
 from model_runtime.server.datatypes import BYTES, DATATYPES
 from model_runtime.server.parameters import (
@@ -90,22 +90,6 @@ def parameter_values(where: str, params: Mapping[str, Any]) -> dict[str, Any]:
             raise _fail(f"{where}: parameter {key!r} has no value")
         out[key] = getattr(param, choice)
     return out
-
-
-def _shape(name: str, raw: Sequence[int]) -> tuple[int, ...]:
-    if len(raw) > MAX_DIMS:
-        raise _fail(f"input {name!r}: shape has {len(raw)} dimensions (at most {MAX_DIMS})")
-    for d in raw:
-        if not 0 <= d <= MAX_DIM:
-            raise _fail(f"input {name!r}: shape {list(raw)} must hold integers in [0, {MAX_DIM}]")
-    return tuple(raw)
-
-
-def _elements(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d  # Python ints: no overflow, and nothing is allocated
-    return n
 
 
 def _from_raw(name: str, datatype: str, raw: bytes, count: int) -> np.ndarray:
@@ -220,8 +204,8 @@ def parse_model_infer_request(
         if name in arrays:
             raise _fail(f"input {name!r} is given twice")
         datatype = check_datatype(name, item.datatype, spec, model)
-        shape = _shape(name, item.shape)
-        count = _elements(shape)
+        shape = check_shape(name, list(item.shape))
+        count = element_count(shape)
         where = f"input {name!r}"
         check_input_parameters(name, parameter_values(where, item.parameters), model)
         typed = item.HasField("contents") and any(
