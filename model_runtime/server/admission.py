@@ -29,7 +29,10 @@ error naming the model and the limit, ``Retry-After``), without an access log li
 counted in ``model_runtime_requests_refused_total{model,reason}`` and logged as a rate-limited
 summary (``requests_refused``), never one line per refusal.
 
-HTTP: :meth:`AdmissionControl.middleware` (the app's outermost). gRPC, the same rule:
+HTTP: :meth:`AdmissionControl.at_head` decides from the request head, in the connection guard,
+before aiohttp reads the request (:mod:`model_runtime.server.connections`): it refuses, or
+admits and the request carries its admission to :meth:`AdmissionControl.middleware` (the app's
+outermost), which decides for the requests the guard did not. gRPC, the same rule:
 ``message = admission.try_admit(model)``; a message means UNAVAILABLE with it, None means
 admitted, and then ``admission.release(model, queue_full=...)`` once answered.
 """
@@ -39,13 +42,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
 from model_runtime.server.access import RateLimitedLog
+from model_runtime.server.connections import ADMITTED
 
 __all__ = [
     "DEFAULT_QUEUE_DELAY",
@@ -186,6 +190,15 @@ class ModelAdmission:
             self._busy_since = self.clock()
         self.inflight += 1
 
+    def withdraw(self) -> None:
+        """Undo an :meth:`enter` for a request that never went further (admitted from its head,
+        then its connection closed, or aiohttp rejected it): no completion is counted."""
+        self.inflight -= 1
+        if self.inflight == 0:
+            now = self.clock()
+            self._busy += now - self._busy_since
+            self._busy_since = now
+
     def leave(
         self, queue_full: bool, queue_delay: float, capacity: Callable[[str], int] | None = None
     ) -> None:
@@ -249,6 +262,8 @@ class AdmissionControl:
             registry=registry or CollectorRegistry(),
         )
         self.models: dict[str, ModelAdmission] = {}
+        # Request targets already resolved to a model (bounded: cleared when full).
+        self._targets: dict[bytes, ModelAdmission] = {}
         self.log = RateLimitedLog("requests_refused")
 
     def model(self, name: str) -> ModelAdmission:
@@ -296,12 +311,38 @@ class AdmissionControl:
 
     # -- HTTP ------------------------------------------------------------------------------------
 
-    def early_refusal(self, target: bytes) -> bytes | None:
-        """The prebuilt 503 (a whole HTTP/1.1 response) when ``target``, the request target of
-        a POST, is the infer URL of a model over its limit now; else None (let it through).
-        Counted and summarised like any refusal. For the connection guard
-        (:class:`~model_runtime.server.connections.ConnectionGuard`), which calls it with the
-        head only: the body is never read."""
+    def at_head(self, target: bytes) -> bytes | ModelAdmission | None:
+        """Admission from a POST's request target alone, for the connection guard
+        (:class:`~model_runtime.server.connections.ConnectionGuard`), before aiohttp reads the
+        request:
+
+        - the prebuilt 503 (a whole HTTP/1.1 response) when ``target`` is the infer URL of a
+          model over its limit now, counted and summarised like any refusal;
+        - the model's state when it is admitted: it is in flight from now, and the request
+          carries it to :meth:`middleware` (under ``ADMITTED``), or the guard gives it back
+          with :meth:`ModelAdmission.withdraw`;
+        - None for any other target: the middleware decides.
+
+        Deciding here, once, matters under overload: a head let through to be checked again in
+        the middleware found its model full by then (the heads of one loop iteration all
+        passed before any entered) and was refused the expensive way, through aiohttp."""
+        state = self._targets.get(target)
+        if state is None:
+            state = self._model_of(target)
+            if state is None:
+                return None
+            if len(self._targets) >= 256:
+                self._targets.clear()
+            self._targets[target] = state
+        reason = state.refuses()
+        if reason is not None:
+            self._refuse(state, reason)
+            return state.response
+        state.enter()
+        return state
+
+    def _model_of(self, target: bytes) -> ModelAdmission | None:
+        """The state of the known model whose infer URL ``target`` is, or None."""
         if not target.startswith(b"/v2/models/") or not target.endswith(b"/infer"):
             return None
         parts = target[11:-6].split(b"/")
@@ -310,41 +351,42 @@ class AdmissionControl:
         if b"%" in parts[0]:
             return None  # percent-encoded: aiohttp decodes it, the middleware decides
         try:
-            state = self.models.get(parts[0].decode())
+            return self.models.get(parts[0].decode())
         except UnicodeDecodeError:
             return None
-        if state is None or (reason := state.refuses()) is None:
-            return None
-        self._refuse(state, reason)
-        return state.response
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """The outermost middleware: refuses an infer request over its model's limit before
         anything reads its body (no access log line, no parse), answers from the prebuilt
         503; counts admitted ones in flight."""
+        admitted = cast("ModelAdmission | None", request.get(ADMITTED))
         if request.method != "POST" or not request.path.endswith("/infer"):
-            return await handler(request)
+            return await self._unadmitted(admitted, request, handler)
         name: Any = request.match_info.get("name")
         if not isinstance(name, str):
-            return await handler(request)
+            return await self._unadmitted(admitted, request, handler)
         state = self.models.get(name)
+        if admitted is not None and admitted is not state:
+            admitted.withdraw()  # not the model the guard read (cannot happen; never leak it)
+            admitted = None
         if state is None:
             # State is made for models that exist only (a client's made-up names cost nothing).
             resp = await handler(request)
             if resp.status != 404:
                 self.model(name)
             return resp
-        reason = state.refuses()
-        if reason is not None:
-            self._refuse(state, reason)
-            return web.Response(
-                body=state.body,
-                status=503,
-                content_type="application/json",
-                headers=state.headers,
-            )
-        state.enter()
+        if admitted is None:  # not decided at the head
+            reason = state.refuses()
+            if reason is not None:
+                self._refuse(state, reason)
+                return web.Response(
+                    body=state.body,
+                    status=503,
+                    content_type="application/json",
+                    headers=state.headers,
+                )
+            state.enter()
         queue_full = False
         try:
             resp = await handler(request)
@@ -355,6 +397,14 @@ class AdmissionControl:
             return resp
         finally:
             state.leave(queue_full, self.queue_delay, self.capacity)
+
+    @staticmethod
+    async def _unadmitted(
+        admitted: ModelAdmission | None, request: web.Request, handler: Handler
+    ) -> web.StreamResponse:
+        if admitted is not None:
+            admitted.withdraw()
+        return await handler(request)
 
 
 class LoopLag:

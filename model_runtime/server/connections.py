@@ -19,14 +19,16 @@ connections pass through a guard that adds:
   the longest (one that has been answered and sent nothing since), so a new client is served
   rather than refused while idle ones are held for ``keepalive_timeout``; only when none is
   idle is the limit's 503 given;
-- **refusals at the protocol level**: a request the server would refuse anyway (an infer
-  request over its model's admission limit, :meth:`ConnectionGuard.early_refusal`) that
-  arrives on a connection idle in keep-alive is answered from prebuilt bytes as soon as its
-  head is read, and its body is skipped as it arrives: aiohttp never sees it, so no request
-  object, task, middleware or parse is paid for it (measured: 43 us of daemon CPU per
-  refusal, socket calls included, against 107 us through aiohttp; 3.5 us of it Python).
-  Only a plain head is taken this way (:func:`~model_runtime.server.heads.plain_head`);
-  anything else goes to aiohttp, whose middleware refuses it the usual way;
+- **admission at the protocol level** (:attr:`ConnectionGuard.head_admission`): the head of
+  a request that arrives on a connection idle in keep-alive is read as soon as it is in, and
+  its admission decided from it, once. A refused one (an infer request over its model's
+  admission limit) is answered from prebuilt bytes and its body skipped as it arrives: aiohttp
+  never sees it, so no request object, task, middleware or parse is paid for it. An admitted
+  one goes to aiohttp carrying its admission (:data:`ADMITTED`), so the middleware does not
+  decide again (by then, under overload, its model would be full, and it would be refused
+  the expensive way). Only a plain head is read here
+  (:func:`~model_runtime.server.heads.plain_head`); anything else goes to aiohttp, whose
+  middleware decides the usual way;
 - **HTTP/2 on the HTTP/1.1 port**: a client that opens with the HTTP/2 preface (gRPC, curl
   ``--http2-prior-knowledge``) gets an HTTP/2 GOAWAY with ``HTTP_1_1_REQUIRED`` (what it can
   read) and one rate-limited warning in the log, not aiohttp's traceback. Other malformed
@@ -39,19 +41,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from model_runtime.server.access import RateLimitedLog
 from model_runtime.server.fdlimit import default_max_connections
 from model_runtime.server.heads import Framer, plain_head
 
 __all__ = [
+    "ADMITTED",
+    "Admitted",
     "ConnectionGuard",
     "ConnectionLimits",
     "GuardedAppRunner",
@@ -84,9 +89,23 @@ AIOHTTP_STATE = (
     "_keepalive_timeout",
 )
 
-#: ``early_refusal(target)``: the whole HTTP response (bytes) refusing a POST to ``target``
-#: now, or None to let it through (see :meth:`ConnectionGuard.early_refusal`).
-EarlyRefusal = Callable[[bytes], bytes | None]
+_NEVER = float("inf")
+
+
+class Admitted(Protocol):
+    """A request's admission, taken from its head: given back if the request goes nowhere."""
+
+    def withdraw(self) -> None: ...
+
+
+#: The key under which a request admitted from its head carries its admission in the
+#: ``aiohttp.web.Request`` to the app's middleware.
+ADMITTED = web.RequestKey("model_runtime.admitted", Admitted)
+
+
+#: ``head_admission(target)`` (a POST's request target): the whole HTTP response (bytes)
+#: refusing it now; its :class:`Admitted` when admitted; None when the app decides.
+HeadAdmission = Callable[[bytes], "bytes | Admitted | None"]
 
 
 def high_water(limit: int) -> int:
@@ -127,12 +146,15 @@ class _Connection(asyncio.Protocol):
     """One client connection: aiohttp's protocol, behind the guard's checks."""
 
     __slots__ = (
+        "_admitted",
         "_busy",
+        "_deadline",
         "_finished",
         "_framer",
         "_fresh",
         "_guard",
         "_inner",
+        "_loop",
         "_payload",
         "_refused",
         "_skip",
@@ -145,6 +167,11 @@ class _Connection(asyncio.Protocol):
         self._guard = guard
         self._inner = inner
         self._transport: asyncio.Transport | None = None
+        self._loop = asyncio.get_running_loop()
+        # The connection closes at ``_deadline`` (loop time; never: inf). One timer, moved
+        # lazily: a later deadline (every answer pushes it) costs a float, not a timer; a
+        # timer that finds its deadline moved on re-arms for it.
+        self._deadline = _NEVER
         self._timer: asyncio.TimerHandle | None = None
         self._busy = False
         self._refused = False
@@ -157,6 +184,7 @@ class _Connection(asyncio.Protocol):
         # Idle: its timer (if any) is the idle one, replaced by the header timeout at the
         # next byte. New connections are idle until they send something.
         self._fresh = True
+        self._admitted: Admitted | None = None  # the admission of the head given to aiohttp
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport = cast(asyncio.Transport, transport)  # uvloop's: no subclass
@@ -187,9 +215,19 @@ class _Connection(asyncio.Protocol):
             data = data[self._skip :]
             self._skip = 0
             self._refusal_done()
-        if self._fresh:
-            self._head_begins()
-        if self._sniff is None and self._guard.early_refusal is not None:
+        if self._sniff is not None:
+            seen = self._sniff + data
+            if H2_PREFACE[:_H2_SNIFF].startswith(seen[:_H2_SNIFF]):
+                if len(seen) < _H2_SNIFF:
+                    self._sniff = seen  # a prefix of the preface: wait for more
+                    self._guard.idle.pop(self, None)
+                    if self._fresh:
+                        self._head_begins()
+                    return
+                self._refuse_http2()
+                return
+            self._sniff, data = None, seen
+        if self._guard.head_admission is not None:
             framer = self._framer
             while data.startswith(b"POST /") and framer.at_boundary and self._quiet():
                 taken = self._refuse_early(data)
@@ -198,21 +236,12 @@ class _Connection(asyncio.Protocol):
                 data = data[taken:]
             if not data:
                 return
-            if self._fresh:  # the rest, after refusals: a head again
-                self._head_begins()
+        if self._fresh:  # the first byte of a head (a whole one refused above needs no timer)
+            self._head_begins()
         self._guard.idle.pop(self, None)  # the next request: not idle any more
-        if self._sniff is not None:
-            seen = self._sniff + data
-            if H2_PREFACE[:_H2_SNIFF].startswith(seen[:_H2_SNIFF]):
-                if len(seen) < _H2_SNIFF:
-                    self._sniff = seen  # a prefix of the preface: wait for more
-                    return
-                self._refuse_http2()
-                return
-            self._sniff, data = None, seen
-        if not self._busy and self._timer is None:
+        if not self._busy and self._deadline == _NEVER:
             self._arm()  # the first byte of the next request head
-        if self._guard.early_refusal is not None:
+        if self._guard.head_admission is not None:
             self._framer.feed(data)
         self._inner.data_received(data)
 
@@ -222,7 +251,8 @@ class _Connection(asyncio.Protocol):
         return None
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        self._disarm()
+        self._stop_timer()
+        self._withdraw()
         if self._refused:
             return
         self._guard.open.pop(self._inner, None)
@@ -239,9 +269,19 @@ class _Connection(asyncio.Protocol):
 
     # -- the header timeout --------------------------------------------------------------------
 
-    def request_started(self) -> None:
+    def request_started(self) -> Admitted | None:
+        """aiohttp's app took a request of this connection: the header timeout stops. Returns
+        the admission its head was given, if any (the request carries it on)."""
         self._busy = True
         self._disarm()
+        admitted, self._admitted = self._admitted, None
+        return admitted
+
+    def _withdraw(self) -> None:
+        """An admission given to a head that never reached the app is given back."""
+        if self._admitted is not None:
+            admitted, self._admitted = self._admitted, None
+            admitted.withdraw()
 
     def request_finished(self, payload: Any) -> None:
         self._busy = False
@@ -267,7 +307,7 @@ class _Connection(asyncio.Protocol):
 
     def close_idle(self) -> None:
         """Close this idle connection to make room (no request is lost: none is under way)."""
-        self._disarm()
+        self._stop_timer()
         self._guard.open.pop(self._inner, None)
         self._inner.force_close()  # closes the transport; connection_lost follows
 
@@ -275,23 +315,42 @@ class _Connection(asyncio.Protocol):
         """The first byte of a head on an idle connection: it must be complete within the
         header timeout (no longer the idle one)."""
         self._fresh = False
-        self._disarm()
         self._arm()
 
-    def _arm(self, seconds: float | None = None) -> None:
-        """The timer that closes the connection if no complete head comes: ``seconds``, or
-        the header timeout."""
-        loop = asyncio.get_running_loop()
-        delay = self._guard.limits.header_timeout if seconds is None else seconds
-        self._timer = loop.call_later(delay, self._expire)
+    def _arm(self, seconds: float | None = None) -> float:
+        """Close the connection unless a complete head comes within ``seconds`` (default: the
+        header timeout). Returns the loop's time now."""
+        loop = self._loop
+        now = loop.time()
+        self._deadline = deadline = now + (
+            self._guard.limits.header_timeout if seconds is None else seconds
+        )
+        timer = self._timer
+        if timer is not None:
+            if timer.when() <= deadline:
+                return now  # it fires first and re-arms for the deadline
+            timer.cancel()
+        self._timer = loop.call_at(deadline, self._expire)
+        return now
 
     def _disarm(self) -> None:
+        self._deadline = _NEVER  # a pending timer lapses when it fires
+
+    def _stop_timer(self) -> None:
+        self._deadline = _NEVER
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
 
     def _expire(self) -> None:
         self._timer = None
+        deadline = self._deadline
+        if deadline == _NEVER:
+            return
+        if self._loop.time() < deadline:
+            self._timer = self._loop.call_at(deadline, self._expire)
+            return
+        self._deadline = _NEVER
         if not self._busy:
             if self._fresh:
                 self._guard.idle_timeouts += 1
@@ -324,13 +383,20 @@ class _Connection(asyncio.Protocol):
         )
 
     def _refuse_early(self, data: bytes) -> int:
-        """If ``data`` opens with a plain request head the guard's ``early_refusal`` refuses,
-        answer it and return the bytes it takes (head and the body present; the rest of the
-        body is skipped as it comes); else 0 and nothing is done."""
+        """Decide on ``data``'s head if it opens with a plain one. Refused: answer it and return
+        the bytes it takes (head and the body present; the rest of the body is skipped as it
+        comes). Else 0: for aiohttp, with the admission it was given (if any) kept for it."""
         guard = self._guard
         head = plain_head(data, guard.early_max_body)
-        assert guard.early_refusal is not None
-        if head is None or (answer := guard.early_refusal(head[0])) is None:
+        assert guard.head_admission is not None
+        self._withdraw()  # an earlier head's that never reached the app (aiohttp refused it)
+        if head is None:
+            return 0
+        answer = guard.head_admission(head[0])
+        if answer is None:
+            return 0
+        if not isinstance(answer, bytes):
+            self._admitted = answer
             return 0
         _, head_size, length = head
         self._guard.early_refused += 1
@@ -341,21 +407,20 @@ class _Connection(asyncio.Protocol):
             self._refusal_done()
             return taken
         self._skip = taken - len(data)
-        if self._timer is None:
-            self._arm()  # the body must come within the header timeout, like a head
+        self._fresh = False
+        self._guard.idle.pop(self, None)  # not idle before its body is skipped
+        self._arm()  # the body must come within the header timeout, like a head
         return len(data)
 
     def _refusal_done(self) -> None:
         """An early-refused request is over (its body skipped): the connection is idle in
         keep-alive again, as after any answer."""
-        self._disarm()
-        self._arm(self._guard.limits.keepalive_timeout)  # idle until the next head
+        now = self._arm(self._guard.limits.keepalive_timeout)  # idle until the next head
         self._fresh = True
         idle = self._guard.idle
         idle.pop(self, None)
         idle[self] = None
         inner: Any = self._inner  # aiohttp's keep-alive clock restarts, as after its answers
-        now = asyncio.get_running_loop().time()
         inner._next_keepalive_close_time = now + inner._keepalive_timeout
 
     def _refuse_http2(self) -> None:
@@ -383,10 +448,9 @@ class ConnectionGuard:
         #: Connections idle in keep-alive, longest idle first (dicts keep insertion order).
         self.idle: dict[_Connection, None] = {}
         self.refused = 0
-        #: ``early_refusal(target)`` (a POST's request target, bytes): the full response that
-        #: refuses it now, or None (see :meth:`_Connection._refuse_early`). None: no early
-        #: refusals at all.
-        self.early_refusal: EarlyRefusal | None = None
+        #: Admission decided from plain request heads (see :data:`HeadAdmission` and
+        #: :meth:`_Connection._refuse_early`). None: the app decides on every request.
+        self.head_admission: HeadAdmission | None = None
         #: A head announcing a larger body goes to aiohttp (whose limit answers it 413).
         self.early_max_body = 64 << 20
         self.early_refused = 0
@@ -411,13 +475,41 @@ class ConnectionGuard:
                 return True
         return False
 
+    def collect(self) -> Iterator[Metric]:
+        """The guard's counts as Prometheus metrics (register the guard in a registry)."""
+        yield GaugeMetricFamily(
+            "model_runtime_http_connections_open", "HTTP connections open", value=len(self.open)
+        )
+        yield CounterMetricFamily(
+            "model_runtime_http_connections_refused",
+            "New HTTP connections answered 503 and closed past the connection limit",
+            value=self.refused,
+        )
+        closed = CounterMetricFamily(
+            "model_runtime_http_connections_closed",
+            "HTTP connections closed by the server: a head not complete within the header "
+            "timeout (header_timeout), a new connection silent for the keep-alive timeout "
+            "(silent), the longest idle keep-alive one near the connection limit (near_limit)",
+            labels=["reason"],
+        )
+        closed.add_metric(["header_timeout"], self.header_timeouts)
+        closed.add_metric(["silent"], self.idle_timeouts)
+        closed.add_metric(["near_limit"], self.idle_closed)
+        yield closed
+        yield CounterMetricFamily(
+            "model_runtime_requests_refused_early",
+            "Inference requests refused from their head alone, before aiohttp read them (a "
+            "part of model_runtime_requests_refused)",
+            value=self.early_refused,
+        )
+
     def protocol(self, inner: RequestHandler) -> asyncio.Protocol:
         """Put ``inner`` (aiohttp's protocol for a new connection) behind the guard."""
-        if self.early_refusal is not None and not self._state_checked:
+        if self.head_admission is not None and not self._state_checked:
             self._state_checked = True
             missing = [name for name in AIOHTTP_STATE if not hasattr(inner, name)]
             if missing:  # another aiohttp: refusals go through its middleware, as before
-                self.early_refusal = None
+                self.head_admission = None
                 RateLimitedLog("early_refusals_off")(aiohttp_lacks=missing)
         return _Connection(self, inner)
 
@@ -427,7 +519,9 @@ class ConnectionGuard:
         conn = self.open.get(request.protocol)
         if conn is None:
             return await handler(request)  # type: ignore[no-any-return]
-        conn.request_started()
+        admitted = conn.request_started()
+        if admitted is not None:
+            request[ADMITTED] = admitted
         try:
             return await handler(request)  # type: ignore[no-any-return]
         finally:

@@ -170,8 +170,9 @@ async def serve(opts: DaemonOptions) -> int:
         shutdown_timeout=1.0,
     )
     # Infer requests over their model's admission limit are refused as their head arrives.
-    runner.guard.early_refusal = server.admission.early_refusal
+    runner.guard.head_admission = server.admission.at_head
     runner.guard.early_max_body = opts.max_body_size
+    server.metrics.registry.register(runner.guard)
     await runner.setup()
     grpc_limits = GrpcLimits(
         max_message_size=opts.max_body_size, idle_timeout=opts.keepalive_timeout

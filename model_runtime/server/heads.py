@@ -20,22 +20,32 @@ sure, at a point of the byte stream it knows is a message boundary:
 
 from __future__ import annotations
 
-import re
-
 __all__ = ["MAX_HEAD_BYTES", "Framer", "plain_head"]
 
 #: The longest head read here; a longer one goes to aiohttp.
 MAX_HEAD_BYTES = 8192
 _PASS_ON = frozenset({b"transfer-encoding", b"expect", b"upgrade"})
-# Control bytes (tab aside), and CR or LF outside a CRLF pair: not in a plain head.
-_NOT_PLAIN = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]|\r(?!\n)|(?<!\r)\n")
+# Control bytes other than tab, CR and LF: not in a plain head.
+_CONTROL = bytes([*range(0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F])
+
+
+def _not_plain(head: bytes) -> bool:
+    """Whether ``head`` holds a control byte (tab aside) or a CR or LF outside a CRLF pair.
+    (Counting is some 10x cheaper than a regular expression here, and runs per request: every
+    CR is in a pair when there are as many CRs as CRLFs, every LF when as many LFs.)"""
+    pairs = head.count(b"\r\n")
+    return (
+        head.count(b"\r") != pairs
+        or head.count(b"\n") != pairs
+        or len(head.translate(None, _CONTROL)) != len(head)
+    )
 
 
 def _body_length(head: bytes, line_end: int, *, strict: bool) -> int | None:
     """The ``Content-Length`` of ``head`` (the head without its blank line; its request
     line ends at ``line_end``): 0 without one; None when the framing is not plain (see the
     module docstring; ``strict`` also refuses what a plain *refusable* head may not have)."""
-    if _NOT_PLAIN.search(head) is not None:
+    if _not_plain(head):
         return None
     length = -1
     if line_end < len(head):  # header lines

@@ -9,6 +9,7 @@ import time
 
 import pytest
 import structlog
+from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
 from model_runtime.server.admission import (
@@ -22,6 +23,7 @@ from model_runtime.server.admission import (
     AdmissionControl,
     LoopLag,
 )
+from model_runtime.server.connections import GuardedAppRunner
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -174,3 +176,64 @@ async def test_the_lag_monitor_reports_how_late_its_timer_fires() -> None:
     lag.stop()
     assert len(readings) >= 3
     assert max(readings) >= 0.09 and min(readings) < 0.02
+
+
+def _infer(model: str, body: bytes = b"{}") -> bytes:
+    return (
+        f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+async def _status(reader: asyncio.StreamReader) -> int:
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    length = next(
+        int(line.split(b":")[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length")
+    )
+    await asyncio.wait_for(reader.readexactly(length), 5)
+    return int(head.split()[1])
+
+
+async def test_heads_that_arrive_together_are_each_decided_once_as_they_are_read() -> None:
+    """Ten heads in one read of the loop, a limit of four: four admitted, six refused from
+    their heads alone. An admitted head is not decided again in the middleware (there, after
+    the four entered, it would be refused through aiohttp, the expensive way)."""
+    clock = FakeClock()
+    control = AdmissionControl(clock=clock)
+    _serve(control, clock, 200, 0.25)  # 4 requests/s: the limit is 4 in flight
+    state = control.model("m")
+    assert state.limit == MIN_LIMIT == 4
+    gate, full = asyncio.Event(), asyncio.Event()
+    entered = 0
+
+    async def infer(request: web.Request) -> web.Response:
+        nonlocal entered
+        entered += 1
+        if entered == 4:
+            full.set()
+        await gate.wait()
+        return web.Response(text="ok")
+
+    app = web.Application(middlewares=[control.middleware])
+    app.router.add_post("/v2/models/{name}/infer", infer)
+    runner = GuardedAppRunner(app, access_log=None)
+    runner.guard.head_admission = control.at_head
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        conns = [await asyncio.open_connection("127.0.0.1", site.port) for _ in range(10)]
+        for _, writer in conns:  # all ten written before the server reads any
+            writer.write(_infer("m"))
+        await asyncio.wait_for(full.wait(), 5)
+        gate.set()
+        statuses = [await _status(reader) for reader, _ in conns]
+        for _, writer in conns:
+            writer.close()
+    finally:
+        await runner.cleanup()
+    assert sorted(statuses) == [200] * 4 + [503] * 6
+    assert entered == 4
+    assert runner.guard.early_refused == 6  # every refusal from its head
+    assert state.inflight == 0

@@ -19,6 +19,7 @@ import structlog
 from aiohttp import web
 
 from model_runtime.server.connections import (
+    ADMITTED,
     H2_PREFACE,
     ConnectionLimits,
     GuardedAppRunner,
@@ -305,7 +306,7 @@ REFUSED_503 = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\nful
 
 @asynccontextmanager
 async def refusing() -> AsyncIterator[tuple[int, GuardedAppRunner, list[str]]]:
-    """A guarded server whose ``early_refusal`` refuses POSTs to ``/full``; the app answers
+    """A guarded server whose ``head_admission`` refuses POSTs to ``/full``; the app answers
     every POST it sees (``/full`` too) with 200 and the path, and lists the paths in ``seen``."""
     seen: list[str] = []
     entered, gate = asyncio.Event(), asyncio.Event()
@@ -321,7 +322,7 @@ async def refusing() -> AsyncIterator[tuple[int, GuardedAppRunner, list[str]]]:
     app = web.Application()
     app.router.add_post("/{tail:.*}", echo)
     runner = GuardedAppRunner(app, limits=ConnectionLimits(header_timeout=5), access_log=None)
-    runner.guard.early_refusal = lambda target: REFUSED_503 if target == b"/full" else None
+    runner.guard.head_admission = lambda target: REFUSED_503 if target == b"/full" else None
     runner.gates = (entered, gate)  # type: ignore[attr-defined]
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -494,3 +495,52 @@ async def test_refusals_a_client_does_not_read_wait_their_turn() -> None:
         assert conn._transport is not None
         assert conn._transport.get_write_buffer_size() < (4 << 20)
         writer.transport.abort()
+
+
+class _Ticket:
+    """An admission given by ``head_admission``: counts how often it was given back."""
+
+    def __init__(self) -> None:
+        self.withdrawn = 0
+        self.given_back = asyncio.Event()
+
+    def withdraw(self) -> None:
+        self.withdrawn += 1
+        self.given_back.set()
+
+
+async def test_an_admission_goes_with_its_request_or_is_given_back() -> None:
+    tickets: list[_Ticket] = []
+    carried: list[object] = []
+
+    def admit(target: bytes) -> _Ticket:
+        tickets.append(_Ticket())
+        return tickets[-1]
+
+    async def echo(request: web.Request) -> web.Response:
+        carried.append(request.get(ADMITTED))
+        await request.read()
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", echo)
+    runner = GuardedAppRunner(app, limits=ConnectionLimits(header_timeout=5), access_log=None)
+    runner.guard.head_admission = admit
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", site.port)
+        writer.write(_post("/a", b"x"))  # admitted from its head: the app gets the admission
+        assert await _response(reader) == (200, b"ok")
+        assert carried == [tickets[0]] and tickets[0].withdrawn == 0
+        # A head the guard reads as plain but aiohttp rejects (a bracket in a header name):
+        # its request never reaches the app, and its admission is given back.
+        writer.write(_post("/b", b"x", "Bad(Name: v"))
+        assert (await _response(reader))[0] == 400
+        await _closed_by_server(reader)
+        await asyncio.wait_for(tickets[1].given_back.wait(), 5)
+    finally:
+        await runner.cleanup()
+    assert len(tickets) == 2 and len(carried) == 1
+    assert tickets[1].withdrawn == 1  # given back once, when its connection closed
