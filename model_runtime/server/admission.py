@@ -84,13 +84,17 @@ LATCH = 0.5
 LAG_TICK = 0.01
 LAG_LIMIT = 0.01
 #: Behind: a model's in-flight cap becomes this share of what it holds; keeping up: the cap
-#: grows by this share of its floor per tick, up to no cap.
+#: grows by this share of its floor per tick, up to no cap. (Growing by a quarter of the
+#: floor per tick, 1,600 requests/s for a floor of 64, let the cap double between two lagging
+#: ticks at 3x capacity: the 200s' p50 swung from 64 to 160 ms.)
 LAG_DECREASE = 0.7
-LAG_INCREASE = 0.25
-#: ... and never below what the model finishes in this many seconds: measured here, a closed
-#: loop of 256 clients at capacity (answered in ~70 ms) lags the loop past 50 ms, and would
-#: be shed for nothing.
-LAG_HOLD = 0.1
+LAG_INCREASE = 0.05
+#: ... and never below what the model finishes in this many seconds (the latency of what it
+#: holds under overload). Measured here (``benchmarks/overload.py``, ``benchmarks/
+#: http_throughput.py --clients 128 256``): 0.1 kept the 200s' p99 at 3x capacity at 230 ms;
+#: 0.03 refused 665 of a closed loop of 256 clients at capacity (answered in ~60 ms) for
+#: nothing; 0.07 gives 149 ms and refuses none of them.
+LAG_HOLD = 0.07
 #: Refusal reasons (the ``reason`` label).
 OVERLOADED = "overloaded"
 QUEUE_FULL = "queue_full"

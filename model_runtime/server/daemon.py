@@ -33,6 +33,7 @@ from model_runtime.server.app import InferenceServer, ServerOptions
 from model_runtime.server.connections import ConnectionLimits, GuardedAppRunner
 from model_runtime.server.fdlimit import raise_open_file_limit
 from model_runtime.server.grpc.server import GrpcLimits, start_grpc_server
+from model_runtime.server.heap import GEN0_THRESHOLD, settle_heap
 from model_runtime.server.options import (
     DaemonOptions,
     add_serve_arguments,
@@ -203,6 +204,7 @@ async def serve(opts: DaemonOptions) -> int:
             )
             await _load_until_stopped(repo, names, stop)
             repo.starting = False
+            log.info("heap_settled", frozen=settle_heap(), gen0_threshold=GEN0_THRESHOLD)
             if not stop.is_set():
                 loaded = [e.name for e in repo.entries() if e.runner is not None]
                 failed = [e.name for e in repo.entries() if e.wanted and e.runner is None]

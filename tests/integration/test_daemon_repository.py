@@ -22,6 +22,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from model_runtime.server.heap import GEN0_THRESHOLD
 from tests.integration.runner_support import compile_to
 from tests.integration.test_daemon_support import (
     Daemon,
@@ -204,6 +205,9 @@ def test_bad_models_are_unavailable_with_reasons_and_the_good_ones_serve(
         ready = next(e for e in d.events() if e.get("event") == "daemon_ready")
         assert ready["loaded"] == ["alpha", "beta"]
         assert ready["unavailable"] == ["corrupt", "zeta"]
+        # The startup heap is frozen once the models are loaded (the collector skips it).
+        settled = next(e for e in d.events() if e.get("event") == "heap_settled")
+        assert settled["frozen"] > 10_000 and settled["gen0_threshold"] == GEN0_THRESHOLD
     finally:
         stop_daemon(d)
     assert d.proc.returncode == 0

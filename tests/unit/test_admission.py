@@ -17,6 +17,7 @@ from model_runtime.server.admission import (
     LAG_DECREASE,
     LAG_HOLD,
     LAG_LIMIT,
+    LAG_TICK,
     LATCH,
     MIN_LIMIT,
     WINDOW,
@@ -134,9 +135,9 @@ def test_while_the_loop_is_behind_fewer_are_held_then_the_cap_lifts() -> None:
     # sees them: the loop's lag shrinks what a model may hold until the loop keeps up again.
     clock = FakeClock()
     control = AdmissionControl(clock=clock, capacity=lambda name: 8)
-    _serve(control, clock, 200, 0.01)  # 100 a second: limit 100, 10 within LAG_HOLD
+    _serve(control, clock, 200, 0.01)  # 100 a second: limit 100
     state = control.model("m")
-    assert state.rate * LAG_HOLD == pytest.approx(10)
+    assert state.rate == pytest.approx(100)
     for _ in range(60):
         assert control.try_admit("m") is None
     control.loop_lag(LAG_LIMIT / 2)  # keeping up: nothing changes
@@ -151,13 +152,13 @@ def test_while_the_loop_is_behind_fewer_are_held_then_the_cap_lifts() -> None:
     assert state.lag_cap == pytest.approx(22 * LAG_DECREASE)
     for _ in range(22):
         control.release("m")
-    control.loop_lag(LAG_LIMIT * 3)  # nothing held: never under what it finishes in 0.1 s
+    control.loop_lag(LAG_LIMIT * 3)  # nothing held: never under what it finishes in LAG_HOLD
     assert state.lag_cap == pytest.approx(max(8, state.rate * LAG_HOLD))
     ticks = 0
     while state.lag_cap != float("inf"):  # keeping up: it grows back, then goes
         control.loop_lag(0.0)
         ticks += 1
-    assert ticks < 20
+    assert ticks * LAG_TICK <= 1.0  # within a second of the loop keeping up
     assert control.try_admit("m") is None
 
 
