@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import orjson
 import structlog
 from aiohttp import web
 
@@ -34,6 +35,7 @@ from model_runtime.server.connections import ConnectionLimits, GuardedAppRunner
 from model_runtime.server.fdlimit import raise_open_file_limit
 from model_runtime.server.grpc.server import GrpcLimits, start_grpc_server
 from model_runtime.server.heap import GEN0_THRESHOLD, settle_heap
+from model_runtime.server.logwriter import BatchedLogWriter
 from model_runtime.server.options import (
     DaemonOptions,
     add_serve_arguments,
@@ -45,14 +47,28 @@ from model_runtime.server.repository import ControlMode, ModelRepository, parse_
 __all__ = ["configure_logging", "main", "run_daemon", "serve", "serve_main"]
 
 log = structlog.get_logger(__name__)
+#: The log output :func:`configure_logging` made (None: printed); batches while serving.
+_log_writer: BatchedLogWriter | None = None
 
 
 def configure_logging(level: str = "info", fmt: str = "auto") -> None:
     """Configure structlog once for the process: contextvars first, JSON off a terminal."""
     json_logs = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
+    # Lines in batches (see logwriter); a stderr replaced by text (a test's capture): printed.
+    stream = getattr(sys.stderr, "buffer", None)
+    factory: Callable[..., Any] = structlog.PrintLoggerFactory(file=sys.stderr)
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer() if json_logs else structlog.dev.ConsoleRenderer()
     )
+    global _log_writer
+    _log_writer = None
+    if stream is not None:
+        writer = _log_writer = BatchedLogWriter(stream)
+        factory = lambda *_: writer  # noqa: E731 -- one writer for every logger
+        if json_logs:  # bytes, in C (what it cannot encode: its repr, as json.dumps's)
+            renderer = structlog.processors.JSONRenderer(
+                serializer=orjson.dumps, option=orjson.OPT_NON_STR_KEYS
+            )
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -65,7 +81,7 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]
         ),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=factory,
         cache_logger_on_first_use=True,
     )
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
@@ -181,6 +197,8 @@ async def serve(opts: DaemonOptions) -> int:
     grpc_server: Any = None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    if _log_writer is not None:
+        _log_writer.batch_on(loop)  # access lines in batches while serving
     lag = LoopLag(server.admission)  # sheds while the loop falls behind
     lag.start()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -225,6 +243,8 @@ async def serve(opts: DaemonOptions) -> int:
         lag.stop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        if _log_writer is not None:
+            _log_writer.batch_on(None)
     log.info("daemon_stopped", status=0)
     return 0
 

@@ -85,7 +85,13 @@ def test_one_access_line_per_request_and_no_request_id_past_a_load(daemon: Daemo
     def access_lines() -> list[dict[str, object]]:
         return [e for e in daemon.events() if e.get("event") == "http_request"]
 
-    wait_for(lambda: any(e["path"].endswith("/infer") for e in access_lines()), 10, "logs")
+    def infer_logged_after_load() -> bool:  # lines come in batches, in order
+        ids = [e["request_id"] for e in access_lines()]
+        return "load-abc" in ids and any(
+            e["path"].endswith("/infer") for e in access_lines()[ids.index("load-abc") :]
+        )
+
+    wait_for(infer_logged_after_load, 10, "logs")
     load = [e for e in access_lines() if e["request_id"] == "load-abc"]
     assert len(load) == 1 and load[0]["status"] == 200 and load[0]["method"] == "POST"
     assert isinstance(load[0]["duration_ms"], float) and load[0]["level"] == "info"

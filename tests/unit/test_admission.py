@@ -14,7 +14,6 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from model_runtime.server.admission import (
     DEFAULT_QUEUE_DELAY,
-    LAG_DECREASE,
     LAG_HOLD,
     LAG_LIMIT,
     LAG_TICK,
@@ -135,25 +134,27 @@ def test_while_the_loop_is_behind_fewer_are_held_then_the_cap_lifts() -> None:
     # sees them: the loop's lag shrinks what a model may hold until the loop keeps up again.
     clock = FakeClock()
     control = AdmissionControl(clock=clock, capacity=lambda name: 8)
-    _serve(control, clock, 200, 0.01)  # 100 a second: limit 100
+    _serve(control, clock, 2000, 0.001)  # 1,000 a second: limit 1,000
     state = control.model("m")
-    assert state.rate == pytest.approx(100)
-    for _ in range(60):
+    assert state.rate == pytest.approx(1000)
+    hold = 1000 * LAG_HOLD  # what it finishes in LAG_HOLD
+    assert 8 < hold < 100
+    for _ in range(100):
         assert control.try_admit("m") is None
     control.loop_lag(LAG_LIMIT / 2)  # keeping up: nothing changes
     assert control.try_admit("m") is None
-    control.loop_lag(LAG_LIMIT * 2)  # behind, with 61 in flight: hold 42.7 at most
-    assert state.lag_cap == pytest.approx(61 * LAG_DECREASE)
+    control.loop_lag(LAG_LIMIT * 2)  # behind, with 101 in flight: at once, hold what it
+    assert state.lag_cap == pytest.approx(hold)  # finishes in LAG_HOLD, no more
     assert control.try_admit("m") is not None
-    for _ in range(40):
+    for _ in range(101 - int(hold) + 1):
         control.release("m")
-    assert control.try_admit("m") is None  # 22 in flight: under the cap
-    control.loop_lag(LAG_LIMIT * 2)  # still behind: the cap follows what is held down
-    assert state.lag_cap == pytest.approx(22 * LAG_DECREASE)
-    for _ in range(22):
+    assert control.try_admit("m") is None  # under the cap again
+    control.loop_lag(LAG_LIMIT * 2)  # still behind: the same cap
+    assert state.lag_cap == pytest.approx(hold)
+    while state.inflight:
         control.release("m")
-    control.loop_lag(LAG_LIMIT * 3)  # nothing held: never under what it finishes in LAG_HOLD
-    assert state.lag_cap == pytest.approx(max(8, state.rate * LAG_HOLD))
+    control.loop_lag(LAG_LIMIT * 3)
+    assert state.lag_cap == pytest.approx(hold)
     ticks = 0
     while state.lag_cap != float("inf"):  # keeping up: it grows back, then goes
         control.loop_lag(0.0)
