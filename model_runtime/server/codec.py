@@ -342,6 +342,7 @@ def _decode(
     specs = {s.name: s for s in inputs}
     arrays: dict[str, np.ndarray] = {}
     offset = 0
+    bools: bool | None = None
     for item in raw_inputs:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise _fail("each of 'inputs' must be an object with a string 'name'")
@@ -398,7 +399,11 @@ def _decode(
                     f"input {name!r}: shape {list(shape)} needs {count} elements, "
                     f"'data' has {len(values)}"
                 )
-            flat = values_to_array(name, datatype, values, exact=exact)
+            # No true/false anywhere in the body: none in the data (numpy would take them as
+            # 1 and 0), and no per-element look for them (a C scan of the body instead).
+            if bools is None:
+                bools = None if b"true" in body or b"false" in body else False
+            flat = values_to_array(name, datatype, values, exact=exact, bools=bools)
         try:
             arrays[name] = flat.reshape(shape)
         except ValueError as exc:  # pragma: no cover - counts were checked above
