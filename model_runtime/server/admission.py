@@ -18,9 +18,10 @@ loop falls seconds behind. :class:`AdmissionControl` therefore bounds what the f
   afford to take. Past the loop's capacity, requests (refused ones too) wait unread in socket
   buffers, a backlog no limit above sees, and everyone's latency grows with it. So the loop's
   lag is measured (:class:`LoopLag`: how late a timer due every :data:`LAG_TICK` seconds
-  fires); while it is over :data:`LAG_LIMIT`, each model's in-flight cap is what it finishes
-  in :data:`LAG_HOLD` seconds (never under its floor; clients served that fast are not shed),
-  and while the loop keeps up it grows back by :data:`LAG_INCREASE` of the floor per tick.
+  fires); while it is over :data:`LAG_LIMIT` (from :data:`LAG_SUSTAIN` ticks in a row on),
+  each model's in-flight cap is what it finishes in :data:`LAG_HOLD` seconds (never under
+  its floor; clients served that fast are not shed), and while the loop keeps up it grows
+  back by :data:`LAG_INCREASE` of the floor per tick.
   Shed requests cost an early refusal (~a tenth of an admitted one), so the loop catches up.
 
 A refused request is answered before its body is parsed, from a 503 built once per model (JSON
@@ -55,6 +56,7 @@ __all__ = [
     "LAG_HOLD",
     "LAG_INCREASE",
     "LAG_LIMIT",
+    "LAG_SUSTAIN",
     "LAG_TICK",
     "LATCH",
     "MIN_LIMIT",
@@ -78,9 +80,14 @@ WINDOW = 0.1
 _WINDOW_COMPLETIONS = 8
 #: Seconds the in-flight count at which the runner refused stays the limit.
 LATCH = 0.5
-#: Seconds between the loop-lag monitor's ticks, and the lag past which the loop is behind.
+#: Seconds between the loop-lag monitor's ticks, and the lag past which a tick is late.
 LAG_TICK = 0.01
 LAG_LIMIT = 0.01
+#: Late ticks in a row before the loop counts as behind (then each late tick holds the cap).
+#: One late tick is a burst (64 clients' requests parsed at once on a busy host are one
+#: 20-40 ms tick), a collection or a load, not an overload: at 1 the daemon refused some of a
+#: burst of 64 concurrent clients at a fresh start while its host was busy.
+LAG_SUSTAIN = 3
 #: Keeping up: the in-flight cap grows by this share of its floor per tick, up to no cap.
 #: (Growing by a quarter of the floor per tick, 1,600 requests/s for a floor of 64, let the cap
 #: double between two lagging ticks at 3x capacity: the 200s' p50 swung from 64 to 160 ms.)
@@ -266,6 +273,7 @@ class AdmissionControl:
         # Request targets already resolved to a model (bounded: cleared when full).
         self._targets: dict[bytes, ModelAdmission] = {}
         self.log = RateLimitedLog("requests_refused")
+        self._late = 0  # late loop-lag readings in a row
 
     def model(self, name: str) -> ModelAdmission:
         """The state of model ``name`` (made on first use)."""
@@ -275,11 +283,17 @@ class AdmissionControl:
         return state
 
     def loop_lag(self, lag: float) -> None:
-        """One reading of the event loop's lag, in seconds (see :class:`LoopLag`)."""
+        """One reading of the event loop's lag, in seconds (see :class:`LoopLag`): behind
+        after :data:`LAG_SUSTAIN` late readings in a row, and on each late one while a cap
+        holds."""
         if lag > LAG_LIMIT:
+            self._late += 1
+            sustained = self._late >= LAG_SUSTAIN
             for state in self.models.values():
-                state.loop_behind()
+                if sustained or state.lag_cap < float("inf"):
+                    state.loop_behind()
         else:
+            self._late = 0
             for state in self.models.values():
                 state.loop_keeps_up()
 

@@ -105,6 +105,12 @@ class Framer:
         body, and the framing was never lost)."""
         return not self.lost and not self._remaining and not self._head
 
+    @property
+    def mid_head(self) -> bool:
+        """Whether the bytes fed so far end inside a head (its first bytes are in, not its
+        blank line), with the framing known."""
+        return not self.lost and bool(self._head)
+
     def feed(self, data: bytes) -> None:
         """Follow ``data``, the next bytes of the stream.
 

@@ -143,10 +143,20 @@ def test_while_the_loop_is_behind_fewer_are_held_then_the_cap_lifts() -> None:
         assert control.try_admit("m") is None
     control.loop_lag(LAG_LIMIT / 2)  # keeping up: nothing changes
     assert control.try_admit("m") is None
-    control.loop_lag(LAG_LIMIT * 2)  # behind, with 101 in flight: at once, hold what it
-    assert state.lag_cap == pytest.approx(hold)  # finishes in LAG_HOLD, no more
+    control.loop_lag(LAG_LIMIT * 4)  # late now and then (a burst, a collection): no cap
+    control.loop_lag(0.0)
+    control.loop_lag(LAG_LIMIT * 2)  # a burst's requests, then its answers: two in a row
+    control.loop_lag(LAG_LIMIT * 2)
+    assert state.lag_cap == float("inf")
+    assert control.try_admit("m") is None
+    late = 2
+    while state.lag_cap == float("inf"):  # behind, with 102+ in flight: at once, hold what
+        control.loop_lag(LAG_LIMIT * 2)  # it finishes in LAG_HOLD, no more
+        late += 1
+    assert late * LAG_TICK <= 0.05  # within 50 ms of falling behind
+    assert state.lag_cap == pytest.approx(hold)
     assert control.try_admit("m") is not None
-    for _ in range(101 - int(hold) + 1):
+    for _ in range(102 - int(hold) + 1):
         control.release("m")
     assert control.try_admit("m") is None  # under the cap again
     control.loop_lag(LAG_LIMIT * 2)  # still behind: the same cap

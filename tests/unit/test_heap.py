@@ -25,7 +25,8 @@ def test_settling_freezes_the_heap_so_a_full_collection_skips_it() -> None:
         before = min(_full_collection_seconds() for _ in range(3))
         frozen = settle_heap()
         after = min(_full_collection_seconds() for _ in range(3))
-        assert frozen == gc.get_freeze_count() >= 400_000
+        # (objects freed since leave the permanent generation: the count may only shrink)
+        assert frozen >= gc.get_freeze_count() >= 400_000
         assert gc.get_threshold() == (GEN0_THRESHOLD, threshold[1], threshold[2])
         assert threshold[0] < GEN0_THRESHOLD
         assert after < before / 4  # measured here: ~25x less

@@ -544,3 +544,43 @@ async def test_an_admission_goes_with_its_request_or_is_given_back() -> None:
         await runner.cleanup()
     assert len(tickets) == 2 and len(carried) == 1
     assert tickets[1].withdrawn == 1  # given back once, when its connection closed
+
+
+async def test_a_next_head_begun_while_a_request_runs_gets_the_header_timeout() -> None:
+    # A client pipelines the start of its next head while the server still works on a request:
+    # once that one is answered, the rest of the head must come within the header timeout,
+    # not the 75 s keep-alive.
+    async with refusing() as (port, runner, _):
+        entered, gate = runner.gates  # type: ignore[attr-defined]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_post("/a", b"1"))
+        await _response(reader)
+        runner.guard.limits = ConnectionLimits(header_timeout=0.2)
+        writer.write(_post("/slow", b"2"))
+        await asyncio.wait_for(entered.wait(), 5)
+        writer.write(b"POST /b HTTP/1.1\r\n")  # then nothing more
+        await asyncio.sleep(0.05)
+        gate.set()
+        assert await _response(reader) == (200, b"/slow")
+        t0 = time.monotonic()
+        assert await asyncio.wait_for(_closed_by_server(reader), 5) - t0 < 3
+        assert runner.guard.header_timeouts == 1
+        writer.close()
+
+
+async def test_the_rest_of_an_unread_body_after_its_answer_leaves_the_connection_idle() -> None:
+    # The app answered without reading the body (405 here); the body's bytes that come after
+    # are not a head: the connection stays in keep-alive, open past the header timeout.
+    async with refusing() as (port, runner, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_post("/a", b"1"))
+        await _response(reader)
+        runner.guard.limits = ConnectionLimits(header_timeout=0.2)
+        writer.write(b"PUT /a HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n01234")
+        assert (await _response(reader))[0] == 405
+        writer.write(b"56789")
+        await asyncio.sleep(0.6)  # three header timeouts: still open, and it serves
+        writer.write(_post("/b", b"2"))
+        assert await _response(reader) == (200, b"/b")
+        assert runner.guard.header_timeouts == 0
+        writer.close()
