@@ -239,16 +239,12 @@ class _Connection(asyncio.Protocol):
         if self._fresh:  # the first byte of a head (a whole one refused above needs no timer)
             self._head_begins()
         self._guard.idle.pop(self, None)  # the next request: not idle any more
-        if self._guard.head_admission is None:
-            if not self._busy and self._deadline == _NEVER:
-                self._arm()  # the first byte of the next request head
-        else:
-            framer = self._framer
-            framer.feed(data)
-            # A head begun (not the rest of a body its answer did not wait for) must be
-            # complete within the header timeout.
-            if not self._busy and self._deadline == _NEVER and (framer.lost or framer.mid_head):
-                self._arm()
+        framer = self._framer
+        framer.feed(data)
+        # A head begun (not the rest of a body its answer did not wait for) must be complete
+        # within the header timeout.
+        if not self._busy and self._deadline == _NEVER and (framer.lost or framer.mid_head):
+            self._arm()
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:

@@ -305,9 +305,12 @@ REFUSED_503 = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\nful
 
 
 @asynccontextmanager
-async def refusing() -> AsyncIterator[tuple[int, GuardedAppRunner, list[str]]]:
-    """A guarded server whose ``head_admission`` refuses POSTs to ``/full``; the app answers
-    every POST it sees (``/full`` too) with 200 and the path, and lists the paths in ``seen``."""
+async def refusing(
+    admission: bool = True,
+) -> AsyncIterator[tuple[int, GuardedAppRunner, list[str]]]:
+    """A guarded server whose ``head_admission`` refuses POSTs to ``/full`` (``admission``
+    False: none); the app answers every POST it sees (``/full`` too) with 200 and the path,
+    and lists the paths in ``seen``."""
     seen: list[str] = []
     entered, gate = asyncio.Event(), asyncio.Event()
 
@@ -322,7 +325,8 @@ async def refusing() -> AsyncIterator[tuple[int, GuardedAppRunner, list[str]]]:
     app = web.Application()
     app.router.add_post("/{tail:.*}", echo)
     runner = GuardedAppRunner(app, limits=ConnectionLimits(header_timeout=5), access_log=None)
-    runner.guard.head_admission = lambda target: REFUSED_503 if target == b"/full" else None
+    if admission:
+        runner.guard.head_admission = lambda target: REFUSED_503 if target == b"/full" else None
     runner.gates = (entered, gate)  # type: ignore[attr-defined]
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -546,11 +550,14 @@ async def test_an_admission_goes_with_its_request_or_is_given_back() -> None:
     assert tickets[1].withdrawn == 1  # given back once, when its connection closed
 
 
-async def test_a_next_head_begun_while_a_request_runs_gets_the_header_timeout() -> None:
+@pytest.mark.parametrize("admission", [True, False], ids=["head-admission", "none"])
+async def test_a_next_head_begun_while_a_request_runs_gets_the_header_timeout(
+    admission: bool,
+) -> None:
     # A client pipelines the start of its next head while the server still works on a request:
     # once that one is answered, the rest of the head must come within the header timeout,
     # not the 75 s keep-alive.
-    async with refusing() as (port, runner, _):
+    async with refusing(admission) as (port, runner, _):
         entered, gate = runner.gates  # type: ignore[attr-defined]
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(_post("/a", b"1"))
@@ -568,10 +575,13 @@ async def test_a_next_head_begun_while_a_request_runs_gets_the_header_timeout() 
         writer.close()
 
 
-async def test_the_rest_of_an_unread_body_after_its_answer_leaves_the_connection_idle() -> None:
+@pytest.mark.parametrize("admission", [True, False], ids=["head-admission", "none"])
+async def test_the_rest_of_an_unread_body_after_its_answer_leaves_the_connection_idle(
+    admission: bool,
+) -> None:
     # The app answered without reading the body (405 here); the body's bytes that come after
     # are not a head: the connection stays in keep-alive, open past the header timeout.
-    async with refusing() as (port, runner, _):
+    async with refusing(admission) as (port, runner, _):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(_post("/a", b"1"))
         await _response(reader)
