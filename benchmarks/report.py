@@ -371,7 +371,8 @@ def render(
         out += [""]
 
     if overload:
-        out += ["## Overload", "", overload.strip(), ""]
+        text = overload.strip()  # overload.md brings its own heading
+        out += ([] if text.startswith("## ") else ["## Overload", ""]) + [text, ""]
     return "\n".join(out) + "\n"
 
 

@@ -115,6 +115,12 @@ def test_missing_and_stale_results_are_said(tmp_path: Path) -> None:
     assert "STALE" in text and "overload table here" in text and "2026-01-02" in text
     lone = "| one caller p50 (µs), MLP, default config | 300 | <= raw batch-1 + 150 = 230 | FAIL |"
     assert lone in text
+    assert text.count("## Overload") == 1
+    own = report.render(
+        loaded, notes, {}, {}, "## Overload (issue 19)\n\ntable",
+        datetime.datetime(2026, 1, 2, tzinfo=datetime.UTC),
+    )  # fmt: skip
+    assert own.count("## Overload") == 1 and "## Overload (issue 19)\n\ntable" in own
 
 
 def test_readme_block_is_replaced_and_nothing_else() -> None:
