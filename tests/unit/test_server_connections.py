@@ -26,6 +26,7 @@ from model_runtime.server.connections import (
     high_water,
 )
 from model_runtime.server.fdlimit import FD_RESERVE, default_max_connections
+from model_runtime.server.heads import Framer
 
 pytestmark = pytest.mark.timeout(60)
 GOOD = b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -565,8 +566,20 @@ async def test_a_next_head_begun_while_a_request_runs_gets_the_header_timeout(
         runner.guard.limits = ConnectionLimits(header_timeout=0.2)
         writer.write(_post("/slow", b"2"))
         await asyncio.wait_for(entered.wait(), 5)
+        fed = asyncio.Event()
+
+        class Watched(Framer):  # tells when the connection got bytes
+            __slots__ = ()
+
+            def feed(self, data: bytes) -> None:
+                super().feed(data)
+                fed.set()
+
+        conn = next(iter(runner.guard.open.values()))
+        conn._framer = Watched()  # at a boundary, as the one it replaces
         writer.write(b"POST /b HTTP/1.1\r\n")  # then nothing more
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(fed.wait(), 5)  # the server has it while /slow still runs
+        assert conn._framer.mid_head
         gate.set()
         assert await _response(reader) == (200, b"/slow")
         t0 = time.monotonic()
