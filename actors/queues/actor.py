@@ -307,7 +307,7 @@ class Queue(Actor[QueueMessage]):
                         closed = fail_batch(batch, exc)
                     self._close(closed)
                     self._recorder.add(t_start, t_end, submits, packed)
-                    self._after_release()
+                    self._after_release(closed[1])
             case Settle(batch, parts, rejected, t_start, t_end):
                 if self._release(batch):
                     self._settle(parts, rejected, t_start, t_end)
@@ -364,7 +364,11 @@ class Queue(Actor[QueueMessage]):
             if len(self._outstanding) < self._max_outstanding:
                 self._pump()
             return
-        if self._eager and not self._outstanding and not self._idle_flush_due:
+        if self._eager and not self._outstanding:
+            if self._idle_flush_due:  # scheduled this loop iteration: it takes these rows
+                if before == 0:
+                    self._open_since = now
+                return
             self._flush()  # an idle device: this request runs now, at its bucket
             return
         b = self.layout.B
@@ -551,8 +555,11 @@ class Queue(Actor[QueueMessage]):
             self._pool.free.append(batch._buffer)
         return True
 
-    def _after_release(self) -> None:
-        if self._eager and not self._outstanding:
+    def _after_release(self, answered: int = 2) -> None:
+        """A batch ended (``answered``: how many callers its answers woke)."""
+        if self._eager and not self._outstanding and (answered > 1 or self._pending_rows):
+            # Several callers woke, or rows wait: flush once the woken have queued again.
+            # (One woken caller and nothing waiting: its next request flushes at once.)
             self._flush_when_idle()
         if self._pending_rows:
             self._pump()

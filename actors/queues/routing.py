@@ -91,6 +91,9 @@ def route_outputs(
         KeyError, IndexError, ValueError: ``outputs`` does not match the model's outputs.
     """
     fast = layout.fast_output
+    # One-row answers are views from one list of row views (cheaper per row than a slice
+    # each), worth making for a batch of a few requests or more.
+    listed = len(batch.segments) > 2
     row_lists: list[list[np.ndarray] | None] = [None] * layout.I
     closed_samples = closed = 0
     for req, start, k, row, count in batch.segments:
@@ -104,7 +107,7 @@ def route_outputs(
         if count == req.samples and req.outputs is None:
             if fast is None:
                 fut.set_result(_views(layout, outputs[k], row, count))
-            elif count == 1:
+            elif count == 1 and listed:
                 rows = row_lists[k]
                 if rows is None:
                     rows = row_lists[k] = list(outputs[k][fast][:, None])

@@ -358,6 +358,8 @@ class SessionActor(Actor[object]):
                     raise self._past_deadline(deadline)
                 return outputs
             future = device.run_main_nowait(tuple(inputs), probe, into)
+            if future.done():  # it ran inline, on this loop: no hang to watch
+                return future.result()
             if not self._watching:  # the warm-up, before the deadline timer runs
                 async with move_on_after(self.clock, deadline) as scope:
                     return await future

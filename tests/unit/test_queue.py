@@ -19,6 +19,7 @@ from test_queue_support import (
 from actors.actor import Stop
 from actors.clock import FakeClock
 from actors.queues.messages import Complete, Drain, Fail, FailAll, Flush, GetStats
+from actors.queues.request import Request
 from actors.queues.stats import QueueStats, TimeTrace
 from model_runtime.errors import ApplicationRuntimeError, RunnerStoppedError
 
@@ -98,6 +99,49 @@ async def test_with_buckets_timeout_bounds_the_wait_of_the_first_request() -> No
         session.release()
         check(await busy.future, busy.inputs["x"])
         check(await first.future, first.inputs["x"])
+        check(await second.future, second.inputs["x"])
+
+
+async def test_with_buckets_callers_answered_together_queue_again_together() -> None:
+    queue = make_queue(metadata(B, buckets=(1, 2, 4)), batching_dim=0, timeout=5.0)
+    async with running(queue, hold=True) as (ref, session):
+        busy = submit(ref, request(rows(1), 1))
+        await settle()
+        callers = [submit(ref, request(rows(1), 1)) for _ in range(3)]
+        await settle()
+        session.release()  # busy ends; the three waiting rows go as one batch
+        await settle()
+        again: list[Request] = []
+
+        def queue_again(_: object) -> None:  # a woken caller's next request
+            again.append(request(rows(1), 1))
+            queue.enqueue_nowait(again[-1])
+
+        for req in callers:
+            req.future.add_done_callback(queue_again)
+        session.release()
+        await settle()
+        assert [b.valid_rows for b in session.seen] == [1, 3, 3]  # not 1, 3, 1, 2
+        session.release()
+        for req in (busy, *callers, *again):
+            check(await req.future, req.inputs["x"])
+
+
+async def test_with_buckets_the_next_request_of_a_lone_caller_is_dispatched_at_once() -> None:
+    queue = make_queue(metadata(B, buckets=(1, 2, 4)), batching_dim=0, timeout=5.0)
+    async with running(queue) as (ref, _session):
+        first = submit(ref, request(rows(1), 1))
+        waiting: list[int] = []
+
+        def queue_again(_: object) -> None:  # its caller wakes and sends the next one
+            queue.enqueue_nowait(second)
+            waiting.append(queue.waiting_requests)
+
+        second = request(rows(1), 1)
+        first.future.add_done_callback(queue_again)
+        check(await first.future, first.inputs["x"])
+        await settle()
+        assert waiting == [0]  # sealed as it came: nobody else was answered with it
         check(await second.future, second.inputs["x"])
 
 
