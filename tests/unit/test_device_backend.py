@@ -10,7 +10,7 @@ import pytest
 from device_fixtures import batch_of, mlp_exe, tiny_exe
 
 from actors.device.backends import CpuBackend, IpuModelBackend, make_backend
-from actors.device.backends.cpu import SPINNING_ENV, session_options
+from actors.device.backends.cpu import SPINNING_ENV, RunAborted, session_options
 from actors.device.inventory import DeviceSpec, ipu_model_spec
 from model_runtime.compiler import CompileOptions, compile_executable, run_reference
 from model_runtime.compiler.lower import weights_as_inputs
@@ -39,6 +39,21 @@ def test_outputs_equal_onnxruntime_on_the_plain_graph() -> None:
     np.testing.assert_array_equal(out["y"], expected)
     (again,) = b.run_main([batch])
     assert again["y"] is not out["y"] and not np.shares_memory(again["y"], out["y"])
+
+
+def test_after_terminate_runs_are_refused_until_a_reset() -> None:
+    exe = mlp_exe((16, 8, 4), batch=5)
+    b = CpuBackend(CPU)
+    b.load(exe, None)
+    batch = batch_of(exe, 3)
+    (before,) = b.run_main([batch])
+    b.terminate()  # what a reset of a stuck run does first
+    for _ in range(2):
+        with pytest.raises(RunAborted, match="terminated"):
+            b.run_main([batch])
+    b.reset()
+    (after,) = b.run_main([batch])
+    np.testing.assert_array_equal(after["y"], before["y"])
 
 
 def test_variables_persist_across_runs_save_and_reset() -> None:

@@ -307,7 +307,9 @@ class CpuBackend:
             elif a.role is not AnchorRole.USER_INPUT:
                 feed[a.handle] = np.array(exe.tensor(a.name), copy=True, order="C")
         self._feed = feed
-        self._terminated = False
+        with self._lock:
+            self._run_options = ort.RunOptions()
+            self._terminated = False
 
     # -- run -------------------------------------------------------------------------------
 
@@ -335,11 +337,12 @@ class CpuBackend:
         session = self._session
         names = self._output_names
         outputs: list[dict[str, np.ndarray]] = []
-        run_options = ort.RunOptions()
-        with self._lock:
-            if self._terminated:
-                raise RunAborted(f"{self.spec.describe()}: run aborted (terminated)")
-            self._run_options = run_options
+        # One RunOptions per load: terminate() raises its flag, and every run after that fails
+        # until the next load (a read of a flag here; the worker thread is the only writer
+        # besides terminate()).
+        run_options = self._run_options
+        if self._terminated:
+            raise RunAborted(f"{self.spec.describe()}: run aborted (terminated)")
         try:
             for k, batch in enumerate(batches):
                 for name, handle, shape, dtype in self._inputs:
@@ -392,8 +395,6 @@ class CpuBackend:
         finally:
             for _, handle, _, _ in self._inputs:
                 feed.pop(handle, None)  # do not keep the caller's arrays alive
-            with self._lock:
-                self._run_options = None
         return outputs
 
     def _run_into(
@@ -477,7 +478,7 @@ class CpuBackend:
         """See :meth:`Backend.terminate`: the in-flight ``session.run`` stops early."""
         with self._lock:
             self._terminated = True
-            if self._run_options is not None:
+            if self._run_options is not None:  # the run under way stops; later ones refuse
                 self._run_options.terminate = True
 
     def _require(self) -> Executable:
