@@ -300,7 +300,10 @@ class ModelRunner:
             ExecutionTimeoutError: the request passed ``timeout``.
             RuntimeFailure: the device failed and recovery (per the config) did not help.
         """
-        return await self.execute_async(inputs, outputs, replica_id, timeout, priority)
+        pending = self.execute_async(inputs, outputs, replica_id, timeout, priority)
+        if isinstance(pending, asyncio.Future) and pending.done():
+            await asyncio.sleep(0)  # answered in place: still let the loop run the others
+        return await pending
 
     def execute_async(
         self,
@@ -313,7 +316,9 @@ class ModelRunner:
         """Submit a request now and return an awaitable of its outputs.
 
         Must be called on the runner's event loop. Raises at once (no awaitable) for the
-        errors ``execute`` documents as input errors, a full queue or a stopped runner.
+        errors ``execute`` documents as input errors, a full queue or a stopped runner. A lone
+        request on an idle replica whose run is shorter than a thread hop is run before this
+        returns (the awaitable is done).
         """
         if not self._accepting:
             if self._failure is not None:
@@ -417,6 +422,8 @@ class ModelRunner:
         future: asyncio.Future[dict[str, np.ndarray]], wake: Callable[[], None]
     ) -> dict[str, np.ndarray]:
         wake()  # the caller waits for the outputs now (flush_on_waiting_outputs)
+        if future.done():
+            await asyncio.sleep(0)  # answered in place: still let the loop run the others
         return await future
 
     async def _with_deadline(
@@ -427,6 +434,9 @@ class ModelRunner:
     ) -> dict[str, np.ndarray]:
         if wake is not None:
             wake()
+        if future.done():
+            await asyncio.sleep(0)  # answered in place: still let the loop run the others
+            return future.result()
         if isinstance(self._clock, SystemClock):
             # A timer that fails the future itself: no cancel scope, shield or backend lookup
             # per request (a done future is "gone" to the queue: its rows never run).

@@ -293,17 +293,21 @@ class Device(DeferringActor[DeviceMessage]):
         if not self.is_running:
             raise ActorStoppedError(f"actor {self.name} has stopped")
         self._check_loaded()
-        if (
+        if not probe and into is None and self.runs_inline(batches):
+            return self._run_inline(batches)
+        return self._submit("main", self._work_main, batches, probe, into).future
+
+    def runs_inline(self, batches: Sequence[Mapping[str, np.ndarray]]) -> bool:
+        """Whether a plain main run of ``batches`` (no probe, no output buffers) would run
+        here, on the loop, if asked now: the device is idle, the run is one row and shorter
+        than a thread hop, and no fault plan is in force."""
+        return (
             not self._jobs
-            and not probe
-            and into is None
             and self._faults is None
             and len(batches) == 1
             and self._rows(batches[0]) == 1
             and self._run_seconds.get(1, INLINE_BELOW) < INLINE_BELOW
-        ):
-            return self._run_inline(batches)
-        return self._submit("main", self._work_main, batches, probe, into).future
+        )
 
     def _run_inline(
         self, batches: Sequence[Mapping[str, np.ndarray]]

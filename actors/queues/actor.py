@@ -6,7 +6,9 @@ copied into a ring pool buffer, or passed as views when one request fills it exa
 (timeout, :class:`Flush`, :class:`Drain`) makes a partial batch of what is waiting, padded.
 Sealed batches go to ``Queue.ready`` in order; the session runs them and answers with
 :class:`Complete` or :class:`Fail`, which frees the buffer. Until a buffer is free requests
-wait, unpacked; a caller that goes away meanwhile (its future done) is simply dropped.
+wait, unpacked; a caller that goes away meanwhile (its future done) is simply dropped. A batch
+sealed as a request arrives for an idle device is first offered to the session (``run_now``),
+which may run and answer it in place, before ``enqueue`` returns.
 
 Packing, splitting and the flush timer run on the event loop without awaiting, so the mailbox
 handler and the background timer never see each other's half-done work.
@@ -111,6 +113,10 @@ class Queue(Actor[QueueMessage]):
         #: wait of a batch's first request. One batch size: the seed's fixed-batch rules.
         self._eager = len(self.layout.buckets) > 1
         self._idle_flush_due = False
+        #: The replica's session, when it can run a batch in place (see :attr:`run_now`).
+        self.run_now: Callable[[Batch], bool] | None = None
+        self._direct = False  # the batch being sealed may be run in place
+        self._direct_batch: Batch | None = None
         self._kick = self._timer.kick
         self._open_streams()
 
@@ -310,15 +316,16 @@ class Queue(Actor[QueueMessage]):
                     self._after_release(closed[1])
             case Settle(batch, parts, rejected, t_start, t_end):
                 if self._release(batch):
-                    self._settle(parts, rejected, t_start, t_end)
-                    self._after_release()
+                    self._after_release(self._settle(parts, rejected, t_start, t_end))
             case Fail(batch, error, elsewhere):
                 if self._release(batch):
                     if elsewhere and self._handoff is not None:
                         self._handoff(self._give_up(batch), error)
+                        self._after_release(0)
                     else:
-                        self._close(fail_batch(batch, error))
-                    self._after_release()
+                        closed = fail_batch(batch, error)
+                        self._close(closed)
+                        self._after_release(closed[1])
 
     def _settle(
         self,
@@ -326,17 +333,23 @@ class Queue(Actor[QueueMessage]):
         rejected: Sequence[tuple[Request, BaseException]],
         t_start: float,
         t_end: float,
-    ) -> None:
-        """Answer a bisected batch: the rejected requests their error, the rest their rows."""
-        self._close(fail_requests(rejected))
+    ) -> int:
+        """Answer a bisected batch: the rejected requests their error, the rest their rows.
+        Returns how many requests were answered."""
+        closed = fail_requests(rejected)
+        self._close(closed)
+        answered = closed[1]
         submits: list[float] = []
         packed: list[float] = []
         for part, outputs in parts:
             try:
-                self._close(route_outputs(self.layout, part, outputs, submits, packed))
+                closed = route_outputs(self.layout, part, outputs, submits, packed)
             except (KeyError, IndexError, ValueError) as exc:
-                self._close(fail_batch(part, exc))
+                closed = fail_batch(part, exc)
+            self._close(closed)
+            answered += closed[1]
         self._recorder.add(t_start, t_end, submits, packed)
+        return answered
 
     # -- the hot path --------------------------------------------------------------------------
 
@@ -369,7 +382,16 @@ class Queue(Actor[QueueMessage]):
                 if before == 0:
                     self._open_since = now
                 return
-            self._flush()  # an idle device: this request runs now, at its bucket
+            # An idle device: this request runs now, at its bucket; in place when the
+            # session can (what waits is less than a batch: one batch is sealed).
+            self._direct = self.run_now is not None
+            self._flush()
+            self._direct = False
+            batch, self._direct_batch = self._direct_batch, None
+            if batch is not None:
+                run_now = self.run_now
+                if run_now is None or not run_now(batch):
+                    self._emit(batch)
             return
         b = self.layout.B
         if before == 0:
@@ -513,6 +535,10 @@ class Queue(Actor[QueueMessage]):
 
     def _emit(self, batch: Batch) -> None:
         self._outstanding[batch.id] = batch
+        if self._direct:  # _enqueue offers it to the session once the queue is done
+            self._direct = False
+            self._direct_batch = batch
+            return
         if not self._backlog:
             try:
                 self._ready_send.send_nowait(batch)
@@ -555,7 +581,7 @@ class Queue(Actor[QueueMessage]):
             self._pool.free.append(batch._buffer)
         return True
 
-    def _after_release(self, answered: int = 2) -> None:
+    def _after_release(self, answered: int) -> None:
         """A batch ended (``answered``: how many callers its answers woke)."""
         if self._eager and not self._outstanding and (answered > 1 or self._pending_rows):
             # Several callers woke, or rows wait: flush once the woken have queued again.

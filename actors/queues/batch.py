@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,6 +43,9 @@ class Batch:
     #: per iteration, caller output buffers (views) the device writes into (zero-copy
     #: batches of a request that gave ``outputs``); None: the device allocates
     outputs_into: tuple[dict[str, np.ndarray], ...] | None = None
+    #: the outcome of a run already made (the session ran it in place and it failed): the
+    #: session handles it as the outcome of its first run instead of running it again
+    ran: asyncio.Future[list[dict[str, np.ndarray]]] | None = field(default=None, repr=False)
     #: index of the ring pool buffer holding ``inputs`` (None: zero-copy views)
     _buffer: int | None = field(default=None, repr=False)
     #: completed or failed already (a second Complete/Fail is ignored)

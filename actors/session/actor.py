@@ -11,7 +11,10 @@ coroutines, not a task per batch, take sealed batches (without a loop iteration 
 ready), submit them with :meth:`Device.run_main_nowait` and hand the outcome to
 :meth:`Queue.answer_nowait`; one timer watches the execution deadlines of the runs on the
 device instead of a cancel scope per run. Per batch that is one cross-thread wake-up (the
-device's delivery) and one task step.
+device's delivery) and one task step. A batch sealed for an idle replica whose run the device
+does inline on the loop (one row, shorter than a thread hop) is run in place, in the task that
+sealed it (:meth:`SessionActor._run_now`): no task step at all; a failure still goes through
+the batch loop.
 
 Failures are classified (DESIGN.md §7):
 
@@ -210,9 +213,12 @@ class SessionActor(Actor[object]):
 
     async def background(self) -> None:
         state = self._state
+        queue = self._queue.actor
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._hang_timer.run)
             self._watching = True
+            if isinstance(queue, Queue):
+                queue.run_now = self._run_now
             try:
                 while True:
                     if state.status is ReplicaStatus.FAILED:
@@ -224,6 +230,8 @@ class SessionActor(Actor[object]):
                     state.inflight.clear()
             finally:
                 self._watching = False
+                if isinstance(queue, Queue) and queue.run_now == self._run_now:
+                    queue.run_now = None
                 tg.cancel_scope.cancel()
 
     async def _serve(self) -> None:
@@ -271,9 +279,54 @@ class SessionActor(Actor[object]):
         await self._out.wait()
         scope.cancel()
 
+    def _run_now(self, batch: Batch) -> bool:
+        """Run ``batch`` here and now, in the task that sealed it (the queue offers a batch
+        sealed for an idle device): when nothing of this replica is in flight and the device
+        runs it inline on the loop anyway, the batch loop's turn would only add a loop
+        iteration. Success is booked and answered as the batch loop does; a failed run goes
+        to the batch loop with its outcome (``Batch.ran``), which handles it as usual.
+
+        Returns False when it did not answer the batch (the queue sends it to the batch loop).
+        """
+        state = self._state
+        device = self._device.actor
+        if not (
+            self._watching
+            and self._on_device == 0
+            and not state.inflight
+            and state.status is ReplicaStatus.READY
+            and batch.outputs_into is None
+            and isinstance(device, Device)
+            and device.is_running
+            and device.runs_inline(batch.inputs)
+        ):
+            return False
+        t_start = self.clock.monotonic()
+        try:
+            future = device.run_main_nowait(batch.inputs)
+        except Exception:
+            return False  # refused: the batch loop is refused the same way and handles it
+        if not future.done() or future.exception() is not None:
+            batch.ran = future
+            return False
+        state.heartbeat = self.clock.monotonic()
+        self._succeed(batch, future.result(), t_start)
+        return True
+
+    def _succeed(self, batch: Batch, outputs: Outputs, t_start: float) -> None:
+        """Book a successful run of ``batch`` that started at ``t_start`` and answer it."""
+        # The device runs one batch at a time: a batch asked while another ran started
+        # when that one ended, so its wait in the device's queue is queue time, not
+        # computation (the seed's read_queue / computation split).
+        t_start = max(t_start, self._device_free_at)
+        t_end = self._device_free_at = self.clock.monotonic()
+        self._succeeded(t_start, batch.valid_rows)
+        self._finish(batch, Complete(batch, outputs, t_start, t_end))
+
     async def _run_batch(self, batch: Batch) -> None:
         state = self._state
         poison: BaseException | None = None  # set once the batch's data is found at fault
+        ran, batch.ran = batch.ran, None  # a run made in place, that failed (see _run_now)
         while True:
             if state.status is ReplicaStatus.FAILED:
                 # Out of service: the queue handed this batch's callers to other replicas;
@@ -286,7 +339,10 @@ class SessionActor(Actor[object]):
                 if poison is not None:
                     await self._bisect(batch, poison)
                     return
-                outputs = await self._run_main(batch.inputs, into=batch.outputs_into)
+                if ran is not None:  # its outcome, as if this run had just returned it
+                    outputs, ran = ran.result(), None
+                else:
+                    outputs = await self._run_main(batch.inputs, into=batch.outputs_into)
             except ActorStoppedError:
                 # The device actor died. The supervisor restarts it and, rest_for_one, this
                 # session after it; the batch stays in state.inflight for the next one.
@@ -321,13 +377,7 @@ class SessionActor(Actor[object]):
                 elsewhere = self._policy.auto_reset and (hang or is_resettable(exc))
                 self._finish(batch, Fail(batch, exc, elsewhere))
                 return
-            # The device runs one batch at a time: a batch asked while another ran started
-            # when that one ended, so its wait in the device's queue is queue time, not
-            # computation (the seed's read_queue / computation split).
-            t_start = max(t_start, self._device_free_at)
-            t_end = self._device_free_at = self.clock.monotonic()
-            self._succeeded(t_start, batch.valid_rows)
-            self._finish(batch, Complete(batch, outputs, t_start, t_end))
+            self._succeed(batch, outputs, t_start)
             return
 
     async def _run_main(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Awaitable
 from functools import partial
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 from actors.clock import FakeClock
+from actors.device import actor as device_actor
 from actors.device.backends.cpu import CpuBackend
 from model_runtime.blocking import BlockingModelRunner
 from model_runtime.errors import (
@@ -23,7 +25,7 @@ from model_runtime.errors import (
 )
 from model_runtime.runner import ModelRunner, ModelRunnerConfig
 from tests.integration.runner_support import Reference, compile_to
-from tests.models import make_counter, make_mlp
+from tests.models import make_counter, make_embedding, make_mlp
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -504,3 +506,58 @@ async def test_with_buckets_lone_requests_are_answered_at_once_by_the_default_co
             x = rows(n, seed=40 + n)
             out = await within(runner.execute({"x": x}), 10)
             np.testing.assert_allclose(out["logits"], ref({"x": x})["logits"], rtol=1e-4, atol=1e-5)
+
+
+async def test_a_lone_request_on_an_idle_replica_is_run_in_the_callers_task(
+    mlp_buckets: tuple[Path, Reference], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Inline whatever this machine's run time: the run, not its measured speed, is the point.
+    monkeypatch.setattr(device_actor, "INLINE_BELOW", 1.0)
+    path, ref = mlp_buckets
+    async with ModelRunner(path, ModelRunnerConfig(batching_dim=0)) as runner:
+        await within(runner.execute({"x": rows(1, seed=60)}))  # its runs are measured
+        for seed in range(61, 66):
+            x = rows(1, seed)
+            answer = runner.execute_async({"x": x})
+            assert isinstance(answer, asyncio.Future) and answer.done()  # no loop turn
+            np.testing.assert_allclose(
+                answer.result()["logits"], ref({"x": x})["logits"], rtol=1e-4, atol=1e-5
+            )
+        # A caller answered in place still lets the loop run the others between requests.
+        turns = 0
+
+        async def count_turns() -> None:
+            nonlocal turns
+            while True:
+                await asyncio.sleep(0)
+                turns += 1
+
+        counter = asyncio.create_task(count_turns())
+        await asyncio.sleep(0)
+        for timeout in (None, 5.0):  # with a deadline too (the daemon's requests have one)
+            start = turns
+            for seed in range(30):
+                await runner.execute({"x": rows(1, seed)}, timeout=timeout)
+            assert turns - start >= 30
+        counter.cancel()
+
+
+async def test_a_lone_bad_request_run_in_place_fails_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The in-place run fails (an id past the table: onnxruntime refuses it); the batch loop
+    # takes that outcome and finds the data at fault, like any batch's.
+    monkeypatch.setattr(device_actor, "INLINE_BELOW", 1.0)
+    embedding = make_embedding(rows=100)
+    path = compile_to(embedding, tmp_path, batch_size=8)
+    ref = Reference(embedding)
+    async with ModelRunner(path, ModelRunnerConfig(batching_dim=0)) as runner:
+        good = np.array([7], np.int64)
+        await within(runner.execute({"ids": good}))
+        for _ in range(3):
+            with pytest.raises(InputValidationError, match="out of data bounds"):
+                await within(runner.execute({"ids": np.array([1000], np.int64)}))
+            answer = runner.execute_async({"ids": good})
+            assert isinstance(answer, asyncio.Future) and answer.done()
+            np.testing.assert_array_equal(answer.result()["vectors"], ref({"ids": good})["vectors"])
+        assert runner.replica_states()[0].resets == 0  # data, not a device fault
