@@ -297,6 +297,22 @@ class Device(DeferringActor[DeviceMessage]):
             return self._run_inline(batches)
         return self._submit("main", self._work_main, batches, probe, into).future
 
+    def run_inline_nowait(
+        self, batches: Sequence[Mapping[str, np.ndarray]]
+    ) -> asyncio.Future[list[dict[str, np.ndarray]]] | None:
+        """A plain main run of ``batches`` done here and now, when it is one the device runs
+        inline (:meth:`runs_inline`): its future is done (outputs, or the run's error, as
+        :meth:`run_main_nowait` gives them). None: nothing was run.
+
+        Raises:
+            DeviceStateError: detached, resetting, or nothing loaded.
+            UnrecoverableRuntimeError: the device is broken.
+        """
+        if not self.is_running or not self.runs_inline(batches):
+            return None
+        self._check_loaded()
+        return self._run_inline(batches)
+
     def runs_inline(self, batches: Sequence[Mapping[str, np.ndarray]]) -> bool:
         """Whether a plain main run of ``batches`` (no probe, no output buffers) would run
         here, on the loop, if asked now: the device is idle, the run is one row and shorter

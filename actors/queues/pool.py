@@ -137,11 +137,15 @@ class Layout:
         C-contiguous, the anchor's dtype); else ``None``."""
         if not self.simple_inputs:
             return None
+        b = self.B if rows is None else rows
+        whole = start == 0 and self.I == 1  # the arrays themselves, if they are b rows each
         for s in self.inputs:
             a = inputs[s.name]
             if not a.flags.c_contiguous or a.dtype != s.dtype:
                 return None
-        b = self.B if rows is None else rows
+            whole = whole and a.shape[0] == b
+        if whole and type(inputs) is dict and len(inputs) == len(self.inputs):
+            return (inputs,)
         return tuple(
             {s.name: inputs[s.name][start + k * b : start + (k + 1) * b] for s in self.inputs}
             for k in range(self.I)

@@ -297,16 +297,16 @@ class SessionActor(Actor[object]):
             and state.status is ReplicaStatus.READY
             and batch.outputs_into is None
             and isinstance(device, Device)
-            and device.is_running
-            and device.runs_inline(batch.inputs)
         ):
             return False
         t_start = self.clock.monotonic()
         try:
-            future = device.run_main_nowait(batch.inputs)
+            future = device.run_inline_nowait(batch.inputs)
         except Exception:
             return False  # refused: the batch loop is refused the same way and handles it
-        if not future.done() or future.exception() is not None:
+        if future is None:
+            return False
+        if future.exception() is not None:
             batch.ran = future
             return False
         state.heartbeat = self.clock.monotonic()
