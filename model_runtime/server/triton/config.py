@@ -38,6 +38,7 @@ from google.protobuf.descriptor import FieldDescriptor
 
 from model_runtime.errors import ConfigurationError, ModelUnavailableError
 from model_runtime.runner_config import ModelRunnerConfig
+from model_runtime.server.parameters import execute_priority
 from model_runtime.server.triton import model_config_pb2 as pb
 
 if TYPE_CHECKING:
@@ -146,8 +147,6 @@ class ModelSettings:
         Raises:
             ProtocolError: ``level`` is past the levels.
         """
-        from model_runtime.server.parameters import execute_priority
-
         if self.priority_levels is not None:
             levels, default_level = self.priority_levels, self.default_priority_level
         return execute_priority(level, levels=levels, default_level=default_level)
