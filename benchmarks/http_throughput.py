@@ -13,7 +13,9 @@ thread, spinning off) on loopback, no per-request logging:
 
 The peers run from their own virtual environments (``make peers``); a peer whose venv is missing
 or that fails to start is skipped, and the report says why. The load generator: C concurrent
-clients (keep-alive connections), each sending single-sample v2 requests back to back for
+clients (one keep-alive connection each, raw HTTP/1.1 on asyncio streams, prebuilt requests:
+an HTTP client library cost more per request than the servers it measured, on the same two
+cores), each sending single-sample v2 requests back to back for
 ``--seconds``, JSON, then binary (the v2 binary tensor extension, where the server supports it
 over HTTP: MLServer does not). Every answer is checked against onnxruntime's own output for
 that row; a wrong or failed answer is counted as an error, not as throughput. Prints a table with
@@ -36,13 +38,13 @@ import sys
 import tempfile
 import time
 import traceback
+import urllib.parse
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import numpy as np
 import orjson
 
@@ -106,6 +108,28 @@ def decode_output(body: bytes, header_length: str | None) -> np.ndarray:
     raise KeyError(f"no output {OUTPUT!r} in the answer")
 
 
+async def _exchange(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes
+) -> tuple[int, dict[str, str], bytes]:
+    """Send one prebuilt HTTP/1.1 request; its answer's status, headers (lower-case names) and
+    body (``Content-Length`` or chunked)."""
+    writer.write(request)
+    head = await reader.readuntil(b"\r\n\r\n")
+    status_line, *lines = head[:-4].decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        chunks = []
+        while size := int((await reader.readuntil(b"\r\n"))[:-2].split(b";")[0], 16):
+            chunks.append((await reader.readexactly(size + 2))[:-2])
+        await reader.readuntil(b"\r\n")  # the end of the (empty) trailers
+        return int(status_line.split(" ", 2)[1]), headers, b"".join(chunks)
+    body = await reader.readexactly(int(headers.get("content-length", "0")))
+    return int(status_line.split(" ", 2)[1]), headers, body
+
+
 async def _load(
     url: str,
     clients: int,
@@ -115,42 +139,66 @@ async def _load(
     warmup: float,
     first: int,
 ) -> dict[str, Any]:
-    """``clients`` concurrent clients for ``warmup`` then ``seconds``; checks every answer."""
+    """``clients`` concurrent clients for ``warmup`` then ``seconds``; checks every answer.
+
+    Each client holds one keep-alive connection and sends prebuilt HTTP/1.1 requests on it, one
+    at a time (no pipelining). Raw streams, not an HTTP client library: on this 2-core machine
+    aiohttp's client spent more per request than the servers it measured, beside them.
+    """
+    target = urllib.parse.urlsplit(url)
+    host, port = target.hostname or "127.0.0.1", target.port or 80
+    raw = [
+        b"".join(
+            [
+                f"POST {target.path} HTTP/1.1\r\nHost: {host}:{port}\r\n".encode(),
+                *(f"{k}: {v}\r\n".encode() for k, v in headers.items()),
+                f"Content-Length: {len(body)}\r\n\r\n".encode(),
+                body,
+            ]
+        )
+        for body, headers in requests
+    ]
     latencies: list[float] = []
     errors = 0
     first_error = ""
     stop = 0.0
 
-    async def client(session: aiohttp.ClientSession, k: int, counting: bool) -> None:
+    async def client(k: int, counting: bool) -> None:
         nonlocal errors, first_error
         i = k
-        while time.perf_counter() < stop:
-            body, headers = requests[i % len(requests)]
-            t = time.perf_counter()
-            try:
-                async with session.post(url, data=body, headers=headers) as resp:
-                    answer = await resp.read()
-                    if resp.status != 200:
-                        raise ValueError(f"HTTP {resp.status}: {answer[:200]!r}")
-                    got = decode_output(answer, resp.headers.get("Inference-Header-Content-Length"))
-                if not np.allclose(got, expected[i % len(requests)], rtol=RTOL, atol=ATOL):
-                    raise ValueError(f"wrong answer for row {i % len(requests)}: {got[:4]}...")
-            except Exception as exc:  # counted, never thrown: one bad answer must not end a run
-                if counting:
-                    errors += 1
-                    first_error = first_error or f"{type(exc).__name__}: {exc}"
-            else:
-                if counting:
-                    latencies.append(time.perf_counter() - t)
-            i += clients
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            while time.perf_counter() < stop:
+                t = time.perf_counter()
+                try:
+                    status, headers, answer = await _exchange(reader, writer, raw[i % len(raw)])
+                    if headers.get("connection", "").lower() == "close":
+                        writer.close()
+                        reader, writer = await asyncio.open_connection(host, port)
+                    if status != 200:
+                        raise ValueError(f"HTTP {status}: {answer[:200]!r}")
+                    got = decode_output(answer, headers.get("inference-header-content-length"))
+                    if not np.allclose(got, expected[i % len(raw)], rtol=RTOL, atol=ATOL):
+                        raise ValueError(f"wrong answer for row {i % len(raw)}: {got[:4]}...")
+                except Exception as exc:  # counted, never thrown: one bad answer must not end a run
+                    if counting:
+                        errors += 1
+                        first_error = first_error or f"{type(exc).__name__}: {exc}"
+                    if isinstance(exc, (OSError, asyncio.IncompleteReadError)):
+                        writer.close()
+                        reader, writer = await asyncio.open_connection(host, port)
+                else:
+                    if counting:
+                        latencies.append(time.perf_counter() - t)
+                i += clients
+        finally:
+            writer.close()
 
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        for measuring, phase in ((False, warmup), (True, seconds)):
-            stop = time.perf_counter() + phase
-            t0 = time.perf_counter()
-            await asyncio.gather(*(client(session, first + k, measuring) for k in range(clients)))
-            elapsed = time.perf_counter() - t0
+    for measuring, phase in ((False, warmup), (True, seconds)):
+        stop = time.perf_counter() + phase
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client(first + k, measuring) for k in range(clients)))
+        elapsed = time.perf_counter() - t0
     return {
         "latencies": latencies,
         "elapsed": elapsed,

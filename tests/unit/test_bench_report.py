@@ -4,6 +4,7 @@ answer check (a wrong answer must be seen)."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import json
 import os
@@ -14,7 +15,7 @@ import numpy as np
 import orjson
 
 from benchmarks import report
-from benchmarks.http_throughput import OUTPUT, decode_output
+from benchmarks.http_throughput import OUTPUT, _exchange, decode_output
 
 
 def _docs(*, rt_over_bare: float = 0.95, http: bool = True) -> dict[str, Any]:
@@ -150,3 +151,36 @@ def test_http_answer_check_reads_json_and_binary_answers() -> None:
     assert np.array_equal(got, y)
     swapped = head + y.tobytes() + other.tobytes()  # a server that mixed up its outputs
     assert not np.allclose(decode_output(swapped, str(len(head))), y)
+
+
+async def test_the_http_benchmark_client_reads_sized_and_chunked_answers() -> None:
+    answers = [
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: b\r\n\r\nhello",
+        b"HTTP/1.1 503 Service Unavailable\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"3\r\nabc\r\n4;ext=1\r\ndefg\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",  # the connection goes on
+    ]
+    got: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for answer in answers:
+            got.append(await reader.readuntil(b"\r\n\r\n"))
+            writer.write(answer)
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        request = b"POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n"
+        assert await asyncio.wait_for(_exchange(reader, writer, request), 5) == (
+            200,
+            {"content-length": "5", "x-a": "b"},
+            b"hello",
+        )
+        status, headers, body = await asyncio.wait_for(_exchange(reader, writer, request), 5)
+        assert (status, body) == (503, b"abcdefg")
+        assert headers == {"transfer-encoding": "chunked"}
+        assert (await asyncio.wait_for(_exchange(reader, writer, request), 5))[2] == b"ok"
+        writer.close()
+    assert got == [request] * 3
