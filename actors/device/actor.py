@@ -63,7 +63,7 @@ from model_runtime.errors import (
 from model_runtime.executable import Executable
 from model_runtime.executable.model import ProgramKind
 
-__all__ = ["INLINE_BELOW", "Device", "DeviceCrash"]
+__all__ = ["INLINE_BELOW", "INLINE_HOPS", "Device", "DeviceCrash"]
 
 #: A main run of one row measured (moving average) under this many seconds, asked of an idle
 #: device without a fault plan, runs on the event loop instead of the worker thread (a lone
@@ -73,6 +73,10 @@ __all__ = ["INLINE_BELOW", "Device", "DeviceCrash"]
 #: so such a run holds the loop for less than it would delay its caller. Under load the device
 #: is never idle and nothing runs inline; heavier runs never block the loop.
 INLINE_BELOW = 250e-6
+#: ... or up to this many of the worker's measured hops (``Worker.hop_seconds``), on a host
+#: slower than that one (the hop slows with the run), but never over 4 x ``INLINE_BELOW``.
+INLINE_HOPS = 3.0
+_INF = float("inf")
 
 
 class DeviceCrash(RuntimeError):
@@ -322,8 +326,13 @@ class Device(DeferringActor[DeviceMessage]):
             and self._faults is None
             and len(batches) == 1
             and self._rows(batches[0]) == 1
-            and self._run_seconds.get(1, INLINE_BELOW) < INLINE_BELOW
+            and self._run_seconds.get(1, _INF) < self._inline_below()
         )
+
+    def _inline_below(self) -> float:
+        """How short a run must be to run inline (see :data:`INLINE_BELOW`)."""
+        hop = self._executor.hop_seconds if self._executor is not None else 0.0
+        return min(4 * INLINE_BELOW, max(INLINE_BELOW, INLINE_HOPS * hop))
 
     def _run_inline(
         self, batches: Sequence[Mapping[str, np.ndarray]]

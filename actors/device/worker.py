@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -27,14 +28,25 @@ __all__ = ["Worker"]
 #: that future was cancelled meanwhile (book-keeping that must happen once per job); returns
 #: the error the future gets (``None``: the result).
 Hook = Callable[[Any, BaseException | None], BaseException | None]
-_Job = tuple["asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...], Hook | None]
-_Outcome = tuple["asyncio.Future[Any]", Hook | None, Any, BaseException | None]
+_Job = tuple["asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...], Hook | None, float]
+#: (future, hook, result, error, the job's hop to the thread, when it ended; NaN: not measured)
+_Outcome = tuple["asyncio.Future[Any]", Hook | None, Any, BaseException | None, float, float]
+_NAN = float("nan")
 
 
 class Worker:
     """One thread that runs submitted callables in order (see the module docstring)."""
 
-    __slots__ = ("_done", "_jobs", "_lock", "_loop", "_scheduled", "_stopped", "_thread")
+    __slots__ = (
+        "_done",
+        "_jobs",
+        "_lock",
+        "_loop",
+        "_scheduled",
+        "_stopped",
+        "_thread",
+        "hop_seconds",
+    )
 
     def __init__(self, name: str, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self._loop = loop or asyncio.get_running_loop()
@@ -43,6 +55,9 @@ class Worker:
         self._lock = threading.Lock()
         self._scheduled = False
         self._stopped = False
+        #: A job's round trip to an idle thread and back, without the job: the wake-up of
+        #: the thread plus the loop's of its answer (a moving average; 0 until measured).
+        self.hop_seconds = 0.0
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
 
@@ -61,7 +76,7 @@ class Worker:
         if self._stopped:
             raise RuntimeError("the device worker has stopped")
         future: asyncio.Future[Any] = self._loop.create_future()
-        self._jobs.put((future, fn, args, hook))
+        self._jobs.put((future, fn, args, hook, time.monotonic()))
         return future
 
     def shutdown(self) -> None:
@@ -89,21 +104,27 @@ class Worker:
 
     def _main(self) -> None:
         jobs = self._jobs
+        idle_since = 0.0  # when the last job ended
         while True:
             job = jobs.get()
             if job is None:
                 return
-            future, fn, args, hook = job
+            future, fn, args, hook, submitted = job
+            # The thread's wake-up, when it was idle as the job came (not a wait in line).
+            woke = time.monotonic() - submitted if submitted >= idle_since else _NAN
             outcome: _Outcome
             if future.done():  # a read of a flag: benign across threads
                 if hook is None:
                     continue
-                outcome = (future, hook, None, asyncio.CancelledError())
+                outcome = (future, hook, None, asyncio.CancelledError(), _NAN, 0.0)
             else:
                 try:
-                    outcome = (future, hook, fn(*args), None)
+                    result = fn(*args)
+                    idle_since = time.monotonic()
+                    outcome = (future, hook, result, None, woke, idle_since)
                 except Exception as exc:
-                    outcome = (future, hook, None, exc)
+                    idle_since = time.monotonic()
+                    outcome = (future, hook, None, exc, woke, idle_since)
             with self._lock:
                 self._done.append(outcome)
                 if self._scheduled:
@@ -118,7 +139,12 @@ class Worker:
         with self._lock:
             done, self._done = self._done, []
             self._scheduled = False
-        for future, hook, result, exc in done:
+        woke, ended = done[0][4], done[0][5]
+        if woke == woke:  # measured (not NaN): the first answer is the one that woke the loop
+            hop = woke + (time.monotonic() - ended)
+            average = self.hop_seconds
+            self.hop_seconds = hop if average == 0.0 else average + (hop - average) / 8
+        for future, hook, result, exc, _, _ in done:
             if hook is not None:
                 exc = hook(result, exc)
             if future.done():

@@ -33,6 +33,7 @@ from actors.device import (
     RunSave,
     Unload,
 )
+from actors.device.actor import INLINE_BELOW
 from model_runtime.errors import (
     ActorStoppedError,
     DeviceStateError,
@@ -230,7 +231,7 @@ async def test_hang_blocks_until_reset_and_status_still_answers() -> None:
                     errors.append(exc)
 
             tg.start_soon(hung)
-            await wait_for(lambda: actor.state == "running")
+            await wait_for(lambda: on_run(actor, 2))
             clock.advance(30)
             status = await ref.ask(GetStatus())
             assert status.state == "running" and clock.monotonic() - status.run_started_at == 30
@@ -248,7 +249,7 @@ async def test_slow_runs_late_and_a_reset_cuts_it_short() -> None:
         assert await outcomes(ref, 1) == ["ok"]
         async with anyio.create_task_group() as tg:
             tg.start_soon(outcomes, ref, 1)
-            await wait_for(lambda: actor.state == "running")
+            await wait_for(lambda: on_run(actor, 2))
             with anyio.fail_after(5):
                 await ref.ask(Reset())
 
@@ -275,6 +276,14 @@ async def test_crash_kills_the_actor_and_fails_the_pending_ask() -> None:
     assert not ref.is_alive and not actor.device.is_attached
     with pytest.raises(ActorStoppedError):
         await ref.ask(GetStatus())
+
+
+def on_run(actor: Device, n: int) -> bool:
+    """The worker thread is in run ``n`` (counted by the fault plan as it starts), not only
+    asked for it: a reset that came before the thread took the run would abort it before the
+    plan counts it, and the plan's fault would strike the next run instead."""
+    faults = actor._faults
+    return actor.state == "running" and faults is not None and faults.iteration == n
 
 
 async def wait_for(predicate: Any) -> None:
@@ -325,3 +334,15 @@ async def test_a_run_shorter_than_a_hop_runs_on_the_loop_unless_a_fault_plan_is_
             assert any(done_at_once) is inline, plan
             assert (threading.current_thread().name in spy.threads) is inline
             assert (await ref.ask(GetStatus())).runs_completed == 31
+
+
+async def test_what_runs_inline_grows_with_the_measured_hop_within_bounds() -> None:
+    async with device() as (ref, actor):
+        await ref.ask(LoadExecutable(EXE))
+        worker = actor._executor
+        assert worker is not None
+        # A faster hop than the reference machine's keeps the floor; a slower one moves the
+        # limit to three hops, up to four times the floor.
+        for hop, limit in ((0.0, INLINE_BELOW), (150e-6, 450e-6), (1e-3, 4 * INLINE_BELOW)):
+            worker.hop_seconds = hop
+            assert actor._inline_below() == pytest.approx(limit)

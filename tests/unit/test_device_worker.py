@@ -1,0 +1,50 @@
+"""The device's worker thread: jobs in order, answered on the loop, and the hop it measures
+(what a run costs in thread hand-offs, which decides what runs inline on the loop)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from actors.device.worker import Worker
+
+pytestmark = pytest.mark.timeout(30)
+
+
+async def test_the_hop_is_measured_when_the_thread_was_idle_only() -> None:
+    worker = Worker("test-worker")
+    try:
+        assert worker.hop_seconds == 0.0  # nothing measured yet
+        for i in range(5):
+            assert await worker.submit(lambda i=i: i * 2) == i * 2
+        quick = worker.hop_seconds
+        assert 0.0 < quick < 0.05
+        # A job that waits in line behind a slow one waited for the job, not for the hop.
+        # (It runs a while too, so that it is answered after the slow one, on its own.)
+        slow = worker.submit(time.sleep, 0.3)
+        behind = worker.submit(time.sleep, 0.05)
+        assert await slow is None
+        await behind
+        assert worker.hop_seconds < 0.02  # counted, the wait would add 0.3 / 8 at least
+    finally:
+        worker.shutdown()
+
+
+async def test_jobs_run_in_order_and_their_errors_reach_their_callers() -> None:
+    worker = Worker("test-worker")
+    seen: list[int] = []
+
+    def fail() -> None:
+        raise ValueError("no")
+
+    try:
+        futures = [worker.submit(seen.append, i) for i in range(20)]
+        failing = worker.submit(fail)
+        await asyncio.gather(*futures)
+        assert seen == list(range(20))
+        with pytest.raises(ValueError, match="no"):
+            await failing
+    finally:
+        worker.shutdown()
