@@ -117,6 +117,7 @@ class Queue(Actor[QueueMessage]):
         self.run_now: Callable[[Batch], bool] | None = None
         self._direct = False  # the batch being sealed may be run in place
         self._direct_batch: Batch | None = None
+        self._ran_now = False  # a batch was run in place in this loop iteration
         self._kick = self._timer.kick
         self._open_streams()
 
@@ -383,14 +384,19 @@ class Queue(Actor[QueueMessage]):
                     self._open_since = now
                 return
             # An idle device: this request runs now, at its bucket; in place when the
-            # session can (what waits is less than a batch: one batch is sealed).
-            self._direct = self.run_now is not None
+            # session can (what waits is less than a batch: one batch is sealed), once per
+            # loop iteration: callers that run in this iteration after an answer given in
+            # place are not alone (they would each run alone, in place, never batched).
+            self._direct = self.run_now is not None and not self._ran_now
             self._flush()
             self._direct = False
             batch, self._direct_batch = self._direct_batch, None
             if batch is not None:
                 run_now = self.run_now
-                if run_now is None or not run_now(batch):
+                if run_now is not None and run_now(batch):
+                    self._ran_now = True
+                    asyncio.get_running_loop().call_soon(self._next_turn)
+                else:
                     self._emit(batch)
             return
         b = self.layout.B
@@ -401,6 +407,9 @@ class Queue(Actor[QueueMessage]):
         elif before:
             return
         self._kick()
+
+    def _next_turn(self) -> None:
+        self._ran_now = False
 
     def _insert_by_priority(self, req: Request) -> None:
         """Queue ``req`` after every request of its priority or higher, before the lower ones

@@ -517,6 +517,7 @@ async def test_a_lone_request_on_an_idle_replica_is_run_in_the_callers_task(
     async with ModelRunner(path, ModelRunnerConfig(batching_dim=0)) as runner:
         await within(runner.execute({"x": rows(1, seed=60)}))  # its runs are measured
         for seed in range(61, 66):
+            await asyncio.sleep(0)  # a turn of the loop, as for a caller awaiting its answer
             x = rows(1, seed)
             answer = runner.execute_async({"x": x})
             assert isinstance(answer, asyncio.Future) and answer.done()  # no loop turn
@@ -561,3 +562,27 @@ async def test_a_lone_bad_request_run_in_place_fails_alone(
             assert isinstance(answer, asyncio.Future) and answer.done()
             np.testing.assert_array_equal(answer.result()["vectors"], ref({"ids": good})["vectors"])
         assert runner.replica_states()[0].resets == 0  # data, not a device fault
+
+
+async def test_concurrent_callers_are_batched_not_each_run_in_place(
+    mlp_buckets: tuple[Path, Reference], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Runs in place whenever allowed: each caller finding the device idle after the last
+    # answer (given in place) must not make every request a run of its own.
+    monkeypatch.setattr(device_actor, "INLINE_BELOW", 1.0)
+    path, ref = mlp_buckets
+    async with ModelRunner(path, ModelRunnerConfig(batching_dim=0)) as runner:
+        await within(runner.execute({"x": rows(1, seed=70)}))
+        before = runner.replica_states()[0].runs
+
+        async def caller(k: int) -> None:
+            for i in range(10):
+                x = rows(1, seed=1000 * k + i)
+                out = await runner.execute({"x": x})
+                np.testing.assert_allclose(out["logits"], ref({"x": x})["logits"], atol=1e-5)
+
+        async with anyio.create_task_group() as tg:
+            for k in range(32):
+                tg.start_soon(caller, k)
+        runs = runner.replica_states()[0].runs - before
+        assert runs <= 320 // 4  # 320 requests, in batches of 4 rows or more on average
