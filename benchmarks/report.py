@@ -341,7 +341,8 @@ def render(
             "",
             f"`benchmarks/http_throughput.py`: {http.get('model')}; single-sample v2 requests "
             f"from one load generator ({http.get('client_processes')} process), C keep-alive "
-            f"clients, {http.get('seconds')} s per point; every answer checked against "
+            "clients sending prebuilt HTTP/1.1 requests on raw asyncio streams, one at a time, "
+            f"{http.get('seconds')} s per point; every answer checked against "
             "onnxruntime (errors = wrong or failed answers).",
             "",
         ]
