@@ -113,7 +113,9 @@ class Queue(Actor[QueueMessage]):
         #: wait of a batch's first request. One batch size: the seed's fixed-batch rules.
         self._eager = len(self.layout.buckets) > 1
         self._idle_flush_due = False
-        #: The replica's session, when it can run a batch in place (see :attr:`run_now`).
+        #: Set by the replica's session while it serves: given a batch sealed for an idle
+        #: device, it runs and answers it in place and returns True, or returns False (the
+        #: batch then goes to ``ready`` as any other).
         self.run_now: Callable[[Batch], bool] | None = None
         self._direct = False  # the batch being sealed may be run in place
         self._direct_batch: Batch | None = None
