@@ -317,7 +317,7 @@ class ModelRunner:
 
         Must be called on the runner's event loop. Raises at once (no awaitable) for the
         errors ``execute`` documents as input errors, a full queue or a stopped runner. A lone
-        request on an idle replica whose run is shorter than a thread hop is run before this
+        request on an idle replica whose run is shorter than a few thread hops is run before this
         returns (the awaitable is done).
         """
         if not self._accepting:

@@ -319,8 +319,9 @@ class Device(DeferringActor[DeviceMessage]):
 
     def runs_inline(self, batches: Sequence[Mapping[str, np.ndarray]]) -> bool:
         """Whether a plain main run of ``batches`` (no probe, no output buffers) would run
-        here, on the loop, if asked now: the device is idle, the run is one row and shorter
-        than a thread hop, and no fault plan is in force."""
+        here, on the loop, if asked now: the device is idle, the run is one row and measured
+        shorter than the inline limit (:data:`INLINE_BELOW`, :data:`INLINE_HOPS`), and no
+        fault plan is in force."""
         return (
             not self._jobs
             and self._faults is None

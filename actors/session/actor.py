@@ -12,7 +12,7 @@ ready), submit them with :meth:`Device.run_main_nowait` and hand the outcome to
 :meth:`Queue.answer_nowait`; one timer watches the execution deadlines of the runs on the
 device instead of a cancel scope per run. Per batch that is one cross-thread wake-up (the
 device's delivery) and one task step. A batch sealed for an idle replica whose run the device
-does inline on the loop (one row, shorter than a thread hop) is run in place, in the task that
+does inline on the loop (one row, shorter than a few thread hops) is run in place, in the task that
 sealed it (:meth:`SessionActor._run_now`): no task step at all; a failure still goes through
 the batch loop.
 
