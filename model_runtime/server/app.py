@@ -40,6 +40,7 @@ from model_runtime.errors import (
     RunnerStoppedError,
     UnknownModelError,
 )
+from model_runtime.runner import ModelRunner
 from model_runtime.server.access import RateLimitedLog, access_middleware
 from model_runtime.server.admission import DEFAULT_QUEUE_DELAY, AdmissionControl
 from model_runtime.server.codec import (
@@ -192,9 +193,11 @@ class InferenceServer:
             middlewares=[self.admission.middleware, access, self._middleware],
         )
         g, p = "GET", "POST"
-        model = "/v2/models/{name}"
-        versioned = "/v2/models/{name}/versions/{version}"
-        routes: list[tuple[str, str, Handler]] = [
+        bases = ("/v2/models/{name}", "/v2/models/{name}/versions/{version}")
+        # Infer first: aiohttp tries the routes under one prefix in the order they were added
+        # (a regular expression each), and the hot path should not wait behind the others.
+        routes: list[tuple[str, str, Handler]] = [(p, f"{b}/infer", self.infer) for b in bases]
+        routes += [
             (g, "/v2", self.server_metadata),
             (g, "/v2/health/live", self.live),
             (g, "/v2/health/ready", self.ready),
@@ -207,12 +210,11 @@ class InferenceServer:
         for ext in ("systemsharedmemory", "cudasharedmemory"):
             # Triton's shared memory extensions: each call refused with a message that says so.
             routes += [(m, f"/v2/{ext}{{tail:(/.*)?}}", self.shared_memory) for m in (g, p)]
-        for base in (model, versioned):
+        for base in bases:
             routes += [
                 (g, base, self.model_metadata),
                 (g, f"{base}/ready", self.model_ready),
                 (g, f"{base}/config", self.model_config),
-                (p, f"{base}/infer", self.infer),
                 (g, f"{base}/stats", self.stats),
             ]
         for method, path, handler in routes:
@@ -433,12 +435,14 @@ class InferenceServer:
         priority = settings.priority(
             parsed.priority, opts.priority_levels, opts.default_priority_level
         )
-        # The runner enforces the deadline (it drops a request whose deadline passed before it
-        # reaches a device); the timeout around it is the backstop for the answer.
-        async with asyncio.timeout(timeout):
-            results: dict[str, Any] = await runner.execute(
-                parsed.inputs, timeout=timeout, priority=priority
-            )
+        pending = runner.execute(parsed.inputs, timeout=timeout, priority=priority)
+        if timeout is None or isinstance(getattr(runner, "current", runner), ModelRunner):
+            # A ModelRunner enforces the deadline itself: its own timer fails the request (and
+            # drops it before it reaches a device once passed), so no second timer here.
+            results: dict[str, Any] = await pending
+            return results
+        async with asyncio.timeout(timeout):  # a runner of another make: the server's timer
+            results = await pending
         return results
 
     async def _read_body(self, request: web.Request) -> bytearray:

@@ -227,20 +227,22 @@ class _Connection(asyncio.Protocol):
                 self._refuse_http2()
                 return
             self._sniff, data = None, seen
+        plain = None  # data's plain head, once read here
         if self._guard.head_admission is not None:
             framer = self._framer
             while data.startswith(b"POST /") and framer.at_boundary and self._quiet():
-                taken = self._refuse_early(data)
+                plain = plain_head(data, self._guard.early_max_body)
+                taken = self._refuse_early(data, plain)
                 if not taken:
                     break
-                data = data[taken:]
+                data, plain = data[taken:], None
             if not data:
                 return
         if self._fresh:  # the first byte of a head (a whole one refused above needs no timer)
             self._head_begins()
         self._guard.idle.pop(self, None)  # the next request: not idle any more
         framer = self._framer
-        framer.feed(data)
+        framer.feed(data, plain)
         # A head begun (not the rest of a body its answer did not wait for) must be complete
         # within the header timeout.
         if not self._busy and self._deadline == _NEVER and (framer.lost or framer.mid_head):
@@ -386,12 +388,12 @@ class _Connection(asyncio.Protocol):
             and not self._transport.get_write_buffer_size()
         )
 
-    def _refuse_early(self, data: bytes) -> int:
-        """Decide on ``data``'s head if it opens with a plain one. Refused: answer it and return
-        the bytes it takes (head and the body present; the rest of the body is skipped as it
-        comes). Else 0: for aiohttp, with the admission it was given (if any) kept for it."""
+    def _refuse_early(self, data: bytes, head: tuple[bytes, int, int] | None) -> int:
+        """Decide on ``data``'s head if it opens with a plain one (``head``: what
+        :func:`plain_head` said of it). Refused: answer it and return the bytes it takes (head
+        and the body present; the rest of the body is skipped as it comes). Else 0: for
+        aiohttp, with the admission it was given (if any) kept for it."""
         guard = self._guard
-        head = plain_head(data, guard.early_max_body)
         assert guard.head_admission is not None
         self._withdraw()  # an earlier head's that never reached the app (aiohttp refused it)
         if head is None:

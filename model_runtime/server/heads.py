@@ -111,13 +111,16 @@ class Framer:
         blank line), with the framing known."""
         return not self.lost and bool(self._head)
 
-    def feed(self, data: bytes) -> None:
-        """Follow ``data``, the next bytes of the stream.
+    def feed(self, data: bytes, plain: tuple[bytes, int, int] | None = None) -> None:
+        """Follow ``data``, the next bytes of the stream; ``plain``: what :func:`plain_head`
+        said of ``data`` (given at a boundary: the head is not read again).
 
         Raises:
             nothing: bytes it cannot frame set :attr:`lost`.
         """
         pos, n = 0, len(data)
+        if plain is not None and self.at_boundary:
+            _, pos, self._remaining = plain
         while pos < n and not self.lost:
             if self._remaining:
                 take = min(self._remaining, n - pos)
@@ -125,7 +128,10 @@ class Framer:
                 pos += take
                 continue
             start = len(self._head)
-            head = self._head + data[pos : pos + MAX_HEAD_BYTES]
+            # Only the head's bytes are copied (not a body that came with them).
+            head_end = data.find(b"\r\n\r\n", pos, pos + MAX_HEAD_BYTES)
+            stop = pos + MAX_HEAD_BYTES if start or head_end < 0 else head_end + 4
+            head = self._head + data[pos:stop]
             end = head.find(b"\r\n\r\n", max(0, start - 3))
             if end < 0:
                 if len(head) >= MAX_HEAD_BYTES:

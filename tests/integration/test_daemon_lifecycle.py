@@ -143,6 +143,20 @@ async def test_sigterm_drains_requests_in_flight(tmp_path: Path) -> None:
         assert "runner_stopped" in events
 
 
+def test_a_request_past_its_deadline_is_answered_504_on_time(tmp_path: Path) -> None:
+    # The runner's own timer answers it (the server sets none of its own for a ModelRunner):
+    # a 504 at its 0.2 s deadline, not the slow run's answer 2 s later.
+    pixels, _ = samples()
+    with running(tmp_path, "--fault-plan", "slow:every=1:seconds=2") as d:
+        t0 = time.monotonic()
+        status, body = d.post(
+            f"/v2/models/{MODEL}/infer", infer_doc(pixels[:1], parameters={"timeout": 200_000})
+        )
+        elapsed = time.monotonic() - t0
+        assert status == 504, body
+        assert 0.2 <= elapsed < 1.5
+
+
 async def test_client_disconnect_cancels_its_request(tmp_path: Path) -> None:
     pixels, _ = samples()
     with running(tmp_path, "--fault-plan", "slow:every=1:seconds=2") as d:

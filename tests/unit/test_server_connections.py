@@ -571,8 +571,8 @@ async def test_a_next_head_begun_while_a_request_runs_gets_the_header_timeout(
         class Watched(Framer):  # tells when the connection got bytes
             __slots__ = ()
 
-            def feed(self, data: bytes) -> None:
-                super().feed(data)
+            def feed(self, data: bytes, plain: tuple[bytes, int, int] | None = None) -> None:
+                super().feed(data, plain)
                 fed.set()
 
         conn = next(iter(runner.guard.open.values()))

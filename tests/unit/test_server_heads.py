@@ -108,10 +108,12 @@ def test_the_framer_knows_each_boundary_however_the_stream_is_cut(
     stream = b"".join(messages)
     ends = {sum(len(m) for m in messages[: i + 1]) for i in range(len(messages))}
     cuts = sorted(data.draw(st.sets(st.integers(1, len(stream) - 1), max_size=6)))
-    framer = Framer()
+    framer, told = Framer(), Framer()  # told: given what plain_head read, as the guard does
     for lo, hi in zip([0, *cuts], [*cuts, len(stream)], strict=True):
         framer.feed(stream[lo:hi])
         assert framer.at_boundary == (hi in ends)
+        told.feed(stream[lo:hi], plain_head(stream[lo:hi], MAX) if told.at_boundary else None)
+        assert told.at_boundary == (hi in ends)
 
 
 @given(st.binary(max_size=400), st.binary(max_size=100))
