@@ -13,8 +13,10 @@ Inference honours the request's parameters (:mod:`model_runtime.server.parameter
 ``timeout`` (microseconds) shortens the request's deadline and reaches the runner, which drops
 the request before it reaches a device once it passed; ``priority`` (1 highest, 0 default)
 becomes ``execute(priority=...)`` through :func:`~model_runtime.server.parameters.execute_priority`;
-anything not supported is a 400 that names it. Request and response JSON go through orjson;
-bodies over 1 MiB are decoded and encoded off the event loop. Every request is logged once
+anything not supported is a 400 that names it. Request JSON goes through simdjson, numeric
+tensor data straight into arrays (:mod:`model_runtime.server.jsontape`; orjson for what it
+does not read), response JSON through orjson; bodies over 1 MiB are decoded and encoded off the
+event loop. Every request is logged once
 (:mod:`model_runtime.server.access`).
 """
 

@@ -7,9 +7,11 @@ each input carried in binary says its size in ``parameters.binary_data_size``, i
 The decoder treats every declared number as a claim to check, never as a size to allocate: a
 shape's element count is computed with Python integers and compared with the elements (JSON)
 or bytes (binary) actually present before any array exists. Binary inputs become zero-copy
-views of the request body. JSON is parsed by orjson; big ``data`` arrays are converted from
-their text slice by slice, never as one list of Python numbers (:mod:`.jsonnumbers`), so
-decoding costs about the body plus the tensors. Every parameter is honoured or refused
+views of the request body. JSON up to 1 MiB is parsed by simdjson, numeric ``data`` arrays
+copied from its tape as buffers (:mod:`.jsontape`); what it does not read, and bigger JSON, by
+orjson, big ``data`` arrays converted from their text slice by slice, never as one list of
+Python numbers (:mod:`.jsonnumbers`). Either way the same requests decode to the same arrays,
+and decoding costs about the body plus the tensors. Every parameter is honoured or refused
 (:mod:`.parameters`). Everything wrong with a request raises :class:`ProtocolError` (HTTP 400)
 with a message that names the tensor and the defect.
 
@@ -34,6 +36,7 @@ import numpy as np
 import orjson
 
 from model_runtime.errors import InputValidationError
+from model_runtime.server import jsontape
 from model_runtime.server.classification import bytes_to_binary, classify
 from model_runtime.server.datatypes import BYTES, DATATYPES
 from model_runtime.server.jsonnumbers import (
@@ -306,9 +309,15 @@ def parse_infer_request(
             :mod:`model_runtime.server.parameters`).
     """
     end = _header_end(body, header_length)
-    skeleton, spans = cut_number_arrays(body, 0, end)
     binary = memoryview(body)[end:]
     whole = header_length is None
+    fast = jsontape.load(body if whole else bytes(body[:end]))
+    if fast is not None:
+        try:
+            return _decode(fast, body, [], binary, inputs, outputs, model, exact=False)
+        except Retry:
+            pass  # the plain decoder's checks decide: decoded again below
+    skeleton, spans = cut_number_arrays(body, 0, end)
     try:
         doc = _load_json(skeleton, whole, exact=False)
         return _decode(doc, body, spans, binary, inputs, outputs, model, exact=False)
@@ -382,6 +391,8 @@ def _decode(
             offset += size
         elif "data" not in item:
             raise _fail(f"input {name!r}: no 'data' and no binary_data_size")
+        elif isinstance(item["data"], jsontape.Numbers):
+            flat = item["data"].array(datatype, count)
         elif datatype == BYTES:
             values = flatten(name, item["data"], count)
             if len(values) != count:
@@ -390,7 +401,7 @@ def _decode(
                     f"'data' has {len(values)}"
                 )
             flat = _strings(name, values)
-        elif (cut := placeholder_index(item["data"])) is not None:
+        elif (cut := placeholder_index(item["data"])) is not None and cut < len(spans):
             flat = parse_number_span(name, datatype, body, spans[cut], shape, count)
         else:
             values = flatten(name, item["data"], count)

@@ -55,6 +55,7 @@ _TAIL = re.compile(rb"[,\s]*")
 _SCAN_BYTES = 4 << 20
 _ROW_END = re.compile(rb"\]\s*,")
 _PLACEHOLDER = "\x00model-runtime:data:"
+_MARK = b"model-runtime:data:"
 
 
 class Retry(Exception):  # a signal between decoder passes, not an error
@@ -82,6 +83,8 @@ def cut_number_arrays(
     view = memoryview(buf)
     if end - start < MIN_CUT_BYTES:  # no array in it can be big enough: skip the scan
         return view[start:end], spans
+    if buf.find(_MARK, start, end) >= 0:  # a client's string that reads as a placeholder
+        return view[start:end], spans  # no cut: it stays a string ('data' must be a list)
     pos = search = start
     # A match can start at an escaped quote only in a key that ends in '\"data' (inside a
     # string every quote is escaped, and after a real closing quote comes no 'd'): a key the

@@ -7,12 +7,13 @@ import json
 import re
 import tracemalloc
 from typing import Any
+from unittest.mock import patch
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from model_runtime.server import jsonnumbers
+from model_runtime.server import jsonnumbers, jsontape
 from model_runtime.server.classification import bytes_to_binary, classify
 from model_runtime.server.codec import (
     InferRequest,
@@ -524,6 +525,20 @@ def test_data_inside_strings_is_not_cut() -> None:
     assert req.id == text.replace("\\", "") and req.inputs["x"].tolist() == [1, 2]
 
 
+@pytest.mark.parametrize("big", [False, True], ids=["small", "big"])
+def test_a_string_that_reads_as_a_cut_placeholder_is_a_string(big: bool) -> None:
+    # Was an IndexError (a 500): the decoder took the client's string for an array it had cut.
+    forged = '"\\u0000model-runtime:data:0"'
+    pixels = ",".join(["0.5"] * (4 * 2_000 if big else 8))
+    rows = 2_000 if big else 2
+    body = (
+        f'{{"inputs":[{{"name":"pixels","datatype":"FP32","shape":[{rows},4],"data":[{pixels}]}},'
+        f'{{"name":"mask","datatype":"BOOL","shape":[{rows},2],"data":{forged}}}]}}'
+    ).encode()
+    with pytest.raises(ProtocolError, match="'data' must be a list"):
+        parse_infer_request(bytearray(body), None, INPUTS, OUTPUTS)
+
+
 def test_json_outside_the_tensors_is_bounded() -> None:
     junk = "[" + ",".join(["{}"] * (3 << 20)) + "]"
     body = b'{"outputs":%s,"inputs":[]}' % junk.encode()
@@ -602,3 +617,77 @@ def test_a_load_takes_a_config_override_and_refuses_files() -> None:
         load_request_parameters(b'{"parameters": {"config": {"max_batch_size": 8}}}', "m")
     with pytest.raises(ProtocolError, match=re.escape("'file:1/model.onnx'")):
         load_request_parameters(b'{"parameters": {"file:1/model.onnx": "AAAA"}}', "m")
+
+
+# -- the simdjson path (model_runtime.server.jsontape) decodes exactly as the plain one ---------
+
+SMALL_INTS = st.integers(-300, 300).map(str)
+NUMBER_TEXT = st.one_of(
+    SMALL_INTS,
+    st.integers(-(2**70), 2**70).map(str),
+    st.floats(allow_nan=False, allow_infinity=False).map(repr),
+    st.floats(-1e6, 1e6).map(lambda f: f"{f:.3e}"),
+    st.sampled_from(["-0", "-0.0", "0", "1", "1E5", "1e400", "true", "false", "null", '"1.5"']),
+)
+# Arrays of one kind of number (what decodes) or of any mix (what mostly does not).
+DATA_TEXT = st.sampled_from([SMALL_INTS, NUMBER_TEXT]).flatmap(
+    lambda element: st.recursive(
+        st.lists(element, max_size=6).map(lambda xs: "[" + ",".join(xs) + "]"),
+        lambda rows: st.lists(rows, max_size=3).map(lambda xs: "[" + ",".join(xs) + "]"),
+        max_leaves=4,
+    )
+)
+
+
+@st.composite
+def tape_documents(draw: st.DrawFn) -> tuple[bytes, tuple[TensorSpec, ...]]:
+    """A request and the inputs of its model: one or two, of any fixed-size datatype."""
+    fields = []
+    datatypes = draw(
+        st.lists(st.sampled_from(list(DATATYPES)), min_size=1, max_size=2, unique=True)
+    )
+    for datatype in datatypes:
+        data = draw(DATA_TEXT)
+        count = data.count(",") + 1 if any(c.isalnum() for c in data) else 0
+        shape = draw(st.sampled_from([count, count + 1, max(count - 1, 0)]))
+        entry = [
+            f'"name": "x_{datatype.lower()}"',
+            f'"datatype": "{datatype}"',
+            f'"shape": [{shape}]',
+            f'"data": {data}',
+        ]
+        if draw(st.booleans()):
+            entry.append(f'"data": {draw(DATA_TEXT)}')  # a repeated key: the last counts
+        fields.append("{" + ", ".join(draw(st.permutations(entry))) + "}")
+    specs = tuple(TensorSpec(f"x_{d.lower()}", d, (-1,)) for d in datatypes)
+    return ('{"inputs": [' + ", ".join(fields) + "]}").encode(), specs
+
+
+def _outcome(body: bytes, specs: tuple[TensorSpec, ...]) -> Any:
+    try:
+        req = parse_infer_request(bytearray(body), None, specs, OUTPUTS, model="m")
+    except ProtocolError as exc:
+        return str(exc)
+    return {name: (a.dtype.str, a.shape, a.tobytes()) for name, a in req.inputs.items()}
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tape_documents())
+def test_the_tape_path_decodes_and_refuses_exactly_as_the_plain_one(
+    request: tuple[bytes, tuple[TensorSpec, ...]],
+) -> None:
+    fast = _outcome(*request)
+    with patch.object(jsontape, "load", return_value=None):
+        plain = _outcome(*request)
+    assert fast == plain
+
+
+def test_numeric_data_is_read_from_the_tape_not_as_python_numbers() -> None:
+    body = json.dumps(_doc()).encode()
+    doc = jsontape.load(body)
+    assert doc is not None
+    pixels, mask = doc["inputs"]
+    assert isinstance(pixels["data"], jsontape.Numbers)  # FP32: one buffer of doubles
+    assert mask["data"] == [True, False] * 2  # BOOL: a list, as orjson reads it
+    assert jsontape.load(b'{"inputs": [], "inputs": []}') is None  # orjson keeps the last
+    assert jsontape.load(b" " * jsontape.MAX_TAPE_BYTES + b"{}") is None

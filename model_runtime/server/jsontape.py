@@ -1,0 +1,127 @@
+"""Inference request JSON through simdjson: numeric tensor data straight into arrays.
+
+Parsed by orjson, every number of a ``"data"`` array becomes a Python object that numpy then
+reads back one at a time, and that is freed after: for a 784-float request, about 290 µs of the
+daemon's ~820 µs per request on the 2-core machine. simdjson parses the document into its tape
+and copies a numeric array out of it as one buffer of doubles (or 64-bit integers), nested rows
+flattened in row-major order, as the protocol reads them; an array that holds anything else
+(true/false, a string, null) is refused by that copy and read as a list instead.
+
+:func:`load` gives the document as Python objects, each such ``"data"`` as :class:`Numbers`; or
+None where simdjson does not parse it, or where orjson might read it differently (a key given
+twice, whose last value orjson keeps): the caller then decodes it with orjson, which accepts or
+refuses it as always. :meth:`Numbers.array` raises :class:`~model_runtime.server.jsonnumbers.Retry`
+wherever the plain decoder's checks must decide (a count that does not fit the shape, an
+integer out of range), so this path accepts exactly what the plain one does, and gives the
+same arrays: it is only faster. Bodies past :data:`MAX_TAPE_BYTES` take the plain path, whose
+memory is bounded slice by slice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+import numpy as np
+import simdjson
+
+from model_runtime.server.datatypes import DATATYPES
+from model_runtime.server.jsonnumbers import Retry
+
+__all__ = ["MAX_TAPE_BYTES", "Numbers", "load"]
+
+#: The largest JSON read here (the tape takes about 8 bytes per number, the copy 8 more).
+MAX_TAPE_BYTES = 1 << 20
+
+# The buffer each numeric datatype is read into: doubles for floats (what orjson's floats are),
+# 64-bit integers (signed or not) for integers, then checked against the datatype's range.
+_OF_KIND: dict[str, tuple[Literal["d", "i", "u"], np.dtype[Any]]] = {
+    "f": ("d", np.dtype(np.float64)),
+    "i": ("i", np.dtype(np.int64)),
+    "u": ("u", np.dtype(np.uint64)),
+}
+_BUFFER = {name: _OF_KIND[t.kind] for name, t in DATATYPES.items() if t.kind in _OF_KIND}
+_NOT_PARSED = (ValueError, TypeError, RuntimeError, UnicodeDecodeError)
+
+
+class Numbers:
+    """A ``"data"`` array read as one flat buffer (float64, int64 or uint64)."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: np.ndarray) -> None:
+        self.values = values
+
+    def array(self, datatype: str, count: int) -> np.ndarray:
+        """The values as ``count`` elements of ``datatype`` (the one they were read for).
+
+        Raises:
+            Retry: not ``count`` values, or one out of the datatype's range: the plain decoder
+                says what is wrong.
+        """
+        values = self.values
+        if values.size != count:
+            raise Retry
+        dtype = DATATYPES[datatype]
+        if dtype.kind in "iu" and values.size and dtype.itemsize < 8:
+            info = np.iinfo(dtype)
+            if values.min() < info.min or values.max() > info.max:
+                raise Retry
+        return values.astype(dtype, copy=False)
+
+
+def load(text: bytes | bytearray) -> dict[str, Any] | None:
+    """The JSON object ``text`` as Python objects, numeric input data as :class:`Numbers`;
+    None where the plain decoder must read it (see the module docstring)."""
+    if len(text) > MAX_TAPE_BYTES:
+        return None
+    try:
+        doc = simdjson.Parser().parse(text)  # a parser per document: its proxies pin it
+        if not isinstance(doc, simdjson.Object):
+            return None
+        return _object(doc, _top)
+    except _NOT_PARSED:
+        return None
+
+
+class _Repeated(ValueError):
+    """A key given twice: simdjson's lookup finds its first value, orjson keeps the last."""
+
+
+def _object(obj: simdjson.Object, field: Callable[[str, Any], Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in obj:  # every key, a repeated one again
+        if key in out:
+            raise _Repeated(key)
+        out[key] = field(key, obj[key])
+    return out
+
+
+def _top(key: str, value: Any) -> Any:
+    if key == "inputs" and isinstance(value, simdjson.Array):
+        return [_input(v) if isinstance(v, simdjson.Object) else _plain(v) for v in value]
+    return _plain(value)
+
+
+def _input(item: simdjson.Object) -> dict[str, Any]:
+    datatype = item.get("datatype")
+    buffer = _BUFFER.get(datatype) if isinstance(datatype, str) else None
+
+    def field(key: str, value: Any) -> Any:
+        if key == "data" and buffer is not None and isinstance(value, simdjson.Array):
+            of_type, dtype = buffer
+            try:
+                return Numbers(np.frombuffer(value.as_buffer(of_type=of_type), dtype))
+            except (TypeError, ValueError):  # true/false, strings, null, out of 64 bits
+                pass
+        return _plain(value)
+
+    return _object(item, field)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, simdjson.Object):
+        return value.as_dict()
+    if isinstance(value, simdjson.Array):
+        return value.as_list()
+    return value
