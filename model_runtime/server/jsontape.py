@@ -41,6 +41,8 @@ _OF_KIND: dict[str, tuple[Literal["d", "i", "u"], np.dtype[Any]]] = {
     "u": ("u", np.dtype(np.uint64)),
 }
 _BUFFER = {name: _OF_KIND[t.kind] for name, t in DATATYPES.items() if t.kind in _OF_KIND}
+#: Integers up to this are doubles exactly.
+_EXACT = float(2**53)
 _NOT_PARSED = (ValueError, TypeError, RuntimeError, UnicodeDecodeError)
 
 
@@ -57,15 +59,21 @@ class Numbers:
 
         Raises:
             Retry: not ``count`` values, or one out of the datatype's range: the plain decoder
-                says what is wrong.
+                says what is wrong; or, for FP32 and FP16, one past 2**53: a JSON integer that
+                large rounds to a double here first, and the plain decoder may round it to the
+                datatype straight (when all the data are integers), to another neighbour.
         """
         values = self.values
         if values.size != count:
             raise Retry
         dtype = DATATYPES[datatype]
-        if dtype.kind in "iu" and values.size and dtype.itemsize < 8:
-            info = np.iinfo(dtype)
-            if values.min() < info.min or values.max() > info.max:
+        if values.size and dtype.itemsize < 8:
+            if dtype.kind == "f":
+                low, high = -_EXACT, _EXACT
+            else:
+                info = np.iinfo(dtype)
+                low, high = info.min, info.max
+            if values.min() < low or values.max() > high:
                 raise Retry
         return values.astype(dtype, copy=False)
 

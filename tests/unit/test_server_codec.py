@@ -622,15 +622,21 @@ def test_a_load_takes_a_config_override_and_refuses_files() -> None:
 # -- the simdjson path (model_runtime.server.jsontape) decodes exactly as the plain one ---------
 
 SMALL_INTS = st.integers(-300, 300).map(str)
+# Past 2**53 a double is not exact: 2**60 + 2**36 + 1 is another float32 by way of a double.
+BIG_INTS = st.one_of(
+    st.integers(2**53, 2**63),
+    st.sampled_from([2**60 + 2**36 + 1, -(2**60) - 2**36 - 1, 2**53 + 1]),
+).map(str)
 NUMBER_TEXT = st.one_of(
     SMALL_INTS,
+    BIG_INTS,
     st.integers(-(2**70), 2**70).map(str),
     st.floats(allow_nan=False, allow_infinity=False).map(repr),
     st.floats(-1e6, 1e6).map(lambda f: f"{f:.3e}"),
     st.sampled_from(["-0", "-0.0", "0", "1", "1E5", "1e400", "true", "false", "null", '"1.5"']),
 )
 # Arrays of one kind of number (what decodes) or of any mix (what mostly does not).
-DATA_TEXT = st.sampled_from([SMALL_INTS, NUMBER_TEXT]).flatmap(
+DATA_TEXT = st.sampled_from([SMALL_INTS, BIG_INTS, NUMBER_TEXT]).flatmap(
     lambda element: st.recursive(
         st.lists(element, max_size=6).map(lambda xs: "[" + ",".join(xs) + "]"),
         lambda rows: st.lists(rows, max_size=3).map(lambda xs: "[" + ",".join(xs) + "]"),
@@ -680,6 +686,17 @@ def test_the_tape_path_decodes_and_refuses_exactly_as_the_plain_one(
     with patch.object(jsontape, "load", return_value=None):
         plain = _outcome(*request)
     assert fast == plain
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "FP16"])
+def test_integers_past_2_53_round_to_the_datatype_as_the_plain_path_does(datatype: str) -> None:
+    # Through a double first, 2**60 + 2**36 + 1 would round to another float32 neighbour.
+    n = 2**60 + 2**36 + 1
+    doc = {"inputs": [{"name": "x", "datatype": datatype, "shape": [3], "data": [n, -n, 1]}]}
+    specs = (TensorSpec("x", datatype, (-1,)),)
+    fast = _outcome(json.dumps(doc).encode(), specs)
+    with patch.object(jsontape, "load", return_value=None):
+        assert fast == _outcome(json.dumps(doc).encode(), specs)
 
 
 def test_numeric_data_is_read_from_the_tape_not_as_python_numbers() -> None:
