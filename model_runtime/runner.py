@@ -129,6 +129,9 @@ class ModelRunner:
         #: validated input signatures: ((name, dtype, shape), ...) -> samples
         #: (for one input, just its (name, dtype, shape))
         self._signatures: dict[tuple[Any, ...], int] = {}
+        #: the last one-array signature looked up: (name, dtype, shape, samples); a request
+        #: like the one before costs comparisons, not hashing a dtype
+        self._last_one: tuple[Any, ...] = (None, None, None, 0)
         self._strings = False  # string inputs: every request's elements are checked
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -377,7 +380,7 @@ class ModelRunner:
         )
         # The queue's own Enqueue handler, called in place: same loop, same code, one event-loop
         # iteration less per request than a mailbox hop (measured ~7 µs of ~15 µs).
-        queue.enqueue_nowait(request)
+        queue.enqueue_nowait(request, now)
         if timeout is None:
             if waiting:
                 return future
@@ -391,9 +394,13 @@ class ModelRunner:
         if type(inputs) is dict and len(inputs) == 1:  # the common case, without a list
             for name, value in inputs.items():
                 if type(value) is np.ndarray:
+                    last = self._last_one
+                    if value.dtype is last[1] and name == last[0] and value.shape == last[2]:
+                        return {name: value}, last[3]
                     one = (name, value.dtype, value.shape)
                     samples = self._signatures.get(one)
                     if samples is not None:
+                        self._last_one = (*one, samples)
                         return {name: value}, samples
         key: list[tuple[str, Any, tuple[int, ...]]] | None = None
         if type(inputs) is dict:

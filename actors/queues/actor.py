@@ -154,9 +154,10 @@ class Queue(Actor[QueueMessage]):
         """Requests enqueued and not answered yet."""
         return self._inflight
 
-    def enqueue_nowait(self, request: Request) -> None:
+    def enqueue_nowait(self, request: Request, now: float | None = None) -> None:
         """Queue ``request`` at once, as handling ``Enqueue(request)`` would, without the
-        mailbox's hop through the event loop (a caller on the queue's own event loop only).
+        mailbox's hop through the event loop (a caller on the queue's own event loop only);
+        ``now``: the queue clock's time, if the caller has just read it.
 
         Safe because every change to the queue's state happens without awaiting; the only
         difference from ``tell(Enqueue(...))`` is that it overtakes messages still in the
@@ -166,7 +167,7 @@ class Queue(Actor[QueueMessage]):
             if not request.future.done():
                 request.future.set_exception(RunnerStoppedError(f"queue {self.name} stopped"))
             return
-        self._enqueue(request)
+        self._enqueue(request, now)
 
     def evacuate(self) -> list[Request]:
         """Give up every unanswered request and forget it; the queue takes no more.
@@ -356,7 +357,7 @@ class Queue(Actor[QueueMessage]):
 
     # -- the hot path --------------------------------------------------------------------------
 
-    def _enqueue(self, req: Request) -> None:
+    def _enqueue(self, req: Request, now: float | None = None) -> None:
         fut = req.future
         if fut.done():
             return
@@ -367,7 +368,7 @@ class Queue(Actor[QueueMessage]):
         req._open = True
         self._pending_samples += n
         self._inflight += 1
-        now = self._last_arrival = self._now()
+        now = self._last_arrival = self._now() if now is None else now
         before = self._pending_rows
         after = self._pending_rows = before + n
         self._rows_in += n
