@@ -49,6 +49,7 @@ __all__ = ["ReplicaSet"]
 #: Seconds over which a replica's restarts count toward its supervisor's intensity; progress
 #: (a successful batch) forgives them earlier.
 _RESTART_PERIOD = 60.0
+_READY = ReplicaStatus.READY  # read per request: a module global, not an enum lookup
 
 log = structlog.get_logger(__name__)
 
@@ -256,9 +257,10 @@ class ReplicaSet:
 
     # -- who takes a request ---------------------------------------------------------------
 
-    def pick(self, replica_id: int | None, avoid: int = 0) -> int:
+    def pick(self, replica_id: int | None, avoid: int = 0, now: float | None = None) -> int:
         """The replica for a request: ``replica_id``, or the least-loaded READY one not in the
-        bitmask ``avoid`` (replicas that failed the request already).
+        bitmask ``avoid`` (replicas that failed the request already); ``now``: the clock's
+        time, if the caller has just read it.
 
         When every replica in service is busy (all its batch buffers in use, so nothing it is
         given now runs before one of its batches ends), the one picked keeps taking requests
@@ -276,8 +278,8 @@ class ReplicaSet:
                 state = states[r]
                 if (
                     self.queues[r].filling
-                    and state.status is ReplicaStatus.READY
-                    and self._clock.monotonic() < state.hung_after
+                    and state.status is _READY
+                    and (self._clock.monotonic() if now is None else now) < state.hung_after
                 ):
                     return r
                 self._filling = -1
@@ -286,7 +288,7 @@ class ReplicaSet:
             if not 0 <= replica_id < n:
                 raise InputValidationError(f"replica_id {replica_id} is out of range [0, {n})")
             return replica_id
-        ready = ReplicaStatus.READY
+        ready = _READY
         if n == 1 and states[0].status is ready and not avoid:
             return 0
         # Least loaded ready replica; ties go round-robin from after the last one picked.
@@ -294,7 +296,8 @@ class ReplicaSet:
         best_load = math.inf
         queues = self.queues
         start = self._next
-        now = self._clock.monotonic()
+        if now is None:
+            now = self._clock.monotonic()
         busy = True
         for i in range(n):
             r = start + i

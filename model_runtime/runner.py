@@ -361,7 +361,7 @@ class ModelRunner:
                 f"model {self._executable.metadata.model_name!r}: the queue would take "
                 f"{backlog:.3g} s to serve, past the latency budget of {budget:g} s; retry later"
             )
-        queue = replicas.queues[replicas.pick(replica_id)]
+        queue = replicas.queues[replicas.pick(replica_id, 0, now)]
         assert self._loop is not None
         future: asyncio.Future[dict[str, np.ndarray]] = self._loop.create_future()
         # Positional: a third of the cost of keywords on this per-request path. The fields:
