@@ -163,11 +163,59 @@ class Queue(Actor[QueueMessage]):
         difference from ``tell(Enqueue(...))`` is that it overtakes messages still in the
         mailbox. Never raises: refusals go to ``request.future``.
         """
-        if not self._running:
-            if not request.future.done():
-                request.future.set_exception(RunnerStoppedError(f"queue {self.name} stopped"))
+        req, fut = request, request.future
+        if fut.done():
             return
-        self._enqueue(request, now)
+        if self._draining or not self._running:
+            reason = "is draining" if self._running else "stopped"
+            fut.set_exception(RunnerStoppedError(f"queue {self.name} {reason}"))
+            return
+        n = req.samples
+        req._open = True
+        self._pending_samples += n
+        self._inflight += 1
+        now = self._last_arrival = self._now() if now is None else now
+        before = self._pending_rows
+        after = self._pending_rows = before + n
+        self._rows_in += n
+        pending = self._pending
+        if not pending or pending[-1].priority >= req.priority:
+            pending.append(req)  # the common case: one level, FIFO
+        else:
+            self._insert_by_priority(req)
+        if after >= self._capacity:
+            if len(self._outstanding) < self._max_outstanding:
+                self._pump()
+            return
+        if self._eager and not self._outstanding:
+            if self._idle_flush_due:  # scheduled this loop iteration: it takes these rows
+                if before == 0:
+                    self._open_since = now
+                return
+            # An idle device: this request runs now, at its bucket; in place when the
+            # session can (what waits is less than a batch: one batch is sealed), once per
+            # loop iteration: callers that run in this iteration after an answer given in
+            # place are not alone (they would each run alone, in place, never batched).
+            self._direct = self.run_now is not None and not self._ran_now
+            self._flush()
+            self._direct = False
+            batch, self._direct_batch = self._direct_batch, None
+            if batch is not None:
+                run_now = self.run_now
+                if run_now is not None and run_now(batch):
+                    self._ran_now = True
+                    asyncio.get_running_loop().call_soon(self._next_turn)
+                else:
+                    self._emit(batch)
+            return
+        b = self.layout.B
+        if before == 0:
+            self._open_since = now
+        if before < b <= after:
+            self._iter_full_since = now
+        elif before:
+            return
+        self._kick()
 
     def evacuate(self) -> list[Request]:
         """Give up every unanswered request and forget it; the queue takes no more.
@@ -277,7 +325,7 @@ class Queue(Actor[QueueMessage]):
         """
         match message:
             case Enqueue(request):
-                self._enqueue(request)
+                self.enqueue_nowait(request)
             case Complete() | Settle() | Fail():
                 self._answer(message)
             case Flush():
@@ -356,60 +404,6 @@ class Queue(Actor[QueueMessage]):
         return answered
 
     # -- the hot path --------------------------------------------------------------------------
-
-    def _enqueue(self, req: Request, now: float | None = None) -> None:
-        fut = req.future
-        if fut.done():
-            return
-        if self._draining:
-            fut.set_exception(RunnerStoppedError(f"queue {self.name} is draining"))
-            return
-        n = req.samples
-        req._open = True
-        self._pending_samples += n
-        self._inflight += 1
-        now = self._last_arrival = self._now() if now is None else now
-        before = self._pending_rows
-        after = self._pending_rows = before + n
-        self._rows_in += n
-        pending = self._pending
-        if not pending or pending[-1].priority >= req.priority:
-            pending.append(req)  # the common case: one level, FIFO
-        else:
-            self._insert_by_priority(req)
-        if after >= self._capacity:
-            if len(self._outstanding) < self._max_outstanding:
-                self._pump()
-            return
-        if self._eager and not self._outstanding:
-            if self._idle_flush_due:  # scheduled this loop iteration: it takes these rows
-                if before == 0:
-                    self._open_since = now
-                return
-            # An idle device: this request runs now, at its bucket; in place when the
-            # session can (what waits is less than a batch: one batch is sealed), once per
-            # loop iteration: callers that run in this iteration after an answer given in
-            # place are not alone (they would each run alone, in place, never batched).
-            self._direct = self.run_now is not None and not self._ran_now
-            self._flush()
-            self._direct = False
-            batch, self._direct_batch = self._direct_batch, None
-            if batch is not None:
-                run_now = self.run_now
-                if run_now is not None and run_now(batch):
-                    self._ran_now = True
-                    asyncio.get_running_loop().call_soon(self._next_turn)
-                else:
-                    self._emit(batch)
-            return
-        b = self.layout.B
-        if before == 0:
-            self._open_since = now
-        if before < b <= after:
-            self._iter_full_since = now
-        elif before:
-            return
-        self._kick()
 
     def _next_turn(self) -> None:
         self._ran_now = False
@@ -547,7 +541,7 @@ class Queue(Actor[QueueMessage]):
 
     def _emit(self, batch: Batch) -> None:
         self._outstanding[batch.id] = batch
-        if self._direct:  # _enqueue offers it to the session once the queue is done
+        if self._direct:  # enqueue_nowait offers it to the session once the queue is done
             self._direct = False
             self._direct_batch = batch
             return
