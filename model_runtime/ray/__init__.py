@@ -16,6 +16,7 @@ from model_runtime.ray.launch import (
     APP_NAME,
     DEPLOYMENT_NAME,
     build_application,
+    http_options,
     serve_main,
     serve_on_ray,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "DEPLOYMENT_NAME",
     "RuntimeReplica",
     "build_application",
+    "http_options",
     "replica_devices",
     "serve_main",
     "serve_on_ray",

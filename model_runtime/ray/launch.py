@@ -31,7 +31,15 @@ from model_runtime.ray.deployment import RuntimeReplica
 from model_runtime.server.daemon import configure_logging
 from model_runtime.server.options import DaemonOptions, options_from_args
 
-__all__ = ["APP_NAME", "DEPLOYMENT_NAME", "build_application", "serve_main", "serve_on_ray"]
+__all__ = [
+    "APP_NAME",
+    "DEPLOYMENT_NAME",
+    "PROXY_TIMEOUT_MARGIN",
+    "build_application",
+    "http_options",
+    "serve_main",
+    "serve_on_ray",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -41,6 +49,8 @@ DEPLOYMENT_NAME = "ModelRuntime"
 #: our queues batch many small callers, and admission control refuses past the latency budget.
 MAX_ONGOING_REQUESTS = 512
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
+#: Seconds the proxies wait past the request timeout before they answer 408 themselves.
+PROXY_TIMEOUT_MARGIN = 1.0
 
 
 def build_application(
@@ -99,7 +109,7 @@ def serve_on_ray(
     local = _init_ray(address, opts.host)
     stop = stop or _signal_event()
     try:
-        serve.start(http_options={"host": opts.host, "port": opts.port})
+        serve.start(http_options=http_options(opts))
         serve.run(app, name=APP_NAME, route_prefix="/")
         url = f"http://{opts.host}:{opts.port}/v2"
         log.info(
@@ -118,6 +128,17 @@ def serve_on_ray(
             serve.shutdown()  # type: ignore[no-untyped-call]
             ray.shutdown()
     return 0
+
+
+def http_options(opts: DaemonOptions) -> dict[str, Any]:
+    """Serve's HTTP options for ``opts``: its address, and its request timeout as the proxies'
+    end-to-end bound (plus :data:`PROXY_TIMEOUT_MARGIN`, so a replica that answers its own
+    504 is heard first). Without it a request routed to a replica whose node just died waits
+    until Ray declares the node dead; with it the proxy answers 408 by then."""
+    options: dict[str, Any] = {"host": opts.host, "port": opts.port}
+    if opts.request_timeout is not None:
+        options["request_timeout_s"] = opts.request_timeout + PROXY_TIMEOUT_MARGIN
+    return options
 
 
 def _init_ray(address: str, host: str) -> bool:

@@ -38,7 +38,7 @@ from tritonclient.utils import InferenceServerException
 
 from model_runtime.demo import DEMO_MODEL_NAME, DEMO_ONNX_PATH, load_demo_samples
 from model_runtime.errors import InputValidationError, UnknownModelError
-from model_runtime.ray import APP_NAME, DEPLOYMENT_NAME, build_application
+from model_runtime.ray import APP_NAME, DEPLOYMENT_NAME, build_application, http_options
 from model_runtime.server.options import DaemonOptions
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
@@ -47,6 +47,7 @@ MODEL = DEMO_MODEL_NAME
 ATOL = 1e-4
 NODE = {"node_ip_address": "127.0.0.1", "object_store_memory": 100 * 1024 * 1024}
 READY_TIMEOUT = 60.0
+REQUEST_TIMEOUT = 6.0
 
 
 @dataclass
@@ -93,10 +94,17 @@ def ray_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayServe]:
             include_dashboard=False,
             log_to_driver=False,
         )
-        serve.start(http_options={"host": "127.0.0.1", "port": rs.port})
+        # A request timeout under the clients' 10 s: a request that lost its replica with
+        # its node is answered (408 from the proxy) before the client gives up on it.
         opts = DaemonOptions(
-            models=[f"{MODEL}={DEMO_ONNX_PATH}"], executable_cache=Path(cache), grace_period=5.0
+            host="127.0.0.1",
+            port=rs.port,
+            models=[f"{MODEL}={DEMO_ONNX_PATH}"],
+            executable_cache=Path(cache),
+            grace_period=5.0,
+            request_timeout=REQUEST_TIMEOUT,
         )
+        serve.start(http_options=http_options(opts))
         app = build_application(opts, replicas=2, max_replicas_per_node=1)
         serve.run(app, name=APP_NAME, route_prefix="/")
         yield rs
@@ -226,13 +234,15 @@ def test_losing_a_node_under_load(ray_serve: RayServe) -> None:
             replicas[replica] += 1
         slowest = max(slowest, time.monotonic() - t0)
     remover.join()
-    # Both replicas served the load; every request got an answer or a typed error (a 5xx, or
-    # the connection to the lost node's proxy reset), none waited out its 10 s deadline.
+    # Both replicas served the load; every request got an answer or a typed error (a 5xx, a
+    # 408 past the request timeout, or the connection to the lost node's proxy reset), none
+    # waited out the client's 10 s.
     assert doomed & set(replicas), (doomed, replicas, outcomes)
     assert outcomes["ok"] > 0, outcomes
     assert slowest < 10.0, (slowest, outcomes)
-    # A 5xx from Serve (500, 502, 503, 504), or the connection reset, refused or aborted.
-    typed = {f"http {code}" for code in (500, 502, 503, 504)} | {"ok", "connection lost"}
+    # A 5xx from Serve (500, 502, 503, 504), the proxy's 408 past the request timeout (a
+    # request that went to the lost node's replica), or the connection reset, refused or aborted.
+    typed = {f"http {code}" for code in (408, 500, 502, 503, 504)} | {"ok", "connection lost"}
     assert set(outcomes) <= typed, outcomes
 
     # Later requests: every one answered, by the replica that is left.
