@@ -43,7 +43,7 @@ _OF_KIND: dict[str, tuple[Literal["d", "i", "u"], np.dtype[Any]]] = {
 _BUFFER = {name: _OF_KIND[t.kind] for name, t in DATATYPES.items() if t.kind in _OF_KIND}
 #: Integers up to this are doubles exactly.
 _EXACT = float(2**53)
-_NOT_PARSED = (ValueError, TypeError, RuntimeError, UnicodeDecodeError)
+_NOT_PARSED = (ValueError, TypeError, RuntimeError, UnicodeDecodeError, KeyError)
 
 
 class Numbers:
@@ -92,15 +92,16 @@ def load(text: bytes | bytearray) -> dict[str, Any] | None:
         return None
 
 
-class _Repeated(ValueError):
-    """A key given twice: simdjson's lookup finds its first value, orjson keeps the last."""
+class _Misread(ValueError):
+    """A key simdjson's lookup would misread: given twice (it finds the first value, orjson
+    keeps the last), or holding a NUL (it looks up what comes before it)."""
 
 
 def _object(obj: simdjson.Object, field: Callable[[str, Any], Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in obj:  # every key, a repeated one again
-        if key in out:
-            raise _Repeated(key)
+        if key in out or "\x00" in key:
+            raise _Misread(key)
         out[key] = field(key, obj[key])
     return out
 
