@@ -690,6 +690,21 @@ def test_the_tape_path_decodes_and_refuses_exactly_as_the_plain_one(
     assert fast == plain
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    inputs=st.lists(INPUT_ENTRY, max_size=3) | JSON_VALUES,
+    extra=st.dictionaries(st.text(max_size=8), JSON_VALUES, max_size=3),
+    ascii_only=st.booleans(),
+)
+def test_any_request_decodes_the_same_through_the_tape(
+    inputs: Any, extra: dict[str, Any], ascii_only: bool
+) -> None:
+    body = json.dumps({"inputs": inputs, **extra}, ensure_ascii=ascii_only).encode()
+    fast = _outcome(body, INPUTS)
+    with patch.object(jsontape, "load", return_value=None):
+        assert fast == _outcome(body, INPUTS)
+
+
 @pytest.mark.parametrize("datatype", ["FP32", "FP16"])
 def test_integers_past_2_53_round_to_the_datatype_as_the_plain_path_does(datatype: str) -> None:
     # Through a double first, 2**60 + 2**36 + 1 would round to another float32 neighbour.
