@@ -40,11 +40,12 @@ from model_runtime.server import jsontape
 from model_runtime.server.classification import bytes_to_binary, classify
 from model_runtime.server.datatypes import BYTES, DATATYPES
 from model_runtime.server.jsonnumbers import (
+    NO_CUTS,
+    Cuts,
     Retry,
     cut_number_arrays,
     flatten,
     parse_number_span,
-    placeholder_index,
     values_to_array,
 )
 from model_runtime.server.parameters import (
@@ -314,22 +315,22 @@ def parse_infer_request(
     fast = jsontape.load(body if whole else bytes(body[:end]))
     if fast is not None:
         try:
-            return _decode(fast, body, [], binary, inputs, outputs, model, exact=False)
+            return _decode(fast, body, NO_CUTS, binary, inputs, outputs, model, exact=False)
         except Retry:
             pass  # the plain decoder's checks decide: decoded again below
-    skeleton, spans = cut_number_arrays(body, 0, end)
+    skeleton, cuts = cut_number_arrays(body, 0, end)
     try:
         doc = _load_json(skeleton, whole, exact=False)
-        return _decode(doc, body, spans, binary, inputs, outputs, model, exact=False)
+        return _decode(doc, body, cuts, binary, inputs, outputs, model, exact=False)
     except Retry:  # integers past 64 bits, which orjson reads as floats: read them exactly
         doc = _load_json(skeleton, whole, exact=True)
-        return _decode(doc, body, spans, binary, inputs, outputs, model, exact=True)
+        return _decode(doc, body, cuts, binary, inputs, outputs, model, exact=True)
 
 
 def _decode(
     doc: dict[str, Any],
     body: bytes | bytearray,
-    spans: list[tuple[int, int]],
+    cuts: Cuts,
     binary: memoryview,
     inputs: Sequence[TensorSpec],
     outputs: Sequence[TensorSpec],
@@ -401,8 +402,8 @@ def _decode(
                     f"'data' has {len(values)}"
                 )
             flat = _strings(name, values)
-        elif (cut := placeholder_index(item["data"])) is not None and cut < len(spans):
-            flat = parse_number_span(name, datatype, body, spans[cut], shape, count)
+        elif (cut := cuts.index(item["data"])) is not None:
+            flat = parse_number_span(name, datatype, body, cuts.spans[cut], shape, count)
         else:
             values = flatten(name, item["data"], count)
             if len(values) != count:

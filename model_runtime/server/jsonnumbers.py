@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from typing import Any
 
 import numpy as np
@@ -29,11 +30,12 @@ __all__ = [
     "CHUNK_BYTES",
     "MAX_SKELETON_BYTES",
     "MIN_CUT_BYTES",
+    "NO_CUTS",
+    "Cuts",
     "Retry",
     "cut_number_arrays",
     "flatten",
     "parse_number_span",
-    "placeholder_index",
     "values_to_array",
 ]
 
@@ -54,8 +56,7 @@ _TAIL = re.compile(rb"[,\s]*")
 #: Bytes scanned per call while looking for an array's end: the GIL is let go between calls.
 _SCAN_BYTES = 4 << 20
 _ROW_END = re.compile(rb"\]\s*,")
-_PLACEHOLDER = "\x00model-runtime:data:"
-_MARK = b"model-runtime:data:"
+_PLACEHOLDER = "\x00model-runtime:"
 
 
 class Retry(Exception):  # a signal between decoder passes, not an error
@@ -68,23 +69,48 @@ def _fail(message: str) -> InputValidationError:
     return ProtocolError(message)
 
 
+class Cuts:
+    """The arrays :func:`cut_number_arrays` cut out of one document: each one's ``(start,
+    end)`` in the body, and the mark its placeholder carries, random per document, so that
+    no string a client sends can pass for one (it stays a string: 'data' must be a list)."""
+
+    __slots__ = ("_prefix", "spans")
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[int, int]] = []
+        self._prefix = f"{_PLACEHOLDER}{secrets.token_hex(8)}:"
+
+    def placeholder(self) -> bytes:
+        """The JSON string that stands for the next span (appended by the caller)."""
+        return b'"\\u0000%s%d"' % (self._prefix[1:].encode(), len(self.spans))
+
+    def index(self, value: Any) -> int | None:
+        """The span ``value`` stands for; None if it is no placeholder of these cuts."""
+        if self.spans and isinstance(value, str) and value.startswith(self._prefix):
+            return int(value[len(self._prefix) :])
+        return None
+
+
+#: No arrays cut (a document decoded whole).
+NO_CUTS = Cuts()
+
+
 def cut_number_arrays(
     buf: bytes | bytearray, start: int, end: int
-) -> tuple[bytes | memoryview, list[tuple[int, int]]]:
+) -> tuple[bytes | memoryview, Cuts]:
     """The JSON document ``buf[start:end]`` with each big ``"data"`` array replaced by a
-    placeholder string, and the ``(start, end)`` of each cut array's text inside ``buf``
-    (without its outer brackets). Nothing to cut: the document itself (a view, no copy).
+    placeholder string, and the :class:`Cuts` (where each cut array's text lies inside ``buf``,
+    without its outer brackets). Nothing to cut: the document itself (a view, no copy).
 
     Raises:
         ProtocolError: what is left is over :data:`MAX_SKELETON_BYTES`.
     """
-    spans: list[tuple[int, int]] = []
+    cuts = Cuts()
+    spans = cuts.spans
     pieces: list[bytes | memoryview] = []
     view = memoryview(buf)
     if end - start < MIN_CUT_BYTES:  # no array in it can be big enough: skip the scan
-        return view[start:end], spans
-    if buf.find(_MARK, start, end) >= 0:  # a client's string that reads as a placeholder
-        return view[start:end], spans  # no cut: it stays a string ('data' must be a list)
+        return view[start:end], cuts
     pos = search = start
     # A match can start at an escaped quote only in a key that ends in '\"data' (inside a
     # string every quote is escaped, and after a real closing quote comes no 'd'): a key the
@@ -96,7 +122,7 @@ def cut_number_arrays(
         lo, hi = m.end(), _array_end(buf, m.end(), end)
         if hi < 0 or hi - lo < MIN_CUT_BYTES:
             continue
-        pieces += [view[pos : m.start()], b'"data":"\\u0000model-runtime:data:%d"' % len(spans)]
+        pieces += [view[pos : m.start()], b'"data":' + cuts.placeholder()]
         spans.append((lo, hi))
         pos = search = hi + 1
     left = (end - start) - sum(hi - lo for lo, hi in spans)
@@ -106,9 +132,9 @@ def cut_number_arrays(
             f"{MAX_SKELETON_BYTES}); send tensors as 'data' arrays or as binary data"
         )
     if not spans:
-        return view[start:end], spans
+        return view[start:end], cuts
     pieces.append(view[pos:end])
-    return b"".join(pieces), spans
+    return b"".join(pieces), cuts
 
 
 def _array_end(buf: bytes | bytearray, lo: int, end: int) -> int:
@@ -130,13 +156,6 @@ def _array_end(buf: bytes | bytearray, lo: int, end: int) -> int:
         w_end = min(w + _SCAN_BYTES, hi)
         depth += buf.count(b"[", w, w_end) - buf.count(b"]", w, w_end)
     return hi if depth == 0 else -1
-
-
-def placeholder_index(value: Any) -> int | None:
-    """The span number a placeholder stands for; None if ``value`` is no placeholder."""
-    if isinstance(value, str) and value.startswith(_PLACEHOLDER):
-        return int(value[len(_PLACEHOLDER) :])
-    return None
 
 
 def parse_number_span(
@@ -234,8 +253,8 @@ def flatten(name: str, data: Any, limit: int) -> list[Any]:
     """
     if not isinstance(data, list):
         raise _fail(f"input {name!r}: 'data' must be a list")
-    if not data or not isinstance(data[0], list):
-        return data  # flat; a list hidden further on makes the numpy conversion fail (400)
+    if not data or (not isinstance(data[0], list) and list not in map(type, data)):
+        return data  # flat (a look at each element's type, in C)
     out: list[Any] = []
     stack = [iter(data)]
     while stack:

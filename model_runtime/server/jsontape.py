@@ -8,12 +8,14 @@ flattened in row-major order, as the protocol reads them; an array that holds an
 (true/false, a string, null) is refused by that copy and read as a list instead.
 
 :func:`load` gives the document as Python objects, each such ``"data"`` as :class:`Numbers`; or
-None where simdjson does not parse it, or where orjson might read it differently (a key given
-twice, whose last value orjson keeps): the caller then decodes it with orjson, which accepts or
-refuses it as always. :meth:`Numbers.array` raises :class:`~model_runtime.server.jsonnumbers.Retry`
-wherever the plain decoder's checks must decide (a count that does not fit the shape, an
-integer out of range), so this path accepts exactly what the plain one does, and gives the
-same arrays: it is only faster. Bodies past :data:`MAX_TAPE_BYTES` take the plain path, whose
+None where simdjson does not parse it, or might read it otherwise than orjson (a key given
+twice, whose last value orjson keeps; a key with a NUL; a byte order mark, which simdjson skips
+and orjson refuses), or slowly (an object with many keys): the caller then decodes it with
+orjson, which accepts or refuses it as always. :meth:`Numbers.array` raises
+:class:`~model_runtime.server.jsonnumbers.Retry` wherever the plain decoder's checks must decide
+(a count that does not fit the shape, an integer out of range), so this path accepts exactly
+what the plain one does (any nesting, read in row-major order as Triton reads it), and gives
+the same arrays: it is only faster. Bodies past :data:`MAX_TAPE_BYTES` take the plain path, whose
 memory is bounded slice by slice.
 """
 
@@ -43,6 +45,10 @@ _OF_KIND: dict[str, tuple[Literal["d", "i", "u"], np.dtype[Any]]] = {
 _BUFFER = {name: _OF_KIND[t.kind] for name, t in DATATYPES.items() if t.kind in _OF_KIND}
 #: Integers up to this are doubles exactly.
 _EXACT = float(2**53)
+_BOM = b"\xef\xbb\xbf"
+#: An object of the protocol has a handful of keys; one with more goes the plain way (each
+#: key is looked up by a walk over them all: many keys would cost their square).
+_MAX_KEYS = 16
 _NOT_PARSED = (ValueError, TypeError, RuntimeError, UnicodeDecodeError, KeyError)
 
 
@@ -81,7 +87,7 @@ class Numbers:
 def load(text: bytes | bytearray) -> dict[str, Any] | None:
     """The JSON object ``text`` as Python objects, numeric input data as :class:`Numbers`;
     None where the plain decoder must read it (see the module docstring)."""
-    if len(text) > MAX_TAPE_BYTES:
+    if len(text) > MAX_TAPE_BYTES or text.startswith(_BOM):  # orjson refuses a BOM
         return None
     try:
         doc = simdjson.Parser().parse(text)  # a parser per document: its proxies pin it
@@ -93,11 +99,14 @@ def load(text: bytes | bytearray) -> dict[str, Any] | None:
 
 
 class _Misread(ValueError):
-    """A key simdjson's lookup would misread: given twice (it finds the first value, orjson
-    keeps the last), or holding a NUL (it looks up what comes before it)."""
+    """An object simdjson's lookup would misread: a key given twice (it finds the first value,
+    orjson keeps the last), or holding a NUL (it looks up what comes before it); or would
+    read slowly (too many keys)."""
 
 
 def _object(obj: simdjson.Object, field: Callable[[str, Any], Any]) -> dict[str, Any]:
+    if len(obj) > _MAX_KEYS:  # simdjson finds a key by a walk over the object's keys
+        raise _Misread("too many keys")
     out: dict[str, Any] = {}
     for key in obj:  # every key, a repeated one again
         if key in out or "\x00" in key:

@@ -525,18 +525,44 @@ def test_data_inside_strings_is_not_cut() -> None:
     assert req.id == text.replace("\\", "") and req.inputs["x"].tolist() == [1, 2]
 
 
+FORGED = [
+    '"\\u0000model-runtime:data:0"',
+    '"\\u0000model-runtime:d\\u0061ta:0"',  # escaped past a scan of the raw bytes
+    '"\\u0000model-runtime:data:x"',  # was a ValueError (int("x"))
+    '"\\u0000model-runtime:data:-1"',  # was an IndexError
+]
+
+
+@pytest.mark.parametrize("forged", FORGED)
 @pytest.mark.parametrize("big", [False, True], ids=["small", "big"])
-def test_a_string_that_reads_as_a_cut_placeholder_is_a_string(big: bool) -> None:
-    # Was an IndexError (a 500): the decoder took the client's string for an array it had cut.
-    forged = '"\\u0000model-runtime:data:0"'
+def test_a_string_that_reads_as_a_cut_placeholder_is_a_string(big: bool, forged: str) -> None:
+    # Were 500s (IndexError, ValueError), or, in a body with a cut array, that array's data
+    # given to the other input: the decoder took the client's string for an array it had cut.
     pixels = ",".join(["0.5"] * (4 * 2_000 if big else 8))
     rows = 2_000 if big else 2
     body = (
         f'{{"inputs":[{{"name":"pixels","datatype":"FP32","shape":[{rows},4],"data":[{pixels}]}},'
         f'{{"name":"mask","datatype":"BOOL","shape":[{rows},2],"data":{forged}}}]}}'
     ).encode()
-    with pytest.raises(ProtocolError, match="'data' must be a list"):
-        parse_infer_request(bytearray(body), None, INPUTS, OUTPUTS)
+    for load in (jsontape.load, lambda _: None):  # through the tape, and the plain way
+        with (
+            patch.object(jsontape, "load", load),
+            pytest.raises(ProtocolError, match="'data' must be a list"),
+        ):
+            parse_infer_request(bytearray(body), None, INPUTS, OUTPUTS)
+
+
+def test_mixed_nesting_is_read_in_row_major_order_as_triton_does() -> None:
+    specs = (TensorSpec("x", "INT32", (-1,)),)
+    for data in ("[1,[2,3]]", "[[1],2,[[3]]]", "[1,[2],[]]"):
+        body = b'{"inputs":[{"name":"x","datatype":"INT32","shape":[3],"data":%s}]}' % (
+            data.encode()
+        )
+        fast = _outcome(body, specs)
+        with patch.object(jsontape, "load", return_value=None):
+            assert fast == _outcome(body, specs)
+        if data != "[1,[2],[]]":
+            assert fast == {"x": ("<i4", (3,), np.array([1, 2, 3], "<i4").tobytes())}
 
 
 def test_json_outside_the_tensors_is_bounded() -> None:
@@ -639,7 +665,8 @@ NUMBER_TEXT = st.one_of(
 DATA_TEXT = st.sampled_from([SMALL_INTS, BIG_INTS, NUMBER_TEXT]).flatmap(
     lambda element: st.recursive(
         st.lists(element, max_size=6).map(lambda xs: "[" + ",".join(xs) + "]"),
-        lambda rows: st.lists(rows, max_size=3).map(lambda xs: "[" + ",".join(xs) + "]"),
+        # Rows, or rows and numbers side by side (Triton reads any nesting, row-major).
+        lambda rows: st.lists(rows | element, max_size=3).map(lambda xs: "[" + ",".join(xs) + "]"),
         max_leaves=4,
     )
 )
@@ -725,3 +752,7 @@ def test_numeric_data_is_read_from_the_tape_not_as_python_numbers() -> None:
     assert mask["data"] == [True, False] * 2  # BOOL: a list, as orjson reads it
     assert jsontape.load(b'{"inputs": [], "inputs": []}') is None  # orjson keeps the last
     assert jsontape.load(b" " * jsontape.MAX_TAPE_BYTES + b"{}") is None
+    assert jsontape.load(b"\xef\xbb\xbf" + body) is None  # a BOM: orjson refuses it
+    many = {f"k{i}": 0 for i in range(17)}  # a key is found by a walk over them all
+    assert jsontape.load(json.dumps({**_doc(), **many}).encode()) is None
+    assert jsontape.load(json.dumps({**_doc(), **dict(list(many.items())[:12])}).encode())
