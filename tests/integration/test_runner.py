@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -510,39 +510,54 @@ async def test_with_buckets_lone_requests_are_answered_at_once_by_the_default_co
             np.testing.assert_allclose(out["logits"], ref({"x": x})["logits"], rtol=1e-4, atol=1e-5)
 
 
-async def test_a_lone_request_on_an_idle_replica_is_run_in_the_callers_task(
+def answered_in_place(runner: ModelRunner, inputs: dict[str, np.ndarray]) -> dict[str, Any]:
+    """The outputs of a request that ``execute_async`` answered before it returned (no loop
+    turn)."""
+    answer = runner.execute_async(inputs)
+    assert isinstance(answer, asyncio.Future) and answer.done()
+    return answer.result()
+
+
+@pytest.fixture
+async def inline_runner(
     mlp_buckets: tuple[Path, Reference], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Inline whatever this machine's run time: the run, not its measured speed, is the point.
+) -> AsyncIterator[tuple[ModelRunner, Reference]]:
+    """A runner of the bucketed MLP whose one-row runs go inline whatever this machine's run
+    time (the run, not its measured speed, is the point), after one request (its runs are
+    measured)."""
     monkeypatch.setattr(device_actor, "INLINE_BELOW", 1.0)
     path, ref = mlp_buckets
     async with ModelRunner(path, ModelRunnerConfig(batching_dim=0)) as runner:
-        await within(runner.execute({"x": rows(1, seed=60)}))  # its runs are measured
-        for seed in range(61, 66):
-            await asyncio.sleep(0)  # a turn of the loop, as for a caller awaiting its answer
-            x = rows(1, seed)
-            answer = runner.execute_async({"x": x})
-            assert isinstance(answer, asyncio.Future) and answer.done()  # no loop turn
-            np.testing.assert_allclose(
-                answer.result()["logits"], ref({"x": x})["logits"], rtol=1e-4, atol=1e-5
-            )
-        # A caller answered in place still lets the loop run the others between requests.
-        turns = 0
+        await within(runner.execute({"x": rows(1, seed=60)}))
+        yield runner, ref
 
-        async def count_turns() -> None:
-            nonlocal turns
-            while True:
-                await asyncio.sleep(0)
-                turns += 1
 
-        counter = asyncio.create_task(count_turns())
-        await asyncio.sleep(0)
-        for timeout in (None, 5.0):  # with a deadline too (the daemon's requests have one)
-            start = turns
-            for seed in range(30):
-                await runner.execute({"x": rows(1, seed)}, timeout=timeout)
-            assert turns - start >= 30
-        counter.cancel()
+async def test_a_lone_request_on_an_idle_replica_is_run_in_the_callers_task(
+    inline_runner: tuple[ModelRunner, Reference],
+) -> None:
+    runner, ref = inline_runner
+    for seed in range(61, 66):
+        await asyncio.sleep(0)  # a turn of the loop, as for a caller awaiting its answer
+        x = rows(1, seed)
+        out = answered_in_place(runner, {"x": x})
+        np.testing.assert_allclose(out["logits"], ref({"x": x})["logits"], rtol=1e-4, atol=1e-5)
+    # A caller answered in place still lets the loop run the others between requests.
+    turns = 0
+
+    async def count_turns() -> None:
+        nonlocal turns
+        while True:
+            await asyncio.sleep(0)
+            turns += 1
+
+    counter = asyncio.create_task(count_turns())
+    await asyncio.sleep(0)
+    for timeout in (None, 5.0):  # with a deadline too (the daemon's requests have one)
+        start = turns
+        for seed in range(30):
+            await runner.execute({"x": rows(1, seed)}, timeout=timeout)
+        assert turns - start >= 30
+    counter.cancel()
 
 
 async def test_a_lone_bad_request_run_in_place_fails_alone(
@@ -560,31 +575,27 @@ async def test_a_lone_bad_request_run_in_place_fails_alone(
         for _ in range(3):
             with pytest.raises(InputValidationError, match="out of data bounds"):
                 await within(runner.execute({"ids": np.array([1000], np.int64)}))
-            answer = runner.execute_async({"ids": good})
-            assert isinstance(answer, asyncio.Future) and answer.done()
-            np.testing.assert_array_equal(answer.result()["vectors"], ref({"ids": good})["vectors"])
+            out = answered_in_place(runner, {"ids": good})
+            np.testing.assert_array_equal(out["vectors"], ref({"ids": good})["vectors"])
         assert runner.replica_states()[0].resets == 0  # data, not a device fault
 
 
 async def test_concurrent_callers_are_batched_not_each_run_in_place(
-    mlp_buckets: tuple[Path, Reference], monkeypatch: pytest.MonkeyPatch
+    inline_runner: tuple[ModelRunner, Reference],
 ) -> None:
     # Runs in place whenever allowed: each caller finding the device idle after the last
     # answer (given in place) must not make every request a run of its own.
-    monkeypatch.setattr(device_actor, "INLINE_BELOW", 1.0)
-    path, ref = mlp_buckets
-    async with ModelRunner(path, ModelRunnerConfig(batching_dim=0)) as runner:
-        await within(runner.execute({"x": rows(1, seed=70)}))
-        before = runner.replica_states()[0].runs
+    runner, ref = inline_runner
+    before = runner.replica_states()[0].runs
 
-        async def caller(k: int) -> None:
-            for i in range(10):
-                x = rows(1, seed=1000 * k + i)
-                out = await runner.execute({"x": x})
-                np.testing.assert_allclose(out["logits"], ref({"x": x})["logits"], atol=1e-5)
+    async def caller(k: int) -> None:
+        for i in range(10):
+            x = rows(1, seed=1000 * k + i)
+            out = await runner.execute({"x": x})
+            np.testing.assert_allclose(out["logits"], ref({"x": x})["logits"], atol=1e-5)
 
-        async with anyio.create_task_group() as tg:
-            for k in range(32):
-                tg.start_soon(caller, k)
-        runs = runner.replica_states()[0].runs - before
-        assert runs <= 320 // 4  # 320 requests, in batches of 4 rows or more on average
+    async with anyio.create_task_group() as tg:
+        for k in range(32):
+            tg.start_soon(caller, k)
+    runs = runner.replica_states()[0].runs - before
+    assert runs <= 320 // 4  # 320 requests, in batches of 4 rows or more on average
