@@ -273,6 +273,8 @@ class ReplicaSet:
         """
         states = self.states
         if replica_id is None and not avoid:
+            if len(states) == 1 and states[0].status is _READY:
+                return 0
             r = self._filling
             if r >= 0:
                 state = states[r]

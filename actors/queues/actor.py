@@ -486,7 +486,8 @@ class Queue(Actor[QueueMessage]):
         if not got.rows:
             return False
         self._pending_rows -= got.rows
-        segments = tuple(got.segments)
+        plain = got.plain
+        segments = None if plain is not None else tuple(got.segments)
         if got.views is not None:
             batch = Batch(next(self._ids), got.views, segments, got.rows, False, now)
             batch.outputs_into = got.into
@@ -500,10 +501,12 @@ class Queue(Actor[QueueMessage]):
             if size < self.layout.capacity:
                 inputs = ({name: array[:size] for name, array in inputs[0].items()},)
         padded = got.rows < size
-        batch = Batch(next(self._ids), inputs, segments, got.rows, padded, now, _buffer=index)
+        batch = Batch(
+            next(self._ids), inputs, segments, got.rows, padded, now, _buffer=index, plain=plain
+        )
         try:
             batch.flush_outputs = self._pool.fill(
-                index, got.per_iteration, got.rows, self.config.flush_callback, size
+                index, got.per_iteration, got.rows, self.config.flush_callback, size, plain
             )
         except Exception as exc:
             self._pool.free.append(index)

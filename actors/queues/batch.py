@@ -31,7 +31,8 @@ class Batch:
 
     id: int
     inputs: tuple[dict[str, np.ndarray], ...]
-    segments: tuple[Segment, ...]
+    #: where its rows go (None: a plain batch, derived from ``plain`` when asked)
+    _segments: tuple[Segment, ...] | None
     valid_rows: int
     padded: bool
     t_packed: float
@@ -50,10 +51,28 @@ class Batch:
     _buffer: int | None = field(default=None, repr=False)
     #: completed or failed already (a second Complete/Fail is ignored)
     _released: bool = field(default=False, repr=False)
+    #: A plain batch (the common case of many single-sample callers): one iteration whose
+    #: row i is the one row of ``plain[i]``; each of these requests has all its rows here, so
+    #: this batch is the only one that answers it. The queue packs and answers it without
+    #: building segments.
+    plain: list[Request] | None = field(default=None, repr=False)
+
+    @property
+    def segments(self) -> tuple[Segment, ...]:
+        """``(request, request_row, iteration, row, count)`` per run of rows, packing order."""
+        segments = self._segments
+        if segments is None:
+            assert self.plain is not None
+            segments = self._segments = tuple(
+                (req, 0, 0, row, 1) for row, req in enumerate(self.plain)
+            )
+        return segments
 
     @property
     def requests(self) -> list[Request]:
         """The distinct requests with rows in this batch, in packing order."""
+        if self.plain is not None:
+            return list(self.plain)
         seen: dict[int, Request] = {}
         for seg in self.segments:
             seen.setdefault(id(seg[0]), seg[0])

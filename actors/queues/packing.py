@@ -26,6 +26,8 @@ class Take(NamedTuple):
     views: tuple[dict[str, np.ndarray], ...] | None
     dropped: list[Request]
     into: tuple[dict[str, np.ndarray], ...] | None = None
+    #: instead of segments: single-row requests, one per row (see ``Batch.plain``)
+    plain: list[Request] | None = None
 
 
 def take(pending: deque[Request], layout: Layout, partial: bool, now: float) -> Take:
@@ -61,6 +63,30 @@ def take(pending: deque[Request], layout: Layout, partial: bool, now: float) -> 
     taken = 0
     if iters == 1:  # the common case, one request at a time off the front
         popleft = pending.popleft
+        plain: list[Request] = []
+        keep = plain.append
+        # Single-row requests first, as a plain batch (no segment, no per-request state: a
+        # waiting single-row request has none of its rows taken, and this batch answers it).
+        while taken < cap and pending:
+            req = popleft()
+            if req.samples != 1:
+                pending.appendleft(req)
+                break
+            if req.future.done():
+                dropped.append(req)
+                continue
+            keep(req)
+            taken += 1
+        if taken == cap or (plain and partial and not pending):
+            return Take(taken, segments, per_iteration, None, dropped, plain=plain)
+        if plain and not pending and not partial:  # less than a batch: all back as it was
+            pending.extendleft(reversed(plain))
+            return Take(0, [], [], None, dropped)
+        for row, req in enumerate(plain):  # a request of several rows follows: segments
+            req._taken = 1
+            req._t_packed = now
+            segments.append((req, 0, 0, row, 1))
+            popped.append(req)
         while pending and taken < cap:
             req = popleft()
             if req.future.done():

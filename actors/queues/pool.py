@@ -15,16 +15,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import numpy as np
 
 from actors.queues.batch import Segment
 from actors.queues.config import FlushCallback, QueueConfig
+from actors.queues.request import Request
 from model_runtime.errors import ConfigurationError
 from model_runtime.executable.model import Anchor, ExecutableMetadata
 
 __all__ = ["Layout", "RingPool", "Spec", "rows_view"]
+
+_INPUTS = attrgetter("inputs")
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,9 +200,11 @@ class RingPool:
         valid_rows: int,
         flush_callback: FlushCallback | None,
         size: int | None = None,
+        plain: list[Request] | None = None,
     ) -> dict[str, np.ndarray] | None:
-        """Copy the segments' rows into buffer ``index`` and fill the padding rows (up to the
-        bucket ``size`` when given: one iteration, row axis 0, no flush callback).
+        """Copy the segments' rows (or a plain batch's: ``Batch.plain``) into buffer ``index``
+        and fill the padding rows (up to the bucket ``size`` when given: one iteration, row
+        axis 0, no flush callback).
 
         Returns the flush callback's output buffers, if it gave any.
 
@@ -209,6 +215,9 @@ class RingPool:
         layout = self.layout
         buf = self.buffers[index]
         b = layout.B
+        if plain is not None:
+            self._fill_plain(buf[0], plain)
+            per_iteration = ()
         for k, segs in enumerate(per_iteration):
             dst = buf[k]
             rows = min(b, max(0, valid_rows - k * b))
@@ -240,6 +249,22 @@ class RingPool:
         if valid_rows == layout.capacity:
             return None
         return self._pad(buf, valid_rows, flush_callback)
+
+    def _fill_plain(self, dst: dict[str, np.ndarray], requests: list[Request]) -> None:
+        """Row i of ``dst`` from the one row of ``requests[i]`` (no Python step per row for
+        row axis 0)."""
+        rows = len(requests)
+        inputs = list(map(_INPUTS, requests))
+        for s in self.layout.inputs:
+            name, axis = s.name, s.axis
+            if axis is None:
+                np.copyto(dst[name], inputs[-1][name])
+                continue
+            views = list(map(itemgetter(name), inputs))
+            if axis:
+                views = [np.moveaxis(v, axis, 0) for v in views]
+            out = rows_view(dst[name], axis)
+            np.concatenate(views, out=out if rows == len(out) else out[:rows])
 
     def _pad(
         self,

@@ -8,6 +8,7 @@ answered, or when it is found gone (its future done) with rows still in a batch.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from operator import attrgetter
 
 import numpy as np
 
@@ -16,6 +17,8 @@ from actors.queues.pool import Layout, rows_view
 from actors.queues.request import Request
 
 __all__ = ["fail_batch", "fail_requests", "route_outputs"]
+
+_T_SUBMIT = attrgetter("t_submit")
 
 
 def _views(
@@ -90,6 +93,8 @@ def route_outputs(
     Raises:
         KeyError, IndexError, ValueError: ``outputs`` does not match the model's outputs.
     """
+    if batch.plain is not None:
+        return _route_plain(layout, batch, batch.plain, outputs[0], submits, packed)
     fast = layout.fast_output
     # One-row answers are views from one list of row views (cheaper per row than a slice
     # each), worth making for a batch of a few requests or more.
@@ -127,6 +132,46 @@ def route_outputs(
     if batch.flush_outputs:
         _route_padding(layout, batch, outputs, batch.flush_outputs)
     return closed_samples, closed
+
+
+def _route_plain(
+    layout: Layout,
+    batch: Batch,
+    plain: list[Request],
+    out: Mapping[str, np.ndarray],
+    submits: list[float],
+    packed: list[float],
+) -> tuple[int, int]:
+    """:func:`route_outputs` for a plain batch: request i gets row i. Each of its requests is
+    closed here (this batch holds all its rows), the gone ones too."""
+    n = len(plain)
+    fast = layout.fast_output
+    gone: list[int] = []
+    if fast is not None:
+        rows = out[fast][:n, None]  # row views, made in C as the loop takes them
+        if len(rows) < n:
+            raise IndexError(f"output {fast!r} has {len(rows)} rows, the batch {n}")
+        for i, (req, row) in enumerate(zip(plain, rows, strict=True)):
+            fut = req.future
+            if fut.done():
+                gone.append(i)
+            else:
+                fut.set_result({fast: row})
+    else:
+        for i, req in enumerate(plain):
+            fut = req.future
+            if fut.done():
+                gone.append(i)
+            else:
+                fut.set_result(_views(layout, out, i, 1))
+    times = list(map(_T_SUBMIT, plain))
+    for i in reversed(gone):  # the statistics are of answered requests
+        del times[i]
+    submits += times
+    packed += [batch.t_packed] * len(times)
+    if batch.flush_outputs:
+        _route_padding(layout, batch, [out], batch.flush_outputs)
+    return n, n
 
 
 def _route_padding(

@@ -302,6 +302,9 @@ async def test_cancelled_after_packing_is_computed_and_dropped() -> None:
         session.release()
         check(await after.future, after.inputs["x"])
         assert queue.pending_samples == 0 and queue.inflight_requests == 0
+        # The statistics count the answered requests: B - 1 of the first batch, and `after`.
+        stats = queue.stats()
+        assert len(stats.time_trace()) == stats.total_count().request_duration == B
 
 
 # -- pool, failures, drain, shutdown ----------------------------------------------------------
