@@ -272,7 +272,13 @@ def render(
             f"`benchmarks/runner_throughput.py`: {rt.get('seconds')} s per point, loop "
             f"{rt.get('loop')}, bare batcher flush {rt.get('bare_flush_ms')} ms, runtime timeout "
             f"{rt.get('runtime_timeout_ms')} ms; C single-sample callers; raw = full batches "
-            "back to back (the compute ceiling). Config REPLICASxTHREADS.",
+            "back to back (the compute ceiling). Config REPLICASxTHREADS. "
+            + (
+                f"Each MLP point: {rt['mlp_pairs']} alternating bare/runtime pairs, shown by the "
+                "pair with the median rt/bare (all pairs' ratios in the JSON). "
+                if rt.get("mlp_pairs")
+                else ""
+            ),
             "",
         ]
         out += _table(

@@ -95,7 +95,7 @@ class Queue(Actor[QueueMessage]):
         self._ids = itertools.count()
         self._pending: deque[Request] = deque()
         self._pending_rows = 0  # unpacked rows in _pending (rows of gone callers included)
-        self._pending_samples = 0
+        self._rows_closed = 0  # rows of requests answered or given up (see pending_samples)
         self._inflight = 0
         self._outstanding: dict[int, Batch] = {}  # sealed, not completed or failed
         self._backlog: deque[Batch] = deque()  # sealed, not yet in the ready stream
@@ -133,7 +133,7 @@ class Queue(Actor[QueueMessage]):
     @property
     def pending_samples(self) -> int:
         """Rows enqueued and not answered yet (a gone caller's until the queue notices)."""
-        return self._pending_samples
+        return self._rows_in - self._rows_closed
 
     @property
     def saturated(self) -> bool:
@@ -170,14 +170,14 @@ class Queue(Actor[QueueMessage]):
             reason = "is draining" if self._running else "stopped"
             fut.set_exception(RunnerStoppedError(f"queue {self.name} {reason}"))
             return
-        n = req.samples
-        req._open = True
-        self._pending_samples += n
+        n = req.samples  # req._open is True from its creation: counted from here on
         self._inflight += 1
-        now = self._last_arrival = self._now() if now is None else now
+        if now is None:
+            now = self._now()
+        self._last_arrival = now
         before = self._pending_rows
         after = self._pending_rows = before + n
-        self._rows_in += n
+        self._rows_in += n  # and pending_samples, which is _rows_in - _rows_closed
         pending = self._pending
         if not pending or pending[-1].priority >= req.priority:
             pending.append(req)  # the common case: one level, FIFO
@@ -241,7 +241,8 @@ class Queue(Actor[QueueMessage]):
                 keep(segment[0])
         self._draining = True
         self._pending.clear()
-        self._pending_rows = self._pending_samples = self._inflight = 0
+        self._pending_rows = self._inflight = 0
+        self._rows_closed = self._rows_in
         if self._idle is not None:
             self._idle.set()
         for batch in list(self._outstanding.values()):
@@ -425,7 +426,7 @@ class Queue(Actor[QueueMessage]):
         return len(self._pending)
 
     def _close(self, closed: tuple[int, int]) -> None:
-        self._pending_samples -= closed[0]
+        self._rows_closed += closed[0]
         self._inflight -= closed[1]
         if self._idle is not None and self._inflight <= 0:
             self._idle.set()

@@ -41,8 +41,9 @@ class Request:
     _taken: int = field(default=0, init=False, repr=False)
     #: rows whose outputs came back
     _done: int = field(default=0, init=False, repr=False)
-    #: counted in the queue's pending figures (cleared exactly once, when answered or dropped)
-    _open: bool = field(default=False, init=False, repr=False)
+    #: counted in its queue's pending figures, from when it is queued (cleared exactly once,
+    #: when answered, dropped or moved; a request that was never queued is in no figures)
+    _open: bool = field(default=True, init=False, repr=False)
     #: clock time its first rows were packed into a batch
     _t_packed: float = field(default=0.0, init=False, repr=False)
     #: output arrays being assembled, when its rows span several segments or buffers were given
