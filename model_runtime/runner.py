@@ -55,6 +55,7 @@ __all__ = ["ModelRunner", "ModelRunnerConfig"]
 
 log = structlog.get_logger(__name__)
 _model_ids = itertools.count(1)
+_READY = ReplicaStatus.READY  # read per request: a module global, not an enum lookup
 #: Distinct input signatures a runner remembers as valid (past it, each is validated anew).
 _SIGNATURES = 256
 Source = str | os.PathLike[str] | Iterable[str | os.PathLike[str]] | Executable
@@ -136,6 +137,9 @@ class ModelRunner:
         #: the last one-array signature looked up: (name, dtype, shape, samples); a request
         #: like the one before costs comparisons, not hashing a dtype
         self._last_one: tuple[Any, ...] = (None, None, None, 0)
+        #: one replica: execute() takes its queue while it is READY (ReplicaSet.pick's rule
+        #: for one replica), without the call
+        self._sole = False
         self._strings = False  # string inputs: every request's elements are checked
         self._now = self._clock.monotonic
         #: a bound to check before queueing (max_queue_size or latency_budget); set by start()
@@ -231,6 +235,7 @@ class ModelRunner:
             raise
         self._accepting = True
         self._plain = self._waiting and not self._admission
+        self._sole = cfg.replication_factor == 1
         log.info("runner_started", model=meta.model_name, replicas=cfg.replication_factor)
 
     async def _abandon_start(self, devices: list[AttachedDevice], added: bool) -> None:
@@ -341,9 +346,24 @@ class ModelRunner:
             ):
                 now = self._now()
                 replicas = self._replicas
+                assert replicas is not None
+                if self._sole and replicas.states[0].status is _READY:
+                    queue = replicas.queues[0]
+                else:
+                    queue = replicas.queues[replicas.pick(None, 0, now)]
                 future = self._create_future()
-                replicas.queues[replicas.pick(None, 0, now)].enqueue_nowait(  # type: ignore[union-attr]
-                    Request({name: value}, last[3], future, None, None, now, 0, True, priority),
+                queue.enqueue_nowait(
+                    Request(
+                        {name: value},
+                        last[3],
+                        future,
+                        None,
+                        None,
+                        now,
+                        0,
+                        True,
+                        priority,
+                    ),
                     now,
                 )
                 if future.done():
@@ -376,21 +396,7 @@ class ModelRunner:
                 )
             raise RunnerStoppedError("the runner is not running (not started, or closed)")
         now = self._now()
-        arrays: Mapping[str, np.ndarray] | None = None
-        if type(inputs) is dict and len(inputs) == 1 and outputs is None:
-            # The common request: one array like the one before (validated when first seen);
-            # it costs comparisons, not hashing a dtype or a call.
-            ((name, value),) = inputs.items()
-            last = self._last_one
-            if (
-                type(value) is np.ndarray
-                and value.dtype is last[1]
-                and name == last[0]
-                and value.shape == last[2]
-            ):
-                arrays, samples = {name: value}, last[3]
-        if arrays is None:
-            arrays, samples = self._checked(inputs, outputs)
+        arrays, samples = self._checked(inputs, outputs)
         replicas = self._replicas
         assert replicas is not None
         if self._admission:

@@ -63,10 +63,20 @@ def take(pending: deque[Request], layout: Layout, partial: bool, now: float) -> 
     taken = 0
     if iters == 1:  # the common case, one request at a time off the front
         popleft = pending.popleft
-        plain: list[Request] = []
+        # Single-row requests, as a plain batch (no segment, no per-request state: a waiting
+        # single-row request has none of its rows taken, and this batch answers it). The
+        # common case, many small callers, is checked in C: rows are one each, none gone.
+        n = min(cap, len(pending))
+        plain = [popleft() for _ in range(n)]
+        if n == cap or (n and partial):
+            for req in plain:
+                if req.samples != 1 or req.future.done():
+                    break
+            else:
+                return Take(n, segments, per_iteration, None, dropped, plain=plain)
+        pending.extendleft(reversed(plain))  # taken one by one below
+        plain = []
         keep = plain.append
-        # Single-row requests first, as a plain batch (no segment, no per-request state: a
-        # waiting single-row request has none of its rows taken, and this batch answers it).
         while taken < cap and pending:
             req = popleft()
             if req.samples != 1:

@@ -146,27 +146,26 @@ def _route_plain(
     closed here (this batch holds all its rows), the gone ones too."""
     n = len(plain)
     fast = layout.fast_output
-    gone: list[int] = []
+    gone: list[Request] = []
     if fast is not None:
         rows = out[fast][:n, None]  # row views, made in C as the loop takes them
         if len(rows) < n:
             raise IndexError(f"output {fast!r} has {len(rows)} rows, the batch {n}")
-        for i, (req, row) in enumerate(zip(plain, rows, strict=True)):
+        for req, row in zip(plain, rows, strict=True):
             fut = req.future
             if fut.done():
-                gone.append(i)
+                gone.append(req)
             else:
                 fut.set_result({fast: row})
     else:
         for i, req in enumerate(plain):
             fut = req.future
             if fut.done():
-                gone.append(i)
+                gone.append(req)
             else:
                 fut.set_result(_views(layout, out, i, 1))
-    times = list(map(_T_SUBMIT, plain))
-    for i in reversed(gone):  # the statistics are of answered requests
-        del times[i]
+    # The statistics are of answered requests.
+    times = [r.t_submit for r in plain if r not in gone] if gone else list(map(_T_SUBMIT, plain))
     submits += times
     packed += [batch.t_packed] * len(times)
     if batch.flush_outputs:
