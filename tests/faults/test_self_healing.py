@@ -12,7 +12,13 @@ import numpy as np
 import pytest
 
 from actors.device.manager import DeviceManager
-from model_runtime.errors import ExecutionTimeoutError, RecoverableRuntimeError
+from actors.session.state import ReplicaStatus
+from model_runtime.errors import (
+    ExecutionTimeoutError,
+    ModelUnavailableError,
+    RecoverableRuntimeError,
+    RuntimeFailure,
+)
 from model_runtime.runner import ModelRunner
 from tests.faults.harness import WIDTH, drive
 from tests.faults.scenarios import (
@@ -137,6 +143,25 @@ async def test_requests_move_to_the_other_replica_when_retries_run_out(
         "UnrecoverableRuntimeError",
         "ModelUnavailableError",
     }, one.errors
+
+
+async def test_a_lone_replica_out_of_service_refuses_requests_as_unavailable(
+    mlp: tuple[Path, Reference],
+) -> None:
+    """With one replica, execute() takes its queue only while it is READY: once the replica is
+    out of service a request is refused with ModelUnavailableError (retry later; the cause is
+    the last failure), not queued on the evacuated queue and refused as if the runner had
+    stopped."""
+    path, _ = mlp
+    config = default_config("recoverable:every=1", replication_factor=1)
+    x = {"x": np.ones((1, WIDTH), np.float32)}
+    async with ModelRunner(path, config, device_manager=DeviceManager()) as runner:
+        with anyio.fail_after(60):
+            while runner.replica_status()[0] is not ReplicaStatus.FAILED:
+                with pytest.raises(RuntimeFailure):
+                    await runner.execute(x)  # every run fails; the replica leaves service
+        with pytest.raises(ModelUnavailableError, match="no replica is in service"):
+            await runner.execute(x)
 
 
 async def test_start_and_close_in_different_tasks(mlp: tuple[Path, Reference]) -> None:
