@@ -64,8 +64,9 @@ def take(pending: deque[Request], layout: Layout, partial: bool, now: float) -> 
     if iters == 1:  # the common case, one request at a time off the front
         popleft = pending.popleft
         # Single-row requests, as a plain batch (no segment, no per-request state: a waiting
-        # single-row request has none of its rows taken, and this batch answers it). The
-        # common case, many small callers, is checked in C: rows are one each, none gone.
+        # single-row request has none of its rows taken, and this batch answers it): the
+        # common case, many small callers. Anything else (a request of several rows, a gone
+        # caller) goes one request at a time, below.
         n = min(cap, len(pending))
         plain = [popleft() for _ in range(n)]
         if n == cap or (n and partial):
@@ -74,29 +75,7 @@ def take(pending: deque[Request], layout: Layout, partial: bool, now: float) -> 
                     break
             else:
                 return Take(n, segments, per_iteration, None, dropped, plain=plain)
-        pending.extendleft(reversed(plain))  # taken one by one below
-        plain = []
-        keep = plain.append
-        while taken < cap and pending:
-            req = popleft()
-            if req.samples != 1:
-                pending.appendleft(req)
-                break
-            if req.future.done():
-                dropped.append(req)
-                continue
-            keep(req)
-            taken += 1
-        if taken == cap or (plain and partial and not pending):
-            return Take(taken, segments, per_iteration, None, dropped, plain=plain)
-        if plain and not pending and not partial:  # less than a batch: all back as it was
-            pending.extendleft(reversed(plain))
-            return Take(0, [], [], None, dropped)
-        for row, req in enumerate(plain):  # a request of several rows follows: segments
-            req._taken = 1
-            req._t_packed = now
-            segments.append((req, 0, 0, row, 1))
-            popped.append(req)
+        pending.extendleft(reversed(plain))
         while pending and taken < cap:
             req = popleft()
             if req.future.done():
