@@ -307,6 +307,25 @@ async def test_cancelled_after_packing_is_computed_and_dropped() -> None:
         assert len(stats.time_trace()) == stats.total_count().request_duration == B
 
 
+async def test_a_caller_gone_before_packing_never_reaches_the_device() -> None:
+    queue = make_queue(metadata(B), batching_dim=0, ring_buffer_size_multiplier=2)
+    async with running(queue, hold=True) as (ref, session):
+        full = [submit(ref, request(rows(B), B)) for _ in range(2)]  # both buffers out
+        waiting = [submit(ref, request(rows(1), 1)) for _ in range(B + 1)]
+        await settle()
+        assert len(session.held) == 2
+        waiting[1].future.cancel()  # behind a live one: found while packing
+        for _ in range(4):  # the two held batches, then one of the B live callers
+            session.release()
+            await settle()
+        assert all(r.future.done() for r in full + waiting)
+        packed = [req for batch in session.seen[2:] for req in batch.requests]
+        live = [waiting[0], *waiting[2:]]
+        assert packed == live  # the B live callers, in order; not the gone one
+        for r in live:
+            check(r.future.result(), r.inputs["x"])
+
+
 # -- pool, failures, drain, shutdown ----------------------------------------------------------
 
 
