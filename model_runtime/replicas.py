@@ -291,8 +291,6 @@ class ReplicaSet:
                 raise InputValidationError(f"replica_id {replica_id} is out of range [0, {n})")
             return replica_id
         ready = _READY
-        if n == 1 and states[0].status is ready and not avoid:
-            return 0
         # Least loaded ready replica; ties go round-robin from after the last one picked.
         best = -1
         best_load = math.inf
