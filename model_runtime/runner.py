@@ -27,6 +27,7 @@ from actors.clock import Clock, SystemClock, move_on_after
 from actors.device.faults import FaultPlan
 from actors.device.manager import AttachedDevice, DeviceManager
 from actors.device.wait import DeviceWaitConfig
+from actors.queues.actor import Queue
 from actors.queues.request import Request
 from actors.session.state import ReplicaState, ReplicaStatus
 from model_runtime.errors import (
@@ -56,6 +57,7 @@ __all__ = ["ModelRunner", "ModelRunnerConfig"]
 log = structlog.get_logger(__name__)
 _model_ids = itertools.count(1)
 _READY = ReplicaStatus.READY  # read per request: a module global, not an enum lookup
+_NDARRAY = np.ndarray
 #: Distinct input signatures a runner remembers as valid (past it, each is validated anew).
 _SIGNATURES = 256
 Source = str | os.PathLike[str] | Iterable[str | os.PathLike[str]] | Executable
@@ -137,9 +139,11 @@ class ModelRunner:
         #: the last one-array signature looked up: (name, dtype, shape, samples); a request
         #: like the one before costs comparisons, not hashing a dtype
         self._last_one: tuple[Any, ...] = (None, None, None, 0)
-        #: one replica: execute() takes its queue while it is READY (ReplicaSet.pick's rule
-        #: for one replica), without the call
-        self._sole = False
+        #: execute()'s shortcuts into the replica set: its queues (a list kept in place when a
+        #: queue is replaced), and its one replica's state if it has one (whose queue execute()
+        #: takes while it is READY: pick's rule for one replica, without the call)
+        self._queues: list[Queue] = []
+        self._lone: ReplicaState | None = None
         self._strings = False  # string inputs: every request's elements are checked
         self._now = self._clock.monotonic
         #: a bound to check before queueing (max_queue_size or latency_budget); set by start()
@@ -235,7 +239,9 @@ class ModelRunner:
             raise
         self._accepting = True
         self._plain = self._waiting and not self._admission
-        self._sole = cfg.replication_factor == 1
+        replicas = self._replicas
+        self._queues = replicas.queues
+        self._lone = replicas.states[0] if cfg.replication_factor == 1 else None
         log.info("runner_started", model=meta.model_name, replicas=cfg.replication_factor)
 
     async def _abandon_start(self, devices: list[AttachedDevice], added: bool) -> None:
@@ -316,7 +322,9 @@ class ModelRunner:
 
         ``timeout`` bounds the whole request (queue and compute), in seconds. ``priority``:
         waiting requests of a higher priority are packed into batches first, FIFO among
-        equals (0 is the default level; negative values wait behind it).
+        equals (0 is the default level; negative values wait behind it). ``inputs`` (the
+        mapping and its arrays) is read when the request is packed into a batch: leave it
+        unchanged until this returns.
 
         Raises:
             InputValidationError: the inputs, outputs or replica_id do not fit the model.
@@ -327,46 +335,35 @@ class ModelRunner:
         """
         if (
             self._plain
-            and type(inputs) is dict
-            and len(inputs) == 1
             and outputs is None
             and timeout is None
             and replica_id is None
+            and type(inputs) is dict
+            and len(inputs) == 1
         ):
             # The common request, submitted here (what execute_async does for it, without its
             # checks for what it is not): one array like the one before, validated when first
-            # seen; no deadline; a runner without admission bounds.
+            # seen; no deadline; a runner without admission bounds. The caller's dict is the
+            # request's inputs (it awaits: nothing of its changes them before they are packed).
             ((name, value),) = inputs.items()
             last = self._last_one
             if (
-                type(value) is np.ndarray
+                type(value) is _NDARRAY
                 and value.dtype is last[1]
-                and name == last[0]
                 and value.shape == last[2]
+                and name == last[0]
             ):
                 now = self._now()
-                replicas = self._replicas
-                assert replicas is not None
-                if self._sole and replicas.states[0].status is _READY:
-                    queue = replicas.queues[0]
+                lone = self._lone
+                if lone is not None and lone.status is _READY:
+                    queue = self._queues[0]
                 else:
-                    queue = replicas.queues[replicas.pick(None, 0, now)]
+                    replicas = self._replicas
+                    assert replicas is not None
+                    queue = self._queues[replicas.pick(None, 0, now)]
                 future = self._create_future()
-                queue.enqueue_nowait(
-                    Request(
-                        {name: value},
-                        last[3],
-                        future,
-                        None,
-                        None,
-                        now,
-                        0,
-                        True,
-                        priority,
-                    ),
-                    now,
-                )
-                if future.done():
+                request = Request(inputs, last[3], future, None, None, now, 0, True, priority)
+                if queue.enqueue_nowait(request, now):
                     await asyncio.sleep(0)  # answered in place: still let the loop run the others
                 return await future
         pending = self.execute_async(inputs, outputs, replica_id, timeout, priority)

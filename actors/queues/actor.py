@@ -154,22 +154,24 @@ class Queue(Actor[QueueMessage]):
         """Requests enqueued and not answered yet."""
         return self._inflight
 
-    def enqueue_nowait(self, request: Request, now: float | None = None) -> None:
+    def enqueue_nowait(self, request: Request, now: float | None = None) -> bool:
         """Queue ``request`` at once, as handling ``Enqueue(request)`` would, without the
         mailbox's hop through the event loop (a caller on the queue's own event loop only);
-        ``now``: the queue clock's time, if the caller has just read it.
+        ``now``: the queue clock's time, if the caller has just read it. True: the request was
+        answered before this returned (run in place on an idle device).
 
         Safe because every change to the queue's state happens without awaiting; the only
         difference from ``tell(Enqueue(...))`` is that it overtakes messages still in the
-        mailbox. Never raises: refusals go to ``request.future``.
+        mailbox. Never raises: refusals go to ``request.future``. A request whose caller has
+        gone already (its future done) is queued all the same and dropped when reached, as one
+        that goes while it waits.
         """
         req, fut = request, request.future
-        if fut.done():
-            return
         if self._draining or not self._running:
-            reason = "is draining" if self._running else "stopped"
-            fut.set_exception(RunnerStoppedError(f"queue {self.name} {reason}"))
-            return
+            if not fut.done():
+                reason = "is draining" if self._running else "stopped"
+                fut.set_exception(RunnerStoppedError(f"queue {self.name} {reason}"))
+            return False
         n = req.samples  # req._open is True from its creation: counted from here on
         self._inflight += 1
         if now is None:
@@ -185,13 +187,14 @@ class Queue(Actor[QueueMessage]):
             self._insert_by_priority(req)
         if after >= self._capacity:
             if len(self._outstanding) < self._max_outstanding:
-                self._pump()
-            return
+                self._pump()  # (a batch failed while being sealed answers at once)
+                return fut.done()
+            return False
         if self._eager and not self._outstanding:
             if self._idle_flush_due:  # scheduled this loop iteration: it takes these rows
                 if before == 0:
                     self._open_since = now
-                return
+                return False
             # An idle device: this request runs now, at its bucket; in place when the
             # session can (what waits is less than a batch: one batch is sealed), once per
             # loop iteration: callers that run in this iteration after an answer given in
@@ -207,15 +210,16 @@ class Queue(Actor[QueueMessage]):
                     asyncio.get_running_loop().call_soon(self._next_turn)
                 else:
                     self._emit(batch)
-            return
+            return fut.done()
         b = self.layout.B
         if before == 0:
             self._open_since = now
         if before < b <= after:
             self._iter_full_since = now
         elif before:
-            return
+            return False
         self._kick()
+        return False
 
     def evacuate(self) -> list[Request]:
         """Give up every unanswered request and forget it; the queue takes no more.

@@ -7,6 +7,7 @@ answered, or when it is found gone (its future done) with rows still in a batch.
 
 from __future__ import annotations
 
+from asyncio import InvalidStateError
 from collections.abc import Iterable, Mapping, Sequence
 from operator import attrgetter
 
@@ -152,11 +153,10 @@ def _route_plain(
         if len(rows) < n:
             raise IndexError(f"output {fast!r} has {len(rows)} rows, the batch {n}")
         for req, row in zip(plain, rows, strict=True):
-            fut = req.future
-            if fut.done():
+            try:
+                req.future.set_result({fast: row})
+            except InvalidStateError:  # the caller is gone (its future was cancelled)
                 gone.append(req)
-            else:
-                fut.set_result({fast: row})
     else:
         for i, req in enumerate(plain):
             fut = req.future
