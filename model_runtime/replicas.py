@@ -273,18 +273,18 @@ class ReplicaSet:
         """
         states = self.states
         if replica_id is None and not avoid:
-            if len(states) == 1 and states[0].status is _READY:
-                return 0
             r = self._filling
-            if r >= 0:
+            if r >= 0:  # (the common case under load: one check per request)
                 state = states[r]
                 if (
-                    self.queues[r].filling
-                    and state.status is _READY
+                    state.status is _READY
                     and (self._clock.monotonic() if now is None else now) < state.hung_after
+                    and self.queues[r].filling()
                 ):
                     return r
                 self._filling = -1
+            if len(states) == 1 and states[0].status is _READY:
+                return 0
         n = len(states)
         if replica_id is not None:
             if not 0 <= replica_id < n:
@@ -307,7 +307,7 @@ class ReplicaSet:
             state = states[r]
             if state.status is ready and not avoid >> r & 1 and now < state.hung_after:
                 queue = queues[r]
-                busy = busy and queue.saturated
+                busy = busy and queue.saturated()
                 load = queue.pending_samples
                 if load < best_load:
                     best, best_load = r, load

@@ -135,14 +135,15 @@ class Queue(Actor[QueueMessage]):
         """Rows enqueued and not answered yet (a gone caller's until the queue notices)."""
         return self._rows_in - self._rows_closed
 
-    @property
+    # saturated() and filling() are methods, not properties: ReplicaSet.pick reads one per
+    # request with several replicas, and a property costs twice a method call's overhead.
+
     def saturated(self) -> bool:
         """Every batch buffer is in use: rows queued now wait until a batch ends."""
         return len(self._outstanding) >= self._max_outstanding
 
-    @property
     def filling(self) -> bool:
-        """:attr:`saturated`, with a partial batch open (the waiting rows are not a whole
+        """:meth:`saturated`, with a partial batch open (the waiting rows are not a whole
         number of batches): a request queued now completes a batch that runs no later."""
         return (
             len(self._outstanding) >= self._max_outstanding
@@ -166,8 +167,9 @@ class Queue(Actor[QueueMessage]):
         gone already (its future done) is queued all the same and dropped when reached, as one
         that goes while it waits.
         """
-        req, fut = request, request.future
+        req = request
         if self._draining or not self._running:
+            fut = req.future
             if not fut.done():
                 reason = "is draining" if self._running else "stopped"
                 fut.set_exception(RunnerStoppedError(f"queue {self.name} {reason}"))
@@ -188,7 +190,7 @@ class Queue(Actor[QueueMessage]):
         if after >= self._capacity:
             if len(self._outstanding) < self._max_outstanding:
                 self._pump()  # (a batch failed while being sealed answers at once)
-                return fut.done()
+                return req.future.done()
             return False
         if self._eager and not self._outstanding:
             if self._idle_flush_due:  # scheduled this loop iteration: it takes these rows
@@ -210,7 +212,7 @@ class Queue(Actor[QueueMessage]):
                     asyncio.get_running_loop().call_soon(self._next_turn)
                 else:
                     self._emit(batch)
-            return fut.done()
+            return req.future.done()
         b = self.layout.B
         if before == 0:
             self._open_since = now

@@ -60,12 +60,12 @@ class Request:
         inputs: Mapping[str, np.ndarray],
         samples: int,
         future: asyncio.Future[dict[str, np.ndarray]],
+        t_submit: float = 0.0,
+        priority: int = 0,
         outputs: Mapping[str, np.ndarray] | None = None,
         deadline: float | None = None,
-        t_submit: float = 0.0,
         tried: int = 0,
         waiting: bool = True,
-        priority: int = 0,
     ) -> None:
         self.inputs = inputs
         self.samples = samples

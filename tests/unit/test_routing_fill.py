@@ -2,7 +2,7 @@
 
 ``ReplicaSet.pick`` is least-loaded per request while some replica has a free batch buffer;
 once all are saturated, the replica it picked keeps taking requests until its open batch is
-full (``Queue.filling``), then it picks the least loaded again. A replica leaving service, or
+full (``Queue.filling()``), then it picks the least loaded again. A replica leaving service, or
 a run past its deadline, ends that at once.
 """
 
@@ -25,8 +25,14 @@ class _Queue:
     """What pick() reads of a queue, set by hand."""
 
     pending_samples: int = 0
-    saturated: bool = False
-    filling: bool = False
+    busy: bool = False  # saturated()
+    open_batch: bool = False  # filling()
+
+    def saturated(self) -> bool:
+        return self.busy
+
+    def filling(self) -> bool:
+        return self.open_batch
 
 
 def _replicas(n: int, clock: FakeClock) -> tuple[ReplicaSet, list[_Queue]]:
@@ -42,7 +48,7 @@ def _replicas(n: int, clock: FakeClock) -> tuple[ReplicaSet, list[_Queue]]:
 
 def test_least_loaded_per_request_while_a_replica_has_room() -> None:
     rs, queues = _replicas(2, FakeClock())
-    queues[0].saturated = queues[0].filling = True  # replica 1 still has a free buffer
+    queues[0].busy = queues[0].open_batch = True  # replica 1 still has a free buffer
     picks = []
     for _ in range(4):
         r = rs.pick(None)
@@ -54,14 +60,14 @@ def test_least_loaded_per_request_while_a_replica_has_room() -> None:
 def test_all_busy_the_picked_replica_fills_its_batch_then_least_loaded_again() -> None:
     rs, queues = _replicas(2, FakeClock())
     for q in queues:
-        q.saturated = True
+        q.busy = True
     queues[0].pending_samples = 70
     queues[1].pending_samples = 64
     assert rs.pick(None) == 1  # the least loaded
-    queues[1].filling = True  # its open batch takes the next requests
+    queues[1].open_batch = True  # its open batch takes the next requests
     queues[1].pending_samples = 80
     assert [rs.pick(None) for _ in range(5)] == [1] * 5
-    queues[1].filling = False  # that batch is full: least loaded again
+    queues[1].open_batch = False  # that batch is full: least loaded again
     assert rs.pick(None) == 0
 
 
@@ -69,7 +75,7 @@ def test_a_filling_replica_that_leaves_service_or_hangs_takes_nothing_more() -> 
     clock = FakeClock()
     rs, queues = _replicas(2, clock)
     for q in queues:
-        q.saturated = q.filling = True
+        q.busy = q.open_batch = True
     queues[1].pending_samples = 1
     assert rs.pick(None) == 0
     assert rs.pick(None) == 0
@@ -85,7 +91,7 @@ def test_a_filling_replica_that_leaves_service_or_hangs_takes_nothing_more() -> 
 def test_a_moved_request_avoids_the_replicas_that_failed_it_even_while_filling() -> None:
     rs, queues = _replicas(2, FakeClock())
     for q in queues:
-        q.saturated = q.filling = True
+        q.busy = q.open_batch = True
     assert rs.pick(None) == 0
     assert rs.pick(None, avoid=1) == 1
 
@@ -97,10 +103,10 @@ async def test_queue_reports_saturated_then_filling_until_a_whole_batch_waits() 
         for _ in range(8):  # two full batches: both buffers in use
             queue.enqueue_nowait(request(rows(1), 1, clock=clock))
         await settle()
-        assert queue.saturated and not queue.filling
+        assert queue.saturated() and not queue.filling()
         for i in range(4):
             queue.enqueue_nowait(request(rows(1), 1, clock=clock))
-            assert queue.filling is (i < 3)  # the 4th row completes the waiting batch
+            assert queue.filling() is (i < 3)  # the 4th row completes the waiting batch
         fake.release()
         await settle()
         assert len(fake.seen) == 3
