@@ -344,7 +344,8 @@ class ModelRunner:
             # The common request, submitted here (what execute_async does for it, without its
             # checks for what it is not): one array like the one before, validated when first
             # seen; no deadline; a runner without admission bounds. The caller's dict is the
-            # request's inputs (it awaits: nothing of its changes them before they are packed).
+            # request's inputs, not a copy: the caller awaits the answer (and the docstring asks
+            # every caller to leave its inputs unchanged until then).
             ((name, value),) = inputs.items()
             last = self._last_one
             if (

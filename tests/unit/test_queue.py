@@ -326,6 +326,25 @@ async def test_a_caller_gone_before_packing_never_reaches_the_device() -> None:
             check(r.future.result(), r.inputs["x"])
 
 
+async def test_a_caller_gone_before_queueing_is_dropped_and_leaves_no_trace() -> None:
+    queue = make_queue(metadata(B), batching_dim=0, ring_buffer_size_multiplier=2)
+    async with running(queue, hold=True) as (ref, session):
+        gone = request(rows(1), 1)
+        gone.future.cancel()  # its caller went before the queue took it
+        queue.enqueue_nowait(gone)
+        live = [submit(ref, request(rows(1), 1)) for _ in range(B)]
+        await settle()
+        session.release()
+        await settle()
+        packed = [req for batch in session.seen for req in batch.requests]
+        assert packed == live  # one full batch of the live callers; no row for the gone one
+        for r in live:
+            check(r.future.result(), r.inputs["x"])
+        assert queue.pending_samples == 0  # nothing counted as waiting or in flight
+        with anyio.fail_after(5):
+            await queue.wait_answered()
+
+
 # -- pool, failures, drain, shutdown ----------------------------------------------------------
 
 
