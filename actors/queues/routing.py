@@ -155,7 +155,7 @@ def _route_plain(
         for req, row in zip(plain, rows, strict=True):
             try:
                 req.future.set_result({fast: row})
-            except InvalidStateError:  # the caller is gone (its future was cancelled)
+            except InvalidStateError:  # the caller is gone (cancelled, or past its deadline)
                 gone.append(req)
     else:
         for i, req in enumerate(plain):
