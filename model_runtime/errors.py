@@ -17,6 +17,7 @@ at fault: the caller (bad input), the file (bad executable), the machine (no dev
     │   ├── DeviceUnavailableError         no device could be attached (per the wait strategy)
     │   ├── DeviceNotFoundError            no such device id / no device of that size or kind
     │   ├── DeviceMemoryError              the executable does not fit the device's memory
+    │   ├── UnsupportedExecutableError     the device cannot run it (dynamic dims on ipu-model)
     │   └── DeviceStateError               the device was asked to do something it cannot now
     ├── RuntimeFailure                     the device failed while running a program
     │   ├── ApplicationRuntimeError        the program failed (seed: application_runtime_error)
@@ -73,6 +74,7 @@ __all__ = [
     "SupervisorEscalationError",
     "UnknownModelError",
     "UnrecoverableRuntimeError",
+    "UnsupportedExecutableError",
 ]
 
 
@@ -145,6 +147,10 @@ class DeviceNotFoundError(DeviceError):
 
 class DeviceMemoryError(DeviceError):
     """The executable does not fit in the device's memory."""
+
+
+class UnsupportedExecutableError(DeviceError):
+    """The device cannot run the executable at all (a static device given dynamic dimensions)."""
 
 
 class DeviceStateError(DeviceError):

@@ -76,6 +76,9 @@ class RequestShape:
     batched: bool = True
     #: a string (``bytes``) anchor: elements are checked and made ``bytes``
     strings: bool = False
+    #: the names of ``shape``'s dynamic dimensions (``-1`` there; ``""`` where fixed), or
+    #: ``()`` when every dimension is fixed
+    dim_names: tuple[str, ...] = ()
 
 
 def request_shapes(
@@ -92,7 +95,15 @@ def request_shapes(
         strings = a.tensor_info.dtype.kind == "O"
         if a.batch_dim is None:  # the queue's rule too (actors/queues/pool.py)
             out.append(
-                RequestShape(a.name, 0, a.tensor_info.dtype, shape, batched=False, strings=strings)
+                RequestShape(
+                    a.name,
+                    0,
+                    a.tensor_info.dtype,
+                    shape,
+                    batched=False,
+                    strings=strings,
+                    dim_names=a.dim_names,
+                )
             )
             continue
         axis = batching_dim if batching_dim is not None else a.batch_dim
@@ -107,9 +118,31 @@ def request_shapes(
                 a.tensor_info.dtype,
                 shape[:axis] + shape[axis + 1 :],
                 strings=strings,
+                dim_names=a.dim_names[:axis] + a.dim_names[axis + 1 :],
             )
         )
     return tuple(out)
+
+
+def _fits(shape: tuple[int, ...], want: tuple[int, ...]) -> bool:
+    """``shape`` has ``want``'s rank and its size wherever ``want`` is not dynamic (-1)."""
+    if len(shape) != len(want):
+        return False
+    return all(w < 0 or d == w for d, w in zip(shape, want, strict=True))
+
+
+def _check_tied(s: RequestShape, shape: tuple[int, ...], sizes: dict[str, tuple[str, int]]) -> None:
+    """Dynamic dimensions that share a name (a text model's ``seq`` on ``ids`` and ``mask``)
+    take one size in a request."""
+    for name, size in zip(s.dim_names, shape, strict=True):
+        if not name:
+            continue
+        seen = sizes.setdefault(name, (s.name, size))
+        if seen[1] != size:
+            raise InputValidationError(
+                f"input {s.name!r} has {size} along its dimension {name!r} but input "
+                f"{seen[0]!r} has {seen[1]}: they must agree"
+            )
 
 
 def validate_inputs(
@@ -135,6 +168,7 @@ def validate_inputs(
     arrays: dict[str, np.ndarray] = {}
     samples = -1
     first = ""  # the input that set ``samples``
+    tied: dict[str, tuple[str, int]] = {}  # dynamic dimension name -> (input, size)
     for s in shapes:
         try:
             value = inputs[s.name]
@@ -150,19 +184,26 @@ def validate_inputs(
             )
         shape = arr.shape
         if not s.batched:
-            if shape != s.shape:
+            if shape != s.shape and not (s.dim_names and _fits(shape, s.shape)):
                 raise InputValidationError(
                     f"input {s.name!r} has shape {list(shape)}, the model expects "
-                    f"{list(s.shape)} (it has no batch dimension: give it whole)"
+                    f"{list(s.shape)} (it has no batch dimension: give it whole"
+                    + ("; -1: any size)" if s.dim_names else ")")
                 )
+            if s.dim_names:
+                _check_tied(s, shape, tied)
             arrays[s.name] = arr
             continue
-        if len(shape) != len(s.shape) + 1 or shape[: s.axis] + shape[s.axis + 1 :] != s.shape:
+        rest = shape[: s.axis] + shape[s.axis + 1 :]
+        if s.dim_names and len(shape) == len(s.shape) + 1 and _fits(rest, s.shape):
+            _check_tied(s, rest, tied)
+        elif len(shape) != len(s.shape) + 1 or rest != s.shape:
             expected = list(s.shape)
             expected.insert(s.axis, -1)
             raise InputValidationError(
                 f"input {s.name!r} has shape {list(shape)}, the model expects "
-                f"{expected} (-1: samples along dimension {s.axis})"
+                f"{expected} (-1: samples along dimension {s.axis}"
+                + (", or any size)" if s.dim_names else ")")
             )
         n = shape[s.axis]
         if samples < 0:
@@ -275,6 +316,11 @@ def validate_outputs(
                 f"output buffer {s.name!r} must be a numpy array, got {type(buf).__name__}"
             )
         expected = (*s.shape[: s.axis], samples, *s.shape[s.axis :]) if s.batched else s.shape
+        if s.dim_names:
+            raise InputValidationError(
+                f"output {s.name!r} has dynamic dimensions {list(expected)}: its shape is known "
+                "only once it is computed, so it cannot be given as a buffer"
+            )
         if buf.dtype != s.dtype or buf.shape != expected:
             raise InputValidationError(
                 f"output buffer {s.name!r} is {buf.dtype}{list(buf.shape)}, "

@@ -35,11 +35,12 @@ from model_runtime.errors import (
     InputValidationError,
     ModelRuntimeError,
     QueueFullError,
+    ResourceLimitError,
     RunnerStoppedError,
     SupervisorEscalationError,
 )
 from model_runtime.executable import Executable
-from model_runtime.executable.limits import check_allocation
+from model_runtime.executable.limits import check_allocation, check_bytes
 from model_runtime.io import (
     DataDesc,
     describe_anchor,
@@ -145,6 +146,7 @@ class ModelRunner:
         self._queues: list[Queue] = []
         self._lone: ReplicaState | None = None
         self._strings = False  # string inputs: every request's elements are checked
+        self._dynamic = False  # dynamic dimensions: each new shape's batch bytes are checked
         self._now = self._clock.monotonic
         #: a bound to check before queueing (max_queue_size or latency_budget); set by start()
         self._admission = False
@@ -203,6 +205,7 @@ class ModelRunner:
         self._in_shapes = request_shapes(meta.user_inputs, cfg.batching_dim, where=where)
         self._out_shapes = request_shapes(meta.execute_outputs, cfg.batching_dim, where=where)
         self._strings = any(s.strings for s in self._in_shapes)
+        self._dynamic = meta.is_dynamic
         self._admission = cfg.max_queue_size is not None or cfg.latency_budget is not None
         self._waiting = not cfg.flush_on_waiting_outputs
         plan = (
@@ -499,9 +502,33 @@ class ModelRunner:
             self._executable.metadata.batch_size,
             self.config.batching_dim is not None,
         )
+        if self._dynamic:
+            self._check_batch_bytes(arrays)
         if key is not None and len(self._signatures) < _SIGNATURES and not self._strings:
             self._signatures[key[0] if len(key) == 1 else signature] = samples
         return arrays, samples
+
+    def _check_batch_bytes(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """A dynamic model's batch buffers are sized by the request's shape: refuse one whose
+        batch would pass the allocation limit, before anything is allocated for it.
+
+        Raises:
+            InputValidationError: naming the bytes a batch of this shape needs and the limit.
+        """
+        meta = self._executable.metadata
+        rows = meta.batch_size * meta.device_iterations
+        needed = 0
+        for s in self._in_shapes:
+            a = arrays[s.name]
+            per_row = a.nbytes // max(a.shape[s.axis], 1) if s.batched else a.nbytes
+            needed += per_row * (rows if s.batched else meta.device_iterations)
+        try:
+            check_bytes(needed, what="a batch of this request's shape")
+        except ResourceLimitError as exc:
+            raise InputValidationError(
+                f"model {meta.model_name!r}: {exc} (shapes "
+                f"{ {n: list(a.shape) for n, a in arrays.items()} }); send smaller tensors"
+            ) from None
 
     @staticmethod
     async def _when_awaited(

@@ -206,6 +206,37 @@ def make_dynamic_feature() -> onnx.ModelProto:
     return _model(graph)
 
 
+def make_text_classifier(
+    vocab: int = 100, width: int = 16, classes: int = 4, seed: int = 0
+) -> onnx.ModelProto:
+    """A text classifier whose sequence axis varies per request: ``ids`` INT64
+    ["batch", "seq"] -> embedding (Gather) -> mean over ``seq`` -> linear -> ``logits``
+    [batch, classes]; also ``hidden`` [batch, seq, width], the embedded sequence (an output
+    whose shape follows the request's)."""
+    rng = np.random.default_rng(seed)
+    weights = [
+        numpy_helper.from_array(rng.standard_normal((vocab, width)).astype(np.float32), "emb"),
+        numpy_helper.from_array(rng.standard_normal((width, classes)).astype(np.float32), "w"),
+        numpy_helper.from_array(rng.standard_normal((classes,)).astype(np.float32), "b"),
+    ]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gather", ["emb", "ids"], ["hidden"]),
+            helper.make_node("ReduceMean", ["hidden"], ["mean"], axes=[1], keepdims=0),
+            helper.make_node("MatMul", ["mean", "w"], ["mw"]),
+            helper.make_node("Add", ["mw", "b"], ["logits"]),
+        ],
+        "text_classifier",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"])],
+        [
+            helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", classes]),
+            helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["batch", "seq", width]),
+        ],
+        weights,
+    )
+    return _model(graph)
+
+
 def make_string_identity(batch: Dim = "N", width: int = 1) -> onnx.ModelProto:
     """Triton's ``simple_identity``: ``INPUT0`` STRING [batch, width] -> Identity ->
     ``OUTPUT0`` STRING [batch, width]."""

@@ -45,6 +45,7 @@ from actors.queues.packing import take
 from actors.queues.pool import Layout, RingPool
 from actors.queues.request import Request
 from actors.queues.routing import fail_batch, fail_requests, route_outputs
+from actors.queues.shapes import ShapeGroups
 from actors.queues.stats import QueueStats, TraceRecorder
 from actors.queues.timer import FlushTimer
 from model_runtime.errors import ActorStoppedError, ApplicationRuntimeError, RunnerStoppedError
@@ -86,7 +87,10 @@ class Queue(Actor[QueueMessage]):
         self.layout = Layout(metadata, config)
         self._capacity = self.layout.capacity
         self._handoff = handoff
-        self._pool = RingPool(self.layout, config.pool_buffers)
+        #: A model with dynamic dimensions: batches of one shape each, in buffers of their own
+        #: (:mod:`actors.queues.shapes`); the ring pool is for fixed shapes only.
+        self._groups = ShapeGroups(metadata, config, self.layout) if metadata.is_dynamic else None
+        self._pool = RingPool(self.layout, 0 if self._groups else config.pool_buffers)
         #: batches packed and not completed, at most (max_look_ahead + 1, within the pool)
         self._max_outstanding = config.look_ahead
         self._recorder = TraceRecorder(config.request_tracepoints_buffer_size)
@@ -188,10 +192,12 @@ class Queue(Actor[QueueMessage]):
         else:
             self._insert_by_priority(req)
         if after >= self._capacity:
-            if len(self._outstanding) < self._max_outstanding:
-                self._pump()  # (a batch failed while being sealed answers at once)
+            if len(self._outstanding) >= self._max_outstanding:
+                return False
+            self._pump()  # (a batch failed while being sealed answers at once)
+            if self._groups is None or self._outstanding:
                 return req.future.done()
-            return False
+            # rows of several shapes, none a full batch, and an idle device: as below
         if self._eager and not self._outstanding:
             if self._idle_flush_due:  # scheduled this loop iteration: it takes these rows
                 if before == 0:
@@ -470,7 +476,7 @@ class Queue(Actor[QueueMessage]):
                 break
             if self._seal(partial):
                 sealed = True
-            elif partial:
+            elif partial or self._groups is not None:  # (no shape fills a batch)
                 break
         if sealed:
             now = self._now()
@@ -487,7 +493,21 @@ class Queue(Actor[QueueMessage]):
         now = self._now()
         if self._eager and partial and len(self._pending) == 1 and self._seal_alone(now):
             return True
-        got = take(self._pending, self.layout, partial, now)
+        layout, pool = self.layout, self._pool
+        if self._groups is None:
+            got = take(self._pending, layout, partial, now)
+        else:  # one shape's requests, in a buffer of that shape
+            split = self._groups.split(self._pending, self._capacity, partial)
+            for req in split.gone:
+                self._drop(req)
+            if split.key is None:
+                self._pending = split.merge()
+                return False
+            layout = self._groups.layout(split.key)
+            got = take(split.group, layout, partial, now)
+            self._pending = split.merge()
+            if got.rows and got.views is None:
+                pool = RingPool(layout, 1)
         for req in got.dropped:
             self._drop(req)
         if not got.rows:
@@ -500,23 +520,30 @@ class Queue(Actor[QueueMessage]):
             batch.outputs_into = got.into
             self._emit(batch)
             return True
-        index = self._pool.free.pop()
-        inputs = self._pool.buffers[index]
-        size = self.layout.capacity
+        index = pool.free.pop()
+        inputs = pool.buffers[index]
+        size = layout.capacity
         if self._eager and got.rows < size:  # the smallest bucket that holds the rows
-            size = self.layout.bucket(got.rows)
-            if size < self.layout.capacity:
+            size = layout.bucket(got.rows)
+            if size < layout.capacity:
                 inputs = ({name: array[:size] for name, array in inputs[0].items()},)
         padded = got.rows < size
         batch = Batch(
-            next(self._ids), inputs, segments, got.rows, padded, now, _buffer=index, plain=plain
+            next(self._ids),
+            inputs,
+            segments,
+            got.rows,
+            padded,
+            now,
+            _buffer=index if pool is self._pool else None,
+            plain=plain,
         )
         try:
-            batch.flush_outputs = self._pool.fill(
+            batch.flush_outputs = pool.fill(
                 index, got.per_iteration, got.rows, self.config.flush_callback, size, plain
             )
         except Exception as exc:
-            self._pool.free.append(index)
+            pool.free.append(index)
             callback = self.config.flush_callback
             name = getattr(callback, "__qualname__", repr(callback))
             error = ApplicationRuntimeError(

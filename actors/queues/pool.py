@@ -66,16 +66,21 @@ def rows_view(array: np.ndarray, axis: int | None) -> np.ndarray:
     return np.moveaxis(array, axis, 0)
 
 
-def _spec(anchor: Anchor, batch: int, batching_dim: int | None) -> Spec:
+def _spec(
+    anchor: Anchor, batch: int, batching_dim: int | None, rows: tuple[int, ...] | None = None
+) -> Spec:
+    """``anchor``'s spec; ``rows``: the shape of one request's rows (without the row axis; an
+    unbatched anchor's whole shape) to use instead of its dynamic dimensions."""
     if anchor.batch_dim is None:
-        return Spec(anchor.name, None, anchor.shape, anchor.dtype)
+        return Spec(anchor.name, None, anchor.shape if rows is None else rows, anchor.dtype)
     axis = anchor.batch_dim if batching_dim is None else batching_dim
     if axis >= len(anchor.shape) or anchor.shape[axis] != batch:
         raise ConfigurationError(
             f"anchor {anchor.name!r} of shape {anchor.shape} does not hold the batch size "
             f"{batch} along axis {axis} (batching_dim={batching_dim})"
         )
-    return Spec(anchor.name, axis, anchor.shape, anchor.dtype)
+    shape = anchor.shape if rows is None else (*rows[:axis], batch, *rows[axis:])
+    return Spec(anchor.name, axis, shape, anchor.dtype)
 
 
 class Layout:
@@ -93,8 +98,15 @@ class Layout:
         "simple_inputs",
     )
 
-    def __init__(self, metadata: ExecutableMetadata, config: QueueConfig) -> None:
-        """Derive the row axes.
+    def __init__(
+        self,
+        metadata: ExecutableMetadata,
+        config: QueueConfig,
+        shapes: Sequence[tuple[int, ...]] | None = None,
+    ) -> None:
+        """Derive the row axes. ``shapes``: per user input, the shape of a request's rows
+        (without the row axis) -- one shape of a model with dynamic dimensions, whose own
+        layout holds ``-1`` there (see :mod:`actors.queues.shapes`).
 
         Raises:
             ConfigurationError: the model has no user input, or an anchor does not hold the
@@ -104,7 +116,9 @@ class Layout:
         self.I = metadata.device_iterations
         self.capacity = self.B * self.I
         dim = config.batching_dim
-        self.inputs = tuple(_spec(a, self.B, dim) for a in metadata.user_inputs)
+        anchors = metadata.user_inputs
+        rows = shapes if shapes is not None else [None] * len(anchors)
+        self.inputs = tuple(_spec(a, self.B, dim, r) for a, r in zip(anchors, rows, strict=True))
         self.outputs = tuple(_spec(a, self.B, dim) for a in metadata.execute_outputs)
         if not self.inputs:
             raise ConfigurationError(f"model {metadata.model_name!r} has no user input to queue")
@@ -119,8 +133,10 @@ class Layout:
             and all(s.axis == 0 for s in (*self.inputs, *self.outputs))
         ):
             self.buckets = metadata.batch_sizes
-        #: outputs the device may write into callers' buffers: row axis 0, not strings
-        self.into_outputs = tuple(s for s in self.outputs if s.axis == 0 and s.dtype.kind != "O")
+        #: outputs the device may write into callers' buffers: row axis 0, not strings, fixed
+        self.into_outputs = tuple(
+            s for s in self.outputs if s.axis == 0 and s.dtype.kind != "O" and -1 not in s.shape
+        )
         #: the output's name when it is the only one and has row axis 0 (the fast split path)
         self.fast_output = (
             self.outputs[0].name if len(self.outputs) == 1 and self.outputs[0].axis == 0 else None

@@ -54,6 +54,9 @@ class Request:
     _t_packed: float = 0.0
     #: output arrays being assembled, when its rows span several segments or buffers were given
     _result: dict[str, np.ndarray] | None = None
+    #: the shape of its rows, per input, once a queue of a dynamic model has asked
+    #: (:mod:`actors.queues.shapes`)
+    _shape: tuple[tuple[int, ...], ...] | None = None
 
     def __init__(
         self,

@@ -56,7 +56,11 @@ def _accumulate(
         for s in layout.outputs:
             buf = given.get(s.name)
             if buf is None and s.axis is not None:
-                buf = np.empty(s.shape_with_rows(req.samples), dtype=s.dtype)
+                shape = s.shape_with_rows(req.samples)
+                if -1 in shape:  # a dynamic output: its size is this batch's
+                    got = out[s.name].shape
+                    shape = (*got[: s.axis], req.samples, *got[s.axis + 1 :])
+                buf = np.empty(shape, dtype=s.dtype)
             if buf is not None:
                 res[s.name] = buf
     for s in layout.outputs:

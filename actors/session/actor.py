@@ -74,6 +74,7 @@ from model_runtime.errors import (
     RuntimeFailure,
     UnrecoverableRuntimeError,
 )
+from model_runtime.executable.model import DYNAMIC_CHECK_SIZES
 
 __all__ = ["SaveVariables", "SessionActor", "SessionPolicy", "is_resettable"]
 
@@ -663,8 +664,14 @@ class SessionActor(Actor[object]):
                 the run failed.
         """
         layout = self._layout
+        # A dynamic dimension at the size the compiler verified the program with.
         inputs = [
-            {s.name: np.zeros(s.shape, dtype=s.dtype) for s in layout.inputs}
+            {
+                s.name: np.zeros(
+                    tuple(d if d >= 0 else DYNAMIC_CHECK_SIZES[0] for d in s.shape), s.dtype
+                )
+                for s in layout.inputs
+            }
             for _ in range(layout.I)
         ]
         t_start = self.clock.monotonic()

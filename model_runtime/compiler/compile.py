@@ -22,7 +22,7 @@ from onnx import helper
 from model_runtime import custom_ops
 from model_runtime.compiler.buckets import find_buckets
 from model_runtime.compiler.cache import ExecutableCache, cache_key
-from model_runtime.compiler.graph import default_opset, upgrade_opset
+from model_runtime.compiler.graph import default_opset, graph_dims, upgrade_opset
 from model_runtime.compiler.lower import lower
 from model_runtime.compiler.optimize import optimize
 from model_runtime.compiler.options import CompileOptions
@@ -194,4 +194,4 @@ def _set_output_shapes(model: onnx.ModelProto, outputs: Mapping[str, TensorInfo]
     for out in model.graph.output:
         info = outputs[out.name]
         elem = helper.np_dtype_to_tensor_dtype(info.dtype)
-        out.type.CopyFrom(helper.make_tensor_type_proto(elem, list(info.shape)))
+        out.type.CopyFrom(helper.make_tensor_type_proto(elem, graph_dims(out.name, info.shape)))

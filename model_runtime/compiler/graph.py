@@ -17,6 +17,7 @@ __all__ = [
     "approx_bytes",
     "constant_values",
     "default_opset",
+    "graph_dims",
     "initializer_names",
     "tensor_shape",
     "upgrade_opset",
@@ -57,6 +58,11 @@ def anchor_dtype(elem_type: int, what: str) -> np.dtype[Any]:
             f"(supported: {', '.join(DTYPES)})"
         )
     return DTYPES[dtype.name]
+
+
+def graph_dims(name: str, shape: tuple[int, ...]) -> list[int | str]:
+    """``shape`` as ONNX dims: a dynamic dimension (``-1``) becomes the symbol ``NAME_dimI``."""
+    return [d if d >= 0 else f"{name}_dim{i}" for i, d in enumerate(shape)]
 
 
 def tensor_shape(value_info: onnx.ValueInfoProto) -> list[int | str | None]:

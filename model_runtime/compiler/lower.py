@@ -34,7 +34,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from model_runtime.compiler.buckets import make_batch_symbolic
-from model_runtime.compiler.graph import anchor_dtype
+from model_runtime.compiler.graph import anchor_dtype, graph_dims
 from model_runtime.compiler.optimize import OptimizedModel
 from model_runtime.compiler.options import CompileOptions
 from model_runtime.compiler.rebatch import PreparedModel
@@ -42,6 +42,7 @@ from model_runtime.errors import CompileError
 from model_runtime.executable.codec import DTYPES
 from model_runtime.executable.container import Executable
 from model_runtime.executable.model import (
+    DYNAMIC,
     Anchor,
     AnchorRole,
     AnchorType,
@@ -184,7 +185,7 @@ def lower(
     for out in graph.output:
         info = outputs[out.name]
         elem = helper.np_dtype_to_tensor_dtype(info.dtype)
-        out.type.CopyFrom(helper.make_tensor_type_proto(elem, list(info.shape)))
+        out.type.CopyFrom(helper.make_tensor_type_proto(elem, graph_dims(out.name, info.shape)))
 
     serialized = model
     if symbolic_batch:  # batch-size buckets: anchors keep the full batch, the payload any
@@ -197,8 +198,12 @@ def lower(
     tensors: dict[str, np.ndarray] = {MAIN_PAYLOAD: payload}
     anchors: list[Anchor] = []
     bd: int | None = options.batch_dim if options.batch_size else None  # 0: no batch axis
+    by_input = {vi.name: vi for vi in rebatched.graph.input}
     for vi in user_inputs:
-        dims = tuple(d.dim_value for d in vi.type.tensor_type.shape.dim)
+        # The shapes as re-batching left them: the optimiser may have dropped a symbol.
+        source = by_input.get(vi.name, vi).type.tensor_type.shape.dim
+        dims = tuple(d.dim_value if d.dim_value > 0 else DYNAMIC for d in source)
+        names = tuple(d.dim_param if d.dim_value <= 0 else "" for d in source)
         dtype = anchor_dtype(vi.type.tensor_type.elem_type, f"{where}: input {vi.name!r}")
         anchors.append(
             Anchor(
@@ -209,19 +214,26 @@ def lower(
                 role=AnchorRole.USER_INPUT,
                 programs=(MAIN_ID,),
                 batch_dim=bd,
+                dim_names=names if DYNAMIC in dims else (),
             )
         )
     for name in [*prepared.user_outputs, *prepared.update_outputs]:
+        info = outputs[name]
         anchors.append(
             Anchor(
                 name=name,
                 handle=name,
-                tensor_info=outputs[name],
+                tensor_info=info,
                 type=AnchorType.OUTPUT,
                 role=AnchorRole.USER_OUTPUT,
                 programs=(MAIN_ID,),
                 # A variable's new value is state, not rows: it has no batch dim.
                 batch_dim=None if name in options.variable_updates else bd,
+                dim_names=(
+                    tuple(d if isinstance(d, str) else "" for d in graph_dims(name, info.shape))
+                    if info.is_dynamic
+                    else ()
+                ),
             )
         )
     for name, value in weights.items():

@@ -29,7 +29,14 @@ from model_runtime.compiler.graph import (
 from model_runtime.compiler.options import CompileOptions
 from model_runtime.errors import CompileError
 
-__all__ = ["BATCH_SYMBOL", "PreparedModel", "RebatchedModel", "prepare", "rebatch"]
+__all__ = [
+    "BATCH_SYMBOL",
+    "PreparedModel",
+    "RebatchedModel",
+    "name_dynamic_dims",
+    "prepare",
+    "rebatch",
+]
 
 #: Symbolic name the batch dim carries while shape inference traces where the batch flows.
 BATCH_SYMBOL = "__model_runtime_batch__"
@@ -138,12 +145,12 @@ def prepare(proto: onnx.ModelProto, options: CompileOptions, where: str) -> Prep
 
 
 def rebatch(prepared: PreparedModel, batch_size: int, batch_dim: int, where: str) -> RebatchedModel:
-    """Fix the batch dim of every user input at ``batch_size`` (0: no batch axis, every
-    input's shape must be fixed already).
+    """Fix the batch dim of every user input at ``batch_size`` (0: no batch axis); every other
+    dynamic dimension stays symbolic (named, see :func:`name_dynamic_dims`).
 
     Raises:
-        CompileError: an input has unknown rank, no batch dim, a batch fixed at a size other
-            than 1 or ``batch_size``, or a dynamic dimension other than the batch.
+        CompileError: an input has unknown rank, no batch dim, or a batch fixed at a size other
+            than 1 or ``batch_size``.
     """
     model = _copy(prepared.proto)
     graph = model.graph
@@ -163,14 +170,7 @@ def rebatch(prepared: PreparedModel, batch_size: int, batch_dim: int, where: str
                 f"{where}: input {vi.name!r} has rank {len(dims)}, so it has no batch "
                 f"dimension {batch_dim}"
             )
-        for i, d in enumerate(dims):
-            if i != batch_dim and not (d.HasField("dim_value") and d.dim_value > 0):
-                label = f" ({d.dim_param!r})" if d.HasField("dim_param") else ""
-                raise CompileError(
-                    f"{where}: input {vi.name!r} dimension {i}{label} is dynamic; only the batch "
-                    f"dimension ({batch_dim}) may be. Fix it in the model first "
-                    f"(shape {tensor_shape(vi)})"
-                )
+        name_dynamic_dims(vi, skip=batch_dim)
         d = dims[batch_dim]
         if d.HasField("dim_value") and d.dim_value > 0:
             if d.dim_value == batch_size:
@@ -220,21 +220,28 @@ def rebatch(prepared: PreparedModel, batch_size: int, batch_dim: int, where: str
 
 
 def _unbatched(model: onnx.ModelProto, prepared: PreparedModel, where: str) -> RebatchedModel:
-    """A model without a batch axis (batch size 0) runs at its own shapes: all fixed."""
+    """A model without a batch axis (batch size 0) runs each request alone at its own shape;
+    its dynamic dimensions stay symbolic."""
     for vi in model.graph.input:
         if vi.name not in prepared.user_inputs:
             continue
         tensor_type = vi.type.tensor_type
         if not tensor_type.HasField("shape"):
             raise CompileError(f"{where}: input {vi.name!r} has unknown rank; give it a shape")
-        for i, d in enumerate(tensor_type.shape.dim):
-            if not (d.HasField("dim_value") and d.dim_value > 0):
-                raise CompileError(
-                    f"{where}: input {vi.name!r} dimension {i} is dynamic; a model without a "
-                    f"batch axis (batch size 0) runs at its own shape, so every dimension must "
-                    f"be fixed (shape {tensor_shape(vi)})"
-                )
+        name_dynamic_dims(vi, skip=None)
     return RebatchedModel(proto=model, mode="none", reshapes_rewritten=0)
+
+
+def name_dynamic_dims(vi: onnx.ValueInfoProto, skip: int | None) -> None:
+    """In place: every dynamic dimension of ``vi`` but ``skip`` (the batch) gets a symbol; an
+    unnamed one (no ``dim_param``, or a non-positive ``dim_value``) gets its own, so it stays
+    dynamic through shape inference and is recorded as ``-1`` (DESIGN.md §4)."""
+    for i, d in enumerate(vi.type.tensor_type.shape.dim):
+        if i == skip or (d.HasField("dim_value") and d.dim_value > 0):
+            continue
+        if not (d.HasField("dim_param") and d.dim_param):
+            d.Clear()
+            d.dim_param = f"{vi.name}_dim{i}"
 
 
 def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -17,22 +17,39 @@ from model_runtime.compiler.graph import anchor_dtype, tensor_shape
 from model_runtime.compiler.ort import first_line, make_session, random_array, run
 from model_runtime.compiler.rebatch import PreparedModel, RebatchedModel
 from model_runtime.errors import CompileError
-from model_runtime.executable.model import TensorInfo
+from model_runtime.executable.model import DYNAMIC, DYNAMIC_CHECK_SIZES, TensorInfo
 
-__all__ = ["check_outputs", "check_updates", "rows_equal"]
+__all__ = ["DYNAMIC_SIZES", "check_outputs", "check_updates", "is_dynamic", "rows_equal"]
 
 _RTOL = 1e-3
 _ATOL = 1e-4
 
 
-def _input_infos(model: onnx.ModelProto, names: tuple[str, ...]) -> dict[str, TensorInfo]:
+#: The sizes every dynamic dimension (besides the batch) takes in the two verification runs.
+DYNAMIC_SIZES = DYNAMIC_CHECK_SIZES
+
+
+def _input_infos(
+    model: onnx.ModelProto, names: tuple[str, ...], size: int = DYNAMIC_SIZES[0]
+) -> dict[str, TensorInfo]:
+    """The user inputs' shapes and dtypes, with every dynamic dimension at ``size``."""
     infos: dict[str, TensorInfo] = {}
     for vi in model.graph.input:
         if vi.name in names:
-            shape = tuple(int(d) for d in tensor_shape(vi))  # type: ignore[arg-type]
+            shape = tuple(d if isinstance(d, int) and d > 0 else size for d in tensor_shape(vi))
             dtype = anchor_dtype(vi.type.tensor_type.elem_type, f"input {vi.name!r}")
             infos[vi.name] = TensorInfo(shape, dtype)
     return infos
+
+
+def is_dynamic(model: onnx.ModelProto, names: tuple[str, ...], batch_dim: int | None) -> bool:
+    """Some named input has a dynamic dimension other than ``batch_dim``."""
+    for vi in model.graph.input:
+        if vi.name in names:
+            for i, d in enumerate(tensor_shape(vi)):
+                if i != batch_dim and not (isinstance(d, int) and d > 0):
+                    return True
+    return False
 
 
 def rows_equal(expected: np.ndarray, actual: np.ndarray) -> tuple[bool, float]:
@@ -90,6 +107,9 @@ def check_outputs(
             onnx.helper.np_dtype_to_tensor_dtype(value.dtype), f"{where}: output {name!r}"
         )
         infos[name] = TensorInfo(tuple(int(d) for d in value.shape), dtype)
+    bd = batch_dim if batch_size else None
+    if is_dynamic(rebatched.proto, prepared.user_inputs, bd):
+        infos = _dynamic_outputs(session, prepared, rebatched, infos, feeds, rng, bd, where)
     for name in prepared.user_outputs if batch_size else ():  # 0: no batch axis
         shape = infos[name].shape
         if len(shape) <= batch_dim or shape[batch_dim] != batch_size:
@@ -105,6 +125,54 @@ def check_outputs(
     if changed:
         _compare_rows(prepared, feeds, outputs, batch_size, batch_dim, where)
     return infos
+
+
+def _dynamic_outputs(
+    session: Any,
+    prepared: PreparedModel,
+    rebatched: RebatchedModel,
+    infos: dict[str, TensorInfo],
+    feeds: dict[str, Any],
+    rng: np.random.Generator,
+    batch_dim: int | None,
+    where: str,
+) -> dict[str, TensorInfo]:
+    """Run the graph again with every dynamic input dimension at the second size: an output
+    dimension that changed is dynamic (``-1``), one that did not is fixed.
+
+    Raises:
+        CompileError: onnxruntime fails at the second size, or an output's rank changed.
+    """
+    size = DYNAMIC_SIZES[1]
+    second = _input_infos(rebatched.proto, prepared.user_inputs, size)
+    feeds2 = dict(feeds)
+    feeds2.update({n: random_array(rng, info.shape, info.dtype) for n, info in second.items()})
+    try:
+        outputs2 = run(session, feeds2)
+    except Exception as exc:
+        raise CompileError(
+            f"{where}: the model's dynamic dimensions were checked at two sizes "
+            f"({DYNAMIC_SIZES[0]} and {size}); onnxruntime fails at {size}: {first_line(exc)}"
+        ) from exc
+    out: dict[str, TensorInfo] = {}
+    for name, info in infos.items():
+        shape2 = tuple(int(d) for d in outputs2[name].shape)
+        if len(shape2) != len(info.shape):
+            raise CompileError(
+                f"{where}: output {name!r} has rank {len(info.shape)} with dynamic dimensions "
+                f"at {DYNAMIC_SIZES[0]} and rank {len(shape2)} at {size}: its rank must not vary"
+            )
+        shape = tuple(
+            a if a == b or i == batch_dim else DYNAMIC
+            for i, (a, b) in enumerate(zip(info.shape, shape2, strict=True))
+        )
+        if name in prepared.update_outputs and DYNAMIC in shape:
+            raise CompileError(
+                f"{where}: variable update {name!r} has shape {list(shape)}: a variable's "
+                "shape cannot depend on a request's dynamic dimensions"
+            )
+        out[name] = TensorInfo(shape, info.dtype)
+    return out
 
 
 def check_updates(

@@ -13,6 +13,7 @@ import numpy as np
 
 from model_runtime.errors import InvalidExecutableError
 from model_runtime.executable.model import (
+    DYNAMIC_FORMAT_VERSION,
     READABLE_FORMAT_VERSIONS,
     Anchor,
     AnchorRole,
@@ -61,7 +62,7 @@ def dtype_name(dtype: np.dtype[Any]) -> str:
 
 
 def _anchor_to_dict(a: Anchor) -> dict[str, Any]:
-    return {
+    doc: dict[str, Any] = {
         "name": a.name,
         "handle": a.handle,
         "shape": list(a.tensor_info.shape),
@@ -73,6 +74,9 @@ def _anchor_to_dict(a: Anchor) -> dict[str, Any]:
         "has_data": a.has_data,
         "batch_dim": a.batch_dim,
     }
+    if a.dim_names:  # only dynamic anchors (format 3) carry it: older files stay identical
+        doc["dim_names"] = list(a.dim_names)
+    return doc
 
 
 def metadata_to_json(m: ExecutableMetadata, *, include_hash: bool) -> str:
@@ -217,17 +221,27 @@ def metadata_from_json(text: str, *, where: str) -> ExecutableMetadata:
         bd = r.get(a, "batch_dim", p)
         if bd is not None and (not isinstance(bd, int) or isinstance(bd, bool) or bd < 0):
             raise r.fail(f"{p}.batch_dim", f"expected null or an integer >= 0, got {bd!r}")
+        names: tuple[str, ...] = ()
+        if isinstance(a, dict) and "dim_names" in a:
+            raw = r.list_(a, "dim_names", p)
+            if not all(isinstance(x, str) and len(x) <= 256 for x in raw):
+                raise r.fail(f"{p}.dim_names", "expected a list of names (strings)")
+            names = tuple(raw)
         anchors.append(
             Anchor(
                 name=r.str_(a, "name", p),
                 handle=r.str_(a, "handle", p),
-                tensor_info=TensorInfo(r.ints(a, "shape", p), DTYPES[dtype_name]),
+                tensor_info=TensorInfo(
+                    r.ints(a, "shape", p, lo=-1 if version >= DYNAMIC_FORMAT_VERSION else 0),
+                    DTYPES[dtype_name],
+                ),
                 type=r.enum_(a, "type", p, AnchorType),
                 role=r.enum_(a, "role", p, AnchorRole),
                 programs=r.ints(a, "programs", p),
                 is_per_replica=r.bool_(a, "is_per_replica", p),
                 has_data=r.bool_(a, "has_data", p),
                 batch_dim=bd,
+                dim_names=names,
             )
         )
     programs = []

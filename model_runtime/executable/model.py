@@ -37,6 +37,7 @@ __all__ = [
     "ProgramKind",
     "Target",
     "TensorInfo",
+    "dynamic_dims",
     "parse_batch_sizes",
     "required_format_version",
 ]
@@ -46,11 +47,21 @@ __all__ = [
 #: them is written as version 1 (:func:`required_format_version`), so a runtime that reads only
 #: version 1 still loads it, and refuses one with strings by its version, not by a puzzling
 #: anchor.
-FORMAT_VERSION = 2
+#: Version 3 adds dynamic dimensions (``-1`` in a user anchor's shape, named in its
+#: ``dim_names``); an executable without them keeps the oldest version that describes it.
+FORMAT_VERSION = 3
 #: Format versions this runtime reads.
-READABLE_FORMAT_VERSIONS = (1, 2)
+READABLE_FORMAT_VERSIONS = (1, 2, 3)
 #: The first format version with string constants.
 STRINGS_FORMAT_VERSION = 2
+#: The first format version with dynamic dimensions.
+DYNAMIC_FORMAT_VERSION = 3
+#: How a dynamic dimension is written in a shape (Triton's and ONNX Runtime's ``-1``).
+DYNAMIC = -1
+#: The sizes the compiler runs every dynamic dimension at to prove it dynamic (one size for
+#: all, so inputs that share a dimension under different names agree; large enough for
+#: convolutions and pooling, small enough to run in no time). A session warms up at the first.
+DYNAMIC_CHECK_SIZES = (32, 40)
 
 #: Device kinds an executable may target.
 DEVICE_KINDS = ("cpu", "ipu-model")
@@ -81,16 +92,23 @@ class ProgramKind(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class TensorInfo:
-    """Shape and dtype of one tensor (seed: ``popef::TensorInfo``)."""
+    """Shape and dtype of one tensor (seed: ``popef::TensorInfo``). A user anchor's shape may
+    hold :data:`DYNAMIC` (``-1``) where a dimension takes any size per request."""
 
     shape: tuple[int, ...]
     dtype: np.dtype[Any]
 
     @property
+    def is_dynamic(self) -> bool:
+        """Some dimension takes any size (``-1``)."""
+        return DYNAMIC in self.shape
+
+    @property
     def num_elements(self) -> int:
+        """Elements of the tensor; a dynamic dimension counts as 1 (the least it holds)."""
         n = 1
         for d in self.shape:
-            n *= d
+            n *= d if d > 0 else (0 if d == 0 else 1)
         return n
 
     @property
@@ -106,6 +124,9 @@ class Anchor:
     holds the executable's batch size for user inputs and outputs (``None``: not batched).
     ``has_data`` means the executable stores this anchor's data: a tensor named ``name``, or,
     for a ``bytes`` weight (a string constant), two tensors (see :mod:`.strings`).
+    ``dim_names`` names each dimension of a dynamic user anchor (``""`` where it is fixed; empty
+    when none is dynamic): the symbol the model gave it, so inputs sharing a symbol (a text
+    model's ``seq``) are known to share its size.
     """
 
     name: str
@@ -117,6 +138,7 @@ class Anchor:
     is_per_replica: bool = False
     has_data: bool = False
     batch_dim: int | None = None
+    dim_names: tuple[str, ...] = ()
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -188,10 +210,22 @@ def parse_batch_sizes(text: str | None, batch_size: int) -> tuple[int, ...] | No
 
 
 def required_format_version(anchors: tuple[Anchor, ...]) -> int:
-    """The oldest format version that can describe ``anchors``: 2 with a string constant (a
-    ``bytes`` anchor with data), else 1."""
+    """The oldest format version that can describe ``anchors``: 3 with a dynamic dimension, 2
+    with a string constant (a ``bytes`` anchor with data), else 1."""
+    if any(a.tensor_info.is_dynamic for a in anchors):
+        return DYNAMIC_FORMAT_VERSION
     strings = any(a.has_data and a.dtype.kind == "O" for a in anchors)
     return STRINGS_FORMAT_VERSION if strings else 1
+
+
+def dynamic_dims(anchors: tuple[Anchor, ...]) -> list[tuple[str, int, str]]:
+    """``(anchor, dimension, name)`` of every dynamic dimension of ``anchors``."""
+    return [
+        (a.name, i, a.dim_names[i] if i < len(a.dim_names) else "")
+        for a in anchors
+        for i, d in enumerate(a.shape)
+        if d == DYNAMIC
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,6 +274,11 @@ class ExecutableMetadata:
     @property
     def user_inputs(self) -> tuple[Anchor, ...]:
         return self.anchors_with_role(AnchorRole.USER_INPUT)
+
+    @property
+    def is_dynamic(self) -> bool:
+        """Some user input or output has a dynamic dimension besides the batch."""
+        return any(a.tensor_info.is_dynamic for a in (*self.user_inputs, *self.user_outputs))
 
     @property
     def user_outputs(self) -> tuple[Anchor, ...]:

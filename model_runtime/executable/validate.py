@@ -29,6 +29,8 @@ import numpy as np
 from model_runtime.errors import InvalidExecutableError
 from model_runtime.executable.model import (
     DEVICE_KINDS,
+    DYNAMIC,
+    DYNAMIC_FORMAT_VERSION,
     STRINGS_FORMAT_VERSION,
     Anchor,
     AnchorRole,
@@ -202,9 +204,11 @@ def _check_anchor(
         raise fail(f"anchor {a.name!r}: rank {len(shape)} is absurd (max {MAX_ANCHOR_RANK})")
     n = 1
     for d in shape:
-        n *= d
-        if d < 0 or n > MAX_ANCHOR_ELEMENTS:
+        n *= max(d, 1)
+        if d < DYNAMIC or n > MAX_ANCHOR_ELEMENTS:
             raise fail(f"anchor {a.name!r}: absurd shape {list(shape)[:MAX_ANCHOR_RANK]}")
+    if DYNAMIC in shape or a.dim_names:
+        _check_dynamic(m, a, fail)
     known = {p.id for p in m.programs}
     for pid in a.programs:
         if pid not in known:
@@ -250,6 +254,30 @@ def _check_anchor(
             )
     elif a.role in (AnchorRole.WEIGHT, AnchorRole.VARIABLE):
         raise fail(f"anchor {a.name!r} is a {a.role.value} without data")
+
+
+def _check_dynamic(m: ExecutableMetadata, a: Anchor, fail: Any) -> None:
+    """A dynamic dimension (``-1``) is for user data only, never its batch axis, and is named."""
+    shape = a.tensor_info.shape
+    if m.format_version < DYNAMIC_FORMAT_VERSION:
+        raise fail(
+            f"anchor {a.name!r}: a dynamic dimension needs format version "
+            f"{DYNAMIC_FORMAT_VERSION}, the executable says {m.format_version}"
+        )
+    if a.role not in (AnchorRole.USER_INPUT, AnchorRole.USER_OUTPUT) or a.has_data:
+        raise fail(f"anchor {a.name!r}: only user inputs and outputs may have dynamic dimensions")
+    if a.batch_dim is not None and a.batch_dim < len(shape) and shape[a.batch_dim] == DYNAMIC:
+        raise fail(f"anchor {a.name!r}: its batch dimension {a.batch_dim} cannot be dynamic")
+    if len(a.dim_names) != len(shape):
+        raise fail(
+            f"anchor {a.name!r}: dim_names has {len(a.dim_names)} entries for rank {len(shape)}"
+        )
+    for i, (d, name) in enumerate(zip(shape, a.dim_names, strict=True)):
+        if (d == DYNAMIC) != bool(name):
+            raise fail(
+                f"anchor {a.name!r}: dimension {i} is {d} but its dim_names entry is {name!r} "
+                "(a name exactly where the dimension is dynamic)"
+            )
 
 
 def validate_programs(

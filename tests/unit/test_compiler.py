@@ -151,9 +151,12 @@ def test_graph_that_mixes_rows_cannot_be_rebatched() -> None:
     compile_executable(make_batch_mixing(), CompileOptions(batch_size=1))
 
 
-def test_dynamic_non_batch_dim_is_named() -> None:
-    with pytest.raises(CompileError, match=r"input 'x' dimension 1 \('seq'\) is dynamic"):
-        compile_executable(make_dynamic_feature(), CompileOptions(batch_size=2))
+def test_dynamic_non_batch_dim_stays_dynamic_and_named() -> None:
+    exe = compile_executable(make_dynamic_feature(), CompileOptions(batch_size=2))
+    x = exe.metadata.anchor("x")
+    assert x.shape == (2, -1) and x.dim_names == ("", "seq")
+    assert exe.metadata.anchor("y").shape == (2, -1)
+    assert exe.metadata.format_version == 3
 
 
 def test_batch_fixed_at_another_size_is_refused() -> None:

@@ -350,11 +350,8 @@ class CpuBackend:
                         arr = batch[name]
                     except KeyError:
                         raise InputValidationError(f"run_main: input {name!r} missing") from None
-                    if (arr.shape != shape or arr.dtype != dtype) and not (
-                        arr.dtype == dtype
-                        and arr.shape[1:] == shape[1:]
-                        and arr.shape[:1] != ()
-                        and arr.shape[0] in self._buckets
+                    if (arr.shape != shape or arr.dtype != dtype) and not self._fits(
+                        arr, shape, dtype
                     ):
                         raise InputValidationError(
                             f"run_main: input {name!r} is {arr.dtype.name}{list(arr.shape)}, "
@@ -396,6 +393,15 @@ class CpuBackend:
             for _, handle, _, _ in self._inputs:
                 feed.pop(handle, None)  # do not keep the caller's arrays alive
         return outputs
+
+    def _fits(self, arr: np.ndarray, shape: tuple[int, ...], dtype: np.dtype[Any]) -> bool:
+        """``arr`` is a batch the program runs although not the anchor's exact shape: a smaller
+        bucket along axis 0, any size along a dynamic dimension (-1)."""
+        if arr.dtype != dtype or arr.ndim != len(shape) or not shape:
+            return False
+        if arr.shape[0] != shape[0] and arr.shape[0] not in self._buckets:
+            return False
+        return all(w < 0 or d == w for d, w in zip(arr.shape[1:], shape[1:], strict=True))
 
     def _run_into(
         self,

@@ -20,7 +20,8 @@ import numpy as np
 
 from actors.device.backends.cpu import CpuBackend
 from actors.device.inventory import DeviceSpec
-from model_runtime.errors import DeviceMemoryError
+from model_runtime.errors import DeviceMemoryError, UnsupportedExecutableError
+from model_runtime.executable.model import dynamic_dims
 
 if TYPE_CHECKING:
     from model_runtime.executable import Executable
@@ -90,9 +91,22 @@ class IpuModelBackend(CpuBackend):
         """Check memory, then load as the cpu backend does.
 
         Raises:
+            UnsupportedExecutableError: the executable has dynamic dimensions.
             DeviceMemoryError: the executable needs more than the device's memory.
             InputValidationError / ApplicationRuntimeError: as :meth:`CpuBackend.load`.
         """
+        dynamic = dynamic_dims(
+            (*executable.metadata.user_inputs, *executable.metadata.user_outputs)
+        )
+        if dynamic:
+            anchor, dim, name = dynamic[0]
+            raise UnsupportedExecutableError(
+                f"{self.spec.describe()}: executable {executable.metadata.model_name!r} has "
+                f"dynamic dimensions ({anchor!r} dimension {dim}, {name!r}"
+                + (f", and {len(dynamic) - 1} more" if len(dynamic) > 1 else "")
+                + "); an IPU program is compiled for fixed shapes: compile the model with "
+                "those dimensions fixed, or serve it on a cpu device"
+            )
         need = estimate_memory(executable)
         have = self.spec.memory_bytes
         if need["total"] > have:

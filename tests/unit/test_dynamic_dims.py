@@ -1,0 +1,258 @@
+"""Dynamic dimensions besides the batch (DESIGN.md §4, §6): compiled, stored, validated,
+batched by shape and answered exactly."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from test_queue_support import F32, running, settle, submit
+
+from actors.clock import FakeClock
+from actors.device.backends.ipu_model import IpuModelBackend
+from actors.device.inventory import DeviceSpec
+from actors.queues.actor import Queue
+from actors.queues.config import QueueConfig
+from actors.queues.request import Request
+from model_runtime import ModelRunner, ModelRunnerConfig
+from model_runtime.compiler import CompileOptions, compile_executable
+from model_runtime.errors import (
+    InputValidationError,
+    InvalidExecutableError,
+    UnsupportedExecutableError,
+)
+from model_runtime.executable import Executable
+from model_runtime.executable.codec import metadata_from_json, metadata_to_json
+from model_runtime.executable.model import (
+    Anchor,
+    AnchorRole,
+    AnchorType,
+    ExecutableMetadata,
+    Program,
+    ProgramFlow,
+    ProgramKind,
+    Target,
+    TensorInfo,
+)
+from model_runtime.executable.validate import validate_structure
+from model_runtime.io import request_shapes, validate_inputs
+from tests.models import make_text_classifier
+
+LENGTHS = (1, 4, 16, 33, 64)
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("dyn") / "text.mrx"
+    compile_executable(make_text_classifier(), CompileOptions(batch_size=8)).save(path)
+    return path
+
+
+def _reference(ids: np.ndarray) -> list[np.ndarray]:
+    session = ort.InferenceSession(
+        make_text_classifier().SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    return list(session.run(None, {"ids": ids}))
+
+
+# -- compile and format ------------------------------------------------------------------------
+
+
+def test_the_sequence_axis_stays_dynamic_and_is_stored_as_minus_one(classifier: Path) -> None:
+    exe = Executable.load(classifier)
+    m = exe.metadata
+    assert m.format_version == 3 and m.is_dynamic
+    assert m.anchor("ids").shape == (8, -1) and m.anchor("ids").dim_names == ("", "seq")
+    assert m.anchor("logits").shape == (8, 4) and m.anchor("logits").dim_names == ()
+    assert m.anchor("hidden").shape == (8, -1, 16)
+    assert m.batch_sizes == (1, 2, 4, 8)  # the batch stays bucketed beside the dynamic axis
+
+
+def _dynamic_meta(shape: tuple[int, ...], names: tuple[str, ...], version: int = 3) -> str:
+    anchor = Anchor(
+        "x",
+        "x",
+        TensorInfo(shape, F32),
+        AnchorType.INPUT,
+        AnchorRole.USER_INPUT,
+        (1,),
+        batch_dim=0,
+        dim_names=names,
+    )
+    meta = ExecutableMetadata(
+        model_name="m",
+        target=Target(),
+        batch_size=2,
+        anchors=(anchor,),
+        programs=(Program(1, "main", ProgramKind.MAIN, payload="p"),),
+        program_flow=ProgramFlow(main=(1,)),
+        format_version=version,
+    )
+    return metadata_to_json(meta, include_hash=False)
+
+
+@pytest.mark.parametrize(
+    ("shape", "names", "version", "message"),
+    [
+        ((2, -1), ("", "seq"), 2, r"shape\[1\]"),  # -1 is not an integer >= 0 before format 3
+        ((2, -1), (), 3, "dim_names has 0 entries"),
+        ((2, -1), ("", ""), 3, "dimension 1 is -1 but its dim_names entry is ''"),
+        ((2, 5), ("", "seq"), 3, "dimension 1 is 5 but its dim_names entry is 'seq'"),
+        ((-1, 5), ("b", ""), 3, "batch dimension 0 cannot be dynamic"),
+        ((2, -2), ("", "x"), 3, r"shape\[1\]"),
+    ],
+)
+def test_a_dynamic_dimension_that_does_not_add_up_is_refused(
+    shape: tuple[int, ...], names: tuple[str, ...], version: int, message: str
+) -> None:
+    with pytest.raises(InvalidExecutableError, match=message):
+        meta = metadata_from_json(_dynamic_meta(shape, names, version), where="f")
+        validate_structure(meta, {"p": np.ones(4, np.uint8)}, where="f")
+
+
+def test_the_static_ipu_model_refuses_a_dynamic_executable_naming_the_dimension(
+    classifier: Path,
+) -> None:
+    backend = IpuModelBackend(
+        DeviceSpec(id=0, kind="ipu-model", tiles_per_ipu=1216, memory_per_tile=1 << 20)
+    )
+    with pytest.raises(UnsupportedExecutableError, match=r"'ids' dimension 1, 'seq'"):
+        backend.load(Executable.load(classifier), None)
+
+
+# -- validation --------------------------------------------------------------------------------
+
+
+def test_any_size_along_a_dynamic_dimension_and_shared_names_agree() -> None:
+    anchors = tuple(
+        Anchor(
+            n,
+            n,
+            TensorInfo((4, -1), np.dtype(np.int64)),
+            AnchorType.INPUT,
+            AnchorRole.USER_INPUT,
+            (1,),
+            batch_dim=0,
+            dim_names=("", "seq"),
+        )
+        for n in ("ids", "mask")
+    )
+    shapes = request_shapes(anchors, 0, where="m")
+    ok = {"ids": np.zeros((3, 7), np.int64), "mask": np.ones((3, 7), np.int64)}
+    assert validate_inputs(ok, shapes, 4, True)[1] == 3
+    with pytest.raises(InputValidationError, match=r"'mask' has 6 along its dimension 'seq'"):
+        validate_inputs({**ok, "mask": np.ones((3, 6), np.int64)}, shapes, 4, True)
+    with pytest.raises(InputValidationError, match=r"expects \[-1, -1\]"):
+        validate_inputs({**ok, "ids": np.zeros((3, 7, 1), np.int64)}, shapes, 4, True)
+
+
+# -- the queue: one shape per batch, the oldest shape first ------------------------------------
+
+
+def _queue_meta(batch: int) -> ExecutableMetadata:
+    def anchor(name: str, kind: AnchorType, role: AnchorRole) -> Anchor:
+        return Anchor(
+            name,
+            name,
+            TensorInfo((batch, -1), F32),
+            kind,
+            role,
+            (1,),
+            batch_dim=0,
+            dim_names=("", "f"),
+        )
+
+    return ExecutableMetadata(
+        model_name="q",
+        target=Target(),
+        batch_size=batch,
+        anchors=(
+            anchor("x", AnchorType.INPUT, AnchorRole.USER_INPUT),
+            anchor("y", AnchorType.OUTPUT, AnchorRole.USER_OUTPUT),
+        ),
+        programs=(Program(1, "main", ProgramKind.MAIN),),
+        program_flow=ProgramFlow(main=(1,)),
+        format_version=3,
+    )
+
+
+def _request(rows: int, width: int, seed: int) -> Request:
+    x = (seed * 100 + np.arange(rows * width, dtype=np.float32)).reshape(rows, width)
+    return Request({"x": x}, rows, asyncio.get_running_loop().create_future())
+
+
+async def test_batches_hold_one_shape_and_the_oldest_shape_goes_first() -> None:
+    clock = FakeClock()
+    queue = Queue(_queue_meta(4), QueueConfig(batching_dim=0, timeout=5.0), clock=clock)
+    async with running(queue) as (ref, session):
+        first = submit(ref, _request(1, 3, 1))  # the oldest: width 3
+        wide = [submit(ref, _request(1, 5, i)) for i in (2, 3, 4)]
+        second = submit(ref, _request(2, 3, 5))
+        await settle()
+        assert session.seen == []  # no shape fills a batch of 4 yet
+        full = submit(ref, _request(1, 5, 6))  # width 5 now fills one: it runs at once
+        await settle()
+        assert [b.inputs[0]["x"].shape for b in session.seen] == [(4, 5)]
+        clock.advance(5.0)
+        await settle()
+        shapes = [b.inputs[0]["x"].shape for b in session.seen]
+        assert shapes == [(4, 5), (4, 3)]  # width 3's three rows, padded to the batch
+        assert session.seen[1].valid_rows == 3
+        for req in (first, *wide, second, full):
+            out = await req.future
+            np.testing.assert_array_equal(out["y"], req.inputs["x"] * 2 + 1)
+
+
+# -- end to end --------------------------------------------------------------------------------
+
+
+async def test_many_callers_of_five_lengths_share_batches_and_get_their_own_answers(
+    classifier: Path,
+) -> None:
+    rng = np.random.default_rng(7)
+    ids = [rng.integers(0, 100, (1, LENGTHS[i % 5])).astype(np.int64) for i in range(320)]
+    async with ModelRunner(classifier, ModelRunnerConfig(batching_dim=0)) as runner:
+        inputs = runner.get_execute_inputs()
+        assert inputs[0].shape == (8, -1)
+        results = await asyncio.gather(*(runner.execute({"ids": x}) for x in ids))
+        runs = sum(s.runs for s in runner.replica_states())
+    for x, got in zip(ids, results, strict=True):
+        logits, hidden = _reference(x)
+        np.testing.assert_allclose(got["logits"], logits, rtol=1e-5, atol=1e-5)
+        assert got["hidden"].shape == hidden.shape == (1, x.shape[1], 16)
+        np.testing.assert_allclose(got["hidden"], hidden, rtol=1e-6)
+    # (warm-up and probe runs count too)
+    assert runs <= 0.6 * len(ids), f"{runs} device runs for {len(ids)} requests"
+
+
+async def test_a_request_larger_than_the_batch_is_split_and_reassembled(classifier: Path) -> None:
+    x = np.random.default_rng(3).integers(0, 100, (19, 11)).astype(np.int64)
+    async with ModelRunner(classifier, ModelRunnerConfig(batching_dim=0)) as runner:
+        got = await runner.execute({"ids": x})
+        bad = runner.execute({"ids": np.zeros((2, 3, 4), np.int64)})
+        with pytest.raises(InputValidationError, match="any size"):
+            await bad
+    logits, hidden = _reference(x)
+    np.testing.assert_allclose(got["logits"], logits, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got["hidden"], hidden, rtol=1e-6)
+
+
+async def test_a_shape_whose_batch_passes_the_allocation_limit_is_refused_before_queueing(
+    classifier: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MODEL_RUNTIME_FLAGS", f"--max_allocation_bytes={64 << 20}")
+    async with ModelRunner(classifier, ModelRunnerConfig(batching_dim=0)) as runner:
+        # 8 rows x 2**21 int64 = 128 MiB for one batch buffer: refused, nothing allocated
+        with pytest.raises(InputValidationError, match="allocation limit"):
+            await runner.execute({"ids": np.zeros((1, 1 << 21), np.int64)})
+        ok = await runner.execute({"ids": np.zeros((1, 5), np.int64)})
+        assert ok["hidden"].shape == (1, 5, 16)
+
+
+def test_replace_keeps_dim_names() -> None:  # frozen values stay values
+    a = Anchor("x", "x", TensorInfo((2, -1), F32), AnchorType.INPUT, AnchorRole.USER_INPUT, (1,))
+    assert replace(a, dim_names=("", "s")).dim_names == ("", "s")
