@@ -322,6 +322,9 @@ class SessionActor(Actor[object]):
         t_start = max(t_start, self._device_free_at)
         t_end = self._device_free_at = self.clock.monotonic()
         self._succeeded(t_start, batch.valid_rows)
+        sizes = self._state.runs_by_size
+        size = self._executed_size(batch)
+        sizes[size] = sizes.get(size, 0) + 1
         self._finish(batch, Complete(batch, outputs, t_start, t_end))
 
     async def _run_batch(self, batch: Batch) -> None:
@@ -448,6 +451,13 @@ class SessionActor(Actor[object]):
                 del self._runs[future]
                 if not future.done():
                     future.set_exception(self._past_deadline(seconds))
+
+    def _executed_size(self, batch: Batch) -> int:
+        """The batch size ``batch`` ran at: its rows along the row axis (a bucket, or B)."""
+        spec = self._layout.inputs[0]
+        if spec.axis is None or not batch.inputs:
+            return self._layout.B
+        return int(batch.inputs[0][spec.name].shape[spec.axis])
 
     def _succeeded(self, t_start: float, rows: int | None = None) -> None:
         state = self._state

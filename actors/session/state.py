@@ -41,6 +41,9 @@ class ReplicaState:
     saved_variables: dict[str, np.ndarray] | None = None
     failure: BaseException | None = None
     runs: int = 0
+    #: Completed runs by the batch size they executed (a bucket, or the full batch): what
+    #: Triton's ``batch_stats`` reports.
+    runs_by_size: dict[int, int] = field(default_factory=dict)
     resets: int = 0
     retries: int = 0
     restarts: int = 0

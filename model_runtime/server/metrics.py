@@ -131,6 +131,27 @@ class _Mark:
     runner: object
     runs: dict[int, int] = field(default_factory=dict)
     counts: dict[tuple[int, str], float] = field(default_factory=dict)
+    #: (replica, executed batch size) -> runs
+    sizes: dict[tuple[int, int], int] = field(default_factory=dict)
+
+
+def _runs_by_size(
+    mark: _Mark, replica: int, state: object, batch: int, executions: int
+) -> dict[int, int]:
+    """The ``executions`` new runs of ``replica`` by the batch size they ran at (its state's
+    ``runs_by_size`` since the last read); runs it does not size go to ``batch``."""
+    sizes = getattr(state, "runs_by_size", None)
+    out: dict[int, int] = {}
+    if isinstance(sizes, dict):
+        for size, n in list(sizes.items()):
+            added = n - mark.sizes.get((replica, size), 0)
+            mark.sizes[(replica, size)] = n
+            if added > 0:
+                out[size] = added
+    rest = executions - sum(out.values())
+    if rest > 0:
+        out[batch] = out.get(batch, 0) + rest
+    return out
 
 
 def _batch_size(runner: object) -> int:
@@ -436,13 +457,16 @@ class DaemonMetrics:
             mean = {phase_of(k): v for k, v in snap.mean_us.items()}
             count = {phase_of(k): v for k, v in snap.count.items()}
             if executions:
-                b = totals.batches.get(batch)
-                if b is None:
-                    b = totals.batches[batch] = BatchTotals()
-                b.count += executions
-                b.compute_input_us += executions * mean.get("read_preparation", 0.0)
-                b.compute_infer_us += executions * mean.get("computation", 0.0)
-                b.compute_output_us += executions * mean.get("output", 0.0)
+                states = replica_states(runner)
+                state = states[r] if r < len(states) else None
+                for size, n in _runs_by_size(mark, r, state, batch, executions).items():
+                    b = totals.batches.get(size)
+                    if b is None:
+                        b = totals.batches[size] = BatchTotals()
+                    b.count += n
+                    b.compute_input_us += n * mean.get("read_preparation", 0.0)
+                    b.compute_infer_us += n * mean.get("computation", 0.0)
+                    b.compute_output_us += n * mean.get("output", 0.0)
             for name, phase in TRITON_PHASES.items():
                 if phase not in count:
                     continue

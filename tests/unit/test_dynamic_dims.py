@@ -220,6 +220,7 @@ async def test_many_callers_of_five_lengths_share_batches_and_get_their_own_answ
         assert inputs[0].shape == (8, -1)
         results = await asyncio.gather(*(runner.execute({"ids": x}) for x in ids))
         runs = sum(s.runs for s in runner.replica_states())
+        by_size = runner.replica_states()[0].runs_by_size
     for x, got in zip(ids, results, strict=True):
         logits, hidden = _reference(x)
         np.testing.assert_allclose(got["logits"], logits, rtol=1e-5, atol=1e-5)
@@ -227,6 +228,9 @@ async def test_many_callers_of_five_lengths_share_batches_and_get_their_own_answ
         np.testing.assert_allclose(got["hidden"], hidden, rtol=1e-6)
     # (warm-up and probe runs count too)
     assert runs <= 0.6 * len(ids), f"{runs} device runs for {len(ids)} requests"
+    # Triton's batch_stats: the sizes the batches ran at (buckets), not the largest alone.
+    assert set(by_size) <= {1, 2, 4, 8} and len(by_size) > 1, by_size
+    assert sum(by_size.values()) <= runs
 
 
 async def test_a_request_larger_than_the_batch_is_split_and_reassembled(classifier: Path) -> None:
