@@ -80,11 +80,13 @@ class ProtocolError(InputValidationError):
 
 @dataclass(frozen=True, slots=True)
 class TensorSpec:
-    """One model input or output as the protocol describes it (``-1``: any size)."""
+    """One model input or output as the protocol describes it (``-1``: any size); an
+    output's class ``labels`` (its config's ``label_filename``), for classification."""
 
     name: str
     datatype: str
     shape: tuple[int, ...]
+    labels: tuple[str, ...] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -455,8 +457,8 @@ def encode_infer_response(
     the JSON header's length (for ``Inference-Header-Content-Length``).
 
     ``specs`` (the model's outputs) say which outputs have a batch axis, for classification
-    (unknown: an output of two or more dimensions has one); ``labels`` gives an output's
-    class labels, if it has any.
+    (unknown: an output of two or more dimensions has one) and their class labels;
+    ``labels``, when given, gives an output's class labels instead.
 
     Raises:
         KeyError: a requested output is missing from ``results``.
@@ -472,7 +474,10 @@ def encode_infer_response(
         datatype = datatypes[out.name]
         if out.class_count:
             batched = batch_axis.get(out.name, arr.ndim >= 2)
-            names = labels(out.name) if labels is not None else None
+            if labels is not None:
+                names = labels(out.name)
+            else:
+                names = next((s.labels for s in specs if s.name == out.name), None)
             arr = classify(arr, out.class_count, batched=batched, labels=names)
             datatype = BYTES
         entry: dict[str, Any] = {"name": out.name, "datatype": datatype, "shape": list(arr.shape)}

@@ -63,18 +63,14 @@ from model_runtime.server.serving import (
     default_factory,
     replica_states,
 )
-from model_runtime.server.triton.config import (
-    ModelSettings,
-    build_config,
-    check_tensors,
-    parse_override,
-)
+from model_runtime.server.triton.config import ModelSettings, parse_override
 from model_runtime.server.triton.layout import (
     fingerprint as _fingerprint,
     is_model_dir,
-    onnx_fixed_batch,
+    model_batch,
     plan_model,
 )
+from model_runtime.server.triton.served import executable_batch_sizes, serve_model
 
 __all__ = [
     "ControlMode",
@@ -645,11 +641,10 @@ class ModelRepository:
             if self._compile is None:
                 raise ModelRuntimeError(f"cannot compile {path}: no compiler configured")
             compile_source = self._compile
-            # The configured batch, else the one the model fixes itself (a model fixed at 2
-            # is not compiled for the server's default 8), else the server's.
-            batch = settings.batch_size
-            if batch is None:
-                batch = await anyio.to_thread.run_sync(onnx_fixed_batch, source, axis)
+            # The configured batch, else (Triton layout) none for a model that cannot batch,
+            # else the one the model fixes itself (a model fixed at 2 is not compiled for the
+            # server's default 8), else the server's.
+            batch = await anyio.to_thread.run_sync(model_batch, source, settings, axis)
             path = await anyio.to_thread.run_sync(
                 lambda: compile_source(source) if batch is None else compile_source(source, batch)
             )
@@ -678,16 +673,23 @@ class ModelRepository:
                 raise ConfigurationError(
                     f"{where}: the batch is {want}, but {source} runs batches of {runs}"
                 )
-            check_tensors(settings, inputs, outputs)
             unbatched = runs is None and not any(d.batched for d in descs)
-            served = build_config(
-                entry.name, settings, config, 0 if unbatched else runs or 1, inputs, outputs
+            served = serve_model(
+                entry.name,
+                settings,
+                config,
+                0 if unbatched else runs or 1,
+                inputs,
+                outputs,
+                batch_sizes=executable_batch_sizes(runner),
             )
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await runner.close()
             raise
-        return _Version(runner, inputs, outputs, served)
+        if served.boundary is not None:  # reshapes, narrowed dims: requests cross it
+            runner = served.boundary.wrap(runner)
+        return _Version(runner, served.inputs, served.outputs, served.config)
 
     def _watch(self, entry: ModelEntry, runner: RunnerLike) -> anyio.Event:
         assert self._tg is not None

@@ -11,14 +11,9 @@ from model_runtime.errors import ConfigurationError
 from model_runtime.runner_config import ModelRunnerConfig
 from model_runtime.server.codec import TensorSpec
 from model_runtime.server.triton import model_config_pb2 as pb
-from model_runtime.server.triton.config import (
-    build_config,
-    check_tensors,
-    config_json,
-    parse_pbtxt,
-    parse_toml,
-)
+from model_runtime.server.triton.config import config_json, parse_pbtxt, parse_toml
 from model_runtime.server.triton.layout import plan_model
+from model_runtime.server.triton.served import build_config, check_tensors
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -26,7 +21,7 @@ FULL = """
 name: "m"
 max_batch_size: 8
 input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "y" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]
 dynamic_batching {
   max_queue_delay_microseconds: 250
   preferred_batch_size: [ 4 ]
@@ -79,7 +74,21 @@ def test_without_settings_the_server_defaults_stay(tmp_path: Path) -> None:
         ("instance_group [ { gpus: [0] } ]", "instance_group[0].gpus"),
         ("max_batch_size: 0 dynamic_batching { }", "max_batch_size"),
         ("max_batch_size: 2 platform: 'tensorrt_plan'", "platform"),
-        ("max_batch_size: 4 dynamic_batching { preferred_batch_size: [2, 4] }", "preferred"),
+        ("max_batch_size: 4 dynamic_batching { preferred_batch_size: [2, 5] }", "5 must be"),
+        ("input [ { name: 'x' data_type: TYPE_FP32 dims: [ 0 ] } ]", "input[0].dims"),
+        ("input [ { name: 'x' data_type: TYPE_FP32 dims: [ 2 ] }, { name: 'x' } ]", "twice"),
+        (
+            "input [ { name: 'x' data_type: TYPE_FP32 dims: [ 4 ] reshape { shape: [ 3 ] } } ]",
+            "input[0].reshape",
+        ),
+        (
+            "max_batch_size: 2 input [ { name: 'x' data_type: TYPE_FP32 optional: true } ]",
+            "input[0].optional",
+        ),
+        (
+            "output [ { name: 'y' data_type: TYPE_FP32 label_filename: '../labels.txt' } ]",
+            "output[0].label_filename",
+        ),
         (
             "max_batch_size: 4 dynamic_batching { priority_queue_policy { key: 1 value {} } }",
             "priority_queue_policy",
@@ -126,6 +135,12 @@ def test_tensors_are_checked_against_the_model(tmp_path: Path) -> None:
         check_tensors(s, [TensorSpec("x", "INT64", (-1, 4))], [y])
     with pytest.raises(ConfigurationError, match=r"output\[0\].name"):
         check_tensors(s, [x], [TensorSpec("z", "FP32", (-1, 4))])
+    # Outputs match exactly, as Triton compares them: a fixed config dim is not a variable one.
+    with pytest.raises(ConfigurationError, match=r"output\[0\].dims.*'y' has \[-1\]"):
+        check_tensors(s, [x], [TensorSpec("y", "FP32", (-1, -1))])
+    # A config that lists inputs lists every one the model has.
+    with pytest.raises(ConfigurationError, match=r"input\(s\) \['z'\] are not listed"):
+        check_tensors(s, [x, TensorSpec("z", "FP32", (-1, 1))], [y])
 
 
 def test_the_served_config_has_tritons_json_shape(tmp_path: Path) -> None:
@@ -148,7 +163,8 @@ def test_the_served_config_has_tritons_json_shape(tmp_path: Path) -> None:
             "optional": False,
         }
     ]
-    assert doc["output"][0]["dims"] == [4]  # from the model, not the config's -1
+    assert doc["output"][0]["dims"] == [4]
+    assert doc["output"][0]["label_filename"] == ""
     db = doc["dynamic_batching"]
     # 64-bit fields are JSON numbers, as Triton writes them (protobuf would write strings)
     assert db["max_queue_delay_microseconds"] == 250

@@ -260,7 +260,8 @@ def encode_model_infer_response(
         datatype = datatypes[out.name]
         if out.class_count:
             batched = batch_axis.get(out.name, arr.ndim >= 2)
-            arr = classify(arr, out.class_count, batched=batched)
+            names = next((s.labels for s in specs if s.name == out.name), None)
+            arr = classify(arr, out.class_count, batched=batched, labels=names)
             datatype = BYTES
             raw.append(bytes_to_binary(arr))
         elif datatype == BYTES:

@@ -1,22 +1,29 @@
 """Per-model settings in Triton's terms: ``config.pbtxt`` (and our per-model TOML) in, the
-runner's settings and the served ``ModelConfig`` out.
+runner's settings out (the served ``ModelConfig`` is built by :mod:`.served`).
 
 Both files carry one schema, Triton's ``ModelConfig`` (:mod:`.model_config_pb2`): a Triton
 model directory's ``config.pbtxt`` is read with protobuf's text format, a flat model's
 ``NAME.toml`` (beside ``NAME.onnx`` / ``NAME.mrx``) with the same field names as TOML tables.
 A field the schema lacks, or a value we do not serve (``KIND_GPU``, dynamic batching with
-``max_batch_size: 0``, a reshape...), is a :class:`~model_runtime.errors.ConfigurationError`
-that names the file and the field: that model fails to load, the others serve.
+``max_batch_size: 0``, an optional input of a batched model...), is a
+:class:`~model_runtime.errors.ConfigurationError` that names the file and the field: that model
+fails to load, the others serve. The tensors (``dims``, ``reshape``, ``optional``,
+``label_filename``) are checked by :mod:`.tensors`.
 
 What maps to what (:func:`settings_of`):
 
-- ``max_batch_size`` -> the batch the ``.onnx`` is compiled for (an ``.mrx`` must match it);
-  ``max_batch_size: 0`` with the ``input`` tensors listed (their full shapes, as Triton reads
-  them) -> a model without a batch axis: compiled with batch size 0, each request one run at
-  the model's own shape (without listed inputs, 0 is "not given": the model's own or the
-  server's batch, as Triton's auto-complete would find it);
-  ``dynamic_batching.preferred_batch_size`` (one size) -> that batch instead: a batch is
-  dispatched when it holds that many rows, larger requests are split over batches.
+- ``max_batch_size`` -> the batch the ``.onnx`` is compiled for (an ``.mrx`` must match it).
+  Given as 0 -> a model without a batch axis: compiled with batch size 0, each request one
+  run at the model's own shape, ``dims`` its full shapes. Not given -> 0 when the config lists
+  both inputs and outputs (Triton completes nothing then); else the model decides, as Triton's
+  auto-complete for ONNX does in a Triton layout (batched when every input's and output's
+  first dimension is variable) and as the model's own batch (or the server's) in the flat one
+  (see :func:`~.layout.model_batch`). Whether it was given is read from the file itself: the
+  schema's ``max_batch_size`` (proto3) cannot tell 0 from absent.
+- ``dynamic_batching.preferred_batch_size``: one size -> that batch instead (a batch is
+  dispatched when it holds that many rows, larger requests are split over batches); several
+  -> the executable is compiled for ``max_batch_size`` and each size must be a batch size it
+  runs (its batch-size buckets), checked at load.
 - ``dynamic_batching.max_queue_delay_microseconds`` -> the batch timeout (0: at once).
 - ``dynamic_batching.priority_levels`` / ``default_priority_level`` -> the request priority map.
 - ``default_queue_policy.max_queue_size`` -> the queue bound (it replaces the latency budget);
@@ -27,11 +34,12 @@ What maps to what (:func:`settings_of`):
 
 from __future__ import annotations
 
+import json
 import tomllib
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field as _field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import FieldDescriptor
@@ -40,10 +48,7 @@ from model_runtime.errors import ConfigurationError, ModelUnavailableError
 from model_runtime.runner_config import ModelRunnerConfig
 from model_runtime.server.parameters import execute_priority
 from model_runtime.server.triton import model_config_pb2 as pb
-
-if TYPE_CHECKING:
-    from model_runtime.server.codec import TensorSpec
-    from model_runtime.server.repository import ModelEntry
+from model_runtime.server.triton.tensors import check_declared
 
 __all__ = [
     "BACKEND",
@@ -53,8 +58,6 @@ __all__ = [
     "PLATFORM",
     "ModelSettings",
     "VersionPolicy",
-    "build_config",
-    "check_tensors",
     "config_json",
     "parse_override",
     "parse_pbtxt",
@@ -71,23 +74,6 @@ BACKEND = "onnxruntime"
 _PLATFORMS = ("", PLATFORM)
 _BACKENDS = ("", BACKEND)
 _KINDS = (pb.ModelInstanceGroup.KIND_AUTO, pb.ModelInstanceGroup.KIND_CPU)
-# Our protocol datatypes (model_runtime.server.datatypes) -> Triton's config enum.
-_DATATYPES = {
-    "BOOL": pb.TYPE_BOOL,
-    "UINT8": pb.TYPE_UINT8,
-    "UINT16": pb.TYPE_UINT16,
-    "UINT32": pb.TYPE_UINT32,
-    "UINT64": pb.TYPE_UINT64,
-    "INT8": pb.TYPE_INT8,
-    "INT16": pb.TYPE_INT16,
-    "INT32": pb.TYPE_INT32,
-    "INT64": pb.TYPE_INT64,
-    "FP16": pb.TYPE_FP16,
-    "FP32": pb.TYPE_FP32,
-    "FP64": pb.TYPE_FP64,
-    "BYTES": pb.TYPE_STRING,
-    "BF16": pb.TYPE_BF16,
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +103,8 @@ class ModelSettings:
     ``request_timeout``: a request's default deadline (seconds); ``config``: the parsed file
     (an empty ``ModelConfig`` when the model has none); ``source``: that file; ``origin``:
     where the settings came from when not from a file (a load's ``config`` override).
+    ``batch_size`` None: the model decides (see :func:`~.layout.model_batch`); 0: no batch
+    axis.
     """
 
     config: pb.ModelConfig
@@ -131,6 +119,12 @@ class ModelSettings:
     priority_levels: int | None = None
     default_priority_level: int | None = None
     version_policy: VersionPolicy = VersionPolicy()
+    #: ``dynamic_batching.preferred_batch_size``, sorted (each a batch the executable runs).
+    preferred_batch_sizes: tuple[int, ...] = ()
+    #: The settings are a Triton model directory's: Triton's rules complete the config.
+    triton: bool = False
+    #: Each output's class labels (its ``label_filename``, read at load by :mod:`.layout`).
+    labels: Mapping[str, tuple[str, ...]] = _field(default_factory=dict)
 
     def deadline(self, server: float | None, requested: float | None) -> float | None:
         """A request's timeout (seconds): its own, else the model's default, within the
@@ -195,7 +189,27 @@ def parse_pbtxt(path: Path, name: str) -> ModelSettings:
         raise ConfigurationError(f"{path}:{exc}") from exc
     if config.name and config.name != name:
         raise _fail(path, "name", f"{config.name!r} is not the model's directory name {name!r}")
-    return settings_of(config, path)
+    return settings_of(config, path, max_batch_size_given="max_batch_size" in _top_fields(text))
+
+
+def _top_fields(text: str) -> set[str]:
+    """The fields a (valid) text-format message sets at its top level."""
+    tokens = text_format.Tokenizer(text.splitlines())
+    names: set[str] = set()
+    depth, last = 0, ""
+    while not tokens.AtEnd():
+        token = tokens.token
+        if token in ("{", "<", "["):
+            if depth == 0 and last:
+                names.add(last)
+            depth += 1
+        elif token in ("}", ">", "]"):
+            depth -= 1
+        elif token == ":" and depth == 0 and last:
+            names.add(last)
+        last = token if depth == 0 and (token[:1].isalpha() or token[:1] == "_") else ""
+        tokens.NextToken()
+    return names
 
 
 def parse_toml(path: Path) -> ModelSettings:
@@ -216,7 +230,7 @@ def parse_toml(path: Path) -> ModelSettings:
         raise ConfigurationError(f"{path}: {exc}") from exc
     if config.name:
         raise _fail(path, "name", "the model's name is its file's name; leave it out")
-    return settings_of(config, path)
+    return settings_of(config, path, max_batch_size_given="max_batch_size" in doc)
 
 
 def parse_override(text: str, name: str) -> ModelSettings:
@@ -231,17 +245,24 @@ def parse_override(text: str, name: str) -> ModelSettings:
     config = pb.ModelConfig()
     try:
         json_format.Parse(text, config)
-    except json_format.ParseError as exc:
+        doc = json.loads(text)
+    except (json_format.ParseError, ValueError) as exc:
         raise ConfigurationError(f"{OVERRIDE}: not a ModelConfig in JSON: {exc}") from exc
     if config.name and config.name != name:
         raise _fail(OVERRIDE, "name", f"{config.name!r} is not the model's name {name!r}")
-    return settings_of(config, origin=OVERRIDE)
+    given = isinstance(doc, dict) and bool({"max_batch_size", "maxBatchSize"} & set(doc))
+    return settings_of(config, origin=OVERRIDE, max_batch_size_given=given)
 
 
 def settings_of(
-    config: pb.ModelConfig, source: Path | None = None, *, origin: str | None = None
+    config: pb.ModelConfig,
+    source: Path | None = None,
+    *,
+    origin: str | None = None,
+    max_batch_size_given: bool | None = None,
 ) -> ModelSettings:
     """Check ``config`` for what we serve and map it onto :class:`ModelSettings`.
+    ``max_batch_size_given``: the file sets ``max_batch_size`` (None: when it is not 0).
 
     Raises:
         ConfigurationError: a value we do not serve, naming ``source`` (or ``origin``) and the
@@ -261,68 +282,52 @@ def settings_of(
         raise _fail(
             where, "parameters", f"no parameters are supported: {sorted(config.parameters)}"
         )
-    if config.max_batch_size < 0:
+    mbs = config.max_batch_size
+    if mbs < 0:
         raise _fail(where, "max_batch_size", "must be >= 0")
-    if config.HasField("dynamic_batching") and config.max_batch_size == 0:
+    given = mbs > 0 or bool(max_batch_size_given)
+    batch: int | None = None  # the model decides (Triton's auto-complete, or ours)
+    if mbs > 0:
+        batch = mbs
+    elif given or (config.input and config.output):
+        batch = 0  # no batch axis: dims are the model's whole shapes
+    if config.HasField("dynamic_batching") and batch == 0:
         raise _fail(
             where,
             "max_batch_size",
             "0 (a model without a batch dimension) cannot have dynamic_batching: give the "
             "largest batch, or drop dynamic_batching",
         )
-    _check_tensors(config, where)
-    batch = config.max_batch_size or None
-    if config.max_batch_size == 0 and config.input:
-        batch = 0  # no batch axis: the listed inputs are the model's whole shapes
+    check_declared(config, where)
     fields: dict[str, Any] = {}
     if config.HasField("dynamic_batching"):
-        fields = _dynamic_batching(config.dynamic_batching, where, config.max_batch_size)
-        batch = fields.pop("batch_size", None) or batch
+        fields = _dynamic_batching(config.dynamic_batching, where, mbs)
+        preferred = fields.get("preferred_batch_sizes", ())
+        if len(preferred) == 1:
+            batch = preferred[0]  # the one size is the batch run
     return ModelSettings(
         config=config,
         source=source,
         origin=origin,
         batch_size=batch,
-        max_batch_size=config.max_batch_size or None,
+        max_batch_size=mbs or None,
         replicas=_replicas(config.instance_group, where),
         version_policy=_version_policy(config, where),
         **fields,
     )
 
 
-def _check_tensors(config: pb.ModelConfig, where: Path | str) -> None:
-    for kind, tensors in (("input", config.input), ("output", config.output)):
-        for i, t in enumerate(tensors):
-            at = f"{kind}[{i}]"
-            if not t.name:
-                raise _fail(where, f"{at}.name", "missing")
-            if t.HasField("reshape"):
-                raise _fail(where, f"{at}.reshape", "reshapes are not supported")
-            if kind == "input" and t.optional:
-                raise _fail(where, f"{at}.optional", "optional inputs are not supported")
-            if kind == "output" and t.label_filename:
-                raise _fail(where, f"{at}.label_filename", "labels are not supported")
-            if t.data_type == pb.TYPE_INVALID:
-                raise _fail(where, f"{at}.data_type", "missing")
-
-
 def _dynamic_batching(db: pb.ModelDynamicBatching, where: Path | str, mbs: int) -> dict[str, Any]:
     out: dict[str, Any] = {"timeout": max(db.max_queue_delay_microseconds, 1) / 1e6}
-    preferred = list(db.preferred_batch_size)
-    if len(preferred) > 1:
-        raise _fail(
-            where,
-            "dynamic_batching.preferred_batch_size",
-            f"one size is supported (the batch the executable runs), got {preferred}",
-        )
-    if preferred:
-        if not 0 < preferred[0] <= mbs:
+    for size in db.preferred_batch_size:
+        if not 0 < size <= mbs:
             raise _fail(
                 where,
                 "dynamic_batching.preferred_batch_size",
-                f"{preferred[0]} must be in 1..max_batch_size ({mbs})",
+                f"{size} must be in 1..max_batch_size ({mbs})",
             )
-        out["batch_size"] = preferred[0]
+    if db.preferred_batch_size:
+        out["preferred_batch_sizes"] = tuple(sorted(set(db.preferred_batch_size)))
     if db.priority_levels:
         if not 1 <= db.default_priority_level <= db.priority_levels:
             raise _fail(
@@ -383,80 +388,6 @@ def _version_policy(config: pb.ModelConfig, where: Path | str) -> VersionPolicy:
             return VersionPolicy("latest", num_versions=max(1, policy.latest.num_versions))
 
 
-def check_tensors(
-    settings: ModelSettings, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]
-) -> None:
-    """Check the config's ``input`` / ``output`` against the model's (batch axis left out
-    when ``max_batch_size`` > 0; -1 matches any size).
-
-    Raises:
-        ConfigurationError: a tensor the model lacks, or another datatype or shape.
-    """
-    where = settings.source or settings.origin or "model config"
-    batched = settings.config.max_batch_size > 0
-    for kind, declared, actual in (
-        ("input", settings.config.input, inputs),
-        ("output", settings.config.output, outputs),
-    ):
-        by_name = {s.name: s for s in actual}
-        for i, t in enumerate(declared):
-            spec = by_name.get(t.name)
-            at = f"{kind}[{i}]"
-            if spec is None:
-                raise _fail(where, f"{at}.name", f"the model has no {kind} {t.name!r}")
-            if _DATATYPES.get(spec.datatype) != t.data_type:
-                want = pb.DataType.Name(t.data_type)
-                raise _fail(where, f"{at}.data_type", f"{want}, but the model has {spec.datatype}")
-            shape = list(spec.shape[1:] if batched else spec.shape)
-            dims = list(t.dims)
-            if len(dims) != len(shape) or any(
-                d != s and -1 not in (d, s) for d, s in zip(dims, shape, strict=True)
-            ):
-                raise _fail(where, f"{at}.dims", f"{dims}, but the model has {shape}")
-
-
-def _tensor(cls: Any, spec: TensorSpec, batched: bool) -> Any:
-    shape = spec.shape[1:] if batched else spec.shape
-    return cls(name=spec.name, data_type=_DATATYPES.get(spec.datatype, 0), dims=list(shape))
-
-
-def build_config(
-    name: str,
-    settings: ModelSettings,
-    runner: ModelRunnerConfig,
-    batch_size: int,
-    inputs: Sequence[TensorSpec],
-    outputs: Sequence[TensorSpec],
-) -> pb.ModelConfig:
-    """The ``ModelConfig`` of what is served: the file's settings completed with the ones in
-    effect (batch, batch timeout, queue, replicas) and the model's tensors. ``batch_size``
-    0: the model has no batch axis (``max_batch_size: 0``, full shapes, no dynamic batcher)."""
-    config = pb.ModelConfig()
-    config.CopyFrom(settings.config)
-    config.name, config.platform, config.backend = name, PLATFORM, BACKEND
-    if not config.HasField("version_policy"):
-        config.version_policy.latest.num_versions = 1
-    batched = batch_size > 0  # 0: a model without a batch axis (max_batch_size 0)
-    config.max_batch_size = (settings.max_batch_size or batch_size) if batched else 0
-    del config.input[:], config.output[:]
-    config.input.extend(_tensor(pb.ModelInput, s, batched) for s in inputs)
-    config.output.extend(_tensor(pb.ModelOutput, s, batched) for s in outputs)
-    del config.instance_group[:]
-    config.instance_group.add(
-        name=name, kind=pb.ModelInstanceGroup.KIND_CPU, count=runner.replication_factor
-    )
-    if not batched:  # each request runs alone: no dynamic batcher (Triton refuses one)
-        config.ClearField("dynamic_batching")
-        return config
-    db = config.dynamic_batching
-    if not db.preferred_batch_size and batch_size != config.max_batch_size:
-        db.preferred_batch_size.append(batch_size)
-    db.max_queue_delay_microseconds = max(1, round(runner.timeout * 1e6))
-    if runner.max_queue_size is not None:
-        db.default_queue_policy.max_queue_size = runner.max_queue_size
-    return config
-
-
 def config_json(config: pb.ModelConfig) -> dict[str, Any]:
     """``config`` as Triton's HTTP endpoint writes it: proto field names, every field, and
     64-bit integers as JSON numbers (protobuf's JSON mapping writes them as strings)."""
@@ -497,7 +428,15 @@ def _numbers(descriptor: Any, doc: dict[str, Any]) -> None:
             doc[field.name] = [int(v) for v in value] if field.is_repeated else int(value)
 
 
-def served_config(entry: ModelEntry) -> pb.ModelConfig:
+class _Served(Protocol):
+    """What :func:`served_config` reads of a repository's model entry."""
+
+    name: str
+    served: Any
+    runner: Any
+
+
+def served_config(entry: _Served) -> pb.ModelConfig:
     """The ``ModelConfig`` of what ``entry`` (a model version the repository resolved, so an
     unknown model or version was already a ``ModelNotFoundError``, 404) serves.
 

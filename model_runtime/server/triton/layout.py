@@ -6,13 +6,18 @@ Flat: ``NAME.mrx`` or ``NAME.onnx``, with an optional ``NAME.toml`` beside it (T
 Triton: a directory ``NAME/`` with ``config.pbtxt`` (optional, as Triton's for ONNX models)
 and version directories ``NAME/<N>/model.mrx`` or ``NAME/<N>/model.onnx`` (or the config's
 ``default_model_filename``); the config's ``version_policy`` picks the versions served.
+
+An output's ``label_filename`` names a file beside the config (the model's directory; a flat
+model's: the directory of its file), one class label per line, read once when the model is
+planned and at most :data:`MAX_LABELS_BYTES` long.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from model_runtime.errors import ConfigurationError
 from model_runtime.server.triton import model_config_pb2 as pb
@@ -24,17 +29,23 @@ from model_runtime.server.triton.config import (
 )
 
 __all__ = [
+    "MAX_LABELS_BYTES",
     "MODEL_FILES",
     "ModelPlan",
     "fingerprint",
     "is_model_dir",
+    "model_batch",
+    "onnx_batchable",
     "onnx_fixed_batch",
     "plan_model",
+    "read_labels",
     "settings_file",
 ]
 
 #: The file names a Triton version directory is searched for, in order.
 MODEL_FILES = ("model.mrx", "model.onnx")
+#: A labels file longer than this is refused (ImageNet's 1000 labels take ~30 KB).
+MAX_LABELS_BYTES = 16 * 1024 * 1024
 Stat = tuple[int, int, int] | None
 
 
@@ -76,6 +87,7 @@ def plan_model(name: str, source: Path, override: ModelSettings | None = None) -
             settings = override
         else:
             settings = parse_toml(toml) if toml.is_file() else ModelSettings(pb.ModelConfig())
+        settings = replace(settings, labels=read_labels(settings, source.parent))
         return ModelPlan(settings, {"1": source})
     config = source / CONFIG_FILE
     if override is not None:
@@ -84,6 +96,7 @@ def plan_model(name: str, source: Path, override: ModelSettings | None = None) -
         settings = parse_pbtxt(config, name)
     else:
         settings = ModelSettings(pb.ModelConfig(), source=config)
+    settings = replace(settings, triton=True, labels=read_labels(settings, source))
     found = [int(p.name) for p in source.iterdir() if p.name.isdigit() and p.is_dir()]
     chosen = settings.version_policy.select(v for v in found if v > 0)
     if not chosen:
@@ -149,3 +162,74 @@ def onnx_fixed_batch(path: Path, axis: int = 0) -> int | None:
             return int(dims[axis].dim_value)
         return None
     return None
+
+
+def read_labels(settings: ModelSettings, directory: Path) -> dict[str, tuple[str, ...]]:
+    """Each output's class labels, from its ``label_filename`` in ``directory``: one label
+    per line, UTF-8.
+
+    Raises:
+        ConfigurationError: a labels file that is missing, unreadable, not UTF-8, outside
+            ``directory`` or longer than :data:`MAX_LABELS_BYTES`; naming the field.
+    """
+    where = settings.source or settings.origin or "model config"
+    labels: dict[str, tuple[str, ...]] = {}
+    for i, output in enumerate(settings.config.output):
+        if not output.label_filename:
+            continue
+        at = f"{where}: output[{i}].label_filename"
+        path = directory / output.label_filename
+        try:
+            if directory.resolve() not in path.resolve().parents:
+                raise ConfigurationError(f"{at}: {path} is outside {directory}")
+            with open(path, "rb") as f:
+                data = f.read(MAX_LABELS_BYTES + 1)
+        except OSError as exc:
+            raise ConfigurationError(f"{at}: cannot read {path}: {exc}") from exc
+        if len(data) > MAX_LABELS_BYTES:
+            raise ConfigurationError(f"{at}: {path} is over {MAX_LABELS_BYTES} bytes")
+        try:
+            labels[output.name] = tuple(data.decode("utf-8").splitlines())
+        except UnicodeDecodeError as exc:
+            raise ConfigurationError(f"{at}: {path} is not UTF-8: {exc}") from exc
+    return labels
+
+
+def _first_dim_variable(value: Any) -> bool:
+    tensor = value.type.tensor_type if value.type.HasField("tensor_type") else None
+    if tensor is None or not tensor.HasField("shape") or not tensor.shape.dim:
+        return False
+    return not tensor.shape.dim[0].HasField("dim_value")
+
+
+def onnx_batchable(path: Path) -> bool | None:
+    """Whether an ``.onnx`` model can have a batch axis, as Triton decides for ONNX: every
+    input's and output's first dimension is variable (None: not ONNX, or unreadable)."""
+    if path.suffix != ".onnx":
+        return None
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # the compiler reports a broken file with its own words
+        return None
+    graph = model.graph
+    if any(not o.type.tensor_type.HasField("shape") for o in graph.output):
+        try:  # outputs without a declared shape: what inference finds, as onnxruntime reports
+            graph = onnx.shape_inference.infer_shapes(model).graph
+        except Exception:
+            pass
+    weights = {t.name for t in graph.initializer}
+    values = [v for v in graph.input if v.name not in weights] + list(graph.output)
+    return bool(values) and all(_first_dim_variable(v) for v in values)
+
+
+def model_batch(path: Path, settings: ModelSettings, axis: int = 0) -> int | None:
+    """The batch to compile the ``.onnx`` at ``path`` for: the settings' batch, else (in a
+    Triton layout) 0 when the model cannot have a batch axis (:func:`onnx_batchable`), else
+    the batch the model fixes itself (:func:`onnx_fixed_batch`); None: the server's."""
+    if settings.batch_size is not None:
+        return settings.batch_size
+    if settings.triton and onnx_batchable(path) is False:
+        return 0
+    return onnx_fixed_batch(path, axis)
