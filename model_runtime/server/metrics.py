@@ -459,14 +459,14 @@ class DaemonMetrics:
             if executions:
                 states = replica_states(runner)
                 state = states[r] if r < len(states) else None
-                for size, n in _runs_by_size(mark, r, state, batch, executions).items():
+                for size, runs_of in _runs_by_size(mark, r, state, batch, executions).items():
                     b = totals.batches.get(size)
                     if b is None:
                         b = totals.batches[size] = BatchTotals()
-                    b.count += n
-                    b.compute_input_us += n * mean.get("read_preparation", 0.0)
-                    b.compute_infer_us += n * mean.get("computation", 0.0)
-                    b.compute_output_us += n * mean.get("output", 0.0)
+                    b.count += runs_of
+                    b.compute_input_us += runs_of * mean.get("read_preparation", 0.0)
+                    b.compute_infer_us += runs_of * mean.get("computation", 0.0)
+                    b.compute_output_us += runs_of * mean.get("output", 0.0)
             for name, phase in TRITON_PHASES.items():
                 if phase not in count:
                     continue

@@ -15,7 +15,7 @@ import tritonclient.grpc as grpcclient
 
 from model_runtime import ModelRunner, ModelRunnerConfig
 from model_runtime.compiler import CompileOptions, compile_model
-from model_runtime.errors import CompileError, InputValidationError
+from model_runtime.errors import InputValidationError
 from model_runtime.executable.container import Executable
 from tests.integration.test_daemon_support import Daemon, start_daemon, stop_daemon
 from tests.models import make_mlp, make_no_batch, save
@@ -41,8 +41,11 @@ def test_compile_without_batch_axis(tmp_path: Path) -> None:
         (SHAPE, None),
         (SHAPE, None),
     ]
-    with pytest.raises(CompileError, match="dynamic"):  # its shape must be its own
-        compile_model(make_mlp(sizes=(4, 2)), tmp_path / "d.mrx", CompileOptions(batch_size=0))
+    # Without a batch axis, a dynamic first dimension is one more dynamic dimension (Triton's
+    # max_batch_size: 0 with dims [ -1, 4 ]): each request runs alone at its own shape.
+    dyn = compile_model(make_mlp(sizes=(4, 2)), tmp_path / "d.mrx", CompileOptions(batch_size=0))
+    d = Executable.load(dyn).metadata.user_inputs[0]
+    assert (d.shape, d.batch_dim) == ((-1, 4), None)
 
 
 def test_each_request_runs_alone(tmp_path: Path) -> None:

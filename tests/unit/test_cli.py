@@ -126,7 +126,7 @@ def test_console_script_entry_point(model: Path, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("MODEL_RUNTIME_FLAGS", None)
     done = subprocess.run(
-        [sys.executable, "-m", "model_runtime.cli", "compile", str(model), "--batch-size", "0"],
+        [sys.executable, "-m", "model_runtime.cli", "compile", str(model), "--batch-size", "-1"],
         capture_output=True,
         text=True,
         env=env,

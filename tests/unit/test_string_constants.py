@@ -253,13 +253,13 @@ def test_an_absurd_count_is_refused_before_anything_is_sized_from_it(
     ("meta", "match"),
     [
         ({"format_version": 1}, "anchor 'labels': a string constant needs format version 2"),
-        ({"format_version": 3}, "unsupported format version 3"),
+        ({"format_version": 4}, "unsupported format version 4"),
         (
             {"role": AnchorRole.VARIABLE, "type": AnchorType.UNKNOWN},
             "anchor 'labels': a bytes anchor must be a user input or output without data",
         ),
     ],
-    ids=["format-1", "format-3", "variable"],
+    ids=["format-1", "format-4", "variable"],
 )
 def test_string_constants_outside_their_format_are_refused(
     exe: Executable, tmp_path: Path, meta: dict[str, Any], match: str
