@@ -40,6 +40,7 @@ protos: $(STAMP)
 # KServe's server) get venvs of their own under .venv-peers/ (they pin fastapi, pydantic,
 # protobuf, uvicorn), with our onnxruntime version; where one cannot be made (no network) the
 # HTTP benchmark skips it and says so. BENCH_SECONDS/HTTP_SECONDS: seconds per point.
+# benchmarks/dynamic_shapes.py is issue 29's dynamic point (text classifier, 5 seq lengths).
 BENCH_SECONDS ?= 3
 HTTP_SECONDS ?= 4
 PEERS := .venv-peers
@@ -65,6 +66,7 @@ bench: $(STAMP)
 	-$(BIN)/python benchmarks/runner_throughput.py --seconds $(BENCH_SECONDS)
 	-$(BIN)/python benchmarks/compiled_vs_source.py
 	-$(BIN)/python benchmarks/http_throughput.py --seconds $(HTTP_SECONDS)
+	-$(BIN)/python benchmarks/dynamic_shapes.py --seconds $(BENCH_SECONDS)
 	$(BIN)/python benchmarks/report.py --since-file benchmarks/results/.bench-started --readme README.md
 
 # Overload (issue 19): the daemon at 3x its measured capacity, then 0.5x; 3,000 idle

@@ -1,9 +1,10 @@
 """Write ``benchmarks/RESULTS.md`` from the JSON results of one ``make bench`` run.
 
-Reads ``benchmarks/results/{runner_throughput,compiled_vs_source,http_throughput}.json`` (and
-includes ``benchmarks/results/overload.md`` when present), adds the machine (cores, CPU model,
-RAM), the versions and the date, the tables, and issue 13's "done when" targets with a PASS/FAIL
-column (``n/a`` where the figure is missing). A result file older than ``--since-file``'s
+Reads ``benchmarks/results/{runner_throughput,compiled_vs_source,http_throughput,
+dynamic_shapes}.json`` (and includes ``benchmarks/results/overload.md`` when present), adds the
+machine (cores, CPU model, RAM), the versions and the date, the tables, and the "done when"
+targets (issue 13's, and issue 29's dynamic-shape point) with a PASS/FAIL column (``n/a`` where
+the figure is missing). A result file older than ``--since-file``'s
 timestamp came from an earlier run (its benchmark failed this time): it is reported, marked
 stale. With ``--readme``, the headline ratios replace the block between the README's
 ``<!-- bench:begin -->`` and ``<!-- bench:end -->`` markers, so the README quotes this run.
@@ -29,19 +30,21 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 RESULTS_DIR = HERE / "results"
 OUT = HERE / "RESULTS.md"
-SOURCES = ("runner_throughput", "compiled_vs_source", "http_throughput")
+SOURCES = ("runner_throughput", "compiled_vs_source", "http_throughput", "dynamic_shapes")
 README_BEGIN, README_END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
 
 @dataclass(frozen=True)
 class Target:
-    """One "done when" target of issue 13: the measured value against the goal."""
+    """One "done when" target (of issue 13 unless ``issue`` says): the measured value against
+    the goal."""
 
     what: str
     value: float | None
     goal: str
     ok: bool | None  # None: not measured in this run
     digits: int = 2
+    issue: int = 13
 
     @property
     def verdict(self) -> str:
@@ -82,13 +85,55 @@ def _row(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
 
 
 def _target(
-    what: str, value: float | None, goal: str, test: Callable[[float], bool], digits: int = 2
+    what: str,
+    value: float | None,
+    goal: str,
+    test: Callable[[float], bool],
+    digits: int = 2,
+    issue: int = 13,
 ) -> Target:
-    return Target(what, value, goal, None if value is None else test(value), digits)
+    return Target(what, value, goal, None if value is None else test(value), digits, issue)
+
+
+#: The dynamic-shape point's targets (issue 29); the names the README's headline quotes.
+DYNAMIC_RATIO = "dynamic text classifier, runtime / raw onnxruntime per request, 64 callers"
+DYNAMIC_RUNS = "dynamic text classifier, device runs per request, 64 callers"
+
+
+def dynamic_targets(docs: dict[str, Any]) -> list[Target]:
+    """Issue 29's dynamic point: the text classifier (5 sequence lengths, 64 callers) served
+    >= 2x faster than raw onnxruntime running each request alone, at <= 0.6 device runs per
+    request. A sampled answer that differs from onnxruntime's fails the ratio."""
+    r = _row(docs.get("dynamic_shapes", {}).get("rows", []), callers=64)
+    wrong: int = r.get("answers_wrong", 0) if r else 0
+    ratio: float | None = r["runtime_over_raw"] if r else None
+    runs: float | None = r["runs_per_request"] if r else None
+
+    def fast(v: float) -> bool:
+        return v >= 2.0 and not wrong
+
+    return [
+        _target(
+            DYNAMIC_RATIO,
+            ratio,
+            ">= 2.0, answers equal" if not wrong else f">= 2.0, answers equal ({wrong} wrong)",
+            fast,
+            issue=29,
+        ),
+        _target(
+            DYNAMIC_RUNS,
+            runs,
+            "<= 0.6",
+            lambda v: v <= 0.6,
+            digits=3,
+            issue=29,
+        ),
+    ]
 
 
 def targets(docs: dict[str, Any]) -> list[Target]:
-    """Issue 13's "done when" targets, from whatever this run measured."""
+    """The "done when" targets, from whatever this run measured: issue 13's, then issue 29's
+    dynamic point (:func:`dynamic_targets`)."""
     rt = docs.get("runner_throughput", {})
     rows, lone = rt.get("rows", []), rt.get("lone", [])
     out: list[Target] = []
@@ -146,7 +191,7 @@ def targets(docs: dict[str, Any]) -> list[Target]:
             lambda v: v >= 1.8,
         )
     )
-    return out
+    return out + dynamic_targets(docs)
 
 
 def machine() -> dict[str, str]:
@@ -225,11 +270,20 @@ def headline(docs: dict[str, Any], goals: list[Target]) -> list[str]:
                 parts.append(f"{mode} at {'/'.join(clients)} clients {' / '.join(ratios)}")
         if parts:
             lines.append(f"- HTTP daemon / {peer} (req/s): {'; '.join(parts)}")
-    passed = sum(t.ok is True for t in goals)
-    lines.append(
-        f"- issue 13 targets: {passed} of {len(goals)} PASS "
-        f"({sum(t.ok is None for t in goals)} not measured)"
-    )
+    dyn = _row(docs.get("dynamic_shapes", {}).get("rows", []), callers=64)
+    if dyn:
+        lines.append(
+            f"- dynamic text classifier (5 seq lengths, 64 callers): runtime / raw onnxruntime "
+            f"per request {dyn['runtime_over_raw']:.2f}x ({dyn['runtime_req_per_s']:.0f} vs "
+            f"{dyn['raw_req_per_s']:.0f} req/s), {dyn['runs_per_request']:.3f} device runs "
+            f"per request"
+        )
+    for issue in sorted({t.issue for t in goals}):
+        mine = [t for t in goals if t.issue == issue]
+        lines.append(
+            f"- issue {issue} targets: {sum(t.ok is True for t in mine)} of {len(mine)} PASS "
+            f"({sum(t.ok is None for t in mine)} not measured)"
+        )
     return lines
 
 
@@ -257,10 +311,10 @@ def render(
     if notes:
         out += ["**Missing or stale:**", ""] + [f"- {n}" for n in notes] + [""]
     out += ["## Headline", "", *headline(docs, goals), ""]
-    out += ["## Issue 13 targets", ""]
+    out += ["## Targets (issue 13; issue 29's dynamic point)", ""]
     out += _table(
-        ["target", "measured", "goal", "result"],
-        [[t.what, _fmt(t.value, t.digits), t.goal, t.verdict] for t in goals],
+        ["target", "issue", "measured", "goal", "result"],
+        [[t.what, t.issue, _fmt(t.value, t.digits), t.goal, t.verdict] for t in goals],
     )
     out += [""]
 
@@ -340,6 +394,36 @@ def render(
         )
         out += [""]
 
+    dyn = docs.get("dynamic_shapes")
+    if dyn:
+        out += [
+            "## Dynamic shapes: the text classifier against raw onnxruntime per request",
+            "",
+            f"`benchmarks/dynamic_shapes.py`: ids [batch, seq], {dyn.get('requests')} "
+            "single-sample requests of seq lengths 1/4/16/32/64; raw = one onnxruntime "
+            "session (1 thread) running each request alone, back to back; runtime = "
+            f"`{dyn.get('runtime_config')}` on {dyn.get('device')}, C concurrent callers. "
+            f"{dyn.get('seconds')} s per point, {dyn.get('pairs')} alternating raw/runtime "
+            "pairs, shown by the pair with the median ratio. Runs/req: device runs over "
+            "requests sent in the window. A sample of answers checked against onnxruntime on "
+            "each request alone.",
+            "",
+        ]
+        out += _table(
+            ["model", "C", "raw req/s", "runtime req/s", "rt/raw", "pair ratios", "runs/req",
+             "rt p50 µs", "rt p99 µs", "raw p50 µs", "answers checked", "wrong"],
+            [
+                [r.get("model"), r.get("callers"), _fmt(r.get("raw_req_per_s"), 0),
+                 _fmt(r.get("runtime_req_per_s"), 0), _fmt(r.get("runtime_over_raw")),
+                 " ".join(f"{x:.2f}" for x in r.get("pair_ratios", [])),
+                 _fmt(r.get("runs_per_request"), 3), _fmt(r.get("runtime_p50_us"), 0),
+                 _fmt(r.get("runtime_p99_us"), 0), _fmt(r.get("raw_p50_us"), 0),
+                 r.get("answers_checked"), r.get("answers_wrong")]
+                for r in dyn.get("rows", [])
+            ],
+        )  # fmt: skip
+        out += [""]
+
     http = docs.get("http_throughput")
     if http:
         out += [
@@ -412,9 +496,12 @@ def main() -> None:
     args.out.write_text(text)
     goals = targets(docs)
     width = max(len(t.what) for t in goals)
-    print(f"{'issue 13 target':<{width}}  {'measured':>9}  {'goal':<30} result")
+    print(f"{'target':<{width}}  {'issue':>5}  {'measured':>9}  {'goal':<30} result")
     for t in goals:
-        print(f"{t.what:<{width}}  {_fmt(t.value, t.digits):>9}  {t.goal:<30} {t.verdict}")
+        print(
+            f"{t.what:<{width}}  {t.issue:>5}  {_fmt(t.value, t.digits):>9}  {t.goal:<30} "
+            f"{t.verdict}"
+        )
     for n in notes:
         print(f"note: {n}")
     print(f"wrote {args.out}")

@@ -18,6 +18,27 @@ from benchmarks import report
 from benchmarks.http_throughput import OUTPUT, _exchange, decode_output
 
 
+def _dynamic(ratio: float = 2.5, runs: float = 0.2, wrong: int = 0) -> dict[str, Any]:
+    return {
+        "seconds": 3.0,
+        "pairs": 3,
+        "requests": 320,
+        "rows": [
+            {
+                "model": "text classifier ids [batch, seq] B=32",
+                "callers": 64,
+                "raw_req_per_s": 1000.0,
+                "runtime_req_per_s": 1000.0 * ratio,
+                "runtime_over_raw": ratio,
+                "pair_ratios": [ratio],
+                "runs_per_request": runs,
+                "answers_checked": 100,
+                "answers_wrong": wrong,
+            }
+        ],
+    }
+
+
 def _docs(*, rt_over_bare: float = 0.95, http: bool = True) -> dict[str, Any]:
     rows = [
         {
@@ -85,10 +106,31 @@ def test_targets_pass_and_fail_against_issue_13_goals() -> None:
         "HTTP JSON daemon / kserve, 1 client": "PASS",  # 2.0 >= 1.5
         "HTTP JSON daemon / mlserver, 64 clients": "FAIL",  # 2.5 < 3
         "squeezenet, 2 replicas / 1 replica (runtime, 256 callers)": "PASS",  # 1.9
+        report.DYNAMIC_RATIO: "n/a",  # issue 29's dynamic point: not measured
+        report.DYNAMIC_RUNS: "n/a",
     }
     low = _verdicts(_docs(rt_over_bare=0.87))
     assert low["runtime / bare batcher, MLP 1x1, 256 callers"] == "FAIL"
     assert low["runtime / bare batcher, MLP 2x1, 256 callers"] == "PASS"
+
+
+def test_the_dynamic_point_is_judged_against_issue_29_goals() -> None:
+    docs = _docs() | {"dynamic_shapes": _dynamic()}
+    goals = {t.what: t for t in report.targets(docs)}
+    assert goals[report.DYNAMIC_RATIO].verdict == "PASS"  # 2.5 >= 2
+    assert goals[report.DYNAMIC_RUNS].verdict == "PASS"  # 0.2 <= 0.6
+    assert goals[report.DYNAMIC_RATIO].issue == goals[report.DYNAMIC_RUNS].issue == 29
+    slow = _verdicts(_docs() | {"dynamic_shapes": _dynamic(ratio=1.9, runs=0.7)})
+    assert slow[report.DYNAMIC_RATIO] == slow[report.DYNAMIC_RUNS] == "FAIL"
+    wrong = {t.what: t for t in report.targets(_docs() | {"dynamic_shapes": _dynamic(wrong=2)})}
+    assert wrong[report.DYNAMIC_RATIO].verdict == "FAIL"  # fast, but an answer differs
+    assert "2 wrong" in wrong[report.DYNAMIC_RATIO].goal
+    lines = report.headline(docs, report.targets(docs))
+    assert "- issue 13 targets: 6 of 8 PASS (0 not measured)" in lines
+    assert "- issue 29 targets: 2 of 2 PASS (0 not measured)" in lines
+    assert any("dynamic text classifier" in line and "2.50x" in line for line in lines)
+    text = report.render(docs, [], {}, {}, None, datetime.datetime(2026, 1, 2, tzinfo=datetime.UTC))
+    assert "## Dynamic shapes" in text and f"| {report.DYNAMIC_RATIO} | 29 | 2.50 |" in text
 
 
 def test_a_peer_not_measured_is_na_not_pass() -> None:
@@ -107,6 +149,7 @@ def test_missing_and_stale_results_are_said(tmp_path: Path) -> None:
     loaded, notes = report.load(tmp_path, since=2000.0)
     assert set(loaded) == {"runner_throughput", "compiled_vs_source"}
     assert any("http_throughput" in n and "no results" in n for n in notes)
+    assert any("dynamic_shapes" in n and "no results" in n for n in notes)
     assert any("compiled_vs_source" in n and "STALE" in n for n in notes)
     assert not any("runner_throughput" in n for n in notes)
     text = report.render(
@@ -114,7 +157,10 @@ def test_missing_and_stale_results_are_said(tmp_path: Path) -> None:
         datetime.datetime(2026, 1, 2, tzinfo=datetime.UTC),
     )  # fmt: skip
     assert "STALE" in text and "overload table here" in text and "2026-01-02" in text
-    lone = "| one caller p50 (µs), MLP, default config | 300 | <= raw batch-1 + 150 = 230 | FAIL |"
+    lone = (
+        "| one caller p50 (µs), MLP, default config | 13 | 300 | <= raw batch-1 + 150 = 230 "
+        "| FAIL |"
+    )
     assert lone in text
     assert text.count("## Overload") == 1
     own = report.render(
