@@ -260,3 +260,18 @@ async def test_a_shape_whose_batch_passes_the_allocation_limit_is_refused_before
 def test_replace_keeps_dim_names() -> None:  # frozen values stay values
     a = Anchor("x", "x", TensorInfo((2, -1), F32), AnchorType.INPUT, AnchorRole.USER_INPUT, (1,))
     assert replace(a, dim_names=("", "s")).dim_names == ("", "s")
+
+
+async def test_more_rows_than_a_batch_with_no_shape_filling_one_are_flushed_by_shape() -> None:
+    clock = FakeClock()
+    queue = Queue(_queue_meta(4), QueueConfig(batching_dim=0, timeout=5.0), clock=clock)
+    async with running(queue) as (ref, session):
+        reqs = [submit(ref, _request(1, 3 + i % 2, i)) for i in range(6)]  # 3 + 3 rows
+        await settle()
+        assert session.seen == []
+        clock.advance(5.0)  # the flush: each shape as a partial batch, the oldest first
+        await settle()
+        assert [b.inputs[0]["x"].shape for b in session.seen] == [(4, 3), (4, 4)]
+        for req in reqs:
+            out = await req.future
+            np.testing.assert_array_equal(out["y"], req.inputs["x"] * 2 + 1)
