@@ -99,9 +99,12 @@ def test_triton_metrics_count_and_survive_a_reload(tmp_path: Path) -> None:
         assert (s["name"], s["version"], s["execution_count"]) == ("m", "1", 10)
         assert s["inference_stats"]["success"]["count"] == 10
         assert s["inference_stats"]["queue"]["count"] == 10
-        (b,) = s["batch_stats"]
-        assert b["batch_size"] == BATCH and b["compute_infer"]["count"] == 10
-        assert b["compute_infer"]["ns"] > 0 and set(b) >= {"compute_input", "compute_output"}
+        # By the batch size each run executed (a bucket of the executable, or its batch).
+        batches = s["batch_stats"]
+        assert sum(b["compute_infer"]["count"] for b in batches) == 10
+        for b in batches:
+            assert 1 <= b["batch_size"] <= BATCH
+            assert b["compute_infer"]["ns"] > 0 and set(b) >= {"compute_input", "compute_output"}
         assert "compute_output" in s["inference_stats"]
 
 
