@@ -60,6 +60,7 @@ from model_runtime.server.repository import (
     ModelRepository,
     ModelState,
 )
+from model_runtime.server.serving import innermost
 from model_runtime.server.stats import model_statistics
 from model_runtime.server.triton.config import DEFAULT_SETTINGS, config_json, served_config
 
@@ -438,7 +439,7 @@ class InferenceServer:
             parsed.priority, opts.priority_levels, opts.default_priority_level
         )
         pending = runner.execute(parsed.inputs, timeout=timeout, priority=priority)
-        if timeout is None or isinstance(getattr(runner, "current", runner), ModelRunner):
+        if timeout is None or isinstance(innermost(runner), ModelRunner):
             # A ModelRunner enforces the deadline itself: its own timer fails the request (and
             # drops it before it reaches a device once passed), so no second timer here.
             results: dict[str, Any] = await pending

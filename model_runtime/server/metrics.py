@@ -48,6 +48,7 @@ from prometheus_client.registry import Collector
 from actors.session.state import ReplicaStatus
 from model_runtime.errors import ModelRuntimeError
 from model_runtime.server.repository import ModelRepository, ModelState, replica_states
+from model_runtime.server.serving import innermost
 
 __all__ = [
     "CONTENT_TYPE",
@@ -436,7 +437,7 @@ class DaemonMetrics:
         if runner is None:
             return []
         key = (model, version)
-        current = getattr(runner, "current", runner)  # a ServingRunner swaps it on reload
+        current = innermost(runner)  # a ServingRunner swaps it on reload
         marks = self._marks.setdefault(key, {})
         mark = marks.get(id(current))
         if mark is None or mark.runner is not current:
@@ -483,7 +484,7 @@ class DaemonMetrics:
         await self.read_runner(model, version, runner)
         marks = self._marks.get((model, version))
         if marks is not None:
-            marks.pop(id(getattr(runner, "current", runner)), None)
+            marks.pop(id(innermost(runner)), None)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

@@ -14,7 +14,14 @@ from actors.session.state import ReplicaStatus
 from model_runtime.io import DataDesc
 from model_runtime.runner_config import ModelRunnerConfig
 
-__all__ = ["RunnerFactory", "RunnerLike", "ServingRunner", "default_factory", "replica_states"]
+__all__ = [
+    "RunnerFactory",
+    "RunnerLike",
+    "ServingRunner",
+    "default_factory",
+    "innermost",
+    "replica_states",
+]
 
 
 def replica_states(runner: object) -> list[Any]:
@@ -22,6 +29,14 @@ def replica_states(runner: object) -> list[Any]:
     event); [] for a runner without replicas (a test's stand-in)."""
     fn = getattr(runner, "replica_states", None)
     return list(fn()) if callable(fn) else []
+
+
+def innermost(runner: object) -> object:
+    """The runner that does the work behind ``runner``: wrappers (a :class:`ServingRunner`, a
+    reshaping boundary) hold theirs in ``current``."""
+    while (inner := getattr(runner, "current", None)) is not None:
+        runner = inner
+    return runner
 
 
 class RunnerLike(Protocol):

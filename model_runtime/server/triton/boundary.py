@@ -14,15 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from model_runtime.errors import ConfigurationError, InputValidationError
+from model_runtime.server.serving import ServingRunner
 
 if TYPE_CHECKING:
-    from actors.session.state import ReplicaStatus
-    from model_runtime.io import DataDesc
     from model_runtime.server.serving import RunnerLike
 
 __all__ = ["Boundary", "BoundaryRunner", "Reshape"]
@@ -115,31 +114,17 @@ class Boundary:
         return BoundaryRunner(runner, self)
 
 
-class BoundaryRunner:
+class BoundaryRunner(ServingRunner):
     """A runner whose requests and answers cross a :class:`Boundary`; everything else is the
-    wrapped runner's (``runner``)."""
+    wrapped runner's (``current``, as any :class:`ServingRunner`'s)."""
 
-    __slots__ = ("boundary", "runner")
+    __slots__ = ("boundary",)
 
     def __init__(self, runner: RunnerLike, boundary: Boundary) -> None:
-        self.runner = runner
+        super().__init__(runner)
         self.boundary = boundary
 
-    def __getattr__(self, name: str) -> Any:
-        # The runner's other attributes (its executable, replica states...), as they are.
-        if name in BoundaryRunner.__slots__:
-            raise AttributeError(name)
-        return getattr(self.runner, name)
-
-    async def start(self) -> None:
-        """Start the wrapped runner."""
-        await self.runner.start()
-
-    async def close(self) -> None:
-        """Close the wrapped runner."""
-        await self.runner.close()
-
-    async def execute(
+    async def execute(  # type: ignore[override]
         self,
         inputs: Mapping[str, np.ndarray],
         outputs: Mapping[str, np.ndarray] | None = None,
@@ -160,30 +145,5 @@ class BoundaryRunner:
                 "output buffers cannot be given to a model whose config reshapes tensors"
             )
         model = self.boundary.to_model(inputs)
-        results = await self.runner.execute(model, None, replica_id, timeout, priority)
+        results = await self.current.execute(model, None, replica_id, timeout, priority)
         return self.boundary.to_client(results)
-
-    def get_execute_inputs(self) -> list[DataDesc]:
-        """The wrapped runner's inputs (the model's shapes)."""
-        return self.runner.get_execute_inputs()
-
-    def get_execute_outputs(self) -> list[DataDesc]:
-        """The wrapped runner's outputs (the model's shapes)."""
-        return self.runner.get_execute_outputs()
-
-    def replica_status(self) -> list[ReplicaStatus]:
-        """The wrapped runner's replica statuses."""
-        return self.runner.replica_status()
-
-    @property
-    def is_ready(self) -> bool:
-        """True while the wrapped runner has a ready replica."""
-        return self.runner.is_ready
-
-    async def get_monitoring_statistics_total_count(self, replica_id: int = 0) -> dict[str, float]:
-        """The wrapped runner's request counts per phase."""
-        return await self.runner.get_monitoring_statistics_total_count(replica_id)
-
-    async def get_monitoring_statistics_mean(self, replica_id: int = 0) -> dict[str, float]:
-        """The wrapped runner's mean durations per phase."""
-        return await self.runner.get_monitoring_statistics_mean(replica_id)
