@@ -87,6 +87,16 @@ class TensorSpec:
     datatype: str
     shape: tuple[int, ...]
     labels: tuple[str, ...] | None = field(default=None, compare=False, repr=False)
+    #: whether dimension 0 is the batch (None: not known, then a leading -1 says so); a model
+    #: without a batch axis may have a dynamic first dimension, which is no batch
+    batched: bool | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def has_batch_axis(self) -> bool:
+        """Dimension 0 is the batch."""
+        if self.batched is not None:
+            return self.batched
+        return bool(self.shape) and self.shape[0] == -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -466,7 +476,7 @@ def encode_infer_response(
     doc: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
     if request.id is not None:
         doc["id"] = request.id
-    batch_axis = {s.name: bool(s.shape) and s.shape[0] == -1 for s in specs}
+    batch_axis = {s.name: s.has_batch_axis for s in specs}
     tensors: list[dict[str, Any]] = []
     chunks: list[bytes | memoryview] = []
     for out in request.outputs:

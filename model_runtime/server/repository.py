@@ -246,7 +246,8 @@ def _specs(descs: Sequence[DataDesc], axis: int) -> tuple[TensorSpec, ...]:
             datatype = datatype_of(d.dtype)
         except ValueError as exc:
             raise InvalidExecutableError(f"tensor {d.name!r}: {exc}") from None
-        out.append(TensorSpec(d.name, datatype, tuple(shape)))
+        batched = d.batched and 0 <= axis < len(shape)
+        out.append(TensorSpec(d.name, datatype, tuple(shape), batched=batched))
     return tuple(out)
 
 

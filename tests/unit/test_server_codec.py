@@ -756,3 +756,16 @@ def test_numeric_data_is_read_from_the_tape_not_as_python_numbers() -> None:
     many = {f"k{i}": 0 for i in range(17)}  # a key is found by a walk over them all
     assert jsontape.load(json.dumps({**_doc(), **many}).encode()) is None
     assert jsontape.load(json.dumps({**_doc(), **dict(list(many.items())[:12])}).encode())
+
+
+def test_classification_of_an_unbatched_output_whose_first_dimension_is_dynamic() -> None:
+    # max_batch_size 0 with dims [ -1 ]: the leading -1 is no batch, so the top classes are
+    # of the whole tensor, not of each "row".
+    scores = np.array([0.1, 0.7, 0.2], np.float32)
+    request = InferRequest(None, {}, (RequestedOutput("p", False, class_count=1),))
+    unbatched = TensorSpec("p", "FP32", (-1,), batched=False)
+    body, _ = encode_infer_response(
+        "m", "1", request, {"p": scores}, {"p": "FP32"}, specs=[unbatched]
+    )
+    (out,) = json.loads(body)["outputs"]
+    assert out["shape"] == [1] and out["data"][0].endswith(":1")

@@ -253,7 +253,7 @@ def encode_model_infer_response(
     response = pb.ModelInferResponse(model_name=model_name, model_version=model_version)
     if request.id is not None:
         response.id = request.id
-    batch_axis = {s.name: bool(s.shape) and s.shape[0] == -1 for s in specs}
+    batch_axis = {s.name: s.has_batch_axis for s in specs}
     raw: list[bytes] = []
     for out in request.outputs:
         arr = results[out.name]

@@ -212,7 +212,7 @@ class Completed:
 
 def _client(spec: TensorSpec, dims: Sequence[int], batched: bool, labels: Any) -> TensorSpec:
     shape = (-1, *dims) if batched else tuple(dims)
-    return TensorSpec(spec.name, spec.datatype, tuple(shape), labels=labels)
+    return TensorSpec(spec.name, spec.datatype, tuple(shape), labels=labels, batched=batched)
 
 
 def complete(
