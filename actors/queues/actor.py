@@ -470,18 +470,14 @@ class Queue(Actor[QueueMessage]):
         while self._pending_rows and len(self._outstanding) < self._max_outstanding:
             due = self._rows_in - self._pending_rows < self._flush_mark or self._draining
             if self._pending_rows >= cap:
-                partial = False
+                # A batch's worth waits; of a dynamic model it may be of several shapes that
+                # fill none, and then a due flush seals the oldest shape partly filled.
+                partial = due and self._groups is not None
             elif due:
                 partial = True
             else:
                 break
             if self._seal(partial):
-                sealed = True
-            elif not partial and due and self._groups is not None:
-                # rows of several shapes, none filling a batch, and a flush due: the oldest
-                # shape goes as a partial batch
-                if not self._seal(True):
-                    break
                 sealed = True
             elif partial or self._groups is not None:  # (no shape fills a batch)
                 break
