@@ -207,34 +207,78 @@ def make_dynamic_feature() -> onnx.ModelProto:
 
 
 def make_text_classifier(
-    vocab: int = 100, width: int = 16, classes: int = 4, seed: int = 0
+    vocab: int = 100, width: int = 16, classes: int = 4, seed: int = 0, layers: int = 0
 ) -> onnx.ModelProto:
     """A text classifier whose sequence axis varies per request: ``ids`` INT64
-    ["batch", "seq"] -> embedding (Gather) -> mean over ``seq`` -> linear -> ``logits``
-    [batch, classes]; also ``hidden`` [batch, seq, width], the embedded sequence (an output
-    whose shape follows the request's)."""
+    ["batch", "seq"] -> embedding (Gather) -> ``layers`` transformer encoder blocks (one-head
+    self-attention over ``seq`` and a feed-forward layer of 4 x ``width``, each with a residual
+    and LayerNormalization) -> mean over ``seq`` -> linear -> ``logits`` [batch, classes]; also
+    ``hidden`` [batch, seq, width], the token states (an output whose shape follows the
+    request's). ``layers=0``: the embedding alone, a model too cheap for batching to pay."""
     rng = np.random.default_rng(seed)
-    weights = [
-        numpy_helper.from_array(rng.standard_normal((vocab, width)).astype(np.float32), "emb"),
-        numpy_helper.from_array(rng.standard_normal((width, classes)).astype(np.float32), "w"),
-        numpy_helper.from_array(rng.standard_normal((classes,)).astype(np.float32), "b"),
+    tensors: dict[str, np.ndarray] = {
+        "emb": rng.standard_normal((vocab, width)).astype(np.float32),
+        "w": rng.standard_normal((width, classes)).astype(np.float32),
+        "b": rng.standard_normal((classes,)).astype(np.float32),
+    }
+    if layers:
+        tensors["ones"] = np.ones(width, np.float32)
+        tensors["zeros"] = np.zeros(width, np.float32)
+        tensors["scale"] = np.array(1 / np.sqrt(width), np.float32)
+
+    def dense(name: str, rows: int, cols: int) -> str:
+        tensors[name] = (rng.standard_normal((rows, cols)) / np.sqrt(rows)).astype(np.float32)
+        return name
+
+    node = helper.make_node
+    state = "hidden" if layers == 0 else "x0"
+    nodes = [node("Gather", ["emb", "ids"], [state])]
+    for i in range(layers):
+        p = f"l{i}_"
+        out = "hidden" if i == layers - 1 else f"x{i + 1}"
+        ffn = 4 * width
+        nodes += [
+            node("MatMul", [state, dense(p + "wq", width, width)], [p + "q"]),
+            node("MatMul", [state, dense(p + "wk", width, width)], [p + "k"]),
+            node("MatMul", [state, dense(p + "wv", width, width)], [p + "v"]),
+            node("Transpose", [p + "k"], [p + "kt"], perm=[0, 2, 1]),
+            node("MatMul", [p + "q", p + "kt"], [p + "qk"]),
+            node("Mul", [p + "qk", "scale"], [p + "scores"]),
+            node("Softmax", [p + "scores"], [p + "attn"], axis=-1),
+            node("MatMul", [p + "attn", p + "v"], [p + "ctx"]),
+            node("MatMul", [p + "ctx", dense(p + "wo", width, width)], [p + "o"]),
+            node("Add", [state, p + "o"], [p + "r1"]),
+            node("LayerNormalization", [p + "r1", "ones", "zeros"], [p + "n1"], axis=-1),
+            node("MatMul", [p + "n1", dense(p + "w1", width, ffn)], [p + "f1"]),
+            node("Relu", [p + "f1"], [p + "a1"]),
+            node("MatMul", [p + "a1", dense(p + "w2", ffn, width)], [p + "f2"]),
+            node("Add", [p + "n1", p + "f2"], [p + "r2"]),
+            node("LayerNormalization", [p + "r2", "ones", "zeros"], [out], axis=-1),
+        ]
+        state = out
+    nodes += [
+        node("ReduceMean", ["hidden"], ["mean"], axes=[1], keepdims=0),
+        node("MatMul", ["mean", "w"], ["mw"]),
+        node("Add", ["mw", "b"], ["logits"]),
     ]
     graph = helper.make_graph(
-        [
-            helper.make_node("Gather", ["emb", "ids"], ["hidden"]),
-            helper.make_node("ReduceMean", ["hidden"], ["mean"], axes=[1], keepdims=0),
-            helper.make_node("MatMul", ["mean", "w"], ["mw"]),
-            helper.make_node("Add", ["mw", "b"], ["logits"]),
-        ],
+        nodes,
         "text_classifier",
         [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"])],
         [
             helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", classes]),
             helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["batch", "seq", width]),
         ],
-        weights,
+        [numpy_helper.from_array(v, k) for k, v in tensors.items()],
     )
-    return _model(graph)
+    if not layers:
+        return _model(graph)
+    model = helper.make_model(  # LayerNormalization is opset 17
+        graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="tests.models"
+    )
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
 
 
 def make_string_identity(batch: Dim = "N", width: int = 1) -> onnx.ModelProto:
