@@ -91,6 +91,8 @@ class Queue(Actor[QueueMessage]):
         #: (:mod:`actors.queues.shapes`); the ring pool is for fixed shapes only.
         self._groups = ShapeGroups(metadata, config, self.layout) if metadata.is_dynamic else None
         self._pool = RingPool(self.layout, 0 if self._groups else config.pool_buffers)
+        if self._groups is not None:  # (an instance attribute: fixed shapes pay nothing)
+            self.enqueue_nowait = self._enqueue_shaped  # type: ignore[method-assign]
         #: batches packed and not completed, at most (max_look_ahead + 1, within the pool)
         self._max_outstanding = config.look_ahead
         self._recorder = TraceRecorder(config.request_tracepoints_buffer_size)
@@ -228,6 +230,13 @@ class Queue(Actor[QueueMessage]):
             return False
         self._kick()
         return False
+
+    def _enqueue_shaped(self, request: Request, now: float | None = None) -> bool:
+        """:meth:`enqueue_nowait` of a model with dynamic dimensions: counted by shape first."""
+        assert self._groups is not None
+        if self._running and not self._draining:
+            self._groups.add(request)
+        return Queue.enqueue_nowait(self, request, now)
 
     def evacuate(self) -> list[Request]:
         """Give up every unanswered request and forget it; the queue takes no more.
@@ -500,6 +509,8 @@ class Queue(Actor[QueueMessage]):
         if self._groups is None:
             got = take(self._pending, layout, partial, now)
         else:  # one shape's requests, in a buffer of that shape
+            if not partial and not self._groups.may_fill(self._capacity):
+                return False
             split = self._groups.split(self._pending, self._capacity, partial)
             for req in split.gone:
                 self._drop(req)
@@ -508,6 +519,7 @@ class Queue(Actor[QueueMessage]):
                 return False
             layout = self._groups.layout(split.key)
             got = take(split.group, layout, partial, now)
+            self._groups.taken(split.key, got.rows)
             self._pending = split.merge()
             if got.rows and got.views is None:
                 pool = RingPool(layout, 1)

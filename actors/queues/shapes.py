@@ -61,13 +61,32 @@ class Split:
 class ShapeGroups:
     """The shapes of a dynamic model's waiting requests, and a :class:`Layout` per shape."""
 
-    __slots__ = ("_axes", "_config", "_layouts", "_metadata")
+    __slots__ = ("_axes", "_config", "_layouts", "_metadata", "rows")
 
     def __init__(self, metadata: ExecutableMetadata, config: QueueConfig, base: Layout) -> None:
         self._metadata = metadata
         self._config = config
         self._axes = tuple((s.name, s.axis) for s in base.inputs)
         self._layouts: OrderedDict[ShapeKey, Layout] = OrderedDict()
+        #: Unpacked rows per shape, at least: exact after each :meth:`split`, then raised by
+        #: :meth:`add` as requests come (rows that go meanwhile are noticed at the next split).
+        #: So :meth:`may_fill` never misses a shape that fills a batch, and the common miss
+        #: (many shapes, none full) costs no scan of the FIFO.
+        self.rows: dict[ShapeKey, int] = {}
+
+    def add(self, req: Request) -> None:
+        """Count a request queued now."""
+        key = self.key(req)
+        rows = self.rows
+        rows[key] = rows.get(key, 0) + req.samples - req._taken
+
+    def may_fill(self, capacity: int) -> bool:
+        """Some shape may have ``capacity`` rows waiting (False: none has)."""
+        return any(n >= capacity for n in self.rows.values())
+
+    def taken(self, key: ShapeKey, rows: int) -> None:
+        """``rows`` rows of shape ``key`` went into a batch."""
+        self.rows[key] -= rows
 
     def key(self, req: Request) -> ShapeKey:
         """The shape of ``req``'s rows, per input (without the row axis)."""
@@ -104,6 +123,7 @@ class ShapeGroups:
             key = self.key(req)
             live.append((req, key))
             rows[key] = rows.get(key, 0) + req.samples - req._taken
+        self.rows = rows
         for key, n in rows.items():
             if partial or n >= capacity:
                 out.key = key
