@@ -25,8 +25,8 @@ from model_runtime.compiler.optimize import OptimizedModel
 from model_runtime.compiler.options import CompileOptions
 from model_runtime.compiler.ort import random_array, run, session_options
 from model_runtime.compiler.rebatch import PreparedModel, RebatchedModel
-from model_runtime.compiler.verify import DYNAMIC_SIZES, rows_equal
-from model_runtime.executable.model import TensorInfo
+from model_runtime.compiler.verify import rows_equal
+from model_runtime.executable.model import DYNAMIC_CHECK_SIZES, TensorInfo
 
 __all__ = ["BUCKET_SYMBOL", "bucket_sizes", "find_buckets", "make_batch_symbolic"]
 
@@ -96,7 +96,8 @@ def find_buckets(
     rng = np.random.default_rng(1)
     feed = {}
     for name, tt in infos.items():
-        shape = tuple(d.dim_value if d.dim_value > 0 else DYNAMIC_SIZES[0] for d in tt.shape.dim)
+        dynamic = DYNAMIC_CHECK_SIZES[0]  # (the size the compiler ran it at)
+        shape = tuple(d.dim_value if d.dim_value > 0 else dynamic for d in tt.shape.dim)
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
         if np.dtype(dtype).kind == "O":
             return None  # string rows: one batch size

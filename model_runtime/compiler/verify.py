@@ -19,18 +19,14 @@ from model_runtime.compiler.rebatch import PreparedModel, RebatchedModel
 from model_runtime.errors import CompileError
 from model_runtime.executable.model import DYNAMIC, DYNAMIC_CHECK_SIZES, TensorInfo
 
-__all__ = ["DYNAMIC_SIZES", "check_outputs", "check_updates", "is_dynamic", "rows_equal"]
+__all__ = ["check_outputs", "check_updates", "is_dynamic", "rows_equal"]
 
 _RTOL = 1e-3
 _ATOL = 1e-4
 
 
-#: The sizes every dynamic dimension (besides the batch) takes in the two verification runs.
-DYNAMIC_SIZES = DYNAMIC_CHECK_SIZES
-
-
 def _input_infos(
-    model: onnx.ModelProto, names: tuple[str, ...], size: int = DYNAMIC_SIZES[0]
+    model: onnx.ModelProto, names: tuple[str, ...], size: int = DYNAMIC_CHECK_SIZES[0]
 ) -> dict[str, TensorInfo]:
     """The user inputs' shapes and dtypes, with every dynamic dimension at ``size``."""
     infos: dict[str, TensorInfo] = {}
@@ -143,7 +139,7 @@ def _dynamic_outputs(
     Raises:
         CompileError: onnxruntime fails at the second size, or an output's rank changed.
     """
-    size = DYNAMIC_SIZES[1]
+    size = DYNAMIC_CHECK_SIZES[1]
     second = _input_infos(rebatched.proto, prepared.user_inputs, size)
     feeds2 = dict(feeds)
     feeds2.update({n: random_array(rng, info.shape, info.dtype) for n, info in second.items()})
@@ -152,7 +148,7 @@ def _dynamic_outputs(
     except Exception as exc:
         raise CompileError(
             f"{where}: the model's dynamic dimensions were checked at two sizes "
-            f"({DYNAMIC_SIZES[0]} and {size}); onnxruntime fails at {size}: {first_line(exc)}"
+            f"({DYNAMIC_CHECK_SIZES[0]} and {size}); onnxruntime fails at {size}: {first_line(exc)}"
         ) from exc
     out: dict[str, TensorInfo] = {}
     for name, info in infos.items():
@@ -160,7 +156,8 @@ def _dynamic_outputs(
         if len(shape2) != len(info.shape):
             raise CompileError(
                 f"{where}: output {name!r} has rank {len(info.shape)} with dynamic dimensions "
-                f"at {DYNAMIC_SIZES[0]} and rank {len(shape2)} at {size}: its rank must not vary"
+                f"at {DYNAMIC_CHECK_SIZES[0]} and rank {len(shape2)} at {size}: its rank must "
+                "not vary"
             )
         shape = tuple(
             a if a == b or i == batch_dim else DYNAMIC
