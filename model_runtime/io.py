@@ -26,13 +26,15 @@ from typing import Any
 
 import numpy as np
 
-from model_runtime.errors import InputValidationError
-from model_runtime.executable.model import Anchor
+from model_runtime.errors import InputValidationError, ResourceLimitError
+from model_runtime.executable.limits import check_bytes
+from model_runtime.executable.model import Anchor, ExecutableMetadata
 
 __all__ = [
     "DataDesc",
     "RequestShape",
     "as_bytes_array",
+    "check_batch_bytes",
     "describe_anchor",
     "validate_inputs",
     "validate_outputs",
@@ -330,3 +332,29 @@ def validate_outputs(
             raise InputValidationError(
                 f"output buffer {s.name!r} is read-only: results are written into it"
             )
+
+
+def check_batch_bytes(
+    arrays: Mapping[str, np.ndarray], shapes: tuple[RequestShape, ...], meta: ExecutableMetadata
+) -> None:
+    """A dynamic model's batch buffers are sized by the request's shape: refuse a request
+    whose batch (``device_iterations`` x ``batch_size`` rows of its shape) would pass the
+    allocation limit, before anything is allocated for it.
+
+    Raises:
+        InputValidationError: naming the bytes a batch of this shape needs and the limit.
+        ConfigurationError: ``MODEL_RUNTIME_FLAGS`` does not parse.
+    """
+    rows = meta.batch_size * meta.device_iterations
+    needed = 0
+    for s in shapes:
+        a = arrays[s.name]
+        per_row = a.nbytes // max(a.shape[s.axis], 1) if s.batched else a.nbytes
+        needed += per_row * (rows if s.batched else meta.device_iterations)
+    try:
+        check_bytes(needed, what="a batch of this request's shape")
+    except ResourceLimitError as exc:
+        raise InputValidationError(
+            f"model {meta.model_name!r}: {exc} (shapes "
+            f"{ {n: list(a.shape) for n, a in arrays.items()} }); send smaller tensors"
+        ) from None

@@ -35,14 +35,14 @@ from model_runtime.errors import (
     InputValidationError,
     ModelRuntimeError,
     QueueFullError,
-    ResourceLimitError,
     RunnerStoppedError,
     SupervisorEscalationError,
 )
 from model_runtime.executable import Executable
-from model_runtime.executable.limits import check_allocation, check_bytes
+from model_runtime.executable.limits import check_allocation
 from model_runtime.io import (
     DataDesc,
+    check_batch_bytes,
     describe_anchor,
     request_shapes,
     validate_inputs,
@@ -503,32 +503,10 @@ class ModelRunner:
             self.config.batching_dim is not None,
         )
         if self._dynamic:
-            self._check_batch_bytes(arrays)
+            check_batch_bytes(arrays, self._in_shapes, self._executable.metadata)
         if key is not None and len(self._signatures) < _SIGNATURES and not self._strings:
             self._signatures[key[0] if len(key) == 1 else signature] = samples
         return arrays, samples
-
-    def _check_batch_bytes(self, arrays: Mapping[str, np.ndarray]) -> None:
-        """A dynamic model's batch buffers are sized by the request's shape: refuse one whose
-        batch would pass the allocation limit, before anything is allocated for it.
-
-        Raises:
-            InputValidationError: naming the bytes a batch of this shape needs and the limit.
-        """
-        meta = self._executable.metadata
-        rows = meta.batch_size * meta.device_iterations
-        needed = 0
-        for s in self._in_shapes:
-            a = arrays[s.name]
-            per_row = a.nbytes // max(a.shape[s.axis], 1) if s.batched else a.nbytes
-            needed += per_row * (rows if s.batched else meta.device_iterations)
-        try:
-            check_bytes(needed, what="a batch of this request's shape")
-        except ResourceLimitError as exc:
-            raise InputValidationError(
-                f"model {meta.model_name!r}: {exc} (shapes "
-                f"{ {n: list(a.shape) for n, a in arrays.items()} }); send smaller tensors"
-            ) from None
 
     @staticmethod
     async def _when_awaited(
