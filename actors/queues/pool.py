@@ -132,7 +132,7 @@ class Layout:
             and config.flush_callback is None
             and all(s.axis == 0 for s in (*self.inputs, *self.outputs))
         ):
-            self.buckets = metadata.batch_sizes
+            self.buckets = metadata.run_sizes
         #: outputs the device may write into callers' buffers: row axis 0, not strings, fixed
         self.into_outputs = tuple(
             s for s in self.outputs if s.axis == 0 and s.dtype.kind != "O" and -1 not in s.shape

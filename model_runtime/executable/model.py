@@ -272,6 +272,17 @@ class ExecutableMetadata:
         )
 
     @property
+    def run_sizes(self) -> tuple[int, ...]:
+        """The batch sizes a batch may run at, smallest first: :attr:`batch_sizes`; or, for a
+        bucketed executable with dynamic dimensions, every size up to ``batch_size`` (its
+        program is planned per shape anyway, and padding a batch of long sequences to the
+        next bucket would cost up to half its compute)."""
+        sizes = self.batch_sizes
+        if len(sizes) > 1 and self.is_dynamic:
+            return tuple(range(1, self.batch_size + 1))
+        return sizes
+
+    @property
     def user_inputs(self) -> tuple[Anchor, ...]:
         return self.anchors_with_role(AnchorRole.USER_INPUT)
 

@@ -17,6 +17,7 @@ from actors.device.backends.ipu_model import IpuModelBackend
 from actors.device.inventory import DeviceSpec
 from actors.queues.actor import Queue
 from actors.queues.config import QueueConfig
+from actors.queues.pool import Layout
 from actors.queues.request import Request
 from model_runtime import ModelRunner, ModelRunnerConfig
 from model_runtime.compiler import CompileOptions, compile_executable
@@ -70,6 +71,7 @@ def test_the_sequence_axis_stays_dynamic_and_is_stored_as_minus_one(classifier: 
     assert m.anchor("logits").shape == (8, 4) and m.anchor("logits").dim_names == ()
     assert m.anchor("hidden").shape == (8, -1, 16)
     assert m.batch_sizes == (1, 2, 4, 8)  # the batch stays bucketed beside the dynamic axis
+    assert m.run_sizes == tuple(range(1, 9))  # and, dynamic, runs at any size up to 8
 
 
 def _dynamic_meta(shape: tuple[int, ...], names: tuple[str, ...], version: int = 3) -> str:
@@ -228,8 +230,9 @@ async def test_many_callers_of_five_lengths_share_batches_and_get_their_own_answ
         np.testing.assert_allclose(got["hidden"], hidden, rtol=1e-6)
     # (warm-up and probe runs count too)
     assert runs <= 0.6 * len(ids), f"{runs} device runs for {len(ids)} requests"
-    # Triton's batch_stats: the sizes the batches ran at (buckets), not the largest alone.
-    assert set(by_size) <= {1, 2, 4, 8} and len(by_size) > 1, by_size
+    # Triton's batch_stats: the sizes the batches ran at, not the largest alone; a dynamic
+    # model runs each batch at its own size (no padding to a bucket).
+    assert set(by_size) <= set(range(1, 9)) and len(by_size) > 1, by_size
     assert sum(by_size.values()) <= runs
 
 
@@ -275,3 +278,17 @@ async def test_more_rows_than_a_batch_with_no_shape_filling_one_are_flushed_by_s
         for req in reqs:
             out = await req.future
             np.testing.assert_array_equal(out["y"], req.inputs["x"] * 2 + 1)
+
+
+def test_a_dynamic_batch_runs_at_its_own_size_a_fixed_one_at_its_bucket() -> None:
+    dynamic = replace(_queue_meta(8), options={"batch_sizes": "1,2,4,8"})
+    fixed = replace(
+        dynamic,
+        anchors=tuple(
+            replace(a, tensor_info=TensorInfo((8, 5), F32), dim_names=()) for a in dynamic.anchors
+        ),
+        format_version=1,
+    )
+    config = QueueConfig(batching_dim=0)
+    assert Layout(dynamic, config).bucket(3) == 3  # no padding of long sequences
+    assert Layout(fixed, config).bucket(3) == 4  # the seed's buckets stand

@@ -267,7 +267,7 @@ class CpuBackend:
                 updates.append((out_index[o.handle], v.handle, out in user_output_names))
         # Smaller batches the program runs too (its batch dimension is symbolic), along
         # axis 0 of every user input; the full batch is checked as before.
-        self._buckets = frozenset(m.batch_sizes[:-1])
+        self._buckets = frozenset(m.run_sizes[:-1])
         self._inputs = tuple(
             (a.name, a.handle, a.shape, a.dtype)
             for a in m.user_inputs

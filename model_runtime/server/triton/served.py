@@ -121,10 +121,11 @@ def build_config(
 
 
 def executable_batch_sizes(runner: object) -> tuple[int, ...] | None:
-    """The batch sizes a started runner's executable runs (its buckets, the largest last);
-    None when the runner does not say (a test's stand-in)."""
+    """The batch sizes a started runner's executable runs (its buckets, or every size for a
+    dynamic one: ``run_sizes``; the largest last); None when the runner does not say (a
+    test's stand-in)."""
     executable = getattr(runner, "executable", None)
-    sizes = getattr(getattr(executable, "metadata", None), "batch_sizes", None)
+    sizes = getattr(getattr(executable, "metadata", None), "run_sizes", None)
     return tuple(int(n) for n in sizes) if sizes else None
 
 
