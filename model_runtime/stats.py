@@ -12,6 +12,7 @@ _PHASES = (
     ("read_preparation", "read_preparation_duration"),
     ("read_queue", "read_queue_duration"),
     ("computation", "computation_duration"),
+    ("output", "output_duration"),
 )
 
 

@@ -386,7 +386,8 @@ class Queue(Actor[QueueMessage]):
                     except (KeyError, IndexError, ValueError) as exc:
                         closed = fail_batch(batch, exc)
                     self._close(closed)
-                    self._recorder.add(t_start, t_end, submits, packed)
+                    t_out = self._now()
+                    self._recorder.add(t_start, t_end, t_out, submits, packed)
                     self._after_release(closed[1])
             case Settle(batch, parts, rejected, t_start, t_end):
                 if self._release(batch):
@@ -422,7 +423,7 @@ class Queue(Actor[QueueMessage]):
                 closed = fail_batch(part, exc)
             self._close(closed)
             answered += closed[1]
-        self._recorder.add(t_start, t_end, submits, packed)
+        self._recorder.add(t_start, t_end, self._now(), submits, packed)
         return answered
 
     # -- the hot path --------------------------------------------------------------------------

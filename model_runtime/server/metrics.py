@@ -68,9 +68,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _STATS_TIMEOUT = 1.0
 
-#: The runner's request phase (monitoring statistics key stem) behind each Triton duration.
-#: ``output`` (splitting a batch's outputs back to its callers) is read when the runner
-#: measures it; until then it adds nothing.
+#: The runner's request phase (monitoring statistics key stem) behind each Triton duration;
+#: ``output`` is a run's end to its outputs split back to their callers.
 TRITON_PHASES = {
     "queue_duration_us": "read_queue",
     "compute_input_duration_us": "read_preparation",

@@ -6,7 +6,8 @@ queue and compute durations and ``batch_stats`` are its Triton totals of the mod
 (cumulative across reloads; read from the runner first, see :mod:`.metrics`); without it, the
 runner's own per-replica monitoring statistics (seed key names, microseconds): total = mean x
 count, summed over replicas, since that runner started. ``compute_output`` is the time to
-split a batch's outputs back to its callers, as the runner measures it (0 while it does not).
+split a batch's outputs back to its callers. Every successful request counts once in each of
+``queue``, ``compute_input``, ``compute_infer`` and ``compute_output`` (perf_analyzer checks).
 """
 
 from __future__ import annotations

@@ -148,6 +148,7 @@ def test_statistics_descriptions_and_status_mirror_the_async_runner(
             "read_preparation_duration_us",
             "read_queue_duration_us",
             "computation_duration_us",
+            "output_duration_us",
         }
         assert trace["request_duration_us"] >= trace["computation_duration_us"] > 0
         mean = runner.get_monitoring_statistics_mean()

@@ -463,14 +463,17 @@ async def test_statistics_time_trace_percentile_mean_count() -> None:
         await settle()
         clock.advance(2.0)
         (batch,) = session.held
+        clock.advance(4.5)  # the run ends at 107; its outputs are split back at 107.5
         ref.tell(Complete(batch, session.outputs(batch), 103.0, 107.0))
         await a.future, await b.future
         stats: QueueStats = await ref.ask(GetStats())
-        assert stats.time_trace() == [TimeTrace(7.0, 1.0, 2.0, 4.0), TimeTrace(6.0, 0.0, 2.0, 4.0)]
-        assert stats.mean() == TimeTrace(6.5, 0.5, 2.0, 4.0)
-        assert stats.percentile(1.0) == TimeTrace(7.0, 1.0, 2.0, 4.0)
-        assert stats.percentile(0.0) == TimeTrace(6.0, 0.0, 2.0, 4.0)
+        first, second = TimeTrace(7.0, 1.0, 2.0, 4.0, 0.5), TimeTrace(6.0, 0.0, 2.0, 4.0, 0.5)
+        assert stats.time_trace() == [first, second]
+        assert stats.mean() == TimeTrace(6.5, 0.5, 2.0, 4.0, 0.5)
+        assert stats.percentile(1.0) == first
+        assert stats.percentile(0.0) == second
         assert stats.total_count().request_duration == 2
+        assert stats.total_count().output_duration == 2
         with pytest.raises(ValueError):
             stats.percentile(90)
 
@@ -486,7 +489,7 @@ async def test_tracepoint_buffer_is_bounded_and_counts_everything() -> None:
         assert stats.total_count().computation_duration == 20
         assert stats.as_dict()["request_monitoring_statistics_count"] == 20.0
     empty = make_queue(metadata(2)).stats()
-    assert empty.mean() == TimeTrace(0.0, 0.0, 0.0, 0.0) and empty.time_trace() == []
+    assert empty.mean() == TimeTrace(0.0, 0.0, 0.0, 0.0, 0.0) and empty.time_trace() == []
 
 
 # -- flush_on_waiting_outputs, the direct path, malformed outputs -------------------------------
