@@ -27,7 +27,8 @@ import structlog
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from model_runtime.server.app import HEADER_LENGTH, InferenceServer, status_of
+from model_runtime.server.answers import status_of
+from model_runtime.server.app import HEADER_LENGTH, InferenceServer
 
 __all__ = ["AsgiRequest", "OipAsgiApp"]
 

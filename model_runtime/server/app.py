@@ -33,18 +33,11 @@ import orjson
 import structlog
 from aiohttp import web
 
-from model_runtime.errors import (
-    DeviceUnavailableError,
-    ExecutionTimeoutError,
-    InputValidationError,
-    ModelRuntimeError,
-    QueueFullError,
-    RunnerStoppedError,
-    UnknownModelError,
-)
+from model_runtime.errors import DeviceUnavailableError, ModelRuntimeError, UnknownModelError
 from model_runtime.runner import ModelRunner
 from model_runtime.server.access import RateLimitedLog, access_middleware
 from model_runtime.server.admission import DEFAULT_QUEUE_DELAY, AdmissionControl
+from model_runtime.server.answers import HTTPError, status_of
 from model_runtime.server.codec import (
     InferRequest,
     encode_infer_response,
@@ -56,7 +49,6 @@ from model_runtime.server.repository import (
     ModelControlError,
     ModelEntry,
     ModelLoadError,
-    ModelNotFoundError,
     ModelRepository,
     ModelState,
 )
@@ -64,7 +56,7 @@ from model_runtime.server.serving import innermost
 from model_runtime.server.stats import model_statistics
 from model_runtime.server.triton.config import DEFAULT_SETTINGS, config_json, served_config
 
-__all__ = ["HEADER_LENGTH", "HTTPError", "InferenceServer", "ServerOptions", "status_of"]
+__all__ = ["HEADER_LENGTH", "InferenceServer", "ServerOptions"]
 
 log = structlog.get_logger(__name__)
 
@@ -99,41 +91,6 @@ class ServerOptions:
     default_priority_level: int | None = None
     retry_after: int = 1
     admission_delay: float | None = DEFAULT_QUEUE_DELAY
-
-
-class HTTPError(Exception):
-    """An answer other than 200, with its status, message and extra headers."""
-
-    def __init__(
-        self, status: int, message: str, reason: str, headers: dict[str, str] | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.reason = reason
-        self.headers = headers or {}
-
-
-def status_of(exc: BaseException) -> tuple[int, str]:
-    """The HTTP status and the reason (for logs and metrics) that answer ``exc``; the gRPC
-    front end maps the status onto its codes, so both answer alike."""
-    match exc:
-        case HTTPError():
-            return exc.status, exc.reason
-        case UnknownModelError(version=None):
-            return 400, "unknown_model"  # Triton's code for a name it does not know
-        case ModelNotFoundError():
-            return 404, "unknown_model"
-        case InputValidationError():
-            return 400, "bad_request"
-        case QueueFullError():
-            return 503, "queue_full"
-        case RunnerStoppedError():
-            return 503, "not_ready"
-        case ExecutionTimeoutError() | TimeoutError():
-            return 504, "deadline_exceeded"
-        case ModelRuntimeError():
-            return 500, "runtime_error"
-    return 500, "internal"
 
 
 def _json(doc: Any, status: int = 200) -> web.Response:

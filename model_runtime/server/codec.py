@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from model_runtime.errors import InputValidationError
+from model_runtime.errors import ProtocolError
 from model_runtime.server import jsontape
 from model_runtime.server.classification import bytes_to_binary, classify
 from model_runtime.server.datatypes import BYTES, DATATYPES
@@ -72,10 +72,6 @@ __all__ = [
 MAX_DIMS = 32
 #: A single dimension larger than this is refused (it could never be backed by a request body).
 MAX_DIM = 2**40
-
-
-class ProtocolError(InputValidationError):
-    """The request does not follow the protocol or does not fit the model (HTTP 400)."""
 
 
 @dataclass(frozen=True, slots=True)

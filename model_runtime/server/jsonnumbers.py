@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from model_runtime.errors import InputValidationError
+from model_runtime.errors import InputValidationError, ProtocolError
 from model_runtime.server.datatypes import DATATYPES
 
 __all__ = [
@@ -64,8 +64,6 @@ class Retry(Exception):  # a signal between decoder passes, not an error
 
 
 def _fail(message: str) -> InputValidationError:
-    from model_runtime.server.codec import ProtocolError  # the codec imports this module
-
     return ProtocolError(message)
 
 

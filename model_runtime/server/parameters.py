@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from model_runtime.errors import InputValidationError
+from model_runtime.errors import InputValidationError, ProtocolError
 
 __all__ = [
     "MAX_PRIORITY_LEVEL",
@@ -63,8 +63,6 @@ class OutputParameters:
 
 
 def _fail(message: str) -> InputValidationError:
-    from model_runtime.server.codec import ProtocolError  # the codec imports this module
-
     return ProtocolError(message)
 
 

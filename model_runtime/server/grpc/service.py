@@ -3,9 +3,10 @@
 Every method is answered from the same :class:`~model_runtime.server.app.InferenceServer` the
 HTTP routes use: the same repository and runners, the same draining flag and in-flight count
 (SIGTERM drains both protocols), the same statistics and metrics, and the same error mapping:
-an exception becomes the HTTP status :func:`~model_runtime.server.app.status_of` gives it, and
-that status becomes its gRPC code (:data:`GRPC_CODES`: 400 INVALID_ARGUMENT, 403
-PERMISSION_DENIED, 404 NOT_FOUND, 503 UNAVAILABLE, 504 DEADLINE_EXCEEDED, 500 INTERNAL ...).
+an exception becomes the HTTP status :func:`~model_runtime.server.answers.status_of` gives it,
+and that status its gRPC code (:data:`~model_runtime.server.answers.GRPC_CODES`: 400
+INVALID_ARGUMENT, 404 NOT_FOUND, 503 UNAVAILABLE, 504 DEADLINE_EXCEEDED, 500 INTERNAL ...),
+unless the answer names its code (Triton's ALREADY_EXISTS, say).
 An error ends that one call with its code and message; the server serves on.
 
 Inference goes through the same front-end admission as HTTP
@@ -35,7 +36,8 @@ from google.protobuf import json_format
 
 from model_runtime.errors import QueueFullError, UnknownModelError
 from model_runtime.server.admission import OVERLOADED, QUEUE_FULL
-from model_runtime.server.app import HTTPError, InferenceServer, status_of
+from model_runtime.server.answers import HTTPError, grpc_code_of, status_of
+from model_runtime.server.app import InferenceServer
 from model_runtime.server.codec import InferRequest
 from model_runtime.server.grpc.codec import (
     encode_model_infer_response,
@@ -47,37 +49,19 @@ from model_runtime.server.stats import model_statistics
 from model_runtime.server.triton import grpc_service_pb2 as pb, grpc_service_pb2_grpc as pb_grpc
 
 __all__ = [
-    "GRPC_CODES",
     "UNSUPPORTED_METHODS",
     "InferenceServicer",
     "UnsupportedMethods",
-    "grpc_code",
 ]
 
 log = structlog.get_logger(__name__)
 
-#: The HTTP status an error is answered with -> the gRPC code that says the same.
-GRPC_CODES: dict[int, grpc.StatusCode] = {
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    403: grpc.StatusCode.PERMISSION_DENIED,
-    404: grpc.StatusCode.NOT_FOUND,
-    408: grpc.StatusCode.DEADLINE_EXCEEDED,
-    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    500: grpc.StatusCode.INTERNAL,
-    503: grpc.StatusCode.UNAVAILABLE,
-    504: grpc.StatusCode.DEADLINE_EXCEEDED,
-}
 #: Requests bigger than this are decoded off the event loop (as over HTTP).
 _THREAD_PARSE_BYTES = 1 << 20
 #: Refusals under overload: logged as rate-limited summaries elsewhere, never one per call.
 _SUMMARISED = frozenset({QUEUE_FULL, OVERLOADED})
 _R = TypeVar("_R")
 Handler = Callable[["InferenceServicer", Any, Any], Awaitable[_R]]
-
-
-def grpc_code(status: int) -> grpc.StatusCode:
-    """The gRPC code of an HTTP status (INTERNAL for one without its own)."""
-    return GRPC_CODES.get(status, grpc.StatusCode.INTERNAL)
 
 
 def _answers(method: Handler[_R]) -> Handler[_R]:
@@ -97,7 +81,7 @@ def _answers(method: Handler[_R]) -> Handler[_R]:
                 log.warning(
                     "grpc_request_failed", method=method.__name__, status=status, error=message
                 )
-            code = grpc_code(status)
+            code = grpc.StatusCode[grpc_code_of(exc, status)]
         # Outside the except block: abort raises to end the call, with no chained context.
         await context.abort(code, message)
         raise AssertionError("context.abort returned")  # pragma: no cover

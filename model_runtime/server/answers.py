@@ -1,0 +1,290 @@
+"""What a failed request is answered: one table of statuses and texts for HTTP and gRPC.
+
+Clients of a Triton server match on its status codes and on its words, so the cases Triton
+names are answered in Triton's: its error code decides both the HTTP status and the gRPC code
+(:class:`Code`, as Triton's ``HttpCodeFromError`` and its gRPC status mapping give them), and
+its message is written once, here, for both front ends. Our own refusals (overload, draining,
+deadlines) keep their statuses; :func:`status_of` maps any exception onto its HTTP status and
+:data:`GRPC_CODES` that status onto a gRPC code, unless the answer names its gRPC code itself.
+
+Triton's texts are quoted from its sources (``triton-inference-server/server``
+``src/http_server.cc``, ``src/grpc/infer_handler.cc``, ``core`` ``src/infer_request.cc``,
+``src/model_repository_manager/model_repository_manager.cc``); where a text is Triton's, the
+function that makes it says so, and tests compare the whole text.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+
+from model_runtime.errors import (
+    ExecutionTimeoutError,
+    InputValidationError,
+    ModelNotFoundError,
+    ModelRuntimeError,
+    ProtocolError,
+    QueueFullError,
+    RunnerStoppedError,
+    UnknownModelError,
+)
+
+__all__ = [
+    "GRPC_CODES",
+    "INT64_MAX",
+    "MAX_JSON_DEPTH",
+    "TRITON_REQUEST_PARAMETERS",
+    "Code",
+    "HTTPError",
+    "grpc_code_of",
+    "status_of",
+]
+
+#: Triton's ``HTTP_MAX_JSON_NESTING_DEPTH``: a request's JSON may nest this deep, no deeper.
+MAX_JSON_DEPTH = 100
+INT64_MAX = 2**63 - 1
+#: Request parameters with the ``triton_`` prefix that Triton itself takes (over gRPC).
+TRITON_REQUEST_PARAMETERS = ("triton_enable_empty_final_response",)
+
+
+class Code(enum.Enum):
+    """Triton's error codes, each with the HTTP status and the gRPC code Triton answers."""
+
+    INVALID_ARG = (400, "INVALID_ARGUMENT")
+    ALREADY_EXISTS = (400, "ALREADY_EXISTS")
+    NOT_FOUND = (404, "NOT_FOUND")
+    UNAVAILABLE = (503, "UNAVAILABLE")
+    UNSUPPORTED = (501, "UNIMPLEMENTED")
+    INTERNAL = (500, "INTERNAL")
+
+    @property
+    def status(self) -> int:
+        """The HTTP status."""
+        return self.value[0]
+
+    @property
+    def grpc(self) -> str:
+        """The name of the ``grpc.StatusCode``."""
+        return self.value[1]
+
+
+#: The HTTP status an error is answered with -> the name of the gRPC code that says the same.
+GRPC_CODES: dict[int, str] = {
+    400: "INVALID_ARGUMENT",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    408: "DEADLINE_EXCEEDED",
+    413: "RESOURCE_EXHAUSTED",
+    500: "INTERNAL",
+    501: "UNIMPLEMENTED",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
+
+
+class HTTPError(Exception):
+    """An answer other than 200: its HTTP status, message, reason (for logs and metrics) and
+    extra headers; ``grpc`` names the gRPC code where the status alone does not say it."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        reason: str,
+        headers: dict[str, str] | None = None,
+        *,
+        grpc: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+        self.headers = headers or {}
+        self.grpc = grpc
+
+    @classmethod
+    def triton(cls, code: Code, message: str, reason: str) -> HTTPError:
+        """The answer Triton gives with ``code``."""
+        return cls(code.status, message, reason, grpc=code.grpc)
+
+
+def status_of(exc: BaseException) -> tuple[int, str]:
+    """The HTTP status and the reason (for logs and metrics) that answer ``exc``; the gRPC
+    front end maps the status onto its codes (:func:`grpc_code_of`), so both answer alike."""
+    match exc:
+        case HTTPError():
+            return exc.status, exc.reason
+        case UnknownModelError(version=None):
+            return 400, "unknown_model"  # Triton's code for a name it does not know
+        case ModelNotFoundError():
+            return 404, "unknown_model"
+        case InputValidationError():
+            return 400, "bad_request"
+        case QueueFullError():
+            return 503, "queue_full"
+        case RunnerStoppedError():
+            return 503, "not_ready"
+        case ExecutionTimeoutError() | TimeoutError():
+            return 504, "deadline_exceeded"
+        case ModelRuntimeError():
+            return 500, "runtime_error"
+    return 500, "internal"
+
+
+def grpc_code_of(exc: BaseException, status: int) -> str:
+    """The name of the gRPC code that answers ``exc`` (answered ``status`` over HTTP)."""
+    if isinstance(exc, HTTPError) and exc.grpc is not None:
+        return exc.grpc
+    return GRPC_CODES.get(status, "INTERNAL")
+
+
+# -- Triton's texts ------------------------------------------------------------------------------
+
+
+def _shape(shape: Sequence[int]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"  # Triton's DimsListToString
+
+
+def polling_enabled() -> HTTPError:
+    """A load or unload while the model control mode is ``none`` (Triton: UNAVAILABLE)."""
+    return HTTPError.triton(
+        Code.UNAVAILABLE,
+        "explicit model load / unload is not allowed if polling is enabled",
+        "forbidden",
+    )
+
+
+def model_name_empty() -> ProtocolError:
+    """A load of a model whose name is empty or blank (Triton's ``ValidateModelName``)."""
+    return ProtocolError("Model name cannot be empty. Please enter a valid name to deploy.")
+
+
+def model_name_traversal(name: str) -> ProtocolError:
+    """A load of ``..`` or of a name with a ``/`` (Triton's ``ValidateModelName``)."""
+    return ProtocolError(
+        f"invalid model name '{name}', model name must not contain path traversal characters"
+    )
+
+
+def byte_size_mismatch(name: str, model: str, expected: int, got: int) -> ProtocolError:
+    """An input whose bytes do not match its shape and datatype (Triton's core)."""
+    return ProtocolError(
+        f"input byte size mismatch for input '{name}' for model '{model}'. Expected "
+        f"{expected}, got {got}"
+    )
+
+
+def raw_with_contents(name: str, model: str) -> ProtocolError:
+    """A gRPC input with typed ``contents`` in a request that has ``raw_input_contents``."""
+    return ProtocolError(
+        f"contents field must not be specified when using raw_input_contents for '{name}' "
+        f"for model '{model}'"
+    )
+
+
+def duplicate_output(name: str) -> ProtocolError:
+    """An output requested twice (Triton's core)."""
+    return ProtocolError(f"output '{name}' already exists in request")
+
+
+def duplicate_input(name: str) -> ProtocolError:
+    """An input given twice (Triton's core)."""
+    return ProtocolError(f"input '{name}' already exists in request")
+
+
+def reserved_parameter_http() -> ProtocolError:
+    """A ``triton_`` request parameter over HTTP (Triton's HTTP front end takes none)."""
+    return ProtocolError(
+        "parameter keys starting with 'triton_' are reserved for Triton usage and should not "
+        "be specified."
+    )
+
+
+def reserved_parameter_grpc() -> ProtocolError:
+    """A ``triton_`` request parameter over gRPC that Triton does not take itself."""
+    return ProtocolError(
+        "parameter keys starting with 'triton_' are reserved for Triton usage. Only the "
+        "following keys starting with 'triton_' are allowed: " + " ".join(TRITON_REQUEST_PARAMETERS)
+    )
+
+
+def json_too_deep() -> ProtocolError:
+    """Request JSON nested past :data:`MAX_JSON_DEPTH`."""
+    return ProtocolError(f"JSON nesting depth exceeds maximum allowed limit ({MAX_JSON_DEPTH})")
+
+
+def json_too_large(length: int, limit: int) -> ProtocolError:
+    """A request's JSON of ``length`` bytes past the body limit."""
+    return ProtocolError(
+        f"request JSON size of {length} bytes exceeds the maximum allowed input size of "
+        f"{limit} bytes. Use --http-max-input-size to increase the limit."
+    )
+
+
+def request_too_large(length: int, limit: int) -> ProtocolError:
+    """A body (JSON and binary tensors) of ``length`` bytes past the body limit."""
+    return ProtocolError(
+        f"request size of {length} bytes exceeds the maximum allowed input size of {limit}. "
+        "Use --http-max-input-size to increase the limit."
+    )
+
+
+def raw_input_too_large(size: int, limit: int) -> ProtocolError:
+    """A raw binary request's body past the body limit."""
+    return ProtocolError(
+        f"Raw input has a byte_size ({size} bytes) that exceeds the maximum allowed value of "
+        f"{limit} bytes. Use --http-max-input-size to increase the limit."
+    )
+
+
+def decompressed_too_large(limit: int) -> ProtocolError:
+    """A compressed body that expands past the body limit."""
+    return ProtocolError(
+        f"Decompressed data size exceeds the maximum allowed value of {limit} bytes. Use "
+        "--http-max-input-size to increase the limit."
+    )
+
+
+def unsupported_encoding() -> HTTPError:
+    """A ``Content-Encoding`` other than gzip, deflate or identity (Triton: UNSUPPORTED)."""
+    error = HTTPError.triton(Code.UNSUPPORTED, "Unsupported compression type", "bad_request")
+    error.headers["Accept-Encoding"] = "gzip, deflate"
+    return error
+
+
+def element_count_overflow(name: str, shape: Sequence[int]) -> ProtocolError:
+    """A shape whose element count passes int64."""
+    return ProtocolError(
+        f"invalid shape for input '{name}': shape {_shape(shape)} causes total element count "
+        f"to exceed maximum size of {INT64_MAX}"
+    )
+
+
+def byte_size_overflow(name: str, count: int, itemsize: int) -> ProtocolError:
+    """A shape whose bytes (elements x datatype size) pass int64."""
+    return ProtocolError(
+        f"byte size overflow for input '{name}': element count ({count}) * data type size "
+        f"({itemsize}) exceeds maximum allowed size ({INT64_MAX})"
+    )
+
+
+def raw_input_count(given: int, model_inputs: int, model: str) -> ProtocolError:
+    """A raw binary request to a model that has more than one input."""
+    return ProtocolError(
+        f"Raw request must only have 1 input (found {given}) to be deduced but got "
+        f"{model_inputs} inputs in '{model}' model configuration"
+    )
+
+
+def raw_input_two_dynamic(name: str) -> ProtocolError:
+    """A raw binary request to an input whose shape has more than one variable dimension."""
+    return ProtocolError(
+        f"The shape of the raw input '{name}' can not be deduced because there are more than "
+        "one variable-sized dimension"
+    )
+
+
+def raw_input_bytes_shape(name: str) -> ProtocolError:
+    """A raw binary request to a BYTES input that does not have shape [1]."""
+    return ProtocolError(
+        f"For BYTE datatype raw input '{name}', the model must have input shape [1]"
+    )
