@@ -140,6 +140,11 @@ def grpc_code_of(exc: BaseException, status: int) -> str:
 # -- Triton's texts ------------------------------------------------------------------------------
 
 
+def _request(request_id: str | None) -> str:
+    """The prefix of Triton's core on its texts about a request (``LogRequest()``)."""
+    return f"[request id: {request_id or '<id_unknown>'}] "
+
+
 def _shape(shape: Sequence[int]) -> str:
     return "[" + ",".join(str(d) for d in shape) + "]"  # Triton's DimsListToString
 
@@ -165,11 +170,13 @@ def model_name_traversal(name: str) -> ProtocolError:
     )
 
 
-def byte_size_mismatch(name: str, model: str, expected: int, got: int) -> ProtocolError:
+def byte_size_mismatch(
+    name: str, model: str, expected: int, got: int, request_id: str | None = None
+) -> ProtocolError:
     """An input whose bytes do not match its shape and datatype (Triton's core)."""
     return ProtocolError(
-        f"input byte size mismatch for input '{name}' for model '{model}'. Expected "
-        f"{expected}, got {got}"
+        f"{_request(request_id)}input byte size mismatch for input '{name}' for model "
+        f"'{model}'. Expected {expected}, got {got}"
     )
 
 
@@ -181,14 +188,14 @@ def raw_with_contents(name: str, model: str) -> ProtocolError:
     )
 
 
-def duplicate_output(name: str) -> ProtocolError:
+def duplicate_output(name: str, request_id: str | None = None) -> ProtocolError:
     """An output requested twice (Triton's core)."""
-    return ProtocolError(f"output '{name}' already exists in request")
+    return ProtocolError(f"{_request(request_id)}output '{name}' already exists in request")
 
 
-def duplicate_input(name: str) -> ProtocolError:
+def duplicate_input(name: str, request_id: str | None = None) -> ProtocolError:
     """An input given twice (Triton's core)."""
-    return ProtocolError(f"input '{name}' already exists in request")
+    return ProtocolError(f"{_request(request_id)}input '{name}' already exists in request")
 
 
 def reserved_parameter_http() -> ProtocolError:
@@ -267,24 +274,27 @@ def byte_size_overflow(name: str, count: int, itemsize: int) -> ProtocolError:
     )
 
 
-def raw_input_count(given: int, model_inputs: int, model: str) -> ProtocolError:
+def raw_input_count(
+    given: int, model_inputs: int, model: str, request_id: str | None = None
+) -> ProtocolError:
     """A raw binary request to a model that has more than one input."""
     return ProtocolError(
-        f"Raw request must only have 1 input (found {given}) to be deduced but got "
-        f"{model_inputs} inputs in '{model}' model configuration"
+        f"{_request(request_id)}Raw request must only have 1 input (found {given}) to be "
+        f"deduced but got {model_inputs} inputs in '{model}' model configuration"
     )
 
 
-def raw_input_two_dynamic(name: str) -> ProtocolError:
+def raw_input_two_dynamic(name: str, request_id: str | None = None) -> ProtocolError:
     """A raw binary request to an input whose shape has more than one variable dimension."""
     return ProtocolError(
-        f"The shape of the raw input '{name}' can not be deduced because there are more than "
-        "one variable-sized dimension"
+        f"{_request(request_id)}The shape of the raw input '{name}' can not be deduced "
+        "because there are more than one variable-sized dimension"
     )
 
 
-def raw_input_bytes_shape(name: str) -> ProtocolError:
+def raw_input_bytes_shape(name: str, request_id: str | None = None) -> ProtocolError:
     """A raw binary request to a BYTES input that does not have shape [1]."""
     return ProtocolError(
-        f"For BYTE datatype raw input '{name}', the model must have input shape [1]"
+        f"{_request(request_id)}For BYTE datatype raw input '{name}', the model must have "
+        "input shape [1]"
     )

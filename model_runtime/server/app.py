@@ -1,13 +1,14 @@
 """HTTP routes of the Open Inference Protocol v2 (KServe v2) over aiohttp.
 
-Every error is answered as ``{"error": "..."}`` with the status its cause calls for: 400 bad
-request or unknown model (Triton's code and wording, ``Request for unknown model: 'NAME' is
-not found``), 404 unknown version of a known model or unknown route, 403 a load or unload the
-model control mode forbids, 413 body over the limit (refused from ``Content-Length``
-before a byte of the body is read, or as soon as a chunked body passes the limit), 500 device
-failure, 503 not ready / draining / stopped / queue full (with ``Retry-After``), 504 deadline
-exceeded, 408 a body that did not arrive within ``body_timeout``. Client disconnects cancel
-the handler (``handler_cancellation``), which cancels the runner request.
+Every error is answered as ``{"error": "..."}`` with the status its cause calls for, in
+Triton's words where Triton has them (:mod:`model_runtime.server.answers`): 400 bad request or
+unknown model (``Request for unknown model: 'NAME' is not found``) or a body over the limit
+(refused from ``Content-Length`` before a byte of it is read, or as soon as a chunked or
+compressed body passes the limit), 404 unknown version of a known model or unknown route, 503
+a load or unload the model control mode forbids (Triton's UNAVAILABLE), 500 device failure,
+503 not ready / draining / stopped / queue full (with ``Retry-After``), 504 deadline exceeded,
+408 a body that did not arrive within ``body_timeout``. Client disconnects cancel the handler
+(``handler_cancellation``), which cancels the runner request.
 
 Inference honours the request's parameters (:mod:`model_runtime.server.parameters`):
 ``timeout`` (microseconds) shortens the request's deadline and reaches the runner, which drops
@@ -35,6 +36,7 @@ from aiohttp import web
 
 from model_runtime.errors import DeviceUnavailableError, ModelRuntimeError, UnknownModelError
 from model_runtime.runner import ModelRunner
+from model_runtime.server import answers
 from model_runtime.server.access import RateLimitedLog, access_middleware
 from model_runtime.server.admission import DEFAULT_QUEUE_DELAY, AdmissionControl
 from model_runtime.server.answers import HTTPError, status_of
@@ -499,7 +501,7 @@ class InferenceServer:
     async def load(self, request: web.Request) -> web.Response:
         """``POST /v2/repository/models/{name}/load``: load, or reload beside the serving
         version, with the body's ``config`` override if any (Triton's ``load_model(name,
-        config=...)``). 403 when the model control mode forbids it; a failed load (an invalid
+        config=...)``). 503 when the model control mode forbids it; a failed load (an invalid
         override included) is 400 (503 when no device was free), ``failed to load '<name>':
         ...``, and a serving version serves on."""
         await self.load_model(request.match_info["name"], await request.read())
@@ -510,7 +512,7 @@ class InferenceServer:
         JSON (its ``parameters``).
 
         Raises:
-            HTTPError: 503 draining or no device free, 403 the control mode forbids it, 400
+            HTTPError: 503 draining or no device free or the control mode forbids it, 400
                 the load failed or the model is not in the repository (Triton's ``failed to
                 load 'NAME', failed to poll from model repository``; Triton answers that one
                 500, but the fault is the caller's).
@@ -523,7 +525,7 @@ class InferenceServer:
         try:
             await self.repository.client_load(name, config)
         except ModelControlError as exc:
-            raise HTTPError(403, str(exc), "forbidden") from exc
+            raise answers.polling_enabled() from exc
         except ModelLoadError as exc:
             busy = isinstance(exc.cause, DeviceUnavailableError)
             raise HTTPError(503 if busy else 400, str(exc), "load_failed") from exc
@@ -533,7 +535,7 @@ class InferenceServer:
 
     async def unload(self, request: web.Request) -> web.Response:
         """``POST /v2/repository/models/{name}/unload``: drains the model's in-flight requests
-        (403 when the model control mode forbids it)."""
+        (503 when the model control mode forbids it)."""
         await self.unload_model(request.match_info["name"])
         return _json({})
 
@@ -541,13 +543,13 @@ class InferenceServer:
         """Unload ``name`` for a client, HTTP or gRPC, draining its in-flight requests.
 
         Raises:
-            HTTPError: 403 the control mode forbids it.
+            HTTPError: 503 the control mode forbids it (Triton's UNAVAILABLE).
             UnknownModelError: no such model.
         """
         try:
             await self.repository.client_unload(name)
         except ModelControlError as exc:
-            raise HTTPError(403, str(exc), "forbidden") from exc
+            raise answers.polling_enabled() from exc
 
 
 def _tensor(spec: Any) -> dict[str, Any]:

@@ -36,7 +36,8 @@ import numpy as np
 import orjson
 
 from model_runtime.errors import ProtocolError
-from model_runtime.server import jsontape
+from model_runtime.server import answers, jsontape
+from model_runtime.server.answers import INT64_MAX
 from model_runtime.server.classification import bytes_to_binary, classify
 from model_runtime.server.datatypes import BYTES, DATATYPES
 from model_runtime.server.jsonnumbers import (
@@ -70,8 +71,9 @@ __all__ = [
 
 #: More dimensions than this is refused (numpy's own limit is 64).
 MAX_DIMS = 32
-#: A single dimension larger than this is refused (it could never be backed by a request body).
-MAX_DIM = 2**40
+#: A dimension is an int64, as in Triton; an element count or byte size past it is refused in
+#: Triton's words (:func:`element_count`).
+MAX_DIM = INT64_MAX
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,11 +169,20 @@ def check_shape(name: str, raw: Any) -> tuple[int, ...]:
     return tuple(raw)
 
 
-def element_count(shape: tuple[int, ...]) -> int:
-    """The elements a checked shape holds (Python ints: no overflow, nothing allocated)."""
+def element_count(name: str, shape: tuple[int, ...], datatype: str) -> int:
+    """The elements a checked shape of ``datatype`` holds (Python ints: nothing allocated).
+
+    Raises:
+        ProtocolError: the count, or its bytes, pass int64 (Triton's words).
+    """
     n = 1
     for d in shape:
         n *= d  # Python ints: no overflow, and nothing is allocated
+    if n > INT64_MAX:
+        raise answers.element_count_overflow(name, shape)
+    dtype = DATATYPES.get(datatype)
+    if dtype is not None and n * dtype.itemsize > INT64_MAX:
+        raise answers.byte_size_overflow(name, n, dtype.itemsize)
     return n
 
 
@@ -268,7 +279,11 @@ def check_datatype(name: str, datatype: Any, spec: TensorSpec, model: str) -> st
 
 
 def _requested_outputs(
-    raw: Any, outputs: Sequence[TensorSpec], binary_default: bool, model: str
+    raw: Any,
+    outputs: Sequence[TensorSpec],
+    binary_default: bool,
+    model: str,
+    request_id: str | None,
 ) -> tuple[RequestedOutput, ...]:
     if raw is None:
         return tuple(RequestedOutput(s.name, binary_default) for s in outputs)
@@ -283,7 +298,7 @@ def _requested_outputs(
         if name not in known:
             raise _fail(f"unknown output {name!r} (the model has {sorted(known)})")
         if any(o.name == name for o in chosen):
-            raise _fail(f"output {name!r} is requested twice")
+            raise answers.duplicate_output(name, request_id)
         extra = set(item) - {"name", "parameters"}
         if extra:
             raise _fail(f"output {name!r}: unknown field(s) {sorted(extra)}")
@@ -369,13 +384,13 @@ def _decode(
         if spec is None:
             raise _fail(f"unknown input {name!r} (the model has {sorted(specs)})")
         if name in arrays:
-            raise _fail(f"input {name!r} is given twice")
+            raise answers.duplicate_input(name, request_id)
         unknown = set(item) - {"name", "datatype", "shape", "data", "parameters"}
         if unknown:
             raise _fail(f"input {name!r}: unknown field(s) {sorted(unknown)}")
         datatype = check_datatype(name, item.get("datatype"), spec, model)
         shape = check_shape(name, item.get("shape"))
-        count = element_count(shape)
+        count = element_count(name, shape, datatype)
         input_params = _parameters(f"input {name!r}", item.get("parameters"))
         size = check_input_parameters(name, input_params, model)
         if size is not None:
@@ -383,10 +398,7 @@ def _decode(
                 raise _fail(f"input {name!r}: give either 'data' or binary_data_size, not both")
             expected = size if datatype == BYTES else count * DATATYPES[datatype].itemsize
             if size != expected:
-                raise _fail(
-                    f"input {name!r}: binary_data_size is {size} bytes, but shape "
-                    f"{list(shape)} of {datatype} needs {expected}"
-                )
+                raise answers.byte_size_mismatch(name, model, expected, size, request_id)
             if offset + size > len(binary):
                 raise _fail(
                     f"input {name!r}: binary data sizes add up to more than the "
@@ -439,7 +451,9 @@ def _decode(
     return InferRequest(
         id=request_id,
         inputs=arrays,
-        outputs=_requested_outputs(doc.get("outputs"), outputs, params.binary_output, model),
+        outputs=_requested_outputs(
+            doc.get("outputs"), outputs, params.binary_output, model, request_id
+        ),
         parameters=raw_params,
         timeout=params.timeout,
         priority=params.priority,

@@ -24,6 +24,7 @@ import numpy as np
 import orjson
 
 from model_runtime.errors import InputValidationError, ProtocolError
+from model_runtime.server.answers import MAX_JSON_DEPTH, json_too_deep
 from model_runtime.server.datatypes import DATATYPES
 
 __all__ = [
@@ -227,14 +228,14 @@ def _slice_to_array(
     name: str, datatype: str, values: list[Any], text: bytes, nested: bool
 ) -> np.ndarray:
     if nested:
-        try:  # rectangular rows: numpy flattens them at C speed
+        try:  # rectangular rows: numpy flattens them at C speed (and has under 100 dims)
             rows = np.array(values)
         except ValueError:  # ragged
             rows = None
         if rows is not None and rows.dtype.kind in "biuf":
             values = rows.ravel().tolist()  # a slice's worth of objects, made in C
         else:
-            values = flatten(name, values, len(text))
+            values = flatten(name, values, len(text))  # ragged: its depth is checked there
     bools = b"t" in text or b"f" in text  # true/false: the only letters besides e/E
     try:
         return values_to_array(name, datatype, values, exact=False, bools=bools)
@@ -258,6 +259,8 @@ def flatten(name: str, data: Any, limit: int) -> list[Any]:
     while stack:
         for item in stack[-1]:
             if isinstance(item, list):
+                if len(stack) + 1 >= MAX_JSON_DEPTH:  # Triton counts 'data' itself as depth 0
+                    raise json_too_deep()
                 stack.append(iter(item))
                 break
             out.append(item)

@@ -27,6 +27,7 @@ from typing import Any, Literal
 import numpy as np
 import simdjson
 
+from model_runtime.server.answers import MAX_JSON_DEPTH, json_too_deep
 from model_runtime.server.datatypes import DATATYPES
 from model_runtime.server.jsonnumbers import Retry
 
@@ -86,14 +87,21 @@ class Numbers:
 
 def load(text: bytes | bytearray) -> dict[str, Any] | None:
     """The JSON object ``text`` as Python objects, numeric input data as :class:`Numbers`;
-    None where the plain decoder must read it (see the module docstring)."""
+    None where the plain decoder must read it (see the module docstring).
+
+    Raises:
+        ProtocolError: a numeric ``data`` array nests past Triton's depth (100), which the
+            plain decoder refuses too.
+    """
     if len(text) > MAX_TAPE_BYTES or text.startswith(_BOM):  # orjson refuses a BOM
         return None
+    # Nesting as deep as Triton's limit takes that many brackets: with fewer, no look.
+    top = _deep_top if text.count(b"[") >= MAX_JSON_DEPTH else _top
     try:
         doc = simdjson.Parser().parse(text)  # a parser per document: its proxies pin it
         if not isinstance(doc, simdjson.Object):
             return None
-        return _object(doc, _top)
+        return _object(doc, top)
     except _NOT_PARSED:
         return None
 
@@ -115,13 +123,17 @@ def _object(obj: simdjson.Object, field: Callable[[str, Any], Any]) -> dict[str,
     return out
 
 
-def _top(key: str, value: Any) -> Any:
+def _top(key: str, value: Any, *, deep: bool = False) -> Any:
     if key == "inputs" and isinstance(value, simdjson.Array):
-        return [_input(v) if isinstance(v, simdjson.Object) else _plain(v) for v in value]
+        return [_input(v, deep) if isinstance(v, simdjson.Object) else _plain(v) for v in value]
     return _plain(value)
 
 
-def _input(item: simdjson.Object) -> dict[str, Any]:
+def _deep_top(key: str, value: Any) -> Any:
+    return _top(key, value, deep=True)
+
+
+def _input(item: simdjson.Object, deep: bool) -> dict[str, Any]:
     datatype = item.get("datatype")
     buffer = _BUFFER.get(datatype) if isinstance(datatype, str) else None
 
@@ -129,12 +141,25 @@ def _input(item: simdjson.Object) -> dict[str, Any]:
         if key == "data" and buffer is not None and isinstance(value, simdjson.Array):
             of_type, dtype = buffer
             try:
-                return Numbers(np.frombuffer(value.as_buffer(of_type=of_type), dtype))
+                flat = np.frombuffer(value.as_buffer(of_type=of_type), dtype)
             except (TypeError, ValueError):  # true/false, strings, null, out of 64 bits
-                pass
+                return _plain(value)
+            if deep and _depth(value.mini) >= MAX_JSON_DEPTH:
+                raise json_too_deep()
+            return Numbers(flat)
         return _plain(value)
 
     return _object(item, field)
+
+
+def _depth(text: bytes | str) -> int:
+    """How many arrays nest in a numeric array's text, itself included: its values lie at
+    Triton's depths 1 to this (no strings in it, so every bracket counts)."""
+    if isinstance(text, str):  # pysimdjson's stubs say str; it gives bytes
+        text = text.encode()
+    chars = np.frombuffer(text, np.uint8)
+    steps = (chars == ord("[")).astype(np.int32) - (chars == ord("]"))
+    return int(np.cumsum(steps).max(initial=0))
 
 
 def _plain(value: Any) -> Any:

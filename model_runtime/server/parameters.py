@@ -26,6 +26,7 @@ from typing import Any
 import orjson
 
 from model_runtime.errors import InputValidationError, ProtocolError
+from model_runtime.server import answers
 
 __all__ = [
     "MAX_PRIORITY_LEVEL",
@@ -78,13 +79,28 @@ def _unsupported(where: str, names: set[str], model: str) -> InputValidationErro
     return _fail(f"{where}: parameter(s) {sorted(names)} are not supported{of}")
 
 
-def request_parameters(raw: Mapping[str, Any], model: str = "") -> RequestParameters:
-    """Check the request's ``parameters``.
+def request_parameters(
+    raw: Mapping[str, Any], model: str = "", *, grpc: bool = False
+) -> RequestParameters:
+    """Check the request's ``parameters`` (``grpc``: of a ``ModelInferRequest``).
+
+    Names starting with ``triton_`` are Triton's: over gRPC the ones Triton takes itself are
+    taken (``triton_enable_empty_final_response``: every model here answers once, so there
+    is never an empty final response to send), any other is refused in Triton's words; over
+    HTTP, as in Triton, every one is.
 
     Raises:
         ProtocolError: an unknown parameter, a value of the wrong type or range, or a sequence.
     """
-    unknown = set(raw) - _REQUEST
+    reserved = [k for k in raw if k.startswith("triton_")]
+    for key in reserved:
+        if not grpc:
+            raise answers.reserved_parameter_http()
+        if key not in answers.TRITON_REQUEST_PARAMETERS:
+            raise answers.reserved_parameter_grpc()
+        if not isinstance(raw[key], bool):
+            raise _fail(f"invalid value type for '{key}' parameter, expected bool_param.")
+    unknown = set(raw) - _REQUEST - set(reserved)
     if unknown:
         raise _unsupported("request", unknown, model)
     binary = raw.get("binary_data_output", False)

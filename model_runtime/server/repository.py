@@ -54,6 +54,7 @@ from model_runtime.errors import (
 )
 from model_runtime.io import DataDesc
 from model_runtime.runner_config import ModelRunnerConfig
+from model_runtime.server import answers
 from model_runtime.server.codec import TensorSpec
 from model_runtime.server.datatypes import datatype_of
 from model_runtime.server.serving import (
@@ -429,17 +430,12 @@ class ModelRepository:
     # -- the repository API (control modes) ------------------------------------------------------
 
     def _check_control(self, action: str) -> None:
-        mode = self.control_mode
-        if mode is ControlMode.EXPLICIT:
-            return
-        how = (
-            "start the daemon with --model-control-mode explicit"
-            if mode is ControlMode.NONE
-            else "the repository is polled: add, replace or remove the model's file instead"
-        )
-        raise ModelControlError(
-            f"explicit model {action} is not allowed in model control mode '{mode.value}' ({how})"
-        )
+        """Refuse a client's load or unload outside ``explicit`` mode, in Triton's words (it
+        says "polling" for its ``none`` mode too)."""
+        if self.control_mode is not ControlMode.EXPLICIT:
+            raise ModelControlError(
+                "explicit model load / unload is not allowed if polling is enabled"
+            )
 
     async def client_load(self, name: str, config: str | None = None) -> ModelEntry:
         """A load asked through the repository API: :meth:`load`, in ``explicit`` mode only.
@@ -488,12 +484,18 @@ class ModelRepository:
     # -- load / reload / unload ------------------------------------------------------------------
 
     def _lookup_for_load(self, name: str) -> ModelEntry:
-        if not _NAME.fullmatch(name) or ".." in name:
-            raise InputValidationError(f"invalid model name {name!r}")
+        # Triton's rules for a name to load (ValidateModelName), in its words; any other name
+        # is looked up, and one no file of the repository can have is not found.
+        if not name.strip():
+            raise answers.model_name_empty()
+        if name.strip() == ".." or "/" in name:
+            raise answers.model_name_traversal(name)
         entry = self._models.get(name)
         if entry is not None:
             return entry
-        found = self._resolve(name) if self.directory is not None else None
+        found = None
+        if self.directory is not None and _NAME.fullmatch(name) and name not in (".", ".."):
+            found = self._resolve(name)
         if found is None:
             raise UnknownModelError(name)
         return self.add(name, found, in_directory=True)
@@ -509,7 +511,7 @@ class ModelRepository:
         an invalid one fails the load like a bad ``config.pbtxt``.
 
         Raises:
-            InputValidationError: ``name`` is not a valid model name (path tricks included).
+            ProtocolError: ``name`` is empty or has a path in it (Triton's words).
             UnknownModelError: no such model (Triton's wording).
             ModelLoadError: compiling or starting failed; the entry records the reason.
         """

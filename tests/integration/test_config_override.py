@@ -159,8 +159,10 @@ def test_an_override_is_refused_outside_explicit_mode(tmp_path: Path) -> None:
     try:
         with httpclient.InferenceServerClient(f"127.0.0.1:{d.port}") as http:
             err = _refusal(lambda: http.load_model("simple", config='{"max_batch_size": 4}'))
-            assert err.status() == "403"
-            assert "model control mode 'none'" in err.message()
+            assert err.status() == "503"
+            assert (
+                err.message() == "explicit model load / unload is not allowed if polling is enabled"
+            )
             _infer_http(http)
     finally:
         stop_daemon(d)

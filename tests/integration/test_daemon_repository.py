@@ -36,6 +36,9 @@ from tests.integration.test_daemon_support import (
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 ROW = [0.0, 0.0, 0.0, 0.0]
 
+#: Triton's answer to a load or unload outside explicit mode.
+POLLING = "explicit model load / unload is not allowed if polling is enabled"
+
 
 def add_const(c: float, batch: int | str = "N") -> onnx.ModelProto:
     """``y = x + c``: x, y float32 [batch, 4]."""
@@ -335,11 +338,8 @@ def test_mode_none_loads_everything_and_refuses_the_repository_api(tmp_path: Pat
         assert index(d) == {"one": ("READY", ""), "two": ("READY", "")}
         for action in ("load", "unload"):
             status, out = d.post(f"/v2/repository/models/one/{action}")
-            assert status == 403, out
-            assert (
-                f"explicit model {action} is not allowed in model control mode 'none'"
-                in (out["error"])
-            )
+            # Triton's answer: UNAVAILABLE (503), in its words
+            assert (status, out) == (503, {"error": POLLING}), out
         assert value(d, "one") == 1.0 and index(d)["one"] == ("READY", "")
 
 
@@ -373,7 +373,7 @@ async def test_mode_poll_follows_added_changed_and_removed_files(tmp_path: Path)
     with running(tmp_path, *args, "--repository-poll-secs", "0.2") as d:
         assert index(d) == {"m": ("READY", "")}
         status, out = d.post("/v2/repository/models/m/load")
-        assert status == 403 and "model control mode 'poll'" in out["error"]
+        assert (status, out) == (503, {"error": POLLING})
         put(repo / "new.mrx", mrx(tmp_path, 5.0))  # added
         wait_for(lambda: index(d).get("new") == ("READY", ""), 20, "the new model to load")
         assert value(d, "new") == 5.0

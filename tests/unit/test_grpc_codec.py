@@ -63,6 +63,8 @@ def test_parameters_are_honoured_as_over_http() -> None:
     req.parameters["timeout"].int64_param = 2500
     req.parameters["priority"].uint64_param = 2
     req.outputs.add(name="label").parameters["classification"].int64_param = 2
+    # tritonclient's C++ gRPC client (perf_analyzer's) sends this on every request
+    req.parameters["triton_enable_empty_final_response"].bool_param = True
     parsed = _parse(req)
     assert (parsed.id, parsed.timeout, parsed.priority) == ("r-1", 0.0025, 2)
     assert parsed.outputs == (RequestedOutput("label", True, 2),)
@@ -97,15 +99,22 @@ def test_every_typed_contents_field_decodes_exactly(
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
-        (lambda r: r.inputs[0].shape.__setitem__(0, 3), "raw_input_contents has 32 bytes"),
+        (lambda r: r.inputs[0].shape.__setitem__(0, 3),
+         "[request id: <id_unknown>] input byte size mismatch for input 'pixels' for model 'm'. "
+         "Expected 48, got 32"),
         (lambda r: setattr(r.inputs[0], "datatype", "FP64"), "does not match the model's FP32"),
         (lambda r: setattr(r.inputs[0], "datatype", "FP8"), "unknown datatype 'FP8'"),
         (lambda r: setattr(r.inputs[0], "datatype", "BYTES"), "BYTES is not supported"),
         (lambda r: setattr(r.inputs[0], "name", "nope"), "unknown input 'nope'"),
-        (lambda r: setattr(r.inputs[1], "name", "pixels"), "input 'pixels' is given twice"),
+        (lambda r: setattr(r.inputs[1], "name", "pixels"),
+         "[request id: <id_unknown>] input 'pixels' already exists in request"),
         (lambda r: r.raw_input_contents.pop(), "raw_input_contents has 1 entries for 2 inputs"),
         (lambda r: r.raw_input_contents.__setitem__(1, b"\x02\x00\x00\x01"), "bytes 0 or 1"),
-        (lambda r: r.inputs[0].contents.fp32_contents.append(1.0), "contents must be empty"),
+        (lambda r: r.inputs[0].contents.fp32_contents.append(1.0),
+         "contents field must not be specified when using raw_input_contents for 'pixels' for "
+         "model 'm'"),
+        (lambda r: r.inputs[0].contents.SetInParent(),  # even empty, as Triton checks it
+         "contents field must not be specified when using raw_input_contents for 'pixels'"),
         (lambda r: r.outputs.add(name="nope"), "unknown output 'nope'"),
         (lambda r: r.parameters["sequence_id"].MergeFrom(pb.InferParameter(int64_param=7)),
          "sequence parameters"),
@@ -114,6 +123,20 @@ def test_every_typed_contents_field_decodes_exactly(
         (lambda r: r.inputs[0].parameters["shared_memory_region"].MergeFrom(
             pb.InferParameter(string_param="r")), "shared memory extension is not supported"),
         (lambda r: r.parameters["timeout"].MergeFrom(pb.InferParameter()), "has no value"),
+        (lambda r: r.parameters["triton_bogus"].MergeFrom(pb.InferParameter(bool_param=True)),
+         "parameter keys starting with 'triton_' are reserved for Triton usage. Only the "
+         "following keys starting with 'triton_' are allowed: "
+         "triton_enable_empty_final_response"),
+        (lambda r: r.parameters["triton_enable_empty_final_response"].MergeFrom(
+            pb.InferParameter(int64_param=1)),
+         "invalid value type for 'triton_enable_empty_final_response' parameter, expected "
+         "bool_param."),
+        (lambda r: r.inputs[0].shape.extend([2**32, 2**32]),
+         "invalid shape for input 'pixels': shape [2,4,4294967296,4294967296] causes total "
+         "element count to exceed maximum size of 9223372036854775807"),
+        (lambda r: r.inputs[0].shape.extend([2**29, 2**30]),  # 2**62 elements of 4 bytes
+         "byte size overflow for input 'pixels': element count (4611686018427387904) * data "
+         "type size (4) exceeds maximum allowed size (9223372036854775807)"),
         (lambda r: r.inputs[0].shape.extend([1] * 40), "dimensions (at most 32)"),
         (lambda r: r.inputs[0].shape.__setitem__(0, -1), "must hold integers in"),
         (lambda r: r.ClearField("inputs"), "the request has no inputs"),

@@ -80,11 +80,19 @@ async def test_repository_refuses_path_tricks(tmp_path: Path) -> None:
     (inside / "link.mrx").symlink_to(tmp_path / "secret.mrx")
     repo = ModelRepository(ModelRunnerConfig(), directory=inside)
     assert repo.scan() == ["good"]
-    for name in ("../secret", "..", ".hidden", "a/b", "x" * 200, ""):
-        with pytest.raises(InputValidationError):
+    # Triton's rules and words for a name to load (ValidateModelName)
+    with pytest.raises(InputValidationError, match=r"^Model name cannot be empty"):
+        await repo.load(" ")
+    for name in ("../secret", "..", "a/b", "/etc/passwd"):
+        with pytest.raises(InputValidationError) as info:
             await repo.load(name)
-    with pytest.raises(ModelNotFoundError):
-        await repo.load("link")
+        assert str(info.value) == (
+            f"invalid model name '{name}', model name must not contain path traversal characters"
+        )
+    # Names Triton allows are looked up; no file of the repository can have these.
+    for name in (".hidden", ".", "a..b", "x" * 200, "a\\b", "link"):
+        with pytest.raises(ModelNotFoundError):
+            await repo.load(name)
     with pytest.raises(ModelNotFoundError):
         await repo.unload("secret")
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from model_runtime.server import answers
 from model_runtime.server.classification import bytes_to_binary, classify
 from model_runtime.server.codec import (
     InferRequest,
@@ -92,16 +93,15 @@ def parameter_values(where: str, params: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _from_raw(name: str, datatype: str, raw: bytes, count: int) -> np.ndarray:
+def _from_raw(
+    name: str, datatype: str, raw: bytes, count: int, model: str, request_id: str
+) -> np.ndarray:
     if datatype == BYTES:
         return bytes_from_binary(name, raw, count)
     dtype = DATATYPES[datatype]
     expected = count * dtype.itemsize
     if len(raw) != expected:
-        raise _fail(
-            f"input {name!r}: raw_input_contents has {len(raw)} bytes, but {count} elements "
-            f"of {datatype} need {expected}"
-        )
+        raise answers.byte_size_mismatch(name, model, expected, len(raw), request_id)
     arr = np.frombuffer(raw, dtype=dtype)
     if datatype == "BOOL" and arr.size and arr.view(np.uint8).max() > 1:
         raise _fail(f"input {name!r}: BOOL raw contents must be bytes 0 or 1")
@@ -144,7 +144,7 @@ def _from_contents(name: str, datatype: str, contents: Any, count: int) -> np.nd
 
 
 def _requested_outputs(
-    raw: Sequence[Any], outputs: Sequence[TensorSpec], model: str
+    raw: Sequence[Any], outputs: Sequence[TensorSpec], model: str, request_id: str
 ) -> tuple[RequestedOutput, ...]:
     if not raw:
         return tuple(RequestedOutput(s.name, True) for s in outputs)
@@ -155,7 +155,7 @@ def _requested_outputs(
         if name not in known:
             raise _fail(f"unknown output {name!r} (the model has {sorted(known)})")
         if any(o.name == name for o in chosen):
-            raise _fail(f"output {name!r} is requested twice")
+            raise answers.duplicate_output(name, request_id)
         where = f"output {name!r}"
         params = output_parameters(name, parameter_values(where, item.parameters), True, model)
         chosen.append(RequestedOutput(name, True, params.class_count))
@@ -181,7 +181,7 @@ def parse_model_infer_request(
             that does not match the shape; typed values outside the datatype's range; unknown
             or twice-requested outputs; a parameter that is unknown or not supported.
     """
-    params = request_parameters(parameter_values("request", request.parameters), model)
+    params = request_parameters(parameter_values("request", request.parameters), model, grpc=True)
     if not request.inputs:
         raise _fail("the request has no inputs")
     raw_contents = request.raw_input_contents
@@ -202,21 +202,19 @@ def parse_model_infer_request(
         if spec is None:
             raise _fail(f"unknown input {name!r} (the model has {sorted(specs)})")
         if name in arrays:
-            raise _fail(f"input {name!r} is given twice")
+            raise answers.duplicate_input(name, request.id)
         datatype = check_datatype(name, item.datatype, spec, model)
         shape = check_shape(name, list(item.shape))
-        count = element_count(shape)
+        count = element_count(name, shape, datatype)
         where = f"input {name!r}"
         check_input_parameters(name, parameter_values(where, item.parameters), model)
         typed = item.HasField("contents") and any(
             len(getattr(item.contents, f)) for f in _ALL_FIELDS
         )
         if raw_contents:
-            if typed:
-                raise _fail(
-                    f"input {name!r}: contents must be empty when raw_input_contents is used"
-                )
-            flat = _from_raw(name, datatype, raw_contents[index], count)
+            if item.HasField("contents"):  # even empty, as Triton checks it
+                raise answers.raw_with_contents(name, model)
+            flat = _from_raw(name, datatype, raw_contents[index], count, model, request.id)
         elif typed or count == 0:
             flat = _from_contents(name, datatype, item.contents, count)
         else:
@@ -228,7 +226,7 @@ def parse_model_infer_request(
     return InferRequest(
         id=request.id or None,
         inputs=arrays,
-        outputs=_requested_outputs(request.outputs, outputs, model),
+        outputs=_requested_outputs(request.outputs, outputs, model, request.id),
         parameters={},
         timeout=params.timeout,
         priority=params.priority,
