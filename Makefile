@@ -21,7 +21,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# perf_analyzer (below) is what tests/integration/test_perf_analyzer.py drives; where it cannot
+# be made (no network) those tests skip and say why, and the rest run.
 pytest: $(STAMP)
+	-@$(MAKE) --no-print-directory perf-analyzer
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 test: lint typecheck pytest
@@ -58,6 +61,21 @@ $(PEERS)/%/.installed: benchmarks/peers/%.txt | $(STAMP)
 	     "onnxruntime==$$($(BIN)/python -c 'import onnxruntime; print(onnxruntime.__version__)')" \
 	) > $(PEERS)/$*.log 2>&1 \
 	|| { tail -5 $(PEERS)/$*.log; rm -rf $(PEERS)/$*; echo "could not make $(PEERS)/$*"; exit 1; }
+	@touch $@
+
+# NVIDIA's perf_analyzer, the load generator Triton users measure servers with, run against our
+# daemon by benchmarks/peers/perf_analyzer (tests/perf_analyzer.py from Python). Its binary needs
+# glibc 2.38 (this machine has 2.36), so benchmarks/peers/perf_analyzer_install.sh unpacks
+# Debian trixie's libc6 & co. into .venv-peers/perf_analyzer/sysroot/ beside the wheel: a
+# private loader and libraries, nothing installed over the system's. Pinned, hash-checked.
+.PHONY: perf-analyzer
+perf-analyzer: $(PEERS)/perf_analyzer/.installed
+
+$(PEERS)/perf_analyzer/.installed: benchmarks/peers/perf_analyzer_install.sh | $(STAMP)
+	@echo "making $(PEERS)/perf_analyzer (log: $(PEERS)/perf_analyzer.log)"
+	@mkdir -p $(PEERS)
+	@bash $< $(PEERS)/perf_analyzer $(BIN)/python > $(PEERS)/perf_analyzer.log 2>&1 \
+	|| { echo "could not make $(PEERS)/perf_analyzer: $$(tail -1 $(PEERS)/perf_analyzer.log)"; exit 1; }
 	@touch $@
 
 bench: $(STAMP)
