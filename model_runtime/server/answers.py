@@ -253,7 +253,7 @@ def decompressed_too_large(limit: int) -> ProtocolError:
 
 def unsupported_encoding() -> HTTPError:
     """A ``Content-Encoding`` other than gzip, deflate or identity (Triton: UNSUPPORTED)."""
-    error = HTTPError.triton(Code.UNSUPPORTED, "Unsupported compression type", "bad_request")
+    error = HTTPError.triton(Code.UNSUPPORTED, "Unsupported compression type", "bad_encoding")
     error.headers["Accept-Encoding"] = "gzip, deflate"
     return error
 

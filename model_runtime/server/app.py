@@ -34,7 +34,12 @@ import orjson
 import structlog
 from aiohttp import web
 
-from model_runtime.errors import DeviceUnavailableError, ModelRuntimeError, UnknownModelError
+from model_runtime.errors import (
+    DeviceUnavailableError,
+    ModelRuntimeError,
+    ProtocolError,
+    UnknownModelError,
+)
 from model_runtime.runner import ModelRunner
 from model_runtime.server import answers
 from model_runtime.server.access import RateLimitedLog, access_middleware
@@ -99,13 +104,28 @@ def _json(doc: Any, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(doc), status=status, content_type="application/json")
 
 
-def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+#: Refusals that leave a body unread: the connection closes after the answer.
+_UNREAD = frozenset({"too_large", "body_timeout", "bad_encoding"})
+#: The request encodings Triton reads (any other is refused, as Triton refuses it).
+_ENCODINGS = frozenset({"identity", "gzip", "deflate"})
+
+
+def _error(
+    status: int, message: str, headers: dict[str, str] | None = None, *, close: bool = False
+) -> web.Response:
     resp = _json({"error": message}, status)
     if headers:
         resp.headers.update(headers)
-    if status in (408, 413):
+    if close:
         resp.force_close()  # do not linger reading a body we refused
     return resp
+
+
+def _too_large(request: web.Request, size: int, limit: int) -> ProtocolError:
+    """A body of ``size`` bytes past ``limit``, in Triton's words for the kind of body."""
+    if request.headers.get(HEADER_LENGTH) is None:
+        return answers.json_too_large(size, limit)
+    return answers.request_too_large(size, limit)
 
 
 class InferenceServer:
@@ -201,6 +221,10 @@ class InferenceServer:
         the access log are :func:`access_middleware`'s, outside this one)."""
         try:
             return await handler(request)
+        except web.HTTPRequestEntityTooLarge:  # a body read whole (a load's) past the limit
+            limit = self.options.max_body_size
+            too_large = _too_large(request, request.content_length or limit + 1, limit)
+            return _error(400, str(too_large), close=True)
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
@@ -216,7 +240,8 @@ class InferenceServer:
                 log.exception("request_failed", path=request.path, status=status)
             elif status >= 500:
                 log.warning("request_failed", path=request.path, status=status, error=str(exc))
-            return _error(status, str(exc) or type(exc).__name__, headers)
+            close = reason in _UNREAD
+            return _error(status, str(exc) or type(exc).__name__, headers, close=close)
 
     # -- health and metadata ---------------------------------------------------------------------
 
@@ -291,12 +316,14 @@ class InferenceServer:
 
     # -- inference -------------------------------------------------------------------------------
 
-    def serving_runner(self, entry: ModelEntry, size: int | None = None) -> Any:
-        """The runner that takes an infer request for ``entry`` now (HTTP and gRPC alike).
+    def serving_runner(self, entry: ModelEntry, request: web.Request | None = None) -> Any:
+        """The runner that takes an infer request for ``entry`` now (HTTP and gRPC alike);
+        an HTTP ``request``'s head is checked too (its announced size and encoding).
 
         Raises:
-            HTTPError: 503 while draining or the model is not ready, 413 for a body of
-                ``size`` bytes past the limit; counted in the metrics as refused.
+            HTTPError: 503 while draining or the model is not ready; 400 for a body whose
+                ``Content-Length`` is past the limit, 501 for an encoding Triton does not
+                read (Triton's words); counted in the metrics as refused.
         """
         runner = entry.runner
         refusal: HTTPError | None = None
@@ -304,18 +331,26 @@ class InferenceServer:
             refusal = HTTPError(503, "the server is draining", "draining")
         elif runner is None or entry.state is not ModelState.READY:
             refusal = HTTPError(503, f"model {entry.name!r} is {entry.state.value}", "not_ready")
-        elif size is not None and size > self.options.max_body_size:
-            limit = self.options.max_body_size
-            refusal = HTTPError(413, f"body of {size} bytes exceeds {limit}", "too_large")
+        elif request is not None:
+            refusal = self._refuse_head(request)
         if refusal is not None:
             self.metrics.observe(entry.name, refusal.reason, 0.0, 0, entry.version)
             raise refusal
         return runner
 
+    def _refuse_head(self, request: web.Request) -> HTTPError | None:
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in _ENCODINGS:
+            return answers.unsupported_encoding()
+        size, limit = request.content_length, self.options.max_body_size
+        if size is not None and size > limit:
+            return HTTPError(400, str(_too_large(request, size, limit)), "too_large")
+        return None
+
     async def infer(self, request: web.Request) -> web.Response:
         """``POST /v2/models/{name}/infer``: JSON and binary tensors in, the same out."""
         entry = self._entry(request)
-        runner = self.serving_runner(entry, request.content_length)
+        runner = self.serving_runner(entry, request)
         self.enter_request(entry.name, entry.version)
         t0 = time.perf_counter()
         reason: str | None = "internal"
@@ -412,11 +447,14 @@ class InferenceServer:
         ``request.read()`` makes), within ``max_body_size`` and ``body_timeout``.
 
         Raises:
-            HTTPError: 413 past the size limit, 408 past the time limit.
+            HTTPError: 400 past the size limit (Triton's words), 408 past the time limit.
         """
         limit = self.options.max_body_size
         length = request.content_length
         content = request.content
+        # aiohttp inflates a gzip or deflate body as it reads it: the limit holds for what it
+        # inflates to (a small body that expands past it is refused as soon as it does).
+        compressed = request.headers.get("Content-Encoding", "identity").lower() != "identity"
         if length is not None and content.is_eof() and content.total_bytes == length:
             # All of it arrived with the head (the common case for small bodies): no waiting,
             # so no timer to arm; aiohttp's parser already held it to Content-Length.
@@ -429,8 +467,12 @@ class InferenceServer:
                 while chunk := await request.content.readany():
                     end = filled + len(chunk)
                     if end > limit:
-                        message = f"body of over {limit} bytes exceeds {limit}"
-                        raise HTTPError(413, message, "too_large")
+                        too_large = (
+                            answers.decompressed_too_large(limit)
+                            if compressed
+                            else _too_large(request, end, limit)
+                        )
+                        raise HTTPError(400, str(too_large), "too_large")
                     if end <= len(body):
                         view[filled:end] = chunk
                     else:  # chunked, or longer than announced

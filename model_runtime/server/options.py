@@ -114,7 +114,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
       help="reset a failed device and retry (default on)")  # fmt: skip
     a("--max-retries", type=int, help="retries of a request after device resets")
     a("--request-timeout", type=float, help="seconds per request before 504 (default 60)")
-    a("--max-body-size", type=int, help="largest request body in bytes (default 64 MiB)")
+    a("--max-body-size", "--http-max-input-size", dest="max_body_size", type=int,
+      help="largest request body in bytes, inflated (default 64 MiB; Triton's flag)")  # fmt: skip
     a("--header-timeout", type=float, help="seconds to receive a request head (default 10)")
     a("--keepalive-timeout", type=float, help="seconds an idle connection stays open (75)")
     a("--max-connections", type=int, help="open connections before 503 (default: from ulimit)")

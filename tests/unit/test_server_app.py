@@ -5,7 +5,9 @@ metrics, drain and disconnect cancellation. (The real daemon is tested in
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
+import zlib
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -14,6 +16,7 @@ from typing import Any
 
 import grpc
 import numpy as np
+import orjson
 import pytest
 import structlog
 from aiohttp.test_utils import TestClient, TestServer
@@ -241,18 +244,80 @@ async def test_runtime_errors_map_to_status_codes(tmp_path: Path) -> None:
         assert 'reason="runtime_error"} 1.0' in metrics
 
 
-async def test_body_over_the_limit_is_413(tmp_path: Path) -> None:
-    async with serving(tmp_path, max_body_size=1000) as (client, _, _):
-        resp = await client.post("/v2/models/fake/infer", json=_infer_doc(rows=100))
-        assert resp.status == 413
-        assert "exceeds 1000" in (await resp.json())["error"]
+async def test_a_body_over_the_limit_is_tritons_400_and_closes_the_connection(
+    tmp_path: Path,
+) -> None:
+    limit = 1000
+    async with serving(tmp_path, max_body_size=limit) as (client, _, _):
+        body = orjson.dumps(_infer_doc(rows=100))
+        resp = await client.post(
+            "/v2/models/fake/infer", data=body, headers={"Content-Type": "application/json"}
+        )
+        assert resp.status == 400
+        assert (await resp.json())["error"] == (
+            f"request JSON size of {len(body)} bytes exceeds the maximum allowed input size of "
+            f"{limit} bytes. Use --http-max-input-size to increase the limit."
+        )
+        assert resp.headers.get("Connection", "").lower() == "close"
+        resp = await client.post(
+            "/v2/models/fake/infer", data=body, headers={HEADER_LENGTH: str(len(body))}
+        )
+        assert (resp.status, (await resp.json())["error"]) == (
+            400,
+            f"request size of {len(body)} bytes exceeds the maximum allowed input size of "
+            f"{limit}. Use --http-max-input-size to increase the limit.",
+        )
 
         async def chunks() -> AsyncIterator[bytes]:
             for _ in range(10):
                 yield b" " * 500
 
         resp = await client.post("/v2/models/fake/infer", data=chunks())
-        assert resp.status == 413
+        assert resp.status == 400
+        assert (
+            "exceeds the maximum allowed input size of 1000 bytes" in (await resp.json())["error"]
+        )
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+async def test_compressed_bodies_are_read_and_bounded_inflated(
+    tmp_path: Path, encoding: str
+) -> None:
+    """tritonclient's request_compression_algorithm: gzip and deflate bodies are read; one that
+    inflates past the limit is refused as soon as it does, in Triton's words."""
+
+    def compress(data: bytes) -> bytes:
+        if encoding == "gzip":
+            return gzip.compress(data)
+        return zlib.compress(data)  # HTTP's "deflate" is zlib's format
+
+    headers = {"Content-Encoding": encoding, "Content-Type": "application/json"}
+    async with serving(tmp_path, max_body_size=4000) as (client, _, _):
+        doc = _infer_doc(rows=2)
+        resp = await client.post(
+            "/v2/models/fake/infer", data=compress(orjson.dumps(doc)), headers=headers
+        )
+        assert resp.status == 200, await resp.text()
+        bomb = compress(orjson.dumps(doc) + b" " * 200_000)  # ~200 kB inflated, <1 kB sent
+        assert len(bomb) < 4000
+        resp = await client.post("/v2/models/fake/infer", data=bomb, headers=headers)
+        assert (resp.status, (await resp.json())["error"]) == (
+            400,
+            "Decompressed data size exceeds the maximum allowed value of 4000 bytes. Use "
+            "--http-max-input-size to increase the limit.",
+        )
+
+
+async def test_an_encoding_triton_does_not_read_is_refused_in_its_words(tmp_path: Path) -> None:
+    async with serving(tmp_path) as (client, _, _):
+        resp = await client.post(
+            "/v2/models/fake/infer",
+            data=orjson.dumps(_infer_doc()),
+            headers={"Content-Encoding": "br"},
+        )
+        assert resp.status == 501  # Triton's UNSUPPORTED over HTTP
+        assert (await resp.json())["error"] == "Unsupported compression type"
+        assert resp.headers["Accept-Encoding"] == "gzip, deflate"
 
 
 async def test_readiness_follows_replica_state(tmp_path: Path) -> None:
