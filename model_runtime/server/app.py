@@ -52,6 +52,7 @@ from model_runtime.server.codec import (
 )
 from model_runtime.server.metrics import CONTENT_TYPE, DaemonMetrics
 from model_runtime.server.parameters import load_request_parameters
+from model_runtime.server.raw import parse_raw_request
 from model_runtime.server.repository import (
     ModelControlError,
     ModelEntry,
@@ -123,8 +124,11 @@ def _error(
 
 def _too_large(request: web.Request, size: int, limit: int) -> ProtocolError:
     """A body of ``size`` bytes past ``limit``, in Triton's words for the kind of body."""
-    if request.headers.get(HEADER_LENGTH) is None:
+    header = request.headers.get(HEADER_LENGTH)
+    if header is None:
         return answers.json_too_large(size, limit)
+    if header.strip() == "0":
+        return answers.raw_input_too_large(size, limit)
     return answers.request_too_large(size, limit)
 
 
@@ -384,6 +388,8 @@ class InferenceServer:
         body = await self._read_body(request)
 
         def parse() -> InferRequest:
+            if header_length == 0:  # Triton's raw binary request: the body is the one input
+                return parse_raw_request(body, entry.inputs, entry.outputs, model=entry.name)
             return parse_infer_request(
                 body, header_length, entry.inputs, entry.outputs, model=entry.name
             )

@@ -66,6 +66,7 @@ __all__ = [
     "check_shape",
     "element_count",
     "encode_infer_response",
+    "from_binary",
     "parse_infer_request",
 ]
 
@@ -186,7 +187,12 @@ def element_count(name: str, shape: tuple[int, ...], datatype: str) -> int:
     return n
 
 
-def _from_binary(name: str, datatype: str, chunk: memoryview) -> np.ndarray:
+def from_binary(name: str, datatype: str, chunk: memoryview) -> np.ndarray:
+    """``chunk`` as a flat array of ``datatype`` (not BYTES), a view of it.
+
+    Raises:
+        ProtocolError: BOOL data that is not bytes 0 or 1.
+    """
     arr = np.frombuffer(chunk, dtype=DATATYPES[datatype])
     if datatype == "BOOL" and arr.size and arr.view(np.uint8).max() > 1:
         raise _fail(f"input {name!r}: BOOL binary data must be bytes 0 or 1")
@@ -408,7 +414,7 @@ def _decode(
             if datatype == BYTES:
                 flat = bytes_from_binary(name, chunk, count)
             else:
-                flat = _from_binary(name, datatype, chunk)
+                flat = from_binary(name, datatype, chunk)
             offset += size
         elif "data" not in item:
             raise _fail(f"input {name!r}: no 'data' and no binary_data_size")

@@ -180,6 +180,35 @@ def test_binary_sizes_that_do_not_add_up(daemon: Daemon) -> None:
     assert status == 400 and "add up to 256 bytes, but 300" in out["error"]
 
 
+def test_a_raw_binary_request_is_the_one_input_and_gets_every_output(daemon: Daemon) -> None:
+    """``curl --data-binary @x.raw -H 'Inference-Header-Content-Length: 0'``, as Triton takes
+    it: the body is the model's one input, its shape [1, 64] from the model; every output
+    comes back as binary data behind a JSON header."""
+    pixels, logits = samples()
+    url = daemon.url(f"/v2/models/{MODEL}/infer")
+    req = urllib.request.Request(
+        url,
+        data=np.ascontiguousarray(pixels[3], "<f4").tobytes(),
+        headers={"Inference-Header-Content-Length": "0"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        n = int(resp.headers["Inference-Header-Content-Length"])
+        body = resp.read()
+    header = json.loads(body[:n])
+    assert [(o["name"], o["shape"]) for o in header["outputs"]] == [
+        ("logits", [1, 10]),
+        ("probabilities", [1, 10]),
+    ]
+    got = np.frombuffer(body[n : n + 40], "<f4").reshape(1, 10)
+    np.testing.assert_allclose(got, logits[3:4], atol=ATOL)
+    status, out = _raw_post(url, b"\0" * 100, {"Inference-Header-Content-Length": "0"})
+    assert (status, out["error"]) == (
+        400,
+        "[request id: <id_unknown>] input byte size mismatch for input 'pixels' for model "
+        f"'{MODEL}'. Expected 256, got 100",
+    )
+
+
 def test_unknown_model_is_400_and_unknown_version_404_in_tritons_words(daemon: Daemon) -> None:
     pixels, _ = samples()
     status, out = daemon.post("/v2/models/nope/infer", infer_doc(pixels[:1]))
