@@ -60,6 +60,7 @@ from model_runtime.server.repository import (
     ModelRepository,
     ModelState,
 )
+from model_runtime.server.restrict import RestrictionCounter, Restrictions, http_middleware
 from model_runtime.server.serving import innermost
 from model_runtime.server.stats import model_statistics
 from model_runtime.server.triton.config import DEFAULT_SETTINGS, config_json, served_config
@@ -140,10 +141,16 @@ class InferenceServer:
         repository: ModelRepository,
         options: ServerOptions | None = None,
         metrics: DaemonMetrics | None = None,
+        restrictions: Restrictions | None = None,
     ) -> None:
         self.repository = repository
         self.options = options or ServerOptions()
         self.metrics = metrics or DaemonMetrics()
+        #: The HTTP listener's restricted API groups (Triton's --http-restricted-api).
+        self.restrictions = restrictions or Restrictions()
+        self.restricted = RestrictionCounter(self.metrics.registry)
+        #: Each route of :meth:`app` -> its API group (what the restrictions are checked by).
+        self.route_groups: dict[web.AbstractRoute, str] = {}
         repository.on_readiness = self.metrics.readiness_changed
         # A runner a reload swaps out (or an unload closes) is read into the totals first.
         repository.on_retire = self.metrics.retire_runner
@@ -174,38 +181,51 @@ class InferenceServer:
     def app(self) -> web.Application:
         """The aiohttp application (``client_max_size`` enforces the body limit)."""
         access = access_middleware(enabled=self.options.access_log)
+        # Restrictions first: a request of a restricted group without its header is refused
+        # before admission, parsing or logging look at it.
+        restricted = http_middleware(self.restrictions, self.restricted, self._group_of)
         app = web.Application(
             client_max_size=self.options.max_body_size,
-            middlewares=[self.admission.middleware, access, self._middleware],
+            middlewares=[restricted, self.admission.middleware, access, self._middleware],
         )
         g, p = "GET", "POST"
         bases = ("/v2/models/{name}", "/v2/models/{name}/versions/{version}")
-        # Infer first: aiohttp tries the routes under one prefix in the order they were added
-        # (a regular expression each), and the hot path should not wait behind the others.
-        routes: list[tuple[str, str, Handler]] = [(p, f"{b}/infer", self.infer) for b in bases]
+        # Each route with its API group (Triton's, see model_runtime.server.restrict). Infer
+        # first: aiohttp tries the routes under one prefix in the order they were added (a
+        # regular expression each), and the hot path should not wait behind the others.
+        routes: list[tuple[str, str, Handler, str]] = [
+            (p, f"{b}/infer", self.infer, "inference") for b in bases
+        ]
         routes += [
-            (g, "/v2", self.server_metadata),
-            (g, "/v2/health/live", self.live),
-            (g, "/v2/health/ready", self.ready),
-            (g, "/v2/models/stats", self.stats),
-            (g, "/metrics", self.prometheus),
-            (p, "/v2/repository/index", self.repository_index),
-            (p, "/v2/repository/models/{name}/load", self.load),
-            (p, "/v2/repository/models/{name}/unload", self.unload),
+            (g, "/v2", self.server_metadata, "metadata"),
+            (g, "/v2/health/live", self.live, "health"),
+            (g, "/v2/health/ready", self.ready, "health"),
+            (g, "/v2/models/stats", self.stats, "statistics"),
+            (g, "/metrics", self.prometheus, "statistics"),
+            (p, "/v2/repository/index", self.repository_index, "model-repository"),
+            (p, "/v2/repository/models/{name}/load", self.load, "model-repository"),
+            (p, "/v2/repository/models/{name}/unload", self.unload, "model-repository"),
         ]
         for ext in ("systemsharedmemory", "cudasharedmemory"):
             # Triton's shared memory extensions: each call refused with a message that says so.
-            routes += [(m, f"/v2/{ext}{{tail:(/.*)?}}", self.shared_memory) for m in (g, p)]
+            routes += [
+                (m, f"/v2/{ext}{{tail:(/.*)?}}", self.shared_memory, "shared-memory")
+                for m in (g, p)
+            ]
         for base in bases:
             routes += [
-                (g, base, self.model_metadata),
-                (g, f"{base}/ready", self.model_ready),
-                (g, f"{base}/config", self.model_config),
-                (g, f"{base}/stats", self.stats),
+                (g, base, self.model_metadata, "metadata"),
+                (g, f"{base}/ready", self.model_ready, "health"),
+                (g, f"{base}/config", self.model_config, "model-config"),
+                (g, f"{base}/stats", self.stats, "statistics"),
             ]
-        for method, path, handler in routes:
-            app.router.add_route(method, path, handler)
+        for method, path, handler, group in routes:
+            self.route_groups[app.router.add_route(method, path, handler)] = group
         return app
+
+    def _group_of(self, request: web.Request) -> str | None:
+        """The API group of ``request``'s route (None: no route of ours, a 404)."""
+        return self.route_groups.get(request.match_info.route)
 
     # -- lifecycle -----------------------------------------------------------------------------
 

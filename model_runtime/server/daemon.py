@@ -41,8 +41,11 @@ from model_runtime.server.options import (
     add_serve_arguments,
     default_cache_dir,
     options_from_args,
+    tls_files,
 )
 from model_runtime.server.repository import ControlMode, ModelRepository, parse_model_arg
+from model_runtime.server.restrict import GRPC_KEY_PREFIX, Restrictions
+from model_runtime.server.security import grpc_credentials, ssl_context
 
 __all__ = ["configure_logging", "main", "run_daemon", "serve", "serve_main"]
 
@@ -160,6 +163,11 @@ async def serve(opts: DaemonOptions) -> int:
         OSError: the address cannot be bound.
     """
     repo, names = build_repository(opts)
+    http_restrictions = Restrictions.parse(opts.http_restricted_api, kind="api")
+    grpc_restrictions = Restrictions.parse(
+        opts.grpc_restricted_protocol, kind="protocol", prefix=GRPC_KEY_PREFIX
+    )
+    http_tls, grpc_tls = tls_files(opts, "http"), tls_files(opts, "grpc")
     server = InferenceServer(
         repo,
         ServerOptions(
@@ -168,6 +176,7 @@ async def serve(opts: DaemonOptions) -> int:
             access_log=opts.access_log,
             admission_delay=opts.admission_delay or None,
         ),
+        restrictions=http_restrictions,
     )
     limits = ConnectionLimits(
         header_timeout=opts.header_timeout,
@@ -186,8 +195,11 @@ async def serve(opts: DaemonOptions) -> int:
         access_log=None,
         shutdown_timeout=1.0,
     )
-    # Infer requests over their model's admission limit are refused as their head arrives.
-    runner.guard.head_admission = server.admission.at_head
+    # Infer requests over their model's admission limit are refused as their head arrives;
+    # not while inference is restricted: a request without the header gets the restriction's
+    # answer, which the middleware gives before admission.
+    if http_restrictions.get("inference") is None:
+        runner.guard.head_admission = server.admission.at_head
     runner.guard.early_max_body = opts.max_body_size
     server.metrics.registry.register(runner.guard)
     await runner.setup()
@@ -206,11 +218,22 @@ async def serve(opts: DaemonOptions) -> int:
     try:
         async with repo:
             repo.starting = True  # not ready until the models of the start are loaded (or not)
-            site = web.TCPSite(runner, opts.host, opts.port, backlog=opts.backlog)
+            site = web.TCPSite(
+                runner,
+                opts.host,
+                opts.port,
+                backlog=opts.backlog,
+                ssl_context=None if http_tls is None else ssl_context(http_tls),
+            )
             await site.start()
             port = _bound_port(runner, opts.port)
             grpc_server, grpc_port = await start_grpc_server(
-                server, opts.host, opts.grpc_port, grpc_limits
+                server,
+                opts.host,
+                opts.grpc_port,
+                grpc_limits,
+                restrictions=grpc_restrictions,
+                credentials=None if grpc_tls is None else grpc_credentials(grpc_tls),
             )
             log.info(
                 "daemon_listening",

@@ -22,8 +22,17 @@ from typing import Any
 
 from model_runtime.errors import ConfigurationError
 from model_runtime.runner_config import ModelRunnerConfig
+from model_runtime.server import security
+from model_runtime.server.restrict import GROUPS, GRPC_KEY_PREFIX, Restrictions
+from model_runtime.server.security import TLSFiles
 
-__all__ = ["DaemonOptions", "add_serve_arguments", "default_cache_dir", "options_from_args"]
+__all__ = [
+    "DaemonOptions",
+    "add_serve_arguments",
+    "default_cache_dir",
+    "options_from_args",
+    "tls_files",
+]
 
 CONTROL_MODES = ("none", "explicit", "poll")
 
@@ -84,6 +93,16 @@ class DaemonOptions:
     #: Ray Serve replicas (each hosts the runtime on ``ray_cpus`` CPUs of its node).
     ray_replicas: int = 1
     ray_cpus: float = 1.0
+    #: Triton's restricted API groups per protocol, as its flags give them
+    #: (``<group>[,<group>...]:<key>=<value>``, see :mod:`model_runtime.server.restrict`).
+    http_restricted_api: list[str] = field(default_factory=list)
+    grpc_restricted_protocol: list[str] = field(default_factory=list)
+    #: Start off loopback with an open repository API (see :mod:`.security`).
+    allow_unrestricted_control: bool = False
+    #: TLS per listener: ``use_ssl``, ``server_cert``, ``server_key``, ``root_cert``,
+    #: ``use_ssl_mutual`` (Triton's gRPC flags; HTTP's in the same style).
+    grpc_tls: dict[str, Any] = field(default_factory=dict)
+    http_tls: dict[str, Any] = field(default_factory=dict)
     runner: ModelRunnerConfig = field(
         default_factory=lambda: ModelRunnerConfig(
             batching_dim=0,
@@ -142,11 +161,85 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     a("--reload-device-wait", type=float,
       help="seconds a reload waits for free devices to load the new version beside the "
       "serving one (default 10)")  # fmt: skip
+    a("--http-restricted-api", action="append", metavar="APIS:KEY=VALUE",
+      help="Triton's: restrict API groups (comma-separated: " + ", ".join(GROUPS) + ") to "
+      "HTTP requests with header KEY: VALUE (repeatable)")  # fmt: skip
+    a("--grpc-restricted-protocol", action="append", metavar="PROTOCOLS:KEY=VALUE",
+      help="Triton's: restrict groups to gRPC calls with metadata triton-grpc-protocol-KEY: "
+      "VALUE (repeatable)")  # fmt: skip
+    a("--allow-unrestricted-control", action="store_true", default=None,
+      help="start off loopback with a model control mode and the model-repository group "
+      "unrestricted (refused without this)")  # fmt: skip
+    for proto in ("grpc", "http"):
+        a(f"--{proto}-use-ssl", nargs="?", const=True, type=_truth, metavar="BOOL",
+          help=f"{proto.upper()} over TLS (Triton's style: --{proto}-use-ssl[=true])")  # fmt: skip
+        a(f"--{proto}-use-ssl-mutual", nargs="?", const=True, type=_truth, metavar="BOOL",
+          help="and require client certificates checked against the root certificate")  # fmt: skip
+        a(f"--{proto}-server-cert", metavar="PEM", help=f"the {proto} listener's certificate")
+        a(f"--{proto}-server-key", metavar="PEM", help=f"the {proto} listener's private key")
+        a(f"--{proto}-root-cert", metavar="PEM", help="root certificate for client certificates")
     a("--ray", nargs="?", const="auto", metavar="ADDRESS",
       help="serve as a Ray Serve application on the cluster at ADDRESS, not as a daemon "
       "(default auto: this machine's cluster, else a local one; the 'ray' extra)")  # fmt: skip
     a("--ray-replicas", type=int, help="with --ray: Ray Serve replicas (default 1)")
     a("--ray-cpus", type=float, help="with --ray: CPUs (cpu devices) per Ray replica (default 1)")
+
+
+def _truth(value: str) -> bool:
+    """A Triton-style boolean flag value."""
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+
+
+def _access(opts: DaemonOptions, args: argparse.Namespace) -> None:
+    """Restrictions and TLS from the command line, checked now (a bad flag or certificate
+    stops the start)."""
+    opts.http_restricted_api = list(getattr(args, "http_restricted_api", None) or [])
+    opts.grpc_restricted_protocol = list(getattr(args, "grpc_restricted_protocol", None) or [])
+    opts.allow_unrestricted_control = bool(getattr(args, "allow_unrestricted_control", None))
+    for proto in ("grpc", "http"):
+        tls = {
+            name: getattr(args, f"{proto}_{name}", None)
+            for name in ("use_ssl", "use_ssl_mutual", "server_cert", "server_key", "root_cert")
+        }
+        setattr(opts, f"{proto}_tls", {k: v for k, v in tls.items() if v is not None})
+    # Checked now: a bad rule, a missing certificate or one without its key stops the start.
+    http = Restrictions.parse(opts.http_restricted_api, kind="api")
+    grpc = Restrictions.parse(
+        opts.grpc_restricted_protocol, kind="protocol", prefix=GRPC_KEY_PREFIX
+    )
+    for proto in ("grpc", "http"):
+        files = tls_files(opts, proto)
+        if files is not None:
+            security.ssl_context(files)
+    security.check_exposure(
+        opts.host,
+        opts.model_control_mode,
+        http,
+        grpc,
+        allow_unrestricted=opts.allow_unrestricted_control,
+    )
+
+
+def tls_files(opts: DaemonOptions, protocol: str) -> TLSFiles | None:
+    """The TLS files of a listener (None: no TLS).
+
+    Raises:
+        ConfigurationError: the flags do not make a TLS setup.
+    """
+    tls = opts.grpc_tls if protocol == "grpc" else opts.http_tls
+    return TLSFiles.from_flags(
+        protocol,
+        bool(tls.get("use_ssl")),
+        tls.get("server_cert"),
+        tls.get("server_key"),
+        tls.get("root_cert"),
+        bool(tls.get("use_ssl_mutual")),
+    )
 
 
 def _load_config(path: str) -> dict[str, Any]:
@@ -214,6 +307,7 @@ def options_from_args(args: argparse.Namespace) -> DaemonOptions:
     _ray_options(opts, args)
     opts.models = list(getattr(args, "models", None) or server.get("models", []))
     _model_control(opts, args, server)
+    _access(opts, args)
     batch = pick("batch_size", compile_, "batch_size")
     if batch is not None:
         opts.batch_size = int(batch)

@@ -16,6 +16,7 @@ import grpc
 
 from model_runtime.server.app import InferenceServer
 from model_runtime.server.grpc.service import InferenceServicer, UnsupportedMethods
+from model_runtime.server.restrict import Restrictions, grpc_interceptor
 from model_runtime.server.triton import grpc_service_pb2_grpc as pb_grpc
 
 __all__ = ["GrpcLimits", "start_grpc_server"]
@@ -35,16 +36,26 @@ class GrpcLimits:
 
 
 async def start_grpc_server(
-    server: InferenceServer, host: str, port: int, limits: GrpcLimits | None = None
+    server: InferenceServer,
+    host: str,
+    port: int,
+    limits: GrpcLimits | None = None,
+    restrictions: Restrictions | None = None,
+    credentials: Any = None,
 ) -> tuple[Any, int]:
     """Start a grpc.aio server of ``server``'s models on ``host:port`` (0: a free port);
     return it and the port it is bound to. Stop it with ``await grpc_server.stop(grace)``.
+    ``restrictions``: its restricted API groups (Triton's --grpc-restricted-protocol),
+    checked by an interceptor before any handler runs. ``credentials``: grpcio's server
+    credentials for TLS (None: plaintext).
 
     Raises:
         OSError: the address cannot be bound.
     """
     limits = limits or GrpcLimits()
+    interceptor = grpc_interceptor(restrictions or Restrictions(), server.restricted)
     grpc_server = grpc.aio.server(
+        interceptors=[interceptor] if restrictions else [],  # none: no cost per call
         options=[
             ("grpc.max_receive_message_length", limits.max_message_size),
             ("grpc.max_send_message_length", -1),  # answers are as large as the model makes them
@@ -60,7 +71,10 @@ async def start_grpc_server(
     grpc_server.add_generic_rpc_handlers((UnsupportedMethods(),))
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        bound = grpc_server.add_insecure_port(address)
+        if credentials is None:
+            bound = grpc_server.add_insecure_port(address)
+        else:
+            bound = grpc_server.add_secure_port(address, credentials)
     except RuntimeError as exc:  # grpcio reports a failed bind as RuntimeError
         raise OSError(f"cannot bind gRPC to {address}: {exc}") from exc
     if bound == 0:
