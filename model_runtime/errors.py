@@ -13,6 +13,7 @@ at fault: the caller (bad input), the file (bad executable), the machine (no dev
     ├── CompileError                       an ONNX model cannot be compiled into an executable
     │   └── CustomOpError                  a custom op library is missing, not allowed or broken
     ├── InputValidationError               a caller's inputs/outputs do not fit the model
+    │   └── ProtocolError                  a request breaks the inference protocol (HTTP 400)
     ├── DeviceError                        something about devices
     │   ├── DeviceUnavailableError         no device could be attached (per the wait strategy)
     │   ├── DeviceNotFoundError            no such device id / no device of that size or kind
@@ -65,6 +66,7 @@ __all__ = [
     "ModelRuntimeError",
     "ModelUnavailableError",
     "PackageHashMismatchError",
+    "ProtocolError",
     "QueueFullError",
     "RecoverableRuntimeError",
     "RecoveryAction",
@@ -131,6 +133,11 @@ class CustomOpError(CompileError):
 
 class InputValidationError(ModelRuntimeError):
     """A caller's inputs or outputs do not match what the model expects."""
+
+
+class ProtocolError(InputValidationError):
+    """The request does not follow the protocol or does not fit the model (HTTP 400, gRPC
+    INVALID_ARGUMENT); the message names the tensor or field and the defect."""
 
 
 class DeviceError(ModelRuntimeError):

@@ -35,28 +35,22 @@ from aiohttp import web
 
 from model_runtime.errors import (
     DeviceUnavailableError,
-    ExecutionTimeoutError,
-    InputValidationError,
     ModelRuntimeError,
-    QueueFullError,
-    RunnerStoppedError,
     UnknownModelError,
 )
 from model_runtime.runner import ModelRunner
 from model_runtime.server.access import RateLimitedLog, access_middleware
 from model_runtime.server.admission import DEFAULT_QUEUE_DELAY, AdmissionControl
-from model_runtime.server.codec import (
-    InferRequest,
-    encode_infer_response,
-    parse_infer_request,
-)
+from model_runtime.server.answers import HTTPError, status_of
+from model_runtime.server.body import read_body
+from model_runtime.server.codec import InferRequest, parse_infer_request
+from model_runtime.server.encode import encode_infer_response
 from model_runtime.server.metrics import CONTENT_TYPE, DaemonMetrics
 from model_runtime.server.parameters import load_request_parameters
 from model_runtime.server.repository import (
     ModelControlError,
     ModelEntry,
     ModelLoadError,
-    ModelNotFoundError,
     ModelRepository,
     ModelState,
 )
@@ -99,41 +93,6 @@ class ServerOptions:
     default_priority_level: int | None = None
     retry_after: int = 1
     admission_delay: float | None = DEFAULT_QUEUE_DELAY
-
-
-class HTTPError(Exception):
-    """An answer other than 200, with its status, message and extra headers."""
-
-    def __init__(
-        self, status: int, message: str, reason: str, headers: dict[str, str] | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.reason = reason
-        self.headers = headers or {}
-
-
-def status_of(exc: BaseException) -> tuple[int, str]:
-    """The HTTP status and the reason (for logs and metrics) that answer ``exc``; the gRPC
-    front end maps the status onto its codes, so both answer alike."""
-    match exc:
-        case HTTPError():
-            return exc.status, exc.reason
-        case UnknownModelError(version=None):
-            return 400, "unknown_model"  # Triton's code for a name it does not know
-        case ModelNotFoundError():
-            return 404, "unknown_model"
-        case InputValidationError():
-            return 400, "bad_request"
-        case QueueFullError():
-            return 503, "queue_full"
-        case RunnerStoppedError():
-            return 503, "not_ready"
-        case ExecutionTimeoutError() | TimeoutError():
-            return 504, "deadline_exceeded"
-        case ModelRuntimeError():
-            return 500, "runtime_error"
-    return 500, "internal"
 
 
 def _json(doc: Any, status: int = 200) -> web.Response:
@@ -387,7 +346,7 @@ class InferenceServer:
             header_length = None if raw is None else int(raw)
         except ValueError:
             raise HTTPError(400, f"{HEADER_LENGTH} must be an integer", "bad_request") from None
-        body = await self._read_body(request)
+        body = await read_body(request, self.options.max_body_size, self.options.body_timeout)
 
         def parse() -> InferRequest:
             return parse_infer_request(
@@ -447,49 +406,6 @@ class InferenceServer:
         async with asyncio.timeout(timeout):  # a runner of another make: the server's timer
             results = await pending
         return results
-
-    async def _read_body(self, request: web.Request) -> bytearray:
-        """The body, read into one buffer sized from ``Content-Length`` (no second copy as
-        ``request.read()`` makes), within ``max_body_size`` and ``body_timeout``.
-
-        Raises:
-            HTTPError: 413 past the size limit, 408 past the time limit.
-        """
-        limit = self.options.max_body_size
-        length = request.content_length
-        content = request.content
-        if length is not None and content.is_eof() and content.total_bytes == length:
-            # All of it arrived with the head (the common case for small bodies): no waiting,
-            # so no timer to arm; aiohttp's parser already held it to Content-Length.
-            return bytearray(await content.read())
-        body = bytearray(length or 0)
-        view = memoryview(body)
-        filled = 0
-        try:
-            async with asyncio.timeout(self.options.body_timeout):
-                while chunk := await request.content.readany():
-                    end = filled + len(chunk)
-                    if end > limit:
-                        message = f"body of over {limit} bytes exceeds {limit}"
-                        raise HTTPError(413, message, "too_large")
-                    if end <= len(body):
-                        view[filled:end] = chunk
-                    else:  # chunked, or longer than announced
-                        view.release()
-                        body[filled:] = chunk
-                        view = memoryview(body)
-                    filled = end
-        except TimeoutError:
-            raise HTTPError(
-                408,
-                f"the request body did not arrive within {self.options.body_timeout} s",
-                "body_timeout",
-            ) from None
-        finally:
-            view.release()
-        if filled < len(body):
-            del body[filled:]  # the client sent less than it announced (then closed)
-        return body
 
     def enter_request(self, model: str, version: str = "1") -> None:
         """Count an inference request in flight (the drain waits for it), HTTP or gRPC."""

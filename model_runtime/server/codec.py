@@ -1,4 +1,5 @@
-"""Decode inference requests and encode responses (Open Inference Protocol v2, REST).
+"""Decode inference requests (Open Inference Protocol v2, REST); responses are
+:mod:`model_runtime.server.encode`'s.
 
 A request body is a JSON document, optionally followed by raw tensor bytes (the binary tensor
 data extension): ``Inference-Header-Content-Length`` says how many leading bytes are JSON, and
@@ -15,10 +16,6 @@ and decoding costs about the body plus the tensors. Every parameter is honoured 
 (:mod:`.parameters`). Everything wrong with a request raises :class:`ProtocolError` (HTTP 400)
 with a message that names the tensor and the defect.
 
-Responses are written by orjson straight from the arrays (no lists of Python numbers); FP16
-and FP32 values are written as the float64 numbers they equal, as Triton writes them. An
-output requested with ``classification`` comes back as BYTES (:mod:`.classification`).
-
 BYTES inputs (a model's string tensors) arrive as JSON strings (UTF-8 encoded) or as binary
 data, each element a 4-byte little-endian length then its bytes (:func:`bytes_from_binary`);
 they become numpy object arrays of ``bytes``.
@@ -28,16 +25,15 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import orjson
 
-from model_runtime.errors import InputValidationError
+from model_runtime.errors import ProtocolError
 from model_runtime.server import jsontape
-from model_runtime.server.classification import bytes_to_binary, classify
 from model_runtime.server.datatypes import BYTES, DATATYPES
 from model_runtime.server.jsonnumbers import (
     NO_CUTS,
@@ -64,7 +60,6 @@ __all__ = [
     "check_datatype",
     "check_shape",
     "element_count",
-    "encode_infer_response",
     "parse_infer_request",
 ]
 
@@ -72,10 +67,6 @@ __all__ = [
 MAX_DIMS = 32
 #: A single dimension larger than this is refused (it could never be backed by a request body).
 MAX_DIM = 2**40
-
-
-class ProtocolError(InputValidationError):
-    """The request does not follow the protocol or does not fit the model (HTTP 400)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -448,66 +439,3 @@ def _decode(
         timeout=params.timeout,
         priority=params.priority,
     )
-
-
-_JSON_AS = {"FP16": np.dtype(np.float64), "FP32": np.dtype(np.float64)}
-
-
-def encode_infer_response(
-    model_name: str,
-    model_version: str,
-    request: InferRequest,
-    results: Mapping[str, np.ndarray],
-    datatypes: Mapping[str, str],
-    *,
-    specs: Sequence[TensorSpec] = (),
-    labels: Callable[[str], Sequence[str] | None] | None = None,
-) -> tuple[bytes, int | None]:
-    """Encode the requested outputs; return the body and, when binary data follows the JSON,
-    the JSON header's length (for ``Inference-Header-Content-Length``).
-
-    ``specs`` (the model's outputs) say which outputs have a batch axis, for classification
-    (unknown: an output of two or more dimensions has one) and their class labels;
-    ``labels``, when given, gives an output's class labels instead.
-
-    Raises:
-        KeyError: a requested output is missing from ``results``.
-    """
-    doc: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
-    if request.id is not None:
-        doc["id"] = request.id
-    batch_axis = {s.name: s.has_batch_axis for s in specs}
-    tensors: list[dict[str, Any]] = []
-    chunks: list[bytes | memoryview] = []
-    for out in request.outputs:
-        arr = results[out.name]
-        datatype = datatypes[out.name]
-        if out.class_count:
-            batched = batch_axis.get(out.name, arr.ndim >= 2)
-            if labels is not None:
-                names = labels(out.name)
-            else:
-                names = next((s.labels for s in specs if s.name == out.name), None)
-            arr = classify(arr, out.class_count, batched=batched, labels=names)
-            datatype = BYTES
-        entry: dict[str, Any] = {"name": out.name, "datatype": datatype, "shape": list(arr.shape)}
-        if datatype == BYTES:
-            if out.binary:
-                raw = bytes_to_binary(arr)
-                entry["parameters"] = {"binary_data_size": len(raw)}
-                chunks.append(raw)
-            else:
-                entry["data"] = [v.decode("utf-8", "replace") for v in arr.ravel()]
-        elif out.binary:
-            flat = np.ascontiguousarray(arr, dtype=DATATYPES[datatype]).reshape(-1)
-            entry["parameters"] = {"binary_data_size": flat.nbytes}
-            chunks.append(flat.data.cast("B"))
-        else:
-            dtype = _JSON_AS.get(datatype, DATATYPES[datatype].newbyteorder("="))
-            entry["data"] = np.ascontiguousarray(arr, dtype=dtype).reshape(-1)
-        tensors.append(entry)
-    doc["outputs"] = tensors
-    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
-    if not chunks:
-        return header, None
-    return b"".join([header, *chunks]), len(header)

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from model_runtime.errors import InputValidationError
+from model_runtime.errors import ProtocolError
 from model_runtime.server.datatypes import DATATYPES
 
 __all__ = [
@@ -63,9 +63,7 @@ class Retry(Exception):  # a signal between decoder passes, not an error
     """Decode the document again with exact integers (stdlib json); never leaves the codec."""
 
 
-def _fail(message: str) -> InputValidationError:
-    from model_runtime.server.codec import ProtocolError  # the codec imports this module
-
+def _fail(message: str) -> ProtocolError:
     return ProtocolError(message)
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from model_runtime.errors import InputValidationError
+from model_runtime.errors import ProtocolError
 
 __all__ = [
     "MAX_PRIORITY_LEVEL",
@@ -62,9 +62,7 @@ class OutputParameters:
     class_count: int = 0
 
 
-def _fail(message: str) -> InputValidationError:
-    from model_runtime.server.codec import ProtocolError  # the codec imports this module
-
+def _fail(message: str) -> ProtocolError:
     return ProtocolError(message)
 
 
@@ -72,7 +70,7 @@ def _int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _unsupported(where: str, names: set[str], model: str) -> InputValidationError:
+def _unsupported(where: str, names: set[str], model: str) -> ProtocolError:
     shm = sorted(names & _SHARED_MEMORY)
     if shm:
         return _fail(f"{where}: {shm}: the shared memory extension is not supported")

@@ -3,7 +3,7 @@
 Every method is answered from the same :class:`~model_runtime.server.app.InferenceServer` the
 HTTP routes use: the same repository and runners, the same draining flag and in-flight count
 (SIGTERM drains both protocols), the same statistics and metrics, and the same error mapping:
-an exception becomes the HTTP status :func:`~model_runtime.server.app.status_of` gives it, and
+an exception becomes the HTTP status :func:`~model_runtime.server.answers.status_of` gives it, and
 that status becomes its gRPC code (:data:`GRPC_CODES`: 400 INVALID_ARGUMENT, 403
 PERMISSION_DENIED, 404 NOT_FOUND, 503 UNAVAILABLE, 504 DEADLINE_EXCEEDED, 500 INTERNAL ...).
 An error ends that one call with its code and message; the server serves on.
@@ -35,7 +35,8 @@ from google.protobuf import json_format
 
 from model_runtime.errors import QueueFullError, UnknownModelError
 from model_runtime.server.admission import OVERLOADED, QUEUE_FULL
-from model_runtime.server.app import HTTPError, InferenceServer, status_of
+from model_runtime.server.answers import HTTPError, status_of
+from model_runtime.server.app import InferenceServer
 from model_runtime.server.codec import InferRequest
 from model_runtime.server.grpc.codec import (
     encode_model_infer_response,
