@@ -24,7 +24,6 @@ they become numpy object arrays of ``bytes``.
 from __future__ import annotations
 
 import json
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +33,7 @@ import orjson
 
 from model_runtime.errors import ProtocolError
 from model_runtime.server import jsontape
+from model_runtime.server.binary import bytes_from_binary, from_binary
 from model_runtime.server.datatypes import BYTES, DATATYPES
 from model_runtime.server.jsonnumbers import (
     NO_CUTS,
@@ -168,54 +168,6 @@ def element_count(shape: tuple[int, ...]) -> int:
     for d in shape:
         n *= d  # Python ints: no overflow, and nothing is allocated
     return n
-
-
-def _from_binary(name: str, datatype: str, chunk: memoryview) -> np.ndarray:
-    arr = np.frombuffer(chunk, dtype=DATATYPES[datatype])
-    if datatype == "BOOL" and arr.size and arr.view(np.uint8).max() > 1:
-        raise _fail(f"input {name!r}: BOOL binary data must be bytes 0 or 1")
-    return arr
-
-
-_LENGTH = struct.Struct("<I")
-
-
-def bytes_from_binary(name: str, data: bytes | bytearray | memoryview, count: int) -> np.ndarray:
-    """``count`` BYTES elements from ``data`` (each a 4-byte little-endian length, then that
-    many bytes, nothing after the last) as a flat object array of ``bytes``.
-
-    Nothing is allocated before ``count`` is known to fit ``data`` (each element needs at
-    least its 4-byte length).
-
-    Raises:
-        ProtocolError: a length is cut off, an element runs past the end, fewer or more
-            elements (or bytes) than ``count``; the message names the input and the element.
-    """
-    view = memoryview(data).cast("B")
-    end = len(view)
-    if count * 4 > end:
-        raise _fail(
-            f"input {name!r}: {count} BYTES elements need at least {count * 4} bytes (a 4-byte "
-            f"length each), the data has {end}"
-        )
-    out = np.empty(count, dtype=object)
-    pos = 0
-    unpack = _LENGTH.unpack_from
-    for i in range(count):
-        (n,) = unpack(view, pos)  # in range: each element left has 4 bytes (checked below)
-        pos += 4
-        if n > end - pos - 4 * (count - i - 1):
-            raise _fail(
-                f"input {name!r}: BYTES element {i} of {count} claims {n} bytes, but only "
-                f"{end - pos - 4 * (count - i - 1)} remain for it"
-            )
-        out[i] = bytes(view[pos : pos + n])
-        pos += n
-    if pos != end:
-        raise _fail(
-            f"input {name!r}: {end - pos} bytes follow the last of its {count} BYTES elements"
-        )
-    return out
 
 
 def _strings(name: str, values: list[Any]) -> np.ndarray:
@@ -391,7 +343,7 @@ def _decode(
             if datatype == BYTES:
                 flat = bytes_from_binary(name, chunk, count)
             else:
-                flat = _from_binary(name, datatype, chunk)
+                flat = from_binary(name, datatype, chunk)
             offset += size
         elif "data" not in item:
             raise _fail(f"input {name!r}: no 'data' and no binary_data_size")
