@@ -55,6 +55,8 @@ from model_runtime.server.repository import (
     ModelState,
 )
 from model_runtime.server.serving import innermost
+from model_runtime.server.shm import SharedMemoryRegistry
+from model_runtime.server.shm_routes import SharedMemoryRoutes
 from model_runtime.server.stats import model_statistics
 from model_runtime.server.triton.config import DEFAULT_SETTINGS, config_json, served_config
 
@@ -80,7 +82,9 @@ class ServerOptions:
     :func:`~model_runtime.server.parameters.execute_priority`). ``retry_after``: seconds, in the
     ``Retry-After`` of a 503 for a full queue. ``admission_delay``: seconds of work a model may
     hold at the front end before new requests are refused unparsed (None: no front-end limit;
-    see :mod:`model_runtime.server.admission`).
+    see :mod:`model_runtime.server.admission`). ``allow_client_shm``: clients may register and
+    unregister system shared memory regions (:mod:`model_runtime.server.shm`; off: those
+    calls are refused with Triton's text, and the extension is not listed).
     """
 
     max_body_size: int = 64 << 20
@@ -90,6 +94,8 @@ class ServerOptions:
     body_timeout: float | None = 60.0
     access_log: bool = True
     priority_levels: int | None = None
+    #: Triton's ``--allow-client-shm``: clients may register system shared memory regions
+    allow_client_shm: bool = True
     default_priority_level: int | None = None
     retry_after: int = 1
     admission_delay: float | None = DEFAULT_QUEUE_DELAY
@@ -128,6 +134,8 @@ class InferenceServer:
         self._idle = asyncio.Event()
         self._idle.set()
         self._queue_full_log = RateLimitedLog("requests_refused_queue_full")
+        #: Triton's system shared memory extension: the regions clients registered
+        self.shared_memory = SharedMemoryRegistry(enabled=self.options.allow_client_shm)
         self.admission = AdmissionControl(
             self.metrics.registry,
             queue_delay=self.options.admission_delay,
@@ -169,9 +177,7 @@ class InferenceServer:
             (p, "/v2/repository/models/{name}/load", self.load),
             (p, "/v2/repository/models/{name}/unload", self.unload),
         ]
-        for ext in ("systemsharedmemory", "cudasharedmemory"):
-            # Triton's shared memory extensions: each call refused with a message that says so.
-            routes += [(m, f"/v2/{ext}{{tail:(/.*)?}}", self.shared_memory) for m in (g, p)]
+        routes += SharedMemoryRoutes(self.shared_memory).routes()
         for base in bases:
             routes += [
                 (g, base, self.model_metadata),
@@ -220,13 +226,20 @@ class InferenceServer:
 
     # -- health and metadata ---------------------------------------------------------------------
 
+    def extensions(self) -> list[str]:
+        """The protocol extensions this server serves (HTTP and gRPC server metadata)."""
+        served = ["binary_tensor_data", "model_repository", "statistics"]
+        if self.shared_memory.enabled:
+            served.append("system_shared_memory")  # Triton's name
+        return served
+
     async def server_metadata(self, request: web.Request) -> web.Response:
         """``GET /v2``: server name, version and protocol extensions."""
         return _json(
             {
                 "name": self.options.server_name,
                 "version": self.options.server_version,
-                "extensions": ["binary_tensor_data", "model_repository", "statistics"],
+                "extensions": self.extensions(),
             }
         )
 
@@ -350,7 +363,12 @@ class InferenceServer:
 
         def parse() -> InferRequest:
             return parse_infer_request(
-                body, header_length, entry.inputs, entry.outputs, model=entry.name
+                body,
+                header_length,
+                entry.inputs,
+                entry.outputs,
+                model=entry.name,
+                regions=self.shared_memory,
             )
 
         # Decoding ~1 MiB takes ~1-5 ms: below that the thread hop costs more than it saves.
@@ -358,17 +376,20 @@ class InferenceServer:
             parsed = await anyio.to_thread.run_sync(parse)
         else:
             parsed = parse()
-        results = await self.execute(entry, runner, parsed)
+        try:
+            results = await self.execute(entry, runner, parsed)
 
-        def encode() -> tuple[bytes, int | None]:
-            return encode_infer_response(
-                entry.name, entry.version, parsed, results, entry.datatypes, specs=entry.outputs
-            )
+            def encode() -> tuple[bytes, int | None]:
+                return encode_infer_response(
+                    entry.name, entry.version, parsed, results, entry.datatypes, specs=entry.outputs
+                )
 
-        if sum(a.nbytes for a in results.values()) > _THREAD_PARSE_BYTES // 4:
-            out, json_length = await anyio.to_thread.run_sync(encode)
-        else:
-            out, json_length = encode()
+            if sum(a.nbytes for a in results.values()) > _THREAD_PARSE_BYTES // 4:
+                out, json_length = await anyio.to_thread.run_sync(encode)
+            else:
+                out, json_length = encode()
+        finally:
+            parsed.release()  # its shared memory regions, if any
         first = next(iter(parsed.inputs.values()))
         samples = int(first.shape[0]) if first.ndim else 1
         if json_length is None:
@@ -419,21 +440,6 @@ class InferenceServer:
         self.metrics.request_finished(model, version)
         if self._inflight == 0:
             self._idle.set()
-
-    async def shared_memory(self, request: web.Request) -> web.Response:
-        """``/v2/systemsharedmemory/...`` and ``/v2/cudasharedmemory/...`` (status, register,
-        unregister): always a 400 that names the extension; requests carry their tensors.
-
-        Raises:
-            HTTPError: always (400).
-        """
-        kind = "CUDA" if request.path.startswith("/v2/cuda") else "system"
-        raise HTTPError(
-            400,
-            f"the {kind} shared memory extension is not supported by this server: send the "
-            "tensors in the request body (JSON or binary data)",
-            "unsupported",
-        )
 
     # -- statistics, metrics, repository ---------------------------------------------------------
 

@@ -47,8 +47,11 @@ from model_runtime.server.jsonnumbers import (
 from model_runtime.server.parameters import (
     check_input_parameters,
     output_parameters,
+    region_parameters,
     request_parameters,
 )
+from model_runtime.server.shm import Lease, SharedMemoryRegistry
+from model_runtime.server.shm_io import data_beside_region, lease_output, read_input, release
 
 __all__ = [
     "MAX_DIMS",
@@ -92,12 +95,14 @@ class TensorSpec:
 
 @dataclass(frozen=True, slots=True)
 class RequestedOutput:
-    """An output the client asked for, whether it wants it as binary data, and how many
-    classes it wants instead of the tensor (0: the tensor)."""
+    """An output the client asked for, whether it wants it as binary data, how many classes
+    it wants instead of the tensor (0: the tensor), and the part of a shared memory region it
+    goes into instead of the response (None: the response)."""
 
     name: str
     binary: bool
     class_count: int = 0
+    region: Lease | None = field(default=None, compare=False)
 
 
 @dataclass(slots=True)
@@ -111,6 +116,16 @@ class InferRequest:
     parameters: dict[str, Any] = field(default_factory=dict)
     timeout: float | None = None
     priority: int = 0
+    #: the shared memory regions its inputs and outputs use, held until :meth:`release`
+    leases: list[Lease] = field(default_factory=list)
+
+    def release(self) -> None:
+        """Give back the shared memory regions it holds (once it is answered)."""
+        release(self.leases)
+
+
+#: The registry a request's regions come from (None: none served) and the leases it took.
+_Shm = tuple[SharedMemoryRegistry | None, list[Lease]]
 
 
 def _fail(message: str) -> ProtocolError:
@@ -215,7 +230,12 @@ def check_datatype(name: str, datatype: Any, spec: TensorSpec, model: str) -> st
 
 
 def _requested_outputs(
-    raw: Any, outputs: Sequence[TensorSpec], binary_default: bool, model: str
+    raw: Any,
+    outputs: Sequence[TensorSpec],
+    binary_default: bool,
+    model: str,
+    regions: SharedMemoryRegistry | None,
+    leases: list[Lease],
 ) -> tuple[RequestedOutput, ...]:
     if raw is None:
         return tuple(RequestedOutput(s.name, binary_default) for s in outputs)
@@ -238,7 +258,9 @@ def _requested_outputs(
         params = output_parameters(
             name, _parameters(where, item.get("parameters")), binary_default, model
         )
-        chosen.append(RequestedOutput(name, params.binary, params.class_count))
+        ref = params.region
+        lease = None if ref is None else lease_output(regions, leases, name, ref)
+        chosen.append(RequestedOutput(name, params.binary, params.class_count, lease))
     return tuple(chosen)
 
 
@@ -249,6 +271,7 @@ def parse_infer_request(
     outputs: Sequence[TensorSpec],
     *,
     model: str = "",
+    regions: SharedMemoryRegistry | None = None,
 ) -> InferRequest:
     """Decode and check one inference request for a model with ``inputs`` and ``outputs``.
 
@@ -256,6 +279,8 @@ def parse_infer_request(
     the whole body is JSON). Shapes are checked only against the data given; whether they
     fit the model (batch axis, per-sample shape) is the runner's check. Binary inputs are
     views of ``body`` (writable if ``body`` is a bytearray): keep it unchanged while in use.
+    Tensors that name a shared memory region are read from (or leased for) ``regions``
+    (:mod:`.shm_io`); :meth:`InferRequest.release` the request once answered.
 
     Raises:
         ProtocolError: malformed JSON, unknown/missing/duplicate inputs, wrong or unknown
@@ -263,23 +288,40 @@ def parse_infer_request(
             datatype's range, binary sizes that do not add up, unknown or twice-requested
             outputs, a bad ``id``, or a parameter that is unknown or not supported (see
             :mod:`model_runtime.server.parameters`).
+        SharedMemoryError: a region that is not registered, or offset and size outside it.
     """
+    leases: list[Lease] = []
+    try:
+        return _parse(body, header_length, inputs, outputs, model, (regions, leases))
+    except BaseException:
+        release(leases)
+        raise
+
+
+def _parse(
+    body: bytes | bytearray,
+    header_length: int | None,
+    inputs: Sequence[TensorSpec],
+    outputs: Sequence[TensorSpec],
+    model: str,
+    shm: _Shm,
+) -> InferRequest:
     end = _header_end(body, header_length)
     binary = memoryview(body)[end:]
     whole = header_length is None
     fast = jsontape.load(body if whole else bytes(body[:end]))
     if fast is not None:
         try:
-            return _decode(fast, body, NO_CUTS, binary, inputs, outputs, model, exact=False)
+            return _decode(fast, body, NO_CUTS, binary, inputs, outputs, model, shm, exact=False)
         except Retry:
             pass  # the plain decoder's checks decide: decoded again below
     skeleton, cuts = cut_number_arrays(body, 0, end)
     try:
         doc = _load_json(skeleton, whole, exact=False)
-        return _decode(doc, body, cuts, binary, inputs, outputs, model, exact=False)
+        return _decode(doc, body, cuts, binary, inputs, outputs, model, shm, exact=False)
     except Retry:  # integers past 64 bits, which orjson reads as floats: read them exactly
         doc = _load_json(skeleton, whole, exact=True)
-        return _decode(doc, body, cuts, binary, inputs, outputs, model, exact=True)
+        return _decode(doc, body, cuts, binary, inputs, outputs, model, shm, exact=True)
 
 
 def _decode(
@@ -290,9 +332,11 @@ def _decode(
     inputs: Sequence[TensorSpec],
     outputs: Sequence[TensorSpec],
     model: str,
+    shm: _Shm,
     *,
     exact: bool,
 ) -> InferRequest:
+    regions, leases = shm
     extra = set(doc) - {"id", "inputs", "outputs", "parameters"}
     if extra:
         raise _fail(f"unknown request field(s) {sorted(extra)}")
@@ -325,7 +369,13 @@ def _decode(
         count = element_count(shape)
         input_params = _parameters(f"input {name!r}", item.get("parameters"))
         size = check_input_parameters(name, input_params, model)
-        if size is not None:
+        ref = region_parameters(name, input_params)
+        if ref is not None:
+            given = [("'data'", "data" in item), ("'binary_data_size'", size is not None)]
+            if any(there for _, there in given):
+                raise data_beside_region(name, model, " ".join(w for w, there in given if there))
+            flat = read_input(regions, leases, name, datatype, ref, count, model)
+        elif size is not None:
             if "data" in item:
                 raise _fail(f"input {name!r}: give either 'data' or binary_data_size, not both")
             expected = size if datatype == BYTES else count * DATATYPES[datatype].itemsize
@@ -386,8 +436,11 @@ def _decode(
     return InferRequest(
         id=request_id,
         inputs=arrays,
-        outputs=_requested_outputs(doc.get("outputs"), outputs, params.binary_output, model),
+        outputs=_requested_outputs(
+            doc.get("outputs"), outputs, params.binary_output, model, regions, leases
+        ),
         parameters=raw_params,
         timeout=params.timeout,
         priority=params.priority,
+        leases=leases,
     )

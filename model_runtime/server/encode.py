@@ -3,7 +3,8 @@
 Responses are written by orjson straight from the arrays (no lists of Python numbers); FP16
 and FP32 values are written as the float64 numbers they equal, as Triton writes them. An
 output requested with ``classification`` comes back as BYTES (:mod:`.classification`).
-Outputs asked for as binary data follow the JSON header, in the order of the outputs.
+Outputs asked for as binary data follow the JSON header, in the order of the outputs; outputs
+asked for in a shared memory region are written there (:mod:`.shm_io`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import orjson
 from model_runtime.server.classification import bytes_to_binary, classify
 from model_runtime.server.codec import InferRequest, TensorSpec
 from model_runtime.server.datatypes import BYTES, DATATYPES
+from model_runtime.server.shm_io import write_output
 
 __all__ = ["encode_infer_response"]
 
@@ -40,8 +42,12 @@ def encode_infer_response(
     (unknown: an output of two or more dimensions has one) and their class labels;
     ``labels``, when given, gives an output's class labels instead.
 
+    An output asked for in a shared memory region is written there, and its entry in the
+    response has its name, datatype and shape only (as Triton answers).
+
     Raises:
         KeyError: a requested output is missing from ``results``.
+        SharedMemoryOutputSizeError: an output is larger than its part of its region.
     """
     doc: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
     if request.id is not None:
@@ -61,7 +67,9 @@ def encode_infer_response(
             arr = classify(arr, out.class_count, batched=batched, labels=names)
             datatype = BYTES
         entry: dict[str, Any] = {"name": out.name, "datatype": datatype, "shape": list(arr.shape)}
-        if datatype == BYTES:
+        if out.region is not None:  # in its region: the response says what, not the data
+            write_output(out.region, out.name, arr, datatype)
+        elif datatype == BYTES:
             if out.binary:
                 raw = bytes_to_binary(arr)
                 entry["parameters"] = {"binary_data_size": len(raw)}

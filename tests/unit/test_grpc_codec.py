@@ -112,7 +112,8 @@ def test_every_typed_contents_field_decodes_exactly(
         (lambda r: r.parameters["bogus"].MergeFrom(pb.InferParameter(bool_param=True)),
          "['bogus'] are not supported"),
         (lambda r: r.inputs[0].parameters["shared_memory_region"].MergeFrom(
-            pb.InferParameter(string_param="r")), "shared memory extension is not supported"),
+            pb.InferParameter(string_param="r")),
+         "'shared_memory_byte_size' must be specified along with 'shared_memory_region'"),
         (lambda r: r.parameters["timeout"].MergeFrom(pb.InferParameter()), "has no value"),
         (lambda r: r.inputs[0].shape.extend([1] * 40), "dimensions (at most 32)"),
         (lambda r: r.inputs[0].shape.__setitem__(0, -1), "must hold integers in"),
