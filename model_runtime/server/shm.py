@@ -85,15 +85,15 @@ class RegionStatus:
 
 
 class _Region:
-    """One registered region: its object's descriptor and the mapping of its bytes."""
+    """One registered region: the mapping of its bytes (which holds its own descriptor of the
+    object: ``mapping.size()`` measures the object)."""
 
-    __slots__ = ("byte_size", "fd", "key", "mapping", "name", "offset", "retired", "start", "users")
+    __slots__ = ("byte_size", "key", "mapping", "name", "offset", "retired", "start", "users")
 
     def __init__(
-        self, name: str, key: str, offset: int, byte_size: int, fd: int, mapping: mmap.mmap
+        self, name: str, key: str, offset: int, byte_size: int, mapping: mmap.mmap
     ) -> None:
         self.name, self.key, self.offset, self.byte_size = name, key, offset, byte_size
-        self.fd = fd
         self.mapping = mapping
         #: where the region starts in the mapping (mappings start on a page boundary)
         self.start = offset % mmap.ALLOCATIONGRANULARITY
@@ -102,11 +102,10 @@ class _Region:
         self.retired = False
 
     def close(self) -> None:
-        os.close(self.fd)
         try:
             self.mapping.close()
         except BufferError:
-            pass  # a view still exports it: the mapping goes with the last view
+            pass  # a view still exports it: the mapping (and its descriptor) go with the last
 
 
 class Lease:
@@ -185,15 +184,13 @@ class SharedMemoryRegistry:
                 start = offset - offset % mmap.ALLOCATIONGRANULARITY
                 mapping = mmap.mmap(fd, offset - start + byte_size, offset=start)
             except (OSError, ValueError) as exc:
-                os.close(fd)
                 raise SharedMemoryArgumentError(
                     f"failed to register shared memory region '{name}': unable to process "
                     f"address space: {exc}"
                 ) from exc
-            except BaseException:
-                os.close(fd)
-                raise
-            self._regions[name] = _Region(name, key, offset, byte_size, fd, mapping)
+            finally:
+                os.close(fd)  # the mapping holds a descriptor of its own
+            self._regions[name] = _Region(name, key, offset, byte_size, mapping)
 
     def _check_fits(self, name: str, key: str, offset: int, byte_size: int, size: int) -> None:
         invalid = f"failed to register shared memory region '{name}': invalid args"
@@ -281,7 +278,7 @@ class SharedMemoryRegistry:
                 raise SharedMemoryArgumentError(
                     f"Invalid offset + byte size for shared memory region: '{name}'"
                 )
-            size = os.fstat(region.fd).st_size
+            size = region.mapping.size()
             end = region.offset + region.byte_size
             if size < end:
                 raise SharedMemoryArgumentError(
