@@ -15,10 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
 
-from model_runtime.errors import ApplicationRuntimeError
-from model_runtime.server.shm import DISABLED
+from model_runtime.errors import ApplicationRuntimeError, ProtocolError
+from model_runtime.server.codec import TensorSpec, parse_infer_request
+from model_runtime.server.grpc.codec import parse_model_infer_request
+from model_runtime.server.shm import DISABLED, SharedMemoryRegistry
+from model_runtime.server.triton import grpc_service_pb2 as pb
 from tests.unit.test_server_app import W, serving
 
 pytestmark = pytest.mark.timeout(20)
@@ -194,3 +198,38 @@ async def test_client_shared_memory_off_is_refused_as_triton_refuses_it(
         resp = await client.post("/v2/models/fake/infer", json=_doc())
         assert resp.status == 404
         assert (await resp.json())["error"] == "Unable to find shared memory region: 'r'"
+
+
+def test_an_input_in_a_region_is_a_read_only_view_of_it_in_both_codecs(key: str) -> None:
+    """Zero copies up to the runner's batch: the decoded input is the region's memory (what
+    the client writes there shows through), and the server cannot write into it."""
+    specs = (TensorSpec("pixels", "FP32", (-1, 4)),)
+    outs = (TensorSpec("logits", "FP32", (-1, 3)),)
+    regions = SharedMemoryRegistry()
+    regions.register("r", key, 0, 4096)
+    body = orjson.dumps(_doc())
+    grpc_request = pb.ModelInferRequest(model_name="fake")
+    tensor = grpc_request.inputs.add(name="pixels", datatype="FP32", shape=[2, 4])
+    tensor.parameters["shared_memory_region"].string_param = "r"
+    tensor.parameters["shared_memory_byte_size"].int64_param = X.nbytes
+    parsed = [
+        parse_infer_request(body, None, specs, outs, model="fake", regions=regions),
+        parse_model_infer_request(grpc_request, specs, outs, model="fake", regions=regions),
+    ]
+    fd = _posixshmem.shm_open(key, os.O_RDWR, 0)
+    os.pwrite(fd, np.float32(-1).tobytes(), 0)
+    os.close(fd)
+    for request in parsed:
+        pixels = request.inputs["pixels"]
+        assert pixels[0, 0] == -1 and pixels[1, 3] == 7
+        assert not pixels.flags.writeable
+        request.release()
+    tensor.contents.fp32_contents.extend(X.ravel().tolist())
+    with pytest.raises(ProtocolError) as info:
+        parse_model_infer_request(grpc_request, specs, outs, model="fake", regions=regions)
+    assert str(info.value) == (
+        "unexpected 'content' provided when using shared memory for input tensor 'pixels' for "
+        "model 'fake'"
+    )
+    regions.unregister()
+    assert regions.status() == []  # every lease was given back, the failed decode's too
