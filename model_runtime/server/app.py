@@ -6,8 +6,9 @@ not found``), 404 unknown version of a known model or unknown route, 403 a load 
 model control mode forbids, 413 body over the limit (refused from ``Content-Length``
 before a byte of the body is read, or as soon as a chunked body passes the limit), 500 device
 failure, 503 not ready / draining / stopped / queue full (with ``Retry-After``), 504 deadline
-exceeded, 408 a body that did not arrive within ``body_timeout``. Client disconnects cancel
-the handler (``handler_cancellation``), which cancels the runner request.
+exceeded, 408 a body that did not arrive within ``body_timeout``; shared memory errors as
+Triton answers them (:data:`~model_runtime.server.answers.SHARED_MEMORY_ANSWERS`). Client
+disconnects cancel the handler (``handler_cancellation``), which cancels the runner request.
 
 Inference honours the request's parameters (:mod:`model_runtime.server.parameters`):
 ``timeout`` (microseconds) shortens the request's deadline and reaches the runner, which drops

@@ -11,6 +11,7 @@ import _posixshmem  # type: ignore[import-not-found]
 import itertools
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,9 +43,8 @@ def _config(datatype: str, names: tuple[str, ...], outs: tuple[str, ...], dims: 
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    tmp = tmp_path_factory.mktemp("shm")
-    repo = tmp / "models"
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = tmp_path_factory.mktemp("shm") / "models"
     pair, outs = ("INPUT0", "INPUT1"), ("OUTPUT0", "OUTPUT1")
     builds = {
         "simple": (make_simple(), _config("INT32", pair, outs, 16)),
@@ -54,7 +54,12 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "config.pbtxt").write_text(config)
         save(model, repo / name / "1" / "model.onnx")
-    d = start_daemon(tmp, "--model-repository", str(repo))
+    return repo
+
+
+@pytest.fixture(scope="module")
+def daemon(repository: Path) -> Iterator[Daemon]:
+    d = start_daemon(repository.parent, "--model-repository", str(repository))
     yield d
     stop_daemon(d)
     assert d.proc.returncode == 0  # every refusal below left it serving, then it drained
@@ -318,3 +323,29 @@ def test_what_triton_refuses_is_refused_with_its_texts_and_codes(
         }
         np.testing.assert_array_equal(shm.get_contents_as_numpy(handle, np.int32, [16]), A + B)
         http.unregister_system_shared_memory()
+
+
+def test_a_daemon_started_without_client_shared_memory_refuses_it(
+    repository: Path, objects: Create
+) -> None:
+    key, _ = objects("off", SIZE)
+    args = ("--model-repository", str(repository), "--no-allow-client-shm")
+    d = start_daemon(repository.parent, *args)
+    try:
+        with (
+            httpclient.InferenceServerClient(f"127.0.0.1:{d.port}") as http,
+            grpcclient.InferenceServerClient(f"127.0.0.1:{d.grpc_port}") as grpc_client,
+        ):
+            assert "system_shared_memory" not in http.get_server_metadata()["extensions"]
+            disabled = (
+                "Client shared memory is disabled. Start the server with '--allow-client-shm' "
+                "to enable."
+            )
+            register = http.register_system_shared_memory
+            assert _http_error(lambda: register("off", key, SIZE)) == ("501", disabled)
+            register = grpc_client.register_system_shared_memory
+            assert _grpc_error(lambda: register("off", key, SIZE)) == ("UNIMPLEMENTED", disabled)
+            assert http.get_system_shared_memory_status() == []
+    finally:
+        stop_daemon(d)
+    assert d.proc.returncode == 0
