@@ -57,6 +57,7 @@ from model_runtime.server.repository import (
 )
 from model_runtime.server.serving import innermost
 from model_runtime.server.shm import SharedMemoryRegistry
+from model_runtime.server.shm_io import decode_in_thread
 from model_runtime.server.shm_routes import SharedMemoryRoutes
 from model_runtime.server.stats import model_statistics
 from model_runtime.server.triton.config import DEFAULT_SETTINGS, config_json, served_config
@@ -374,7 +375,7 @@ class InferenceServer:
 
         # Decoding ~1 MiB takes ~1-5 ms: below that the thread hop costs more than it saves.
         if len(body) > _THREAD_PARSE_BYTES:
-            parsed = await anyio.to_thread.run_sync(parse)
+            parsed = await decode_in_thread(parse)
         else:
             parsed = parse()
         try:

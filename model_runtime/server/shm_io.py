@@ -11,6 +11,11 @@ once the request is answered.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+from typing import Protocol, TypeVar
+
+import anyio
 import numpy as np
 
 from model_runtime.errors import ProtocolError, SharedMemoryOutputSizeError
@@ -20,7 +25,21 @@ from model_runtime.server.datatypes import BYTES, DATATYPES
 from model_runtime.server.parameters import RegionRef
 from model_runtime.server.shm import Lease, SharedMemoryRegistry
 
-__all__ = ["data_beside_region", "lease_output", "read_input", "release", "write_output"]
+__all__ = [
+    "data_beside_region",
+    "decode_in_thread",
+    "lease_output",
+    "read_input",
+    "release",
+    "write_output",
+]
+
+
+class _Releasable(Protocol):
+    def release(self) -> None: ...
+
+
+_D = TypeVar("_D", bound=_Releasable)
 
 
 def _lease(
@@ -112,3 +131,20 @@ def release(leases: list[Lease]) -> None:
     for lease in leases:
         lease.release()
     leases.clear()
+
+
+async def decode_in_thread(decode: Callable[[], _D]) -> _D:
+    """``decode()`` (a request's decoding, which may lease regions) in a worker thread. A
+    caller cancelled meanwhile (its client went away) does not wait: the decoded request's
+    regions are released when the thread finishes, since no one else will."""
+    task = asyncio.ensure_future(anyio.to_thread.run_sync(decode))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.add_done_callback(_release_result)
+        raise
+
+
+def _release_result(task: asyncio.Future[_D]) -> None:
+    if not task.cancelled() and task.exception() is None:
+        task.result().release()

@@ -10,6 +10,7 @@ import _posixshmem  # type: ignore[import-not-found]
 import asyncio
 import itertools
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,10 @@ import orjson
 import pytest
 
 from model_runtime.errors import ApplicationRuntimeError, ProtocolError
-from model_runtime.server.codec import TensorSpec, parse_infer_request
+from model_runtime.server.codec import InferRequest, TensorSpec, parse_infer_request
 from model_runtime.server.grpc.codec import parse_model_infer_request
 from model_runtime.server.shm import DISABLED, SharedMemoryRegistry
+from model_runtime.server.shm_io import decode_in_thread
 from model_runtime.server.triton import grpc_service_pb2 as pb
 from tests.unit.test_server_app import W, serving
 
@@ -233,3 +235,33 @@ def test_an_input_in_a_region_is_a_read_only_view_of_it_in_both_codecs(key: str)
     )
     regions.unregister()
     assert regions.status() == []  # every lease was given back, the failed decode's too
+
+
+async def test_a_request_decoded_in_a_thread_gives_its_regions_back_when_its_caller_goes(
+    key: str,
+) -> None:
+    """A big request is decoded off the event loop; if its client goes meanwhile, the handler
+    is cancelled at once, and the regions the decoder leased are released when it finishes."""
+    regions = SharedMemoryRegistry()
+    regions.register("r", key, 0, 4096)
+    leased, finish = threading.Event(), threading.Event()
+
+    def decode() -> InferRequest:
+        request = InferRequest(None, {}, (), leases=[regions.lease("r", 0, 8)])
+        leased.set()
+        finish.wait(10)
+        return request
+
+    handler = asyncio.ensure_future(decode_in_thread(decode))
+    await asyncio.to_thread(leased.wait, 10)
+    handler.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await handler
+    regions.unregister()
+    assert [s.name for s in regions.status()] == ["r"]  # still leased by the decoder
+    finish.set()
+    for _ in range(500):
+        if not regions.status():
+            break
+        await asyncio.sleep(0.01)
+    assert regions.status() == []

@@ -28,7 +28,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Any, TypeVar
 
-import anyio
 import grpc
 import orjson
 import structlog
@@ -45,6 +44,7 @@ from model_runtime.server.grpc.codec import (
     parse_model_infer_request,
 )
 from model_runtime.server.repository import ModelEntry, ModelState
+from model_runtime.server.shm_io import decode_in_thread
 from model_runtime.server.stats import model_statistics
 from model_runtime.server.triton import grpc_service_pb2 as pb, grpc_service_pb2_grpc as pb_grpc
 
@@ -222,7 +222,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
 
         regions = self.server.shared_memory
         size = sum(len(raw) for raw in request.raw_input_contents)
-        parsed = await anyio.to_thread.run_sync(parse) if size > _THREAD_PARSE_BYTES else parse()
+        parsed = await decode_in_thread(parse) if size > _THREAD_PARSE_BYTES else parse()
         try:
             # The caller's gRPC deadline bounds the request as its `timeout` parameter does.
             results = await self.server.execute(entry, runner, parsed, context.time_remaining())
