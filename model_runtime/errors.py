@@ -32,6 +32,14 @@ at fault: the caller (bad input), the file (bad executable), the machine (no dev
     │   └── UnknownModelError              ... as answered to a client, in Triton's words
     ├── ModelLoadError                     a model (version) failed to load (Triton's wording)
     ├── ModelControlError                  the model control mode forbids that load or unload
+    ├── SharedMemoryError                  a shared memory region cannot be registered or used
+    │   ├── SharedMemoryNotFoundError      no region of that name is registered
+    │   ├── SharedMemoryExistsError        a region of that name is registered already
+    │   ├── SharedMemoryArgumentError      a key, offset or size that the region or object refuses
+    │   ├── SharedMemoryOpenError          the key opens no shared memory object
+    │   ├── SharedMemoryOutputSizeError    an output is larger than its part of the region
+    │   ├── SharedMemoryDisabledError      client shared memory is turned off in this server
+    │   └── CudaSharedMemoryError          CUDA shared memory: this server has no GPUs
     └── RunnerStoppedError                 the runner is stopped or draining; request not taken
         └── ModelUnavailableError          no replica of the model is in service right now
             └── QueueFullError             the model's queue holds max_queue_size requests
@@ -50,6 +58,7 @@ __all__ = [
     "ApplicationRuntimeError",
     "CompileError",
     "ConfigurationError",
+    "CudaSharedMemoryError",
     "CustomOpError",
     "DeviceError",
     "DeviceMemoryError",
@@ -73,6 +82,13 @@ __all__ = [
     "ResourceLimitError",
     "RunnerStoppedError",
     "RuntimeFailure",
+    "SharedMemoryArgumentError",
+    "SharedMemoryDisabledError",
+    "SharedMemoryError",
+    "SharedMemoryExistsError",
+    "SharedMemoryNotFoundError",
+    "SharedMemoryOpenError",
+    "SharedMemoryOutputSizeError",
     "SupervisorEscalationError",
     "UnknownModelError",
     "UnrecoverableRuntimeError",
@@ -137,7 +153,7 @@ class InputValidationError(ModelRuntimeError):
 
 class ProtocolError(InputValidationError):
     """The request does not follow the protocol or does not fit the model (HTTP 400, gRPC
-    INVALID_ARGUMENT)."""
+    INVALID_ARGUMENT); the message names the tensor or field and the defect."""
 
 
 class DeviceError(ModelRuntimeError):
@@ -246,6 +262,43 @@ class ModelLoadError(ModelRuntimeError):
 
 class ModelControlError(ModelRuntimeError):
     """The model control mode does not let the repository API load or unload (HTTP 403)."""
+
+
+class SharedMemoryError(ModelRuntimeError):
+    """A call of Triton's system shared memory extension failed: registering, reading or
+    writing a region. The message is Triton's, which clients match on; how each kind is answered
+    (HTTP status, gRPC code) is :data:`model_runtime.server.answers.SHARED_MEMORY_ANSWERS`."""
+
+
+class SharedMemoryNotFoundError(SharedMemoryError):
+    """No region of that name is registered (Triton: NOT_FOUND)."""
+
+
+class SharedMemoryExistsError(SharedMemoryError):
+    """A region of that name is registered already (Triton: ALREADY_EXISTS)."""
+
+
+class SharedMemoryArgumentError(SharedMemoryError):
+    """A key, offset or byte size that the region, its object or the server's limits refuse
+    (Triton: INVALID_ARG)."""
+
+
+class SharedMemoryOpenError(SharedMemoryError):
+    """The key opens no shared memory object this server may map (Triton: INTERNAL)."""
+
+
+class SharedMemoryOutputSizeError(SharedMemoryError):
+    """An output is larger than the part of its region the request gave it; the model ran, its
+    result was not written (Triton: INTERNAL)."""
+
+
+class SharedMemoryDisabledError(SharedMemoryError):
+    """Client shared memory is turned off in this server (Triton: UNSUPPORTED)."""
+
+
+class CudaSharedMemoryError(SharedMemoryError):
+    """A CUDA shared memory region cannot be registered: this server has no GPUs (Triton built
+    without GPU support: INVALID_ARG)."""
 
 
 class ModelUnavailableError(RunnerStoppedError):

@@ -6,7 +6,7 @@ implementation of the Open Inference Protocol v2, this adapter routes the daemon
 given a small view of the ASGI request (:class:`AsgiRequest`: ``match_info``, ``headers``,
 ``content_length``, ``content.readany()``, ``read()``, which is all the handlers read), and
 answers their ``web.Response``. Errors are mapped as the daemon's middleware maps them
-(:func:`~model_runtime.server.app.status_of`, ``{"error": ...}``, ``Retry-After`` on a full
+(:func:`~model_runtime.server.answers.status_of`, ``{"error": ...}``, ``Retry-After`` on a full
 queue), so a client cannot tell the two front ends apart, except for two things added here:
 
 - every answer carries ``model-runtime-replica`` (the Ray replica) and ``model-runtime-node``

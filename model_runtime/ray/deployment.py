@@ -93,6 +93,8 @@ class RuntimeReplica:
                 request_timeout=opts.request_timeout,
                 access_log=False,  # Serve's replica logs one line per request already
                 admission_delay=opts.admission_delay or None,
+                # Serve's proxy routes no shared memory calls, and clients are on other nodes.
+                allow_client_shm=False,
             ),
         )
         self._stop = asyncio.Event()

@@ -3,9 +3,12 @@
 Clients of a Triton server match on its status codes and on its words, so the cases Triton
 names are answered in Triton's: its error code decides both the HTTP status and the gRPC code
 (:class:`Code`, as Triton's ``HttpCodeFromError`` and its gRPC status mapping give them), and
-its message is written once, here, for both front ends. Our own refusals (overload, draining,
-deadlines) keep their statuses; :func:`status_of` maps any exception onto its HTTP status and
-:data:`GRPC_CODES` that status onto a gRPC code, unless the answer names its gRPC code itself.
+its message is written once, here, for both front ends. Shared memory errors carry Triton's
+texts themselves (:mod:`model_runtime.server.shm`); :data:`SHARED_MEMORY_ANSWERS` gives their
+codes (ALREADY_EXISTS, say, which is HTTP 400 but not gRPC INVALID_ARGUMENT). Our own
+refusals (overload, draining, deadlines) keep their statuses; :func:`status_of` maps any
+exception onto its HTTP status and :data:`GRPC_CODES` that status onto a gRPC code, unless the
+answer names its gRPC code itself.
 
 Triton's texts are quoted from its sources (``triton-inference-server/server``
 ``src/http_server.cc``, ``src/grpc/infer_handler.cc``, ``core`` ``src/infer_request.cc``,
@@ -19,6 +22,7 @@ import enum
 from collections.abc import Sequence
 
 from model_runtime.errors import (
+    CudaSharedMemoryError,
     ExecutionTimeoutError,
     InputValidationError,
     ModelNotFoundError,
@@ -26,6 +30,13 @@ from model_runtime.errors import (
     ProtocolError,
     QueueFullError,
     RunnerStoppedError,
+    SharedMemoryArgumentError,
+    SharedMemoryDisabledError,
+    SharedMemoryError,
+    SharedMemoryExistsError,
+    SharedMemoryNotFoundError,
+    SharedMemoryOpenError,
+    SharedMemoryOutputSizeError,
     UnknownModelError,
 )
 
@@ -33,6 +44,7 @@ __all__ = [
     "GRPC_CODES",
     "INT64_MAX",
     "MAX_JSON_DEPTH",
+    "SHARED_MEMORY_ANSWERS",
     "TRITON_REQUEST_PARAMETERS",
     "Code",
     "HTTPError",
@@ -67,6 +79,18 @@ class Code(enum.Enum):
         """The name of the ``grpc.StatusCode``."""
         return self.value[1]
 
+
+#: Each shared memory error -> its Triton code and the reason (for logs and metrics) (Triton's
+#: code in the comments: src/shared_memory_manager.cc).
+SHARED_MEMORY_ANSWERS: dict[type[SharedMemoryError], tuple[Code, str]] = {
+    SharedMemoryNotFoundError: (Code.NOT_FOUND, "unknown_region"),
+    SharedMemoryExistsError: (Code.ALREADY_EXISTS, "region_exists"),
+    SharedMemoryArgumentError: (Code.INVALID_ARG, "bad_request"),
+    SharedMemoryOpenError: (Code.INTERNAL, "region_unavailable"),  # Triton's, though the key
+    SharedMemoryOutputSizeError: (Code.INTERNAL, "output_too_large"),  # is the client's fault
+    SharedMemoryDisabledError: (Code.UNSUPPORTED, "unsupported"),
+    CudaSharedMemoryError: (Code.INVALID_ARG, "unsupported"),
+}
 
 #: The HTTP status an error is answered with -> the name of the gRPC code that says the same.
 GRPC_CODES: dict[int, str] = {
@@ -113,6 +137,9 @@ def status_of(exc: BaseException) -> tuple[int, str]:
     match exc:
         case HTTPError():
             return exc.status, exc.reason
+        case SharedMemoryError():
+            code, reason = _shared_memory_answer(exc)
+            return code.status, reason
         case UnknownModelError(version=None):
             return 400, "unknown_model"  # Triton's code for a name it does not know
         case ModelNotFoundError():
@@ -134,7 +161,17 @@ def grpc_code_of(exc: BaseException, status: int) -> str:
     """The name of the gRPC code that answers ``exc`` (answered ``status`` over HTTP)."""
     if isinstance(exc, HTTPError) and exc.grpc is not None:
         return exc.grpc
+    if isinstance(exc, SharedMemoryError):
+        return _shared_memory_answer(exc)[0].grpc
     return GRPC_CODES.get(status, "INTERNAL")
+
+
+def _shared_memory_answer(exc: SharedMemoryError) -> tuple[Code, str]:
+    for cls in type(exc).__mro__:
+        answer = SHARED_MEMORY_ANSWERS.get(cls)  # type: ignore[call-overload]
+        if answer is not None:
+            return answer
+    return Code.INTERNAL, "internal"
 
 
 # -- Triton's texts ------------------------------------------------------------------------------

@@ -7,8 +7,9 @@ unknown model (``Request for unknown model: 'NAME' is not found``) or a body ove
 compressed body passes the limit), 404 unknown version of a known model or unknown route, 503
 a load or unload the model control mode forbids (Triton's UNAVAILABLE), 500 device failure,
 503 not ready / draining / stopped / queue full (with ``Retry-After``), 504 deadline exceeded,
-408 a body that did not arrive within ``body_timeout``. Client disconnects cancel the handler
-(``handler_cancellation``), which cancels the runner request.
+408 a body that did not arrive within ``body_timeout``; shared memory errors as Triton answers
+them (:data:`~model_runtime.server.answers.SHARED_MEMORY_ANSWERS`). Client disconnects cancel
+the handler (``handler_cancellation``), which cancels the runner request.
 
 Inference honours the request's parameters (:mod:`model_runtime.server.parameters`):
 ``timeout`` (microseconds) shortens the request's deadline and reaches the runner, which drops
@@ -45,11 +46,9 @@ from model_runtime.server import answers
 from model_runtime.server.access import RateLimitedLog, access_middleware
 from model_runtime.server.admission import DEFAULT_QUEUE_DELAY, AdmissionControl
 from model_runtime.server.answers import HTTPError, status_of
-from model_runtime.server.codec import (
-    InferRequest,
-    encode_infer_response,
-    parse_infer_request,
-)
+from model_runtime.server.body import read_body
+from model_runtime.server.codec import InferRequest, parse_infer_request
+from model_runtime.server.encode import encode_infer_response
 from model_runtime.server.metrics import CONTENT_TYPE, DaemonMetrics
 from model_runtime.server.parameters import load_request_parameters
 from model_runtime.server.raw import parse_raw_request
@@ -62,6 +61,9 @@ from model_runtime.server.repository import (
 )
 from model_runtime.server.restrict import RestrictionCounter, Restrictions, http_middleware
 from model_runtime.server.serving import innermost
+from model_runtime.server.shm import SharedMemoryRegistry
+from model_runtime.server.shm_io import decode_in_thread
+from model_runtime.server.shm_routes import SharedMemoryRoutes
 from model_runtime.server.stats import model_statistics
 from model_runtime.server.triton.config import DEFAULT_SETTINGS, config_json, served_config
 
@@ -87,7 +89,9 @@ class ServerOptions:
     :func:`~model_runtime.server.parameters.execute_priority`). ``retry_after``: seconds, in the
     ``Retry-After`` of a 503 for a full queue. ``admission_delay``: seconds of work a model may
     hold at the front end before new requests are refused unparsed (None: no front-end limit;
-    see :mod:`model_runtime.server.admission`).
+    see :mod:`model_runtime.server.admission`). ``allow_client_shm``: clients may register and
+    unregister system shared memory regions (:mod:`model_runtime.server.shm`; off: those
+    calls are refused with Triton's text, and the extension is not listed).
     """
 
     max_body_size: int = 64 << 20
@@ -97,6 +101,8 @@ class ServerOptions:
     body_timeout: float | None = 60.0
     access_log: bool = True
     priority_levels: int | None = None
+    #: Triton's ``--allow-client-shm``: clients may register system shared memory regions
+    allow_client_shm: bool = True
     default_priority_level: int | None = None
     retry_after: int = 1
     admission_delay: float | None = DEFAULT_QUEUE_DELAY
@@ -159,6 +165,8 @@ class InferenceServer:
         self._idle = asyncio.Event()
         self._idle.set()
         self._queue_full_log = RateLimitedLog("requests_refused_queue_full")
+        #: Triton's system shared memory extension: the regions clients registered
+        self.shared_memory = SharedMemoryRegistry(enabled=self.options.allow_client_shm)
         self.admission = AdmissionControl(
             self.metrics.registry,
             queue_delay=self.options.admission_delay,
@@ -206,12 +214,8 @@ class InferenceServer:
             (p, "/v2/repository/models/{name}/load", self.load, "model-repository"),
             (p, "/v2/repository/models/{name}/unload", self.unload, "model-repository"),
         ]
-        for ext in ("systemsharedmemory", "cudasharedmemory"):
-            # Triton's shared memory extensions: each call refused with a message that says so.
-            routes += [
-                (m, f"/v2/{ext}{{tail:(/.*)?}}", self.shared_memory, "shared-memory")
-                for m in (g, p)
-            ]
+        shm_routes = SharedMemoryRoutes(self.shared_memory)
+        routes += [(m, path, h, "shared-memory") for m, path, h in shm_routes.routes()]
         for base in bases:
             routes += [
                 (g, base, self.model_metadata, "metadata"),
@@ -269,13 +273,20 @@ class InferenceServer:
 
     # -- health and metadata ---------------------------------------------------------------------
 
+    def extensions(self) -> list[str]:
+        """The protocol extensions this server serves (HTTP and gRPC server metadata)."""
+        served = ["binary_tensor_data", "model_repository", "statistics"]
+        if self.shared_memory.enabled:
+            served.append("system_shared_memory")  # Triton's name
+        return served
+
     async def server_metadata(self, request: web.Request) -> web.Response:
         """``GET /v2``: server name, version and protocol extensions."""
         return _json(
             {
                 "name": self.options.server_name,
                 "version": self.options.server_version,
-                "extensions": ["binary_tensor_data", "model_repository", "statistics"],
+                "extensions": self.extensions(),
             }
         )
 
@@ -405,31 +416,41 @@ class InferenceServer:
             header_length = None if raw is None else int(raw)
         except ValueError:
             raise HTTPError(400, f"{HEADER_LENGTH} must be an integer", "bad_request") from None
-        body = await self._read_body(request)
+        body = await read_body(
+            request, self.options.max_body_size, self.options.body_timeout, _too_large
+        )
 
         def parse() -> InferRequest:
             if header_length == 0:  # Triton's raw binary request: the body is the one input
                 return parse_raw_request(body, entry.inputs, entry.outputs, model=entry.name)
             return parse_infer_request(
-                body, header_length, entry.inputs, entry.outputs, model=entry.name
+                body,
+                header_length,
+                entry.inputs,
+                entry.outputs,
+                model=entry.name,
+                regions=self.shared_memory,
             )
 
         # Decoding ~1 MiB takes ~1-5 ms: below that the thread hop costs more than it saves.
         if len(body) > _THREAD_PARSE_BYTES:
-            parsed = await anyio.to_thread.run_sync(parse)
+            parsed = await decode_in_thread(parse)
         else:
             parsed = parse()
-        results = await self.execute(entry, runner, parsed)
+        try:
+            results = await self.execute(entry, runner, parsed)
 
-        def encode() -> tuple[bytes, int | None]:
-            return encode_infer_response(
-                entry.name, entry.version, parsed, results, entry.datatypes, specs=entry.outputs
-            )
+            def encode() -> tuple[bytes, int | None]:
+                return encode_infer_response(
+                    entry.name, entry.version, parsed, results, entry.datatypes, specs=entry.outputs
+                )
 
-        if sum(a.nbytes for a in results.values()) > _THREAD_PARSE_BYTES // 4:
-            out, json_length = await anyio.to_thread.run_sync(encode)
-        else:
-            out, json_length = encode()
+            if sum(a.nbytes for a in results.values()) > _THREAD_PARSE_BYTES // 4:
+                out, json_length = await anyio.to_thread.run_sync(encode)
+            else:
+                out, json_length = encode()
+        finally:
+            parsed.release()  # its shared memory regions, if any
         first = next(iter(parsed.inputs.values()))
         samples = int(first.shape[0]) if first.ndim else 1
         if json_length is None:
@@ -468,56 +489,6 @@ class InferenceServer:
             results = await pending
         return results
 
-    async def _read_body(self, request: web.Request) -> bytearray:
-        """The body, read into one buffer sized from ``Content-Length`` (no second copy as
-        ``request.read()`` makes), within ``max_body_size`` and ``body_timeout``.
-
-        Raises:
-            HTTPError: 400 past the size limit (Triton's words), 408 past the time limit.
-        """
-        limit = self.options.max_body_size
-        length = request.content_length
-        content = request.content
-        # aiohttp inflates a gzip or deflate body as it reads it: the limit holds for what it
-        # inflates to (a small body that expands past it is refused as soon as it does).
-        compressed = request.headers.get("Content-Encoding", "identity").lower() != "identity"
-        if length is not None and content.is_eof() and content.total_bytes == length:
-            # All of it arrived with the head (the common case for small bodies): no waiting,
-            # so no timer to arm; aiohttp's parser already held it to Content-Length.
-            return bytearray(await content.read())
-        body = bytearray(length or 0)
-        view = memoryview(body)
-        filled = 0
-        try:
-            async with asyncio.timeout(self.options.body_timeout):
-                while chunk := await request.content.readany():
-                    end = filled + len(chunk)
-                    if end > limit:
-                        too_large = (
-                            answers.decompressed_too_large(limit)
-                            if compressed
-                            else _too_large(request, end, limit)
-                        )
-                        raise HTTPError(400, str(too_large), "too_large")
-                    if end <= len(body):
-                        view[filled:end] = chunk
-                    else:  # chunked, or longer than announced
-                        view.release()
-                        body[filled:] = chunk
-                        view = memoryview(body)
-                    filled = end
-        except TimeoutError:
-            raise HTTPError(
-                408,
-                f"the request body did not arrive within {self.options.body_timeout} s",
-                "body_timeout",
-            ) from None
-        finally:
-            view.release()
-        if filled < len(body):
-            del body[filled:]  # the client sent less than it announced (then closed)
-        return body
-
     def enter_request(self, model: str, version: str = "1") -> None:
         """Count an inference request in flight (the drain waits for it), HTTP or gRPC."""
         self._inflight += 1
@@ -530,21 +501,6 @@ class InferenceServer:
         self.metrics.request_finished(model, version)
         if self._inflight == 0:
             self._idle.set()
-
-    async def shared_memory(self, request: web.Request) -> web.Response:
-        """``/v2/systemsharedmemory/...`` and ``/v2/cudasharedmemory/...`` (status, register,
-        unregister): always a 400 that names the extension; requests carry their tensors.
-
-        Raises:
-            HTTPError: always (400).
-        """
-        kind = "CUDA" if request.path.startswith("/v2/cuda") else "system"
-        raise HTTPError(
-            400,
-            f"the {kind} shared memory extension is not supported by this server: send the "
-            "tensors in the request body (JSON or binary data)",
-            "unsupported",
-        )
 
     # -- statistics, metrics, repository ---------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""Decode inference requests and encode responses (Open Inference Protocol v2, REST).
+"""Decode inference requests (Open Inference Protocol v2, REST); responses are
+:mod:`model_runtime.server.encode`'s.
 
 A request body is a JSON document, optionally followed by raw tensor bytes (the binary tensor
 data extension): ``Inference-Header-Content-Length`` says how many leading bytes are JSON, and
@@ -15,10 +16,6 @@ and decoding costs about the body plus the tensors. Every parameter is honoured 
 (:mod:`.parameters`). Everything wrong with a request raises :class:`ProtocolError` (HTTP 400)
 with a message that names the tensor and the defect.
 
-Responses are written by orjson straight from the arrays (no lists of Python numbers); FP16
-and FP32 values are written as the float64 numbers they equal, as Triton writes them. An
-output requested with ``classification`` comes back as BYTES (:mod:`.classification`).
-
 BYTES inputs (a model's string tensors) arrive as JSON strings (UTF-8 encoded) or as binary
 data, each element a 4-byte little-endian length then its bytes (:func:`bytes_from_binary`);
 they become numpy object arrays of ``bytes``.
@@ -27,8 +24,7 @@ they become numpy object arrays of ``bytes``.
 from __future__ import annotations
 
 import json
-import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +34,7 @@ import orjson
 from model_runtime.errors import ProtocolError
 from model_runtime.server import answers, jsontape
 from model_runtime.server.answers import INT64_MAX
-from model_runtime.server.classification import bytes_to_binary, classify
+from model_runtime.server.binary import bytes_from_binary, from_binary
 from model_runtime.server.datatypes import BYTES, DATATYPES
 from model_runtime.server.jsonnumbers import (
     NO_CUTS,
@@ -52,8 +48,11 @@ from model_runtime.server.jsonnumbers import (
 from model_runtime.server.parameters import (
     check_input_parameters,
     output_parameters,
+    region_parameters,
     request_parameters,
 )
+from model_runtime.server.shm import Lease, SharedMemoryRegistry
+from model_runtime.server.shm_io import data_beside_region, lease_output, read_input, release
 
 __all__ = [
     "MAX_DIMS",
@@ -65,7 +64,6 @@ __all__ = [
     "check_datatype",
     "check_shape",
     "element_count",
-    "encode_infer_response",
     "from_binary",
     "parse_infer_request",
 ]
@@ -100,12 +98,14 @@ class TensorSpec:
 
 @dataclass(frozen=True, slots=True)
 class RequestedOutput:
-    """An output the client asked for, whether it wants it as binary data, and how many
-    classes it wants instead of the tensor (0: the tensor)."""
+    """An output the client asked for, whether it wants it as binary data, how many classes
+    it wants instead of the tensor (0: the tensor), and the part of a shared memory region it
+    goes into instead of the response (None: the response)."""
 
     name: str
     binary: bool
     class_count: int = 0
+    region: Lease | None = field(default=None, compare=False)
 
 
 @dataclass(slots=True)
@@ -119,6 +119,16 @@ class InferRequest:
     parameters: dict[str, Any] = field(default_factory=dict)
     timeout: float | None = None
     priority: int = 0
+    #: the shared memory regions its inputs and outputs use, held until :meth:`release`
+    leases: list[Lease] = field(default_factory=list)
+
+    def release(self) -> None:
+        """Give back the shared memory regions it holds (once it is answered)."""
+        release(self.leases)
+
+
+#: The registry a request's regions come from (None: none served) and the leases it took.
+_Shm = tuple[SharedMemoryRegistry | None, list[Lease]]
 
 
 def _fail(message: str) -> ProtocolError:
@@ -187,59 +197,6 @@ def element_count(name: str, shape: tuple[int, ...], datatype: str) -> int:
     return n
 
 
-def from_binary(name: str, datatype: str, chunk: memoryview) -> np.ndarray:
-    """``chunk`` as a flat array of ``datatype`` (not BYTES), a view of it.
-
-    Raises:
-        ProtocolError: BOOL data that is not bytes 0 or 1.
-    """
-    arr = np.frombuffer(chunk, dtype=DATATYPES[datatype])
-    if datatype == "BOOL" and arr.size and arr.view(np.uint8).max() > 1:
-        raise _fail(f"input {name!r}: BOOL binary data must be bytes 0 or 1")
-    return arr
-
-
-_LENGTH = struct.Struct("<I")
-
-
-def bytes_from_binary(name: str, data: bytes | bytearray | memoryview, count: int) -> np.ndarray:
-    """``count`` BYTES elements from ``data`` (each a 4-byte little-endian length, then that
-    many bytes, nothing after the last) as a flat object array of ``bytes``.
-
-    Nothing is allocated before ``count`` is known to fit ``data`` (each element needs at
-    least its 4-byte length).
-
-    Raises:
-        ProtocolError: a length is cut off, an element runs past the end, fewer or more
-            elements (or bytes) than ``count``; the message names the input and the element.
-    """
-    view = memoryview(data).cast("B")
-    end = len(view)
-    if count * 4 > end:
-        raise _fail(
-            f"input {name!r}: {count} BYTES elements need at least {count * 4} bytes (a 4-byte "
-            f"length each), the data has {end}"
-        )
-    out = np.empty(count, dtype=object)
-    pos = 0
-    unpack = _LENGTH.unpack_from
-    for i in range(count):
-        (n,) = unpack(view, pos)  # in range: each element left has 4 bytes (checked below)
-        pos += 4
-        if n > end - pos - 4 * (count - i - 1):
-            raise _fail(
-                f"input {name!r}: BYTES element {i} of {count} claims {n} bytes, but only "
-                f"{end - pos - 4 * (count - i - 1)} remain for it"
-            )
-        out[i] = bytes(view[pos : pos + n])
-        pos += n
-    if pos != end:
-        raise _fail(
-            f"input {name!r}: {end - pos} bytes follow the last of its {count} BYTES elements"
-        )
-    return out
-
-
 def _strings(name: str, values: list[Any]) -> np.ndarray:
     out = np.empty(len(values), dtype=object)
     for i, v in enumerate(values):
@@ -290,6 +247,8 @@ def _requested_outputs(
     binary_default: bool,
     model: str,
     request_id: str | None,
+    regions: SharedMemoryRegistry | None,
+    leases: list[Lease],
 ) -> tuple[RequestedOutput, ...]:
     if raw is None:
         return tuple(RequestedOutput(s.name, binary_default) for s in outputs)
@@ -312,7 +271,9 @@ def _requested_outputs(
         params = output_parameters(
             name, _parameters(where, item.get("parameters")), binary_default, model
         )
-        chosen.append(RequestedOutput(name, params.binary, params.class_count))
+        ref = params.region
+        lease = None if ref is None else lease_output(regions, leases, name, ref)
+        chosen.append(RequestedOutput(name, params.binary, params.class_count, lease))
     return tuple(chosen)
 
 
@@ -323,6 +284,7 @@ def parse_infer_request(
     outputs: Sequence[TensorSpec],
     *,
     model: str = "",
+    regions: SharedMemoryRegistry | None = None,
 ) -> InferRequest:
     """Decode and check one inference request for a model with ``inputs`` and ``outputs``.
 
@@ -330,6 +292,8 @@ def parse_infer_request(
     the whole body is JSON). Shapes are checked only against the data given; whether they
     fit the model (batch axis, per-sample shape) is the runner's check. Binary inputs are
     views of ``body`` (writable if ``body`` is a bytearray): keep it unchanged while in use.
+    Tensors that name a shared memory region are read from (or leased for) ``regions``
+    (:mod:`.shm_io`); :meth:`InferRequest.release` the request once answered.
 
     Raises:
         ProtocolError: malformed JSON, unknown/missing/duplicate inputs, wrong or unknown
@@ -337,23 +301,40 @@ def parse_infer_request(
             datatype's range, binary sizes that do not add up, unknown or twice-requested
             outputs, a bad ``id``, or a parameter that is unknown or not supported (see
             :mod:`model_runtime.server.parameters`).
+        SharedMemoryError: a region that is not registered, or offset and size outside it.
     """
+    leases: list[Lease] = []
+    try:
+        return _parse(body, header_length, inputs, outputs, model, (regions, leases))
+    except BaseException:
+        release(leases)
+        raise
+
+
+def _parse(
+    body: bytes | bytearray,
+    header_length: int | None,
+    inputs: Sequence[TensorSpec],
+    outputs: Sequence[TensorSpec],
+    model: str,
+    shm: _Shm,
+) -> InferRequest:
     end = _header_end(body, header_length)
     binary = memoryview(body)[end:]
     whole = header_length is None
     fast = jsontape.load(body if whole else bytes(body[:end]))
     if fast is not None:
         try:
-            return _decode(fast, body, NO_CUTS, binary, inputs, outputs, model, exact=False)
+            return _decode(fast, body, NO_CUTS, binary, inputs, outputs, model, shm, exact=False)
         except Retry:
             pass  # the plain decoder's checks decide: decoded again below
     skeleton, cuts = cut_number_arrays(body, 0, end)
     try:
         doc = _load_json(skeleton, whole, exact=False)
-        return _decode(doc, body, cuts, binary, inputs, outputs, model, exact=False)
+        return _decode(doc, body, cuts, binary, inputs, outputs, model, shm, exact=False)
     except Retry:  # integers past 64 bits, which orjson reads as floats: read them exactly
         doc = _load_json(skeleton, whole, exact=True)
-        return _decode(doc, body, cuts, binary, inputs, outputs, model, exact=True)
+        return _decode(doc, body, cuts, binary, inputs, outputs, model, shm, exact=True)
 
 
 def _decode(
@@ -364,9 +345,11 @@ def _decode(
     inputs: Sequence[TensorSpec],
     outputs: Sequence[TensorSpec],
     model: str,
+    shm: _Shm,
     *,
     exact: bool,
 ) -> InferRequest:
+    regions, leases = shm
     extra = set(doc) - {"id", "inputs", "outputs", "parameters"}
     if extra:
         raise _fail(f"unknown request field(s) {sorted(extra)}")
@@ -399,7 +382,13 @@ def _decode(
         count = element_count(name, shape, datatype)
         input_params = _parameters(f"input {name!r}", item.get("parameters"))
         size = check_input_parameters(name, input_params, model)
-        if size is not None:
+        ref = region_parameters(name, input_params)
+        if ref is not None:
+            given = [("'data'", "data" in item), ("'binary_data_size'", size is not None)]
+            if any(there for _, there in given):
+                raise data_beside_region(name, model, " ".join(w for w, there in given if there))
+            flat = read_input(regions, leases, name, datatype, ref, count, model)
+        elif size is not None:
             if "data" in item:
                 raise _fail(f"input {name!r}: give either 'data' or binary_data_size, not both")
             expected = size if datatype == BYTES else count * DATATYPES[datatype].itemsize
@@ -458,72 +447,10 @@ def _decode(
         id=request_id,
         inputs=arrays,
         outputs=_requested_outputs(
-            doc.get("outputs"), outputs, params.binary_output, model, request_id
+            doc.get("outputs"), outputs, params.binary_output, model, request_id, regions, leases
         ),
         parameters=raw_params,
         timeout=params.timeout,
         priority=params.priority,
+        leases=leases,
     )
-
-
-_JSON_AS = {"FP16": np.dtype(np.float64), "FP32": np.dtype(np.float64)}
-
-
-def encode_infer_response(
-    model_name: str,
-    model_version: str,
-    request: InferRequest,
-    results: Mapping[str, np.ndarray],
-    datatypes: Mapping[str, str],
-    *,
-    specs: Sequence[TensorSpec] = (),
-    labels: Callable[[str], Sequence[str] | None] | None = None,
-) -> tuple[bytes, int | None]:
-    """Encode the requested outputs; return the body and, when binary data follows the JSON,
-    the JSON header's length (for ``Inference-Header-Content-Length``).
-
-    ``specs`` (the model's outputs) say which outputs have a batch axis, for classification
-    (unknown: an output of two or more dimensions has one) and their class labels;
-    ``labels``, when given, gives an output's class labels instead.
-
-    Raises:
-        KeyError: a requested output is missing from ``results``.
-    """
-    doc: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
-    if request.id is not None:
-        doc["id"] = request.id
-    batch_axis = {s.name: s.has_batch_axis for s in specs}
-    tensors: list[dict[str, Any]] = []
-    chunks: list[bytes | memoryview] = []
-    for out in request.outputs:
-        arr = results[out.name]
-        datatype = datatypes[out.name]
-        if out.class_count:
-            batched = batch_axis.get(out.name, arr.ndim >= 2)
-            if labels is not None:
-                names = labels(out.name)
-            else:
-                names = next((s.labels for s in specs if s.name == out.name), None)
-            arr = classify(arr, out.class_count, batched=batched, labels=names)
-            datatype = BYTES
-        entry: dict[str, Any] = {"name": out.name, "datatype": datatype, "shape": list(arr.shape)}
-        if datatype == BYTES:
-            if out.binary:
-                raw = bytes_to_binary(arr)
-                entry["parameters"] = {"binary_data_size": len(raw)}
-                chunks.append(raw)
-            else:
-                entry["data"] = [v.decode("utf-8", "replace") for v in arr.ravel()]
-        elif out.binary:
-            flat = np.ascontiguousarray(arr, dtype=DATATYPES[datatype]).reshape(-1)
-            entry["parameters"] = {"binary_data_size": flat.nbytes}
-            chunks.append(flat.data.cast("B"))
-        else:
-            dtype = _JSON_AS.get(datatype, DATATYPES[datatype].newbyteorder("="))
-            entry["data"] = np.ascontiguousarray(arr, dtype=dtype).reshape(-1)
-        tensors.append(entry)
-    doc["outputs"] = tensors
-    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
-    if not chunks:
-        return header, None
-    return b"".join([header, *chunks]), len(header)

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from model_runtime.errors import InputValidationError, ProtocolError
+from model_runtime.errors import ProtocolError
 from model_runtime.server.answers import MAX_JSON_DEPTH, json_too_deep
 from model_runtime.server.datatypes import DATATYPES
 
@@ -64,7 +64,7 @@ class Retry(Exception):  # a signal between decoder passes, not an error
     """Decode the document again with exact integers (stdlib json); never leaves the codec."""
 
 
-def _fail(message: str) -> InputValidationError:
+def _fail(message: str) -> ProtocolError:
     return ProtocolError(message)
 
 

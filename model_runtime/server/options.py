@@ -5,7 +5,7 @@ Precedence: command line > config file > defaults. The config file has three tab
     [server]   host, port, grpc_port, max_body_size, request_timeout, grace_period,
                model_repository, executable_cache, models (list of "NAME=PATH" or "PATH"),
                model_control_mode, load_model (list), repository_poll_secs, strict_readiness,
-               reload_device_wait
+               reload_device_wait, allow_client_shm
     [runner]   any scalar ModelRunnerConfig field (replication_factor, timeout, auto_reset,
                max_retries, execution_timeout, fault_plan, batching_dim, ...)
     [compile]  batch_size (for .onnx models compiled on load)
@@ -87,6 +87,8 @@ class DaemonOptions:
     repository_poll_secs: float = 15.0
     strict_readiness: bool = True
     reload_device_wait: float = 10.0
+    #: Triton's ``--allow-client-shm``: clients may register system shared memory regions.
+    allow_client_shm: bool = True
     #: ``--ray``: serve on the Ray cluster at this address (``auto``; ``local`` starts one)
     #: instead of as a daemon; None: the daemon. See :mod:`model_runtime.ray`.
     ray_address: str | None = None
@@ -161,6 +163,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     a("--reload-device-wait", type=float,
       help="seconds a reload waits for free devices to load the new version beside the "
       "serving one (default 10)")  # fmt: skip
+    a("--allow-client-shm", action=argparse.BooleanOptionalAction, default=None,
+      help="clients may register system shared memory regions (Triton's extension; default "
+      "on; the daemon maps the POSIX shared memory objects they name)")  # fmt: skip
     a("--http-restricted-api", action="append", metavar="APIS:KEY=VALUE",
       help="Triton's: restrict API groups (comma-separated: " + ", ".join(GROUPS) + ") to "
       "HTTP requests with header KEY: VALUE (repeatable)")  # fmt: skip
@@ -293,6 +298,7 @@ def options_from_args(args: argparse.Namespace) -> DaemonOptions:
         ("model_control_mode", "model_control_mode"),
         ("strict_readiness", "strict_readiness"),
         ("reload_device_wait", "reload_device_wait"),
+        ("allow_client_shm", "allow_client_shm"),
     ]:
         value = pick(cli, server, name)
         if value is not None:

@@ -12,9 +12,11 @@ Request parameters (Triton's reserved names, the KServe v2 binary data extension
   models. Every model here is stateless, so a sequence (an id other than 0 or "", or a start
   or end flag that is true) is refused; the values that mean "no sequence" are accepted.
 
-Input parameters: ``binary_data_size`` only. Output parameters: ``binary_data`` and
+Input parameters: ``binary_data_size``. Output parameters: ``binary_data`` and
 ``classification`` (Triton's HTTP name; ``class_count``, its gRPC name, is accepted too).
-The shared memory parameters are refused: this server has no shared memory extension.
+Both: the system shared memory extension's ``shared_memory_region``, ``shared_memory_byte_size``
+and ``shared_memory_offset`` (:func:`region_parameters`, checked as Triton checks them; the
+region itself is the registry's, :mod:`model_runtime.server.shm`).
 """
 
 from __future__ import annotations
@@ -25,17 +27,19 @@ from typing import Any
 
 import orjson
 
-from model_runtime.errors import InputValidationError, ProtocolError
+from model_runtime.errors import ProtocolError
 from model_runtime.server import answers
 
 __all__ = [
     "MAX_PRIORITY_LEVEL",
     "OutputParameters",
+    "RegionRef",
     "RequestParameters",
     "check_input_parameters",
     "execute_priority",
     "load_request_parameters",
     "output_parameters",
+    "region_parameters",
     "request_parameters",
 ]
 
@@ -43,7 +47,14 @@ __all__ = [
 MAX_PRIORITY_LEVEL = 2**31 - 1
 _SEQUENCE = ("sequence_id", "sequence_start", "sequence_end")
 _REQUEST = {"binary_data_output", "timeout", "priority", *_SEQUENCE}
-_SHARED_MEMORY = {"shared_memory_region", "shared_memory_byte_size", "shared_memory_offset"}
+_REGION, _BYTE_SIZE, _OFFSET = (
+    "shared_memory_region",
+    "shared_memory_byte_size",
+    "shared_memory_offset",
+)
+_SHARED_MEMORY = (_REGION, _BYTE_SIZE, _OFFSET)
+#: The largest shared memory offset or byte size (Triton's are uint64 over HTTP, int64 over gRPC).
+_MAX_U64 = 2**64 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,14 +67,26 @@ class RequestParameters:
 
 
 @dataclass(frozen=True, slots=True)
+class RegionRef:
+    """Where a tensor lies in a registered system shared memory region: ``byte_size`` bytes at
+    ``offset`` of region ``region``."""
+
+    region: str
+    byte_size: int
+    offset: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class OutputParameters:
-    """An output's parameters, checked. ``class_count`` 0: the tensor, not classes."""
+    """An output's parameters, checked. ``class_count`` 0: the tensor, not classes; ``region``:
+    the output goes into that part of a shared memory region, not into the response."""
 
     binary: bool
     class_count: int = 0
+    region: RegionRef | None = None
 
 
-def _fail(message: str) -> InputValidationError:
+def _fail(message: str) -> ProtocolError:
     return ProtocolError(message)
 
 
@@ -71,10 +94,7 @@ def _int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _unsupported(where: str, names: set[str], model: str) -> InputValidationError:
-    shm = sorted(names & _SHARED_MEMORY)
-    if shm:
-        return _fail(f"{where}: {shm}: the shared memory extension is not supported")
+def _unsupported(where: str, names: set[str], model: str) -> ProtocolError:
     of = f" by model {model!r}" if model else ""
     return _fail(f"{where}: parameter(s) {sorted(names)} are not supported{of}")
 
@@ -134,13 +154,50 @@ def request_parameters(
     )
 
 
+def region_parameters(tensor: str, raw: Mapping[str, Any]) -> RegionRef | None:
+    """The shared memory parameters of input or output ``tensor``, checked (Triton's texts);
+    None when it names no region.
+
+    Raises:
+        ProtocolError: an offset or byte size without a region, a region without a byte size,
+            or a value of the wrong type or range.
+    """
+    region = raw.get(_REGION)
+    if region is None:
+        for key in (_OFFSET, _BYTE_SIZE):
+            if key in raw:
+                raise _fail(
+                    f"'{key}' can not be specified without '{_REGION}' parameter for tensor "
+                    f"'{tensor}'"
+                )
+        return None
+    if not isinstance(region, str):
+        raise _fail(
+            f"invalid value type for '{_REGION}' parameter for tensor '{tensor}', expected a string"
+        )
+    if _BYTE_SIZE not in raw:
+        raise _fail(
+            f"'{_BYTE_SIZE}' must be specified along with '{_REGION}' parameter for tensor "
+            f"'{tensor}'"
+        )
+    byte_size, offset = raw[_BYTE_SIZE], raw.get(_OFFSET, 0)
+    for key, value in ((_BYTE_SIZE, byte_size), (_OFFSET, offset)):
+        if not _int(value) or not 0 <= value <= _MAX_U64:
+            raise _fail(
+                f"invalid value for '{key}' parameter for tensor '{tensor}', expected an "
+                f"integer in [0, {_MAX_U64}], got {value!r}"
+            )
+    return RegionRef(region, byte_size, offset)
+
+
 def check_input_parameters(name: str, raw: Mapping[str, Any], model: str = "") -> int | None:
-    """Check an input's ``parameters``; return its ``binary_data_size`` (None: JSON data).
+    """Check an input's ``parameters``; return its ``binary_data_size`` (None: JSON data, or
+    a shared memory region: :func:`region_parameters`).
 
     Raises:
         ProtocolError: an unknown parameter, or a size that is not a non-negative integer.
     """
-    unknown = set(raw) - {"binary_data_size"}
+    unknown = set(raw) - {"binary_data_size", *_SHARED_MEMORY}
     if unknown:
         raise _unsupported(f"input {name!r}", unknown, model)
     size = raw.get("binary_data_size")
@@ -157,9 +214,10 @@ def output_parameters(
     """Check an output's ``parameters``.
 
     Raises:
-        ProtocolError: an unknown parameter, or a value of the wrong type or range.
+        ProtocolError: an unknown parameter, a value of the wrong type or range, or a shared
+            memory region with classification or binary data (Triton's texts).
     """
-    unknown = set(raw) - {"binary_data", "classification", "class_count"}
+    unknown = set(raw) - {"binary_data", "classification", "class_count", *_SHARED_MEMORY}
     if unknown:
         raise _unsupported(f"output {name!r}", unknown, model)
     binary = raw.get("binary_data", binary_default)
@@ -171,7 +229,16 @@ def output_parameters(
     count = counts.pop() if counts else 0
     if not _int(count) or count < 0:
         raise _fail(f"output {name!r}: classification must be a non-negative integer")
-    return OutputParameters(binary=binary, class_count=count)
+    region = region_parameters(name, raw)
+    if region is None:
+        return OutputParameters(binary=binary, class_count=count)
+    # Classes are made from the output after the run: they have no place in a region.
+    for key in ("classification", "class_count"):
+        if key in raw:
+            raise _fail(f"Output can't set both '{_REGION}' and 'classification'")
+    if raw.get("binary_data") is True:
+        raise _fail(f"Output can't set both '{_REGION}' and 'binary_data'")
+    return OutputParameters(binary=False, region=region)
 
 
 def execute_priority(

@@ -4,8 +4,9 @@ siblings, ``simple_http_string_infer_client``, ``grpc_client``, the gRPC async c
 ``grpc_explicit_{int,int8,byte}_content_client`` family, ``simple_*_model_control``) with
 the models they expect, built as ONNX: ``simple`` (INT32 [16]: sum and difference),
 ``simple_int8`` (the same in INT8), ``simple_string`` (the same on numbers written as
-strings) and ``simple_identity`` (BYTES in, BYTES out). Shared memory, sequences and
-streaming are refused with an error that names them, and the daemon serves on."""
+strings) and ``simple_identity`` (BYTES in, BYTES out). Sequences and streaming are refused
+with an error that names them, and the daemon serves on. (Shared memory:
+``test_shared_memory_flows.py``.)"""
 
 from __future__ import annotations
 
@@ -285,33 +286,12 @@ def test_model_control_over_http_and_grpc(daemon: Daemon) -> None:
         _check(http.infer("simple", _http_inputs(a, b)), a, b)
 
 
-# -- refused: shared memory, sequences, streaming -------------------------------------------
+# -- refused: sequences, streaming ------------------------------------------------------------
 
 
-def test_shared_memory_is_refused_over_http_and_the_daemon_serves_on(daemon: Daemon) -> None:
+def test_sequences_are_refused_over_http_and_the_daemon_serves_on(daemon: Daemon) -> None:
     with httpclient.InferenceServerClient(f"127.0.0.1:{daemon.port}") as client:
-        calls = {
-            "system": [
-                lambda: client.get_system_shared_memory_status(),
-                lambda: client.register_system_shared_memory("in", "/in_shm", 128),
-                lambda: client.unregister_system_shared_memory("in"),
-            ],
-            "CUDA": [
-                lambda: client.get_cuda_shared_memory_status(),
-                lambda: client.register_cuda_shared_memory("in", "AAAA", 0, 128),
-                lambda: client.unregister_cuda_shared_memory(),
-            ],
-        }
-        for kind, refused in calls.items():
-            for call in refused:
-                err = _refused(call)
-                assert err.status() == "400"
-                assert f"the {kind} shared memory extension is not supported" in err.message()
         a, b = _pair()
-        inputs = _http_inputs(a, b)
-        inputs[0].set_shared_memory("in", 64)
-        err = _refused(lambda: client.infer("simple", inputs))
-        assert err.status() == "400" and "shared memory extension" in err.message()
         seq = _refused(
             lambda: client.infer("simple", _http_inputs(a, b), sequence_id=7, sequence_start=True)
         )
@@ -319,30 +299,9 @@ def test_shared_memory_is_refused_over_http_and_the_daemon_serves_on(daemon: Dae
         _check(client.infer("simple", _http_inputs(a, b)), a, b)
 
 
-def test_shared_memory_sequences_and_streams_are_refused_over_grpc(daemon: Daemon) -> None:
+def test_sequences_and_streams_are_refused_over_grpc(daemon: Daemon) -> None:
     with grpcclient.InferenceServerClient(f"127.0.0.1:{daemon.grpc_port}") as client:
-        for kind, calls in {
-            "system": [
-                lambda: client.get_system_shared_memory_status(),
-                lambda: client.register_system_shared_memory("in", "/in_shm", 128),
-                lambda: client.unregister_system_shared_memory(),
-            ],
-            "CUDA": [
-                lambda: client.get_cuda_shared_memory_status(),
-                lambda: client.register_cuda_shared_memory("in", b"\0" * 64, 0, 128),
-                lambda: client.unregister_cuda_shared_memory("in"),
-            ],
-        }.items():
-            for call in calls:
-                err = _refused(call)
-                assert err.status() == "StatusCode.UNIMPLEMENTED"
-                assert f"the {kind} shared memory extension is not supported" in err.message()
         a, b = _pair()
-        inputs = _grpc_inputs(a, b)
-        inputs[1].set_shared_memory("in", 64)
-        err = _refused(lambda: client.infer("simple", inputs))
-        assert err.status() == "StatusCode.INVALID_ARGUMENT"
-        assert "shared memory extension" in err.message()
         seq = _refused(lambda: client.infer("simple", _grpc_inputs(a, b), sequence_id=3))
         assert seq.status() == "StatusCode.INVALID_ARGUMENT"
         assert "sequence parameters" in seq.message()

@@ -121,7 +121,8 @@ def test_every_typed_contents_field_decodes_exactly(
         (lambda r: r.parameters["bogus"].MergeFrom(pb.InferParameter(bool_param=True)),
          "['bogus'] are not supported"),
         (lambda r: r.inputs[0].parameters["shared_memory_region"].MergeFrom(
-            pb.InferParameter(string_param="r")), "shared memory extension is not supported"),
+            pb.InferParameter(string_param="r")),
+         "'shared_memory_byte_size' must be specified along with 'shared_memory_region'"),
         (lambda r: r.parameters["timeout"].MergeFrom(pb.InferParameter()), "has no value"),
         (lambda r: r.parameters["triton_bogus"].MergeFrom(pb.InferParameter(bool_param=True)),
          "parameter keys starting with 'triton_' are reserved for Triton usage. Only the "

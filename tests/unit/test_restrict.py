@@ -68,9 +68,10 @@ def test_the_value_must_match_exactly() -> None:
 
 
 def _url(canonical: str) -> str:
-    return (
-        canonical.replace("{name}", "fake").replace("{version}", "1").replace("{tail}", "/status")
-    )
+    fill = {"{name}": "fake", "{version}": "1", "{region}": "r", "{action}": "status"}
+    for field, value in fill.items():
+        canonical = canonical.replace(field, value)
+    return canonical
 
 
 async def test_every_http_route_is_refused_without_the_key_when_its_group_is(

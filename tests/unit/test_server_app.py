@@ -442,7 +442,8 @@ UNSUPPORTED = [
     ({"parameters": {"timeout": -5}}, "timeout must be a non-negative integer of microseconds"),
     ({"parameters": {"priority": "high"}}, "priority must be an integer level"),
     ({"outputs": [{"name": "logits", "parameters": {"shared_memory_region": "r"}}]},
-     "shared memory extension is not supported"),
+     "'shared_memory_byte_size' must be specified along with 'shared_memory_region' parameter "
+     "for tensor 'logits'"),
     ({"outputs": [{"name": "logits", "parameters": {"top_k": 2}}]}, "['top_k'] are not supported"),
     ({"outputs": [{"name": "logits", "parameters": {"classification": -1}}]},
      "classification must be a non-negative integer"),
@@ -463,12 +464,19 @@ async def test_what_is_not_supported_is_a_400_that_says_so(
 
 async def test_an_unsupported_input_parameter_is_a_400(tmp_path: Path) -> None:
     doc = _infer_doc()
-    doc["inputs"][0]["parameters"] = {"shared_memory_byte_size": 32}
+    doc["inputs"][0]["parameters"] = {"shared_memory_byte_size": 32, "my_param": 1}
     async with serving(tmp_path) as (client, _, _):
         resp = await client.post("/v2/models/fake/infer", json=doc)
         assert resp.status == 400
         assert "input 'pixels'" in (error := (await resp.json())["error"])
-        assert "shared memory extension is not supported" in error
+        assert "parameter(s) ['my_param'] are not supported" in error
+        doc["inputs"][0]["parameters"] = {"shared_memory_byte_size": 32}  # Triton's text:
+        resp = await client.post("/v2/models/fake/infer", json=doc)
+        assert resp.status == 400
+        assert (await resp.json())["error"] == (
+            "'shared_memory_byte_size' can not be specified without 'shared_memory_region' "
+            "parameter for tensor 'pixels'"
+        )
 
 
 async def test_classification_returns_the_top_classes_as_bytes(tmp_path: Path) -> None:

@@ -20,10 +20,10 @@ from model_runtime.server.codec import (
     ProtocolError,
     RequestedOutput,
     TensorSpec,
-    encode_infer_response,
     parse_infer_request,
 )
 from model_runtime.server.datatypes import DATATYPES, datatype_of
+from model_runtime.server.encode import encode_infer_response
 from model_runtime.server.parameters import execute_priority, load_request_parameters
 
 pytestmark = pytest.mark.timeout(60)

@@ -141,3 +141,14 @@ def test_model_control_from_the_config_file(tmp_path: Path) -> None:
     opts = options_from_args(build_parser().parse_args(["--config", str(cfg)]))
     assert (opts.model_control_mode, opts.repository_poll_secs) == ("poll", 2.5)
     assert opts.strict_readiness is False
+
+
+def test_client_shared_memory_is_on_unless_turned_off(tmp_path: Path) -> None:
+    assert options_from_args(build_parser().parse_args([])).allow_client_shm
+    off = build_parser().parse_args(["--no-allow-client-shm"])
+    assert not options_from_args(off).allow_client_shm
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[server]\nallow_client_shm = false\n")
+    assert not options_from_args(build_parser().parse_args(["--config", str(cfg)])).allow_client_shm
+    on = build_parser().parse_args(["--config", str(cfg), "--allow-client-shm"])
+    assert options_from_args(on).allow_client_shm

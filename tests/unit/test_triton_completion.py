@@ -22,8 +22,8 @@ from model_runtime.server.codec import (
     InferRequest,
     RequestedOutput,
     TensorSpec,
-    encode_infer_response,
 )
+from model_runtime.server.encode import encode_infer_response
 from model_runtime.server.triton import layout
 from model_runtime.server.triton.boundary import BoundaryRunner
 from model_runtime.server.triton.config import (

@@ -16,6 +16,10 @@ for BOOL, ``int_contents`` for INT8/16/32 (range-checked), ``int64_contents``,
 ``raw_output_contents`` (what ``tritonclient.grpc`` reads first): little-endian elements, or for
 BYTES (a string output, or a classification) each element as a 4-byte little-endian length
 and its bytes. BYTES inputs arrive in ``bytes_contents`` or raw in that same form.
+
+An input or output may name a system shared memory region instead (:mod:`..shm_io`, as over
+HTTP): such an input has no ``raw_input_contents`` entry (the entries belong, in order, to the
+inputs not in shared memory), such an output an empty one.
 """
 
 from __future__ import annotations
@@ -41,7 +45,16 @@ from model_runtime.server.datatypes import BYTES, DATATYPES
 from model_runtime.server.parameters import (
     check_input_parameters,
     output_parameters,
+    region_parameters,
     request_parameters,
+)
+from model_runtime.server.shm import Lease, SharedMemoryRegistry
+from model_runtime.server.shm_io import (
+    data_beside_region,
+    lease_output,
+    read_input,
+    release,
+    write_output,
 )
 from model_runtime.server.triton import grpc_service_pb2 as pb
 
@@ -144,7 +157,12 @@ def _from_contents(name: str, datatype: str, contents: Any, count: int) -> np.nd
 
 
 def _requested_outputs(
-    raw: Sequence[Any], outputs: Sequence[TensorSpec], model: str, request_id: str
+    raw: Sequence[Any],
+    outputs: Sequence[TensorSpec],
+    model: str,
+    request_id: str,
+    regions: SharedMemoryRegistry | None,
+    leases: list[Lease],
 ) -> tuple[RequestedOutput, ...]:
     if not raw:
         return tuple(RequestedOutput(s.name, True) for s in outputs)
@@ -158,7 +176,11 @@ def _requested_outputs(
             raise answers.duplicate_output(name, request_id)
         where = f"output {name!r}"
         params = output_parameters(name, parameter_values(where, item.parameters), True, model)
-        chosen.append(RequestedOutput(name, True, params.class_count))
+        if params.region is not None:
+            lease = lease_output(regions, leases, name, params.region)
+            chosen.append(RequestedOutput(name, False, region=lease))
+        else:
+            chosen.append(RequestedOutput(name, True, params.class_count))
     return tuple(chosen)
 
 
@@ -168,35 +190,60 @@ def parse_model_infer_request(
     outputs: Sequence[TensorSpec],
     *,
     model: str = "",
+    regions: SharedMemoryRegistry | None = None,
 ) -> InferRequest:
     """Decode and check a ``ModelInferRequest`` for a model with ``inputs`` and ``outputs``.
 
     Shapes are checked only against the data given; whether they fit the model (batch axis,
     per-sample shape) is the runner's check. Raw inputs are read-only views of the message's
-    bytes: keep the message alive while they are in use.
+    bytes: keep the message alive while they are in use. Tensors that name a shared memory
+    region are read from (or leased for) ``regions`` as over HTTP (:mod:`..shm_io`);
+    :meth:`~model_runtime.server.codec.InferRequest.release` the request once answered.
 
     Raises:
         ProtocolError: unknown, missing or duplicate inputs; wrong or unknown datatypes; a
             shape out of range; raw contents and typed contents mixed, missing, or of a size
             that does not match the shape; typed values outside the datatype's range; unknown
             or twice-requested outputs; a parameter that is unknown or not supported.
+        SharedMemoryError: a region that is not registered, or offset and size outside it.
     """
+    leases: list[Lease] = []
+    try:
+        return _parse(request, inputs, outputs, model, regions, leases)
+    except BaseException:
+        release(leases)
+        raise
+
+
+def _parse(
+    request: Any,
+    inputs: Sequence[TensorSpec],
+    outputs: Sequence[TensorSpec],
+    model: str,
+    regions: SharedMemoryRegistry | None,
+    leases: list[Lease],
+) -> InferRequest:
     params = request_parameters(parameter_values("request", request.parameters), model, grpc=True)
     if not request.inputs:
         raise _fail("the request has no inputs")
+    refs = []
+    for item in request.inputs:
+        values = parameter_values(f"input {item.name!r}", item.parameters)
+        check_input_parameters(item.name, values, model)
+        refs.append(region_parameters(item.name, values))
     raw_contents = request.raw_input_contents
-    if raw_contents and len(raw_contents) != len(request.inputs):
-        for item in request.inputs:  # a shared memory input has no contents: name that first
-            check_input_parameters(
-                item.name, parameter_values(f"input {item.name!r}", item.parameters), model
-            )
+    # Raw contents are the data of the inputs that are not in shared memory, in their order.
+    wanted = sum(ref is None for ref in refs)
+    if raw_contents and len(raw_contents) != wanted:
+        which = "inputs" if wanted == len(refs) else "inputs not in shared memory"
         raise _fail(
-            f"raw_input_contents has {len(raw_contents)} entries for {len(request.inputs)} "
-            "inputs: give one per input, in the order of the inputs"
+            f"raw_input_contents has {len(raw_contents)} entries for {wanted} {which}: give one "
+            "per input, in the order of the inputs"
         )
     specs = {s.name: s for s in inputs}
     arrays: dict[str, np.ndarray] = {}
-    for index, item in enumerate(request.inputs):
+    index = 0
+    for item, ref in zip(request.inputs, refs, strict=True):
         name = item.name
         spec = specs.get(name)
         if spec is None:
@@ -206,15 +253,18 @@ def parse_model_infer_request(
         datatype = check_datatype(name, item.datatype, spec, model)
         shape = check_shape(name, list(item.shape))
         count = element_count(name, shape, datatype)
-        where = f"input {name!r}"
-        check_input_parameters(name, parameter_values(where, item.parameters), model)
         typed = item.HasField("contents") and any(
             len(getattr(item.contents, f)) for f in _ALL_FIELDS
         )
-        if raw_contents:
+        if ref is not None:
+            if typed:
+                raise data_beside_region(name, model, "'content'")
+            flat = read_input(regions, leases, name, datatype, ref, count, model)
+        elif raw_contents:
             if item.HasField("contents"):  # even empty, as Triton checks it
                 raise answers.raw_with_contents(name, model)
             flat = _from_raw(name, datatype, raw_contents[index], count, model, request.id)
+            index += 1
         elif typed or count == 0:
             flat = _from_contents(name, datatype, item.contents, count)
         else:
@@ -226,10 +276,11 @@ def parse_model_infer_request(
     return InferRequest(
         id=request.id or None,
         inputs=arrays,
-        outputs=_requested_outputs(request.outputs, outputs, model, request.id),
+        outputs=_requested_outputs(request.outputs, outputs, model, request.id, regions, leases),
         parameters={},
         timeout=params.timeout,
         priority=params.priority,
+        leases=leases,
     )
 
 
@@ -243,10 +294,12 @@ def encode_model_infer_response(
     specs: Sequence[TensorSpec] = (),
 ) -> Any:
     """The ``ModelInferResponse`` of the requested outputs, their data in
-    ``raw_output_contents``.
+    ``raw_output_contents``; an output asked for in a shared memory region is written there
+    instead, and its raw contents are empty (as Triton answers).
 
     Raises:
         KeyError: a requested output is missing from ``results``.
+        SharedMemoryOutputSizeError: an output is larger than its part of its region.
     """
     response = pb.ModelInferResponse(model_name=model_name, model_version=model_version)
     if request.id is not None:
@@ -256,7 +309,10 @@ def encode_model_infer_response(
     for out in request.outputs:
         arr = results[out.name]
         datatype = datatypes[out.name]
-        if out.class_count:
+        if out.region is not None:
+            write_output(out.region, out.name, arr, datatype)
+            raw.append(b"")
+        elif out.class_count:
             batched = batch_axis.get(out.name, arr.ndim >= 2)
             names = next((s.labels for s in specs if s.name == out.name), None)
             arr = classify(arr, out.class_count, batched=batched, labels=names)

@@ -26,9 +26,9 @@ import base64
 import functools
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import asdict
 from typing import Any, TypeVar
 
-import anyio
 import grpc
 import orjson
 import structlog
@@ -45,6 +45,7 @@ from model_runtime.server.grpc.codec import (
     parse_model_infer_request,
 )
 from model_runtime.server.repository import ModelEntry, ModelState
+from model_runtime.server.shm_io import decode_in_thread
 from model_runtime.server.stats import model_statistics
 from model_runtime.server.triton import grpc_service_pb2 as pb, grpc_service_pb2_grpc as pb_grpc
 
@@ -125,7 +126,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         return pb.ServerMetadataResponse(
             name=opts.server_name,
             version=opts.server_version,
-            extensions=["binary_tensor_data", "model_repository", "statistics"],
+            extensions=self.server.extensions(),
         )
 
     @_answers
@@ -197,17 +198,67 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         self, request: Any, context: Any, entry: ModelEntry, runner: Any
     ) -> tuple[Any, int]:
         def parse() -> InferRequest:
-            return parse_model_infer_request(request, entry.inputs, entry.outputs, model=entry.name)
+            return parse_model_infer_request(
+                request, entry.inputs, entry.outputs, model=entry.name, regions=regions
+            )
 
+        regions = self.server.shared_memory
         size = sum(len(raw) for raw in request.raw_input_contents)
-        parsed = await anyio.to_thread.run_sync(parse) if size > _THREAD_PARSE_BYTES else parse()
-        # The caller's gRPC deadline bounds the request as its `timeout` parameter does.
-        results = await self.server.execute(entry, runner, parsed, context.time_remaining())
-        response = encode_model_infer_response(
-            entry.name, entry.version, parsed, results, entry.datatypes, specs=entry.outputs
-        )
+        parsed = await decode_in_thread(parse) if size > _THREAD_PARSE_BYTES else parse()
+        try:
+            # The caller's gRPC deadline bounds the request as its `timeout` parameter does.
+            results = await self.server.execute(entry, runner, parsed, context.time_remaining())
+            response = encode_model_infer_response(
+                entry.name, entry.version, parsed, results, entry.datatypes, specs=entry.outputs
+            )
+        finally:
+            parsed.release()  # its shared memory regions, if any
         first = next(iter(parsed.inputs.values()))
         return response, int(first.shape[0]) if first.ndim else 1
+
+    # -- shared memory: Triton's system extension; CUDA as Triton without GPUs answers -----------
+
+    @_answers
+    async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        """Every registered region (empty name), or one."""
+        response = pb.SystemSharedMemoryStatusResponse()
+        for region in self.server.shared_memory.status(request.name):
+            response.regions[region.name].MergeFrom(
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(**asdict(region))
+            )
+        return response
+
+    @_answers
+    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        """Register part of a shared memory object as a region."""
+        self.server.shared_memory.register(
+            request.name, request.key, request.offset, request.byte_size
+        )
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @_answers
+    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        """Unregister a region (every region for an empty name)."""
+        self.server.shared_memory.unregister(request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    @_answers
+    async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        """No CUDA region is ever registered."""
+        self.server.shared_memory.cuda_status(request.name)
+        return pb.CudaSharedMemoryStatusResponse()
+
+    @_answers
+    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        """Refused: this server has no GPUs."""
+        self.server.shared_memory.cuda_register(request.name)
+        return pb.CudaSharedMemoryRegisterResponse()  # pragma: no cover - always refused
+
+    @_answers
+    async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        """Nothing to unregister."""
+        self.server.shared_memory.cuda_unregister(request.name)
+        return pb.CudaSharedMemoryUnregisterResponse()
 
     # -- statistics and the repository -----------------------------------------------------------
 
@@ -274,18 +325,8 @@ def _check_repository_name(name: str) -> None:
 
 
 _SERVICE = "/inference.GRPCInferenceService/"
-_SYSTEM_SHM = (
-    "the system shared memory extension is not supported by this server: send the tensors "
-    "in the request (raw_input_contents or contents)"
-)
-_CUDA_SHM = (
-    "the CUDA shared memory extension is not supported by this server: send the tensors in "
-    "the request (raw_input_contents or contents)"
-)
 #: Methods of Triton's service that this server does not serve -> why (UNIMPLEMENTED).
 UNSUPPORTED_METHODS: dict[str, str] = {
-    **{f"SystemSharedMemory{m}": _SYSTEM_SHM for m in ("Status", "Register", "Unregister")},
-    **{f"CudaSharedMemory{m}": _CUDA_SHM for m in ("Status", "Register", "Unregister")},
     "ModelStreamInfer": (
         "streaming inference (ModelStreamInfer: sequences, decoupled models) is not supported "
         "by this server: use ModelInfer"
