@@ -175,7 +175,7 @@ async def serve(opts: DaemonOptions) -> int:
             request_timeout=opts.request_timeout,
             access_log=opts.access_log,
             admission_delay=opts.admission_delay or None,
-            allow_client_shm=opts.allow_client_shm,
+            allow_client_shm=bool(opts.allow_client_shm),  # None was resolved by the options
         ),
         restrictions=http_restrictions,
     )

@@ -87,8 +87,10 @@ class DaemonOptions:
     repository_poll_secs: float = 15.0
     strict_readiness: bool = True
     reload_device_wait: float = 10.0
-    #: Triton's ``--allow-client-shm``: clients may register system shared memory regions.
-    allow_client_shm: bool = True
+    #: Triton's ``--allow-client-shm``: clients may register system shared memory regions
+    #: (None: on where ``host`` is loopback, the only place a client can share memory with the
+    #: daemon; off elsewhere).
+    allow_client_shm: bool | None = None
     #: ``--ray``: serve on the Ray cluster at this address (``auto``; ``local`` starts one)
     #: instead of as a daemon; None: the daemon. See :mod:`model_runtime.ray`.
     ray_address: str | None = None
@@ -164,8 +166,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
       help="seconds a reload waits for free devices to load the new version beside the "
       "serving one (default 10)")  # fmt: skip
     a("--allow-client-shm", action=argparse.BooleanOptionalAction, default=None,
-      help="clients may register system shared memory regions (Triton's extension; default "
-      "on; the daemon maps the POSIX shared memory objects they name)")  # fmt: skip
+      help="clients may register system shared memory regions (Triton's extension; default: "
+      "on with a loopback --host, off otherwise; the daemon maps the POSIX shared memory "
+      "objects they name)")  # fmt: skip
     a("--http-restricted-api", action="append", metavar="APIS:KEY=VALUE",
       help="Triton's: restrict API groups (comma-separated: " + ", ".join(GROUPS) + ") to "
       "HTTP requests with header KEY: VALUE (repeatable)")  # fmt: skip
@@ -221,11 +224,14 @@ def _access(opts: DaemonOptions, args: argparse.Namespace) -> None:
         files = tls_files(opts, proto)
         if files is not None:
             security.ssl_context(files)
+    if opts.allow_client_shm is None:
+        opts.allow_client_shm = security.is_loopback(opts.host)
     security.check_exposure(
         opts.host,
         opts.model_control_mode,
         http,
         grpc,
+        client_shm=opts.allow_client_shm,
         allow_unrestricted=opts.allow_unrestricted_control,
     )
 

@@ -10,9 +10,12 @@ checked against, and refuses a client without one.
 
 **Exposure.** Off loopback (``--host`` other than 127.0.0.0/8, ::1 or ``localhost``), a model
 control mode other than ``none`` lets whoever reaches the port load and unload models, which
-Triton's documentation warns can lead to code execution: the daemon refuses to start unless
-the ``model-repository`` group is restricted on both protocols, and says which flags to add, or
-the operator says ``--allow-unrestricted-control``.
+Triton's documentation warns can lead to code execution, and client shared memory lets them
+have the daemon map any shared memory object it can open: the daemon refuses to start unless
+the ``model-repository`` (``shared-memory``) group is restricted on both protocols, and says
+which flags to add, or the operator says ``--allow-unrestricted-control``. Client shared memory
+is off by default off loopback (where no client can share memory with the daemon anyway), so
+the container's defaults start.
 """
 
 from __future__ import annotations
@@ -84,12 +87,13 @@ def ssl_context(files: TLSFiles) -> ssl.SSLContext:
         ConfigurationError: a file is missing or unreadable, not PEM, or the key is not the
             certificate's.
     """
+    for path in (files.cert, files.key, files.root):
+        if path is not None and not path.is_file():
+            raise ConfigurationError(f"TLS: no such file {str(path)!r}")
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
         context.load_cert_chain(files.cert, files.key)
-    except FileNotFoundError as exc:
-        raise ConfigurationError(f"TLS: no such file {exc.filename!r}") from exc
     except (OSError, ssl.SSLError) as exc:
         raise ConfigurationError(
             f"TLS: certificate {str(files.cert)!r} and key {str(files.key)!r} do not load "
@@ -98,8 +102,6 @@ def ssl_context(files: TLSFiles) -> ssl.SSLContext:
     if files.root is not None:
         try:
             context.load_verify_locations(cafile=files.root)
-        except FileNotFoundError as exc:
-            raise ConfigurationError(f"TLS: no such file {exc.filename!r}") from exc
         except (OSError, ssl.SSLError) as exc:
             raise ConfigurationError(
                 f"TLS: root certificate {str(files.root)!r} does not load: {exc}"
@@ -139,26 +141,35 @@ def check_exposure(
     http: Restrictions,
     grpc_: Restrictions,
     *,
+    client_shm: bool = False,
     allow_unrestricted: bool = False,
 ) -> None:
-    """Refuse to start a daemon that lets anyone reaching ``host`` manage its models.
+    """Refuse to start a daemon that lets anyone reaching ``host`` manage its models, or map
+    shared memory objects of the daemon's machine (``client_shm``).
 
     Raises:
-        ConfigurationError: ``host`` is not loopback, ``control_mode`` is not ``none``, the
-            ``model-repository`` group is open on a protocol, and ``allow_unrestricted`` is
-            not set; the message names the flags that would fix it.
+        ConfigurationError: ``host`` is not loopback, ``allow_unrestricted`` is not set, and
+            ``control_mode`` is not ``none`` while the ``model-repository`` group is open on a
+            protocol, or ``client_shm`` is on while the ``shared-memory`` group is; the message
+            names the flags that would fix it.
     """
-    if allow_unrestricted or control_mode == "none" or is_loopback(host):
+    if allow_unrestricted or is_loopback(host):
         return
-    missing = []
-    if http.get("model-repository") is None:
-        missing.append("--http-restricted-api=model-repository:<header>=<secret>")
-    if grpc_.get("model-repository") is None:
-        missing.append("--grpc-restricted-protocol=model-repository:<header>=<secret>")
-    if missing:
-        raise ConfigurationError(
-            f"--host {host} is not a loopback address and --model-control-mode {control_mode} "
-            "lets any client load and unload models: add "
-            + " and ".join(missing)
-            + " (or --allow-unrestricted-control to accept that)"
-        )
+    wanted = []
+    if control_mode != "none":
+        wanted.append(("model-repository", f"--model-control-mode {control_mode}", "load and "
+                       "unload models"))  # fmt: skip
+    if client_shm:
+        wanted.append(("shared-memory", "--allow-client-shm", "map this machine's shared memory"))
+    for group, flag, what in wanted:
+        missing = []
+        if http.get(group) is None:
+            missing.append(f"--http-restricted-api={group}:<header>=<secret>")
+        if grpc_.get(group) is None:
+            missing.append(f"--grpc-restricted-protocol={group}:<header>=<secret>")
+        if missing:
+            raise ConfigurationError(
+                f"--host {host} is not a loopback address and {flag} lets any client {what}: "
+                "add " + " and ".join(missing) + " (or --allow-unrestricted-control to accept "
+                "that)"
+            )

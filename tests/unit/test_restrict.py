@@ -185,3 +185,16 @@ def test_an_exposed_daemon_with_an_open_repository_api_does_not_start() -> None:
     check_exposure("0.0.0.0", "none", open_, open_)  # the container's default: starts
     check_exposure("127.0.0.1", "explicit", open_, open_)  # loopback: starts
     check_exposure("0.0.0.0", "explicit", open_, open_, allow_unrestricted=True)
+
+
+def test_client_shared_memory_off_loopback_needs_its_group_restricted() -> None:
+    open_ = Restrictions()
+    shm = Restrictions.parse(["shared-memory:k=v"], kind="api")
+    shm_grpc = Restrictions.parse(["shared-memory:k=v"], kind="protocol", prefix="p-")
+    with pytest.raises(ConfigurationError) as info:
+        check_exposure("0.0.0.0", "none", open_, shm_grpc, client_shm=True)
+    assert "--allow-client-shm lets any client map this machine's shared memory" in str(info.value)
+    assert "--http-restricted-api=shared-memory:<header>=<secret>" in str(info.value)
+    check_exposure("0.0.0.0", "none", shm, shm_grpc, client_shm=True)
+    check_exposure("127.0.0.1", "none", open_, open_, client_shm=True)
+    check_exposure("0.0.0.0", "none", open_, open_, client_shm=False)
