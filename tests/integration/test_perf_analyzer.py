@@ -1,5 +1,6 @@
 """NVIDIA's perf_analyzer, the first tool a Triton user points at a new server, completes against
-the daemon over HTTP and gRPC at concurrency 1, 16 and 64, with no error (issue 30).
+the daemon over HTTP and gRPC at concurrency 1, 16 and 64, with tensors in the requests and in
+system shared memory, with no error (issue 30).
 
 It checks what the server says as it measures: the model's config and metadata, and the
 statistics extension before and after each window, whose compute counts must agree
@@ -41,9 +42,12 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         stop_daemon(d)
 
 
+@pytest.mark.parametrize("shm", ["none", "system"])
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 @pytest.mark.parametrize("concurrency", [1, 16, 64])
-def test_perf_analyzer_completes(daemon: Daemon, protocol: str, concurrency: int) -> None:
+def test_perf_analyzer_completes(daemon: Daemon, protocol: str, concurrency: int, shm: str) -> None:
+    """``--shared-memory system``: its inputs and outputs in POSIX shared memory regions it
+    registers with the daemon (and unregisters after)."""
     port = daemon.port if protocol == "http" else daemon.grpc_port
     result = perf_analyzer.run(
         MODEL,
@@ -51,7 +55,7 @@ def test_perf_analyzer_completes(daemon: Daemon, protocol: str, concurrency: int
         protocol=protocol,
         concurrency=concurrency,
         measurement_ms=500,
-        extra=_WINDOW,
+        extra=(*_WINDOW, "--shared-memory", shm),
     )
     assert result.returncode == 0
     assert result.throughput > 0, result.stdout
