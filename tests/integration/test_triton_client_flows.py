@@ -249,6 +249,17 @@ def test_grpc_explicit_int_int8_and_byte_contents(daemon: Daemon) -> None:
             total, diff = (np.frombuffer(raw, dtype) for raw in response.raw_output_contents)
             np.testing.assert_array_equal(total, np.add(a, b))
             np.testing.assert_array_equal(diff, np.subtract(a, b))
+            # As NVIDIA's grpc_explicit_int(8)_content_client.py ends: raw contents for half
+            # of INPUT0 beside its typed contents is refused in Triton's words.
+            request.raw_input_contents.extend([np.array(a[:8], dtype).tobytes()])
+            request.inputs[0].contents.int_contents[:] = a[8:]
+            with pytest.raises(grpc.RpcError) as info:
+                stub.ModelInfer(request, timeout=10)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert (
+                "contents field must not be specified when using raw_input_contents for "
+                f"'INPUT0' for model '{model}'"
+            ) in str(info.value.details())
 
         request = _typed_request(
             "simple_string",

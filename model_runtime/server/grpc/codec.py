@@ -232,6 +232,10 @@ def _parse(
         check_input_parameters(item.name, values, model)
         refs.append(region_parameters(item.name, values))
     raw_contents = request.raw_input_contents
+    if raw_contents:  # Triton's first check of each input, before the count (even empty)
+        for item, ref in zip(request.inputs, refs, strict=True):
+            if ref is None and item.HasField("contents"):
+                raise answers.raw_with_contents(item.name, model)
     # Raw contents are the data of the inputs that are not in shared memory, in their order.
     wanted = sum(ref is None for ref in refs)
     if raw_contents and len(raw_contents) != wanted:
