@@ -19,6 +19,7 @@ function that makes it says so, and tests compare the whole text.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Sequence
 
 from model_runtime.errors import (
@@ -184,6 +185,31 @@ def _request(request_id: str | None) -> str:
 
 def _shape(shape: Sequence[int]) -> str:
     return "[" + ",".join(str(d) for d in shape) + "]"  # Triton's DimsListToString
+
+
+_VERSION = re.compile(r"\s*([+-]?\d+)")
+
+
+def model_version(text: str) -> str:
+    """A requested model version as Triton reads it (``std::stol``: leading blanks, a sign,
+    digits, anything after ignored), as the repository names versions.
+
+    Raises:
+        ProtocolError: no number (``failed to get model version from specified version string
+            'X' ...``) or a negative one, in Triton's words.
+    """
+    found = _VERSION.match(text)
+    if found is None:
+        raise ProtocolError(
+            f"failed to get model version from specified version string '{text}' (details: "
+            "stol), version should be an integral value > 0"
+        )
+    version = int(found.group(1))
+    if version < 0:
+        raise ProtocolError(
+            f"invalid model version specified '{text}' , version should be an integral value > 0"
+        )
+    return str(version)
 
 
 def polling_enabled() -> HTTPError:

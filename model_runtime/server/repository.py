@@ -378,13 +378,14 @@ class ModelRepository:
         Raises:
             UnknownModelError: no such model, or that version of it is not served (Triton's
                 wording, as a client is answered).
+            ProtocolError: ``version`` is not a version number (Triton's words).
         """
         entry = self._models.get(name)
         if entry is None:
             raise UnknownModelError(name)
         if not version:
             return entry
-        found = entry.version_entry(version)
+        found = entry.version_entry(answers.model_version(version))
         if found is None:
             raise UnknownModelError(name, version)
         return found

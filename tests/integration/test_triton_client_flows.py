@@ -260,6 +260,15 @@ def test_grpc_explicit_int_int8_and_byte_contents(daemon: Daemon) -> None:
                 "contents field must not be specified when using raw_input_contents for "
                 f"'INPUT0' for model '{model}'"
             ) in str(info.value.details())
+            # ... and the int8 one with a version that is no number, in Triton's words.
+            request.model_version = "wrong_specification"
+            with pytest.raises(grpc.RpcError) as info:
+                stub.ModelInfer(request, timeout=10)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert info.value.details() == (
+                "failed to get model version from specified version string "
+                "'wrong_specification' (details: stol), version should be an integral value > 0"
+            )
 
         request = _typed_request(
             "simple_string",
