@@ -215,6 +215,21 @@ def _access(opts: DaemonOptions, args: argparse.Namespace) -> None:
             for name in ("use_ssl", "use_ssl_mutual", "server_cert", "server_key", "root_cert")
         }
         setattr(opts, f"{proto}_tls", {k: v for k, v in tls.items() if v is not None})
+    if opts.ray_address is not None:
+        given = [
+            flag
+            for flag, on in (
+                ("--http-restricted-api", opts.http_restricted_api),
+                ("--grpc-restricted-protocol", opts.grpc_restricted_protocol),
+                ("--grpc-use-ssl", opts.grpc_tls.get("use_ssl")),
+                ("--http-use-ssl", opts.http_tls.get("use_ssl")),
+            )
+            if on
+        ]
+        if given:  # Ray Serve's proxy is the listener there: these would hold nowhere
+            raise ConfigurationError(
+                f"{', '.join(given)}: not with --ray (Ray Serve's proxy listens; secure it there)"
+            )
     # Checked now: a bad rule, a missing certificate or one without its key stops the start.
     http = Restrictions.parse(opts.http_restricted_api, kind="api")
     grpc = Restrictions.parse(

@@ -198,3 +198,12 @@ def test_client_shared_memory_off_loopback_needs_its_group_restricted() -> None:
     check_exposure("0.0.0.0", "none", shm, shm_grpc, client_shm=True)
     check_exposure("127.0.0.1", "none", open_, open_, client_shm=True)
     check_exposure("0.0.0.0", "none", open_, open_, client_shm=False)
+
+
+def test_restrictions_and_tls_are_refused_with_ray_where_they_would_hold_nowhere() -> None:
+    from model_runtime.server.daemon import build_parser
+    from model_runtime.server.options import options_from_args
+
+    args = build_parser().parse_args(["--ray", "--http-restricted-api", "inference:k=v"])
+    with pytest.raises(ConfigurationError, match="--http-restricted-api: not with --ray"):
+        options_from_args(args)
