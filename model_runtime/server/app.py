@@ -36,26 +36,25 @@ import structlog
 from aiohttp import web
 
 from model_runtime.errors import (
-    DeviceUnavailableError,
     ModelRuntimeError,
-    ProtocolError,
-    UnknownModelError,
 )
 from model_runtime.runner import ModelRunner
-from model_runtime.server import answers
+from model_runtime.server import control
 from model_runtime.server.access import RateLimitedLog, access_middleware
 from model_runtime.server.admission import DEFAULT_QUEUE_DELAY, AdmissionControl
 from model_runtime.server.answers import HTTPError, status_of
-from model_runtime.server.body import read_body
+from model_runtime.server.body import (
+    HEADER_LENGTH,
+    read_body,
+    refuse_head,
+    too_large as body_too_large,
+)
 from model_runtime.server.codec import InferRequest, parse_infer_request
 from model_runtime.server.encode import encode_infer_response
 from model_runtime.server.metrics import CONTENT_TYPE, DaemonMetrics
-from model_runtime.server.parameters import load_request_parameters
 from model_runtime.server.raw import parse_raw_request
 from model_runtime.server.repository import (
-    ModelControlError,
     ModelEntry,
-    ModelLoadError,
     ModelRepository,
     ModelState,
 )
@@ -71,8 +70,6 @@ __all__ = ["HEADER_LENGTH", "InferenceServer", "ServerOptions"]
 
 log = structlog.get_logger(__name__)
 
-#: The binary tensor data extension's header: bytes of JSON at the start of the body.
-HEADER_LENGTH = "Inference-Header-Content-Length"
 _THREAD_PARSE_BYTES = 1 << 20
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -114,8 +111,6 @@ def _json(doc: Any, status: int = 200) -> web.Response:
 
 #: Refusals that leave a body unread: the connection closes after the answer.
 _UNREAD = frozenset({"too_large", "body_timeout", "bad_encoding"})
-#: The request encodings Triton reads (any other is refused, as Triton refuses it).
-_ENCODINGS = frozenset({"identity", "gzip", "deflate"})
 
 
 def _error(
@@ -127,16 +122,6 @@ def _error(
     if close:
         resp.force_close()  # do not linger reading a body we refused
     return resp
-
-
-def _too_large(request: web.Request, size: int, limit: int) -> ProtocolError:
-    """A body of ``size`` bytes past ``limit``, in Triton's words for the kind of body."""
-    header = request.headers.get(HEADER_LENGTH)
-    if header is None:
-        return answers.json_too_large(size, limit)
-    if header.strip() == "0":
-        return answers.raw_input_too_large(size, limit)
-    return answers.request_too_large(size, limit)
 
 
 class InferenceServer:
@@ -251,7 +236,7 @@ class InferenceServer:
             return await handler(request)
         except web.HTTPRequestEntityTooLarge:  # a body read whole (a load's) past the limit
             limit = self.options.max_body_size
-            too_large = _too_large(request, request.content_length or limit + 1, limit)
+            too_large = body_too_large(request, request.content_length or limit + 1, limit)
             return _error(400, str(too_large), close=True)
         except web.HTTPException as exc:
             if exc.status < 400:
@@ -367,20 +352,11 @@ class InferenceServer:
         elif runner is None or entry.state is not ModelState.READY:
             refusal = HTTPError(503, f"model {entry.name!r} is {entry.state.value}", "not_ready")
         elif request is not None:
-            refusal = self._refuse_head(request)
+            refusal = refuse_head(request, self.options.max_body_size)
         if refusal is not None:
             self.metrics.observe(entry.name, refusal.reason, 0.0, 0, entry.version)
             raise refusal
         return runner
-
-    def _refuse_head(self, request: web.Request) -> HTTPError | None:
-        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
-        if encoding not in _ENCODINGS:
-            return answers.unsupported_encoding()
-        size, limit = request.content_length, self.options.max_body_size
-        if size is not None and size > limit:
-            return HTTPError(400, str(_too_large(request, size, limit)), "too_large")
-        return None
 
     async def infer(self, request: web.Request) -> web.Response:
         """``POST /v2/models/{name}/infer``: JSON and binary tensors in, the same out."""
@@ -416,9 +392,7 @@ class InferenceServer:
             header_length = None if raw is None else int(raw)
         except ValueError:
             raise HTTPError(400, f"{HEADER_LENGTH} must be an integer", "bad_request") from None
-        body = await read_body(
-            request, self.options.max_body_size, self.options.body_timeout, _too_large
-        )
+        body = await read_body(request, self.options.max_body_size, self.options.body_timeout)
 
         def parse() -> InferRequest:
             if header_length == 0:  # Triton's raw binary request: the body is the one input
@@ -528,52 +502,14 @@ class InferenceServer:
         config=...)``). 503 when the model control mode forbids it; a failed load (an invalid
         override included) is 400 (503 when no device was free), ``failed to load '<name>':
         ...``, and a serving version serves on."""
-        await self.load_model(request.match_info["name"], await request.read())
+        await control.load_model(self, request.match_info["name"], await request.read())
         return _json({})
-
-    async def load_model(self, name: str, body: bytes = b"") -> None:
-        """Load (or reload) ``name`` for a client, HTTP or gRPC; ``body`` is the load request's
-        JSON (its ``parameters``).
-
-        Raises:
-            HTTPError: 503 draining or no device free or the control mode forbids it, 400
-                the load failed or the model is not in the repository (Triton's ``failed to
-                load 'NAME', failed to poll from model repository``; Triton answers that one
-                500, but the fault is the caller's).
-            ProtocolError: the body is malformed or has parameters other than ``config``.
-        """
-        if self.draining:
-            raise HTTPError(503, "the server is draining", "draining")
-        # A `config` override is applied (or its load fails, a 400); file overrides are refused.
-        config = load_request_parameters(body, name)
-        try:
-            await self.repository.client_load(name, config)
-        except ModelControlError as exc:
-            raise answers.polling_enabled() from exc
-        except ModelLoadError as exc:
-            busy = isinstance(exc.cause, DeviceUnavailableError)
-            raise HTTPError(503 if busy else 400, str(exc), "load_failed") from exc
-        except UnknownModelError as exc:
-            message = f"failed to load '{name}', failed to poll from model repository"
-            raise HTTPError(400, message, "load_failed") from exc
 
     async def unload(self, request: web.Request) -> web.Response:
         """``POST /v2/repository/models/{name}/unload``: drains the model's in-flight requests
         (503 when the model control mode forbids it)."""
-        await self.unload_model(request.match_info["name"])
+        await control.unload_model(self, request.match_info["name"])
         return _json({})
-
-    async def unload_model(self, name: str) -> None:
-        """Unload ``name`` for a client, HTTP or gRPC, draining its in-flight requests.
-
-        Raises:
-            HTTPError: 503 the control mode forbids it (Triton's UNAVAILABLE).
-            UnknownModelError: no such model.
-        """
-        try:
-            await self.repository.client_unload(name)
-        except ModelControlError as exc:
-            raise answers.polling_enabled() from exc
 
 
 def _tensor(spec: Any) -> dict[str, Any]:

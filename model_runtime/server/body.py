@@ -1,33 +1,58 @@
-"""Read an HTTP request body within the front end's size and time limits, into one buffer."""
+"""Read an HTTP request body within the front end's size and time limits, into one buffer, or
+refuse it from its head (size, encoding) in Triton's words."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 from aiohttp import web
 
+from model_runtime.errors import ProtocolError
 from model_runtime.server import answers
 from model_runtime.server.answers import HTTPError
 
-__all__ = ["read_body"]
+__all__ = ["ENCODINGS", "HEADER_LENGTH", "read_body", "refuse_head", "too_large"]
 
 
-async def read_body(
-    request: web.Request,
-    limit: int,
-    timeout: float | None,
-    too_large: Callable[[web.Request, int, int], Exception],
-) -> bytearray:
+#: The binary tensor data extension's header: bytes of JSON at the start of the body (0: a
+#: raw binary request, the whole body is the one input).
+HEADER_LENGTH = "Inference-Header-Content-Length"
+#: The request encodings Triton reads (any other is refused, as Triton refuses it).
+ENCODINGS = frozenset({"identity", "gzip", "deflate"})
+
+
+def too_large(request: web.Request, size: int, limit: int) -> ProtocolError:
+    """A body of ``size`` bytes past ``limit``, in Triton's words for the kind of body (JSON,
+    JSON and binary tensors, or a raw binary request)."""
+    header = request.headers.get(HEADER_LENGTH)
+    if header is None:
+        return answers.json_too_large(size, limit)
+    if header.strip() == "0":
+        return answers.raw_input_too_large(size, limit)
+    return answers.request_too_large(size, limit)
+
+
+def refuse_head(request: web.Request, limit: int) -> HTTPError | None:
+    """The answer to a request whose head already says it will not be read (None: read it):
+    an encoding Triton does not read (501), or a ``Content-Length`` past ``limit`` (400)."""
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ENCODINGS:
+        return answers.unsupported_encoding()
+    size = request.content_length
+    if size is not None and size > limit:
+        return HTTPError(400, str(too_large(request, size, limit)), "too_large")
+    return None
+
+
+async def read_body(request: web.Request, limit: int, timeout: float | None) -> bytearray:
     """The body, read into one buffer sized from ``Content-Length`` (no second copy as
     ``request.read()`` makes), within ``limit`` bytes and ``timeout`` seconds (None: none).
     A gzip or deflate body is inflated by aiohttp as it is read: the limit holds for what it
     inflates to, and one that expands past it is refused as soon as it does.
 
     Raises:
-        HTTPError: 400 past the size limit (``too_large(request, size, limit)`` says why in
-            Triton's words; a compressed body in Triton's words for it), 408 past the time
-            limit.
+        HTTPError: 400 past the size limit (in Triton's words: :func:`too_large`, or its text
+            for a compressed body), 408 past the time limit.
     """
     length = request.content_length
     content = request.content

@@ -35,6 +35,7 @@ import structlog
 from google.protobuf import json_format
 
 from model_runtime.errors import QueueFullError, UnknownModelError
+from model_runtime.server import control
 from model_runtime.server.admission import OVERLOADED, QUEUE_FULL
 from model_runtime.server.answers import HTTPError, grpc_code_of, status_of
 from model_runtime.server.app import InferenceServer
@@ -297,7 +298,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
             if isinstance(value, bytes):  # `file:` contents: named in the refusal, not echoed
                 params[key] = base64.b64encode(value[:16]).decode()
         body = orjson.dumps({"parameters": params}) if params else b""
-        await self.server.load_model(request.model_name, body)
+        await control.load_model(self.server, request.model_name, body)
         return pb.RepositoryModelLoadResponse()
 
     @_answers
@@ -311,7 +312,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         if params:
             names = sorted(params)
             raise HTTPError(400, f"unload parameter(s) {names} are not supported", "bad_request")
-        await self.server.unload_model(request.model_name)
+        await control.unload_model(self.server, request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
 
