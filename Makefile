@@ -46,10 +46,14 @@ protos: $(STAMP)
 # benchmarks/dynamic_shapes.py is issue 29's dynamic point (text classifier, 5 seq lengths).
 BENCH_SECONDS ?= 3
 HTTP_SECONDS ?= 4
+# benchmarks/triton_peer.py (issue 31): perf_analyzer's measurement window in seconds (it takes
+# 3 stable windows or more per point); our load generator measures 3 windows' worth per point.
+TRITON_SECONDS ?= 1
 PEERS := .venv-peers
 .PHONY: peers
 
-peers: $(PEERS)/mlserver/.installed $(PEERS)/kserve/.installed
+peers: $(PEERS)/mlserver/.installed $(PEERS)/kserve/.installed $(PEERS)/triton/.installed \
+  $(PEERS)/perf_analyzer/.installed
 
 $(PEERS)/%/.installed: benchmarks/peers/%.txt | $(STAMP)
 	@rm -rf $(PEERS)/$*
@@ -61,6 +65,23 @@ $(PEERS)/%/.installed: benchmarks/peers/%.txt | $(STAMP)
 	     "onnxruntime==$$($(BIN)/python -c 'import onnxruntime; print(onnxruntime.__version__)')" \
 	) > $(PEERS)/$*.log 2>&1 \
 	|| { tail -5 $(PEERS)/$*.log; rm -rf $(PEERS)/$*; echo "could not make $(PEERS)/$*"; exit 1; }
+	@touch $@
+
+# NVIDIA's real Triton server as a peer (issue 31, benchmarks/triton_peer.py): the tritonserver
+# binary the nvidia-pytriton wheel ships, with its python backend, laid out in .venv-peers/triton
+# (a venv with benchmarks/peers/triton.txt and our onnxruntime version) by
+# benchmarks/peers/triton_install.sh. Its binaries need glibc 2.34: no sysroot here.
+.PHONY: triton-peer
+triton-peer: $(PEERS)/triton/.installed
+
+$(PEERS)/triton/.installed: benchmarks/peers/triton.txt benchmarks/peers/triton_install.sh | $(STAMP)
+	@echo "making $(PEERS)/triton (log: $(PEERS)/triton.log)"
+	@mkdir -p $(PEERS)
+	@bash benchmarks/peers/triton_install.sh $(PEERS)/triton $(PYTHON) \
+	  "$$($(BIN)/python -c 'import onnxruntime; print(onnxruntime.__version__)')" \
+	  > $(PEERS)/triton.log 2>&1 \
+	|| { rm -rf $(PEERS)/triton; \
+	     echo "could not make $(PEERS)/triton: $$(tail -1 $(PEERS)/triton.log)"; exit 1; }
 	@touch $@
 
 # NVIDIA's perf_analyzer, the load generator Triton users measure servers with, run against our
@@ -85,6 +106,7 @@ bench: $(STAMP)
 	-$(BIN)/python benchmarks/compiled_vs_source.py
 	-$(BIN)/python benchmarks/http_throughput.py --seconds $(HTTP_SECONDS)
 	-$(BIN)/python benchmarks/dynamic_shapes.py --seconds $(BENCH_SECONDS)
+	-$(BIN)/python benchmarks/triton_peer.py --seconds $(TRITON_SECONDS)
 	$(BIN)/python benchmarks/report.py --since-file benchmarks/results/.bench-started --readme README.md
 
 # Overload (issue 19): the daemon at 3x its measured capacity, then 0.5x; 3,000 idle

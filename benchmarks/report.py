@@ -1,10 +1,11 @@
 """Write ``benchmarks/RESULTS.md`` from the JSON results of one ``make bench`` run.
 
 Reads ``benchmarks/results/{runner_throughput,compiled_vs_source,http_throughput,
-dynamic_shapes}.json`` (and includes ``benchmarks/results/overload.md`` when present), adds the
-machine (cores, CPU model, RAM), the versions and the date, the tables, and the "done when"
-targets (issue 13's, and issue 29's dynamic-shape point) with a PASS/FAIL column (``n/a`` where
-the figure is missing). A result file older than ``--since-file``'s
+dynamic_shapes,triton_peer}.json`` (and includes ``benchmarks/results/overload.md`` when
+present), adds the machine (cores, CPU model, RAM), the versions and the date, the tables, and
+the "done when" targets (issue 13's, issue 29's dynamic-shape point, issue 31's Triton points,
+whose section is ``triton_report.py``) with a PASS/FAIL column (``n/a`` where the figure is
+missing). A result file older than ``--since-file``'s
 timestamp came from an earlier run (its benchmark failed this time): it is reported, marked
 stale. With ``--readme``, the headline ratios replace the block between the README's
 ``<!-- bench:begin -->`` and ``<!-- bench:end -->`` markers, so the README quotes this run.
@@ -21,16 +22,27 @@ import json
 import os
 import platform
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import triton_report
+
 HERE = Path(__file__).resolve().parent
 RESULTS_DIR = HERE / "results"
 OUT = HERE / "RESULTS.md"
-SOURCES = ("runner_throughput", "compiled_vs_source", "http_throughput", "dynamic_shapes")
+SOURCES = (
+    "runner_throughput",
+    "compiled_vs_source",
+    "http_throughput",
+    "dynamic_shapes",
+    triton_report.SOURCE,
+)
 README_BEGIN, README_END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
 
@@ -194,6 +206,20 @@ def targets(docs: dict[str, Any]) -> list[Target]:
     return out + dynamic_targets(docs)
 
 
+def triton_targets(docs: dict[str, Any]) -> list[Target]:
+    """Issue 31: ours / Triton (perf_analyzer's inferences/s) >= 1.0 at each point, HTTP and
+    gRPC at c = 1, 16, 64 (``triton_report.ratios``)."""
+    return [
+        _target(what, ratio, ">= 1.0", lambda v: v >= 1.0, issue=31)
+        for what, ratio in triton_report.ratios(docs.get(triton_report.SOURCE))
+    ]
+
+
+def all_targets(docs: dict[str, Any]) -> list[Target]:
+    """:func:`targets` (issues 13 and 29), then issue 31's (:func:`triton_targets`)."""
+    return targets(docs) + triton_targets(docs)
+
+
 def machine() -> dict[str, str]:
     """Cores, CPU model and RAM of this machine (Linux /proc; best effort elsewhere)."""
     cpu = platform.processor() or platform.machine()
@@ -227,6 +253,8 @@ def versions(docs: dict[str, Any]) -> dict[str, str]:
     servers = docs.get("http_throughput", {}).get("servers", {})
     for peer in ("mlserver", "kserve"):
         out[peer] = servers.get(peer, {}).get("version", "not measured")
+    triton = docs.get(triton_report.SOURCE, {}).get("servers", {}).get("triton", {})
+    out["tritonserver"] = triton.get("version", "not measured")
     return out
 
 
@@ -271,6 +299,7 @@ def headline(docs: dict[str, Any], goals: list[Target]) -> list[str]:
         if parts:
             lines.append(f"- HTTP daemon / {peer} (req/s): {'; '.join(parts)}")
     dyn = _row(docs.get("dynamic_shapes", {}).get("rows", []), callers=64)
+    lines += triton_report.headline(docs.get(triton_report.SOURCE))
     if dyn:
         lines.append(
             f"- dynamic text classifier (5 seq lengths, 64 callers): runtime / raw onnxruntime "
@@ -296,7 +325,7 @@ def render(
     now: datetime.datetime,
 ) -> str:
     """RESULTS.md."""
-    goals = targets(docs)
+    goals = all_targets(docs)
     out = [
         "# Benchmark results",
         "",
@@ -311,7 +340,7 @@ def render(
     if notes:
         out += ["**Missing or stale:**", ""] + [f"- {n}" for n in notes] + [""]
     out += ["## Headline", "", *headline(docs, goals), ""]
-    out += ["## Targets (issue 13; issue 29's dynamic point)", ""]
+    out += ["## Targets (issue 13; issue 29's dynamic point; issue 31's Triton peer)", ""]
     out += _table(
         ["target", "issue", "measured", "goal", "result"],
         [[t.what, t.issue, _fmt(t.value, t.digits), t.goal, t.verdict] for t in goals],
@@ -461,6 +490,8 @@ def render(
         )
         out += [""]
 
+    out += triton_report.section(docs.get(triton_report.SOURCE))
+
     if overload:
         text = overload.strip()  # overload.md brings its own heading
         out += ([] if text.startswith("## ") else ["## Overload", ""]) + [text, ""]
@@ -494,7 +525,7 @@ def main() -> None:
     now = datetime.datetime.now(datetime.UTC)
     text = render(docs, notes, machine(), versions(docs), overload, now)
     args.out.write_text(text)
-    goals = targets(docs)
+    goals = all_targets(docs)
     width = max(len(t.what) for t in goals)
     print(f"{'target':<{width}}  {'issue':>5}  {'measured':>9}  {'goal':<30} result")
     for t in goals:
