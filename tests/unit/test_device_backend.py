@@ -160,6 +160,27 @@ def test_compiled_weights_are_bound_as_constants_and_match_the_reference(
     np.testing.assert_array_equal(b.run_main([x])[0]["logits"], out["logits"])
 
 
+def test_replicas_of_an_executable_share_its_weights_with_onnxruntime(
+    compiled_mlp: Executable,
+) -> None:
+    """Issue 34: onnxruntime uses the executable's own (read-only, private) tensors in place,
+    so two replicas hold no copy of the weights: each session's constants are the executable's
+    memory, and both answer right, also after one of them is reset."""
+    a, b = CpuBackend(DeviceSpec(0, "cpu", 1)), CpuBackend(DeviceSpec(1, "cpu", 1))
+    a.load(compiled_mlp, None)
+    b.load(compiled_mlp, None)
+    weights = [compiled_mlp.anchor_data(w.name) for w in compiled_mlp.metadata.weights]
+    for backend in (a, b):
+        assert len(backend._constants) == len(weights)
+        for held in backend._constants:
+            assert any(np.shares_memory(held, w) for w in weights), "a private copy"
+    x = batch_of(compiled_mlp, 4)
+    want = run_reference(compiled_mlp, x)["logits"]
+    a.reset()
+    for backend in (a, b):
+        np.testing.assert_array_equal(backend.run_main([x])[0]["logits"], want)
+
+
 def test_a_bucketed_program_runs_its_batch_sizes_only(compiled_mlp: Executable) -> None:
     assert compiled_mlp.metadata.batch_sizes == (1, 2, 4)
     b = CpuBackend(CPU)
