@@ -22,6 +22,8 @@ import gc
 import socket
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -107,6 +109,7 @@ def ray_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayServe]:
         serve.start(http_options=http_options(opts))
         app = build_application(opts, replicas=2, max_replicas_per_node=1)
         serve.run(app, name=APP_NAME, route_prefix="/")
+        _wait_for_route(rs.port)
         yield rs
         for client in rs.clients:
             client.close()
@@ -119,6 +122,23 @@ def ray_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayServe]:
         finally:
             ray.shutdown()
             cluster.shutdown()
+
+
+def _wait_for_route(port: int, timeout: float = 60.0) -> None:
+    """Until the proxy routes to the application: ``serve.run`` returns once it is deployed,
+    and a loaded host may answer Ray's own 404 (no route yet) for a moment after."""
+    url = f"http://127.0.0.1:{port}/v2/health/ready"
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the Ray Serve proxy did not route {url} within {timeout} s")
+        time.sleep(0.2)
 
 
 def _pixels(pixels: np.ndarray) -> httpclient.InferInput:
