@@ -160,12 +160,12 @@ def test_compiled_weights_are_bound_as_constants_and_match_the_reference(
     np.testing.assert_array_equal(b.run_main([x])[0]["logits"], out["logits"])
 
 
-def test_replicas_of_an_executable_share_its_weights_with_onnxruntime(
+def test_replicas_of_an_executable_hand_onnxruntime_its_own_weights(
     compiled_mlp: Executable,
 ) -> None:
-    """Issue 34: onnxruntime uses the executable's own (read-only, private) tensors in place,
-    so two replicas hold no copy of the weights: each session's constants are the executable's
-    memory, and both answer right, also after one of them is reset."""
+    """Issue 34: the backend hands onnxruntime the executable's own (read-only, private)
+    tensors, no copy of ours per replica (onnxruntime 1.32 still copies them per session), and
+    both replicas answer right, also after one of them is reset."""
     a, b = CpuBackend(DeviceSpec(0, "cpu", 1)), CpuBackend(DeviceSpec(1, "cpu", 1))
     a.load(compiled_mlp, None)
     b.load(compiled_mlp, None)

@@ -3,11 +3,11 @@
 Weights are constants of the session. A compiled main program keeps its weights as initializers
 whose bytes are the executable's weight tensors (see :mod:`model_runtime.executable.validate`);
 at load this backend hands those tensors themselves (read-only arrays of the executable's
-private memory, shared by every replica of it), or the ``frozen_inputs`` that replace them, to
-onnxruntime with ``SessionOptions.add_external_initializers``, which uses them in place: so
-onnxruntime constant-folds and prepacks them exactly as it would the source model's, never
-opens a file, and holds no copy of its own (prepacking aside). String constants cannot travel
-that way (an ``OrtValue`` holds no strings): they are put back into the main program's graph
+private memory, with no copy of ours per replica), or the ``frozen_inputs`` that replace them,
+to onnxruntime with ``SessionOptions.add_external_initializers``: so onnxruntime constant-folds
+and prepacks them exactly as it would the source model's and never opens a file. (onnxruntime
+1.32 still copies them into each session, about 1x the weights, and its prepacking keeps a
+packed copy: measured, issue 34.) String constants cannot travel that way (an ``OrtValue`` holds no strings): they are put back into the main program's graph
 as initializers before the session is created, at load.
 Executables whose main program takes weights as graph inputs (compiled before that, or built by
 hand) still load: those weights are fed like variables.
@@ -526,9 +526,9 @@ def _constant_weights(
             )
         value = frozen.get(a.name)
         # The executable's own tensors, read into private memory at load (no file change can
-        # touch them) and read-only: onnxruntime uses them in place for the session's life,
-        # so every replica (session) of the executable shares one copy. (A string constant's
-        # array is always a fresh one; a frozen input is the runner's owned copy.)
+        # touch them) and read-only: no copy of ours per replica (onnxruntime makes its own
+        # per session). A string constant's array is always a fresh one; a frozen input is the
+        # runner's owned copy.
         constants[name] = value if value is not None else executable.anchor_data(a.name)
     return constants
 
