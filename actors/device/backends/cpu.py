@@ -7,10 +7,10 @@ private memory, with no copy of ours per replica), or the ``frozen_inputs`` that
 to onnxruntime with ``SessionOptions.add_external_initializers``: so onnxruntime constant-folds
 and prepacks them exactly as it would the source model's and never opens a file. (onnxruntime
 1.32 still copies them into each session, about 1x the weights, and its prepacking keeps a
-packed copy: measured, issue 34.) String constants cannot travel that way (an ``OrtValue`` holds no strings): they are put back into the main program's graph
-as initializers before the session is created, at load.
-Executables whose main program takes weights as graph inputs (compiled before that, or built by
-hand) still load: those weights are fed like variables.
+packed copy: measured, issue 34.) String constants cannot travel that way (an ``OrtValue``
+holds no strings): they are put back into the main program's graph as initializers before the
+session is created, at load. Executables whose main program takes weights as graph inputs
+(compiled before that, or built by hand) still load: those weights are fed like variables.
 
 "Device memory" for the rest is a feed dict built once at load: variables (and weights that are
 graph inputs) as owned, contiguous arrays, keyed by graph input name. A run adds only the user
