@@ -176,11 +176,11 @@ class InferenceServer:
         access = access_middleware(enabled=self.options.access_log)
         # Restrictions first: a request of a restricted group without its header is refused
         # before admission, parsing or logging look at it.
-        restricted = http_middleware(self.restrictions, self.restricted, self._group_of)
-        app = web.Application(
-            client_max_size=self.options.max_body_size,
-            middlewares=[restricted, self.admission.middleware, access, self._middleware],
-        )
+        middlewares = [self.admission.middleware, access, self._middleware]
+        if self.restrictions:  # nothing restricted: no check on the hot path
+            restricted = http_middleware(self.restrictions, self.restricted, self._group_of)
+            middlewares.insert(0, restricted)
+        app = web.Application(client_max_size=self.options.max_body_size, middlewares=middlewares)
         g, p = "GET", "POST"
         bases = ("/v2/models/{name}", "/v2/models/{name}/versions/{version}")
         # Each route with its API group (Triton's, see model_runtime.server.restrict). Infer

@@ -264,9 +264,7 @@ def _parse(
             if typed:
                 raise data_beside_region(name, model, "'content'")
             flat = read_input(regions, leases, name, datatype, ref, count, model)
-        elif raw_contents:
-            if item.HasField("contents"):  # even empty, as Triton checks it
-                raise answers.raw_with_contents(name, model)
+        elif raw_contents:  # (typed contents beside them were refused above)
             flat = _from_raw(name, datatype, raw_contents[index], count, model, request.id)
             index += 1
         elif typed or count == 0:
