@@ -17,7 +17,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from actors.device.backends.cpu import CpuBackend, session_options
+from actors.device.backends.cpu import CpuBackend
+from actors.device.backends.ort_sessions import session_options
 from actors.device.inventory import DeviceSpec
 from model_runtime.compiler import CompileOptions
 from model_runtime.compiler.rebatch import prepare, rebatch

@@ -3,6 +3,8 @@ reset/restore/frozen inputs, typed errors at the boundary, memory refusal of the
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -10,7 +12,8 @@ import pytest
 from device_fixtures import batch_of, mlp_exe, tiny_exe
 
 from actors.device.backends import CpuBackend, IpuModelBackend, make_backend
-from actors.device.backends.cpu import SPINNING_ENV, RunAborted, session_options
+from actors.device.backends.cpu import RunAborted
+from actors.device.backends.ort_sessions import SPINNING_ENV, live_sessions, session_options
 from actors.device.inventory import DeviceSpec, ipu_model_spec
 from model_runtime.compiler import CompileOptions, compile_executable, run_reference
 from model_runtime.compiler.lower import weights_as_inputs
@@ -160,25 +163,58 @@ def test_compiled_weights_are_bound_as_constants_and_match_the_reference(
     np.testing.assert_array_equal(b.run_main([x])[0]["logits"], out["logits"])
 
 
-def test_replicas_of_an_executable_hand_onnxruntime_its_own_weights(
-    compiled_mlp: Executable,
-) -> None:
-    """Issue 34: the backend hands onnxruntime the executable's own (read-only, private)
-    tensors, no copy of ours per replica (onnxruntime 1.32 still copies them per session), and
-    both replicas answer right, also after one of them is reset."""
+def test_replicas_of_an_executable_share_one_session(compiled_mlp: Executable) -> None:
+    """Issue 34: devices of one thread that run one executable run one onnxruntime session,
+    built from the executable's own (read-only, private) tensors; a reset keeps it, both
+    devices answer right after one is reset, and the last unload frees it."""
     a, b = CpuBackend(DeviceSpec(0, "cpu", 1)), CpuBackend(DeviceSpec(1, "cpu", 1))
     a.load(compiled_mlp, None)
     b.load(compiled_mlp, None)
+    shared = a.ort_session
+    assert shared is not None and shared.key is not None
+    assert b.ort_session is shared
+    assert a.memory()["session"] == 0 and b.memory()["session"] == 0  # the model's, not theirs
     weights = [compiled_mlp.anchor_data(w.name) for w in compiled_mlp.metadata.weights]
-    for backend in (a, b):
-        assert len(backend._constants) == len(weights)
-        for held in backend._constants:
-            assert any(np.shares_memory(held, w) for w in weights), "a private copy"
+    assert len(shared.constants) == len(weights)
+    for held in shared.constants:
+        assert any(np.shares_memory(held, w) for w in weights), "a private copy"
     x = batch_of(compiled_mlp, 4)
     want = run_reference(compiled_mlp, x)["logits"]
     a.reset()
+    assert a.ort_session is shared
     for backend in (a, b):
         np.testing.assert_array_equal(backend.run_main([x])[0]["logits"], want)
+    a.terminate()  # one device's abort is its own: the other runs on the shared session
+    with pytest.raises(RunAborted):
+        a.run_main([x])
+    np.testing.assert_array_equal(b.run_main([x])[0]["logits"], want)
+    for backend in (a, b):
+        backend.unload()
+    del shared
+    gc.collect()
+    assert not [
+        s for s in live_sessions() if s.key and s.key.package_hash == compiled_mlp.package_hash
+    ]
+
+
+def test_a_session_is_not_shared_across_thread_pools_or_frozen_weights(
+    compiled_mlp: Executable,
+) -> None:
+    """Two devices of two threads would compute with one pool of two if they shared; a frozen
+    weight makes a session that device's own."""
+    one = CpuBackend(DeviceSpec(0, "cpu", 1))
+    one.load(compiled_mlp, None)
+    pools = [CpuBackend(DeviceSpec(i, "cpu", 2)) for i in (1, 2)]
+    for p in pools:
+        p.load(compiled_mlp, None)
+    weight = compiled_mlp.metadata.weights[0]
+    frozen = CpuBackend(DeviceSpec(3, "cpu", 1))
+    frozen.load(compiled_mlp, {weight.name: np.zeros(weight.shape, weight.dtype)})
+    sessions = [b.ort_session for b in (one, *pools, frozen)]
+    assert len({id(s) for s in sessions}) == 4
+    for b in (*pools, frozen):
+        assert b.ort_session is not None and b.ort_session.key is None
+        assert b.memory()["session"] == b.ort_session.built_bytes
 
 
 def test_a_bucketed_program_runs_its_batch_sizes_only(compiled_mlp: Executable) -> None:

@@ -1,16 +1,9 @@
 """The ``cpu`` backend: onnxruntime's CPU execution provider, a fixed number of intra-op threads.
 
-Weights are constants of the session. A compiled main program keeps its weights as initializers
-whose bytes are the executable's weight tensors (see :mod:`model_runtime.executable.validate`);
-at load this backend hands those tensors themselves (read-only arrays of the executable's
-private memory, with no copy of ours per replica), or the ``frozen_inputs`` that replace them,
-to onnxruntime with ``SessionOptions.add_external_initializers``: so onnxruntime constant-folds
-and prepacks them exactly as it would the source model's and never opens a file. (onnxruntime
-1.32 still copies them into each session, about 1x the weights, and its prepacking keeps a
-packed copy: measured, issue 34.) String constants cannot travel that way (an ``OrtValue``
-holds no strings): they are put back into the main program's graph as initializers before the
-session is created, at load. Executables whose main program takes weights as graph inputs
-(compiled before that, or built by hand) still load: those weights are fed like variables.
+The session that runs the main program, its options and how its weights reach onnxruntime are
+:mod:`.ort_sessions`' (one session per executable and options, shared by every device that runs
+it). Executables whose main program takes weights as graph inputs (compiled before weights
+became session constants, or built by hand) still load: those weights are fed like variables.
 
 "Device memory" for the rest is a feed dict built once at load: variables (and weights that are
 graph inputs) as owned, contiguous arrays, keyed by graph input name. A run adds only the user
@@ -18,22 +11,9 @@ inputs and calls ``session.run``; onnxruntime wraps contiguous numpy inputs with
 its outputs are fresh arrays. (Measured on the 2-core machine, tiny model: ``run`` with a dict
 13 µs; IOBinding with pre-bound OrtValues 44-53 µs, and its ``get_outputs`` reuses output memory
 between runs. So the plain feed is both the faster and the safer way to keep state "on device".)
-
-Session options, chosen for a server (:func:`session_options`):
-
-* threads: ``intra_op_num_threads`` is the device slot's thread count (``DeviceSpec.threads``,
-  from the inventory); one inter-op thread, sequential execution (one program runs at a time on
-  a device).
-* spinning off: ``session.intra_op.allow_spinning`` (and ``inter_op``) is ``"0"``. A spinning
-  pool keeps its threads busy-waiting after every run, which on a server steals the cores from
-  the other devices, the event loop and the network stack between batches. Set
-  ``MODEL_RUNTIME_ORT_SPINNING=1`` in the environment (read at each load) to turn spinning back
-  on for a machine whose cores a single device owns (slightly lower latency per run).
-* graph optimisation level: explicit, ``ORT_ENABLE_ALL`` (the layout transformations specific to
-  the CPU that runs the program belong here, at load, not in the portable executable), unless
-  the executable was compiled asking for less (``optimization_level`` ``disable`` or ``basic`` in
-  its options), which is then honoured.
-* logging: fatal only; every run error is translated into ours.
+Everything a device changes is its own: the feed, and the ``RunOptions`` that
+:meth:`CpuBackend.terminate` raises, so a reset of one device never touches another's runs on a
+shared session.
 
 String tensors (``bytes`` anchors) are numpy object arrays of ``bytes`` everywhere in the
 runtime; onnxruntime's Python binding takes ``str`` (it would write a ``bytes`` object as its
@@ -43,7 +23,6 @@ and encoded to UTF-8 here, per run (models without strings skip this).
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -51,33 +30,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnxruntime as ort
 
+from actors.device.backends.ort_sessions import OrtSession, open_session
 from actors.device.inventory import DeviceSpec
-from model_runtime.errors import (
-    ApplicationRuntimeError,
-    ConfigurationError,
-    DeviceStateError,
-    InputValidationError,
-)
+from model_runtime.errors import ApplicationRuntimeError, DeviceStateError, InputValidationError
 from model_runtime.executable.model import Anchor, AnchorRole, ProgramKind
-from model_runtime.executable.validate import anchored_initializers
 
 if TYPE_CHECKING:
     from model_runtime.executable import Executable
 
-__all__ = ["SPINNING_ENV", "CpuBackend", "RunAborted", "load_level", "session_options"]
-
-#: Environment variable that turns onnxruntime's thread-pool spinning on ("1") for every
-#: session a cpu (or ipu-model) device creates; off by default (see the module docstring).
-SPINNING_ENV = "MODEL_RUNTIME_ORT_SPINNING"
-_ON = ("1", "true", "yes", "on")
-_OFF = ("", "0", "false", "no", "off")
-
-_LEVELS = {
-    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-}
+__all__ = ["CpuBackend", "RunAborted"]
 
 try:  # onnxruntime's exception types live in its pybind module
     from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as _OrtInvalidArgument
@@ -121,53 +82,6 @@ class RunAborted(DeviceStateError):
     """A run was aborted by :meth:`CpuBackend.terminate` (a reset or stop)."""
 
 
-def load_level(executable: Executable) -> ort.GraphOptimizationLevel:
-    """The graph optimisation level a device applies when it loads ``executable``.
-
-    ``ORT_ENABLE_ALL``, unless the executable was compiled with ``optimization_level``
-    ``disable`` or ``basic`` (then that level). An unknown or missing level means ``all``.
-    """
-    requested = executable.metadata.options.get("optimization_level", "all")
-    return _LEVELS.get(requested, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
-
-
-def spinning(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether ``MODEL_RUNTIME_ORT_SPINNING`` turns thread-pool spinning on (default: off).
-
-    Raises:
-        ConfigurationError: the variable is set to something other than 0/1/true/false/on/off.
-    """
-    env = os.environ if environ is None else environ
-    value = env.get(SPINNING_ENV, "").strip().lower()
-    if value in _ON:
-        return True
-    if value in _OFF:
-        return False
-    raise ConfigurationError(f"{SPINNING_ENV}={env.get(SPINNING_ENV)!r}: expected 0 or 1")
-
-
-def session_options(
-    spec: DeviceSpec, executable: Executable, environ: Mapping[str, str] | None = None
-) -> ort.SessionOptions:
-    """The onnxruntime session options of ``executable`` on device ``spec`` (module docstring).
-
-    Raises:
-        ConfigurationError: ``MODEL_RUNTIME_ORT_SPINNING`` is malformed.
-    """
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = max(1, spec.threads)
-    opts.inter_op_num_threads = 1
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    opts.graph_optimization_level = load_level(executable)
-    spin = "1" if spinning(environ) else "0"
-    opts.add_session_config_entry("session.intra_op.allow_spinning", spin)
-    opts.add_session_config_entry("session.inter_op.allow_spinning", spin)
-    # Fatal only: every run error is translated into ours (and logged by the session);
-    # onnxruntime's own ERROR lines would go to stderr, past the application's logging.
-    opts.log_severity_level = 4
-    return opts
-
-
 class CpuBackend:
     """Runs an executable's main program with onnxruntime on the CPU (see module docstring)."""
 
@@ -178,7 +92,7 @@ class CpuBackend:
         self.spec = spec
         self._exe: Executable | None = None
         self._frozen: dict[str, np.ndarray] = {}
-        self._constants: list[np.ndarray] = []  # weights the session holds (must outlive it)
+        self._shared: OrtSession | None = None  # the session and what it was built from
         self._session: Any = None
         self._feed: dict[str, np.ndarray] = {}
         self._inputs: tuple[tuple[str, str, tuple[int, ...], np.dtype[Any]], ...] = ()
@@ -198,6 +112,22 @@ class CpuBackend:
     def executable(self) -> Executable | None:
         return self._exe
 
+    @property
+    def ort_session(self) -> OrtSession | None:
+        """The onnxruntime session this device runs (shared with other devices where its
+        ``key`` is not None), or None when nothing is loaded."""
+        return self._shared
+
+    def memory(self) -> dict[str, int]:
+        """Bytes this device adds to the process beside what it shares: ``session``, the
+        build of a session of its own (0 when it runs a shared one, counted by the model:
+        .ort_sessions), and ``state``, its variables and fed weights."""
+        own = self._shared is not None and self._shared.key is None
+        return {
+            "session": self._shared.built_bytes if own and self._shared else 0,
+            "state": sum(v.nbytes for v in self._feed.values()),
+        }
+
     # -- load ------------------------------------------------------------------------------
 
     def load(self, executable: Executable, frozen_inputs: Mapping[str, np.ndarray] | None) -> None:
@@ -208,52 +138,21 @@ class CpuBackend:
             ApplicationRuntimeError: onnxruntime cannot build a session from the main program.
             ConfigurationError: ``MODEL_RUNTIME_ORT_SPINNING`` is malformed.
         """
-        self.unload()
         m = executable.metadata
-        frozen = dict(frozen_inputs or {})
-        for name, value in frozen.items():
-            try:
-                a = m.anchor(name)
-            except KeyError:
-                raise InputValidationError(f"frozen input {name!r} names no anchor") from None
-            if a.role is AnchorRole.USER_OUTPUT:
-                raise InputValidationError(f"frozen input {name!r} is an output")
-            arr = np.asarray(value)
-            if arr.shape != a.shape or arr.dtype != a.dtype:
-                raise InputValidationError(
-                    f"frozen input {name!r} is {arr.dtype.name}{list(arr.shape)}, "
-                    f"expected {a.dtype.name}{list(a.shape)}"
-                )
-            frozen[name] = np.array(arr, copy=True, order="C")
-        mains = [m.program(pid) for pid in m.program_flow.main]
-        if len(mains) != 1 or mains[0].kind is not ProgramKind.MAIN:
-            raise ApplicationRuntimeError(
-                f"{self.spec.describe()}: expected exactly one main program, got {len(mains)}"
-            )
-        opts = session_options(self.spec, executable)
-        self._custom_ops = bool(m.custom_ops)
-        if self._custom_ops:
-            # Kernels come from the allow-listed libraries of this process, never the file.
-            from model_runtime.custom_ops import prepare_session
-
-            prepare_session(opts, executable)
-        payload = executable.program_payload(mains[0])
-        constants = _constant_weights(executable, payload, frozen, self.spec.describe())
-        strings = {n: v for n, v in constants.items() if v.dtype.kind == "O"}
-        if strings:  # an OrtValue holds no strings: they go back into the graph itself
-            payload = _with_strings(payload, strings, self.spec.describe())
-            constants = {n: v for n, v in constants.items() if n not in strings}
-        if constants:
-            opts.add_external_initializers(
-                list(constants), [ort.OrtValue.ortvalue_from_numpy(v) for v in constants.values()]
-            )
+        # The new session is opened before the old one is let go, so a reset reloads onto the
+        # session it had (.ort_sessions); a load that fails leaves nothing loaded.
         try:
-            session = ort.InferenceSession(payload, opts, providers=["CPUExecutionProvider"])
-        except Exception as exc:  # onnxruntime raises its own (untyped) exception classes
-            raise ApplicationRuntimeError(
-                f"{self.spec.describe()}: onnxruntime rejected main program "
-                f"{mains[0].name!r}: {exc}"
-            ) from exc
+            frozen = _checked_frozen(executable, frozen_inputs)
+            mains = [m.program(pid) for pid in m.program_flow.main]
+            if len(mains) != 1 or mains[0].kind is not ProgramKind.MAIN:
+                raise ApplicationRuntimeError(
+                    f"{self.spec.describe()}: expected exactly one main program, got {len(mains)}"
+                )
+            shared = open_session(self.spec, executable, mains[0], frozen)
+        finally:
+            self.unload()
+        self._custom_ops = bool(m.custom_ops)
+        session = shared.session
         graph_inputs = {i.name for i in session.get_inputs()}
         self._output_names = [o.name for o in session.get_outputs()]
         out_index = {n: i for i, n in enumerate(self._output_names)}
@@ -284,7 +183,7 @@ class CpuBackend:
         self._updates = tuple(updates)
         self._variables = m.variables
         self._session = session
-        self._constants = list(constants.values())
+        self._shared = shared
         self._exe = executable
         self._frozen = frozen
         self.run_load()
@@ -478,7 +377,7 @@ class CpuBackend:
         """See :meth:`Backend.unload`."""
         self._exe = None
         self._session = None
-        self._constants = []
+        self._shared = None
         self._feed = {}
         self._frozen = {}
 
@@ -495,64 +394,32 @@ class CpuBackend:
         return self._exe
 
 
-def _constant_weights(
-    executable: Executable, payload: bytes, frozen: Mapping[str, np.ndarray], device: str
+def _checked_frozen(
+    executable: Executable, frozen_inputs: Mapping[str, np.ndarray] | None
 ) -> dict[str, np.ndarray]:
-    """Initializer name -> owned array, for every weight the main program keeps as an
-    initializer (its frozen value where one is given): what onnxruntime must be handed.
+    """Owned, C-contiguous copies of ``frozen_inputs`` (anchor name -> array).
 
     Raises:
-        ApplicationRuntimeError: the payload does not parse, or keeps an initializer for a
-            weight it does not have (both refused by validation: such an executable was
-            assembled around it).
+        InputValidationError: a frozen input names no anchor, an output, or has the wrong
+            shape or dtype.
     """
-    import onnx
-
-    model = onnx.ModelProto()
-    try:
-        model.ParseFromString(payload)
-    except Exception as exc:  # protobuf's DecodeError
-        raise ApplicationRuntimeError(f"{device}: main program is not ONNX: {exc}") from exc
-    names = anchored_initializers(model)
-    if not names:
-        return {}
-    by_handle = {a.handle: a for a in executable.metadata.weights}
-    constants: dict[str, np.ndarray] = {}
-    for name in names:
-        a = by_handle.get(name)
-        if a is None:  # never handed to onnxruntime: it would look for a file
-            raise ApplicationRuntimeError(
-                f"{device}: main program initializer {name!r} names no weight of the executable"
+    m = executable.metadata
+    frozen: dict[str, np.ndarray] = {}
+    for name, value in (frozen_inputs or {}).items():
+        try:
+            a = m.anchor(name)
+        except KeyError:
+            raise InputValidationError(f"frozen input {name!r} names no anchor") from None
+        if a.role is AnchorRole.USER_OUTPUT:
+            raise InputValidationError(f"frozen input {name!r} is an output")
+        arr = np.asarray(value)
+        if arr.shape != a.shape or arr.dtype != a.dtype:
+            raise InputValidationError(
+                f"frozen input {name!r} is {arr.dtype.name}{list(arr.shape)}, "
+                f"expected {a.dtype.name}{list(a.shape)}"
             )
-        value = frozen.get(a.name)
-        # The executable's own tensors, read into private memory at load (no file change can
-        # touch them) and read-only: no copy of ours per replica (onnxruntime makes its own
-        # per session). A string constant's array is always a fresh one; a frozen input is the
-        # runner's owned copy.
-        constants[name] = value if value is not None else executable.anchor_data(a.name)
-    return constants
-
-
-def _with_strings(payload: bytes, strings: Mapping[str, np.ndarray], device: str) -> bytes:
-    """``payload`` with its string constants' stubs replaced by initializers holding them.
-
-    Raises:
-        InputValidationError: a frozen string constant holds something other than bytes/str.
-        ApplicationRuntimeError: the payload does not parse (refused by validation).
-    """
-    import onnx
-
-    from model_runtime.executable.strings import with_string_initializers
-
-    model = onnx.ModelProto()
-    try:
-        model.ParseFromString(payload)
-    except Exception as exc:  # protobuf's DecodeError
-        raise ApplicationRuntimeError(f"{device}: main program is not ONNX: {exc}") from exc
-    try:
-        return with_string_initializers(model, strings)
-    except TypeError as exc:
-        raise InputValidationError(f"{device}: frozen string constant: {exc}") from exc
+        frozen[name] = np.array(arr, copy=True, order="C")
+    return frozen
 
 
 def _check_custom_ops(device: str) -> None:
