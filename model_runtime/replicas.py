@@ -79,6 +79,12 @@ class ReplicaSet:
         self.devices = devices
         self.states = [ReplicaState(replica=r, device_id=d.spec.id) for r, d in enumerate(devices)]
         self.queues: list[Queue] = [self._new_queue(r) for r in range(len(devices))]
+        #: Each replica's current device actor (replaced when the replica restarts).
+        self.device_actors: list[Device | None] = [None] * len(devices)
+        #: Session actors made per replica: every one after the first is a restart (a session
+        #: is the last child of its replica's rest-for-one supervisor, so any restart in the
+        #: replica makes a new one, once).
+        self._sessions_made = [0] * len(devices)
         self._next = 0
         #: The replica filling its open batch while every replica in service was busy (-1:
         #: none): it takes requests until that batch is full (see pick()).
@@ -154,7 +160,7 @@ class ReplicaSet:
 
         def make_device() -> Device:
             attached = self.devices[r]
-            return Device(
+            device = self.device_actors[r] = Device(
                 attached,
                 create_backend(attached.spec),
                 replica=r,
@@ -165,10 +171,14 @@ class ReplicaSet:
                 frozen_inputs=cfg.frozen_inputs or None,
                 variables=state.saved_variables,
             )
+            return device
 
         def make_session() -> SessionActor:
             assert sup is not None
             replica_sup = sup
+            if self._sessions_made[r]:
+                state.restarts += 1
+            self._sessions_made[r] += 1
             return SessionActor(
                 replica=r,
                 device=sup.ref("device"),
@@ -256,6 +266,20 @@ class ReplicaSet:
         return child
 
     # -- who takes a request ---------------------------------------------------------------
+
+    def memory(self) -> tuple[int, list[dict[str, int]]]:
+        """Bytes of the shared sessions the replicas run (each counted once), and what each
+        replica adds beside them (its own session, its state: ``CpuBackend.memory``)."""
+        shared: dict[int, int] = {}
+        replicas: list[dict[str, int]] = []
+        for device in self.device_actors:
+            backend = device.backend if device is not None else None
+            memory = getattr(backend, "memory", None)
+            replicas.append(memory() if callable(memory) else {})
+            session = getattr(backend, "ort_session", None)
+            if session is not None and session.key is not None:
+                shared[id(session)] = session.built_bytes
+        return sum(shared.values()), replicas
 
     def pick(self, replica_id: int | None, avoid: int = 0, now: float | None = None) -> int:
         """The replica for a request: ``replica_id``, or the least-loaded READY one not in the

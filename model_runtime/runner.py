@@ -577,6 +577,18 @@ class ModelRunner:
         meta = self._executable.metadata
         return [describe_anchor(a) for a in meta.anchors if a.type.value == "OUTPUT"]
 
+    def memory(self) -> dict[str, Any]:
+        """What the model holds in memory, in bytes (issue 34): ``weights``, the executable's
+        tensors; ``sessions``, what building the onnxruntime sessions its replicas share added
+        to the process (an estimate, counted once however many replicas share them); and
+        ``replicas``, per replica what it adds beside those (``session``: a session of its
+        own, 0 when it runs a shared one; ``state``: its variables and fed weights)."""
+        weights = self._exe.total_tensor_bytes() if self._exe is not None else 0
+        if self._replicas is None:
+            return {"weights": weights, "sessions": 0, "replicas": []}
+        sessions, replicas = self._replicas.memory()
+        return {"weights": weights, "sessions": sessions, "replicas": replicas}
+
     def replica_status(self) -> list[ReplicaStatus]:
         """The status of every replica."""
         return [s.status for s in self.replica_states()]

@@ -62,10 +62,11 @@ def _ready(url: str) -> bool:
 
 
 @contextmanager
-def _serve(
+def serve(
     name: str, cmd: Sequence[str], env: Mapping[str, str], ready_url: str, log: Path
-) -> Iterator[None]:
-    """Run ``cmd`` in its own process group until ``ready_url`` answers 200; stop it after."""
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``cmd`` in its own process group until ``ready_url`` answers 200, yield its process;
+    stop it after."""
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             list(cmd),
@@ -84,7 +85,7 @@ def _serve(
             if time.monotonic() > deadline:
                 raise PeerUnavailable(f"{name} not ready after {START_TIMEOUT:.0f} s (log {log})")
             time.sleep(0.1)
-        yield
+        yield proc
     finally:
         _stop(proc)
 
@@ -150,7 +151,7 @@ def daemon(
         "PYTHONUNBUFFERED": "1",
     }
     base = f"http://127.0.0.1:{port}"
-    with _serve("daemon", cmd, env, f"{base}/v2/models/{name}/ready", workdir / "daemon.log"):
+    with serve("daemon", cmd, env, f"{base}/v2/models/{name}/ready", workdir / "daemon.log"):
         yield Server(
             "daemon",
             f"{base}/v2/models/{name}/infer",
@@ -195,7 +196,7 @@ def mlserver(
     cmd = [str(python.parent / "mlserver"), "start", str(root)]
     env = {"PYTHONPATH": str(PEERS_DIR), "PYTHONUNBUFFERED": "1"}
     base = f"http://127.0.0.1:{port}"
-    with _serve("mlserver", cmd, env, f"{base}/v2/models/{name}/ready", workdir / "mlserver.log"):
+    with serve("mlserver", cmd, env, f"{base}/v2/models/{name}/ready", workdir / "mlserver.log"):
         yield Server(
             "mlserver",
             f"{base}/v2/models/{name}/infer",
@@ -221,7 +222,7 @@ def kserve(model: Path, name: str, workdir: Path, threads: int) -> Iterator[Serv
     ]  # fmt: skip
     env = {"PYTHONPATH": str(PEERS_DIR), "PYTHONUNBUFFERED": "1"}
     base = f"http://127.0.0.1:{port}"
-    with _serve("kserve", cmd, env, f"{base}/v2/models/{name}/ready", workdir / "kserve.log"):
+    with serve("kserve", cmd, env, f"{base}/v2/models/{name}/ready", workdir / "kserve.log"):
         yield Server(
             "kserve",
             f"{base}/v2/models/{name}/infer",

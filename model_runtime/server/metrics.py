@@ -179,6 +179,8 @@ class ReplicaSnapshot:
     counters: dict[str, int] = field(default_factory=dict)
     mean_us: dict[str, float] = field(default_factory=dict)
     count: dict[str, float] = field(default_factory=dict)
+    #: Bytes the replica adds beside what its model shares (``ModelRunner.memory``).
+    memory: dict[str, int] = field(default_factory=dict)
 
 
 def replica_counters(runner: Any, replica: int) -> tuple[int | None, dict[str, int]]:
@@ -244,8 +246,19 @@ class _ModelCollector(Collector):
                 state.add_metric([m.model, st.value], 1.0 if st is m.state else 0.0)
             loads.add_metric([m.model, "success"], float(m.loads))
             loads.add_metric([m.model, "failure"], float(m.load_failures))
+        memory = GaugeMetricFamily(
+            "model_runtime_model_memory_bytes",
+            "Memory a loaded model version holds: kind=weights, the executable's tensors; "
+            "kind=sessions, the onnxruntime sessions its replicas share (an estimate: the "
+            "process's growth while each was built)",
+            labels=["model", "version", "kind"],
+        )
+        for (model, version), kinds in sorted(self._metrics.model_memory.items()):
+            for kind, value in kinds.items():
+                memory.add_metric([model, version, kind], float(value))
         yield state
         yield loads
+        yield memory
 
 
 class _ReplicaCollector(Collector):
@@ -281,8 +294,17 @@ class _ReplicaCollector(Collector):
             "Requests recorded in the replica's statistics, per phase",
             labels=[*labels, "phase"],
         )
+        memory = GaugeMetricFamily(
+            "model_runtime_replica_memory_bytes",
+            "Memory a replica adds beside what its model shares: kind=session, an onnxruntime "
+            "session of its own (0 when it runs the model's shared one); kind=state, its "
+            "variables and fed weights",
+            labels=[*labels, "kind"],
+        )
         for s in snaps:
             base = [s.model, str(s.replica)]
+            for kind, value in s.memory.items():
+                memory.add_metric([*base, kind], float(value))
             device = "" if s.device is None else str(s.device)
             for st in ReplicaStatus:
                 state.add_metric([*base, device, st.value], 1.0 if st is s.status else 0.0)
@@ -296,6 +318,18 @@ class _ReplicaCollector(Collector):
         yield from families.values()
         yield mean
         yield count
+        yield memory
+
+
+def _memory(runner: object) -> dict[str, Any]:
+    """``runner.memory()`` (see ``ModelRunner.memory``), or {} for a runner without it."""
+    fn = getattr(runner, "memory", None)
+    if not callable(fn):
+        return {}
+    try:
+        return dict(fn())
+    except Exception:  # a fact for a scrape: never its failure
+        return {}
 
 
 def phase_of(key: str) -> str:
@@ -350,6 +384,9 @@ class DaemonMetrics:
         )
         self.snapshot: list[ReplicaSnapshot] = []
         self.models: list[ModelSnapshot] = []
+        #: ``ModelRunner.memory`` of every loaded (model, version) at the last scrape, less
+        #: the per-replica part (in the replicas' snapshots).
+        self.model_memory: dict[tuple[str, str], dict[str, int]] = {}
         #: Triton's totals per (model, version): they outlive reloads (see the module doc).
         self.triton: dict[tuple[str, str], TritonTotals] = {}
         #: The last read of each runner of a (model, version), by ``id`` of the runner (a mark
@@ -423,6 +460,7 @@ class DaemonMetrics:
     async def refresh(self, repository: ModelRepository) -> None:
         """Read replica facts and statistics from every loaded runner."""
         snaps: list[ReplicaSnapshot] = []
+        self.model_memory = {}
         entries = repository.entries()
         self.models = [ModelSnapshot(e.name, e.state, e.loads, e.load_failures) for e in entries]
         for entry in entries:
@@ -443,10 +481,16 @@ class DaemonMetrics:
             mark = marks[id(current)] = _Mark(current)  # a new runner counts from zero
         totals = self.totals(model, version)
         batch = _batch_size(current)
+        memory = _memory(current)
+        replica_memory = memory.pop("replicas", [])
+        if memory:
+            self.model_memory[key] = memory
         snaps = []
         for r, status in enumerate(runner.replica_status()):
             device, counters = replica_counters(runner, r)
             snap = ReplicaSnapshot(model, r, status, device, counters)
+            if r < len(replica_memory):
+                snap.memory = replica_memory[r]
             snap.mean_us = await read_statistics(runner.get_monitoring_statistics_mean, r)
             snap.count = await read_statistics(runner.get_monitoring_statistics_total_count, r)
             snaps.append(snap)
