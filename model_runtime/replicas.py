@@ -25,6 +25,7 @@ import structlog
 from actors.clock import Clock
 from actors.device.actor import Device
 from actors.device.backends import create_backend
+from actors.device.backends.ort_sessions import OrtSession
 from actors.device.faults import FaultPlan
 from actors.device.manager import AttachedDevice, DeviceManager
 from actors.queues.actor import Queue
@@ -280,6 +281,17 @@ class ReplicaSet:
             if session is not None and session.key is not None:
                 shared[id(session)] = session.built_bytes
         return sum(shared.values()), replicas
+
+    def shared_sessions(self) -> list[OrtSession] | None:
+        """The onnxruntime sessions the replicas run, when every replica runs a shared one
+        (``OrtSession.key`` set: .ort_sessions), else None."""
+        sessions: dict[int, OrtSession] = {}
+        for device in self.device_actors:
+            session = getattr(device.backend, "ort_session", None) if device else None
+            if session is None or session.key is None:
+                return None
+            sessions[id(session)] = session
+        return list(sessions.values())
 
     def pick(self, replica_id: int | None, avoid: int = 0, now: float | None = None) -> int:
         """The replica for a request: ``replica_id``, or the least-loaded READY one not in the

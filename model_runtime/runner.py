@@ -24,6 +24,7 @@ import numpy as np
 import structlog
 
 from actors.clock import Clock, SystemClock, move_on_after
+from actors.device.backends.ort_sessions import OrtSession
 from actors.device.faults import FaultPlan
 from actors.device.manager import AttachedDevice, DeviceManager
 from actors.device.wait import DeviceWaitConfig
@@ -125,6 +126,9 @@ class ModelRunner:
         self._clock = clock or SystemClock()
         self._manager = device_manager or DeviceManager(clock=self._clock)
         self._exe: Executable | None = source if isinstance(source, Executable) else None
+        #: The onnxruntime sessions the replicas share, held for the runner's life (see
+        #: :meth:`_release_weights`).
+        self._sessions: list[OrtSession] = []
         self._replicas: ReplicaSet | None = None
         self._root: Runtime | None = None
         self._model_id = ""
@@ -240,12 +244,28 @@ class ModelRunner:
         except BaseException:
             await self._abandon_start(devices, added)
             raise
+        self._release_weights(exe)
         self._accepting = True
         self._plain = self._waiting and not self._admission
         replicas = self._replicas
         self._queues = replicas.queues
         self._lone = replicas.states[0] if cfg.replication_factor == 1 else None
         log.info("runner_started", model=meta.model_name, replicas=cfg.replication_factor)
+
+    def _release_weights(self, exe: Executable) -> None:
+        """Once every replica runs a shared session, hold those sessions for the runner's life
+        and release the weights they hold a copy of from an executable this runner loaded
+        itself (issue 34: the model then holds its weights once; a caller's own Executable is
+        left alone). A new session (another kind of device) reads them again, verified."""
+        assert self._replicas is not None
+        sessions = self._replicas.shared_sessions()
+        if sessions is None:
+            return
+        self._sessions = sessions
+        if not isinstance(self._source, Executable):
+            freed = exe.release(w for s in sessions for w in s.weights)
+            if freed:
+                log.info("weights_released", model=exe.metadata.model_name, bytes=freed)
 
     async def _abandon_start(self, devices: list[AttachedDevice], added: bool) -> None:
         root, self._root = self._root, None

@@ -11,9 +11,16 @@ Files are data only: nothing in them is ever imported, unpickled or executed as 
 A loaded executable does not depend on its files: :meth:`Executable.load` reads every tensor
 into private memory (see :mod:`.safetensors_io` for why, and what it costs) and verifies the
 package hash over exactly those bytes, so a file rewritten, truncated or deleted afterwards
-changes nothing, device resets included (they reload from the ``Executable``, not the file),
-until an explicit :meth:`Executable.load` reads and verifies the file again. Before reading, the
-bytes the tensors will take are checked against the allocation limit (:mod:`.limits`).
+changes nothing, device resets included (they reload from the ``Executable``, or from the
+session it is already in, not the file), until an explicit :meth:`Executable.load` reads and
+verifies the file again. Before reading, the bytes the tensors will take are checked against
+the allocation limit (:mod:`.limits`).
+
+One exception, asked for explicitly (issue 34): :meth:`Executable.release` drops tensors whose
+bytes now live elsewhere (a runner releases the weights its onnxruntime sessions hold a copy
+of, so a served model holds its weights once). A released tensor asked for again is read again
+from the files and verified against this executable's package hash (:meth:`Executable.held`):
+the same bytes, or a typed error saying the file changed; never other weights.
 """
 
 from __future__ import annotations
@@ -28,7 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from model_runtime.errors import InvalidExecutableError, PackageHashMismatchError
+from model_runtime.errors import (
+    InvalidExecutableError,
+    ModelRuntimeError,
+    PackageHashMismatchError,
+)
 from model_runtime.executable.codec import metadata_from_json, metadata_to_json
 from model_runtime.executable.limits import check_bytes
 from model_runtime.executable.model import ExecutableMetadata, Program
@@ -63,7 +74,7 @@ class Executable:
     Build one with :meth:`build` (computes the hash) or :meth:`load` (verifies it).
     """
 
-    __slots__ = ("_sources", "_tensors", "metadata")
+    __slots__ = ("_released", "_sources", "_tensors", "metadata")
 
     def __init__(
         self,
@@ -74,6 +85,7 @@ class Executable:
         self.metadata = metadata
         self._tensors = dict(tensors)
         self._sources = sources
+        self._released: frozenset[str] = frozenset()
 
     # -- construction ------------------------------------------------------------------------
 
@@ -181,8 +193,9 @@ class Executable:
             OSError: the file cannot be written.
         """
         path = Path(path)
-        names = list(self._tensors) if tensors is None else list(tensors)
-        data = {n: self._tensors[n] for n in names}
+        held = self.held()._tensors
+        names = list(held) if tensors is None else list(tensors)
+        data = {n: held[n] for n in names}
         meta = {METADATA_KEY: metadata_to_json(self.metadata, include_hash=True)}
         write_safetensors(path, data, meta)
         return path
@@ -193,16 +206,17 @@ class Executable:
         Raises:
             OSError: a file cannot be written.
         """
+        held = self.held()._tensors
         payloads = {p.payload for p in self.metadata.programs if p.payload}
-        rest = [n for n in self._tensors if n not in payloads]
+        rest = [n for n in held if n not in payloads]
         p = Path(program_path)
         w = Path(weights_path)
         write_safetensors(
             p,
-            {n: self._tensors[n] for n in payloads},
+            {n: held[n] for n in payloads},
             {METADATA_KEY: metadata_to_json(self.metadata, include_hash=True)},
         )
-        write_safetensors(w, {n: self._tensors[n] for n in rest}, {})
+        write_safetensors(w, {n: held[n] for n in rest}, {})
         return p, w
 
     # -- access ------------------------------------------------------------------------------
@@ -217,18 +231,75 @@ class Executable:
 
     @property
     def tensor_names(self) -> tuple[str, ...]:
-        return tuple(self._tensors)
+        return (*self._tensors, *sorted(self._released))
+
+    @property
+    def released(self) -> frozenset[str]:
+        """Names of the tensors :meth:`release` dropped from memory."""
+        return self._released
 
     def tensor(self, name: str) -> np.ndarray:
-        """The stored data of tensor ``name`` (read-only; private memory when loaded).
+        """The stored data of tensor ``name`` (read-only; private memory when loaded; read
+        again from the files and verified when it was released, see :meth:`held`).
 
         Raises:
             KeyError: no such tensor.
+            PackageHashMismatchError, InvalidExecutableError: it was released, and the files
+                no longer hold it (see :meth:`held`).
         """
         try:
             return self._tensors[name]
         except KeyError:
+            if name in self._released:
+                return self.held()._tensors[name]
             raise KeyError(f"executable has no tensor {name!r}") from None
+
+    def release(self, names: Iterable[str]) -> int:
+        """Drop the tensors ``names`` from memory (module docstring); the bytes released.
+
+        The tensors kept are copied out of the buffer the file was read into, so that buffer
+        goes too. An executable not loaded from files (built in memory) releases nothing: it
+        could not read them again.
+        """
+        drop = {n for n in names if n in self._tensors}
+        if not drop or not self._sources:
+            return 0
+        freed = sum(int(self._tensors[n].nbytes) for n in drop)
+        kept: dict[str, np.ndarray] = {}
+        for name, arr in self._tensors.items():
+            if name not in drop:
+                copy = np.array(arr, copy=True)
+                copy.flags.writeable = False
+                kept[name] = copy
+        self._tensors = kept
+        self._released |= drop
+        return freed
+
+    def held(self) -> Executable:
+        """This executable with every tensor in memory: itself, or, after :meth:`release`, a
+        new load of its files whose package hash is this one's (what was released, exactly).
+
+        Raises:
+            PackageHashMismatchError: the files hold other contents now.
+            InvalidExecutableError: the files are gone, truncated or malformed now.
+        """
+        if not self._released:
+            return self
+        where = ", ".join(str(p) for p in self._sources)
+        why = "weights released after load (they live in the model's sessions) must be read again"
+        try:
+            fresh = Executable.load(self._sources)
+        except PackageHashMismatchError as exc:
+            raise PackageHashMismatchError(f"{why}, and the file changed: {exc}") from exc
+        except ModelRuntimeError as exc:
+            raise InvalidExecutableError(f"{why}, and the file cannot be read: {exc}") from exc
+        if fresh.package_hash != self.package_hash:
+            raise PackageHashMismatchError(
+                f"{where}: {why}, but the file now holds another executable (hash "
+                f"{fresh.package_hash[:16]}..., loaded {self.package_hash[:16]}...): load the "
+                "model again"
+            )
+        return fresh
 
     def anchor_data(self, name: str) -> np.ndarray:
         """The stored data of anchor ``name``: its tensor (read-only), or for a string constant
@@ -257,6 +328,7 @@ class Executable:
         return self._tensors[prog.payload].tobytes()
 
     def total_tensor_bytes(self) -> int:
+        """Bytes of the tensors held in memory (released ones not counted)."""
         return sum(int(a.nbytes) for a in self._tensors.values())
 
     def describe(self) -> dict[str, Any]:

@@ -4,6 +4,9 @@ reset/restore/frozen inputs, typed errors at the boundary, memory refusal of the
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -174,10 +177,7 @@ def test_replicas_of_an_executable_share_one_session(compiled_mlp: Executable) -
     assert shared is not None and shared.key is not None
     assert b.ort_session is shared
     assert a.memory()["session"] == 0 and b.memory()["session"] == 0  # the model's, not theirs
-    weights = [compiled_mlp.anchor_data(w.name) for w in compiled_mlp.metadata.weights]
-    assert len(shared.constants) == len(weights)
-    for held in shared.constants:
-        assert any(np.shares_memory(held, w) for w in weights), "a private copy"
+    assert shared.weights == {w.name for w in compiled_mlp.metadata.weights}
     x = batch_of(compiled_mlp, 4)
     want = run_reference(compiled_mlp, x)["logits"]
     a.reset()
@@ -195,6 +195,52 @@ def test_replicas_of_an_executable_share_one_session(compiled_mlp: Executable) -
     assert not [
         s for s in live_sessions() if s.key and s.key.package_hash == compiled_mlp.package_hash
     ]
+
+
+_OWNS = r"""
+import gc, sys
+import numpy as np
+from actors.device.backends import CpuBackend
+from actors.device.inventory import DeviceSpec
+from model_runtime.compiler import CompileOptions, compile_executable
+from model_runtime.executable import Executable
+from tests.models import make_mlp
+
+path = sys.argv[1]
+# The weights (20 MiB) are views of the one buffer the file was read into; released, the
+# buffer is unmapped, so a session still reading them would crash, and the heap is scribbled.
+model = make_mlp(sizes=(1024, 1024, 4096, 10), seed=5)
+compile_executable(model, CompileOptions(batch_size=4)).save(path)
+exe = Executable.load(path)
+backend = CpuBackend(DeviceSpec(0, "cpu", 1))
+backend.load(exe, None)
+x = {"x": np.random.default_rng(1).standard_normal((4, 1024)).astype(np.float32)}
+want = backend.run_main([x])[0]["logits"].copy()
+freed = exe.release(a.name for a in exe.metadata.weights)
+assert freed > 20 * 2**20, freed
+gc.collect()
+junk = [np.full(a.shape, np.nan, a.dtype) for a in exe.metadata.weights for _ in range(4)]
+got = backend.run_main([x])[0]["logits"]
+np.testing.assert_array_equal(got, want)
+print("OK")
+"""
+
+
+def test_onnxruntime_owns_the_weights_it_was_handed(tmp_path: Path) -> None:
+    """A runner releases the executable's weights once a session holds them (issue 34): that
+    is only safe while onnxruntime copies what ``add_external_initializers`` hands it. Freed
+    (unmapped, or reused and overwritten) after the session is built, the weights must not
+    change an answer; a child process, so a crash is this test failing, not pytest dying."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _OWNS, str(tmp_path / "big.mrx")],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0 and proc.stdout.split() == ["OK"], (
+        f"child exited {proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
+    )
 
 
 def test_a_session_is_not_shared_across_thread_pools_or_frozen_weights(

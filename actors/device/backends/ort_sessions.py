@@ -21,9 +21,18 @@ initializers whose bytes are the executable's weight tensors (see
 :mod:`model_runtime.executable.validate`); those tensors themselves (read-only arrays of the
 executable's private memory), or the ``frozen_inputs`` that replace them, are handed to
 onnxruntime with ``SessionOptions.add_external_initializers``, so it constant-folds and
-prepacks them exactly as it would the source model's and never opens a file. String constants
-cannot travel that way (an ``OrtValue`` holds no strings): they are put back into the main
-program's graph as initializers before the session is created.
+prepacks them exactly as it would the source model's and never opens a file. onnxruntime copies
+what it is handed this way into the session (its own memory, which its prepacking then
+replaces by the packed layout), so nothing here keeps the arrays once the session is built, and
+a runner may release the executable's copy (``Executable.release``): a served model then holds
+its weights once, in its session. (onnxruntime's ``AddInitializer``, the API that would use our
+buffers in place, keeps them unpacked beside the packed copy: no saving while prepacking pays.)
+That onnxruntime copies is checked by
+``tests/unit/test_device_backend.py::test_onnxruntime_owns_the_weights_it_was_handed``, which
+frees the arrays, scribbles over the memory and runs again: a version of onnxruntime that used
+them in place would fail it. String constants cannot travel that way (an ``OrtValue`` holds no
+strings): they are put back into the main program's graph as initializers before the session is
+created.
 
 **Sharing** (issue 34). onnxruntime copies the initializers it is handed into each session and
 prepacks the weights of MatMul, Gemm and convolutions into a layout of its own (measured with
@@ -33,9 +42,11 @@ options, and every device that runs that executable with those options runs the 
 object: onnxruntime's ``Run`` may be called from several threads at once, and a device's state
 (its variables, its ``RunOptions``, which a reset terminates) lives in its backend, not in the
 session. Sessions are shared, keyed by the executable's package hash (SHA-256 of every tensor
-and the metadata: equal hashes are equal bytes), the main program and the options, while any
-device holds them (a weak registry: the last device to unload frees it; a device reset reloads
-onto the session it had). Not shared, built for the one device that asks:
+and the metadata: equal hashes are equal bytes), the main program and the options, while a
+device or a runner holds them (a weak registry: a device reset reloads onto the session it
+had; a runner holds its replicas' sessions for its whole life, so a replica whose actors
+restart finds its session again, also after the runner released the executable's weights; the
+last holder to let go frees it). Not shared, built for the one device that asks:
 
 * a device with more than one intra-op thread: concurrent runs of one session share that
   session's one thread pool, so two such devices would compute with the threads of one;
@@ -159,14 +170,15 @@ class SessionKey:
 class OrtSession:
     """One onnxruntime session of a main program, and what its build added to the process."""
 
-    __slots__ = ("__weakref__", "built_bytes", "constants", "key", "session")
+    __slots__ = ("__weakref__", "built_bytes", "key", "session", "weights")
 
     def __init__(
-        self, session: Any, constants: list[np.ndarray], key: SessionKey | None, built: int
+        self, session: Any, weights: frozenset[str], key: SessionKey | None, built: int
     ) -> None:
         self.session = session
-        #: Arrays handed to onnxruntime as external initializers: kept as long as the session.
-        self.constants = constants
+        #: Anchor names of the weights handed to onnxruntime as constants: the session holds
+        #: its own copy of them (module docstring, Weights).
+        self.weights = weights
         #: None: this device's own session (module docstring: not shared).
         self.key = key
         #: Growth of the process's resident set while the session was built (bytes, >= 0).
@@ -227,8 +239,8 @@ def open_session(
         if key is not None and (live := _LIVE.get(key)) is not None:
             return live
         before = resident_bytes()
-        session, constants = _build(spec, executable, program, frozen)
-        built = OrtSession(session, constants, key, max(0, resident_bytes() - before))
+        session, weights = _build(spec, executable, program, frozen)
+        built = OrtSession(session, weights, key, max(0, resident_bytes() - before))
         if key is not None:
             _LIVE[key] = built
         return built
@@ -236,7 +248,7 @@ def open_session(
 
 def _build(
     spec: DeviceSpec, executable: Executable, program: Program, frozen: Mapping[str, np.ndarray]
-) -> tuple[Any, list[np.ndarray]]:
+) -> tuple[Any, frozenset[str]]:
     device = spec.describe()
     opts = session_options(spec, executable)
     if executable.metadata.custom_ops:
@@ -245,7 +257,9 @@ def _build(
 
         prepare_session(opts, executable)
     payload = executable.program_payload(program)
-    constants = _constant_weights(executable, payload, frozen, device)
+    # Every weight in memory: the executable itself, or, where the runner released weights a
+    # session already holds, a new read of its files verified against its package hash.
+    constants, names = _constant_weights(executable.held(), payload, frozen, device)
     strings = {n: v for n, v in constants.items() if v.dtype.kind == "O"}
     if strings:  # an OrtValue holds no strings: they go back into the graph itself
         payload = _with_strings(payload, strings, device)
@@ -260,14 +274,16 @@ def _build(
         raise ApplicationRuntimeError(
             f"{device}: onnxruntime rejected main program {program.name!r}: {exc}"
         ) from exc
-    return session, list(constants.values())
+    # Not kept: onnxruntime copied them into the session (module docstring, Weights).
+    return session, frozenset(names[h] for h in constants if names[h] not in frozen)
 
 
 def _constant_weights(
     executable: Executable, payload: bytes, frozen: Mapping[str, np.ndarray], device: str
-) -> dict[str, np.ndarray]:
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Initializer name -> owned array, for every weight the main program keeps as an
-    initializer (its frozen value where one is given): what onnxruntime must be handed.
+    initializer (its frozen value where one is given): what onnxruntime must be handed; and
+    initializer name -> the weight's anchor name.
 
     Raises:
         ApplicationRuntimeError: the payload does not parse, or keeps an initializer for a
@@ -283,9 +299,10 @@ def _constant_weights(
         raise ApplicationRuntimeError(f"{device}: main program is not ONNX: {exc}") from exc
     names = anchored_initializers(model)
     if not names:
-        return {}
+        return {}, {}
     by_handle = {a.handle: a for a in executable.metadata.weights}
     constants: dict[str, np.ndarray] = {}
+    anchors: dict[str, str] = {}
     for name in names:
         a = by_handle.get(name)
         if a is None:  # never handed to onnxruntime: it would look for a file
@@ -298,7 +315,8 @@ def _constant_weights(
         # per session). A string constant's array is always a fresh one; a frozen input is the
         # runner's owned copy.
         constants[name] = value if value is not None else executable.anchor_data(a.name)
-    return constants
+        anchors[name] = a.name
+    return constants, anchors
 
 
 def _with_strings(payload: bytes, strings: Mapping[str, np.ndarray], device: str) -> bytes:
