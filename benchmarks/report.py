@@ -1,11 +1,11 @@
 """Write ``benchmarks/RESULTS.md`` from the JSON results of one ``make bench`` run.
 
 Reads ``benchmarks/results/{runner_throughput,compiled_vs_source,http_throughput,
-dynamic_shapes,triton_peer}.json`` (and includes ``benchmarks/results/overload.md`` when
+dynamic_shapes,triton_peer,memory}.json`` (and includes ``benchmarks/results/overload.md`` when
 present), adds the machine (cores, CPU model, RAM), the versions and the date, the tables, and
 the "done when" targets (issue 13's, issue 29's dynamic-shape point, issue 31's Triton points,
-whose section is ``triton_report.py``) with a PASS/FAIL column (``n/a`` where the figure is
-missing). A result file older than ``--since-file``'s
+whose section is ``triton_report.py``, issue 34's memory figures, ``memory_report.py``) with a
+PASS/FAIL column (``n/a`` where the figure is missing). A result file older than ``--since-file``'s
 timestamp came from an earlier run (its benchmark failed this time): it is reported, marked
 stale. With ``--readme``, the headline ratios replace the block between the README's
 ``<!-- bench:begin -->`` and ``<!-- bench:end -->`` markers, so the README quotes this run.
@@ -31,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import triton_report
+from benchmarks import memory_report, triton_report
 
 HERE = Path(__file__).resolve().parent
 RESULTS_DIR = HERE / "results"
@@ -42,6 +42,7 @@ SOURCES = (
     "http_throughput",
     "dynamic_shapes",
     triton_report.SOURCE,
+    memory_report.SOURCE,
 )
 README_BEGIN, README_END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
@@ -215,9 +216,19 @@ def triton_targets(docs: dict[str, Any]) -> list[Target]:
     ]
 
 
+def memory_targets(docs: dict[str, Any]) -> list[Target]:
+    """Issue 34: each model past the first <= 1.3 W, each replica <= 0.2 W, per setup of
+    ``memory_report.points``."""
+    return [
+        _target(what, value, goal, lambda v, bound=bound: v <= bound, issue=34)
+        for what, value, goal, bound in memory_report.points(docs.get(memory_report.SOURCE))
+    ]
+
+
 def all_targets(docs: dict[str, Any]) -> list[Target]:
-    """:func:`targets` (issues 13 and 29), then issue 31's (:func:`triton_targets`)."""
-    return targets(docs) + triton_targets(docs)
+    """:func:`targets` (issues 13 and 29), then issue 31's (:func:`triton_targets`) and issue
+    34's (:func:`memory_targets`)."""
+    return targets(docs) + triton_targets(docs) + memory_targets(docs)
 
 
 def machine() -> dict[str, str]:
@@ -300,6 +311,7 @@ def headline(docs: dict[str, Any], goals: list[Target]) -> list[str]:
             lines.append(f"- HTTP daemon / {peer} (req/s): {'; '.join(parts)}")
     dyn = _row(docs.get("dynamic_shapes", {}).get("rows", []), callers=64)
     lines += triton_report.headline(docs.get(triton_report.SOURCE))
+    lines += memory_report.headline(docs.get(memory_report.SOURCE))
     if dyn:
         lines.append(
             f"- dynamic text classifier (5 seq lengths, 64 callers): runtime / raw onnxruntime "
@@ -340,7 +352,11 @@ def render(
     if notes:
         out += ["**Missing or stale:**", ""] + [f"- {n}" for n in notes] + [""]
     out += ["## Headline", "", *headline(docs, goals), ""]
-    out += ["## Targets (issue 13; issue 29's dynamic point; issue 31's Triton peer)", ""]
+    out += [
+        "## Targets (issue 13; issue 29's dynamic point; issue 31's Triton peer; "
+        "issue 34's memory)",
+        "",
+    ]
     out += _table(
         ["target", "issue", "measured", "goal", "result"],
         [[t.what, t.issue, _fmt(t.value, t.digits), t.goal, t.verdict] for t in goals],
@@ -491,6 +507,7 @@ def render(
         out += [""]
 
     out += triton_report.section(docs.get(triton_report.SOURCE))
+    out += memory_report.section(docs.get(memory_report.SOURCE))
 
     if overload:
         text = overload.strip()  # overload.md brings its own heading

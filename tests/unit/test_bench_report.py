@@ -133,6 +133,30 @@ def test_the_dynamic_point_is_judged_against_issue_29_goals() -> None:
     assert "## Dynamic shapes" in text and f"| {report.DYNAMIC_RATIO} | 29 | 2.50 |" in text
 
 
+def test_memory_is_judged_against_issue_34_goals_per_setup() -> None:
+    rows = [{"models": 1, "replicas": 1, "rss": 100 * 2**20, "metrics": {}}]
+    setup = {"model": "mlp 1-2-3 (x)", "weights_bytes": 2**20, "rows": rows}
+    doc = {
+        "devices": "cpu:2x1",
+        "batch": 8,
+        "repeat": 3,
+        "setups": {
+            "small": setup | {"per_model_w": 1.4, "per_replica_w": 0.1},
+            "large": setup | {"per_model_w": 1.2, "per_replica_w": None},
+        },
+    }
+    goals = {t.what: t for t in report.memory_targets({"memory": doc})}
+    verdicts = [(t.issue, t.verdict) for t in goals.values()]
+    assert verdicts == [(34, "FAIL"), (34, "PASS"), (34, "PASS"), (34, "n/a")]
+    assert [t.verdict for t in report.memory_targets({})] == ["n/a", "n/a"]
+    text = report.render(
+        {"memory": doc}, [], {}, {}, None, datetime.datetime(2026, 1, 2, tzinfo=datetime.UTC)
+    )
+    assert (
+        "## Memory (issue 34)" in text and "| small (W 1.00 MB) | 1 | 1 | 100.0 | 100.0 |" in text
+    )
+
+
 def test_a_peer_not_measured_is_na_not_pass() -> None:
     verdicts = _verdicts(_docs(http=False))
     assert verdicts["HTTP JSON daemon / kserve, 1 client"] == "n/a"
