@@ -16,7 +16,12 @@ from device_fixtures import batch_of, mlp_exe, tiny_exe
 
 from actors.device.backends import CpuBackend, IpuModelBackend, make_backend
 from actors.device.backends.cpu import RunAborted
-from actors.device.backends.ort_sessions import SPINNING_ENV, live_sessions, session_options
+from actors.device.backends.ort_sessions import (
+    ARENA_ENV,
+    SPINNING_ENV,
+    live_sessions,
+    session_options,
+)
 from actors.device.inventory import DeviceSpec, ipu_model_spec
 from model_runtime.compiler import CompileOptions, compile_executable, run_reference
 from model_runtime.compiler.lower import weights_as_inputs
@@ -321,10 +326,13 @@ def test_session_options_are_chosen_for_a_server(
     assert opts.execution_mode == ort.ExecutionMode.ORT_SEQUENTIAL
     assert opts.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     assert opts.get_session_config_entry(spin) == "0"  # off unless asked for
-    on = session_options(CPU, compiled_mlp, environ={SPINNING_ENV: "1"})
+    assert not opts.enable_cpu_mem_arena  # off unless asked for (issue 34)
+    on = session_options(CPU, compiled_mlp, environ={SPINNING_ENV: "1", ARENA_ENV: "1"})
     assert on.get_session_config_entry(spin) == "1"
-    with pytest.raises(ConfigurationError, match=SPINNING_ENV):
-        session_options(CPU, compiled_mlp, environ={SPINNING_ENV: "fast"})
+    assert on.enable_cpu_mem_arena
+    for env in (SPINNING_ENV, ARENA_ENV):
+        with pytest.raises(ConfigurationError, match=env):
+            session_options(CPU, compiled_mlp, environ={env: "fast"})
     # An executable compiled to stay lightly optimised stays so on the device.
     basic = compile_executable(
         make_mlp(sizes=(16, 8)), CompileOptions(batch_size=4, optimization_level="basic")
