@@ -19,6 +19,7 @@ __all__ = [
     "ONNX_TEST_DATA",
     "OPSET",
     "light_model",
+    "make_accumulator",
     "make_add_double",
     "make_batch_mixing",
     "make_counter",
@@ -28,6 +29,7 @@ __all__ = [
     "make_mlp",
     "make_no_batch",
     "make_simple",
+    "make_simple_sequence",
     "make_simple_string",
     "make_string_identity",
     "make_string_mixed",
@@ -467,3 +469,50 @@ def make_simple_string(width: int = 16) -> onnx.ModelProto:
     model.ir_version = 9
     onnx.checker.check_model(model)
     return model
+
+
+def make_accumulator(corrid: bool = False) -> onnx.ModelProto:
+    """A stateful accumulator as Triton's sequence batcher drives it (issue 32): ``OUTPUT =
+    (START ? 0 : INPUT_STATE) + INPUT``, ``OUTPUT_STATE = OUTPUT``; int32 ``[N, 1]`` tensors,
+    ``READY`` multiplies the step (always 1 for a real request). With ``corrid``, a ``CORRID``
+    input (int64) that the last step (``END``) adds to its output, as Triton's dyna sequence
+    model does."""
+    i32 = TensorProto.INT32
+    vi = [helper.make_tensor_value_info(n, i32, ["N", 1]) for n in ("INPUT", "START", "READY")]
+    vi.append(helper.make_tensor_value_info("INPUT_STATE", i32, ["N", 1]))
+    nodes = [
+        helper.make_node("Cast", ["START"], ["start_b"], to=TensorProto.BOOL),
+        helper.make_node("Sub", ["INPUT_STATE", "INPUT_STATE"], ["zero"]),
+        helper.make_node("Where", ["start_b", "zero", "INPUT_STATE"], ["base"]),
+        helper.make_node("Add", ["base", "INPUT"], ["sum"]),
+        helper.make_node("Mul", ["sum", "READY"], ["acc"]),
+    ]
+    out = "acc"
+    if corrid:
+        vi.append(helper.make_tensor_value_info("END", i32, ["N", 1]))
+        vi.append(helper.make_tensor_value_info("CORRID", TensorProto.INT64, ["N", 1]))
+        nodes += [
+            helper.make_node("Cast", ["CORRID"], ["corr32"], to=i32),
+            helper.make_node("Mul", ["corr32", "END"], ["corr_end"]),
+            helper.make_node("Add", ["acc", "corr_end"], ["acc_end"]),
+        ]
+        out = "acc_end"
+    nodes += [
+        helper.make_node("Identity", [out], ["OUTPUT"]),
+        helper.make_node("Identity", ["acc"], ["OUTPUT_STATE"]),
+    ]
+    outputs = [helper.make_tensor_value_info(n, i32, ["N", 1]) for n in ("OUTPUT", "OUTPUT_STATE")]
+    return _model(helper.make_graph(nodes, "accumulator", vi, outputs))
+
+
+def make_simple_sequence() -> onnx.ModelProto:
+    """Triton's ``simple_sequence`` example model as NVIDIA's sequence clients expect it:
+    ``OUTPUT = (INPUT + START) * READY``, int32 ``[N, 1]`` (the first step adds 1)."""
+    i32 = TensorProto.INT32
+    vi = [helper.make_tensor_value_info(n, i32, ["N", 1]) for n in ("INPUT", "START", "READY")]
+    nodes = [
+        helper.make_node("Add", ["INPUT", "START"], ["sum"]),
+        helper.make_node("Mul", ["sum", "READY"], ["OUTPUT"]),
+    ]
+    out = [helper.make_tensor_value_info("OUTPUT", i32, ["N", 1])]
+    return _model(helper.make_graph(nodes, "simple_sequence", vi, out))
