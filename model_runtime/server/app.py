@@ -39,6 +39,7 @@ from model_runtime.errors import (
     ModelRuntimeError,
 )
 from model_runtime.runner import ModelRunner
+from model_runtime.sequences import SequenceStep
 from model_runtime.server import control
 from model_runtime.server.access import RateLimitedLog, access_middleware
 from model_runtime.server.admission import DEFAULT_QUEUE_DELAY, AdmissionControl
@@ -52,6 +53,7 @@ from model_runtime.server.body import (
 from model_runtime.server.codec import InferRequest, parse_infer_request
 from model_runtime.server.encode import encode_infer_response
 from model_runtime.server.metrics import CONTENT_TYPE, DaemonMetrics
+from model_runtime.server.parameters import not_a_sequence_model
 from model_runtime.server.raw import parse_raw_request
 from model_runtime.server.repository import (
     ModelEntry,
@@ -453,7 +455,18 @@ class InferenceServer:
         priority = settings.priority(
             parsed.priority, opts.priority_levels, opts.default_priority_level
         )
-        pending = runner.execute(parsed.inputs, timeout=timeout, priority=priority)
+        sequence = parsed.sequence
+        if settings.sequence is not None:  # a stateful model: every request is a step
+            pending = runner.execute(
+                parsed.inputs,
+                timeout=timeout,
+                priority=priority,
+                sequence=sequence or SequenceStep(0),
+            )
+        elif sequence is not None:
+            raise not_a_sequence_model(sequence, entry.name)
+        else:
+            pending = runner.execute(parsed.inputs, timeout=timeout, priority=priority)
         if timeout is None or isinstance(innermost(runner), ModelRunner):
             # A ModelRunner enforces the deadline itself: its own timer fails the request (and
             # drops it before it reaches a device once passed), so no second timer here.

@@ -32,6 +32,7 @@ import numpy as np
 import orjson
 
 from model_runtime.errors import ProtocolError
+from model_runtime.sequences import SequenceStep
 from model_runtime.server import answers, jsontape
 from model_runtime.server.answers import INT64_MAX
 from model_runtime.server.binary import bytes_from_binary, from_binary
@@ -119,6 +120,8 @@ class InferRequest:
     parameters: dict[str, Any] = field(default_factory=dict)
     timeout: float | None = None
     priority: int = 0
+    #: its place in a sequence (``sequence_id``...; None: none)
+    sequence: SequenceStep | None = None
     #: the shared memory regions its inputs and outputs use, held until :meth:`release`
     leases: list[Lease] = field(default_factory=list)
 
@@ -452,5 +455,6 @@ def _decode(
         parameters=raw_params,
         timeout=params.timeout,
         priority=params.priority,
+        sequence=params.sequence,
         leases=leases,
     )

@@ -261,6 +261,50 @@ class _ModelCollector(Collector):
         yield memory
 
 
+class _SequenceCollector(Collector):
+    """Stateful models' sequences (:mod:`model_runtime.sequences`), per model."""
+
+    def __init__(self, metrics: DaemonMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        live = GaugeMetricFamily(
+            "model_runtime_sequences_live",
+            "Sequences live now, each holding one of the model's sequence slots",
+            labels=["model"],
+        )
+        slots = GaugeMetricFamily(
+            "model_runtime_sequence_slots", "The model's sequence slots", labels=["model"]
+        )
+        waiting = GaugeMetricFamily(
+            "model_runtime_sequences_waiting",
+            "New sequences waiting for a free slot (Triton's backlog)",
+            labels=["model"],
+        )
+        counters = {
+            "started": "Sequences started (a request with sequence_start)",
+            "ended": "Sequences ended (a request with sequence_end that succeeded)",
+            "released_idle": "Sequences released after max_sequence_idle_microseconds idle",
+            "restarted": "Live sequences ended early by a new START of the same id",
+            "steps": "Steps run (requests of a sequence)",
+            "failed_steps": "Steps that failed (the sequence's state stayed as it was)",
+        }
+        families = {
+            name: CounterMetricFamily(f"model_runtime_sequence_{name}", doc, labels=["model"])
+            for name, doc in counters.items()
+        }
+        for model, table in self._metrics.sequences:
+            live.add_metric([model], float(table.live))
+            slots.add_metric([model], float(table.config.slots))
+            waiting.add_metric([model], float(table.waiting))
+            for name, family in families.items():
+                family.add_metric([model], float(getattr(table.counts, name)))
+        yield live
+        yield slots
+        yield waiting
+        yield from families.values()
+
+
 class _ReplicaCollector(Collector):
     def __init__(self, metrics: DaemonMetrics) -> None:
         self._metrics = metrics
@@ -387,6 +431,8 @@ class DaemonMetrics:
         #: ``ModelRunner.memory`` of every loaded (model, version) at the last scrape, less
         #: the per-replica part (in the replicas' snapshots).
         self.model_memory: dict[tuple[str, str], dict[str, int]] = {}
+        #: (model, its live sequences) of every stateful model at the last scrape.
+        self.sequences: list[tuple[str, Any]] = []
         #: Triton's totals per (model, version): they outlive reloads (see the module doc).
         self.triton: dict[tuple[str, str], TritonTotals] = {}
         #: The last read of each runner of a (model, version), by ``id`` of the runner (a mark
@@ -397,6 +443,7 @@ class DaemonMetrics:
         self._pending_children: dict[tuple[str, str], tuple[Any, Any]] = {}
         r.register(_ReplicaCollector(self))
         r.register(_ModelCollector(self))
+        r.register(_SequenceCollector(self))
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
 
@@ -463,6 +510,8 @@ class DaemonMetrics:
         self.model_memory = {}
         entries = repository.entries()
         self.models = [ModelSnapshot(e.name, e.state, e.loads, e.load_failures) for e in entries]
+        tables = {e.name: e.sequences for e in entries if e.sequences is not None}
+        self.sequences = sorted(tables.items(), key=lambda item: item[0])
         for entry in entries:
             self.model_ready.labels(entry.name).set(1.0 if entry.is_ready else 0.0)
             snaps += await self.read_runner(entry.name, entry.version, entry.runner)

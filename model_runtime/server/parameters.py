@@ -9,8 +9,9 @@ Request parameters (Triton's reserved names, the KServe v2 binary data extension
 - ``priority`` (integer >= 0): Triton's priority level, 1 the highest, larger numbers lower, 0
   the model's default level; see :func:`execute_priority` for how it reaches the runner.
 - ``sequence_id`` / ``sequence_start`` / ``sequence_end``: sequence batching, for stateful
-  models. Every model here is stateless, so a sequence (an id other than 0 or "", or a start
-  or end flag that is true) is refused; the values that mean "no sequence" are accepted.
+  models (:mod:`model_runtime.sequences`): the request's :class:`SequenceStep` (None when the
+  values say "no sequence": an id of 0 or "" and both flags false). The server refuses a
+  sequence sent to a stateless model (:func:`not_a_sequence_model`).
 
 Input parameters: ``binary_data_size``. Output parameters: ``binary_data`` and
 ``classification`` (Triton's HTTP name; ``class_count``, its gRPC name, is accepted too).
@@ -28,6 +29,7 @@ from typing import Any
 import orjson
 
 from model_runtime.errors import ProtocolError
+from model_runtime.sequences import SequenceStep
 from model_runtime.server import answers
 
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
     "check_input_parameters",
     "execute_priority",
     "load_request_parameters",
+    "not_a_sequence_model",
     "output_parameters",
     "region_parameters",
     "request_parameters",
@@ -64,6 +67,7 @@ class RequestParameters:
     binary_output: bool = False
     timeout: float | None = None
     priority: int = 0
+    sequence: SequenceStep | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +114,7 @@ def request_parameters(
     HTTP, as in Triton, every one is.
 
     Raises:
-        ProtocolError: an unknown parameter, a value of the wrong type or range, or a sequence.
+        ProtocolError: an unknown parameter, or a value of the wrong type or range.
     """
     reserved = [k for k in raw if k.startswith("triton_")]
     for key in reserved:
@@ -132,12 +136,9 @@ def request_parameters(
     flags = [raw.get(k, False) for k in _SEQUENCE[1:]]
     if not all(isinstance(f, bool) for f in flags):
         raise _fail("sequence_start and sequence_end must be true or false")
+    sequence = None
     if seq_id not in (0, "") or any(flags):
-        given = {k: raw[k] for k in _SEQUENCE if k in raw}
-        raise _fail(
-            f"sequence parameters {given} are not supported: model {model!r} is stateless "
-            "(no sequence batching); send each request on its own"
-        )
+        sequence = SequenceStep(seq_id, start=flags[0], end=flags[1])
     timeout_us = raw.get("timeout", 0)
     if not _int(timeout_us) or timeout_us < 0:
         raise _fail(f"timeout must be a non-negative integer of microseconds, got {timeout_us!r}")
@@ -151,6 +152,16 @@ def request_parameters(
         binary_output=binary,
         timeout=timeout_us / 1e6 if timeout_us else None,
         priority=priority,
+        sequence=sequence,
+    )
+
+
+def not_a_sequence_model(step: SequenceStep, model: str) -> ProtocolError:
+    """The refusal of a sequence sent to ``model``, which has no sequence batching."""
+    given = {"sequence_id": step.id, "sequence_start": step.start, "sequence_end": step.end}
+    return _fail(
+        f"sequence parameters {given} are not supported: model {model!r} is stateless "
+        "(no sequence batching); send each request on its own"
     )
 
 

@@ -54,6 +54,7 @@ from model_runtime.errors import (
 )
 from model_runtime.io import DataDesc
 from model_runtime.runner_config import ModelRunnerConfig
+from model_runtime.sequences import SequenceConfig, SequenceRunner, SequenceTable
 from model_runtime.server import answers
 from model_runtime.server.codec import TensorSpec
 from model_runtime.server.datatypes import datatype_of
@@ -177,6 +178,9 @@ class ModelEntry:
     settings: ModelSettings | None = None
     #: The ``ModelConfig`` (Triton's) of what this version serves; None while not loaded.
     served: Message | None = None
+    #: A stateful model's live sequences, handed to its next version by a reload when the
+    #: sequence settings stay the same (:mod:`model_runtime.sequences`).
+    sequences: SequenceTable | None = None
     #: The model's other versions served, by version (empty but for Triton's version policy).
     versions: dict[str, ModelEntry] = field(default_factory=dict)
 
@@ -215,6 +219,26 @@ def parse_model_arg(arg: str) -> tuple[str, Path]:
             f"model {str(p)!r} must be an .mrx or .onnx file or a Triton model directory"
         )
     return name, p
+
+
+def _stateful(
+    entry: ModelEntry, runner: RunnerLike, sequence: SequenceConfig, config: ModelRunnerConfig
+) -> RunnerLike:
+    """``runner`` of a stateful model behind its sequence batcher, with the live sequences of
+    the version it replaces when the sequence settings are the same.
+
+    Raises:
+        ConfigurationError: a control or state tensor the model does not have.
+    """
+    if sequence.strategy == "direct":  # one slot per batch row per instance
+        sequence = replace(sequence, slots=sequence.slots * config.replication_factor)
+    table = entry.sequences
+    if table is None or table.config != sequence:
+        table = SequenceTable(sequence)
+    stateful = SequenceRunner(runner, table, entry.name)
+    stateful.check()
+    entry.sequences = table
+    return stateful  # type: ignore[return-value]
 
 
 async def _first_of(events: Sequence[anyio.Event]) -> None:
@@ -662,6 +686,8 @@ class ModelRepository:
         runner = self._factory(path, config)
         await runner.start()
         try:
+            if settings.sequence is not None:
+                runner = _stateful(entry, runner, settings.sequence, config)
             descs = runner.get_execute_inputs()
             inputs = _specs(descs, axis)
             outputs = _specs(runner.get_execute_outputs(), axis)

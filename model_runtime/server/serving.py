@@ -13,6 +13,7 @@ import numpy as np
 from actors.session.state import ReplicaStatus
 from model_runtime.io import DataDesc
 from model_runtime.runner_config import ModelRunnerConfig
+from model_runtime.sequences import SequenceStep
 
 __all__ = [
     "RunnerFactory",
@@ -105,9 +106,15 @@ class ServingRunner:
         replica_id: int | None = None,
         timeout: float | None = None,
         priority: int = 0,
+        sequence: SequenceStep | None = None,
     ) -> Coroutine[Any, Any, dict[str, np.ndarray]]:
-        """The current runner's ``execute`` (no frame of its own on the hot path)."""
-        return self.current.execute(inputs, outputs, replica_id, timeout, priority)
+        """The current runner's ``execute`` (no frame of its own on the hot path); a step of
+        a ``sequence`` for a stateful model's runner (:mod:`model_runtime.sequences`)."""
+        if sequence is None:
+            return self.current.execute(inputs, outputs, replica_id, timeout, priority)
+        return self.current.execute(  # type: ignore[call-arg]
+            inputs, outputs, replica_id, timeout, priority, sequence=sequence
+        )
 
     def get_execute_inputs(self) -> list[DataDesc]:
         """The current runner's inputs."""

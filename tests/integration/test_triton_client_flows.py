@@ -4,8 +4,9 @@ siblings, ``simple_http_string_infer_client``, ``grpc_client``, the gRPC async c
 ``grpc_explicit_{int,int8,byte}_content_client`` family, ``simple_*_model_control``) with
 the models they expect, built as ONNX: ``simple`` (INT32 [16]: sum and difference),
 ``simple_int8`` (the same in INT8), ``simple_string`` (the same on numbers written as
-strings) and ``simple_identity`` (BYTES in, BYTES out). Sequences and streaming are refused
-with an error that names them, and the daemon serves on. (Shared memory:
+strings) and ``simple_identity`` (BYTES in, BYTES out). A sequence sent to one of these
+stateless models is refused with an error that names it, and the daemon serves on; streaming
+serves any model (sequences: ``test_sequence_flows.py``). (Shared memory:
 ``test_shared_memory_flows.py``.)"""
 
 from __future__ import annotations
@@ -306,7 +307,7 @@ def test_model_control_over_http_and_grpc(daemon: Daemon) -> None:
         _check(http.infer("simple", _http_inputs(a, b)), a, b)
 
 
-# -- refused: sequences, streaming ------------------------------------------------------------
+# -- sequences to a stateless model: refused; streaming: served -------------------------------
 
 
 def test_sequences_are_refused_over_http_and_the_daemon_serves_on(daemon: Daemon) -> None:
@@ -319,7 +320,7 @@ def test_sequences_are_refused_over_http_and_the_daemon_serves_on(daemon: Daemon
         _check(client.infer("simple", _http_inputs(a, b)), a, b)
 
 
-def test_sequences_and_streams_are_refused_over_grpc(daemon: Daemon) -> None:
+def test_sequences_are_refused_and_streams_served_over_grpc(daemon: Daemon) -> None:
     with grpcclient.InferenceServerClient(f"127.0.0.1:{daemon.grpc_port}") as client:
         a, b = _pair()
         seq = _refused(lambda: client.infer("simple", _grpc_inputs(a, b), sequence_id=3))
@@ -329,8 +330,19 @@ def test_sequences_and_streams_are_refused_over_grpc(daemon: Daemon) -> None:
 
     with grpc.insecure_channel(f"127.0.0.1:{daemon.grpc_port}") as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-        stream = stub.ModelStreamInfer(iter([service_pb2.ModelInferRequest(model_name="simple")]))
-        with pytest.raises(grpc.RpcError) as info:
-            list(stream)
-        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
-        assert "streaming inference" in str(info.value.details())
+        # One request without inputs (an error answered on the stream, which goes on), one
+        # sequence (refused: "simple" is stateless), then a good one.
+        bad = service_pb2.ModelInferRequest(model_name="simple", id="bad")
+        seq = service_pb2.ModelInferRequest(model_name="simple", id="seq")
+        seq.parameters["sequence_id"].int64_param = 9
+        good = service_pb2.ModelInferRequest(model_name="simple", id="good")
+        for request in (seq, good):
+            for name, arr in zip(("INPUT0", "INPUT1"), _pair(), strict=True):
+                tensor = request.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+                tensor.contents.int_contents.extend(arr.ravel().tolist())
+        answers = list(stub.ModelStreamInfer(iter([bad, seq, good]), timeout=30))
+        assert len(answers) == 3
+        errors = sorted(a.error_message for a in answers if a.error_message)
+        assert "sequence parameters" in errors[0] and "has no inputs" in errors[1], errors
+        (ok,) = [a.infer_response for a in answers if not a.error_message]
+        assert ok.id == "good" and [o.name for o in ok.outputs] == ["OUTPUT0", "OUTPUT1"]

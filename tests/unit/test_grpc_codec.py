@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from model_runtime.sequences import SequenceStep
 from model_runtime.server.classification import bytes_to_binary
 from model_runtime.server.codec import InferRequest, ProtocolError, RequestedOutput, TensorSpec
 from model_runtime.server.datatypes import DATATYPES
@@ -68,6 +69,10 @@ def test_parameters_are_honoured_as_over_http() -> None:
     parsed = _parse(req)
     assert (parsed.id, parsed.timeout, parsed.priority) == ("r-1", 0.0025, 2)
     assert parsed.outputs == (RequestedOutput("label", True, 2),)
+    assert parsed.sequence is None
+    req.parameters["sequence_id"].string_param = "s-9"
+    req.parameters["sequence_start"].bool_param = True
+    assert _parse(req).sequence == SequenceStep("s-9", start=True)
 
 
 @pytest.mark.parametrize(
@@ -116,8 +121,6 @@ def test_every_typed_contents_field_decodes_exactly(
         (lambda r: r.inputs[0].contents.SetInParent(),  # even empty, as Triton checks it
          "contents field must not be specified when using raw_input_contents for 'pixels'"),
         (lambda r: r.outputs.add(name="nope"), "unknown output 'nope'"),
-        (lambda r: r.parameters["sequence_id"].MergeFrom(pb.InferParameter(int64_param=7)),
-         "sequence parameters"),
         (lambda r: r.parameters["bogus"].MergeFrom(pb.InferParameter(bool_param=True)),
          "['bogus'] are not supported"),
         (lambda r: r.inputs[0].parameters["shared_memory_region"].MergeFrom(

@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
         "model_runtime.runner",
         "model_runtime.runner_config",
         "model_runtime.replicas",
+        "model_runtime.sequences",
         "model_runtime.stats",
         "model_runtime.lowlevel",
     ),

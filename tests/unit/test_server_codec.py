@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from model_runtime.sequences import SequenceStep
 from model_runtime.server import jsonnumbers, jsontape
 from model_runtime.server.classification import bytes_to_binary, classify
 from model_runtime.server.codec import (
@@ -600,12 +601,13 @@ def test_priority_levels_map_onto_execute_highest_first() -> None:
         execute_priority(6, levels=5, default_level=3)
 
 
-def test_values_that_mean_no_sequence_are_accepted() -> None:
+def test_values_that_mean_no_sequence_are_no_sequence() -> None:
     params = {"sequence_id": 0, "sequence_start": False, "sequence_end": False}
     req = _parse(_doc(parameters=params))
-    assert req.priority == 0 and req.timeout is None
-    with pytest.raises(ProtocolError, match="stateless"):
-        _parse(_doc(parameters={"sequence_id": "s-1"}))
+    assert req.priority == 0 and req.timeout is None and req.sequence is None
+    # A sequence is the request's step; whether its model takes one is the server's to say.
+    step = _parse(_doc(parameters={"sequence_id": "s-1", "sequence_end": True})).sequence
+    assert step == SequenceStep("s-1", start=False, end=True)
 
 
 # -- classification ------------------------------------------------------------------------------

@@ -68,7 +68,18 @@ def test_without_settings_the_server_defaults_stay(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "field"),
     [
-        ("sequence_batching { }", "sequence_batching"),
+        ("sequence_batching { }", "sequence_batching: needs max_batch_size >= 1"),
+        ("max_batch_size: 2 sequence_batching { iterative_sequence: true }", "iterative"),
+        (
+            "max_batch_size: 2 sequence_batching { control_input [ { name: 'S' control [ "
+            "{ kind: CONTROL_SEQUENCE_START } ] } ] }",
+            "control_input[0].control[0]: give one of int32_false_true",
+        ),
+        (
+            "max_batch_size: 2 sequence_batching { state [ { input_name: 'a' output_name: 'b' "
+            "data_type: TYPE_FP32 dims: [ -1 ] } ] }",
+            "state[0].dims",
+        ),
         ("max_batch_size: 2 bogus: 1", "bogus"),
         ("instance_group [ { kind: KIND_GPU } ]", "instance_group[0].kind"),
         ("instance_group [ { gpus: [0] } ]", "instance_group[0].gpus"),
@@ -120,8 +131,10 @@ def test_the_toml_carries_the_same_fields(tmp_path: Path) -> None:
     )
     s = parse_toml(path)
     assert (s.batch_size, s.replicas, s.timeout) == (4, 2, pytest.approx(900e-6))
-    bad = write(tmp_path, "max_batch_size = 4\nsequence_batching = {}\n", "bad.toml")
-    with pytest.raises(ConfigurationError, match="sequence_batching"):
+    bad = write(
+        tmp_path, "max_batch_size = 4\n[sequence_batching]\niterative_sequence = true\n", "bad.toml"
+    )
+    with pytest.raises(ConfigurationError, match=r"sequence_batching\.iterative_sequence"):
         parse_toml(bad)
 
 

@@ -282,6 +282,7 @@ def _parse(
         parameters={},
         timeout=params.timeout,
         priority=params.priority,
+        sequence=params.sequence,
         leases=leases,
     )
 

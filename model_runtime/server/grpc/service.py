@@ -25,7 +25,7 @@ import asyncio
 import base64
 import functools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict
 from typing import Any, TypeVar
 
@@ -75,20 +75,28 @@ def _answers(method: Handler[_R]) -> Handler[_R]:
         try:
             return await method(self, request, context)
         except Exception as exc:
-            status, reason = status_of(exc)
-            message = str(exc) or type(exc).__name__
-            if reason == "internal":
-                log.exception("grpc_request_failed", method=method.__name__, status=status)
-            elif status >= 500 and reason not in _SUMMARISED:
-                log.warning(
-                    "grpc_request_failed", method=method.__name__, status=status, error=message
-                )
-            code = grpc.StatusCode[grpc_code_of(exc, status)]
+            message = _logged(exc, method.__name__)
+            code = grpc.StatusCode[grpc_code_of(exc, status_of(exc)[0])]
         # Outside the except block: abort raises to end the call, with no chained context.
         await context.abort(code, message)
         raise AssertionError("context.abort returned")  # pragma: no cover
 
     return handler
+
+
+def _logged(exc: Exception, method: str) -> str:
+    """``exc``'s message, logged as the HTTP front end logs a failure of its status."""
+    status, reason = status_of(exc)
+    message = str(exc) or type(exc).__name__
+    if reason == "internal":
+        log.error("grpc_request_failed", method=method, status=status, exc_info=exc)
+    elif status >= 500 and reason not in _SUMMARISED:
+        log.warning("grpc_request_failed", method=method, status=status, error=message)
+    return message
+
+
+#: Requests of one ModelStreamInfer stream running at once; the next is read when one ends.
+STREAM_IN_FLIGHT = 256
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
@@ -161,6 +169,49 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         """One inference request: raw or typed contents in, raw contents out; refused
         (UNAVAILABLE) before it is decoded while its model is over its admission limit."""
+        return await self._model_infer(request, context)
+
+    async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> Any:
+        """Triton's streaming inference: requests in, one response each, in the order they
+        finish (the steps of one sequence in their order: :mod:`model_runtime.sequences`).
+        A request that fails is answered with its ``error_message`` and the stream goes on;
+        at most :data:`STREAM_IN_FLIGHT` requests of a stream run at once (the next is read
+        when one is answered)."""
+        answers: asyncio.Queue[Any] = asyncio.Queue()
+        slots = asyncio.Semaphore(STREAM_IN_FLIGHT)
+        running: set[asyncio.Task[None]] = set()
+
+        async def one(request: Any) -> None:
+            try:
+                response = await self._model_infer(request, context)
+                item = pb.ModelStreamInferResponse(infer_response=response)
+            except Exception as exc:
+                item = pb.ModelStreamInferResponse(error_message=_logged(exc, "ModelStreamInfer"))
+            finally:
+                slots.release()
+            answers.put_nowait(item)
+
+        async def read() -> None:
+            try:
+                async for request in requests:
+                    await slots.acquire()
+                    task = asyncio.create_task(one(request))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                await asyncio.gather(*list(running))
+            finally:
+                answers.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (item := await answers.get()) is not None:
+                yield item
+        finally:
+            reader.cancel()
+            for task in list(running):
+                task.cancel()
+
+    async def _model_infer(self, request: Any, context: Any) -> Any:
         server = self.server
         entry = server.entry(request.model_name, request.model_version)
         admission = server.admission
@@ -328,10 +379,6 @@ def _check_repository_name(name: str) -> None:
 _SERVICE = "/inference.GRPCInferenceService/"
 #: Methods of Triton's service that this server does not serve -> why (UNIMPLEMENTED).
 UNSUPPORTED_METHODS: dict[str, str] = {
-    "ModelStreamInfer": (
-        "streaming inference (ModelStreamInfer: sequences, decoupled models) is not supported "
-        "by this server: use ModelInfer"
-    ),
     "TraceSetting": "the trace extension is not supported by this server",
     "LogSettings": "the logging extension is not supported by this server",
 }
@@ -355,6 +402,4 @@ class UnsupportedMethods(grpc.GenericRpcHandler):  # type: ignore[misc]
         async def refuse(request: Any, context: Any) -> None:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, why)
 
-        if name == "ModelStreamInfer":
-            return grpc.stream_stream_rpc_method_handler(refuse)
         return grpc.unary_unary_rpc_method_handler(refuse)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from model_runtime.errors import ConfigurationError, InputValidationError
+from model_runtime.sequences import SequenceStep
 from model_runtime.server.serving import ServingRunner
 
 if TYPE_CHECKING:
@@ -131,6 +132,7 @@ class BoundaryRunner(ServingRunner):
         replica_id: int | None = None,
         timeout: float | None = None,
         priority: int = 0,
+        sequence: SequenceStep | None = None,
     ) -> dict[str, np.ndarray]:
         """The wrapped runner's ``execute`` on the request as the model takes it, its answer
         as the client gets it. No ``await`` comes before the runner's own first step.
@@ -145,5 +147,10 @@ class BoundaryRunner(ServingRunner):
                 "output buffers cannot be given to a model whose config reshapes tensors"
             )
         model = self.boundary.to_model(inputs)
-        results = await self.current.execute(model, None, replica_id, timeout, priority)
+        if sequence is None:
+            results = await self.current.execute(model, None, replica_id, timeout, priority)
+        else:
+            results = await self.current.execute(  # type: ignore[call-arg]
+                model, None, replica_id, timeout, priority, sequence=sequence
+            )
         return self.boundary.to_client(results)

@@ -30,6 +30,7 @@ What maps to what (:func:`settings_of`):
   ``default_timeout_microseconds`` -> the default deadline of a request.
 - ``instance_group { count, kind: KIND_CPU }`` -> replicas (groups add up).
 - ``version_policy`` -> which version directories are served (Triton's default: the latest).
+- ``sequence_batching`` -> a stateful model (:mod:`.sequence`, :mod:`model_runtime.sequences`).
 """
 
 from __future__ import annotations
@@ -46,8 +47,10 @@ from google.protobuf.descriptor import FieldDescriptor
 
 from model_runtime.errors import ConfigurationError, ModelUnavailableError
 from model_runtime.runner_config import ModelRunnerConfig
+from model_runtime.sequences import SequenceConfig
 from model_runtime.server.parameters import execute_priority
 from model_runtime.server.triton import model_config_pb2 as pb
+from model_runtime.server.triton.sequence import sequence_config
 from model_runtime.server.triton.tensors import check_declared
 
 __all__ = [
@@ -125,6 +128,9 @@ class ModelSettings:
     triton: bool = False
     #: Each output's class labels (its ``label_filename``, read at load by :mod:`.layout`).
     labels: Mapping[str, tuple[str, ...]] = _field(default_factory=dict)
+    #: ``sequence_batching``: a stateful model (:mod:`.sequence`); its slots are counted for
+    #: one instance here, and for the instances it runs when it loads.
+    sequence: SequenceConfig | None = None
 
     def deadline(self, server: float | None, requested: float | None) -> float | None:
         """A request's timeout (seconds): its own, else the model's default, within the
@@ -300,6 +306,8 @@ def settings_of(
         )
     check_declared(config, where)
     fields: dict[str, Any] = {}
+    if config.HasField("sequence_batching"):
+        fields["sequence"] = sequence_config(config.sequence_batching, where, mbs, 1)
     if config.HasField("dynamic_batching"):
         fields = _dynamic_batching(config.dynamic_batching, where, mbs)
         preferred = fields.get("preferred_batch_sizes", ())

@@ -70,8 +70,8 @@ def sequence_config(
     """
     if max_batch_size < 1:
         raise ConfigurationError(
-            f"{where}: max_batch_size: a sequence model is served with a batch axis (one row "
-            "per sequence in a batch): give max_batch_size >= 1"
+            f"{where}: sequence_batching: needs max_batch_size >= 1 (a sequence model is "
+            "served with a batch axis, one row per sequence in a batch)"
         )
     if sb.iterative_sequence:
         raise _fail(where, "iterative_sequence", "iterative sequences are not supported")
