@@ -24,6 +24,10 @@ loop falls seconds behind. :class:`AdmissionControl` therefore bounds what the f
   back by :data:`LAG_INCREASE` of the floor per tick.
   Shed requests cost an early refusal (~a tenth of an admitted one), so the loop catches up.
 
+A stateful model's requests are never refused here (:meth:`AdmissionControl.exempt`): its
+sequence slots bound its work already (a sequence runs one step at a time, and new sequences
+wait for a slot), and a step refused in the middle of a sequence would break a client's session.
+
 A refused request is answered before its body is parsed, from a 503 built once per model (JSON
 error naming the model and the limit, ``Retry-After``), without an access log line: it is
 counted in ``model_runtime_requests_refused_total{model,reason}`` and logged as a rate-limited
@@ -116,6 +120,7 @@ class ModelAdmission:
         "_window_start",
         "body",
         "clock",
+        "exempt",
         "floor",
         "headers",
         "inflight",
@@ -144,6 +149,8 @@ class ModelAdmission:
         self._busy = 0.0
         self._busy_since = 0.0
         self._window_start = self.clock()
+        #: Never refused (a stateful model: see :meth:`AdmissionControl.exempt`).
+        self.exempt = False
         limit = (
             f"what it can finish within {control.queue_delay:g} s"
             if control.queue_delay < float("inf")
@@ -167,6 +174,8 @@ class ModelAdmission:
 
     def refuses(self) -> str | None:
         """The reason a new request is refused now, or None: admitted. O(1), no allocation."""
+        if self.exempt:
+            return None
         n = self.inflight
         if n >= self.limit or n >= self.lag_cap:
             return OVERLOADED
@@ -300,6 +309,11 @@ class AdmissionControl:
     def _refuse(self, state: ModelAdmission, reason: str) -> None:
         state.refused[reason].inc()
         self.log(model=state.name, reason=reason, in_flight=state.inflight, limit=state.limit)
+
+    def exempt(self, model: str, exempt: bool = True) -> None:
+        """Admit every request of ``model`` (or stop doing so): a stateful model's, whose
+        sequence slots bound its work and whose steps must not be refused mid-sequence."""
+        self.model(model).exempt = exempt
 
     # -- gRPC (and any other front end) ------------------------------------------------------
 

@@ -160,6 +160,11 @@ class InferenceServer:
             retry_after=self.options.retry_after,
             capacity=self._capacity,
         )
+        # A stateful model's steps are never shed: its sequence slots bound its work, and a
+        # step refused mid-sequence would break a client's session (model_runtime.sequences).
+        repository.on_install = lambda entry: self.admission.exempt(
+            entry.name, entry.sequences is not None
+        )
 
     def _capacity(self, name: str) -> int:
         """Requests model ``name``'s replicas take at once: a batch computing and one filling

@@ -328,6 +328,8 @@ class ModelRepository:
         #: reload swapped it out, or an unload): the last chance to read what it ran. Its
         #: errors are logged; the runner closes anyway.
         self.on_retire: Callable[[str, str, RunnerLike], Awaitable[None]] | None = None
+        #: Called with the entry each time a version is installed (it serves from now on).
+        self.on_install: Callable[[ModelEntry], None] | None = None
 
     async def __aenter__(self) -> ModelRepository:
         self._tg = anyio.create_task_group()
@@ -627,6 +629,8 @@ class ModelRepository:
             entry.runner.current = new.runner
         entry.stop = self._watch(entry, new.runner)
         entry.state, entry.reason = ModelState.READY, ""
+        if self.on_install is not None:
+            self.on_install(entry)
 
     async def _close_started(self, name: str, started: dict[str, _Version]) -> None:
         """Close the versions a failed or cancelled load had started already."""

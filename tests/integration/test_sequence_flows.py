@@ -2,8 +2,9 @@
 (``simple_http_sequence_sync_infer_client``, ``simple_grpc_sequence_sync_infer_client``,
 ``simple_grpc_sequence_stream_infer_client``), written here, against ``simple_sequence`` as
 they expect it (Triton's layout and config, the model built as ONNX); and an accumulator with
-implicit state (``acc``): 200 sequences over gRPC streams and HTTP at once, every answer the
-accumulator computed here."""
+implicit state (``acc``): 200 sequences over gRPC streams and HTTP at once, on two instances
+under the fault suite's kind of plan (recoverable faults every 20 runs, one instance's device
+crashing for good mid-run), every answer the accumulator computed here."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import queue
 import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -76,6 +78,25 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     yield d
     stop_daemon(d)
     assert d.proc.returncode == 0
+
+
+#: The fault suite's kind of plan: recoverable faults on every instance, and instance 1's
+#: device crashing on every run from its 60th (it leaves service; instance 0 serves on).
+FAULTS = "recoverable:every=20;crash:every=1:from=60:replica=1"
+
+
+@pytest.fixture
+def faulty(tmp_path: Path) -> Iterator[Daemon]:
+    """A daemon serving ``acc`` alone, every other setting its default, with :data:`FAULTS`."""
+    repo = tmp_path / "models"
+    (repo / "acc" / "1").mkdir(parents=True)
+    (repo / "acc" / "config.pbtxt").write_text(ACC)
+    save(make_accumulator(corrid=True), repo / "acc" / "1" / "model.onnx")
+    config = tmp_path / "daemon.toml"
+    config.write_text(f'[runner]\nfault_plan = "{FAULTS}"\n')
+    d = start_daemon(tmp_path, "--config", str(config), "--model-repository", str(repo))
+    yield d
+    stop_daemon(d)
 
 
 def expected(values: list[int]) -> list[int]:
@@ -185,8 +206,9 @@ def test_sequence_errors_are_clear_and_per_request(daemon: Daemon) -> None:
         assert [o["name"] for o in meta["outputs"]] == ["OUTPUT"]
 
 
-def test_200_sequences_over_streams_and_http_equal_the_accumulator(daemon: Daemon) -> None:
+def test_200_sequences_over_streams_and_http_equal_the_accumulator(faulty: Daemon) -> None:
     """200 sequences of 50 steps: half on four gRPC streams, half over HTTP from threads."""
+    daemon = faulty
     rng = np.random.default_rng(5)
     plans = {sid: rng.integers(-20, 20, size=50).tolist() for sid in range(1, 201)}
     want = {
@@ -201,9 +223,17 @@ def test_200_sequences_over_streams_and_http_equal_the_accumulator(daemon: Daemo
                 for sid in sids:
                     inputs = [httpclient.InferInput("INPUT", [1, 1], "INT32")]
                     inputs[0].set_data_from_numpy(_data(plans[sid][k]))
-                    r = client.infer(
-                        "acc", inputs, sequence_id=sid, sequence_start=k == 0, sequence_end=k == 49
-                    )
+                    try:
+                        r = client.infer(
+                            "acc",
+                            inputs,
+                            sequence_id=sid,
+                            sequence_start=k == 0,
+                            sequence_end=k == 49,
+                        )
+                    except InferenceServerException as exc:
+                        errors.append(exc)
+                        return
                     got[sid].append(int(r.as_numpy("OUTPUT")[0][0]))
 
     def stream_worker(sids: list[int]) -> None:
@@ -240,7 +270,7 @@ def test_200_sequences_over_streams_and_http_equal_the_accumulator(daemon: Daemo
         t.start()
     for t in threads:
         t.join(150)
-    assert not errors, errors[:3]
+    assert not errors, [e.message() for e in errors[:3]]
     for sid in sids:
         answers = got[sid]
         if sid > 100:  # stream answers carry their step: in step order for the check
@@ -249,3 +279,8 @@ def test_200_sequences_over_streams_and_http_equal_the_accumulator(daemon: Daemo
     _, text = daemon.get("/metrics")
     assert metric(text, 'model_runtime_sequences_live{model="acc"}') == 0
     assert metric(text, 'model_runtime_sequence_steps_total{model="acc"}') == 200 * 50
+    assert metric(text, 'model_runtime_sequence_failed_steps_total{model="acc"}') == 0
+    resets = metric(text, 'model_runtime_replica_resets{model="acc",replica="0"}')
+    restarts = metric(text, 'model_runtime_replica_restarts{model="acc",replica="1"}')
+    assert resets and resets >= 1, "the recoverable faults did not happen"
+    assert restarts and restarts >= 1, "instance 1's device never crashed"

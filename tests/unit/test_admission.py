@@ -109,6 +109,22 @@ def test_the_runners_refusal_is_the_limit_for_a_while() -> None:
     assert control.try_admit("m") is None
 
 
+def test_a_stateful_model_is_never_refused() -> None:
+    """Issue 32: its sequence slots bound its work; a step refused mid-sequence would break a
+    client's session."""
+    clock = FakeClock()
+    control = AdmissionControl(queue_delay=None, clock=clock)
+    for _ in range(10):
+        assert control.try_admit("m") is None
+    control.release("m", queue_full=True)
+    assert control.try_admit("m") is not None  # stateless: refused at the runner's limit
+    control.exempt("m")
+    assert all(control.try_admit("m") is None for _ in range(100))
+    assert control.at_head(b"/v2/models/m/infer") is control.models["m"]  # admitted at the head
+    control.exempt("m", False)  # a reload made it stateless again
+    assert control.try_admit("m") is not None
+
+
 def test_refusals_are_counted_and_logged_as_one_summary() -> None:
     clock = FakeClock()
     registry = CollectorRegistry()
