@@ -158,6 +158,13 @@ _LAZY: dict[str, str] = {
     "Kernel": "model_runtime.custom_ops",
     "codelet_expression_op": "model_runtime.custom_ops",
     "QueueTimeoutError": "model_runtime.lowlevel",
+    "SequenceRunner": "model_runtime.sequences",
+    "SequenceTable": "model_runtime.sequences",
+    "SequenceConfig": "model_runtime.sequences",
+    "SequenceStep": "model_runtime.sequences",
+    "StatePair": "model_runtime.sequences",
+    "Control": "model_runtime.sequences",
+    "ControlKind": "model_runtime.sequences",
     "QueueDisconnectedError": "model_runtime.lowlevel",
 }
 

@@ -304,18 +304,32 @@ class SequenceRunner:
     (``current``, as the server's wrappers keep theirs).
     """
 
-    def __init__(self, runner: Any, table: SequenceTable, model: str = "") -> None:
+    def __init__(
+        self, runner: Any, sequences: SequenceConfig | SequenceTable, model: str = ""
+    ) -> None:
+        """``runner`` (a ``ModelRunner``, started or not) behind the sequence batching
+        ``sequences`` (a config, or the table of another runner's live sequences to go on
+        with); ``model`` names it in errors."""
         self.current = runner
-        self.table = table
+        self.table = sequences if isinstance(sequences, SequenceTable) else SequenceTable(sequences)
         self.model = model
 
     # -- what the wrapped runner is ------------------------------------------------------------
 
     async def start(self) -> None:
+        """Start the wrapped runner, then :meth:`check` the model."""
         await self.current.start()
+        self.check()
 
     async def close(self) -> None:
         await self.current.close()
+
+    async def __aenter__(self) -> SequenceRunner:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
 
     def check(self) -> None:
         """Check the config's control and state tensors against the (started) model.

@@ -472,37 +472,10 @@ def make_simple_string(width: int = 16) -> onnx.ModelProto:
 
 
 def make_accumulator(corrid: bool = False) -> onnx.ModelProto:
-    """A stateful accumulator as Triton's sequence batcher drives it (issue 32): ``OUTPUT =
-    (START ? 0 : INPUT_STATE) + INPUT``, ``OUTPUT_STATE = OUTPUT``; int32 ``[N, 1]`` tensors,
-    ``READY`` multiplies the step (always 1 for a real request). With ``corrid``, a ``CORRID``
-    input (int64) that the last step (``END``) adds to its output, as Triton's dyna sequence
-    model does."""
-    i32 = TensorProto.INT32
-    vi = [helper.make_tensor_value_info(n, i32, ["N", 1]) for n in ("INPUT", "START", "READY")]
-    vi.append(helper.make_tensor_value_info("INPUT_STATE", i32, ["N", 1]))
-    nodes = [
-        helper.make_node("Cast", ["START"], ["start_b"], to=TensorProto.BOOL),
-        helper.make_node("Sub", ["INPUT_STATE", "INPUT_STATE"], ["zero"]),
-        helper.make_node("Where", ["start_b", "zero", "INPUT_STATE"], ["base"]),
-        helper.make_node("Add", ["base", "INPUT"], ["sum"]),
-        helper.make_node("Mul", ["sum", "READY"], ["acc"]),
-    ]
-    out = "acc"
-    if corrid:
-        vi.append(helper.make_tensor_value_info("END", i32, ["N", 1]))
-        vi.append(helper.make_tensor_value_info("CORRID", TensorProto.INT64, ["N", 1]))
-        nodes += [
-            helper.make_node("Cast", ["CORRID"], ["corr32"], to=i32),
-            helper.make_node("Mul", ["corr32", "END"], ["corr_end"]),
-            helper.make_node("Add", ["acc", "corr_end"], ["acc_end"]),
-        ]
-        out = "acc_end"
-    nodes += [
-        helper.make_node("Identity", [out], ["OUTPUT"]),
-        helper.make_node("Identity", ["acc"], ["OUTPUT_STATE"]),
-    ]
-    outputs = [helper.make_tensor_value_info(n, i32, ["N", 1]) for n in ("OUTPUT", "OUTPUT_STATE")]
-    return _model(helper.make_graph(nodes, "accumulator", vi, outputs))
+    """The demo's stateful accumulator (:func:`model_runtime.demo.accumulator_model`)."""
+    from model_runtime.demo import accumulator_model
+
+    return accumulator_model(corrid=corrid)
 
 
 def make_simple_sequence() -> onnx.ModelProto:
