@@ -44,7 +44,8 @@ protos: $(STAMP)
 # protobuf, uvicorn), with our onnxruntime version; where one cannot be made (no network) the
 # HTTP benchmark skips it and says so. BENCH_SECONDS/HTTP_SECONDS: seconds per point.
 # benchmarks/dynamic_shapes.py is issue 29's dynamic point (text classifier, 5 seq lengths);
-# benchmarks/memory.py issue 34's memory table (the daemon's RSS per model and per replica).
+# benchmarks/memory.py issue 34's memory table (the daemon's RSS per model and per replica);
+# benchmarks/sequences.py issue 32's sequence throughput (against the model run stateless).
 BENCH_SECONDS ?= 3
 HTTP_SECONDS ?= 4
 # benchmarks/triton_peer.py (issue 31): perf_analyzer's measurement window in seconds (it takes
@@ -109,6 +110,7 @@ bench: $(STAMP)
 	-$(BIN)/python benchmarks/dynamic_shapes.py --seconds $(BENCH_SECONDS)
 	-$(BIN)/python benchmarks/triton_peer.py --seconds $(TRITON_SECONDS)
 	-$(BIN)/python benchmarks/memory.py
+	-$(BIN)/python benchmarks/sequences.py
 	$(BIN)/python benchmarks/report.py --since-file benchmarks/results/.bench-started --readme README.md
 
 # Overload (issue 19): the daemon at 3x its measured capacity, then 0.5x; 3,000 idle

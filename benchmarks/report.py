@@ -1,14 +1,16 @@
 """Write ``benchmarks/RESULTS.md`` from the JSON results of one ``make bench`` run.
 
 Reads ``benchmarks/results/{runner_throughput,compiled_vs_source,http_throughput,
-dynamic_shapes,triton_peer,memory}.json`` (and includes ``benchmarks/results/overload.md`` when
-present), adds the machine (cores, CPU model, RAM), the versions and the date, the tables, and
-the "done when" targets (issue 13's, issue 29's dynamic-shape point, issue 31's Triton points,
-whose section is ``triton_report.py``, issue 34's memory figures, ``memory_report.py``) with a
-PASS/FAIL column (``n/a`` where the figure is missing). A result file older than ``--since-file``'s
-timestamp came from an earlier run (its benchmark failed this time): it is reported, marked
-stale. With ``--readme``, the headline ratios replace the block between the README's
-``<!-- bench:begin -->`` and ``<!-- bench:end -->`` markers, so the README quotes this run.
+dynamic_shapes,triton_peer,memory,sequences}.json`` (and includes
+``benchmarks/results/overload.md`` when present), adds the machine (cores, CPU model, RAM),
+the versions and the date, the tables, and the "done when" targets (issue 13's, issue 29's
+dynamic-shape point, issue 31's Triton points, whose section is ``triton_report.py``, issue
+34's memory figures, ``memory_report.py``; issue 32's sequences, ``sequences_report.py``, has
+no target) with a PASS/FAIL column (``n/a`` where the figure is missing). A result file older
+than ``--since-file``'s timestamp came from an earlier run (its benchmark failed this time): it
+is reported, marked stale. With ``--readme``, the headline ratios replace the block between
+the README's ``<!-- bench:begin -->`` and ``<!-- bench:end -->`` markers, so the README quotes
+this run.
 
     .venv/bin/python benchmarks/report.py [--since-file benchmarks/results/.bench-started]
         [--readme README.md]
@@ -31,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import memory_report, triton_report
+from benchmarks import memory_report, sequences_report, triton_report
 
 HERE = Path(__file__).resolve().parent
 RESULTS_DIR = HERE / "results"
@@ -43,6 +45,7 @@ SOURCES = (
     "dynamic_shapes",
     triton_report.SOURCE,
     memory_report.SOURCE,
+    sequences_report.SOURCE,
 )
 README_BEGIN, README_END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
@@ -312,6 +315,7 @@ def headline(docs: dict[str, Any], goals: list[Target]) -> list[str]:
     dyn = _row(docs.get("dynamic_shapes", {}).get("rows", []), callers=64)
     lines += triton_report.headline(docs.get(triton_report.SOURCE))
     lines += memory_report.headline(docs.get(memory_report.SOURCE))
+    lines += sequences_report.headline(docs.get(sequences_report.SOURCE))
     if dyn:
         lines.append(
             f"- dynamic text classifier (5 seq lengths, 64 callers): runtime / raw onnxruntime "
@@ -508,6 +512,7 @@ def render(
 
     out += triton_report.section(docs.get(triton_report.SOURCE))
     out += memory_report.section(docs.get(memory_report.SOURCE))
+    out += sequences_report.section(docs.get(sequences_report.SOURCE))
 
     if overload:
         text = overload.strip()  # overload.md brings its own heading

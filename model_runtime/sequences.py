@@ -177,6 +177,7 @@ class SequenceTable:
         self._slot_freed = asyncio.Event()
         #: New sequences waiting for a slot now (Triton's backlog).
         self.waiting = 0
+        self._next_reap = 0.0
         self.counts = SequenceCounts()
 
     @property
@@ -260,6 +261,7 @@ class SequenceTable:
                 await asyncio.wait_for(self._slot_freed.wait(), wait)
             except TimeoutError:
                 pass
+            self._next_reap = 0.0  # a waiter looks now
             self._reap(self.clock.monotonic())
 
     def _next_expiry(self) -> float | None:
@@ -270,18 +272,26 @@ class SequenceTable:
         return None
 
     def _reap(self, now: float) -> None:
-        """Release the sequences idle longer than ``max_idle`` (none with a step in flight)."""
+        """Release the sequences idle longer than ``max_idle`` (none with a step in flight).
+        Live sequences are ordered by activity, so this stops at the first young one; and it
+        looks at most ten times per ``max_idle``."""
+        if now < self._next_reap:
+            return
+        self._next_reap = now + self.config.max_idle / 10
         limit = now - self.config.max_idle
-        for live in list(self._live.values()):
+        expired = []
+        for live in self._live.values():
             if live.last > limit:
-                break  # ordered by activity: the rest are younger
+                break
             if live.busy == 0:
-                self.counts.released_idle += 1
-                self._drop(
-                    live,
-                    f"was released after {self.config.max_idle:g} s without a request "
-                    "(max_sequence_idle_microseconds)",
-                )
+                expired.append(live)
+        for live in expired:
+            self.counts.released_idle += 1
+            self._drop(
+                live,
+                f"was released after {self.config.max_idle:g} s without a request "
+                "(max_sequence_idle_microseconds)",
+            )
 
     def _drop(self, live: _Live, why: str) -> None:
         if self._live.get(live.id) is live:
@@ -313,6 +323,11 @@ class SequenceRunner:
         self.current = runner
         self.table = sequences if isinstance(sequences, SequenceTable) else SequenceTable(sequences)
         self.model = model
+        #: (name, kind, its [1, 1] false and true values): built once, read-only, shared.
+        self._controls = tuple(
+            (c.name, c.kind, _constant(c, c.false), _constant(c, c.true))
+            for c in self.table.config.controls
+        )
 
     # -- what the wrapped runner is ------------------------------------------------------------
 
@@ -394,8 +409,7 @@ class SequenceRunner:
             sequence = SequenceStep(0)
         if outputs is not None:
             raise InputValidationError("output buffers cannot be given to a sequence model")
-        rows = {a.shape[0] if a.ndim else 1 for a in inputs.values()}
-        if rows != {1}:
+        if any(a.ndim == 0 or a.shape[0] != 1 for a in inputs.values()):
             raise InputValidationError(
                 f"inference request to model '{self.model}' must specify batch-size 1 due to "
                 "requirements of sequence batcher"
@@ -408,8 +422,15 @@ class SequenceRunner:
             if previous is not None and not previous.done():
                 await asyncio.shield(previous)
             feed = dict(inputs)
-            for c in table.config.controls:
-                feed[c.name] = _control(c, sequence, live.id)
+            for name, kind, false, true in self._controls:
+                if kind is ControlKind.CORRID:
+                    feed[name] = _corrid(name, false.dtype, live.id)
+                elif kind is ControlKind.START:
+                    feed[name] = true if sequence.start else false
+                elif kind is ControlKind.END:
+                    feed[name] = true if sequence.end else false
+                else:  # READY: a real request is always ready
+                    feed[name] = true
             feed.update(live.state)
             table.counts.steps += 1
             try:
@@ -432,27 +453,26 @@ class SequenceRunner:
             done.set_result(None)
 
 
-def _control(c: Control, step: SequenceStep, sequence_id: int | str) -> np.ndarray:
-    """The [1, 1] value of control ``c`` for ``step``."""
-    match c.kind:
-        case ControlKind.START:
-            value = c.true if step.start else c.false
-        case ControlKind.END:
-            value = c.true if step.end else c.false
-        case ControlKind.READY:
-            value = c.true
-        case ControlKind.CORRID:
-            if c.dtype.kind == "O":
-                value = str(sequence_id).encode()
-            else:
-                try:
-                    value = int(sequence_id)
-                except ValueError:
-                    raise InputValidationError(
-                        f"sequence id {sequence_id!r} is not a number, and the model's CORRID "
-                        f"control {c.name!r} is {c.dtype.name}"
-                    ) from None
-    return np.full((1, 1), value, dtype=c.dtype)
+def _constant(c: Control, value: Any) -> np.ndarray:
+    """A read-only [1, 1] array of ``value`` as control ``c`` takes it (CORRID: a zero)."""
+    arr = np.full(
+        (1, 1), 0 if c.kind is ControlKind.CORRID or c.dtype.kind == "O" else value, c.dtype
+    )
+    arr.flags.writeable = False
+    return arr
+
+
+def _corrid(name: str, dtype: np.dtype[Any], sequence_id: int | str) -> np.ndarray:
+    """The [1, 1] CORRID value of a sequence: its id, as a number or as bytes."""
+    if dtype.kind == "O":
+        return np.full((1, 1), str(sequence_id).encode(), dtype=dtype)
+    try:
+        return np.full((1, 1), int(sequence_id), dtype=dtype)
+    except ValueError:
+        raise InputValidationError(
+            f"sequence id {sequence_id!r} is not a number, and the model's CORRID control "
+            f"{name!r} is {dtype.name}"
+        ) from None
 
 
 def _same_dtype(where: str, name: str, desc: Any, dtype: np.dtype[Any]) -> None:
