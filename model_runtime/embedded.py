@@ -15,6 +15,11 @@ synchronous threads (they block the calling thread, never an event loop).
 ``timeout`` (seconds) is how long the engine waits for more calls before it runs a partly filled
 group of batches (the seed's flush timeout): with device iterations ``I``, one main run consumes
 ``I`` batches, so a lone call waits at most ``timeout``; ``I`` concurrent calls share one run.
+
+A stateful model (issue 32) starts with ``sequences=`` its
+:class:`~model_runtime.sequences.SequenceConfig`: each call is then a step of the sequence its
+``sequence=`` :class:`~model_runtime.sequences.SequenceStep` names (one row; the engine keeps the
+state and fills the control inputs, which the context's signature leaves out).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import functools
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -37,6 +43,7 @@ from model_runtime.errors import ConfigurationError, InputValidationError, Runne
 from model_runtime.executable import Executable
 from model_runtime.io import DataDesc, describe_anchor
 from model_runtime.runner import ModelRunner, ModelRunnerConfig
+from model_runtime.sequences import SequenceConfig, SequenceRunner, SequenceStep
 
 __all__ = [
     "EngineConflictError",
@@ -72,18 +79,32 @@ class RuntimeContext:
     package_hash: str
     signature: tuple[DataDesc, ...]
     output_types: tuple[DataDesc, ...]
+    #: The engine runs a stateful model: each call is a step of a sequence.
+    stateful: bool = False
 
 
 class _Engine:
     """One named engine: a runner in the runtime's tree on the shared blocking portal."""
 
     def __init__(
-        self, name: str, exe: Executable, frozen: dict[str, np.ndarray], timeout: float
+        self,
+        name: str,
+        exe: Executable,
+        frozen: dict[str, np.ndarray],
+        timeout: float,
+        sequences: SequenceConfig | None = None,
     ) -> None:
         self.name = name
         self.exe = exe
+        self.sequences = sequences
         self.ready: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self.runner = ModelRunner(exe, ModelRunnerConfig(frozen_inputs=frozen, timeout=timeout))
+        if sequences is None:
+            self.runner: Any = ModelRunner(
+                exe, ModelRunnerConfig(frozen_inputs=frozen, timeout=timeout)
+            )
+        else:  # one row per step, batched with other sequences' steps
+            config = ModelRunnerConfig(frozen_inputs=frozen, timeout=timeout, batching_dim=0)
+            self.runner = SequenceRunner(ModelRunner(exe, config), sequences, name)
 
     def start(self) -> None:
         """Start the runner (the thread that created the engine does); others wait ``ready``.
@@ -100,10 +121,21 @@ class _Engine:
         log.info("embedded_engine_started", engine=self.name, model=self.exe.metadata.model_name)
 
     def submit(
-        self, inputs: Mapping[str, np.ndarray], timeout: float | None
+        self,
+        inputs: Mapping[str, np.ndarray],
+        timeout: float | None,
+        sequence: SequenceStep | None = None,
     ) -> concurrent.futures.Future[dict[str, np.ndarray]]:
+        execute = self.runner.execute
+        if self.sequences is not None:
+            execute = functools.partial(execute, sequence=sequence or SequenceStep(0))
+        elif sequence is not None:
+            raise InputValidationError(
+                f"embedded engine {self.name!r} runs a stateless model: a call names no "
+                "sequence (start the engine with sequences= for a stateful one)"
+            )
         try:
-            return shared_portal().start_task_soon(self.runner.execute, inputs, None, None, timeout)
+            return shared_portal().start_task_soon(execute, inputs, None, None, timeout)
         except RuntimeError as exc:  # the portal stopped (interpreter exit)
             raise RunnerStoppedError(f"embedded engine {self.name!r} is not running") from exc
 
@@ -166,6 +198,7 @@ def embedded_runtime_start_sync(
     startup_inputs: StartupInputs,
     engine_name: str,
     timeout: float = DEFAULT_TIMEOUT,
+    sequences: SequenceConfig | None = None,
 ) -> RuntimeContext:
     """:func:`embedded_runtime_start` for synchronous threads (blocks until the engine runs).
 
@@ -181,16 +214,18 @@ def embedded_runtime_start_sync(
         engine = _engines.get(engine_name)
         if engine is not None:
             running = engine.exe.metadata.package_hash
-            if running != exe.metadata.package_hash:
+            if running != exe.metadata.package_hash or engine.sequences != sequences:
                 raise EngineConflictError(
                     f"embedded engine {engine_name!r} already runs another executable "
-                    f"({engine.exe.metadata.model_name!r}, package hash {running[:12]}); use "
+                    f"({engine.exe.metadata.model_name!r}, package hash {running[:12]}), or "
+                    "with other sequence settings; use "
                     "another engine name, or stop it first with embedded_runtime_stop("
                     f"{engine_name!r})"
                 )
             reused = True
         else:
-            engine = _Engine(engine_name, exe, _startup_feed(exe, startup_inputs), timeout)
+            feed = _startup_feed(exe, startup_inputs)
+            engine = _Engine(engine_name, exe, feed, timeout, sequences)
             _engines[engine_name] = engine
             reused = False
     try:
@@ -205,14 +240,19 @@ def embedded_runtime_start_sync(
     if reused:
         log.debug("embedded_engine_reused", engine=engine_name)
     meta = engine.exe.metadata
+    hidden_in = sequences.hidden_inputs if sequences else frozenset()
+    hidden_out = sequences.hidden_outputs if sequences else frozenset()
     return RuntimeContext(
         name=engine_name,
         executable_path=os.fspath(path),
         package_hash=meta.package_hash,
-        signature=tuple(describe_anchor(a) for a in meta.user_inputs),
+        signature=tuple(describe_anchor(a) for a in meta.user_inputs if a.name not in hidden_in),
         # What a call returns: the model's outputs without the new values of its variables
-        # (those stay on the device, as the seed's mutable variables do).
-        output_types=tuple(describe_anchor(a) for a in meta.execute_outputs),
+        # (those stay on the device, as the seed's mutable variables do) or its next states.
+        output_types=tuple(
+            describe_anchor(a) for a in meta.execute_outputs if a.name not in hidden_out
+        ),
+        stateful=sequences is not None,
     )
 
 
@@ -221,11 +261,13 @@ async def embedded_runtime_start(
     startup_inputs: StartupInputs,
     engine_name: str,
     timeout: float = DEFAULT_TIMEOUT,
+    sequences: SequenceConfig | None = None,
 ) -> RuntimeContext:
     """Start the engine ``engine_name`` for the executable at ``path`` (or reuse it).
 
     ``startup_inputs``: the executable's variables, a list in variable order or a dict by name.
     ``timeout``: seconds to wait for more calls before running a partial group of batches.
+    ``sequences``: a stateful model's sequence batching (module docstring).
 
     Raises:
         InvalidExecutableError: the file is not a valid executable.
@@ -235,7 +277,7 @@ async def embedded_runtime_start(
         DeviceUnavailableError: no device could be attached.
     """
     return await anyio.to_thread.run_sync(
-        embedded_runtime_start_sync, path, startup_inputs, engine_name, timeout
+        embedded_runtime_start_sync, path, startup_inputs, engine_name, timeout, sequences
     )
 
 
@@ -266,21 +308,28 @@ def _outfeed(result: Mapping[str, np.ndarray], context: RuntimeContext) -> list[
 
 
 def embedded_runtime_call_sync(
-    inputs: CallInputs, context: RuntimeContext, timeout: float | None = None
+    inputs: CallInputs,
+    context: RuntimeContext,
+    timeout: float | None = None,
+    sequence: SequenceStep | None = None,
 ) -> list[np.ndarray]:
     """:func:`embedded_runtime_call` for synchronous threads (blocks the calling thread).
 
     Raises:
         As :func:`embedded_runtime_call`.
     """
-    future = _engine(context).submit(_call_feed(inputs, context), timeout)
+    future = _engine(context).submit(_call_feed(inputs, context), timeout, sequence)
     return _outfeed(future.result(), context)
 
 
 async def embedded_runtime_call(
-    inputs: CallInputs, context: RuntimeContext, timeout: float | None = None
+    inputs: CallInputs,
+    context: RuntimeContext,
+    timeout: float | None = None,
+    sequence: SequenceStep | None = None,
 ) -> list[np.ndarray]:
-    """Run the engine on ``inputs`` (a list in signature order, or a dict by name).
+    """Run the engine on ``inputs`` (a list in signature order, or a dict by name); for a
+    stateful engine, as the step ``sequence`` of its sequence.
 
     Returns the outfeed: one array per output, in ``context.output_types`` order.
 
@@ -290,7 +339,7 @@ async def embedded_runtime_call(
         ExecutionTimeoutError: the call passed ``timeout`` seconds.
         RuntimeFailure: the device failed.
     """
-    future = _engine(context).submit(_call_feed(inputs, context), timeout)
+    future = _engine(context).submit(_call_feed(inputs, context), timeout, sequence)
     result: dict[str, np.ndarray] = await asyncio.wrap_future(future)
     return _outfeed(result, context)
 

@@ -164,3 +164,27 @@ async def test_state_survives_faults_on_two_replicas(accumulator: Path) -> None:
         assert sum(s.resets for s in states) >= 2, "the recoverable faults did not happen"
         assert states[1].restarts >= 1, "replica 1's device never crashed"
         assert runner.table.counts.failed_steps == 0  # every fault was retried away
+
+
+def test_the_embedded_runtime_runs_sequences(accumulator: Path) -> None:
+    from model_runtime.embedded import (
+        embedded_runtime_call_sync,
+        embedded_runtime_start_sync,
+        embedded_runtime_stop,
+    )
+
+    ctx = embedded_runtime_start_sync(accumulator, [], "sequences-test", sequences=CONFIG)
+    try:
+        assert ctx.stateful and [d.name for d in ctx.signature] == ["INPUT"]
+        assert [d.name for d in ctx.output_types] == ["OUTPUT"]
+        totals = {7: 0, 8: 0}
+        for k in range(5):
+            for sid in totals:
+                step = SequenceStep(sid, start=k == 0, end=k == 4)
+                (out,) = embedded_runtime_call_sync(value(sid * k), ctx, sequence=step)
+                totals[sid] += sid * k
+                assert int(out[0, 0]) == totals[sid] + (sid if k == 4 else 0)
+        with pytest.raises(InputValidationError, match="must specify the START flag"):
+            embedded_runtime_call_sync(value(1), ctx, sequence=SequenceStep(7))  # it ended
+    finally:
+        embedded_runtime_stop("sequences-test")
