@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from model_runtime.errors import ConfigurationError
@@ -136,6 +137,36 @@ def test_the_toml_carries_the_same_fields(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigurationError, match=r"sequence_batching\.iterative_sequence"):
         parse_toml(bad)
+
+
+def test_sequence_batching_is_read(tmp_path: Path) -> None:
+    text = (
+        "max_batch_size: 4 instance_group [ { count: 2 } ] sequence_batching { "
+        "max_sequence_idle_microseconds: 2500000 direct { max_queue_delay_microseconds: 300 } "
+        "control_input [ { name: 'S' control [ { kind: CONTROL_SEQUENCE_START "
+        "int32_false_true: [ 0, 1 ] } ] }, { name: 'C' control [ { kind: "
+        "CONTROL_SEQUENCE_CORRID data_type: TYPE_STRING } ] } ] "
+        "state [ { input_name: 'si' output_name: 'so' data_type: TYPE_FP32 dims: [ 2, 3 ] } ] }"
+    )
+    s = parse_pbtxt(write(tmp_path, text), "m")
+    seq = s.sequence
+    assert seq is not None and s.timeout == pytest.approx(300e-6)
+    assert (seq.max_idle, seq.slots, seq.strategy) == (2.5, 4, "direct")  # x instances at load
+    assert [(c.kind.value, c.name, c.dtype.kind) for c in seq.controls] == [
+        ("START", "S", "i"),
+        ("CORRID", "C", "O"),
+    ]
+    (state,) = seq.states
+    assert (state.input, state.output, state.dims, state.dtype) == ("si", "so", (2, 3), np.float32)
+    assert seq.hidden_inputs == {"S", "C", "si"} and seq.hidden_outputs == {"so"}
+    oldest = parse_pbtxt(
+        write(
+            tmp_path,
+            "max_batch_size: 4 sequence_batching { oldest { max_candidate_sequences: 9 } }",
+        ),
+        "m",
+    )
+    assert oldest.sequence is not None and oldest.sequence.slots == 9
 
 
 def test_tensors_are_checked_against_the_model(tmp_path: Path) -> None:

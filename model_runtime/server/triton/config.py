@@ -307,7 +307,11 @@ def settings_of(
     check_declared(config, where)
     fields: dict[str, Any] = {}
     if config.HasField("sequence_batching"):
-        fields["sequence"] = sequence_config(config.sequence_batching, where, mbs, 1)
+        sb = config.sequence_batching
+        fields["sequence"] = sequence_config(sb, where, mbs, 1)
+        strategy = sb.direct if sb.WhichOneof("strategy_choice") != "oldest" else sb.oldest
+        if strategy.max_queue_delay_microseconds:  # how long a batch of steps waits to fill
+            fields["timeout"] = strategy.max_queue_delay_microseconds / 1e6
     if config.HasField("dynamic_batching"):
         fields = _dynamic_batching(config.dynamic_batching, where, mbs)
         preferred = fields.get("preferred_batch_sizes", ())

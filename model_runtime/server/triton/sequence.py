@@ -1,14 +1,16 @@
 """``config.pbtxt``'s ``sequence_batching`` -> :class:`~model_runtime.sequences.SequenceConfig`.
 
 What is served (Triton's fields, each checked; anything else fails the model, naming the
-field): the ``direct`` and ``oldest`` strategies (their queue delays and preferred sizes are the
-runner's dynamic batching, which batches the steps of different sequences as it batches any
-requests), ``max_sequence_idle_microseconds`` (Triton's default, 1 s, when 0), ``control_input``
-of kinds START, END, READY (``int32_false_true``, ``fp32_false_true`` or ``bool_false_true``)
-and CORRID (``data_type`` TYPE_INT32, TYPE_INT64, TYPE_UINT32, TYPE_UINT64 or TYPE_STRING), and
-``state`` pairs with ``dims`` and a ``zero_data`` initial state (or none: zeros). Slots (live
-sequences at once): ``max_candidate_sequences`` for ``oldest``, else ``max_batch_size`` times
-the instances, as Triton's direct strategy has one slot per batch row per instance.
+field): the ``direct`` and ``oldest`` strategies (their ``max_queue_delay_microseconds`` is the
+batch timeout of the runner's dynamic batching, which batches the steps of different sequences
+as it batches any requests; ``oldest``'s ``preferred_batch_size`` and ``preserve_ordering`` are
+read and not used: steps are batched as they come, and each sequence's in its order),
+``max_sequence_idle_microseconds`` (Triton's default, 1 s, when 0), ``control_input`` of kinds
+START, END, READY (``int32_false_true``, ``fp32_false_true`` or ``bool_false_true``) and CORRID
+(``data_type`` TYPE_INT32, TYPE_INT64, TYPE_UINT32, TYPE_UINT64 or TYPE_STRING), and ``state``
+pairs with ``dims`` and a ``zero_data`` initial state (or none: zeros). Slots (live sequences at
+once): ``max_candidate_sequences`` for ``oldest``, else ``max_batch_size`` times the instances,
+as Triton's direct strategy has one slot per batch row per instance.
 """
 
 from __future__ import annotations
