@@ -329,6 +329,7 @@ class ModelRunner:
                 for state in replicas.states:
                     state.set_status(ReplicaStatus.STOPPED)
                 replicas.release_devices()
+            self._sessions = []  # a closed runner that is still referenced holds no session
         log.info("runner_stopped", model=self._executable.metadata.model_name)
 
     # -- execution ---------------------------------------------------------------------------

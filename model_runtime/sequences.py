@@ -48,7 +48,11 @@ from typing import Any
 import numpy as np
 
 from actors.clock import Clock, SystemClock
-from model_runtime.errors import ConfigurationError, InputValidationError
+from model_runtime.errors import (
+    ConfigurationError,
+    ExecutionTimeoutError,
+    InputValidationError,
+)
 
 __all__ = [
     "Control",
@@ -146,6 +150,8 @@ class _Live:
     #: Done when this sequence's latest step is: the next one waits for it.
     tail: asyncio.Future[None] | None = None
     busy: int = 0  # steps admitted and not finished
+    #: Why it takes no more steps (ended, released, got no slot); None: it does.
+    closed: str | None = None
 
 
 @dataclass(slots=True)
@@ -175,6 +181,8 @@ class SequenceTable:
         #: Recently released ids -> why (bounded).
         self._released: OrderedDict[int | str, str] = OrderedDict()
         self._slot_freed = asyncio.Event()
+        #: STARTs waiting for a slot, by id: steps sent after them queue behind them.
+        self._pending: dict[int | str, _Live] = {}
         #: New sequences waiting for a slot now (Triton's backlog).
         self.waiting = 0
         self._next_reap = 0.0
@@ -187,13 +195,19 @@ class SequenceTable:
 
     # -- admission -----------------------------------------------------------------------------
 
-    async def admit(self, step: SequenceStep, model: str, timeout: float | None) -> _Live:
-        """The live sequence ``step`` belongs to, after its previous steps (FIFO); a new one
-        for a ``start``, once a slot is free.
+    async def admit(
+        self, step: SequenceStep, model: str, deadline: float | None
+    ) -> tuple[_Live, asyncio.Future[None] | None, asyncio.Future[None]]:
+        """The sequence ``step`` belongs to (a new one for a ``start``, once it has a slot, by
+        ``deadline`` on :attr:`clock`; None: no limit), the sequence's previous step to wait
+        for (None: none) and this step's own ``done`` (set it when the step ends: the next
+        waits for it). The step is in line from the moment it arrives: steps sent after a START
+        that waits for a slot queue behind it.
 
         Raises:
-            InputValidationError: not a sequence id, or not started (Triton's texts).
-            TimeoutError: no slot freed within ``timeout``.
+            InputValidationError: not a sequence id, not started, or a START while another
+                START of the same id waits for a slot (Triton's texts where it has them).
+            ExecutionTimeoutError: no slot freed by ``deadline``.
         """
         if step.id in (0, "") or isinstance(step.id, bool):
             raise InputValidationError(
@@ -202,67 +216,88 @@ class SequenceTable:
             )
         now = self.clock.monotonic()
         self._reap(now)
-        live = self._live.get(step.id)
-        if step.start:
-            if live is not None:
-                log.warning(
-                    "sequence %s for model %r has a conflict: the previous sequence did not end "
-                    "before this sequence start; it is ended early",
-                    step.id,
-                    model,
+        sid = step.id
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if not step.start:
+            live = self._live.get(sid) or self._pending.get(sid)
+            if live is None:
+                why = self._released.get(sid)
+                raise InputValidationError(
+                    f"inference request for sequence {sid} to model '{model}' must specify the "
+                    "START flag on the first request of the sequence"
+                    + (f" (the sequence {why})" if why else "")
                 )
-                self.counts.restarted += 1
-                self._drop(live, "ended early by a new START")
-            live = await self._open(step.id, timeout)
-        elif live is None:
-            why = self._released.get(step.id)
+            previous, live.tail = live.tail, done
+            live.busy += 1
+            return live, previous, done
+        if sid in self._pending:
             raise InputValidationError(
-                f"inference request for sequence {step.id} to model '{model}' must specify the "
-                "START flag on the first request of the sequence"
-                + (f" (the sequence {why})" if why else "")
+                f"sequence {sid} of model '{model}': a START is already waiting for a slot"
             )
-        live.last = now
-        self._live.move_to_end(step.id)
-        return live
-
-    async def _open(self, sequence_id: int | str, timeout: float | None) -> _Live:
-        deadline = None if timeout is None else self.clock.monotonic() + timeout
-        self.waiting += 1
-        try:
-            await self._wait_for_slot(sequence_id, deadline)
-        finally:
-            self.waiting -= 1
-        live = _Live(
-            sequence_id,
-            {s.input: s.start_value() for s in self.config.states},
-            self.clock.monotonic(),
-        )
-        self._live[sequence_id] = live
-        self._released.pop(sequence_id, None)
+        new = _Live(sid, {s.input: s.start_value() for s in self.config.states}, now, done)
+        new.busy = 1
+        previous = None
+        old = self._live.pop(sid, None)
+        if old is not None:
+            # Triton's rule: the previous sequence did not end; its steps already sent still
+            # run on its state, then the new one starts (after them), in the slot it had.
+            log.warning(
+                "sequence %s for model %r has a conflict: the previous sequence did not end "
+                "before this sequence start; it is ended early",
+                sid,
+                model,
+            )
+            self.counts.restarted += 1
+            previous = old.tail
+        elif len(self._live) >= self.config.slots or self.waiting:
+            self._pending[sid] = new
+            try:
+                await self._wait_for_slot(sid, deadline)
+            except BaseException:
+                new.closed = "got no slot before its START's timeout"
+                new.busy -= 1
+                _settle(done)  # the steps queued behind it go on, and find it closed
+                raise
+            finally:
+                if self._pending.get(sid) is new:
+                    del self._pending[sid]
+        self._live[sid] = new
+        self._released.pop(sid, None)
         self.counts.started += 1
-        return live
+        return new, previous, done
 
     async def _wait_for_slot(self, sequence_id: int | str, deadline: float | None) -> None:
-        while len(self._live) >= self.config.slots:
-            self._slot_freed.clear()
-            wait = self._next_expiry()
-            if deadline is not None:
-                wait = (
-                    deadline - self.clock.monotonic()
-                    if wait is None
-                    else min(wait, deadline - self.clock.monotonic())
-                )
-                if wait <= 0:
-                    raise TimeoutError(
-                        f"sequence {sequence_id}: all {self.config.slots} sequence slots stayed "
-                        "in use until the request's timeout"
-                    )
-            try:
-                await asyncio.wait_for(self._slot_freed.wait(), wait)
-            except TimeoutError:
-                pass
-            self._next_reap = 0.0  # a waiter looks now
-            self._reap(self.clock.monotonic())
+        """Until a slot is free (first come, first served), or ``deadline``."""
+        self.waiting += 1
+        try:
+            while len(self._live) >= self.config.slots:
+                self._slot_freed.clear()
+                wait = self._next_expiry()
+                if deadline is not None:
+                    left = deadline - self.clock.monotonic()
+                    if left <= 0:
+                        raise ExecutionTimeoutError(
+                            f"sequence {sequence_id}: all {self.config.slots} sequence slots "
+                            "stayed in use until the request's timeout"
+                        )
+                    wait = left if wait is None else min(wait, left)
+                try:
+                    await asyncio.wait_for(self._slot_freed.wait(), wait)
+                except TimeoutError:
+                    pass
+                self._next_reap = 0.0  # a waiter looks now
+                self._reap(self.clock.monotonic())
+        finally:
+            self.waiting -= 1
+
+    def touch(self, live: _Live) -> None:
+        """A step of ``live`` finished: it is the most recently active sequence, and when it
+        has no step in flight any more, waiters for a slot look at the idle ones again."""
+        live.last = self.clock.monotonic()
+        if self._live.get(live.id) is live:
+            self._live.move_to_end(live.id)
+        if live.busy == 0:
+            self._slot_freed.set()
 
     def _next_expiry(self) -> float | None:
         """Seconds until the least recently active idle sequence may be released."""
@@ -294,8 +329,10 @@ class SequenceTable:
             )
 
     def _drop(self, live: _Live, why: str) -> None:
-        if self._live.get(live.id) is live:
-            del self._live[live.id]
+        live.closed = why
+        if self._live.get(live.id) is not live:
+            return  # ended early by a new START: the id belongs to that one now
+        del self._live[live.id]
         self._released[live.id] = why
         while len(self._released) > _REMEMBERED:
             self._released.popitem(last=False)
@@ -405,6 +442,8 @@ class SequenceRunner:
             ModelRuntimeError: whatever the runner raises (the state stays as it was).
         """
         table = self.table
+        clock = table.clock
+        deadline = None if timeout is None else clock.monotonic() + timeout
         if sequence is None:
             sequence = SequenceStep(0)
         if outputs is not None:
@@ -414,17 +453,22 @@ class SequenceRunner:
                 f"inference request to model '{self.model}' must specify batch-size 1 due to "
                 "requirements of sequence batcher"
             )
-        live = await table.admit(sequence, self.model, timeout)
-        previous, done = live.tail, asyncio.get_running_loop().create_future()
-        live.tail = done
-        live.busy += 1
+        corrid = self._corrid(sequence.id)  # a bad id is refused before it takes a slot
+        live, previous, done = await table.admit(sequence, self.model, deadline)
         try:
             if previous is not None and not previous.done():
-                await asyncio.shield(previous)
+                await self._after(previous, sequence, deadline)
+            if live.closed is not None:  # ended, released, or never started while it waited
+                raise InputValidationError(
+                    f"inference request for sequence {sequence.id} to model '{self.model}' "
+                    f"must specify the START flag on the first request of the sequence (the "
+                    f"sequence {live.closed})"
+                )
             feed = dict(inputs)
             for name, kind, false, true in self._controls:
                 if kind is ControlKind.CORRID:
-                    feed[name] = _corrid(name, false.dtype, live.id)
+                    assert corrid is not None
+                    feed[name] = corrid
                 elif kind is ControlKind.START:
                     feed[name] = true if sequence.start else false
                 elif kind is ControlKind.END:
@@ -433,9 +477,10 @@ class SequenceRunner:
                     feed[name] = true
             feed.update(live.state)
             table.counts.steps += 1
+            left = None if deadline is None else max(deadline - clock.monotonic(), 1e-6)
             try:
                 result: dict[str, np.ndarray] = await self.current.execute(
-                    feed, None, replica_id, timeout, priority
+                    feed, None, replica_id, left, priority
                 )
             except BaseException:
                 table.counts.failed_steps += 1
@@ -449,8 +494,45 @@ class SequenceRunner:
             return result
         finally:
             live.busy -= 1
-            live.last = table.clock.monotonic()
-            done.set_result(None)
+            table.touch(live)
+            if previous is not None and not previous.done():
+                # Cancelled or timed out while waiting: the next step still waits for the
+                # one before this (else it would run beside it, on the same state).
+                previous.add_done_callback(lambda _: _settle(done))
+            else:
+                done.set_result(None)
+
+    async def _after(
+        self, previous: asyncio.Future[None], step: SequenceStep, deadline: float | None
+    ) -> None:
+        """Wait for the sequence's previous step, within ``deadline``.
+
+        Raises:
+            ExecutionTimeoutError: the previous steps took past it.
+        """
+        left = None if deadline is None else deadline - self.table.clock.monotonic()
+        try:
+            await asyncio.wait_for(asyncio.shield(previous), left)
+        except TimeoutError:
+            raise ExecutionTimeoutError(
+                f"sequence {step.id}: its earlier steps were still running at the request's timeout"
+            ) from None
+
+    def _corrid(self, sequence_id: int | str) -> np.ndarray | None:
+        """The [1, 1] CORRID value of a sequence (None: the model takes none).
+
+        Raises:
+            InputValidationError: the id does not fit the model's CORRID type.
+        """
+        for name, kind, false, _ in self._controls:
+            if kind is ControlKind.CORRID:
+                return _corrid(name, false.dtype, sequence_id)
+        return None
+
+
+def _settle(done: asyncio.Future[None]) -> None:
+    if not done.done():
+        done.set_result(None)
 
 
 def _constant(c: Control, value: Any) -> np.ndarray:
@@ -468,10 +550,10 @@ def _corrid(name: str, dtype: np.dtype[Any], sequence_id: int | str) -> np.ndarr
         return np.full((1, 1), str(sequence_id).encode(), dtype=dtype)
     try:
         return np.full((1, 1), int(sequence_id), dtype=dtype)
-    except ValueError:
+    except (ValueError, OverflowError):
         raise InputValidationError(
-            f"sequence id {sequence_id!r} is not a number, and the model's CORRID control "
-            f"{name!r} is {dtype.name}"
+            f"sequence id {sequence_id!r} does not fit the model's CORRID control {name!r}, "
+            f"which is {dtype.name}"
         ) from None
 
 

@@ -271,8 +271,8 @@ class Executable:
                 copy = np.array(arr, copy=True)
                 copy.flags.writeable = False
                 kept[name] = copy
+        self._released |= drop  # first: a reader between the two lines reads the file again
         self._tensors = kept
-        self._released |= drop
         return freed
 
     def held(self) -> Executable:

@@ -262,7 +262,7 @@ class _ModelCollector(Collector):
 
 
 class _SequenceCollector(Collector):
-    """Stateful models' sequences (:mod:`model_runtime.sequences`), per model."""
+    """Stateful models' sequences (:mod:`model_runtime.sequences`), per model version."""
 
     def __init__(self, metrics: DaemonMetrics) -> None:
         self._metrics = metrics
@@ -271,15 +271,17 @@ class _SequenceCollector(Collector):
         live = GaugeMetricFamily(
             "model_runtime_sequences_live",
             "Sequences live now, each holding one of the model's sequence slots",
-            labels=["model"],
+            labels=["model", "version"],
         )
         slots = GaugeMetricFamily(
-            "model_runtime_sequence_slots", "The model's sequence slots", labels=["model"]
+            "model_runtime_sequence_slots",
+            "The model's sequence slots",
+            labels=["model", "version"],
         )
         waiting = GaugeMetricFamily(
             "model_runtime_sequences_waiting",
             "New sequences waiting for a free slot (Triton's backlog)",
-            labels=["model"],
+            labels=["model", "version"],
         )
         counters = {
             "started": "Sequences started (a request with sequence_start)",
@@ -290,15 +292,18 @@ class _SequenceCollector(Collector):
             "failed_steps": "Steps that failed (the sequence's state stayed as it was)",
         }
         families = {
-            name: CounterMetricFamily(f"model_runtime_sequence_{name}", doc, labels=["model"])
+            name: CounterMetricFamily(
+                f"model_runtime_sequence_{name}", doc, labels=["model", "version"]
+            )
             for name, doc in counters.items()
         }
-        for model, table in self._metrics.sequences:
-            live.add_metric([model], float(table.live))
-            slots.add_metric([model], float(table.config.slots))
-            waiting.add_metric([model], float(table.waiting))
+        for (model, version), table in self._metrics.sequences:
+            labels = [model, version]
+            live.add_metric(labels, float(table.live))
+            slots.add_metric(labels, float(table.config.slots))
+            waiting.add_metric(labels, float(table.waiting))
             for name, family in families.items():
-                family.add_metric([model], float(getattr(table.counts, name)))
+                family.add_metric(labels, float(getattr(table.counts, name)))
         yield live
         yield slots
         yield waiting
@@ -431,8 +436,8 @@ class DaemonMetrics:
         #: ``ModelRunner.memory`` of every loaded (model, version) at the last scrape, less
         #: the per-replica part (in the replicas' snapshots).
         self.model_memory: dict[tuple[str, str], dict[str, int]] = {}
-        #: (model, its live sequences) of every stateful model at the last scrape.
-        self.sequences: list[tuple[str, Any]] = []
+        #: ((model, version), its live sequences) of every stateful model at the last scrape.
+        self.sequences: list[tuple[tuple[str, str], Any]] = []
         #: Triton's totals per (model, version): they outlive reloads (see the module doc).
         self.triton: dict[tuple[str, str], TritonTotals] = {}
         #: The last read of each runner of a (model, version), by ``id`` of the runner (a mark
@@ -510,7 +515,7 @@ class DaemonMetrics:
         self.model_memory = {}
         entries = repository.entries()
         self.models = [ModelSnapshot(e.name, e.state, e.loads, e.load_failures) for e in entries]
-        tables = {e.name: e.sequences for e in entries if e.sequences is not None}
+        tables = {(e.name, e.version): e.sequences for e in entries if e.sequences is not None}
         self.sequences = sorted(tables.items(), key=lambda item: item[0])
         for entry in entries:
             self.model_ready.labels(entry.name).set(1.0 if entry.is_ready else 0.0)

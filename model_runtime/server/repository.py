@@ -222,23 +222,24 @@ def parse_model_arg(arg: str) -> tuple[str, Path]:
 
 
 def _stateful(
-    entry: ModelEntry, runner: RunnerLike, sequence: SequenceConfig, config: ModelRunnerConfig
-) -> RunnerLike:
-    """``runner`` of a stateful model behind its sequence batcher, with the live sequences of
-    the version it replaces when the sequence settings are the same.
+    name: str,
+    runner: RunnerLike,
+    sequence: SequenceConfig,
+    config: ModelRunnerConfig,
+    serving: SequenceTable | None,
+) -> SequenceRunner:
+    """``runner`` of a stateful model behind its sequence batcher, going on with the live
+    sequences of the version it replaces (``serving``) when the sequence settings are the same.
 
     Raises:
         ConfigurationError: a control or state tensor the model does not have.
     """
     if sequence.strategy == "direct":  # one slot per batch row per instance
         sequence = replace(sequence, slots=sequence.slots * config.replication_factor)
-    table = entry.sequences
-    if table is None or table.config != sequence:
-        table = SequenceTable(sequence)
-    stateful = SequenceRunner(runner, table, entry.name)
+    table = serving if serving is not None and serving.config == sequence else sequence
+    stateful = SequenceRunner(runner, table, name)
     stateful.check()
-    entry.sequences = table
-    return stateful  # type: ignore[return-value]
+    return stateful
 
 
 async def _first_of(events: Sequence[anyio.Event]) -> None:
@@ -284,6 +285,8 @@ class _Version:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     served: Message
+    #: A stateful model's live sequences (None: stateless).
+    sequences: SequenceTable | None = None
 
 
 class ModelRepository:
@@ -564,7 +567,7 @@ class ModelRepository:
             plan = await anyio.to_thread.run_sync(plan_model, entry.name, source, override)
             for version, path in plan.files.items():  # highest first
                 started[version] = await self._start_version(
-                    entry, path, plan.settings, beside=serving is not None
+                    entry, path, plan.settings, beside=serving is not None, version=version
                 )
         except Exception as exc:
             await self._close_started(entry.name, started)
@@ -596,7 +599,7 @@ class ModelRepository:
             others[version] = other
         for version, gone in entry.versions.items():
             if version not in others:
-                gone.runner = gone.stop = gone.served = None
+                gone.runner = gone.stop = gone.served = gone.sequences = None
                 gone.state, gone.reason = ModelState.UNAVAILABLE, "version no longer served"
         self._install(entry, top, started[top], stats)
         entry.versions = others
@@ -623,6 +626,7 @@ class ModelRepository:
         entry.version = version
         entry.inputs, entry.outputs, entry.served = new.inputs, new.outputs, new.served
         entry.datatypes = {s.name: s.datatype for s in new.outputs}
+        entry.sequences = new.sequences
         if entry.runner is None:
             entry.runner = ServingRunner(new.runner)
         else:
@@ -661,7 +665,13 @@ class ModelRepository:
         log.error("model_load_failed", model=entry.name, error=reason, still_serving=serving)
 
     async def _start_version(
-        self, entry: ModelEntry, source: Path, settings: ModelSettings, *, beside: bool
+        self,
+        entry: ModelEntry,
+        source: Path,
+        settings: ModelSettings,
+        *,
+        beside: bool,
+        version: str = "1",
     ) -> _Version:
         if self._tg is None:
             raise ModelRuntimeError("the model repository is not open (use `async with`)")
@@ -690,8 +700,12 @@ class ModelRepository:
         runner = self._factory(path, config)
         await runner.start()
         try:
+            table = None
             if settings.sequence is not None:
-                runner = _stateful(entry, runner, settings.sequence, config)
+                serving = entry.version_entry(version)
+                previous = serving.sequences if serving is not None else None
+                stateful = _stateful(entry.name, runner, settings.sequence, config, previous)
+                runner, table = stateful, stateful.table  # type: ignore[assignment]
             descs = runner.get_execute_inputs()
             inputs = _specs(descs, axis)
             outputs = _specs(runner.get_execute_outputs(), axis)
@@ -723,7 +737,7 @@ class ModelRepository:
             raise
         if served.boundary is not None:  # reshapes, narrowed dims: requests cross it
             runner = served.boundary.wrap(runner)
-        return _Version(runner, served.inputs, served.outputs, served.config)
+        return _Version(runner, served.inputs, served.outputs, served.config, table)
 
     def _watch(self, entry: ModelEntry, runner: RunnerLike) -> anyio.Event:
         assert self._tg is not None
@@ -801,7 +815,7 @@ class ModelRepository:
             except Exception as exc:
                 log.error("model_close_failed", model=entry.name, error=str(exc))
             finally:
-                version.runner = version.stop = version.served = None
+                version.runner = version.stop = version.served = version.sequences = None
                 version.state, version.reason = ModelState.UNAVAILABLE, "unloaded"
 
     async def close_all(self) -> None:

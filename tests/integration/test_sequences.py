@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from actors.clock import FakeClock
-from model_runtime.errors import InputValidationError
+from model_runtime.errors import ExecutionTimeoutError, InputValidationError
 from model_runtime.runner import ModelRunner, ModelRunnerConfig
 from model_runtime.sequences import (
     Control,
@@ -147,7 +147,7 @@ async def test_a_new_sequence_waits_for_a_slot_then_times_out(accumulator: Path)
         out = await asyncio.wait_for(waiting, 5)
         assert int(out["OUTPUT"][0, 0]) == 2 + 2  # its END adds its CORRID
         await runner.execute(value(1), sequence=SequenceStep(3, start=True))
-        with pytest.raises(TimeoutError, match="sequence slots stayed in use"):
+        with pytest.raises(ExecutionTimeoutError, match="sequence slots stayed in use"):
             await runner.execute(value(1), sequence=SequenceStep(4, start=True), timeout=0.05)
 
 
@@ -188,3 +188,99 @@ def test_the_embedded_runtime_runs_sequences(accumulator: Path) -> None:
             embedded_runtime_call_sync(value(1), ctx, sequence=SequenceStep(7))  # it ended
     finally:
         embedded_runtime_stop("sequences-test")
+
+
+class Gated:
+    """The real runner behind a gate: a step whose INPUT is ``held`` waits for ``gate``."""
+
+    def __init__(self, runner: ModelRunner, held: int) -> None:
+        self.runner, self.held = runner, held
+        self.gate = asyncio.Event()
+        self.waiting = asyncio.Event()
+
+    async def execute(self, inputs: dict[str, np.ndarray], *args: object) -> dict[str, np.ndarray]:
+        if int(inputs["INPUT"][0, 0]) == self.held:
+            self.waiting.set()
+            await self.gate.wait()
+        return await self.runner.execute(inputs, *args)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.runner, name)
+
+
+async def test_a_step_cancelled_while_waiting_keeps_the_order(accumulator: Path) -> None:
+    """Step 2 is cancelled while step 1 runs: step 3 still waits for step 1, and sees it."""
+    async with ModelRunner(accumulator, ModelRunnerConfig(batching_dim=0)) as inner:
+        gated = Gated(inner, held=100)
+        runner = SequenceRunner(gated, SequenceTable(CONFIG), "acc")
+        first = asyncio.create_task(
+            runner.execute(value(100), sequence=SequenceStep(1, start=True))
+        )
+        await gated.waiting.wait()
+        second = asyncio.create_task(runner.execute(value(5), sequence=SequenceStep(1)))
+        third = asyncio.create_task(runner.execute(value(1), sequence=SequenceStep(1)))
+        await asyncio.sleep(0)  # both are queued behind the first
+        second.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await second
+        assert not third.done(), "the third step ran beside the first"
+        gated.gate.set()
+        assert int((await first)["OUTPUT"][0, 0]) == 100
+        assert int((await third)["OUTPUT"][0, 0]) == 101  # the cancelled step was not applied
+
+
+async def test_slots_free_up_for_waiters_and_steps_queue_behind_a_waiting_start(
+    accumulator: Path,
+) -> None:
+    """One slot. A's step is in flight when B starts: B waits, and the step sent right after
+    B's START queues behind it (not refused). When A goes idle, B gets the slot."""
+    config = SequenceConfig(CONFIG.controls, CONFIG.states, max_idle=0.2, slots=1)
+    async with ModelRunner(accumulator, ModelRunnerConfig(batching_dim=0)) as inner:
+        gated = Gated(inner, held=100)
+        runner = SequenceRunner(gated, SequenceTable(config), "acc")
+        await runner.execute(value(1), sequence=SequenceStep(1, start=True))
+        busy = asyncio.create_task(runner.execute(value(100), sequence=SequenceStep(1)))
+        await gated.waiting.wait()
+        b_start = asyncio.create_task(
+            runner.execute(value(3), sequence=SequenceStep(2, start=True), timeout=10)
+        )
+        b_next = asyncio.create_task(runner.execute(value(4), sequence=SequenceStep(2)))
+        await asyncio.sleep(0)
+        assert runner.table.waiting == 1
+        gated.gate.set()
+        assert int((await busy)["OUTPUT"][0, 0]) == 101
+        started = asyncio.get_running_loop().time()
+        assert int((await asyncio.wait_for(b_start, 5))["OUTPUT"][0, 0]) == 3
+        assert asyncio.get_running_loop().time() - started < 2.0, "the waiter slept on"
+        assert int((await b_next)["OUTPUT"][0, 0]) == 7
+        with pytest.raises(InputValidationError, match=r"released after 0\.2 s"):
+            await runner.execute(value(1), sequence=SequenceStep(1))
+
+
+async def test_a_new_start_runs_after_the_old_sequences_steps(accumulator: Path) -> None:
+    async with ModelRunner(accumulator, ModelRunnerConfig(batching_dim=0)) as inner:
+        gated = Gated(inner, held=100)
+        runner = SequenceRunner(gated, SequenceTable(CONFIG), "acc")
+        await runner.execute(value(1), sequence=SequenceStep(9, start=True))
+        old = asyncio.create_task(runner.execute(value(100), sequence=SequenceStep(9)))
+        await gated.waiting.wait()
+        new = asyncio.create_task(runner.execute(value(7), sequence=SequenceStep(9, start=True)))
+        await asyncio.sleep(0)
+        assert not new.done()
+        gated.gate.set()
+        assert int((await old)["OUTPUT"][0, 0]) == 101  # on the old state
+        assert int((await new)["OUTPUT"][0, 0]) == 7  # then anew
+        out = await runner.execute(value(1), sequence=SequenceStep(9, end=True))
+        assert int(out["OUTPUT"][0, 0]) == 8 + 9  # its END adds its CORRID
+        assert runner.table.live == 0 and runner.table.counts.restarted == 1
+
+
+async def test_an_id_the_corrid_cannot_hold_is_refused_before_it_takes_a_slot(
+    accumulator: Path,
+) -> None:
+    async with ModelRunner(accumulator, ModelRunnerConfig(batching_dim=0)) as inner:
+        runner = SequenceRunner(inner, SequenceTable(CONFIG), "acc")
+        for bad in (2**70, "not-a-number"):
+            with pytest.raises(InputValidationError, match="does not fit the model's CORRID"):
+                await runner.execute(value(1), sequence=SequenceStep(bad, start=True))
+        assert runner.table.live == 0

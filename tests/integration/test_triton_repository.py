@@ -65,7 +65,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     version(repo / "b", 1, 10.0)
     version(repo / "b", 3, 30.0)
     (repo / "unknown_field").mkdir()
-    (repo / "unknown_field" / "config.pbtxt").write_text("max_batch_size: 2\nsequence_batching {}")
+    unknown = "max_batch_size: 2\nensemble_scheduling {}"  # a scheduler we do not serve
+    (repo / "unknown_field" / "config.pbtxt").write_text(unknown)
     version(repo / "unknown_field", 1, 0.0)
     (repo / "gpu").mkdir()
     (repo / "gpu" / "config.pbtxt").write_text(
@@ -152,7 +153,7 @@ def test_a_bad_config_fails_that_model_only(daemon: Daemon) -> None:
     rows = {(r["name"], r["version"]): r for r in index}
     assert rows[("unknown_field", "1")]["state"] == "UNAVAILABLE"
     reason = rows[("unknown_field", "1")]["reason"]
-    assert "config.pbtxt" in reason and "sequence_batching" in reason
+    assert "config.pbtxt" in reason and "ensemble_scheduling" in reason
     assert rows[("gpu", "1")]["state"] == "UNAVAILABLE"
     assert "KIND_GPU" in rows[("gpu", "1")]["reason"]
     for model in ("a", "b", "flat", "fixed2"):

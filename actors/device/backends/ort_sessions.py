@@ -228,7 +228,8 @@ def resident_bytes() -> int:
 
 def live_sessions() -> list[OrtSession]:
     """Every shared session some device holds now (for tests and metrics)."""
-    return list(_LIVE.values())
+    with _BUILD:
+        return list(_LIVE.values())
 
 
 def _key(

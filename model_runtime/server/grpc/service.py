@@ -173,22 +173,28 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
 
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> Any:
         """Triton's streaming inference: requests in, one response each, in the order they
-        finish (the steps of one sequence in their order: :mod:`model_runtime.sequences`).
-        A request that fails is answered with its ``error_message`` and the stream goes on;
-        at most :data:`STREAM_IN_FLIGHT` requests of a stream run at once (the next is read
-        when one is answered)."""
+        finish (the steps of one sequence in their order: :mod:`model_runtime.sequences`; a
+        stream's requests are decoded on the loop, in order, so none overtakes another). A
+        request that fails is answered with its ``error_message`` (and its id) and the stream
+        goes on. At most :data:`STREAM_IN_FLIGHT` requests of a stream are held, from read to
+        answer sent: the next is read when an answer has gone out."""
         answers: asyncio.Queue[Any] = asyncio.Queue()
         slots = asyncio.Semaphore(STREAM_IN_FLIGHT)
         running: set[asyncio.Task[None]] = set()
 
         async def one(request: Any) -> None:
             try:
-                response = await self._model_infer(request, context)
+                response = await self._model_infer(request, context, inline=True)
                 item = pb.ModelStreamInferResponse(infer_response=response)
             except Exception as exc:
-                item = pb.ModelStreamInferResponse(error_message=_logged(exc, "ModelStreamInfer"))
-            finally:
-                slots.release()
+                item = pb.ModelStreamInferResponse(
+                    error_message=_logged(exc, "ModelStreamInfer"),
+                    infer_response=pb.ModelInferResponse(
+                        id=request.id,
+                        model_name=request.model_name,
+                        model_version=request.model_version,
+                    ),
+                )
             answers.put_nowait(item)
 
         async def read() -> None:
@@ -206,12 +212,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         try:
             while (item := await answers.get()) is not None:
                 yield item
+                slots.release()
+            await reader  # a failed read of the request stream fails the call
         finally:
             reader.cancel()
             for task in list(running):
                 task.cancel()
 
-    async def _model_infer(self, request: Any, context: Any) -> Any:
+    async def _model_infer(self, request: Any, context: Any, *, inline: bool = False) -> Any:
         server = self.server
         entry = server.entry(request.model_name, request.model_version)
         admission = server.admission
@@ -227,7 +235,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
             reason: str | None = "internal"
             samples = 0
             try:
-                response, samples = await self._infer(request, context, entry, runner)
+                response, samples = await self._infer(request, context, entry, runner, inline)
                 reason = None
                 return response
             except asyncio.CancelledError:
@@ -247,7 +255,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
             admission.release(entry.name, queue_full=queue_full)
 
     async def _infer(
-        self, request: Any, context: Any, entry: ModelEntry, runner: Any
+        self, request: Any, context: Any, entry: ModelEntry, runner: Any, inline: bool = False
     ) -> tuple[Any, int]:
         def parse() -> InferRequest:
             return parse_model_infer_request(
@@ -256,7 +264,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
 
         regions = self.server.shared_memory
         size = sum(len(raw) for raw in request.raw_input_contents)
-        parsed = await decode_in_thread(parse) if size > _THREAD_PARSE_BYTES else parse()
+        big = size > _THREAD_PARSE_BYTES and not inline
+        parsed = await decode_in_thread(parse) if big else parse()
         try:
             # The caller's gRPC deadline bounds the request as its `timeout` parameter does.
             results = await self.server.execute(entry, runner, parsed, context.time_remaining())
