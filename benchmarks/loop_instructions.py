@@ -62,7 +62,7 @@ async def drive(side: str, requests: int) -> None:
                 tg.start_soon(caller)
 
     if side == "bare":
-        async with BareBatcher(Executable.load(exe), 1, 0.002) as bare:
+        async with BareBatcher(Executable.load(exe), 1, flush_s=0.002) as bare:
             await callers(bare.infer)
     else:
         manager = DeviceManager(inventory=[DeviceSpec(id=0, kind="cpu", threads=1)])

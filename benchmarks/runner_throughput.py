@@ -6,10 +6,8 @@ program and the same threads:
 * raw: the cpu backend (onnxruntime) running the main program at its batch size B back to back,
   one loop per device of the configuration, concurrently (the host's compute ceiling);
 * bare: the bare reference batcher (``benchmarks/bare_batcher.py``: a list, one sealing task,
-  one worker thread, 2 ms flush) per device of the configuration; with two devices, two bare
-  batchers, the callers dealt round-robin between them (caller k to batcher k mod 2, like
-  connections; ``--bare-split request`` deals each request instead, which fragments batches:
-  a batcher whose worker is busy still flushes its partial batch after 2 ms, and it queues);
+  2 ms flush) with one worker thread per device of the configuration, each with its own
+  backend; a sealed batch goes to the worker with the fewest batches in flight;
 * runtime: ``ModelRunner`` with the configuration as its device inventory, one replica per
   device, dynamic batching.
 
@@ -34,7 +32,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import itertools
 import json
 import os
 import statistics
@@ -187,22 +184,10 @@ async def bare(
     replicas: int,
     threads: int,
     flush: float,
-    split: str,
 ) -> tuple[dict[str, float], Row]:
-    """``replicas`` bare batchers of ``threads`` threads each. ``split``: "caller" (caller k
-    always goes to batcher k mod replicas, like connections dealt round-robin) or "request"
-    (each request goes to the next batcher)."""
-    batchers = [BareBatcher(exe, threads, flush_s=flush) for _ in range(replicas)]
-    for b in batchers:
-        await b.__aenter__()
-    try:
-        if split == "caller" or replicas == 1:
-            return await drive([b.infer for b in batchers], one, callers, seconds)
-        turn = itertools.cycle(batchers)
-        return await drive([lambda row: next(turn).infer(row)], one, callers, seconds)
-    finally:
-        for b in batchers:
-            await b.__aexit__(None, None, None)
+    """One bare batcher sealing for ``replicas`` devices of ``threads`` threads each."""
+    async with BareBatcher(exe, threads, replicas, flush_s=flush) as batcher:
+        return await drive([batcher.infer], one, callers, seconds)
 
 
 #: Alternating bare/runtime pairs per point of the MLP: its points last 3 s, and on a shared
@@ -298,12 +283,6 @@ def main() -> None:
     parser.add_argument(
         "--timeout-ms", type=float, default=0.01, help="the runtime's flush timeout"
     )
-    parser.add_argument(
-        "--bare-split",
-        choices=("caller", "request"),
-        default="caller",
-        help="how several bare batchers share the callers (see bare())",
-    )
     parser.add_argument("--uvloop", action="store_true", help="run the event loop on uvloop")
     parser.add_argument(
         "--pairs",
@@ -322,7 +301,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     print(
         f"{cores} cores, {loop}; bare flush {args.flush_ms} ms, runtime timeout "
-        f"{args.timeout_ms} ms; {args.seconds} s per point; bare split by {args.bare_split}"
+        f"{args.timeout_ms} ms; {args.seconds} s per point"
     )
     print(HEADER, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -351,7 +330,6 @@ def main() -> None:
                             replicas,
                             threads,
                             args.flush_ms / 1e3,
-                            args.bare_split,
                             backend_options=options,
                         )
                         rt, rt_answer = anyio.run(
@@ -443,7 +421,6 @@ def main() -> None:
         "seconds": args.seconds,
         "bare_flush_ms": args.flush_ms,
         "runtime_timeout_ms": args.timeout_ms,
-        "bare_split": args.bare_split,
         "mlp_pairs": args.pairs,
         "rows": rows,
         "lone": lone,

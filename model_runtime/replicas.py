@@ -88,8 +88,10 @@ class ReplicaSet:
         self._sessions_made = [0] * len(devices)
         self._next = 0
         #: The replica filling its open batch while every replica in service was busy (-1:
-        #: none): it takes requests until that batch is full (see pick()).
+        #: none), and the rows that batch has room for after the requests given to it: it
+        #: takes requests until they fill it (see pick()).
         self._filling = -1
+        self._room = 0
         # The model's supervisor replaces a replica subtree that gave up (restarts without
         # progress) after a backoff that grows to the probe cap, and counts a child's run as
         # stable only after a minute: paced like that, even every replica failing forever
@@ -293,15 +295,19 @@ class ReplicaSet:
             sessions[id(session)] = session
         return list(sessions.values())
 
-    def pick(self, replica_id: int | None, avoid: int = 0, now: float | None = None) -> int:
-        """The replica for a request: ``replica_id``, or the least-loaded READY one not in the
-        bitmask ``avoid`` (replicas that failed the request already); ``now``: the clock's
-        time, if the caller has just read it.
+    def pick(
+        self, replica_id: int | None, avoid: int = 0, now: float | None = None, samples: int = 1
+    ) -> int:
+        """The replica for a request of ``samples`` rows: ``replica_id``, or the least-loaded
+        READY one not in the bitmask ``avoid`` (replicas that failed the request already);
+        ``now``: the clock's time, if the caller has just read it.
 
         When every replica in service is busy (all its batch buffers in use, so nothing it is
         given now runs before one of its batches ends), the one picked keeps taking requests
-        until its open batch is full: batches fill one at a time instead of all at once at
-        1/R the rate, and a request costs one check instead of a scan of the replicas.
+        until they fill its open batch (the room it had, :meth:`Queue.open_room`, counted
+        down here: no call into the queue): batches fill one at a time instead of all at once
+        at 1/R the rate, and a request costs a few comparisons instead of a scan of the
+        replicas.
 
         Raises:
             InputValidationError: ``replica_id`` is out of range.
@@ -310,13 +316,15 @@ class ReplicaSet:
         states = self.states
         if replica_id is None and not avoid:
             r = self._filling
-            if r >= 0:  # (the common case under load: one check per request)
+            if r >= 0:  # (the common case under load: a few comparisons per request)
+                room = self._room - samples
                 state = states[r]
                 if (
-                    state.status is _READY
+                    room >= 0
+                    and state.status is _READY
                     and (self._clock.monotonic() if now is None else now) < state.hung_after
-                    and self.queues[r].filling()
                 ):
+                    self._room = room
                     return r
                 self._filling = -1
             if len(states) == 1 and states[0].status is _READY:
@@ -363,7 +371,9 @@ class ReplicaSet:
             ) from failure
         self._next = best + 1 if best + 1 < n else 0
         if busy and not avoid:
-            self._filling = best
+            room = queues[best].open_room() - samples
+            if room > 0:  # (this request leaves room in its open batch for the next ones)
+                self._filling, self._room = best, room
         return best
 
     def backlog_seconds(self, extra_samples: int) -> float:

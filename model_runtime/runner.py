@@ -385,7 +385,7 @@ class ModelRunner:
                 else:
                     replicas = self._replicas
                     assert replicas is not None
-                    queue = self._queues[replicas.pick(None, 0, now)]
+                    queue = self._queues[replicas.pick(None, 0, now, last[3])]
                 future = self._create_future()
                 request = Request(inputs, last[3], future, now, priority)
                 if queue.enqueue_nowait(request, now):
@@ -423,7 +423,7 @@ class ModelRunner:
         assert replicas is not None
         if self._admission:
             self._admit(replicas, samples)
-        queue = replicas.queues[replicas.pick(replica_id, 0, now)]
+        queue = replicas.queues[replicas.pick(replica_id, 0, now, samples)]
         assert self._loop is not None
         future: asyncio.Future[dict[str, np.ndarray]] = self._loop.create_future()
         waiting = self._waiting

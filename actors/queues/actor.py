@@ -141,20 +141,18 @@ class Queue(Actor[QueueMessage]):
         """Rows enqueued and not answered yet (a gone caller's until the queue notices)."""
         return self._rows_in - self._rows_closed
 
-    # saturated() and filling() are methods, not properties: ReplicaSet.pick reads one per
-    # request with several replicas, and a property costs twice a method call's overhead.
+    # saturated() and open_room() are methods, not properties: ReplicaSet.pick reads them
+    # when it scans the replicas, and a property costs twice a method call's overhead.
 
     def saturated(self) -> bool:
         """Every batch buffer is in use: rows queued now wait until a batch ends."""
         return len(self._outstanding) >= self._max_outstanding
 
-    def filling(self) -> bool:
-        """:meth:`saturated`, with a partial batch open (the waiting rows are not a whole
-        number of batches): a request queued now completes a batch that runs no later."""
-        return (
-            len(self._outstanding) >= self._max_outstanding
-            and self._pending_rows % self._capacity != 0
-        )
+    def open_room(self) -> int:
+        """Rows that complete the open partial batch (a whole batch's when the waiting rows
+        are a whole number of batches): rows queued now, up to that many, ride in a batch
+        sealed no later than the one the rows waiting now fill."""
+        return self._capacity - self._pending_rows % self._capacity
 
     @property
     def inflight_requests(self) -> int:

@@ -344,7 +344,8 @@ class SessionActor(Actor[object]):
                     await self._bisect(batch, poison)
                     return
                 if ran is not None:  # its outcome, as if this run had just returned it
-                    outputs, ran = ran.result(), None
+                    made, ran = ran, None  # (cleared first: a retry runs the batch again)
+                    outputs = made.result()
                 else:
                     outputs = await self._run_main(batch.inputs, into=batch.outputs_into)
             except ActorStoppedError:

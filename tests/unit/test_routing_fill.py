@@ -1,9 +1,10 @@
 """Who takes a request when every replica is busy: the one picked fills its open batch first.
 
 ``ReplicaSet.pick`` is least-loaded per request while some replica has a free batch buffer;
-once all are saturated, the replica it picked keeps taking requests until its open batch is
-full (``Queue.filling()``), then it picks the least loaded again. A replica leaving service, or
-a run past its deadline, ends that at once.
+once all are saturated, the replica it picked keeps taking requests until their rows fill its
+open batch (the room ``Queue.open_room()`` gave when it was picked, counted down by each
+request's rows), then it picks the least loaded again. A replica leaving service, or a run past
+its deadline, ends that at once.
 """
 
 from __future__ import annotations
@@ -26,13 +27,13 @@ class _Queue:
 
     pending_samples: int = 0
     busy: bool = False  # saturated()
-    open_batch: bool = False  # filling()
+    room: int = 32  # open_room()
 
     def saturated(self) -> bool:
         return self.busy
 
-    def filling(self) -> bool:
-        return self.open_batch
+    def open_room(self) -> int:
+        return self.room
 
 
 def _replicas(n: int, clock: FakeClock) -> tuple[ReplicaSet, list[_Queue]]:
@@ -43,12 +44,13 @@ def _replicas(n: int, clock: FakeClock) -> tuple[ReplicaSet, list[_Queue]]:
     rs._clock = clock
     rs._next = 0
     rs._filling = -1
+    rs._room = 0
     return rs, queues
 
 
 def test_least_loaded_per_request_while_a_replica_has_room() -> None:
     rs, queues = _replicas(2, FakeClock())
-    queues[0].busy = queues[0].open_batch = True  # replica 1 still has a free buffer
+    queues[0].busy = True  # replica 1 still has a free buffer
     picks = []
     for _ in range(4):
         r = rs.pick(None)
@@ -63,19 +65,30 @@ def test_all_busy_the_picked_replica_fills_its_batch_then_least_loaded_again() -
         q.busy = True
     queues[0].pending_samples = 70
     queues[1].pending_samples = 64
+    queues[1].room = 6  # its open batch needs 6 more rows
     assert rs.pick(None) == 1  # the least loaded
-    queues[1].open_batch = True  # its open batch takes the next requests
     queues[1].pending_samples = 80
-    assert [rs.pick(None) for _ in range(5)] == [1] * 5
-    queues[1].open_batch = False  # that batch is full: least loaded again
-    assert rs.pick(None) == 0
+    assert [rs.pick(None) for _ in range(5)] == [1] * 5  # the 6 rows: no scan, no call
+    assert rs.pick(None) == 0  # that batch is full: the least loaded again
+
+
+def test_the_open_batch_is_counted_in_rows_a_request_that_does_not_fit_goes_elsewhere() -> None:
+    rs, queues = _replicas(2, FakeClock())
+    for q in queues:
+        q.busy = True
+    queues[0].pending_samples = 10
+    queues[1].room = 7
+    assert rs.pick(None, samples=2) == 1  # 5 rows of room left
+    assert rs.pick(None, samples=4) == 1  # 1 left
+    queues[1].pending_samples = 16
+    assert rs.pick(None, samples=2) == 0  # does not fit: the least loaded again
 
 
 def test_a_filling_replica_that_leaves_service_or_hangs_takes_nothing_more() -> None:
     clock = FakeClock()
     rs, queues = _replicas(2, clock)
     for q in queues:
-        q.busy = q.open_batch = True
+        q.busy = True
     queues[1].pending_samples = 1
     assert rs.pick(None) == 0
     assert rs.pick(None) == 0
@@ -91,22 +104,22 @@ def test_a_filling_replica_that_leaves_service_or_hangs_takes_nothing_more() -> 
 def test_a_moved_request_avoids_the_replicas_that_failed_it_even_while_filling() -> None:
     rs, queues = _replicas(2, FakeClock())
     for q in queues:
-        q.busy = q.open_batch = True
+        q.busy = True
     assert rs.pick(None) == 0
     assert rs.pick(None, avoid=1) == 1
 
 
-async def test_queue_reports_saturated_then_filling_until_a_whole_batch_waits() -> None:
+async def test_queue_reports_saturated_and_the_room_its_open_batch_has() -> None:
     clock = FakeClock()
     queue = make_queue(metadata(4), clock, batching_dim=0, ring_buffer_size_multiplier=2)
     async with running(queue, hold=True) as (_, fake):
         for _ in range(8):  # two full batches: both buffers in use
             queue.enqueue_nowait(request(rows(1), 1, clock=clock))
         await settle()
-        assert queue.saturated() and not queue.filling()
+        assert queue.saturated() and queue.open_room() == 4  # no batch open: a whole one
         for i in range(4):
             queue.enqueue_nowait(request(rows(1), 1, clock=clock))
-            assert queue.filling() is (i < 3)  # the 4th row completes the waiting batch
+            assert queue.open_room() == (3 - i or 4)  # the 4th row completes the batch
         fake.release()
         await settle()
         assert len(fake.seen) == 3

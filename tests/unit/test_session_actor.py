@@ -40,6 +40,7 @@ from actors.device import (
     RunSave,
 )
 from actors.queues.actor import Queue
+from actors.queues.batch import Batch
 from actors.queues.config import QueueConfig
 from actors.queues.request import Request
 from actors.session.actor import SessionActor, SessionPolicy
@@ -51,6 +52,7 @@ from model_runtime.errors import (
     ExecutionTimeoutError,
     InputValidationError,
     RecoverableRuntimeError,
+    RecoveryAction,
     RuntimeFailure,
     UnrecoverableRuntimeError,
 )
@@ -313,6 +315,25 @@ async def test_a_batch_failing_every_run_gets_the_error_after_max_retries(
         assert state.failed_recoveries == 0 and not state.inflight
         assert ReplicaStatus.FAILED not in rep.statuses
         assert rep.restarted == []
+
+
+async def test_a_run_made_in_place_that_failed_is_retried_by_running_the_batch_again() -> None:
+    # A batch the queue offered the session to run in place comes to the batch loop with the
+    # outcome of that run (Batch.ran). When the fault is one a reset cures, the retry runs
+    # the batch on the device: it does not replay the failed outcome until the retries run out.
+    async with replica() as rep:
+        loop = asyncio.get_running_loop()
+        x = tiny_rows(4)
+        future: asyncio.Future[dict[str, np.ndarray]] = loop.create_future()
+        request = Request(inputs={"x": x}, samples=2, future=future, t_submit=0.0)
+        failed: asyncio.Future[list[dict[str, np.ndarray]]] = loop.create_future()
+        failed.set_exception(RecoverableRuntimeError("ran in place", RecoveryAction.IPU_RESET))
+        batch = Batch(1 << 30, ({"x": x},), ((request, 0, 0, 0, 2),), 2, False, 0.0, ran=failed)
+        session = rep.sup.ref("session").actor
+        assert isinstance(session, SessionActor)
+        await session._run_batch(batch)
+        check_tiny(await answer(rep, future), x)
+        assert (rep.state.resets, rep.state.retries) == (1, 1)
 
 
 # -- 2. the progress rule -----------------------------------------------------------------------
