@@ -122,11 +122,9 @@ class CpuBackend:
         """Bytes this device adds to the process beside what it shares: ``session``, the
         build of a session of its own (0 when it runs a shared one, counted by the model:
         .ort_sessions), and ``state``, its variables and fed weights."""
-        own = self._shared is not None and self._shared.key is None
-        return {
-            "session": self._shared.built_bytes if own and self._shared else 0,
-            "state": sum(v.nbytes for v in self._feed.values()),
-        }
+        shared = self._shared
+        own = shared.built_bytes if shared is not None and shared.key is None else 0
+        return {"session": own, "state": sum(v.nbytes for v in self._feed.values())}
 
     # -- load ------------------------------------------------------------------------------
 
