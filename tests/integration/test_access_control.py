@@ -272,9 +272,14 @@ def test_https(tmp_path: Path, pki: dict[str, Path]) -> None:
         context = ssl.create_default_context(cafile=str(pki["ca"]))
         url = f"https://127.0.0.1:{d.port}/v2/health/ready"
 
-        def ready() -> bool:
-            with urllib.request.urlopen(url, timeout=5, context=context) as resp:
-                return bool(resp.status == 200)
+        def ready() -> bool:  # 503 until the models are loaded: the server listens first
+            try:
+                with urllib.request.urlopen(url, timeout=5, context=context) as resp:
+                    return bool(resp.status == 200)
+            except urllib.error.HTTPError as exc:
+                if exc.code != 503:
+                    raise
+                return False
 
         wait_for(ready, 60, "the daemon to be ready over HTTPS")
         with pytest.raises((urllib.error.URLError, ConnectionError)):
