@@ -35,6 +35,7 @@ __all__ = [
     "RateLimitedLog",
     "access_middleware",
     "detaches",
+    "new_request_id",
     "request_id_of",
 ]
 
@@ -56,7 +57,11 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def request_id_of(request: web.Request) -> str:
     """The request's id: the client's ``X-Request-ID`` if sane, else a new 16-hex-digit one."""
-    given = request.headers.get(REQUEST_ID_HEADER)
+    return new_request_id(request.headers.get(REQUEST_ID_HEADER))
+
+
+def new_request_id(given: str | None) -> str:
+    """``given`` (a client's ``X-Request-ID``) if sane, else a new 16-hex-digit id."""
     if given is not None and _SANE_ID.fullmatch(given):
         return given
     return f"{_ID_PREFIX}{next(_ids):08x}"

@@ -250,18 +250,27 @@ class InferenceServer:
                 raise
             return _error(exc.status, exc.reason if exc.text is None else exc.text)
         except Exception as exc:
-            status, reason = status_of(exc)
-            headers = exc.headers if isinstance(exc, HTTPError) else None
-            if reason == "queue_full":
-                # Overload is answered, counted, and logged as a rate-limited summary only.
-                headers = {"Retry-After": str(self.options.retry_after)}
-                self._queue_full_log(path=request.path, error=str(exc))
-            elif reason == "internal":
-                log.exception("request_failed", path=request.path, status=status)
-            elif status >= 500:
-                log.warning("request_failed", path=request.path, status=status, error=str(exc))
-            close = reason in _UNREAD
-            return _error(status, str(exc) or type(exc).__name__, headers, close=close)
+            status, message, headers, close = self.error_answer(exc, request.path)
+            return _error(status, message, headers, close=close)
+
+    def error_answer(
+        self, exc: Exception, path: str
+    ) -> tuple[int, str, dict[str, str] | None, bool]:
+        """What answers ``exc`` (raised serving ``path``): its status, message, extra headers,
+        and whether the connection closes after it (a body left unread); logged as its cause
+        calls for. The aiohttp routes and the protocol-level path
+        (:mod:`model_runtime.server.fastpath`) answer alike through it."""
+        status, reason = status_of(exc)
+        headers = exc.headers if isinstance(exc, HTTPError) else None
+        if reason == "queue_full":
+            # Overload is answered, counted, and logged as a rate-limited summary only.
+            headers = {"Retry-After": str(self.options.retry_after)}
+            self._queue_full_log(path=path, error=str(exc))
+        elif reason == "internal":
+            log.error("request_failed", path=path, status=status, exc_info=exc)
+        elif status >= 500:
+            log.warning("request_failed", path=path, status=status, error=str(exc))
+        return status, str(exc) or type(exc).__name__, headers, reason in _UNREAD
 
     # -- health and metadata ---------------------------------------------------------------------
 
@@ -369,14 +378,49 @@ class InferenceServer:
         """``POST /v2/models/{name}/infer``: JSON and binary tensors in, the same out."""
         entry = self._entry(request)
         runner = self.serving_runner(entry, request)
+        out, json_length = await self.answer_infer(
+            entry,
+            runner,
+            request.headers.get(HEADER_LENGTH),
+            read_body(request, self.options.max_body_size, self.options.body_timeout),
+        )
+        if json_length is None:
+            return web.Response(body=out, content_type="application/json")
+        resp = web.Response(body=out, content_type="application/octet-stream")
+        resp.headers[HEADER_LENGTH] = str(json_length)
+        return resp
+
+    async def answer_infer(
+        self,
+        entry: ModelEntry,
+        runner: Any,
+        header_length: str | None,
+        body: Awaitable[bytes | bytearray] | bytes,
+    ) -> tuple[bytes, int | None]:
+        """The answer to an infer request for ``entry`` (taken by ``runner``): ``body``
+        (or what awaiting it gives), with the ``Inference-Header-Content-Length`` header's
+        value, decoded, run and encoded; counted in flight, in the model's statistics and
+        in the metrics. Returns the response body and its JSON part's length (None: all
+        JSON). HTTP's two paths (aiohttp's route and :mod:`model_runtime.server.fastpath`)
+        share it.
+
+        Raises:
+            HTTPError, ModelRuntimeError: what the request's answer is (see
+                :meth:`error_answer`).
+        """
         self.enter_request(entry.name, entry.version)
         t0 = time.perf_counter()
         reason: str | None = "internal"
         samples = 0
         try:
-            resp, samples = await self._infer(request, entry, runner)
+            try:
+                length = None if header_length is None else int(header_length)
+            except ValueError:
+                raise HTTPError(400, f"{HEADER_LENGTH} must be an integer", "bad_request") from None
+            data = body if isinstance(body, bytes) else await body
+            out, json_length, samples = await self._infer(data, length, entry, runner)
             reason = None
-            return resp
+            return out, json_length
         except asyncio.CancelledError:
             reason = "cancelled"
             log.info("request_cancelled", model=entry.name)
@@ -392,15 +436,8 @@ class InferenceServer:
             self.leave_request(entry.name, entry.version)
 
     async def _infer(
-        self, request: web.Request, entry: ModelEntry, runner: Any
-    ) -> tuple[web.Response, int]:
-        raw = request.headers.get(HEADER_LENGTH)
-        try:
-            header_length = None if raw is None else int(raw)
-        except ValueError:
-            raise HTTPError(400, f"{HEADER_LENGTH} must be an integer", "bad_request") from None
-        body = await read_body(request, self.options.max_body_size, self.options.body_timeout)
-
+        self, body: bytes | bytearray, header_length: int | None, entry: ModelEntry, runner: Any
+    ) -> tuple[bytes, int | None, int]:
         def parse() -> InferRequest:
             if header_length == 0:  # Triton's raw binary request: the body is the one input
                 return parse_raw_request(body, entry.inputs, entry.outputs, model=entry.name)
@@ -434,11 +471,7 @@ class InferenceServer:
             parsed.release()  # its shared memory regions, if any
         first = next(iter(parsed.inputs.values()))
         samples = int(first.shape[0]) if first.ndim else 1
-        if json_length is None:
-            return web.Response(body=out, content_type="application/json"), samples
-        resp = web.Response(body=out, content_type="application/octet-stream")
-        resp.headers[HEADER_LENGTH] = str(json_length)
-        return resp, samples
+        return out, json_length, samples
 
     async def execute(
         self, entry: ModelEntry, runner: Any, parsed: InferRequest, deadline: float | None = None

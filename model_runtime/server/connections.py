@@ -43,7 +43,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -53,6 +53,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from model_runtime.server.access import RateLimitedLog
 from model_runtime.server.fdlimit import default_max_connections
 from model_runtime.server.heads import Framer, plain_head
+
+if TYPE_CHECKING:
+    from model_runtime.server.admission import ModelAdmission
+    from model_runtime.server.fastpath import FastInfer
 
 __all__ = [
     "ADMITTED",
@@ -90,6 +94,9 @@ AIOHTTP_STATE = (
 )
 
 _NEVER = float("inf")
+#: Bytes held from a client while a request of its connection is answered at the protocol
+#: level (a pipelining client): past it, its connection is not read until the answer is out.
+_HOLD_LIMIT = 1 << 20
 
 
 class Admitted(Protocol):
@@ -148,13 +155,17 @@ class _Connection(asyncio.Protocol):
     __slots__ = (
         "_admitted",
         "_busy",
+        "_closed",
         "_deadline",
+        "_fast",
         "_finished",
         "_framer",
         "_fresh",
         "_guard",
+        "_held",
         "_inner",
         "_loop",
+        "_paused",
         "_payload",
         "_refused",
         "_skip",
@@ -185,6 +196,12 @@ class _Connection(asyncio.Protocol):
         # next byte. New connections are idle until they send something.
         self._fresh = True
         self._admitted: Admitted | None = None  # the admission of the head given to aiohttp
+        # A request answered at the protocol level (guard.fast): its task, and the bytes that
+        # arrive meanwhile (read once it is answered, in order).
+        self._fast: asyncio.Task[None] | None = None
+        self._held = b""
+        self._paused = False
+        self._closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport = cast(asyncio.Transport, transport)  # uvloop's: no subclass
@@ -205,6 +222,12 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
+            return
+        if self._fast is not None:  # after the request answered here
+            self._held += data
+            if len(self._held) > _HOLD_LIMIT and not self._paused and self._transport:
+                self._paused = True
+                self._transport.pause_reading()
             return
         if self._skip:
             if len(data) <= self._skip:
@@ -234,6 +257,8 @@ class _Connection(asyncio.Protocol):
                 plain = plain_head(data, self._guard.early_max_body)
                 taken = self._refuse_early(data, plain)
                 if not taken:
+                    if self._admitted is not None and self._answer_fast(data, plain):
+                        return
                     break
                 data, plain = data[taken:], None
             if not data:
@@ -255,7 +280,10 @@ class _Connection(asyncio.Protocol):
         return None
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        self._closed = True
         self._stop_timer()
+        if self._fast is not None:
+            self._fast.cancel()  # the client went away: so does its request
         self._withdraw()
         if self._refused:
             return
@@ -429,6 +457,58 @@ class _Connection(asyncio.Protocol):
         inner: Any = self._inner  # aiohttp's keep-alive clock restarts, as after its answers
         inner._next_keepalive_close_time = now + inner._keepalive_timeout
 
+    # -- requests answered at the protocol level (model_runtime.server.fastpath) ----------------
+
+    def _answer_fast(self, data: bytes, head: tuple[bytes, int, int] | None) -> bool:
+        """Hand the admitted request at the start of ``data`` to the guard's fast path if it
+        is all there and the path takes it (True: the rest of ``data`` is held until it is
+        answered); else False, for aiohttp, its admission kept for it."""
+        fast = self._guard.fast
+        if fast is None or head is None:
+            return False
+        target, head_size, length = head
+        end = head_size + length
+        if end > len(data):
+            return False  # a body on its way: aiohttp reads it (within its body timeout)
+        admitted = cast("ModelAdmission", self._admitted)  # what at_head gives (the daemon's)
+        task = fast.start(self, target, data[:head_size], data[head_size:end], admitted)
+        if task is None:
+            return False
+        self._admitted = None  # the fast path leaves it
+        self._fast = task
+        self._busy = True
+        self._fresh = False
+        self._disarm()
+        self._guard.idle.pop(self, None)
+        self._held = data[end:]
+        return True
+
+    def fast_answer(self, answer: bytes | list[bytes]) -> None:
+        """Write the answer of the request answered at the protocol level."""
+        transport = self._transport
+        if self._closed or transport is None or transport.is_closing():
+            return
+        if isinstance(answer, bytes):
+            transport.write(answer)
+        else:
+            transport.writelines(answer)
+
+    def fast_done(self) -> None:
+        """The request answered at the protocol level is over: the connection is idle in
+        keep-alive, and what arrived meanwhile is read now."""
+        self._fast = None
+        self._busy = False
+        if self._closed:
+            return
+        self._refusal_done()
+        held, self._held = self._held, b""
+        if self._paused:
+            self._paused = False
+            assert self._transport is not None
+            self._transport.resume_reading()
+        if held:
+            self.data_received(held)
+
     def _refuse_http2(self) -> None:
         self._sniff = None
         self._guard.http2_log(peer=_peer(self._transport))
@@ -457,6 +537,9 @@ class ConnectionGuard:
         #: Admission decided from plain request heads (see :data:`HeadAdmission` and
         #: :meth:`_Connection._refuse_early`). None: the app decides on every request.
         self.head_admission: HeadAdmission | None = None
+        #: Admitted infer requests answered without aiohttp
+        #: (:mod:`model_runtime.server.fastpath`); None: all go to aiohttp.
+        self.fast: FastInfer | None = None
         #: A head announcing a larger body goes to aiohttp (whose limit answers it 413).
         self.early_max_body = 64 << 20
         self.early_refused = 0
@@ -502,6 +585,13 @@ class ConnectionGuard:
         closed.add_metric(["silent"], self.idle_timeouts)
         closed.add_metric(["near_limit"], self.idle_closed)
         yield closed
+        if self.fast is not None:
+            yield CounterMetricFamily(
+                "model_runtime_requests_answered_at_protocol_level",
+                "Inference requests answered from the connection's bytes without aiohttp "
+                "(admitted, plain and whole as they arrived: model_runtime.server.fastpath)",
+                value=self.fast.taken,
+            )
         yield CounterMetricFamily(
             "model_runtime_requests_refused_early",
             "Inference requests refused from their head alone, before aiohttp read them (a "

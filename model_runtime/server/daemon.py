@@ -32,6 +32,7 @@ from model_runtime.errors import ConfigurationError, ModelRuntimeError
 from model_runtime.server.admission import LoopLag
 from model_runtime.server.app import InferenceServer, ServerOptions
 from model_runtime.server.connections import ConnectionLimits, GuardedAppRunner
+from model_runtime.server.fastpath import FastInfer
 from model_runtime.server.fdlimit import raise_open_file_limit
 from model_runtime.server.grpc.server import GrpcLimits, start_grpc_server
 from model_runtime.server.heap import GEN0_THRESHOLD, settle_heap
@@ -201,6 +202,8 @@ async def serve(opts: DaemonOptions) -> int:
     # answer, which the middleware gives before admission.
     if http_restrictions.get("inference") is None:
         runner.guard.head_admission = server.admission.at_head
+        # ... and those admitted, whole and plain, are answered there too (fastpath.py).
+        runner.guard.fast = FastInfer(server, access_log=opts.access_log)
     runner.guard.early_max_body = opts.max_body_size
     server.metrics.registry.register(runner.guard)
     await runner.setup()

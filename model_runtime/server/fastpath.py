@@ -1,0 +1,208 @@
+"""Infer requests answered at the protocol level, without aiohttp (issue 31, DESIGN.md §11).
+
+Per request, aiohttp builds a request object, a header multidict, a response object and its
+writer, and passes through five middlewares; at 16 concurrent clients that was most of the
+~185 µs of event-loop CPU an infer request cost. The connection guard
+(:mod:`model_runtime.server.connections`) already reads the plain head of a POST to decide its
+admission; when that head is an admitted infer request whose whole body arrived with it,
+:class:`FastInfer` answers it from there: the same decoding, execution, encoding, statistics
+and metrics (:meth:`InferenceServer.answer_infer`), the same error answers
+(:meth:`InferenceServer.error_answer`), the same access log line and request id, written
+straight to the transport. Everything else goes to aiohttp as before, which answers alike:
+
+- a head that is not plain (:func:`~model_runtime.server.heads.plain_head`), a body still on
+  its way, a ``Content-Encoding``, a percent-encoded target, any route but infer, and every
+  request while inference is restricted (then the guard decides no admission at all);
+- a connection keeps its order: bytes that arrive while a request is answered here wait, and
+  are read once its answer is written (to this path or to aiohttp).
+
+A client that goes away cancels the request, as aiohttp's handler cancellation does (status
+499 in the access log).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import time
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Protocol
+
+import orjson
+import structlog
+
+from model_runtime.server.access import REQUEST_ID_HEADER, log as access_log, new_request_id
+from model_runtime.server.admission import QUEUE_FULL, ModelAdmission
+from model_runtime.server.body import HEADER_LENGTH
+
+if TYPE_CHECKING:
+    from model_runtime.server.app import InferenceServer
+
+__all__ = ["FastConnection", "FastInfer"]
+
+_HEADER_LENGTH = HEADER_LENGTH.lower().encode()
+_REQUEST_ID = REQUEST_ID_HEADER.lower().encode()
+_IDENTITY = frozenset({b"", b"identity"})
+_PHRASES = {s.value: s.phrase.encode() for s in HTTPStatus}
+#: A written answer larger than this goes out as two buffers (head, body), not one copy.
+_JOIN_BELOW = 64 << 10
+
+
+class FastConnection(Protocol):
+    """What :class:`FastInfer` needs of a connection (the guard's ``_Connection``)."""
+
+    def fast_answer(self, answer: bytes | list[bytes]) -> None: ...
+
+    def fast_done(self) -> None: ...
+
+
+class _Date:
+    """The ``Date`` header's value, made once per second (RFC 9110 §6.6.1)."""
+
+    __slots__ = ("_second", "_value")
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._value = b""
+
+    def __call__(self) -> bytes:
+        now = time.time()
+        second = int(now)
+        if second != self._second:
+            self._second = second
+            self._value = email.utils.formatdate(now, usegmt=True).encode()
+        return self._value
+
+
+class FastInfer:
+    """Answers admitted plain infer requests for one :class:`InferenceServer` (see the module
+    docstring). ``access_log``: one ``http_request`` line per request, as the middleware's."""
+
+    __slots__ = ("_date", "_server", "_tasks", "access_log", "taken")
+
+    def __init__(self, server: InferenceServer, *, access_log: bool = True) -> None:
+        self._server = server
+        self.access_log = access_log
+        self._date = _Date()
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: Requests answered here (the rest of the infer requests went to aiohttp).
+        self.taken = 0
+
+    def start(
+        self,
+        conn: FastConnection,
+        target: bytes,
+        head: bytes,
+        body: bytes,
+        state: ModelAdmission,
+    ) -> asyncio.Task[None] | None:
+        """Answer the request of ``head`` (a plain head, blank line included) and ``body``
+        (all of it) for ``target``, admitted as ``state`` (which it leaves when answered);
+        its answer goes to ``conn``, then ``conn.fast_done()``. Returns the task answering
+        it, or None: not one for here (nothing was done; aiohttp takes it)."""
+        where = _model_version(target)
+        if where is None:
+            return None
+        header_length = request_id = None
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            key = name.lower()
+            if key == _HEADER_LENGTH:
+                header_length = value.strip(b" \t").decode("latin-1")
+            elif key == _REQUEST_ID:
+                request_id = value.strip(b" \t").decode("latin-1")
+            elif key == b"content-encoding" and value.strip(b" \t").lower() not in _IDENTITY:
+                return None  # aiohttp inflates it
+        self.taken += 1
+        rid = new_request_id(request_id)
+        coro = self._answer(conn, target, where, header_length, body, rid, state)
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)  # held until done (the loop keeps weak references only)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _answer(
+        self,
+        conn: FastConnection,
+        target: bytes,
+        where: tuple[str, str | None],
+        header_length: str | None,
+        body: bytes,
+        rid: str,
+        state: ModelAdmission,
+    ) -> None:
+        server = self._server
+        t0 = time.perf_counter()
+        status = 500
+        queue_full = False
+        structlog.contextvars.bind_contextvars(request_id=rid)  # this task's own context
+        try:
+            try:
+                entry = server.entry(*where)
+                runner = server.serving_runner(entry)
+                out, json_length = await server.answer_infer(entry, runner, header_length, body)
+                status = 200
+                if json_length is None:
+                    head = self._head(200, b"application/json", len(out), rid)
+                else:
+                    extra = b"%s: %d\r\n" % (HEADER_LENGTH.encode(), json_length)
+                    head = self._head(200, b"application/octet-stream", len(out), rid, extra)
+            except Exception as exc:
+                status, message, headers, _ = server.error_answer(exc, target.decode("latin-1"))
+                queue_full = status == 503 and headers is not None and "Retry-After" in headers
+                out = orjson.dumps({"error": message})
+                extra = b"".join(
+                    b"%s: %s\r\n" % (k.encode("latin-1"), v.encode("latin-1"))
+                    for k, v in (headers or {}).items()
+                )
+                head = self._head(status, b"application/json", len(out), rid, extra)
+            conn.fast_answer(head + out if len(out) < _JOIN_BELOW else [head, out])
+        except asyncio.CancelledError:
+            status = 499  # the client went away (nginx's code, as the access log's)
+            raise
+        finally:
+            if queue_full:
+                state.refused[QUEUE_FULL].inc()
+            admission = server.admission
+            state.leave(queue_full, admission.queue_delay, admission.capacity)
+            if self.access_log:
+                access_log.info(
+                    "http_request",
+                    method="POST",
+                    path=target.decode("latin-1"),
+                    status=status,
+                    duration_ms=round((time.perf_counter() - t0) * 1e3, 3),
+                    request_id=rid,
+                )
+            conn.fast_done()
+
+    def _head(
+        self, status: int, content_type: bytes, length: int, rid: str, extra: bytes = b""
+    ) -> bytes:
+        return (
+            b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
+            b"%s: %s\r\n%sDate: %s\r\n\r\n"
+            % (
+                status,
+                _PHRASES.get(status, b""),
+                content_type,
+                length,
+                REQUEST_ID_HEADER.encode(),
+                rid.encode(),
+                extra,
+                self._date(),
+            )
+        )
+
+
+def _model_version(target: bytes) -> tuple[str, str | None] | None:
+    """``(model, version)`` of an infer URL without percent-encoding (None: aiohttp's)."""
+    if b"%" in target or b"?" in target:
+        return None
+    parts = target[11:-6].split(b"/")  # /v2/models/ ... /infer: admission checked the shape
+    try:
+        if len(parts) == 1:
+            return parts[0].decode(), None
+        return parts[0].decode(), parts[2].decode()
+    except UnicodeDecodeError:
+        return None
