@@ -262,6 +262,7 @@ def open_session(
     with _BUILD:
         if key is not None and (live := _LIVE.get(key)) is not None:
             return live
+        give_back_freed()  # what others freed and this build would reuse is not its growth
         before = resident_bytes()
         session, weights = _build(spec, executable, program, frozen)
         give_back_freed()  # the build's transient copies (.native_heap)
