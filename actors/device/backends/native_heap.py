@@ -9,7 +9,12 @@ the heap, and freed heap pages stay in the resident set unless they sit at its v
 served model cost the process its live memory plus the copies of its load (measured, issue 34,
 MLP 784-512-512-10, W = 2.55 MB, one process loading models one after another: each model past
 the first grew the resident set by 2.76 W, of which 1.17 W is live; the daemon's benchmark,
-where later loads reuse some of those pages: 1.62 W).
+where later loads reuse some of those pages: 1.62 W, and 1.18 W giving them back).
+
+Called where a load frees copies: around each onnxruntime session build (before it, so that a
+build reusing pages others freed is not measured as smaller than it is; after it, its own
+copies, :func:`~actors.device.backends.ort_sessions.open_session`), and when the runner
+releases the executable's weights.
 
 ``malloc_trim(0)`` hands every whole free page of every malloc arena back (``madvise``); it
 runs at load, never per request (measured: 0.6 ms in a 590 MB process with nothing to give
