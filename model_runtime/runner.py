@@ -24,6 +24,7 @@ import numpy as np
 import structlog
 
 from actors.clock import Clock, SystemClock, move_on_after
+from actors.device.backends.native_heap import give_back_freed
 from actors.device.backends.ort_sessions import OrtSession
 from actors.device.faults import FaultPlan
 from actors.device.manager import AttachedDevice, DeviceManager
@@ -265,7 +266,14 @@ class ModelRunner:
         if not isinstance(self._source, Executable):
             freed = exe.release(w for s in sessions for w in s.weights)
             if freed:
-                log.info("weights_released", model=exe.metadata.model_name, bytes=freed)
+                # Released is not returned: the C heap keeps freed pages unless told.
+                returned = give_back_freed()
+                log.info(
+                    "weights_released",
+                    model=exe.metadata.model_name,
+                    bytes=freed,
+                    returned_bytes=returned,
+                )
 
     async def _abandon_start(self, devices: list[AttachedDevice], added: bool) -> None:
         root, self._root = self._root, None
