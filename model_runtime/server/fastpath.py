@@ -49,7 +49,8 @@ _JOIN_BELOW = 64 << 10
 
 
 class FastConnection(Protocol):
-    """What :class:`FastInfer` needs of a connection (the guard's ``_Connection``)."""
+    """What :class:`FastInfer` needs of a connection
+    (:class:`~model_runtime.server.client_connection.GuardedConnection`)."""
 
     def fast_answer(self, answer: bytes | list[bytes]) -> None: ...
 
