@@ -11,7 +11,7 @@ from model_runtime.errors import ProtocolError
 from model_runtime.server import answers
 from model_runtime.server.answers import HTTPError
 
-__all__ = ["ENCODINGS", "HEADER_LENGTH", "read_body", "refuse_head", "too_large"]
+__all__ = ["ENCODINGS", "HEADER_LENGTH", "body_timeout", "read_body", "refuse_head", "too_large"]
 
 
 #: The binary tensor data extension's header: bytes of JSON at the start of the body (0: a
@@ -42,6 +42,11 @@ def refuse_head(request: web.Request, limit: int) -> HTTPError | None:
     if size is not None and size > limit:
         return HTTPError(400, str(too_large(request, size, limit)), "too_large")
     return None
+
+
+def body_timeout(timeout: float | None) -> HTTPError:
+    """The answer to a body that did not arrive within ``timeout`` seconds (408)."""
+    return HTTPError(408, f"the request body did not arrive within {timeout} s", "body_timeout")
 
 
 async def read_body(request: web.Request, limit: int, timeout: float | None) -> bytearray:
@@ -83,11 +88,7 @@ async def read_body(request: web.Request, limit: int, timeout: float | None) -> 
                     view = memoryview(body)
                 filled = end
     except TimeoutError:
-        raise HTTPError(
-            408,
-            f"the request body did not arrive within {timeout} s",
-            "body_timeout",
-        ) from None
+        raise body_timeout(timeout) from None
     finally:
         view.release()
     if filled < len(body):

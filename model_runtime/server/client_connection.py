@@ -63,6 +63,9 @@ class GuardedConnection(asyncio.Protocol):
 
     __slots__ = (
         "_admitted",
+        "_body",
+        "_body_due",
+        "_body_size",
         "_busy",
         "_closed",
         "_deadline",
@@ -109,6 +112,10 @@ class GuardedConnection(asyncio.Protocol):
         # arrive meanwhile (read once it is answered, in order).
         self._fast: asyncio.Task[None] | None = None
         self._held = b""
+        # Its body while it arrives (the task awaits ``_body_due``), and the bytes still due.
+        self._body = bytearray()
+        self._body_due: asyncio.Future[bytearray] | None = None
+        self._body_size = 0
         self._paused = False
         self._closed = False
 
@@ -132,7 +139,11 @@ class GuardedConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
-        if self._fast is not None:  # after the request answered here
+        if self._fast is not None:  # the request answered here: its body, then what follows
+            if self._body_due is not None:
+                data = self._fill_body(data)
+                if not data:
+                    return
             self._held += data
             if len(self._held) > _HOLD_LIMIT and not self._paused and self._transport:
                 self._paused = True
@@ -369,18 +380,21 @@ class GuardedConnection(asyncio.Protocol):
     # -- requests answered at the protocol level (model_runtime.server.fastpath) ----------------
 
     def _answer_fast(self, data: bytes, head: tuple[bytes, int, int] | None) -> bool:
-        """Hand the admitted request at the start of ``data`` to the guard's fast path if it
-        is all there and the path takes it (True: the rest of ``data`` is held until it is
-        answered); else False, for aiohttp, its admission kept for it."""
+        """Hand the admitted request at the start of ``data`` to the guard's fast path if the
+        path takes it (True: its body is read here as it arrives, and what follows it is held
+        until it is answered); else False, for aiohttp, its admission kept for it."""
         fast = self._guard.fast
         if fast is None or head is None:
             return False
         target, head_size, length = head
         end = head_size + length
-        if end > len(data):
-            return False  # a body on its way: aiohttp reads it (within its body timeout)
         admitted = cast("ModelAdmission", self._admitted)  # what at_head gives (the daemon's)
-        task = fast.start(self, target, data[:head_size], data[head_size:end], admitted)
+        body: bytes | asyncio.Future[bytearray]
+        if end <= len(data):
+            body = data[head_size:end]
+        else:  # the rest of the body is on its way: the request awaits it (fill_body)
+            body = asyncio.get_running_loop().create_future()
+        task = fast.start(self, target, data[:head_size], body, admitted)
         if task is None:
             return False
         self._admitted = None  # the fast path leaves it
@@ -389,11 +403,33 @@ class GuardedConnection(asyncio.Protocol):
         self._fresh = False
         self._disarm()
         self._guard.idle.pop(self, None)
-        self._held = data[end:]
+        if isinstance(body, bytes):
+            self._held = data[end:]
+        else:
+            self._body = bytearray(data[head_size:])
+            self._body_size = length
+            self._body_due = body
+            self._held = b""
         return True
 
-    def fast_answer(self, answer: bytes | list[bytes]) -> None:
-        """Write the answer of the request answered at the protocol level."""
+    def _fill_body(self, data: bytes) -> bytes:
+        """Add ``data`` to the body on its way; once it is whole, give it to the request
+        awaiting it. Returns what follows the body in ``data``."""
+        due = self._body_due
+        assert due is not None
+        missing = self._body_size - len(self._body)
+        self._body += data[:missing]
+        if len(self._body) < self._body_size:
+            return b""
+        self._body_due = None
+        if not due.done():  # not given up on (its body timeout)
+            due.set_result(self._body)
+        self._body = bytearray()
+        return data[missing:]
+
+    def fast_answer(self, answer: bytes | list[bytes], close: bool = False) -> None:
+        """Write the answer of the request answered at the protocol level; ``close``: then
+        close the connection (its body did not arrive in time: the stream is lost)."""
         transport = self._transport
         if self._closed or transport is None or transport.is_closing():
             return
@@ -401,6 +437,9 @@ class GuardedConnection(asyncio.Protocol):
             transport.write(answer)
         else:
             transport.writelines(answer)
+        if close:
+            self._closed = True
+            transport.close()  # connection_lost follows
 
     def fast_done(self) -> None:
         """The request answered at the protocol level is over: the connection is idle in
@@ -408,6 +447,11 @@ class GuardedConnection(asyncio.Protocol):
         self._fast = None
         self._busy = False
         if self._closed:
+            return
+        if self._body_due is not None:  # answered before its body was all in: skip the rest
+            self._skip = self._body_size - len(self._body)
+            self._body_due, self._body = None, bytearray()
+            self._arm()  # the rest must come within the header timeout, like a refused body
             return
         self._refusal_done()
         held, self._held = self._held, b""

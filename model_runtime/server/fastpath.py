@@ -4,17 +4,19 @@ Per request, aiohttp builds a request object, a header multidict, a response obj
 writer, and passes through five middlewares; at 16 concurrent clients that was most of the
 ~185 µs of event-loop CPU an infer request cost. The connection guard
 (:mod:`model_runtime.server.connections`) already reads the plain head of a POST to decide its
-admission; when that head is an admitted infer request whose whole body arrived with it,
-:class:`FastInfer` answers it from there: the same decoding, execution, encoding, statistics
-and metrics (:meth:`InferenceServer.answer_infer`), the same error answers
-(:meth:`InferenceServer.error_answer`), the same access log line and request id, written
+admission; when that head is an admitted infer request, :class:`FastInfer` answers it from
+there (its body read by the connection as it arrives, within the body timeout: a 408 and the
+connection closed past it, as aiohttp's route answers): the same decoding, execution,
+encoding, statistics and metrics (:meth:`InferenceServer.answer_infer`), the same error
+answers (:meth:`InferenceServer.error_answer`), the same access log line and request id, written
 straight to the transport. Everything else goes to aiohttp as before, which answers alike:
 
-- a head that is not plain (:func:`~model_runtime.server.heads.plain_head`), a body still on
-  its way, a ``Content-Encoding``, a percent-encoded target, any route but infer, and every
-  request while inference is restricted (then the guard decides no admission at all);
-- a connection keeps its order: bytes that arrive while a request is answered here wait, and
-  are read once its answer is written (to this path or to aiohttp).
+- a head that is not plain (:func:`~model_runtime.server.heads.plain_head`), a
+  ``Content-Encoding``, a percent-encoded target, any route but infer, and every request while
+  inference is restricted (then the guard decides no admission at all);
+- a connection keeps its order: bytes that arrive after a request answered here wait, and are
+  read once its answer is written (to this path or to aiohttp); the rest of a body its answer
+  did not need (an unknown version) is skipped as it arrives.
 
 A client that goes away cancels the request, as aiohttp's handler cancellation does (status
 499 in the access log).
@@ -25,15 +27,16 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import time
+from collections.abc import Generator
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 import structlog
 
 from model_runtime.server.access import REQUEST_ID_HEADER, log as access_log, new_request_id
 from model_runtime.server.admission import QUEUE_FULL, ModelAdmission
-from model_runtime.server.body import HEADER_LENGTH
+from model_runtime.server.body import HEADER_LENGTH, body_timeout
 
 if TYPE_CHECKING:
     from model_runtime.server.app import InferenceServer
@@ -52,7 +55,7 @@ class FastConnection(Protocol):
     """What :class:`FastInfer` needs of a connection
     (:class:`~model_runtime.server.client_connection.GuardedConnection`)."""
 
-    def fast_answer(self, answer: bytes | list[bytes]) -> None: ...
+    def fast_answer(self, answer: bytes | list[bytes], close: bool = False) -> None: ...
 
     def fast_done(self) -> None: ...
 
@@ -94,11 +97,12 @@ class FastInfer:
         conn: FastConnection,
         target: bytes,
         head: bytes,
-        body: bytes,
+        body: bytes | asyncio.Future[bytearray],
         state: ModelAdmission,
     ) -> asyncio.Task[None] | None:
         """Answer the request of ``head`` (a plain head, blank line included) and ``body``
-        (all of it) for ``target``, admitted as ``state`` (which it leaves when answered);
+        (all of it, or a future the connection sets once it is in: awaited within the body
+        timeout) for ``target``, admitted as ``state`` (which it leaves when answered);
         its answer goes to ``conn``, then ``conn.fast_done()``. Returns the task answering
         it, or None: not one for here (nothing was done; aiohttp takes it)."""
         where = _model_version(target)
@@ -128,20 +132,22 @@ class FastInfer:
         target: bytes,
         where: tuple[str, str | None],
         header_length: str | None,
-        body: bytes,
+        body: bytes | asyncio.Future[bytearray],
         rid: str,
         state: ModelAdmission,
     ) -> None:
         server = self._server
         t0 = time.perf_counter()
         status = 500
-        queue_full = False
+        queue_full = close = False
         structlog.contextvars.bind_contextvars(request_id=rid)  # this task's own context
         try:
             try:
                 entry = server.entry(*where)
                 runner = server.serving_runner(entry)
-                out, json_length = await server.answer_infer(entry, runner, header_length, body)
+                timeout = server.options.body_timeout
+                arrived = body if isinstance(body, bytes) else _Arrival(body, timeout)
+                out, json_length = await server.answer_infer(entry, runner, header_length, arrived)
                 status = 200
                 if json_length is None:
                     head = self._head(200, b"application/json", len(out), rid)
@@ -149,7 +155,7 @@ class FastInfer:
                     extra = b"%s: %d\r\n" % (HEADER_LENGTH.encode(), json_length)
                     head = self._head(200, b"application/octet-stream", len(out), rid, extra)
             except Exception as exc:
-                status, message, headers, _ = server.error_answer(exc, target.decode("latin-1"))
+                status, message, headers, close = server.error_answer(exc, target.decode("latin-1"))
                 queue_full = status == 503 and headers is not None and "Retry-After" in headers
                 out = orjson.dumps({"error": message})
                 extra = b"".join(
@@ -157,7 +163,7 @@ class FastInfer:
                     for k, v in (headers or {}).items()
                 )
                 head = self._head(status, b"application/json", len(out), rid, extra)
-            conn.fast_answer(head + out if len(out) < _JOIN_BELOW else [head, out])
+            conn.fast_answer(head + out if len(out) < _JOIN_BELOW else [head, out], close)
         except asyncio.CancelledError:
             status = 499  # the client went away (nginx's code, as the access log's)
             raise
@@ -194,6 +200,32 @@ class FastInfer:
                 self._date(),
             )
         )
+
+
+class _Arrival:
+    """Awaits a body the connection is still reading, within ``timeout`` seconds (made when
+    awaited: a request refused before it reads its body leaves no coroutine behind).
+
+    Raises:
+        HTTPError: 408 past the timeout (aiohttp's route answers the same).
+    """
+
+    __slots__ = ("_body", "_timeout")
+
+    def __init__(self, body: asyncio.Future[bytearray], timeout: float | None) -> None:
+        self._body = body
+        self._timeout = timeout
+
+    def __await__(self) -> Generator[Any, None, bytearray]:
+        return self._wait().__await__()
+
+    async def _wait(self) -> bytearray:
+        try:
+            async with asyncio.timeout(self._timeout):
+                return await self._body
+        except TimeoutError:
+            self._body.cancel()  # given up on: the connection drops the rest as it comes
+            raise body_timeout(self._timeout) from None
 
 
 def _model_version(target: bytes) -> tuple[str, str | None] | None:
