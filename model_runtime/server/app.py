@@ -312,7 +312,7 @@ class InferenceServer(InferencePaths):
             entry,
             runner,
             request.headers.get(HEADER_LENGTH),
-            read_body(request, self.options.max_body_size, self.options.body_timeout),
+            lambda: read_body(request, self.options.max_body_size, self.options.body_timeout),
         )
         if json_length is None:
             return web.Response(body=out, content_type="application/json")

@@ -15,6 +15,7 @@ here only where a message starts.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from typing import TYPE_CHECKING, Any, cast
 
 from aiohttp.web_protocol import RequestHandler
@@ -63,6 +64,7 @@ class GuardedConnection(asyncio.Protocol):
 
     __slots__ = (
         "_admitted",
+        "_answered",
         "_body",
         "_body_due",
         "_body_size",
@@ -107,6 +109,7 @@ class GuardedConnection(asyncio.Protocol):
         # Idle: its timer (if any) is the idle one, replaced by the header timeout at the
         # next byte. New connections are idle until they send something.
         self._fresh = True
+        self._answered = False  # a request of it was answered here (then idle is not silent)
         self._admitted: Admitted | None = None  # the admission of the head given to aiohttp
         # A request answered at the protocol level (guard.fast): its task, and the bytes that
         # arrive meanwhile (read once it is answered, in order).
@@ -307,7 +310,8 @@ class GuardedConnection(asyncio.Protocol):
         self._deadline = _NEVER
         if not self._busy:
             if self._fresh:
-                self._guard.idle_timeouts += 1
+                if not self._answered:  # after an answer: a keep-alive close, as aiohttp's
+                    self._guard.idle_timeouts += 1
             else:
                 self._guard.header_timeouts += 1
             self._inner.force_close()  # closes the transport; connection_lost follows
@@ -371,6 +375,7 @@ class GuardedConnection(asyncio.Protocol):
         keep-alive again, as after any answer."""
         now = self._arm(self._guard.limits.keepalive_timeout)  # idle until the next head
         self._fresh = True
+        self._answered = True
         idle = self._guard.idle
         idle.pop(self, None)
         idle[self] = None
@@ -402,6 +407,9 @@ class GuardedConnection(asyncio.Protocol):
         self._busy = True
         self._fresh = False
         self._disarm()
+        # aiohttp saw no request: its keep-alive close must not fire while this one runs.
+        inner: Any = self._inner
+        inner._next_keepalive_close_time = _NEVER
         self._guard.idle.pop(self, None)
         if isinstance(body, bytes):
             self._held = data[end:]
@@ -446,8 +454,9 @@ class GuardedConnection(asyncio.Protocol):
         keep-alive, and what arrived meanwhile is read now."""
         self._fast = None
         self._busy = False
-        if self._closed:
-            return
+        transport = self._transport
+        if self._closed or transport is None or transport.is_closing():
+            return  # gone (connection_lost may still be queued): nothing held is read
         if self._body_due is not None:  # answered before its body was all in: skip the rest
             self._skip = self._body_size - len(self._body)
             self._body_due, self._body = None, bytearray()
@@ -459,8 +468,8 @@ class GuardedConnection(asyncio.Protocol):
             self._paused = False
             assert self._transport is not None
             self._transport.resume_reading()
-        if held:
-            self.data_received(held)
+        if held:  # read outside the finished request's context (its request id)
+            contextvars.Context().run(self.data_received, held)
 
     def _refuse_http2(self) -> None:
         self._sniff = None

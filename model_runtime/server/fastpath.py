@@ -27,9 +27,9 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import time
-from collections.abc import Generator
+from functools import partial
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import orjson
 import structlog
@@ -45,7 +45,7 @@ __all__ = ["FastConnection", "FastInfer"]
 
 _HEADER_LENGTH = HEADER_LENGTH.lower().encode()
 _REQUEST_ID = REQUEST_ID_HEADER.lower().encode()
-_IDENTITY = frozenset({b"", b"identity"})
+_IDENTITY = b"identity"
 _PHRASES = {s.value: s.phrase.encode() for s in HTTPStatus}
 #: A written answer larger than this goes out as two buffers (head, body), not one copy.
 _JOIN_BELOW = 64 << 10
@@ -112,19 +112,37 @@ class FastInfer:
         for line in head.split(b"\r\n")[1:]:
             name, _, value = line.partition(b":")
             key = name.lower()
+            # The first of a repeated header counts, as aiohttp's headers.get() reads it.
             if key == _HEADER_LENGTH:
-                header_length = value.strip(b" \t").decode("latin-1")
+                if header_length is None:
+                    header_length = value.strip(b" \t").decode("latin-1")
             elif key == _REQUEST_ID:
-                request_id = value.strip(b" \t").decode("latin-1")
-            elif key == b"content-encoding" and value.strip(b" \t").lower() not in _IDENTITY:
-                return None  # aiohttp inflates it
+                if request_id is None:
+                    request_id = value.strip(b" \t").decode("latin-1")
+            elif key == b"content-encoding" and value.strip(b" \t").lower() != _IDENTITY:
+                return None  # aiohttp inflates it (or refuses it)
         self.taken += 1
         rid = new_request_id(request_id)
-        coro = self._answer(conn, target, where, header_length, body, rid, state)
+        started = [False]
+        coro = self._answer(conn, target, where, header_length, body, rid, state, started)
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)  # held until done (the loop keeps weak references only)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(partial(self._done, conn, state, started))
         return task
+
+    def _done(
+        self,
+        conn: FastConnection,
+        state: ModelAdmission,
+        started: list[bool],
+        task: asyncio.Task[None],
+    ) -> None:
+        """A task cancelled before its first step (its client reset as it was read) never ran
+        ``_answer``'s cleanup: its admission is given back here, and the connection freed."""
+        self._tasks.discard(task)
+        if not started[0]:
+            state.withdraw()
+            conn.fast_done()
 
     async def _answer(
         self,
@@ -135,7 +153,9 @@ class FastInfer:
         body: bytes | asyncio.Future[bytearray],
         rid: str,
         state: ModelAdmission,
+        started: list[bool],
     ) -> None:
+        started[0] = True
         server = self._server
         t0 = time.perf_counter()
         status = 500
@@ -146,7 +166,7 @@ class FastInfer:
                 entry = server.entry(*where)
                 runner = server.serving_runner(entry)
                 timeout = server.options.body_timeout
-                arrived = body if isinstance(body, bytes) else _Arrival(body, timeout)
+                arrived = body if isinstance(body, bytes) else partial(_arrival, body, timeout)
                 out, json_length = await server.answer_infer(entry, runner, header_length, arrived)
                 status = 200
                 if json_length is None:
@@ -202,30 +222,18 @@ class FastInfer:
         )
 
 
-class _Arrival:
-    """Awaits a body the connection is still reading, within ``timeout`` seconds (made when
-    awaited: a request refused before it reads its body leaves no coroutine behind).
+async def _arrival(body: asyncio.Future[bytearray], timeout: float | None) -> bytearray:
+    """A body the connection is still reading, once it is all in, within ``timeout`` seconds.
 
     Raises:
         HTTPError: 408 past the timeout (aiohttp's route answers the same).
     """
-
-    __slots__ = ("_body", "_timeout")
-
-    def __init__(self, body: asyncio.Future[bytearray], timeout: float | None) -> None:
-        self._body = body
-        self._timeout = timeout
-
-    def __await__(self) -> Generator[Any, None, bytearray]:
-        return self._wait().__await__()
-
-    async def _wait(self) -> bytearray:
-        try:
-            async with asyncio.timeout(self._timeout):
-                return await self._body
-        except TimeoutError:
-            self._body.cancel()  # given up on: the connection drops the rest as it comes
-            raise body_timeout(self._timeout) from None
+    try:
+        async with asyncio.timeout(timeout):
+            return await body
+    except TimeoutError:
+        body.cancel()  # given up on: the connection drops the rest as it comes
+        raise body_timeout(timeout) from None
 
 
 def _model_version(target: bytes) -> tuple[str, str | None] | None:
@@ -236,6 +244,8 @@ def _model_version(target: bytes) -> tuple[str, str | None] | None:
     try:
         if len(parts) == 1:
             return parts[0].decode(), None
+        if not parts[2]:
+            return None  # /versions//infer: aiohttp's route answers it (404)
         return parts[0].decode(), parts[2].decode()
     except UnicodeDecodeError:
         return None

@@ -11,7 +11,10 @@ sure, at a point of the byte stream it knows is a message boundary:
   only printable bytes and tabs besides its CRLF line ends (no bare CR or LF), every header
   line ``name:value`` with no blank around the name, one ``Content-Length`` of decimal digits
   within ``max_body``, and no ``Transfer-Encoding``, ``Expect``, ``Upgrade`` or
-  ``Connection: close`` (whose framing or effect aiohttp handles).
+  ``Connection: close`` (whose framing or effect aiohttp handles). Nothing aiohttp's parser
+  would refuse (a 400 it gives) is plain either: the target is visible ASCII, every header name
+  a token (RFC 9110 §5.1), exactly one ``Host`` (RFC 9112 §3.2), at most
+  :data:`MAX_PLAIN_HEADERS` header lines.
 - :class:`Framer` follows the bytes given to aiohttp (heads and ``Content-Length`` bodies)
   and says whether they end at a message boundary. A stream it cannot frame for certain
   (chunked bodies, a head that is not plain in the framing sense) makes it give up for the
@@ -20,11 +23,16 @@ sure, at a point of the byte stream it knows is a message boundary:
 
 from __future__ import annotations
 
-__all__ = ["MAX_HEAD_BYTES", "Framer", "plain_head"]
+__all__ = ["MAX_HEAD_BYTES", "MAX_PLAIN_HEADERS", "Framer", "plain_head"]
 
 #: The longest head read here; a longer one goes to aiohttp.
 MAX_HEAD_BYTES = 8192
 _PASS_ON = frozenset({b"transfer-encoding", b"expect", b"upgrade"})
+#: More header lines than this go to aiohttp (whose own limit is 128).
+MAX_PLAIN_HEADERS = 64
+#: RFC 9110 §5.6.2 token characters, and visible ASCII (a request target's).
+_TOKEN = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_VISIBLE = bytes(range(0x21, 0x7F))
 # Control bytes other than tab, CR and LF: not in a plain head.
 _CONTROL = bytes([*range(0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F])
 
@@ -48,13 +56,21 @@ def _body_length(head: bytes, line_end: int, *, strict: bool) -> int | None:
     if _not_plain(head):
         return None
     length = -1
+    hosts = 0
     if line_end < len(head):  # header lines
-        for line in head[line_end + 2 :].split(b"\r\n"):
+        lines = head[line_end + 2 :].split(b"\r\n")
+        if strict and len(lines) > MAX_PLAIN_HEADERS:
+            return None
+        for line in lines:
             name, colon, value = line.partition(b":")
             key = name.lower()
             if not colon or not key or key != key.strip():
                 return None
-            if key == b"content-length":
+            if strict and key.translate(None, _TOKEN):
+                return None  # not a token: aiohttp refuses it
+            if key == b"host":
+                hosts += 1
+            elif key == b"content-length":
                 value = value.strip(b" \t")
                 if length >= 0 or not value.isdigit() or len(value) > 18:
                     return None
@@ -63,7 +79,9 @@ def _body_length(head: bytes, line_end: int, *, strict: bool) -> int | None:
                 strict and (key in _PASS_ON or (key == b"connection" and b"close" in value.lower()))
             ):
                 return None
-    return max(length, 0) if not strict else (length if length >= 0 else None)
+    if not strict:
+        return max(length, 0)
+    return length if length >= 0 and hosts == 1 else None
 
 
 def plain_head(data: bytes, max_body: int) -> tuple[bytes, int, int] | None:
@@ -81,6 +99,8 @@ def plain_head(data: bytes, max_body: int) -> tuple[bytes, int, int] | None:
     request_line = data[:line_end].split(b" ")
     if len(request_line) != 3 or request_line[0] != b"POST" or request_line[2] != b"HTTP/1.1":
         return None
+    if request_line[1].translate(None, _VISIBLE):
+        return None  # a control or non-ASCII byte in the target
     length = _body_length(data[:head_end], line_end, strict=True)
     if length is None or length > max_body:
         return None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -113,14 +113,15 @@ class InferencePaths:
         entry: ModelEntry,
         runner: Any,
         header_length: str | None,
-        body: Awaitable[bytes | bytearray] | bytes,
+        body: bytes | Callable[[], Awaitable[bytes | bytearray]],
     ) -> tuple[bytes, int | None]:
-        """The answer to an infer request for ``entry`` (taken by ``runner``): ``body``
-        (or what awaiting it gives), with the ``Inference-Header-Content-Length`` header's
-        value, decoded, run and encoded; counted in flight, in the model's statistics and
-        in the metrics. Returns the response body and its JSON part's length (None: all
-        JSON). HTTP's two paths (aiohttp's route and :mod:`model_runtime.server.fastpath`)
-        share it.
+        """The answer to an infer request for ``entry`` (taken by ``runner``): ``body`` (or
+        what awaiting ``body()`` gives: called only once the head is read, so a request
+        refused before its body leaves nothing unawaited), with the
+        ``Inference-Header-Content-Length`` header's value, decoded, run and encoded;
+        counted in flight, in the model's statistics and in the metrics. Returns the
+        response body and its JSON part's length (None: all JSON). HTTP's two paths
+        (aiohttp's route and :mod:`model_runtime.server.fastpath`) share it.
 
         Raises:
             HTTPError, ModelRuntimeError: what the request's answer is (see
@@ -135,7 +136,7 @@ class InferencePaths:
                 length = None if header_length is None else int(header_length)
             except ValueError:
                 raise HTTPError(400, f"{HEADER_LENGTH} must be an integer", "bad_request") from None
-            data = body if isinstance(body, bytes) else await body
+            data = body if isinstance(body, bytes) else await body()
             out, json_length, samples = await self._infer(data, length, entry, runner)
             reason = None
             return out, json_length
