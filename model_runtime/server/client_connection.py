@@ -39,9 +39,10 @@ _H2_REFUSAL = (
     + b"\x00\x00\x00\x00\x00\x00\x00\x0d"
     + b"this port speaks HTTP/1.1, not HTTP/2."
 )
-#: The attributes of aiohttp's ``RequestHandler`` the guard reads (it writes only
-#: ``_next_keepalive_close_time``); :meth:`ConnectionGuard.protocol` checks they are there
-#: (if not, early refusals are off and the middleware refuses).
+#: The attributes of aiohttp's ``RequestHandler`` the guard reads (it writes only its
+#: keep-alive clock, ``_next_keepalive_close_time`` and ``_keepalive_handle``);
+#: :meth:`ConnectionGuard.protocol` checks they are there (if not, early refusals and the
+#: protocol-level path are off and the middleware refuses).
 AIOHTTP_STATE = (
     "_waiter",
     "_messages",
@@ -51,6 +52,8 @@ AIOHTTP_STATE = (
     "_force_close",
     "_next_keepalive_close_time",
     "_keepalive_timeout",
+    "_keepalive_handle",
+    "_process_keepalive",
 )
 
 _NEVER = float("inf")
@@ -114,7 +117,7 @@ class GuardedConnection(asyncio.Protocol):
         # A request answered at the protocol level (guard.fast): its task, and the bytes that
         # arrive meanwhile (read once it is answered, in order).
         self._fast: asyncio.Task[None] | None = None
-        self._held = b""
+        self._held = bytearray()
         # Its body while it arrives (the task awaits ``_body_due``), and the bytes still due.
         self._body = bytearray()
         self._body_due: asyncio.Future[bytearray] | None = None
@@ -371,8 +374,9 @@ class GuardedConnection(asyncio.Protocol):
         return len(data)
 
     def _refusal_done(self) -> None:
-        """An early-refused request is over (its body skipped): the connection is idle in
-        keep-alive again, as after any answer."""
+        """A request answered here (refused early, its body skipped, or answered at the
+        protocol level) is over: the connection is idle in keep-alive again, as after any
+        answer."""
         now = self._arm(self._guard.limits.keepalive_timeout)  # idle until the next head
         self._fresh = True
         self._answered = True
@@ -380,7 +384,13 @@ class GuardedConnection(asyncio.Protocol):
         idle.pop(self, None)
         idle[self] = None
         inner: Any = self._inner  # aiohttp's keep-alive clock restarts, as after its answers
-        inner._next_keepalive_close_time = now + inner._keepalive_timeout
+        close = inner._next_keepalive_close_time = now + inner._keepalive_timeout
+        # ... and its timer with it: one that fired while a request ran here was put off to
+        # never (see _answer_fast), and aiohttp arms no new one while it has one.
+        handle = inner._keepalive_handle
+        if handle is not None and handle.when() > close:
+            handle.cancel()
+            inner._keepalive_handle = self._loop.call_at(close, inner._process_keepalive)
 
     # -- requests answered at the protocol level (model_runtime.server.fastpath) ----------------
 
@@ -399,6 +409,8 @@ class GuardedConnection(asyncio.Protocol):
             body = data[head_size:end]
         else:  # the rest of the body is on its way: the request awaits it (fill_body)
             body = asyncio.get_running_loop().create_future()
+        # The task runs from the loop's next turn (no eager task factory): the state below is
+        # set before it can answer.
         task = fast.start(self, target, data[:head_size], body, admitted)
         if task is None:
             return False
@@ -412,12 +424,12 @@ class GuardedConnection(asyncio.Protocol):
         inner._next_keepalive_close_time = _NEVER
         self._guard.idle.pop(self, None)
         if isinstance(body, bytes):
-            self._held = data[end:]
+            self._held = bytearray(data[end:])
         else:
             self._body = bytearray(data[head_size:])
             self._body_size = length
             self._body_due = body
-            self._held = b""
+            self._held = bytearray()
         return True
 
     def _fill_body(self, data: bytes) -> bytes:
@@ -463,7 +475,7 @@ class GuardedConnection(asyncio.Protocol):
             self._arm()  # the rest must come within the header timeout, like a refused body
             return
         self._refusal_done()
-        held, self._held = self._held, b""
+        held, self._held = bytes(self._held), bytearray()
         if self._paused:
             self._paused = False
             assert self._transport is not None

@@ -189,7 +189,7 @@ class ConnectionGuard:
             yield CounterMetricFamily(
                 "model_runtime_requests_answered_at_protocol_level",
                 "Inference requests answered from the connection's bytes without aiohttp "
-                "(admitted, plain and whole as they arrived: model_runtime.server.fastpath)",
+                "(admitted from a plain head: model_runtime.server.fastpath)",
                 value=self.fast.taken,
             )
         yield CounterMetricFamily(

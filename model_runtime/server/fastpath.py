@@ -5,10 +5,11 @@ writer, and passes through five middlewares; at 16 concurrent clients that was m
 ~185 µs of event-loop CPU an infer request cost. The connection guard
 (:mod:`model_runtime.server.connections`) already reads the plain head of a POST to decide its
 admission; when that head is an admitted infer request, :class:`FastInfer` answers it from
-there (its body read by the connection as it arrives, within the body timeout: a 408 and the
-connection closed past it, as aiohttp's route answers): the same decoding, execution,
-encoding, statistics and metrics (:meth:`InferenceServer.answer_infer`), the same error
-answers (:meth:`InferenceServer.error_answer`), the same access log line and request id, written
+there (its body read by the connection as it arrives, within the body timeout: past it the
+408 aiohttp's route answers, and the connection closed, the rest of that body unread): the
+same decoding, execution, encoding, statistics and metrics
+(:meth:`InferenceServer.answer_infer`), the same error answers
+(:meth:`InferenceServer.error_answer`), the same access log line and request id, written
 straight to the transport. Everything else goes to aiohttp as before, which answers alike:
 
 - a head that is not plain (:func:`~model_runtime.server.heads.plain_head`), a
@@ -182,26 +183,30 @@ class FastInfer:
                     b"%s: %s\r\n" % (k.encode("latin-1"), v.encode("latin-1"))
                     for k, v in (headers or {}).items()
                 )
+                if close:  # its body was not all read: the connection ends with this answer
+                    extra += b"Connection: close\r\n"
                 head = self._head(status, b"application/json", len(out), rid, extra)
             conn.fast_answer(head + out if len(out) < _JOIN_BELOW else [head, out], close)
         except asyncio.CancelledError:
             status = 499  # the client went away (nginx's code, as the access log's)
             raise
         finally:
-            if queue_full:
-                state.refused[QUEUE_FULL].inc()
-            admission = server.admission
-            state.leave(queue_full, admission.queue_delay, admission.capacity)
-            if self.access_log:
-                access_log.info(
-                    "http_request",
-                    method="POST",
-                    path=target.decode("latin-1"),
-                    status=status,
-                    duration_ms=round((time.perf_counter() - t0) * 1e3, 3),
-                    request_id=rid,
-                )
-            conn.fast_done()
+            try:
+                if queue_full:
+                    state.refused[QUEUE_FULL].inc()
+                admission = server.admission
+                state.leave(queue_full, admission.queue_delay, admission.capacity)
+                if self.access_log:
+                    access_log.info(
+                        "http_request",
+                        method="POST",
+                        path=target.decode("latin-1"),
+                        status=status,
+                        duration_ms=round((time.perf_counter() - t0) * 1e3, 3),
+                        request_id=rid,
+                    )
+            finally:
+                conn.fast_done()  # whatever the log did: the connection reads on
 
     def _head(
         self, status: int, content_type: bytes, length: int, rid: str, extra: bytes = b""

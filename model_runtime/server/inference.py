@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import structlog
@@ -35,6 +35,9 @@ from model_runtime.server.shm import SharedMemoryRegistry
 from model_runtime.server.shm_io import decode_in_thread
 from model_runtime.server.triton.config import DEFAULT_SETTINGS
 
+if TYPE_CHECKING:
+    from model_runtime.server.app import ServerOptions
+
 __all__ = ["InferencePaths"]
 
 log = structlog.get_logger("model_runtime.server.app")  # the logger its events always had
@@ -49,7 +52,7 @@ class InferencePaths:
     docstring); it sets the attributes below."""
 
     repository: ModelRepository
-    options: Any  # ServerOptions
+    options: ServerOptions
     metrics: DaemonMetrics
     shared_memory: SharedMemoryRegistry
     draining: bool

@@ -20,7 +20,7 @@ from test_server_app import FakeRunner, W
 
 from model_runtime.runner_config import ModelRunnerConfig
 from model_runtime.server.app import InferenceServer, ServerOptions
-from model_runtime.server.connections import GuardedAppRunner
+from model_runtime.server.connections import ConnectionLimits, GuardedAppRunner
 from model_runtime.server.fastpath import FastInfer
 from model_runtime.server.repository import ModelRepository, RunnerLike
 
@@ -42,7 +42,9 @@ class NotedFast(FastInfer):
 
 
 @asynccontextmanager
-async def guarded(tmp_path: Path, **options: Any) -> AsyncIterator[tuple[int, NotedFast]]:
+async def guarded(
+    tmp_path: Path, limits: ConnectionLimits | None = None, **options: Any
+) -> AsyncIterator[tuple[int, NotedFast]]:
     """The fake model served as the daemon serves: the guard, admission at the head, and the
     protocol-level path. Yields the port and the path."""
     (tmp_path / "fake.mrx").write_bytes(b"")
@@ -58,7 +60,9 @@ async def guarded(tmp_path: Path, **options: Any) -> AsyncIterator[tuple[int, No
     async with repo:
         await repo.load("fake")
         server = InferenceServer(repo, ServerOptions(access_log=False, **options))
-        runner = GuardedAppRunner(server.app(), handler_cancellation=True, access_log=None)
+        runner = GuardedAppRunner(
+            server.app(), limits=limits, handler_cancellation=True, access_log=None
+        )
         runner.guard.head_admission = server.admission.at_head
         fast = runner.guard.fast = NotedFast(server)
         await runner.setup()
@@ -89,13 +93,19 @@ def _head(target: str, length: int) -> bytes:
 
 
 async def _answer(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    status, _, body = await _answer_with_head(reader)
+    return status, body
+
+
+async def _answer_with_head(reader: asyncio.StreamReader) -> tuple[int, bytes, bytes]:
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
     length = next(
         int(line.split(b":")[1])
         for line in head.split(b"\r\n")
         if line.lower().startswith(b"content-length")
     )
-    return int(head.split()[1]), await asyncio.wait_for(reader.readexactly(length), 10)
+    body = await asyncio.wait_for(reader.readexactly(length), 10)
+    return int(head.split()[1]), head, body
 
 
 async def test_a_body_in_several_reads_is_awaited_and_answered_here(tmp_path: Path) -> None:
@@ -127,7 +137,8 @@ async def test_a_body_that_never_comes_is_a_408_and_the_connection_closes(
         before = fast.taken
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(_head(target, len(BODY)) + BODY[:10])
-        status, body = await _answer(reader)
+        status, head, body = await _answer_with_head(reader)
+        assert b"\r\nConnection: close\r\n" in head  # a pooling client must not reuse it
         assert (status, json.loads(body)) == (
             408,
             {"error": "the request body did not arrive within 0.3 s"},
@@ -152,4 +163,25 @@ async def test_an_answer_before_the_body_skips_its_rest_and_the_connection_serve
         status, body = await _answer(reader)
         assert status == 200, body
         assert fast.taken == before + 2
+        writer.close()
+
+
+async def test_aiohttps_keepalive_close_still_comes_after_a_request_answered_here(
+    tmp_path: Path,
+) -> None:
+    """aiohttp's keep-alive timer, put off while a request is answered here, closes the
+    connection again once aiohttp has answered the next request and it idles."""
+    limits = ConnectionLimits(keepalive_timeout=0.3)
+    async with guarded(tmp_path, limits=limits) as (port, fast):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_head("/v2/models/fake/infer", len(BODY)) + BODY[:10])
+        await asyncio.wait_for(fast.took.wait(), 10)
+        # Not ordering: long enough for aiohttp's timer (due 0.3 s after the connection
+        # opened) to fire while this request waits for its body.
+        await asyncio.sleep(0.5)
+        writer.write(BODY[10:])
+        assert (await _answer(reader))[0] == 200
+        writer.write(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")  # aiohttp's
+        assert (await _answer(reader))[0] == 200
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed when idle
         writer.close()
