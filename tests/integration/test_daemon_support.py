@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -181,3 +182,31 @@ def metric(text: str, line_start: str) -> float | None:
         if line.startswith(line_start):
             return float(line.rsplit(" ", 1)[1])
     return None
+
+
+#: A raw HTTP/1.1 answer: status, headers (names lower-case), body.
+RawAnswer = tuple[int, dict[str, str], bytes]
+
+
+def read_raw_answer(sock: socket.socket, buf: bytearray) -> RawAnswer:
+    """The next ``Content-Length`` answer on ``sock``; ``buf`` holds bytes read past the
+    previous one (and keeps those past this one)."""
+    while b"\r\n\r\n" not in buf:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed before an answer"
+        buf += chunk
+    end = buf.index(b"\r\n\r\n")
+    head = bytes(buf[:end]).decode("latin-1").split("\r\n")
+    del buf[: end + 4]
+    headers = {}
+    for line in head[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    length = int(headers["content-length"])
+    while len(buf) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed inside a body"
+        buf += chunk
+    body = bytes(buf[:length])
+    del buf[:length]
+    return int(head[0].split()[1]), headers, body

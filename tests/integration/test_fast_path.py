@@ -19,6 +19,7 @@ from test_daemon_support import (
     MODEL,
     Daemon,
     metric,
+    read_raw_answer,
     samples,
     start_daemon,
     stop_daemon,
@@ -45,34 +46,12 @@ def _request(target: str, body: bytes, *headers: str) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
-def _read_response(sock: socket.socket, buf: bytearray) -> tuple[int, dict[str, str], bytes]:
-    while b"\r\n\r\n" not in buf:
-        chunk = sock.recv(65536)
-        assert chunk, "connection closed before a response"
-        buf += chunk
-    end = buf.index(b"\r\n\r\n")
-    head = bytes(buf[:end]).decode("latin-1").split("\r\n")
-    del buf[: end + 4]
-    headers = {}
-    for line in head[1:]:
-        name, _, value = line.partition(":")
-        headers[name.strip().lower()] = value.strip()
-    length = int(headers["content-length"])
-    while len(buf) < length:
-        chunk = sock.recv(65536)
-        assert chunk, "connection closed inside a body"
-        buf += chunk
-    body = bytes(buf[:length])
-    del buf[:length]
-    return int(head[0].split()[1]), headers, body
-
-
 def _exchange(daemon: Daemon, *requests: bytes) -> list[tuple[int, dict[str, str], bytes]]:
     """Write ``requests`` on one connection in one write (pipelined); read their answers."""
     with socket.create_connection(("127.0.0.1", daemon.port), timeout=10) as sock:
         sock.sendall(b"".join(requests))
         buf = bytearray()
-        return [_read_response(sock, buf) for _ in requests]
+        return [read_raw_answer(sock, buf) for _ in requests]
 
 
 def _fast_count(daemon: Daemon) -> float:
@@ -215,7 +194,7 @@ def test_bytes_that_arrive_while_a_request_is_answered_wait_their_turn(slow: Dae
         wait_for(lambda: _pending(slow) == 1, 10, "the first request to be in flight")
         sock.sendall(_request(target, _json_infer(pixels[1:2]), "X-Request-ID: second"))
         buf = bytearray()
-        answers = [_read_response(sock, buf) for _ in range(2)]
+        answers = [read_raw_answer(sock, buf) for _ in range(2)]
     assert [(a[0], a[1]["x-request-id"]) for a in answers] == [(200, "first"), (200, "second")]
     for i, (_, _, body) in enumerate(answers):
         (out,) = [o for o in json.loads(body)["outputs"] if o["name"] == "logits"]

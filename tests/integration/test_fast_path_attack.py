@@ -19,13 +19,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_daemon_support import MODEL, Daemon, metric, samples, start_daemon, stop_daemon
+from test_daemon_support import (
+    MODEL,
+    Daemon,
+    RawAnswer as Answer,
+    metric,
+    read_raw_answer,
+    samples,
+    start_daemon,
+    stop_daemon,
+)
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 #: Response headers a client reads (Date and Server are the server's own).
 READ = ("content-type", "inference-header-content-length", "x-request-id", "retry-after")
 ENCODED = "%" + MODEL[0].encode().hex().upper() + MODEL[1:]  # aiohttp's route, not the fast path
-Answer = tuple[int, dict[str, str], bytes]
 
 
 @pytest.fixture(scope="module")
@@ -41,32 +49,10 @@ def _head(target: str, body: bytes, *headers: str, host: bool = True) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8") + body
 
 
-def _read_answer(sock: socket.socket, buf: bytearray) -> Answer:
-    while b"\r\n\r\n" not in buf:
-        chunk = sock.recv(65536)
-        assert chunk, "connection closed before an answer"
-        buf += chunk
-    end = buf.index(b"\r\n\r\n")
-    head = bytes(buf[:end]).decode("latin-1").split("\r\n")
-    del buf[: end + 4]
-    headers = {}
-    for line in head[1:]:
-        name, _, value = line.partition(":")
-        headers[name.strip().lower()] = value.strip()
-    length = int(headers["content-length"])
-    while len(buf) < length:
-        chunk = sock.recv(65536)
-        assert chunk, "connection closed inside a body"
-        buf += chunk
-    body = bytes(buf[:length])
-    del buf[:length]
-    return int(head[0].split()[1]), headers, body
-
-
 def _ask(daemon: Daemon, request: bytes) -> Answer:
     with socket.create_connection(("127.0.0.1", daemon.port), timeout=10) as sock:
         sock.sendall(request)
-        return _read_answer(sock, bytearray())
+        return read_raw_answer(sock, bytearray())
 
 
 def _both(daemon: Daemon, make: Callable[[str], bytes]) -> tuple[Answer, Answer]:
@@ -246,7 +232,7 @@ def test_a_connection_idle_after_its_answer_is_not_counted_silent(idle: Daemon) 
         before = _silent_closed(idle)
         with socket.create_connection(("127.0.0.1", idle.port), timeout=10) as sock:
             sock.sendall(_head(f"/v2/models/{model}/infer", _json_infer(pixels[:1])))
-            assert _read_answer(sock, bytearray())[0] == 200
+            assert read_raw_answer(sock, bytearray())[0] == 200
             assert sock.recv(1) == b"", "the idle connection was not closed"
         # The count is taken before the close (one loop callback): a scrape now sees it.
         assert _silent_closed(idle) == before, f"counted silent after {model}'s answer"
