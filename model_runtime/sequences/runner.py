@@ -161,6 +161,10 @@ class SequenceRunner:
             # arrays may be views of the batch the runner split).
             for s in table.config.states:
                 live.state[s.input] = np.array(result.pop(s.output), copy=True)
+            faults = self._faults()
+            if live.faults_seen is not None and faults > live.faults_seen:
+                table.counts.restored += 1
+            live.faults_seen = faults
             if sequence.end:
                 table.end(live)
             return result
@@ -189,6 +193,11 @@ class SequenceRunner:
             raise ExecutionTimeoutError(
                 f"sequence {step.id}: its earlier steps were still running at the request's timeout"
             ) from None
+
+    def _faults(self) -> int:
+        """Faults the wrapped runner's replicas have seen so far (0: it reports none)."""
+        states = getattr(self.current, "replica_states", None)
+        return 0 if states is None else sum(s.faults for s in states())
 
     def _corrid(self, sequence_id: int | str) -> np.ndarray | None:
         """The [1, 1] CORRID value of a sequence (None: the model takes none).

@@ -32,6 +32,9 @@ class _Live:
     busy: int = 0  # steps admitted and not finished
     #: Why it takes no more steps (ended, released, got no slot); None: it does.
     closed: str | None = None
+    #: The runner's replica faults counted when its latest step succeeded (None: no step
+    #: yet); more at its next step means its state outlived a fault.
+    faults_seen: int | None = None
 
 
 @dataclass(slots=True)
@@ -44,6 +47,9 @@ class SequenceCounts:
     restarted: int = 0
     steps: int = 0
     failed_steps: int = 0
+    #: Steps whose sequence's state outlived a replica fault (reset, restart, a replica
+    #: leaving service) since its previous step: the state went on from the host's copy.
+    restored: int = 0
 
 
 class SequenceTable:

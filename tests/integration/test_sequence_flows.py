@@ -284,6 +284,8 @@ def test_200_sequences_over_streams_and_http_equal_the_accumulator(faulty: Daemo
     assert metric(text, 'model_runtime_sequences_live{model="acc",version="1"}') == 0
     assert metric(text, 'model_runtime_sequence_steps_total{model="acc",version="1"}') == 200 * 50
     assert metric(text, 'model_runtime_sequence_failed_steps_total{model="acc",version="1"}') == 0
+    restored = metric(text, 'model_runtime_sequence_restored_total{model="acc",version="1"}')
+    assert restored and restored >= 1, "no sequence's state was counted as outliving a fault"
     resets = metric(text, 'model_runtime_replica_resets{model="acc",replica="0"}')
     restarts = metric(text, 'model_runtime_replica_restarts{model="acc",replica="1"}')
     assert resets and resets >= 1, "the recoverable faults did not happen"

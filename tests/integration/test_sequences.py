@@ -164,6 +164,8 @@ async def test_state_survives_faults_on_two_replicas(accumulator: Path) -> None:
         assert sum(s.resets for s in states) >= 2, "the recoverable faults did not happen"
         assert states[1].restarts >= 1, "replica 1's device never crashed"
         assert runner.table.counts.failed_steps == 0  # every fault was retried away
+        # Live sequences went on past the faults from their host-kept states, and were counted.
+        assert 0 < runner.table.counts.restored <= runner.table.counts.steps
 
 
 def test_the_embedded_runtime_runs_sequences(accumulator: Path) -> None:
