@@ -17,7 +17,13 @@ alternating, ``--pairs`` pairs (default 3; the pair with the median ratio is rep
   is request ``(k + callers * i) mod N``, so each caller's sequence length cycles through the
   five and the queue always holds every shape. A request counts if answered within the window.
 
-Reported: requests/s of both, runtime/raw (issue 29: >= 2.0), and device runs per request (the
+* batched (the ceiling of batching here): the same onnxruntime session running the request list
+  grouped by sequence length, each run as many rows as the runtime's runs held on average in
+  that pair (one shape per run, as the runtime batches), back to back for ``--seconds``: what
+  batching at those sizes can give on this host at best, with no batcher's cost at all.
+
+Reported: requests/s of all three, runtime/raw (issue 29: >= 2.0), batched/raw (the most any
+batcher could reach of that target here), runtime/batched, and device runs per request (the
 replicas' ``runs`` over the window's requests, every request sent in it, counted to its
 answer; issue 29: <= 0.6: requests of one shape share batches). A sample of the runtime's
 answers (every ``--check-every``-th of each caller) is compared with onnxruntime's on that
@@ -116,6 +122,31 @@ def raw(session: ort.InferenceSession, requests: list[Row], seconds: float) -> d
     }
 
 
+def batched(
+    session: ort.InferenceSession, requests: list[Row], rows: int, seconds: float
+) -> dict[str, float]:
+    """Requests/s of one onnxruntime session running ``requests`` grouped by sequence length,
+    ``rows`` of one length per run (cycling through each length's requests), the lengths in
+    turn, back to back for ``seconds``: batching's ceiling, with no batcher's cost."""
+    by_length: dict[int, list[np.ndarray]] = {}
+    for request in requests:
+        by_length.setdefault(request["ids"].shape[1], []).append(request["ids"])
+    batches = []
+    for group in by_length.values():
+        ids = np.concatenate([group[i % len(group)] for i in range(rows)])
+        batches.append({"ids": ids})
+    for batch in batches:  # warm-up: every shape once
+        session.run(None, batch)
+    done = 0
+    t0 = time.perf_counter()
+    stop = t0 + seconds
+    while time.perf_counter() < stop:
+        session.run(None, batches[done % len(batches)])
+        done += 1
+    elapsed = time.perf_counter() - t0
+    return {"req_per_s": done * rows / elapsed, "rows": rows, "seconds": elapsed}
+
+
 def total_runs(runner: ModelRunner) -> int:
     return sum(s.runs for s in runner.replica_states())
 
@@ -210,7 +241,7 @@ def check(
 def measure(
     name: str, model: Any, requests: list[Row], args: argparse.Namespace, cores: int
 ) -> dict[str, Any]:
-    """One model's row: alternating raw/runtime pairs, the median pair's figures."""
+    """One model's row: alternating raw/runtime(/batched) pairs, the median pair's figures."""
     exe = compile_executable(model, CompileOptions(batch_size=32))
     print(
         f"{cores} cores; {name}; {args.callers} callers, seq lengths {LENGTHS}; "
@@ -218,10 +249,11 @@ def measure(
     )
     print(
         f"{'pair':>4} {'raw req/s':>10} {'runtime req/s':>13} {'rt/raw':>6} {'runs/req':>8} "
-        f"{'rt p50us':>9} {'rt p99us':>9} {'raw p50us':>9}",
+        f"{'rt p50us':>9} {'rt p99us':>9} {'raw p50us':>9} {'batched/s':>10} {'bt/raw':>6}",
         flush=True,
     )
     pairs: list[tuple[dict[str, float], dict[str, float]]] = []
+    ceilings: list[dict[str, float]] = []
     sampled: list[tuple[int, Row]] = []
     with tempfile.TemporaryDirectory() as tmp:
         session = make_session(str(save(model, Path(tmp) / "text_classifier.onnx")), 1)
@@ -235,18 +267,24 @@ def measure(
                 sys.exit(f"FAILED: {exc}; no results written")
             sampled += answers
             pairs.append((rw, rt))
+            rows = max(1, round(1 / rt["runs_per_request"]))
+            bt = batched(session, requests, rows, args.seconds)
+            ceilings.append(bt)
             print(
                 f"{p:>4} {rw['req_per_s']:>10.0f} {rt['req_per_s']:>13.0f} "
                 f"{rt['req_per_s'] / rw['req_per_s']:>6.2f} {rt['runs_per_request']:>8.3f} "
-                f"{rt['p50_us']:>9.0f} {rt['p99_us']:>9.0f} {rw['p50_us']:>9.0f}",
+                f"{rt['p50_us']:>9.0f} {rt['p99_us']:>9.0f} {rw['p50_us']:>9.0f} "
+                f"{bt['req_per_s']:>10.0f} {bt['req_per_s'] / rw['req_per_s']:>6.2f}",
                 flush=True,
             )
         wrong, worst = check(session, requests, sampled)
     ratios = [rt["req_per_s"] / rw["req_per_s"] for rw, rt in pairs]
     k = sorted(range(len(pairs)), key=ratios.__getitem__)[len(pairs) // 2]
     rw, rt = pairs[k]
+    bt = ceilings[k]
     print(
-        f"median pair: runtime/raw {ratios[k]:.2f} (target >= 2.0), "
+        f"median pair: runtime/raw {ratios[k]:.2f} (target >= 2.0), batched/raw "
+        f"{bt['req_per_s'] / rw['req_per_s']:.2f} at {bt['rows']:.0f} rows per run, "
         f"{rt['runs_per_request']:.3f} device runs per request (target <= 0.6); "
         f"{len(sampled)} answers checked against onnxruntime alone, {wrong} wrong "
         f"(max |diff| {worst:.2g})"
@@ -262,6 +300,13 @@ def measure(
         "runtime_p99_us": rt["p99_us"],
         "runtime_over_raw": ratios[k],
         "pair_ratios": ratios,
+        "batched_req_per_s": bt["req_per_s"],
+        "batched_rows": bt["rows"],
+        "batched_over_raw": bt["req_per_s"] / rw["req_per_s"],
+        "runtime_over_batched": rt["req_per_s"] / bt["req_per_s"],
+        "pair_batched_over_raw": [
+            c["req_per_s"] / r["req_per_s"] for (r, _), c in zip(pairs, ceilings, strict=True)
+        ],
         "requests_sent": rt["requests_sent"],
         "device_runs": rt["device_runs"],
         "runs_per_request": rt["runs_per_request"],
