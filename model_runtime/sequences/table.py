@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from actors.clock import Clock, SystemClock
+from actors.clock import Clock, SystemClock, move_on_after
 from model_runtime.errors import ConfigurationError, ExecutionTimeoutError, InputValidationError
 from model_runtime.sequences.config import SequenceConfig, SequenceStep
 
@@ -167,10 +167,8 @@ class SequenceTable:
                             "stayed in use until the request's timeout"
                         )
                     wait = left if wait is None else min(wait, left)
-                try:
-                    await asyncio.wait_for(self._slot_freed.wait(), wait)
-                except TimeoutError:
-                    pass
+                async with move_on_after(self.clock, wait):  # on the table's clock
+                    await self._slot_freed.wait()
                 self._next_reap = 0.0  # a waiter looks now
                 self._reap(self.clock.monotonic())
         finally:

@@ -130,6 +130,40 @@ async def test_triton_rules_with_clear_errors(accumulator: Path) -> None:
             await runner.execute(value(1), sequence=SequenceStep(6))
 
 
+async def test_a_slot_waiter_runs_on_the_tables_clock(accumulator: Path) -> None:
+    """A new sequence waiting for the one slot gets it when the idle sequence holding it is
+    released, as the table's (fake) clock passes max_idle: no real seconds waited; and its
+    timeout is on that clock too."""
+    clock = FakeClock()
+    config = SequenceConfig(CONFIG.controls, CONFIG.states, max_idle=5.0, slots=1)
+    async with ModelRunner(accumulator, ModelRunnerConfig(batching_dim=0)) as inner:
+        runner = SequenceRunner(inner, SequenceTable(config, clock), "acc")
+        await runner.execute(value(1), sequence=SequenceStep(1, start=True))
+        waiting = asyncio.create_task(
+            runner.execute(value(2), sequence=SequenceStep(2, start=True, end=True))
+        )
+        for _ in range(1000):  # until it waits for the slot, on the clock (bounded)
+            if runner.table.waiting and clock.sleepers:
+                break
+            await asyncio.sleep(0)
+        assert runner.table.waiting == 1 and clock.sleepers, "not waiting on the table's clock"
+        clock.advance(5.1)  # sequence 1 idles past max_idle: released, its slot freed
+        out = await asyncio.wait_for(waiting, 2)  # real seconds: far below the 5 s limit
+        assert int(out["OUTPUT"][0, 0]) == 2 + 2  # its END adds its CORRID
+        assert runner.table.counts.released_idle == 1
+        await runner.execute(value(1), sequence=SequenceStep(3, start=True))
+        late = asyncio.create_task(
+            runner.execute(value(1), sequence=SequenceStep(4, start=True), timeout=1.0)
+        )
+        for _ in range(1000):
+            if runner.table.waiting and clock.sleepers:
+                break
+            await asyncio.sleep(0)
+        clock.advance(1.0)  # the waiter's timeout passes on the clock (sequence 3 not idle yet)
+        with pytest.raises(ExecutionTimeoutError, match="sequence slots stayed in use"):
+            await asyncio.wait_for(late, 2)
+
+
 async def test_a_new_sequence_waits_for_a_slot_then_times_out(accumulator: Path) -> None:
     config = SequenceConfig(CONFIG.controls, CONFIG.states, max_idle=60.0, slots=1)
     async with ModelRunner(accumulator, ModelRunnerConfig(batching_dim=0)) as inner:
