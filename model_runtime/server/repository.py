@@ -27,37 +27,35 @@ Each model loads, fails, reloads and unloads on its own (Triton's per-model avai
 from __future__ import annotations
 
 import asyncio
-import enum
-import re
-import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
 import structlog
-from google.protobuf.message import Message
 
-from actors.device.wait import DeviceWaitConfig
 from model_runtime.errors import (
-    ConfigurationError,
     DeviceUnavailableError,
     InputValidationError,
-    InvalidExecutableError,
     ModelControlError,
     ModelLoadError,
     ModelNotFoundError,
     ModelRuntimeError,
     UnknownModelError,
 )
-from model_runtime.io import DataDesc
 from model_runtime.runner_config import ModelRunnerConfig
-from model_runtime.sequences import SequenceConfig, SequenceRunner, SequenceTable
 from model_runtime.server import answers
-from model_runtime.server.codec import TensorSpec
-from model_runtime.server.datatypes import datatype_of
+from model_runtime.server.entries import (
+    NAME_PATTERN,
+    SUFFIXES,
+    ControlMode,
+    Fingerprint,
+    ModelEntry,
+    ModelState,
+    ModelStats,
+    parse_model_arg,
+)
 from model_runtime.server.serving import (
     RunnerFactory,
     RunnerLike,
@@ -66,13 +64,8 @@ from model_runtime.server.serving import (
     replica_states,
 )
 from model_runtime.server.triton.config import ModelSettings, parse_override
-from model_runtime.server.triton.layout import (
-    fingerprint as _fingerprint,
-    is_model_dir,
-    model_batch,
-    plan_model,
-)
-from model_runtime.server.triton.served import executable_batch_sizes, serve_model
+from model_runtime.server.triton.layout import fingerprint as _fingerprint, is_model_dir, plan_model
+from model_runtime.server.versions import StartedVersion, start_version
 
 __all__ = [
     "ControlMode",
@@ -92,154 +85,7 @@ __all__ = [
 
 log = structlog.get_logger(__name__)
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
-SUFFIXES = (".mrx", ".onnx")
-#: How often a reload waiting for a free device tries again (seconds).
-_DEVICE_RETRY = 0.05
-Fingerprint = tuple[object, ...]
 _T = TypeVar("_T")
-
-
-class ControlMode(enum.Enum):
-    """Triton's ``--model-control-mode``: who decides which models are loaded.
-
-    ``NONE``: every model is loaded at start; the repository API cannot load or unload.
-    ``EXPLICIT``: the repository API loads and unloads; the daemon loads ``--load-model`` at
-    start. ``POLL``: the files decide; the repository is polled for added, changed and removed
-    model files; the API cannot load or unload.
-    """
-
-    NONE = "none"
-    EXPLICIT = "explicit"
-    POLL = "poll"
-
-
-class ModelState(enum.Enum):
-    """Repository states (names from the protocol's repository extension)."""
-
-    UNAVAILABLE = "UNAVAILABLE"
-    LOADING = "LOADING"
-    READY = "READY"
-    UNLOADING = "UNLOADING"
-
-
-@dataclass(slots=True)
-class ModelStats:
-    """Counters the daemon keeps per model (the protocol's statistics extension)."""
-
-    success_count: int = 0
-    success_ns: int = 0
-    fail_count: int = 0
-    fail_ns: int = 0
-    inference_count: int = 0
-    last_inference_ms: int = 0
-
-    def record(self, ok: bool, duration_ns: int, samples: int) -> None:
-        """Count one finished request."""
-        if ok:
-            self.success_count += 1
-            self.success_ns += duration_ns
-            self.inference_count += samples
-        else:
-            self.fail_count += 1
-            self.fail_ns += duration_ns
-        self.last_inference_ms = time.time_ns() // 1_000_000
-
-
-@dataclass(slots=True)
-class ModelEntry:
-    """One model the repository knows, loaded or not.
-
-    ``wanted``: the model should be loaded (asked for at start, by a load or by the poll; an
-    unload clears it): what strict readiness waits for. ``loads`` / ``load_failures`` count
-    versions loaded and loads that failed. ``fingerprint`` is the file as last loaded (or
-    tried): the poll reloads when it changes.
-    """
-
-    name: str
-    source: Path
-    state: ModelState = ModelState.UNAVAILABLE
-    reason: str = ""
-    runner: ServingRunner | None = None
-    inputs: tuple[TensorSpec, ...] = ()
-    outputs: tuple[TensorSpec, ...] = ()
-    datatypes: dict[str, str] = field(default_factory=dict)
-    stats: ModelStats = field(default_factory=ModelStats)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    stop: anyio.Event | None = None
-    in_directory: bool = False
-    wanted: bool = False
-    fingerprint: Fingerprint | None = None
-    loads: int = 0
-    load_failures: int = 0
-    #: The version this entry serves (a model's entry: its highest version served).
-    version: str = "1"
-    #: The model's own settings (config.pbtxt or TOML) as last loaded; None before.
-    settings: ModelSettings | None = None
-    #: The ``ModelConfig`` (Triton's) of what this version serves; None while not loaded.
-    served: Message | None = None
-    #: A stateful model's live sequences, handed to its next version by a reload when the
-    #: sequence settings stay the same (:mod:`model_runtime.sequences`).
-    sequences: SequenceTable | None = None
-    #: The model's other versions served, by version (empty but for Triton's version policy).
-    versions: dict[str, ModelEntry] = field(default_factory=dict)
-
-    def version_entry(self, version: str) -> ModelEntry | None:
-        """The entry of ``version`` of this model, or None when that version is not served."""
-        if version == self.version:
-            return self
-        return self.versions.get(version)
-
-    def served_versions(self) -> list[str]:
-        """Every version of this model served now, in ascending order."""
-        if self.runner is None:
-            return []
-        return sorted([self.version, *self.versions], key=int)
-
-    @property
-    def is_ready(self) -> bool:
-        """True when loaded and at least one replica is ready."""
-        return self.state is ModelState.READY and self.runner is not None and self.runner.is_ready
-
-
-def parse_model_arg(arg: str) -> tuple[str, Path]:
-    """Split a ``NAME=PATH`` or ``PATH`` command-line model into its name and path.
-
-    Raises:
-        InputValidationError: the name is not a valid model name or the suffix is unknown.
-    """
-    name, eq, path = arg.partition("=")
-    p = Path(path if eq else arg)
-    if not eq:
-        name = p.stem
-    if not _NAME.fullmatch(name) or ".." in name:
-        raise InputValidationError(f"invalid model name {name!r} (letters, digits, _ . -)")
-    if p.suffix not in SUFFIXES and not is_model_dir(p):
-        raise InputValidationError(
-            f"model {str(p)!r} must be an .mrx or .onnx file or a Triton model directory"
-        )
-    return name, p
-
-
-def _stateful(
-    name: str,
-    runner: RunnerLike,
-    sequence: SequenceConfig,
-    config: ModelRunnerConfig,
-    serving: SequenceTable | None,
-) -> SequenceRunner:
-    """``runner`` of a stateful model behind its sequence batcher, going on with the live
-    sequences of the version it replaces (``serving``) when the sequence settings are the same.
-
-    Raises:
-        ConfigurationError: a control or state tensor the model does not have.
-    """
-    if sequence.strategy == "direct":  # one slot per batch row per instance
-        sequence = replace(sequence, slots=sequence.slots * config.replication_factor)
-    table = serving if serving is not None and serving.config == sequence else sequence
-    stateful = SequenceRunner(runner, table, name)
-    stateful.check()
-    return stateful
 
 
 async def _first_of(events: Sequence[anyio.Event]) -> None:
@@ -252,41 +98,6 @@ async def _first_of(events: Sequence[anyio.Event]) -> None:
 
         for event in events:
             tg.start_soon(wait, event)
-
-
-def _batch_of(descs: Sequence[DataDesc], axis: int) -> int | None:
-    """The batch an executable runs (its first input's size on the batch axis)."""
-    for d in descs:
-        if d.batched and 0 <= axis < len(d.shape):
-            return int(d.shape[axis])
-    return None
-
-
-def _specs(descs: Sequence[DataDesc], axis: int) -> tuple[TensorSpec, ...]:
-    out = []
-    for d in descs:
-        shape = list(d.shape)
-        if d.batched and 0 <= axis < len(shape):  # no batch axis: the whole shape
-            shape[axis] = -1
-        try:
-            datatype = datatype_of(d.dtype)
-        except ValueError as exc:
-            raise InvalidExecutableError(f"tensor {d.name!r}: {exc}") from None
-        batched = d.batched and 0 <= axis < len(shape)
-        out.append(TensorSpec(d.name, datatype, tuple(shape), batched=batched))
-    return tuple(out)
-
-
-@dataclass(frozen=True, slots=True)
-class _Version:
-    """A started runner and what the HTTP layer reads about it."""
-
-    runner: RunnerLike
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
-    served: Message
-    #: A stateful model's live sequences (None: stateless).
-    sequences: SequenceTable | None = None
 
 
 class ModelRepository:
@@ -373,7 +184,7 @@ class ModelRepository:
         names = set()
         for path in self.directory.iterdir():
             name = path.name if path.is_dir() else path.stem
-            if (path.suffix in SUFFIXES or path.is_dir()) and _NAME.fullmatch(name):
+            if (path.suffix in SUFFIXES or path.is_dir()) and NAME_PATTERN.fullmatch(name):
                 found = self._resolve(name)
                 if found is not None and name not in self._models:
                     self.add(name, found, in_directory=True)
@@ -524,7 +335,7 @@ class ModelRepository:
         if entry is not None:
             return entry
         found = None
-        if self.directory is not None and _NAME.fullmatch(name) and name not in (".", ".."):
+        if self.directory is not None and NAME_PATTERN.fullmatch(name) and name not in (".", ".."):
             found = self._resolve(name)
         if found is None:
             raise UnknownModelError(name)
@@ -559,7 +370,7 @@ class ModelRepository:
             fingerprint = None  # not the files' settings: a poll would load the files again
         if serving is None:
             entry.state, entry.reason = ModelState.LOADING, ""
-        started: dict[str, _Version] = {}
+        started: dict[str, StartedVersion] = {}
         try:
             if source is None:
                 raise ModelLoadError(entry.name, f"its file {entry.source} is gone")
@@ -618,7 +429,7 @@ class ModelRepository:
                 await self._retire(entry.name, runner, version)
 
     def _install(
-        self, entry: ModelEntry, version: str, new: _Version, stats: dict[str, ModelStats]
+        self, entry: ModelEntry, version: str, new: StartedVersion, stats: dict[str, ModelStats]
     ) -> None:
         """Make ``new`` the runner ``entry`` serves ``version`` with (no await: one step)."""
         if entry.version != version:
@@ -636,7 +447,7 @@ class ModelRepository:
         if self.on_install is not None:
             self.on_install(entry)
 
-    async def _close_started(self, name: str, started: dict[str, _Version]) -> None:
+    async def _close_started(self, name: str, started: dict[str, StartedVersion]) -> None:
         """Close the versions a failed or cancelled load had started already."""
         with anyio.CancelScope(shield=True):
             for version in started.values():
@@ -672,72 +483,19 @@ class ModelRepository:
         *,
         beside: bool,
         version: str = "1",
-    ) -> _Version:
+    ) -> StartedVersion:
         if self._tg is None:
             raise ModelRuntimeError("the model repository is not open (use `async with`)")
-        path = source
-        # The model's own settings first; the server-wide ones are the defaults.
-        config = settings.runner_config(replace(self.config, replica_to_save_programs_outputs={}))
-        axis = config.batching_dim if config.batching_dim is not None else 0
-        if path.suffix == ".onnx":
-            if self._compile is None:
-                raise ModelRuntimeError(f"cannot compile {path}: no compiler configured")
-            compile_source = self._compile
-            # The configured batch, else (Triton layout) none for a model that cannot batch,
-            # else the one the model fixes itself (a model fixed at 2 is not compiled for the
-            # server's default 8), else the server's.
-            batch = await anyio.to_thread.run_sync(model_batch, source, settings, axis)
-            path = await anyio.to_thread.run_sync(
-                lambda: compile_source(source) if batch is None else compile_source(source, batch)
-            )
-        # A runner is a client of the runtime's tree: started here, closed by whichever task
-        # unloads it. The repository hosts nothing but the readiness watchers.
-        if beside and config.device_wait_config is None:
-            # The serving version holds its devices until the swap; another reload's old
-            # version frees its own as it retires: wait for that, boundedly.
-            wait = DeviceWaitConfig.with_timeout(self.reload_device_wait, _DEVICE_RETRY)
-            config = replace(config, device_wait_config=wait)
-        runner = self._factory(path, config)
-        await runner.start()
-        try:
-            table = None
-            if settings.sequence is not None:
-                serving = entry.version_entry(version)
-                previous = serving.sequences if serving is not None else None
-                stateful = _stateful(entry.name, runner, settings.sequence, config, previous)
-                runner, table = stateful, stateful.table  # type: ignore[assignment]
-            descs = runner.get_execute_inputs()
-            inputs = _specs(descs, axis)
-            outputs = _specs(runner.get_execute_outputs(), axis)
-            runs = _batch_of(descs, axis)
-            want = settings.batch_size
-            where = settings.source or settings.origin
-            if want == 0 and runs is not None:
-                raise ConfigurationError(
-                    f"{where}: max_batch_size is 0 (no batch axis), but {source} "
-                    f"runs batches of {runs}"
-                )
-            if want is not None and runs is not None and runs != want:
-                raise ConfigurationError(
-                    f"{where}: the batch is {want}, but {source} runs batches of {runs}"
-                )
-            unbatched = runs is None and not any(d.batched for d in descs)
-            served = serve_model(
-                entry.name,
-                settings,
-                config,
-                0 if unbatched else runs or 1,
-                inputs,
-                outputs,
-                batch_sizes=executable_batch_sizes(runner),
-            )
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await runner.close()
-            raise
-        if served.boundary is not None:  # reshapes, narrowed dims: requests cross it
-            runner = served.boundary.wrap(runner)
-        return _Version(runner, served.inputs, served.outputs, served.config, table)
+        return await start_version(
+            entry,
+            source,
+            settings,
+            defaults=self.config,
+            compile_source=self._compile,
+            factory=self._factory,
+            reload_device_wait=self.reload_device_wait if beside else None,
+            version=version,
+        )
 
     def _watch(self, entry: ModelEntry, runner: RunnerLike) -> anyio.Event:
         assert self._tg is not None
