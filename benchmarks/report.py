@@ -4,7 +4,7 @@ Reads ``benchmarks/results/{runner_throughput,compiled_vs_source,http_throughput
 dynamic_shapes,triton_peer,memory,sequences}.json`` (and includes
 ``benchmarks/results/overload.md`` when present), adds the machine (cores, CPU model, RAM),
 the versions and the date, the tables, and the "done when" targets (issue 13's, issue 29's
-dynamic-shape point, issue 31's Triton points, whose section is ``triton_report.py``, issue
+dynamic-shape point, whose section is ``dynamic_report.py``, issue 31's Triton points, whose section is ``triton_report.py``, issue
 34's memory figures, ``memory_report.py``; issue 32's sequences, ``sequences_report.py``, has
 no target) with a PASS/FAIL column (``n/a`` where the figure is missing). A result file older
 than ``--since-file``'s timestamp came from an earlier run (its benchmark failed this time): it
@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import memory_report, sequences_report, triton_report
+from benchmarks import dynamic_report, memory_report, sequences_report, triton_report
 
 HERE = Path(__file__).resolve().parent
 RESULTS_DIR = HERE / "results"
@@ -42,7 +42,7 @@ SOURCES = (
     "runner_throughput",
     "compiled_vs_source",
     "http_throughput",
-    "dynamic_shapes",
+    dynamic_report.SOURCE,
     triton_report.SOURCE,
     memory_report.SOURCE,
     sequences_report.SOURCE,
@@ -112,50 +112,17 @@ def _target(
 
 
 #: The dynamic-shape point's targets (issue 29); the names the README's headline quotes.
-DYNAMIC_RATIO = "dynamic text classifier, runtime / raw onnxruntime per request, 64 callers"
-DYNAMIC_RUNS = "dynamic text classifier, device runs per request, 64 callers"
+DYNAMIC_RATIO, DYNAMIC_RUNS = dynamic_report.RATIO, dynamic_report.RUNS
 
 
 def dynamic_targets(docs: dict[str, Any]) -> list[Target]:
-    """Issue 29's dynamic point: the text classifier (5 sequence lengths, 64 callers) served
-    >= 2x faster than raw onnxruntime running each request alone, at <= 0.6 device runs per
-    request. A sampled answer that differs from onnxruntime's fails the ratio."""
-    r = _row(docs.get("dynamic_shapes", {}).get("rows", []), callers=64)
-    wrong: int = r.get("answers_wrong", 0) if r else 0
-    ratio: float | None = r["runtime_over_raw"] if r else None
-    runs: float | None = r["runs_per_request"] if r else None
-
-    def fast(v: float) -> bool:
-        return v >= 2.0 and not wrong
-
+    """Issue 29's dynamic point (``dynamic_report.points``)."""
     return [
-        _target(
-            DYNAMIC_RATIO,
-            ratio,
-            ">= 2.0, answers equal" if not wrong else f">= 2.0, answers equal ({wrong} wrong)",
-            fast,
-            issue=29,
-        ),
-        _target(
-            DYNAMIC_RUNS,
-            runs,
-            "<= 0.6",
-            lambda v: v <= 0.6,
-            digits=3,
-            issue=29,
-        ),
+        _target(what, value, goal, test, digits=digits, issue=29)
+        for what, value, goal, test, digits in dynamic_report.points(
+            docs.get(dynamic_report.SOURCE)
+        )
     ]
-
-
-def _ceilings(docs: dict[str, Any]) -> str:
-    """The dynamic point's batching ceilings (batched/raw) per model, for the headline."""
-    rows = [r for r in docs.get("dynamic_shapes", {}).get("rows", []) if "batched_over_raw" in r]
-    if not rows:
-        return ""
-    parts = [
-        f"{r['model'].split(' (')[0].split(' ids')[0]} {r['batched_over_raw']:.2f}x" for r in rows
-    ]
-    return "; batching's ceiling here (onnxruntime batched / raw): " + ", ".join(parts)
 
 
 def targets(docs: dict[str, Any]) -> list[Target]:
@@ -323,17 +290,10 @@ def headline(docs: dict[str, Any], goals: list[Target]) -> list[str]:
                 parts.append(f"{mode} at {'/'.join(clients)} clients {' / '.join(ratios)}")
         if parts:
             lines.append(f"- HTTP daemon / {peer} (req/s): {'; '.join(parts)}")
-    dyn = _row(docs.get("dynamic_shapes", {}).get("rows", []), callers=64)
     lines += triton_report.headline(docs.get(triton_report.SOURCE))
     lines += memory_report.headline(docs.get(memory_report.SOURCE))
     lines += sequences_report.headline(docs.get(sequences_report.SOURCE))
-    if dyn:
-        lines.append(
-            f"- dynamic text classifier (5 seq lengths, 64 callers): runtime / raw onnxruntime "
-            f"per request {dyn['runtime_over_raw']:.2f}x ({dyn['runtime_req_per_s']:.0f} vs "
-            f"{dyn['raw_req_per_s']:.0f} req/s), {dyn['runs_per_request']:.3f} device runs "
-            f"per request" + _ceilings(docs)
-        )
+    lines += dynamic_report.headline(docs.get(dynamic_report.SOURCE))
     for issue in sorted({t.issue for t in goals}):
         mine = [t for t in goals if t.issue == issue]
         lines.append(
@@ -454,41 +414,7 @@ def render(
         )
         out += [""]
 
-    dyn = docs.get("dynamic_shapes")
-    if dyn:
-        out += [
-            "## Dynamic shapes: the text classifier against raw onnxruntime per request",
-            "",
-            f"`benchmarks/dynamic_shapes.py`: ids [batch, seq], {dyn.get('requests')} "
-            "single-sample requests of seq lengths 1/4/16/32/64; raw = one onnxruntime "
-            "session (1 thread) running each request alone, back to back; runtime = "
-            f"`{dyn.get('runtime_config')}` on {dyn.get('device')}, C concurrent callers. "
-            f"{dyn.get('seconds')} s per point, {dyn.get('pairs')} alternating raw/runtime "
-            "pairs, shown by the pair with the median ratio. Runs/req: device runs over "
-            "requests sent in the window. Batched: the same session running the requests "
-            "grouped by length, as many rows per run as the runtime's runs held, back to "
-            "back (batching's ceiling here, no batcher's cost); bt/raw is the most any batcher "
-            "could reach of the 2.0 target on this host. A sample of answers checked against "
-            "onnxruntime on each request alone.",
-            "",
-        ]
-        out += _table(
-            ["model", "C", "raw req/s", "runtime req/s", "rt/raw", "pair ratios", "runs/req",
-             "batched req/s", "bt/raw", "rt/bt", "rt p50 µs", "rt p99 µs", "raw p50 µs",
-             "answers checked", "wrong"],
-            [
-                [r.get("model"), r.get("callers"), _fmt(r.get("raw_req_per_s"), 0),
-                 _fmt(r.get("runtime_req_per_s"), 0), _fmt(r.get("runtime_over_raw")),
-                 " ".join(f"{x:.2f}" for x in r.get("pair_ratios", [])),
-                 _fmt(r.get("runs_per_request"), 3), _fmt(r.get("batched_req_per_s"), 0),
-                 _fmt(r.get("batched_over_raw")), _fmt(r.get("runtime_over_batched")),
-                 _fmt(r.get("runtime_p50_us"), 0),
-                 _fmt(r.get("runtime_p99_us"), 0), _fmt(r.get("raw_p50_us"), 0),
-                 r.get("answers_checked"), r.get("answers_wrong")]
-                for r in dyn.get("rows", [])
-            ],
-        )  # fmt: skip
-        out += [""]
+    out += dynamic_report.section(docs.get(dynamic_report.SOURCE))
 
     http = docs.get("http_throughput")
     if http:
