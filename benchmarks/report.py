@@ -3,14 +3,14 @@
 Reads ``benchmarks/results/{runner_throughput,compiled_vs_source,http_throughput,
 dynamic_shapes,triton_peer,memory,sequences}.json`` (and includes
 ``benchmarks/results/overload.md`` when present), adds the machine (cores, CPU model, RAM),
-the versions and the date, the tables, and the "done when" targets (issue 13's, issue 29's
-dynamic-shape point, whose section is ``dynamic_report.py``, issue 31's Triton points, whose section is ``triton_report.py``, issue
-34's memory figures, ``memory_report.py``; issue 32's sequences, ``sequences_report.py``, has
-no target) with a PASS/FAIL column (``n/a`` where the figure is missing). A result file older
-than ``--since-file``'s timestamp came from an earlier run (its benchmark failed this time): it
-is reported, marked stale. With ``--readme``, the headline ratios replace the block between
-the README's ``<!-- bench:begin -->`` and ``<!-- bench:end -->`` markers, so the README quotes
-this run.
+the versions and the date, the tables, and the "done when" targets with a PASS/FAIL column
+(``n/a`` where the figure is missing): issue 13's; issue 29's dynamic-shape point
+(``dynamic_report.py`` writes its part), issue 31's Triton points (``triton_report.py``),
+issue 34's memory figures (``memory_report.py``); issue 32's sequences
+(``sequences_report.py``) have no target. A result file older than ``--since-file``'s
+timestamp came from an earlier run (its benchmark failed this time): it is reported, marked
+stale. With ``--readme``, the headline ratios replace the block between the README's
+``<!-- bench:begin -->`` and ``<!-- bench:end -->`` markers, so the README quotes this run.
 
     .venv/bin/python benchmarks/report.py [--since-file benchmarks/results/.bench-started]
         [--readme README.md]
