@@ -95,6 +95,7 @@ class Layout:
         "inputs",
         "into_outputs",
         "outputs",
+        "row_outputs",
         "simple_inputs",
     )
 
@@ -140,6 +141,13 @@ class Layout:
         #: the output's name when it is the only one and has row axis 0 (the fast split path)
         self.fast_output = (
             self.outputs[0].name if len(self.outputs) == 1 and self.outputs[0].axis == 0 else None
+        )
+        #: the outputs' names when every output has row axis 0 (a plain batch's answers are
+        #: then one slice per output); None: some output has another axis, or none
+        self.row_outputs: tuple[str, ...] | None = (
+            tuple(s.name for s in self.outputs)
+            if self.outputs and all(s.axis == 0 for s in self.outputs)
+            else None
         )
 
     def bucket(self, rows: int) -> int:

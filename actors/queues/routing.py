@@ -153,13 +153,21 @@ def _route_plain(
     fast = layout.fast_output
     gone: list[Request] = []
     if fast is not None:
-        rows = out[fast][:n, None]  # row views, made in C as the loop takes them
-        if len(rows) < n:
-            raise IndexError(f"output {fast!r} has {len(rows)} rows, the batch {n}")
-        for req, row in zip(plain, rows, strict=True):
+        for req, row in zip(plain, _row_views(out, fast, n), strict=True):
             try:
                 req.future.set_result({fast: row})
             except InvalidStateError:  # the caller is gone (cancelled, or past its deadline)
+                gone.append(req)
+    elif layout.row_outputs is not None:  # several outputs, each one slice (not one per row)
+        first, *others = layout.row_outputs
+        answers = [{first: row} for row in _row_views(out, first, n)]
+        for name in others:
+            for answer, row in zip(answers, _row_views(out, name, n), strict=True):
+                answer[name] = row
+        for req, answer in zip(plain, answers, strict=True):
+            try:
+                req.future.set_result(answer)
+            except InvalidStateError:
                 gone.append(req)
     else:
         for i, req in enumerate(plain):
@@ -175,6 +183,20 @@ def _route_plain(
     if batch.flush_outputs:
         _route_padding(layout, batch, [out], batch.flush_outputs)
     return n, n
+
+
+def _row_views(out: Mapping[str, np.ndarray], name: str, n: int) -> np.ndarray:
+    """The first ``n`` rows of output ``name`` (row axis 0), each a view of one row when
+    iterated (made in C as the loop takes them).
+
+    Raises:
+        KeyError: no output ``name``.
+        IndexError: the output has fewer than ``n`` rows.
+    """
+    rows = out[name][:n, None]
+    if len(rows) < n:
+        raise IndexError(f"output {name!r} has {len(rows)} rows, the batch {n}")
+    return rows
 
 
 def _route_padding(
