@@ -516,12 +516,12 @@ class Queue(Actor[QueueMessage]):
             if split.key is None:
                 self._pending = split.merge()
                 return False
-            layout = self._groups.layout(split.key)
+            layout, pool = self._groups.layout(split.key)
             got = take(split.group, layout, partial, now)
             self._groups.taken(split.key, got.rows)
+            for req in got.dropped:
+                self._groups.dropped(req)
             self._pending = split.merge()
-            if got.rows and got.views is None:
-                pool = RingPool(layout, 1)
         for req in got.dropped:
             self._drop(req)
         if not got.rows:
@@ -549,9 +549,11 @@ class Queue(Actor[QueueMessage]):
             got.rows,
             padded,
             now,
-            _buffer=index if pool is self._pool else None,
+            _buffer=index,
             plain=plain,
         )
+        if pool is not self._pool:  # a shape's (see ShapeGroups.layout)
+            batch._free = pool.free
         try:
             batch.flush_outputs = pool.fill(
                 index, got.per_iteration, got.rows, self.config.flush_callback, size, plain
@@ -635,7 +637,7 @@ class Queue(Actor[QueueMessage]):
         batch._released = True
         self._outstanding.pop(batch.id, None)
         if batch._buffer is not None:
-            self._pool.free.append(batch._buffer)
+            (self._pool.free if batch._free is None else batch._free).append(batch._buffer)
         return True
 
     def _after_release(self, answered: int) -> None:

@@ -49,6 +49,8 @@ class Batch:
     ran: asyncio.Future[list[dict[str, np.ndarray]]] | None = field(default=None, repr=False)
     #: index of the ring pool buffer holding ``inputs`` (None: zero-copy views)
     _buffer: int | None = field(default=None, repr=False)
+    #: the free list ``_buffer`` goes back to (None: the queue's own ring pool's)
+    _free: list[int] | None = field(default=None, repr=False)
     #: completed or failed already (a second Complete/Fail is ignored)
     _released: bool = field(default=False, repr=False)
     #: A plain batch (the common case of many single-sample callers): one iteration whose

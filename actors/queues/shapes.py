@@ -8,132 +8,188 @@ with the same :func:`~actors.queues.packing.take` as any batch, under a :class:`
 shape, and leaves the others where they were. So no shape starves: a shape's first request
 waits at most the queue's timeout, as any first request does.
 
-Buffers: a batch of a dynamic shape gets its own buffer, sized for its shape (the ring pool's
-buffers are of one shape). The runner refuses a request whose batch would pass the allocation
-limit before anything is allocated for it. Fixed-shape models never come here.
+Buffers: the ring pool's buffers are of one shape, so each shape has a small ring pool of its
+own (``look_ahead`` buffers: as many batches as may be sealed and not completed), kept beside
+its layout while the pools of the shapes seen last fit :data:`POOL_BYTES`; a shape whose pool
+would not fit gets a buffer per batch. The runner refuses a request whose batch would pass the
+allocation limit before anything is allocated for it. Fixed-shape models never come here.
 """
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict, deque
-from collections.abc import Iterable
-
-import numpy as np
+from collections.abc import Collection
+from itertools import islice
 
 from actors.queues.config import QueueConfig
-from actors.queues.pool import Layout
+from actors.queues.pool import Layout, RingPool
 from actors.queues.request import Request
 from model_runtime.executable.model import ExecutableMetadata
 
-__all__ = ["ShapeGroups", "Split"]
+__all__ = ["POOL_BYTES", "ShapeGroups", "Split"]
 
 #: Layouts kept for the shapes seen last; one is rebuilt in microseconds when evicted.
 _MAX_LAYOUTS = 64
+#: Bytes the shapes' ring pools may hold together, per queue (the pools of the shapes used
+#: longest ago are freed to make room). Small beside any allocation limit: it saves the
+#: allocation of a buffer per batch for the many short shapes of a text model, not memory.
+POOL_BYTES = 8 << 20
 
 ShapeKey = tuple[tuple[int, ...], ...]
 
 
 class Split:
     """The requests of one shape taken out of the FIFO (``group``, in order; ``key`` None and
-    ``group`` empty when no shape qualified), the live others (``rest``), the gone callers'
-    requests found on the way (``gone``, for the queue to drop), and :meth:`merge` to put back
-    what a batch leaves."""
+    ``group`` empty when no shape qualified), the gone callers' requests found on the way
+    (``gone``, for the queue to drop), and :meth:`merge` to put back what a batch leaves."""
 
-    __slots__ = ("gone", "group", "key", "order", "rest")
+    __slots__ = ("gone", "group", "key", "live")
 
-    def __init__(self) -> None:
-        self.key: ShapeKey | None = None
-        self.group: deque[Request] = deque()
-        self.rest: list[Request] = []
-        self.gone: list[Request] = []
-        self.order: dict[int, int] = {}
+    def __init__(
+        self, live: list[Request], gone: list[Request], key: ShapeKey | None = None
+    ) -> None:
+        #: the FIFO without the gone, in order (what :meth:`merge` cuts from)
+        self.live = live
+        self.gone = gone
+        self.key = key
+        self.group: deque[Request] = (
+            deque() if key is None else deque([r for r in live if r._shape == key])
+        )
 
     def merge(self) -> deque[Request]:
         """The FIFO again, without the gone: the group's leftovers (the rest of a request
         split over batches, the requests a batch had no room for) back among the others, in
-        their first order."""
+        their first order.
+
+        A batch takes from the front of its group only, so what the group has left is a
+        suffix of it: the others before its first leftover, then everything from there on."""
+        live, key = self.live, self.key
+        if key is None:
+            return deque(live)
         if not self.group:
-            return deque(self.rest)
-        order = self.order
-        return deque(sorted((*self.group, *self.rest), key=lambda r: order[id(r)]))
+            return deque([r for r in live if r._shape != key])
+        cut = live.index(self.group[0])
+        fifo = deque([r for r in islice(live, cut) if r._shape != key])
+        fifo.extend(islice(live, cut, None))
+        return fifo
 
 
 class ShapeGroups:
-    """The shapes of a dynamic model's waiting requests, and a :class:`Layout` per shape."""
+    """The shapes of a dynamic model's waiting requests, and a :class:`Layout` and a ring
+    pool per shape."""
 
-    __slots__ = ("_axes", "_config", "_layouts", "_metadata", "rows")
+    __slots__ = ("_axes", "_config", "_held", "_layouts", "_metadata", "rows")
 
     def __init__(self, metadata: ExecutableMetadata, config: QueueConfig, base: Layout) -> None:
         self._metadata = metadata
         self._config = config
         self._axes = tuple((s.name, s.axis) for s in base.inputs)
-        self._layouts: OrderedDict[ShapeKey, Layout] = OrderedDict()
-        #: Unpacked rows per shape, at least: exact after each :meth:`split`, then raised by
-        #: :meth:`add` as requests come (rows that go meanwhile are noticed at the next split).
-        #: So :meth:`may_fill` never misses a shape that fills a batch, and the common miss
-        #: (many shapes, none full) costs no scan of the FIFO.
+        #: per shape seen lately: its layout, its ring pool (None: a buffer per batch) and
+        #: the pool's bytes
+        self._layouts: OrderedDict[ShapeKey, tuple[Layout, RingPool | None, int]] = OrderedDict()
+        self._held = 0  # bytes of the pools in _layouts
+        #: Unpacked rows per shape, at least (shapes with none left out): exact after a
+        #: :meth:`split` for a full batch, raised by :meth:`add` as requests come, lowered by
+        #: :meth:`taken` and :meth:`dropped` (rows that go otherwise are noticed at the next
+        #: exact count). So :meth:`may_fill` never misses a shape that fills a batch, and the
+        #: common miss (many shapes, none full) costs no scan of the FIFO.
         self.rows: dict[ShapeKey, int] = {}
 
     def add(self, req: Request) -> None:
-        """Count a request queued now."""
-        key = self.key(req)
+        """Count a request queued now (its shape is computed here, once)."""
+        key = req._shape
+        if key is None:
+            key = self.key(req)
         rows = self.rows
         rows[key] = rows.get(key, 0) + req.samples - req._taken
 
     def may_fill(self, capacity: int) -> bool:
         """Some shape may have ``capacity`` rows waiting (False: none has)."""
-        return any(n >= capacity for n in self.rows.values())
+        return max(self.rows.values(), default=0) >= capacity
 
     def taken(self, key: ShapeKey, rows: int) -> None:
         """``rows`` rows of shape ``key`` went into a batch."""
-        self.rows[key] -= rows
+        counts = self.rows
+        left = counts.get(key, 0) - rows
+        if left > 0:
+            counts[key] = left
+        else:
+            counts.pop(key, None)
+
+    def dropped(self, req: Request) -> None:
+        """``req``'s caller has gone: its unpacked rows are no longer waiting."""
+        key = req._shape
+        if key is not None:
+            self.taken(key, req.samples - req._taken)
 
     def key(self, req: Request) -> ShapeKey:
         """The shape of ``req``'s rows, per input (without the row axis)."""
         key = req._shape
         if key is None:
             inputs = req.inputs
-            key = req._shape = tuple(
-                _rows_shape(np.shape(inputs[name]), axis) for name, axis in self._axes
-            )
+            axes = self._axes
+            if len(axes) == 1 and axes[0][1] == 0:  # the common case: one input, rows first
+                key = (inputs[axes[0][0]].shape[1:],)
+            else:
+                key = tuple([_rows_shape(inputs[name].shape, axis) for name, axis in axes])
+            req._shape = key
         return key
 
-    def layout(self, key: ShapeKey) -> Layout:
-        """The layout of batches of shape ``key``."""
+    def layout(self, key: ShapeKey) -> tuple[Layout, RingPool]:
+        """The layout of batches of shape ``key``, and the ring pool their buffers come from:
+        the shape's own, or a pool of one buffer made now (the pools kept would pass
+        :data:`POOL_BYTES`, or every buffer of the shape's is in use)."""
         layouts = self._layouts
-        layout = layouts.get(key)
-        if layout is None:
-            layout = layouts[key] = Layout(self._metadata, self._config, key)
-            if len(layouts) > _MAX_LAYOUTS:
-                layouts.popitem(last=False)
+        got = layouts.get(key)
+        if got is None:
+            got = layouts[key] = self._make(key)
+            while len(layouts) > _MAX_LAYOUTS:
+                self._forget()
         else:
             layouts.move_to_end(key)
-        return layout
+        layout, pool, _ = got
+        if pool is None or not pool.free:
+            return layout, RingPool(layout, 1)
+        return layout, pool
 
-    def split(self, pending: Iterable[Request], capacity: int, partial: bool) -> Split:
+    def _make(self, key: ShapeKey) -> tuple[Layout, RingPool | None, int]:
+        layout = Layout(self._metadata, self._config, key)
+        size = self._config.look_ahead
+        need = size * layout.I * sum(math.prod(s.shape) * s.dtype.itemsize for s in layout.inputs)
+        if need > POOL_BYTES:
+            return layout, None, 0
+        while self._held + need > POOL_BYTES:
+            self._forget()
+        self._held += need
+        return layout, RingPool(layout, size), need
+
+    def _forget(self) -> None:
+        """Forget the shape used longest ago (a batch still holding one of its buffers keeps
+        that buffer until it ends)."""
+        self._held -= self._layouts.popitem(last=False)[1][2]
+
+    def split(self, pending: Collection[Request], capacity: int, partial: bool) -> Split:
         """Take the requests of one shape out of ``pending``: the oldest shape, or, unless
-        ``partial``, the oldest that fills a batch of ``capacity`` rows."""
-        out = Split()
-        rows: dict[ShapeKey, int] = {}
-        live: list[tuple[Request, ShapeKey]] = []
-        for req in pending:
-            if req.future.done():
-                out.gone.append(req)
-                continue
-            key = self.key(req)
-            live.append((req, key))
-            rows[key] = rows.get(key, 0) + req.samples - req._taken
-        self.rows = rows
-        for key, n in rows.items():
-            if partial or n >= capacity:
-                out.key = key
-                break
-        order = out.order
-        group, rest = out.group, out.rest
-        for i, (req, key) in enumerate(live):
-            order[id(req)] = i
-            (group.append if key == out.key else rest.append)(req)
-        return out
+        ``partial``, the oldest that fills a batch of ``capacity`` rows (counted exactly
+        here, gone callers' rows left out)."""
+        live = [r for r in pending if not r.future.done()]
+        gone = [r for r in pending if r.future.done()] if len(live) < len(pending) else []
+        for req in gone:
+            self.dropped(req)
+        # Every queued request's shape was computed by add().
+        if partial:
+            return Split(live, gone, live[0]._shape if live else None)
+        rows: dict[ShapeKey | None, int] = {}
+        get = rows.get
+        for req in live:
+            key = req._shape
+            rows[key] = get(key, 0) + req.samples - req._taken
+        self.rows = rows  # type: ignore[assignment]
+        for shape, n in rows.items():
+            if n >= capacity:
+                return Split(live, gone, shape)
+        return Split(live, gone)
 
 
 def _rows_shape(shape: tuple[int, ...], axis: int | None) -> tuple[int, ...]:

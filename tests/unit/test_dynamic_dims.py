@@ -15,6 +15,7 @@ from test_queue_support import F32, running, settle, submit
 from actors.clock import FakeClock
 from actors.device.backends.ipu_model import IpuModelBackend
 from actors.device.inventory import DeviceSpec
+from actors.queues import shapes
 from actors.queues.actor import Queue
 from actors.queues.config import QueueConfig
 from actors.queues.pool import Layout
@@ -292,3 +293,93 @@ def test_a_dynamic_batch_runs_at_its_own_size_a_fixed_one_at_its_bucket() -> Non
     config = QueueConfig(batching_dim=0)
     assert Layout(dynamic, config).bucket(3) == 3  # no padding of long sequences
     assert Layout(fixed, config).bucket(3) == 4  # the seed's buckets stand
+
+
+async def test_batches_of_one_shape_in_flight_together_never_share_a_buffer() -> None:
+    # Each shape has a small ring pool of its own: the two batches the device holds at once
+    # (look_ahead 2) are in two buffers, and the next batch of that shape reuses one.
+    queue = Queue(_queue_meta(4), QueueConfig(batching_dim=0, timeout=5.0), clock=FakeClock())
+    async with running(queue, hold=True) as (ref, session):
+        reqs = [submit(ref, _request(1, 3, i)) for i in range(8)]  # two full batches
+        await settle()
+        first, second = session.seen
+        assert not np.shares_memory(first.inputs[0]["x"], second.inputs[0]["x"])
+        session.release()  # computed now, from each batch's own buffer
+        await settle()
+        for req in reqs:
+            out = await req.future
+            np.testing.assert_array_equal(out["y"], req.inputs["x"] * 2 + 1)
+        more = [submit(ref, _request(1, 3, 10 + i)) for i in range(4)]
+        await settle()
+        third = session.seen[2].inputs[0]["x"]
+        assert any(np.shares_memory(third, b.inputs[0]["x"]) for b in (first, second))
+        session.release()
+        for req in more:
+            np.testing.assert_array_equal((await req.future)["y"], req.inputs["x"] * 2 + 1)
+
+
+def test_the_pools_of_the_shapes_kept_stay_within_their_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A small budget (room for the pools of two shapes of 4 float32 rows of 8 or fewer), to
+    # see the pools of the shapes used longest ago freed, and a shape too big for it served
+    # from a buffer of its own per batch.
+    monkeypatch.setattr(shapes, "POOL_BYTES", 2 * 2 * 4 * 8 * 4)
+    config = QueueConfig(batching_dim=0)
+    meta = _queue_meta(4)
+    groups = shapes.ShapeGroups(meta, config, Layout(meta, config))
+    _, pool8 = groups.layout(((8,),))
+    assert groups.layout(((8,),))[1] is pool8  # kept
+    for width in (7, 6, 5):
+        groups.layout(((width,),))
+        assert groups._held <= shapes.POOL_BYTES
+    assert groups.layout(((8,),))[1] is not pool8  # freed to make room, then made again
+    _, big = groups.layout(((100,),))
+    assert groups.layout(((100,),))[1] is not big  # never kept
+
+
+async def test_a_shape_fills_a_batch_at_once_after_a_caller_of_it_went_away() -> None:
+    # The rows counted per shape (which decide whether one fills a batch without a scan of
+    # the queue) forget a gone caller's rows once, when its request is dropped.
+    clock = FakeClock()
+    queue = Queue(_queue_meta(4), QueueConfig(batching_dim=0, timeout=5.0), clock=clock)
+    async with running(queue) as (ref, session):
+        gone = submit(ref, _request(1, 3, 0))
+        gone.future.cancel()
+        other = submit(ref, _request(1, 5, 1))
+        await settle()
+        clock.advance(5.0)  # the flush drops the gone request, runs the other's shape
+        await settle()
+        assert [b.inputs[0]["x"].shape for b in session.seen] == [(4, 5)]
+        await other.future
+        reqs = [submit(ref, _request(1, 3, 2 + i)) for i in range(4)]
+        await settle()  # four rows of width 3: a full batch, at once (no timeout)
+        assert [b.inputs[0]["x"].shape for b in session.seen] == [(4, 5), (4, 3)]
+        for req in reqs:
+            np.testing.assert_array_equal((await req.future)["y"], req.inputs["x"] * 2 + 1)
+
+
+async def test_the_rest_of_a_request_split_over_batches_keeps_its_place_in_the_queue() -> None:
+    # Width 3's first request has 6 rows and waits, with later requests of widths 5 and 3,
+    # while the device holds two batches; when one ends, a full batch of width 3 takes 4 of
+    # its rows, and its last 2 keep their place at the front: the next flush runs width 3
+    # again (them and the later width-3 row) before width 5.
+    clock = FakeClock()
+    queue = Queue(_queue_meta(4), QueueConfig(batching_dim=0, timeout=5.0), clock=clock)
+    async with running(queue, hold=True) as (ref, session):
+        busy = [submit(ref, _request(1, 7, i)) for i in range(8)]  # two batches, held
+        long = submit(ref, _request(6, 3, 10))
+        wide = submit(ref, _request(1, 5, 11))
+        late = submit(ref, _request(1, 3, 12))
+        await settle()
+        session.release()
+        await settle()
+        clock.advance(5.0)
+        await settle()
+        session.release()
+        await settle()
+        session.release()
+        got = [(b.inputs[0]["x"].shape, b.valid_rows) for b in session.seen[2:]]
+        assert got == [((4, 3), 4), ((4, 3), 3), ((4, 5), 1)]
+        for req in (*busy, long, wide, late):
+            np.testing.assert_array_equal((await req.future)["y"], req.inputs["x"] * 2 + 1)
