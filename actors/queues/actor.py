@@ -501,26 +501,27 @@ class Queue(Actor[QueueMessage]):
     def _seal(self, partial: bool) -> bool:
         """Make a batch of up to I*B waiting rows; False if none was made (no live rows, or
         fewer than a full batch when not ``partial``)."""
+        groups = self._groups
+        if not (partial or groups is None or groups.full):
+            return False  # no shape fills a batch (ShapeGroups.full)
         now = self._now()
         if self._eager and partial and len(self._pending) == 1 and self._seal_alone(now):
             return True
         layout, pool = self.layout, self._pool
-        if self._groups is None:
+        if groups is None:
             got = take(self._pending, layout, partial, now)
         else:  # one shape's requests, in a buffer of that shape
-            if not partial and not self._groups.may_fill(self._capacity):
-                return False
-            split = self._groups.split(self._pending, self._capacity, partial)
+            split = groups.split(self._pending, self._capacity, partial)
             for req in split.gone:
                 self._drop(req)
             if split.key is None:
                 self._pending = split.merge()
                 return False
-            layout, pool = self._groups.layout(split.key)
+            layout, pool = groups.layout(split.key)
             got = take(split.group, layout, partial, now)
-            self._groups.taken(split.key, got.rows)
+            groups.taken(split.key, got.rows)
             for req in got.dropped:
-                self._groups.dropped(req)
+                groups.dropped(req)
             self._pending = split.merge()
         for req in got.dropped:
             self._drop(req)

@@ -153,7 +153,10 @@ def _route_plain(
     fast = layout.fast_output
     gone: list[Request] = []
     if fast is not None:
-        for req, row in zip(plain, _row_views(out, fast, n), strict=True):
+        rows = out[fast][:n, None]  # row views, made in C as the loop takes them
+        if len(rows) < n:
+            raise IndexError(f"output {fast!r} has {len(rows)} rows, the batch {n}")
+        for req, row in zip(plain, rows, strict=True):
             try:
                 req.future.set_result({fast: row})
             except InvalidStateError:  # the caller is gone (cancelled, or past its deadline)

@@ -79,12 +79,13 @@ class ShapeGroups:
     """The shapes of a dynamic model's waiting requests, and a :class:`Layout` and a ring
     pool per shape."""
 
-    __slots__ = ("_axes", "_config", "_held", "_layouts", "_metadata", "rows")
+    __slots__ = ("_axes", "_capacity", "_config", "_held", "_layouts", "_metadata", "full", "rows")
 
     def __init__(self, metadata: ExecutableMetadata, config: QueueConfig, base: Layout) -> None:
         self._metadata = metadata
         self._config = config
         self._axes = tuple((s.name, s.axis) for s in base.inputs)
+        self._capacity = base.capacity
         #: per shape seen lately: its layout, its ring pool (None: a buffer per batch) and
         #: the pool's bytes
         self._layouts: OrderedDict[ShapeKey, tuple[Layout, RingPool | None, int]] = OrderedDict()
@@ -92,9 +93,12 @@ class ShapeGroups:
         #: Unpacked rows per shape, at least (shapes with none left out): exact after a
         #: :meth:`split` for a full batch, raised by :meth:`add` as requests come, lowered by
         #: :meth:`taken` and :meth:`dropped` (rows that go otherwise are noticed at the next
-        #: exact count). So :meth:`may_fill` never misses a shape that fills a batch, and the
-        #: common miss (many shapes, none full) costs no scan of the FIFO.
+        #: exact count).
         self.rows: dict[ShapeKey, int] = {}
+        #: Shapes counted a batch's rows or more in ``rows``: 0 means no shape fills a batch,
+        #: never missing one that does, and the common miss (many shapes, none full) costs no
+        #: scan of the FIFO, nor of ``rows``.
+        self.full = 0
 
     def add(self, req: Request) -> None:
         """Count a request queued now (its shape is computed here, once)."""
@@ -102,16 +106,18 @@ class ShapeGroups:
         if key is None:
             key = self.key(req)
         rows = self.rows
-        rows[key] = rows.get(key, 0) + req.samples - req._taken
-
-    def may_fill(self, capacity: int) -> bool:
-        """Some shape may have ``capacity`` rows waiting (False: none has)."""
-        return max(self.rows.values(), default=0) >= capacity
+        before = rows.get(key, 0)
+        after = rows[key] = before + req.samples - req._taken
+        if after >= self._capacity > before:
+            self.full += 1
 
     def taken(self, key: ShapeKey, rows: int) -> None:
         """``rows`` rows of shape ``key`` went into a batch."""
         counts = self.rows
-        left = counts.get(key, 0) - rows
+        before = counts.get(key, 0)
+        left = before - rows
+        if before >= self._capacity > left:
+            self.full -= 1
         if left > 0:
             counts[key] = left
         else:
@@ -186,6 +192,7 @@ class ShapeGroups:
             key = req._shape
             rows[key] = get(key, 0) + req.samples - req._taken
         self.rows = rows  # type: ignore[assignment]
+        self.full = sum(n >= capacity for n in rows.values())
         for shape, n in rows.items():
             if n >= capacity:
                 return Split(live, gone, shape)
