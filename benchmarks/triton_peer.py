@@ -71,19 +71,27 @@ _TICK = os.sysconf("SC_CLK_TCK")
 
 
 @contextmanager
-def ours(model: Path, workdir: Path, devices: str) -> Iterator[Running]:
-    """This checkout's daemon on ``model``, HTTP and gRPC on free loopback ports.
+def ours(
+    model: Path,
+    workdir: Path,
+    devices: str,
+    *,
+    ports: tuple[int, int] | None = None,
+    options: tuple[str, ...] = (),
+) -> Iterator[Running]:
+    """This checkout's daemon on ``model``, HTTP and gRPC on ``ports`` (default: free loopback
+    ports); ``options`` are added to its command line.
 
     Raises:
         servers.PeerUnavailable: it did not start (its log's tail).
     """
-    http, grpc = servers.free_port(), servers.free_port()
+    http, grpc = ports or (servers.free_port(), servers.free_port())
     workdir.mkdir(parents=True, exist_ok=True)
     cmd = [
         sys.executable, "-m", "model_runtime.server", "--host", "127.0.0.1",
         "--port", str(http), "--grpc-port", str(grpc), "--no-access-log", "--log-format", "json",
         "--replicas", "1", "--batch-size", str(BATCH), "--executable-cache", str(workdir / "cache"),
-        f"{MODEL_NAME}={model}",
+        *options, f"{MODEL_NAME}={model}",
     ]  # fmt: skip
     env = {
         "MODEL_RUNTIME_DEVICES": devices,

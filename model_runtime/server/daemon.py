@@ -227,6 +227,7 @@ async def serve(opts: DaemonOptions) -> int:
                 opts.host,
                 opts.port,
                 backlog=opts.backlog,
+                reuse_port=opts.reuse_port or None,
                 ssl_context=None if http_tls is None else ssl_context(http_tls),
             )
             await site.start()
@@ -238,6 +239,7 @@ async def serve(opts: DaemonOptions) -> int:
                 grpc_limits,
                 restrictions=grpc_restrictions,
                 credentials=None if grpc_tls is None else grpc_credentials(grpc_tls),
+                reuse_port=opts.reuse_port,
             )
             log.info(
                 "daemon_listening",

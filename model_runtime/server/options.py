@@ -74,6 +74,10 @@ class DaemonOptions:
     #: The listen backlog: a burst of new connections waits in the kernel instead of being
     #: dropped (the OS caps it at net.core.somaxconn).
     backlog: int = 2048
+    #: Bind the HTTP and gRPC ports with SO_REUSEPORT, so that several daemons (each with its
+    #: own devices and models) share one port and the kernel spreads connections over them.
+    #: Off: a port in use is an error.
+    reuse_port: bool = False
     access_log: bool = True
     #: Seconds of work a model may hold at the front end before new requests are refused
     #: unread (admission control); None turns that limit off.
@@ -143,6 +147,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     a("--keepalive-timeout", type=float, help="seconds an idle connection stays open (75)")
     a("--max-connections", type=int, help="open connections before 503 (default: from ulimit)")
     a("--backlog", type=int, help="listen backlog for bursts of new connections (2048)")
+    a("--reuse-port", action=argparse.BooleanOptionalAction, default=None,
+      help="bind the HTTP and gRPC ports with SO_REUSEPORT: several daemons share them, the "
+      "kernel spreading connections over them (default off: a port in use is an error)")  # fmt: skip
     a("--admission-delay", type=float,
       help="seconds of work a model may hold before new requests are refused unread with 503 "
       "(default 1; 0 turns it off)")  # fmt: skip
@@ -311,6 +318,7 @@ def options_from_args(args: argparse.Namespace) -> DaemonOptions:
         ("keepalive_timeout", "keepalive_timeout"),
         ("max_connections", "max_connections"),
         ("backlog", "backlog"),
+        ("reuse_port", "reuse_port"),
         ("access_log", "access_log"),
         ("admission_delay", "admission_delay"),
         ("grace_period", "grace_period"),

@@ -97,11 +97,13 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-def start_daemon(tmp_path: Path, *args: str, wait_ready: bool = True) -> Daemon:
-    """Start ``python -m model_runtime.server --port 0 --grpc-port 0 ARGS`` and wait until it
-    is ready."""
+def start_daemon(
+    tmp_path: Path, *args: str, wait_ready: bool = True, env: dict[str, str] | None = None
+) -> Daemon:
+    """Start ``python -m model_runtime.server --port 0 --grpc-port 0 ARGS`` (with ``env`` over
+    this process's environment) and wait until it is ready."""
     log_path = tmp_path / f"daemon-{time.monotonic_ns()}.log"
-    env = dict(os.environ)
+    env = dict(os.environ) | (env or {})
     env.setdefault("XDG_CACHE_HOME", str(tmp_path.parent / "xdg-cache"))
     env["PYTHONUNBUFFERED"] = "1"
     with open(log_path, "wb") as log:

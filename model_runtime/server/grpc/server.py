@@ -42,12 +42,14 @@ async def start_grpc_server(
     limits: GrpcLimits | None = None,
     restrictions: Restrictions | None = None,
     credentials: Any = None,
+    reuse_port: bool = False,
 ) -> tuple[Any, int]:
     """Start a grpc.aio server of ``server``'s models on ``host:port`` (0: a free port);
     return it and the port it is bound to. Stop it with ``await grpc_server.stop(grace)``.
     ``restrictions``: its restricted API groups (Triton's --grpc-restricted-protocol),
     checked by an interceptor before any handler runs. ``credentials``: grpcio's server
-    credentials for TLS (None: plaintext).
+    credentials for TLS (None: plaintext). ``reuse_port``: bind with SO_REUSEPORT, so that
+    other daemons may share the port (off: a port in use is an error, as for HTTP).
 
     Raises:
         OSError: the address cannot be bound.
@@ -61,7 +63,7 @@ async def start_grpc_server(
             ("grpc.max_send_message_length", -1),  # answers are as large as the model makes them
             ("grpc.max_concurrent_streams", limits.max_streams),
             ("grpc.max_connection_idle_ms", int(limits.idle_timeout * 1000)),
-            ("grpc.so_reuseport", 0),  # a port in use is an error, as for HTTP
+            ("grpc.so_reuseport", 1 if reuse_port else 0),
         ],
         maximum_concurrent_rpcs=limits.max_calls,
     )
