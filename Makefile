@@ -46,6 +46,7 @@ protos: $(STAMP)
 # benchmarks/dynamic_shapes.py is issue 29's dynamic point (text classifier, 5 seq lengths);
 # benchmarks/memory.py issue 34's memory table (the daemon's RSS per model and per replica);
 # benchmarks/sequences.py issue 32's sequence throughput (against the model run stateless).
+# benchmarks/front_end_split.py (issue 31): one daemon, two sharing a port, Triton, c=16.
 BENCH_SECONDS ?= 3
 HTTP_SECONDS ?= 4
 # benchmarks/triton_peer.py (issue 31): perf_analyzer's measurement window in seconds (it takes
@@ -109,6 +110,7 @@ bench: $(STAMP)
 	-$(BIN)/python benchmarks/http_throughput.py --seconds $(HTTP_SECONDS)
 	-$(BIN)/python benchmarks/dynamic_shapes.py --seconds $(BENCH_SECONDS)
 	-$(BIN)/python benchmarks/triton_peer.py --seconds $(TRITON_SECONDS)
+	-$(BIN)/python benchmarks/front_end_split.py --seconds 2
 	-$(BIN)/python benchmarks/memory.py
 	-$(BIN)/python benchmarks/sequences.py
 	$(BIN)/python benchmarks/report.py --since-file benchmarks/results/.bench-started --readme README.md

@@ -44,6 +44,7 @@ SOURCES = (
     "http_throughput",
     dynamic_report.SOURCE,
     triton_report.SOURCE,
+    triton_report.SPLIT_SOURCE,
     memory_report.SOURCE,
     sequences_report.SOURCE,
 )
@@ -454,6 +455,7 @@ def render(
         out += [""]
 
     out += triton_report.section(docs.get(triton_report.SOURCE))
+    out += triton_report.split_section(docs.get(triton_report.SPLIT_SOURCE))
     out += memory_report.section(docs.get(memory_report.SOURCE))
     out += sequences_report.section(docs.get(sequences_report.SOURCE))
 

@@ -144,3 +144,33 @@ def section(doc: dict[str, Any] | None) -> list[str]:
     out += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     out += ["| " + " | ".join(str(c) for c in row) + " |" for row in table]
     return [*out, ""]
+
+
+#: ``benchmarks/front_end_split.py``'s results (issue 31: would a second process pay here?).
+SPLIT_SOURCE = "front_end_split"
+
+
+def split_section(doc: dict[str, Any] | None) -> list[str]:
+    """The front-end split: one daemon, two sharing a port, Triton, alternated."""
+    if not doc:
+        return []
+    out = [
+        "## One daemon, two sharing a port, and Triton (issue 31)",
+        "",
+        "`benchmarks/front_end_split.py`: perf_analyzer against one daemon (as above), two "
+        "daemons bound to the same ports with `--reuse-port` (each with a cpu:1x1 device and "
+        "the model of its own: the ceiling of any split of the front end over two processes, "
+        "with nothing crossing between them) and Triton, alternated, "
+        f"{doc.get('cores')} cores. Medians of the runs (inferences/s).",
+        "",
+        "| protocol | C | one | two | Triton | two/one | two/Triton | one/Triton |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in doc.get("rows", []):
+        out.append(
+            f"| {r['protocol']} | {r['clients']} | {_f(r.get('one'))} | {_f(r.get('two'))} | "
+            f"{_f(r.get('triton'))} | {_f(r.get('two_over_one'), 2)} | "
+            f"{_f(r.get('two_over_triton'), 2)} | {_f(r.get('one_over_triton'), 2)} |"
+        )
+    out.append("")
+    return out
