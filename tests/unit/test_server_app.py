@@ -636,6 +636,36 @@ async def test_grpc_infer_is_admitted_as_over_http_and_released_once_answered(
         assert f"{refused} 2.0" in text  # the gRPC refusal and the HTTP one
 
 
+async def test_grpc_registers_only_model_infer_and_serves_every_method(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # grpc.aio's accept loop waits on one pending call per registered method for every call
+    # it accepts: only the per-request method is registered; the others are found by name.
+    registered: list[str] = []
+    add = grpc.aio._server.Server.add_registered_method_handlers
+
+    def spy(self: Any, service: str, handlers: dict[str, Any]) -> None:
+        registered.extend(handlers)
+        add(self, service, handlers)
+
+    monkeypatch.setattr(grpc.aio._server.Server, "add_registered_method_handlers", spy)
+    async with serving(tmp_path) as (_, _, server):
+        grpc_server, port = await start_grpc_server(server, "127.0.0.1", 0)
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+                answer = await stub.ModelInfer(_grpc_request(), timeout=5)
+                assert list(answer.outputs[0].shape) == [2, 3]
+                assert (await stub.ServerLive(pb.ServerLiveRequest(), timeout=5)).live
+                ready = await stub.ModelReady(pb.ModelReadyRequest(name="fake"), timeout=5)
+                assert ready.ready
+                meta = await stub.ModelMetadata(pb.ModelMetadataRequest(name="fake"), timeout=5)
+                assert [t.name for t in meta.inputs] == ["pixels"]
+        finally:
+            await grpc_server.stop(None)
+    assert registered == ["ModelInfer"]
+
+
 # -- logs: one access line per request, no request context leaking into actors ------------------
 
 

@@ -19,7 +19,34 @@ from model_runtime.server.grpc.service import InferenceServicer, UnsupportedMeth
 from model_runtime.server.restrict import Restrictions, grpc_interceptor
 from model_runtime.server.triton import grpc_service_pb2_grpc as pb_grpc
 
-__all__ = ["GrpcLimits", "start_grpc_server"]
+__all__ = ["REGISTERED_METHODS", "GrpcLimits", "service_handlers", "start_grpc_server"]
+
+
+#: The methods registered with grpc.aio (see :func:`start_grpc_server`): the per-request one.
+REGISTERED_METHODS = ("ModelInfer",)
+
+
+class _Capture:
+    """Stands in for a server to take what the generated ``add_..._to_server`` registers."""
+
+    def __init__(self) -> None:
+        self.generic: tuple[Any, ...] = ()
+        self.service = ""
+        self.handlers: dict[str, Any] = {}
+
+    def add_generic_rpc_handlers(self, handlers: tuple[Any, ...]) -> None:
+        self.generic = tuple(handlers)
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        self.service, self.handlers = service, dict(handlers)
+
+
+def service_handlers(servicer: InferenceServicer) -> tuple[str, dict[str, Any], tuple[Any, ...]]:
+    """The service's name, its method handlers by method name, and the generic handler(s)
+    that find every method by its full name, as the generated code makes them."""
+    capture = _Capture()
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, capture)  # type: ignore[no-untyped-call]
+    return capture.service, capture.handlers, capture.generic
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +94,14 @@ async def start_grpc_server(
         ],
         maximum_concurrent_rpcs=limits.max_calls,
     )
-    servicer = InferenceServicer(server)
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, grpc_server)  # type: ignore[no-untyped-call]
+    service, handlers, generic = service_handlers(InferenceServicer(server))
+    # Only the hot method is registered: grpc.aio's accept loop waits on one pending call
+    # per registered method (asyncio.wait over all of them) for every call it accepts, so
+    # each registered method costs every call; the others are found by the generic handler.
+    grpc_server.add_registered_method_handlers(
+        service, {m: handlers[m] for m in REGISTERED_METHODS}
+    )
+    grpc_server.add_generic_rpc_handlers(generic)
     # Triton's methods we lack (shared memory, streaming) say so instead of "Method not found!".
     grpc_server.add_generic_rpc_handlers((UnsupportedMethods(),))
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
