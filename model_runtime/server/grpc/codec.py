@@ -43,6 +43,7 @@ from model_runtime.server.codec import (
 )
 from model_runtime.server.datatypes import BYTES, DATATYPES
 from model_runtime.server.parameters import (
+    RegionRef,
     check_input_parameters,
     output_parameters,
     region_parameters,
@@ -85,6 +86,10 @@ _WIRE = {
     "fp32_contents": np.dtype(np.float32),
     "fp64_contents": np.dtype(np.float64),
 }
+
+
+#: What a request without parameters has (the checks of none, made once).
+_NO_PARAMETERS = request_parameters({}, grpc=True)
 
 
 def _fail(message: str) -> ProtocolError:
@@ -174,6 +179,9 @@ def _requested_outputs(
             raise _fail(f"unknown output {name!r} (the model has {sorted(known)})")
         if any(o.name == name for o in chosen):
             raise answers.duplicate_output(name, request_id)
+        if not item.parameters:  # the common case: the tensor, raw (what the checks give)
+            chosen.append(RequestedOutput(name, True))
+            continue
         where = f"output {name!r}"
         params = output_parameters(name, parameter_values(where, item.parameters), True, model)
         if params.region is not None:
@@ -223,21 +231,29 @@ def _parse(
     regions: SharedMemoryRegistry | None,
     leases: list[Lease],
 ) -> InferRequest:
-    params = request_parameters(parameter_values("request", request.parameters), model, grpc=True)
-    if not request.inputs:
+    if request.parameters:
+        raw_params = parameter_values("request", request.parameters)
+        params = request_parameters(raw_params, model, grpc=True)
+    else:
+        params = _NO_PARAMETERS
+    items = request.inputs
+    if not items:
         raise _fail("the request has no inputs")
-    refs = []
-    for item in request.inputs:
+    refs: list[RegionRef | None] = []
+    for item in items:
+        if not item.parameters:  # no parameters: nothing to check, no region
+            refs.append(None)
+            continue
         values = parameter_values(f"input {item.name!r}", item.parameters)
         check_input_parameters(item.name, values, model)
         refs.append(region_parameters(item.name, values))
     raw_contents = request.raw_input_contents
     if raw_contents:  # Triton's first check of each input, before the count (even empty)
-        for item, ref in zip(request.inputs, refs, strict=True):
+        for item, ref in zip(items, refs, strict=True):
             if ref is None and item.HasField("contents"):
                 raise answers.raw_with_contents(item.name, model)
     # Raw contents are the data of the inputs that are not in shared memory, in their order.
-    wanted = sum(ref is None for ref in refs)
+    wanted = refs.count(None)
     if raw_contents and len(raw_contents) != wanted:
         which = "inputs" if wanted == len(refs) else "inputs not in shared memory"
         raise _fail(
@@ -247,7 +263,7 @@ def _parse(
     specs = {s.name: s for s in inputs}
     arrays: dict[str, np.ndarray] = {}
     index = 0
-    for item, ref in zip(request.inputs, refs, strict=True):
+    for item, ref in zip(items, refs, strict=True):
         name = item.name
         spec = specs.get(name)
         if spec is None:
@@ -272,18 +288,18 @@ def _parse(
         else:
             raise _fail(f"input {name!r}: no data (neither contents nor raw_input_contents)")
         arrays[name] = flat.reshape(shape)
-    missing = sorted(set(specs) - set(arrays))
-    if missing:
+    if len(arrays) != len(specs):  # (every key of arrays is one of specs)
+        missing = sorted(set(specs) - set(arrays))
         raise _fail(f"missing input(s) {missing} (the model needs {sorted(specs)})")
     return InferRequest(
-        id=request.id or None,
-        inputs=arrays,
-        outputs=_requested_outputs(request.outputs, outputs, model, request.id, regions, leases),
-        parameters={},
-        timeout=params.timeout,
-        priority=params.priority,
-        sequence=params.sequence,
-        leases=leases,
+        request.id or None,
+        arrays,
+        _requested_outputs(request.outputs, outputs, model, request.id, regions, leases),
+        {},
+        params.timeout,
+        params.priority,
+        params.sequence,
+        leases,
     )
 
 
@@ -307,8 +323,8 @@ def encode_model_infer_response(
     response = pb.ModelInferResponse(model_name=model_name, model_version=model_version)
     if request.id is not None:
         response.id = request.id
-    batch_axis = {s.name: s.has_batch_axis for s in specs}
     raw: list[bytes] = []
+    outputs = response.outputs
     for out in request.outputs:
         arr = results[out.name]
         datatype = datatypes[out.name]
@@ -316,8 +332,9 @@ def encode_model_infer_response(
             write_output(out.region, out.name, arr, datatype)
             raw.append(b"")
         elif out.class_count:
-            batched = batch_axis.get(out.name, arr.ndim >= 2)
-            names = next((s.labels for s in specs if s.name == out.name), None)
+            spec = next((s for s in specs if s.name == out.name), None)
+            batched = arr.ndim >= 2 if spec is None else spec.has_batch_axis
+            names = None if spec is None else spec.labels
             arr = classify(arr, out.class_count, batched=batched, labels=names)
             datatype = BYTES
             raw.append(bytes_to_binary(arr))
@@ -325,8 +342,6 @@ def encode_model_infer_response(
             raw.append(bytes_to_binary(arr))
         else:
             raw.append(np.ascontiguousarray(arr, dtype=DATATYPES[datatype]).tobytes())
-        tensor = response.outputs.add()
-        tensor.name, tensor.datatype = out.name, datatype
-        tensor.shape.extend(arr.shape)
+        outputs.add(name=out.name, datatype=datatype, shape=arr.shape)
     response.raw_output_contents.extend(raw)
     return response

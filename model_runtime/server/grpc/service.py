@@ -263,8 +263,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
             )
 
         regions = self.server.shared_memory
-        size = sum(len(raw) for raw in request.raw_input_contents)
-        big = size > _THREAD_PARSE_BYTES and not inline
+        big = not inline and sum(map(len, request.raw_input_contents)) > _THREAD_PARSE_BYTES
         parsed = await decode_in_thread(parse) if big else parse()
         try:
             # The caller's gRPC deadline bounds the request as its `timeout` parameter does.
