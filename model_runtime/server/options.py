@@ -148,8 +148,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     a("--max-connections", type=int, help="open connections before 503 (default: from ulimit)")
     a("--backlog", type=int, help="listen backlog for bursts of new connections (2048)")
     a("--reuse-port", action=argparse.BooleanOptionalAction, default=None,
-      help="bind the HTTP and gRPC ports with SO_REUSEPORT: several daemons share them, the "
-      "kernel spreading connections over them (default off: a port in use is an error)")  # fmt: skip
+      help="bind the HTTP and gRPC ports with SO_REUSEPORT: several daemons share them, "
+      "the kernel spreading connections (default off: a port in use is an error)")  # fmt: skip
     a("--admission-delay", type=float,
       help="seconds of work a model may hold before new requests are refused unread with 503 "
       "(default 1; 0 turns it off)")  # fmt: skip
