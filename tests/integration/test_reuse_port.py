@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 import tritonclient.grpc as grpcclient
 
-from tests.integration.test_daemon_support import MODEL, Daemon, start_daemon, stop_daemon
+from tests.integration.test_daemon_support import (
+    MODEL,
+    START_TIMEOUT,
+    Daemon,
+    start_daemon,
+    stop_daemon,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
@@ -21,14 +28,26 @@ def _free_port() -> int:
 
 
 def _start(tmp_path: Path, name: str, ports: tuple[int, int], *args: str) -> Daemon:
-    """A daemon on ``ports`` with device locks of its own (two daemons, two sets of devices)."""
+    """A daemon on ``ports`` with device locks of its own (two daemons, two sets of devices),
+    once it has loaded its model: its readiness cannot be asked through a shared port, which
+    may answer from the other daemon."""
     run = tmp_path / name
     run.mkdir()
     http, grpc = ports
-    return start_daemon(
+    daemon = start_daemon(
         run, "--port", str(http), "--grpc-port", str(grpc), *args,
-        env={"MODEL_RUNTIME_DIR": str(run / "locks")},
+        env={"MODEL_RUNTIME_DIR": str(run / "locks")}, wait_ready=False,
     )  # fmt: skip
+    try:
+        wait_for(
+            lambda: any(e.get("event") == "model_loaded" for e in daemon.events()),
+            START_TIMEOUT,
+            f"daemon {name} to load its model",
+        )
+    except BaseException:
+        stop_daemon(daemon)
+        raise
+    return daemon
 
 
 def _answered(daemon: Daemon, path: str) -> int:
