@@ -13,7 +13,7 @@ makes and serves it:
 perf_analyzer drives each with the same flags as in ``triton_peer.py``; at each point
 (protocol x concurrency) the runs alternate one, two, triton, ``--pairs`` times. Printed and
 written to ``benchmarks/results/front_end_split.json``: each run, the medians, two/one and
-two/triton. Not part of ``make bench`` (it answers one question, see the README).
+two/triton. ``make bench`` runs it with 2 s windows; ``benchmarks/RESULTS.md`` shows its table.
 
     .venv/bin/python benchmarks/front_end_split.py [--clients 16] [--pairs 2]
         [--protocols http grpc] [--seconds 2]
@@ -57,6 +57,13 @@ def two_daemons(model: Path, workdir: Path, devices: str) -> Iterator[Running]:
         stack.enter_context(
             triton_peer.ours(model, workdir / "b", devices, ports=ports, options=("--reuse-port",))
         )
+        # Its readiness was asked through the shared port, which the first may have answered:
+        # wait for its own log to say its model is loaded.
+        log, deadline = workdir / "b" / "daemon.log", time.monotonic() + 120
+        while b'"model_loaded"' not in log.read_bytes():
+            if time.monotonic() > deadline:
+                raise servers.PeerUnavailable(f"the second daemon did not load its model: {log}")
+            time.sleep(0.1)
         yield first
 
 
