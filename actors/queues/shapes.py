@@ -10,9 +10,12 @@ waits at most the queue's timeout, as any first request does.
 
 Buffers: the ring pool's buffers are of one shape, so each shape has a small ring pool of its
 own (``look_ahead`` buffers: as many batches as may be sealed and not completed), kept beside
-its layout while the pools of the shapes seen last fit :data:`POOL_BYTES`; a shape whose pool
-would not fit gets a buffer per batch. The runner refuses a request whose batch would pass the
-allocation limit before anything is allocated for it. Fixed-shape models never come here.
+its layout, while the pools made so far fit :data:`POOL_BYTES`; a shape whose pool would not
+fit gets a buffer per batch (no pool is freed to make room for another: shapes used in turn
+beyond the budget would otherwise rebuild a pool on every batch). A pool goes with its layout,
+when the shape is among the least recently used past :data:`_MAX_LAYOUTS`. The runner refuses
+a request whose batch would pass the allocation limit before anything is allocated for it.
+Fixed-shape models never come here.
 """
 
 from __future__ import annotations
@@ -31,9 +34,9 @@ __all__ = ["POOL_BYTES", "ShapeGroups", "Split"]
 
 #: Layouts kept for the shapes seen last; one is rebuilt in microseconds when evicted.
 _MAX_LAYOUTS = 64
-#: Bytes the shapes' ring pools may hold together, per queue (the pools of the shapes used
-#: longest ago are freed to make room). Small beside any allocation limit: it saves the
-#: allocation of a buffer per batch for the many short shapes of a text model, not memory.
+#: Bytes the shapes' ring pools may hold together, per queue (a shape whose pool would pass it
+#: gets a buffer per batch). Small beside any allocation limit: it saves the allocation of a
+#: buffer per batch for the many short shapes of a text model, not memory.
 POOL_BYTES = 8 << 20
 
 ShapeKey = tuple[tuple[int, ...], ...]
@@ -163,10 +166,8 @@ class ShapeGroups:
         layout = Layout(self._metadata, self._config, key)
         size = self._config.look_ahead
         need = size * layout.I * sum(math.prod(s.shape) * s.dtype.itemsize for s in layout.inputs)
-        if need > POOL_BYTES:
+        if self._held + need > POOL_BYTES:  # no room: a buffer per batch (see the docstring)
             return layout, None, 0
-        while self._held + need > POOL_BYTES:
-            self._forget()
         self._held += need
         return layout, RingPool(layout, size), need
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -321,21 +322,53 @@ async def test_batches_of_one_shape_in_flight_together_never_share_a_buffer() ->
 def test_the_pools_of_the_shapes_kept_stay_within_their_bytes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # A small budget (room for the pools of two shapes of 4 float32 rows of 8 or fewer), to
-    # see the pools of the shapes used longest ago freed, and a shape too big for it served
-    # from a buffer of its own per batch.
+    # A small budget (room for the pools of two shapes of 4 float32 rows of 8 or fewer): the
+    # first two shapes keep theirs; later shapes, and a shape too big for it, are served from
+    # a buffer of their own per batch, and no pool is freed to make room for another.
     monkeypatch.setattr(shapes, "POOL_BYTES", 2 * 2 * 4 * 8 * 4)
     config = QueueConfig(batching_dim=0)
     meta = _queue_meta(4)
     groups = shapes.ShapeGroups(meta, config, Layout(meta, config))
     _, pool8 = groups.layout(((8,),))
     assert groups.layout(((8,),))[1] is pool8  # kept
-    for width in (7, 6, 5):
-        groups.layout(((width,),))
+    _, pool7 = groups.layout(((7,),))
+    for width in (6, 5):
+        _, one_off = groups.layout(((width,),))
+        assert groups.layout(((width,),))[1] is not one_off  # a buffer per batch
         assert groups._held <= shapes.POOL_BYTES
-    assert groups.layout(((8,),))[1] is not pool8  # freed to make room, then made again
+    assert groups.layout(((8,),))[1] is pool8 and groups.layout(((7,),))[1] is pool7
     _, big = groups.layout(((100,),))
     assert groups.layout(((100,),))[1] is not big  # never kept
+
+
+def test_shapes_used_in_turn_beyond_the_budget_allocate_no_more_than_a_buffer_per_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Three shapes used in turn, pools for two: the third costs one buffer per batch, and no
+    # layout or pool is rebuilt (freeing an older pool to make room churned: a layout and
+    # look_ahead buffers on every batch).
+    monkeypatch.setattr(shapes, "POOL_BYTES", 2 * 2 * 4 * 8 * 4)
+    made = {"layouts": 0, "buffers": 0}
+
+    class CountedLayout(Layout):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            made["layouts"] += 1
+            super().__init__(*args, **kwargs)
+
+    class CountedPool(shapes.RingPool):
+        def __init__(self, layout: Layout, size: int) -> None:
+            made["buffers"] += size
+            super().__init__(layout, size)
+
+    monkeypatch.setattr(shapes, "Layout", CountedLayout)
+    monkeypatch.setattr(shapes, "RingPool", CountedPool)
+    config = QueueConfig(batching_dim=0)
+    meta = _queue_meta(4)
+    groups = shapes.ShapeGroups(meta, config, Layout(meta, config))
+    for i in range(30):
+        groups.layout((((8, 7, 6)[i % 3],),))
+    assert made["layouts"] == 3
+    assert made["buffers"] == 2 * config.look_ahead + 10  # two pools, then the third's batches
 
 
 async def test_a_shape_fills_a_batch_at_once_after_a_caller_of_it_went_away() -> None:
