@@ -47,8 +47,9 @@ class SequenceCounts:
     restarted: int = 0
     steps: int = 0
     failed_steps: int = 0
-    #: Steps whose sequence's state outlived a replica fault (reset, restart, a replica
-    #: leaving service) since its previous step: the state went on from the host's copy.
+    #: Steps of sequences that outlived a fault on any of the runner's replicas (a reset, a
+    #: restart, a replica leaving service) since their previous step: each went on from the
+    #: state kept on the host, whichever replica its steps ran on.
     restored: int = 0
 
 

@@ -290,8 +290,8 @@ class _SequenceCollector(Collector):
             "restarted": "Live sequences ended early by a new START of the same id",
             "steps": "Steps run (requests of a sequence)",
             "failed_steps": "Steps that failed (the sequence's state stayed as it was)",
-            "restored": "Steps whose sequence's state outlived a replica fault since the "
-            "sequence's previous step (it went on from the state kept on the host)",
+            "restored": "Steps of sequences that outlived a fault (on any of the model's "
+            "replicas) since their previous step, going on from the state kept on the host",
         }
         families = {
             name: CounterMetricFamily(

@@ -76,7 +76,8 @@ class DaemonOptions:
     backlog: int = 2048
     #: Bind the HTTP and gRPC ports with SO_REUSEPORT, so that several daemons (each with its
     #: own devices and models) share one port and the kernel spreads connections over them.
-    #: Off: a port in use is an error.
+    #: They share nothing else: health, metrics, model control, clients' shared-memory regions
+    #: and sequences are each daemon's own. Off: a port in use is an error.
     reuse_port: bool = False
     access_log: bool = True
     #: Seconds of work a model may hold at the front end before new requests are refused
@@ -149,7 +150,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     a("--backlog", type=int, help="listen backlog for bursts of new connections (2048)")
     a("--reuse-port", action=argparse.BooleanOptionalAction, default=None,
       help="bind the HTTP and gRPC ports with SO_REUSEPORT: several daemons share them, "
-      "the kernel spreading connections (default off: a port in use is an error)")  # fmt: skip
+      "the kernel spreading connections; nothing else is shared (health, metrics, model "
+      "control, shared memory, sequences: each daemon's own); default off")  # fmt: skip
     a("--admission-delay", type=float,
       help="seconds of work a model may hold before new requests are refused unread with 503 "
       "(default 1; 0 turns it off)")  # fmt: skip
