@@ -152,10 +152,7 @@ class InferencePaths:
             reason = reason or status_of(exc)[1]
             raise
         finally:
-            seconds = time.perf_counter() - t0
-            entry.stats.record(reason is None, int(seconds * 1e9), samples)
-            self.metrics.observe(entry.name, reason, seconds, samples, entry.version)
-            self.leave_request(entry.name, entry.version)
+            self.finish_request(entry, reason, t0, samples)
 
     async def _infer(
         self, body: bytes | bytearray, header_length: int | None, entry: ModelEntry, runner: Any
@@ -241,6 +238,17 @@ class InferencePaths:
         self._inflight += 1
         self._idle.clear()
         self.metrics.request_started(model, version)
+
+    def finish_request(
+        self, entry: ModelEntry, reason: str | None, t0: float, samples: int
+    ) -> None:
+        """An inference request begun at ``t0`` (``time.perf_counter``) ended, HTTP or gRPC:
+        the model's statistics and metrics record it (``reason`` None: it succeeded), and it
+        is no longer in flight (:meth:`leave_request`)."""
+        seconds = time.perf_counter() - t0
+        entry.stats.record(reason is None, int(seconds * 1e9), samples)
+        self.metrics.observe(entry.name, reason, seconds, samples, entry.version)
+        self.leave_request(entry.name, entry.version)
 
     def leave_request(self, model: str, version: str = "1") -> None:
         """Count an inference request done (see :meth:`enter_request`)."""

@@ -247,10 +247,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
                 queue_full = isinstance(exc, QueueFullError)
                 raise
             finally:
-                seconds = time.perf_counter() - t0
-                entry.stats.record(reason is None, int(seconds * 1e9), samples)
-                server.metrics.observe(entry.name, reason, seconds, samples, entry.version)
-                server.leave_request(entry.name, entry.version)
+                server.finish_request(entry, reason, t0, samples)
         finally:
             admission.release(entry.name, queue_full=queue_full)
 
