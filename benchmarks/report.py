@@ -33,7 +33,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import dynamic_report, memory_report, sequences_report, triton_report
+from benchmarks import (
+    dynamic_report,
+    http_report,
+    memory_report,
+    sequences_report,
+    triton_report,
+)
 
 HERE = Path(__file__).resolve().parent
 RESULTS_DIR = HERE / "results"
@@ -276,21 +282,7 @@ def headline(docs: dict[str, Any], goals: list[Target]) -> list[str]:
     ]
     if ratios:
         lines.append(f"- runtime / bare batcher (MLP, 256 callers): {', '.join(ratios)}")
-    http = docs.get("http_throughput", {}).get("rows", [])
-    for peer in ("mlserver", "kserve"):
-        parts = []
-        for mode in ("json", "binary"):
-            clients, ratios = [], []
-            for c in sorted({r["clients"] for r in http if r.get("mode") == mode}):
-                d = _row(http, server="daemon", mode=mode, clients=c)
-                p = _row(http, server=peer, mode=mode, clients=c)
-                if d and p and p["req_per_s"]:
-                    clients.append(str(c))
-                    ratios.append(f"{d['req_per_s'] / p['req_per_s']:.2f}x")
-            if ratios:
-                parts.append(f"{mode} at {'/'.join(clients)} clients {' / '.join(ratios)}")
-        if parts:
-            lines.append(f"- HTTP daemon / {peer} (req/s): {'; '.join(parts)}")
+    lines += http_report.headline(docs.get(http_report.SOURCE))
     lines += triton_report.headline(docs.get(triton_report.SOURCE))
     lines += memory_report.headline(docs.get(memory_report.SOURCE))
     lines += sequences_report.headline(docs.get(sequences_report.SOURCE))
@@ -417,42 +409,7 @@ def render(
 
     out += dynamic_report.section(docs.get(dynamic_report.SOURCE))
 
-    http = docs.get("http_throughput")
-    if http:
-        out += [
-            "## HTTP: the daemon vs MLServer vs KServe's Python server",
-            "",
-            f"`benchmarks/http_throughput.py`: {http.get('model')}; single-sample v2 requests "
-            f"from one load generator ({http.get('client_processes')} process), C keep-alive "
-            "clients sending prebuilt HTTP/1.1 requests on raw asyncio streams, one at a time, "
-            f"{http.get('seconds')} s per point; every answer checked against "
-            "onnxruntime (errors = wrong or failed answers).",
-            "",
-        ]
-        for name, s in http.get("servers", {}).items():
-            out.append(f"- {name} {s.get('version')}: {s.get('setup')}")
-        for s in http.get("skipped", []):
-            out.append(f"- {s['server']} {s['mode']}: not measured: {s['why'].splitlines()[0]}")
-        out += [""]
-        daemon = {
-            (r.get("mode"), r.get("clients")): r.get("req_per_s")
-            for r in http.get("rows", [])
-            if r.get("server") == "daemon"
-        }
-        table = []
-        for r in http.get("rows", []):
-            d = daemon.get((r.get("mode"), r.get("clients")))
-            rps = r.get("req_per_s")
-            ratio = d / rps if d and rps and r.get("server") != "daemon" else None
-            table.append(
-                [r.get("server"), r.get("mode"), r.get("clients"), _fmt(rps, 0),
-                 _fmt(r.get("p50_ms")), _fmt(r.get("p99_ms")), r.get("errors"), _fmt(ratio)]
-            )  # fmt: skip
-        out += _table(
-            ["server", "mode", "clients", "req/s", "p50 ms", "p99 ms", "errors", "daemon/this"],
-            table,
-        )
-        out += [""]
+    out += http_report.section(docs.get(http_report.SOURCE))
 
     out += triton_report.section(docs.get(triton_report.SOURCE))
     out += triton_report.split_section(docs.get(triton_report.SPLIT_SOURCE))
