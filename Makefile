@@ -4,14 +4,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint typecheck pytest serve bench clean protos
+.PHONY: install test lint typecheck pytest docs serve bench clean protos
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,ray]'
+	$(BIN)/python -m pip install --quiet -e '.[test,ray,docs]'
 	touch $(STAMP)
 
 lint: $(STAMP)
@@ -27,7 +27,14 @@ pytest: $(STAMP)
 	-@$(MAKE) --no-print-directory perf-analyzer
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-test: lint typecheck pytest
+# The documentation site (mkdocs.yml, docs/) into site/; strict: a warning (a broken link or
+# anchor, a page missing from the nav, a snippet's file missing) fails the build. Not --quiet:
+# it hides the warnings from the count, and a broken build passes. NO_MKDOCS_2_WARNING: Material
+# prints a banner about MkDocs 2 on every build otherwise.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+test: lint typecheck docs pytest
 
 serve: $(STAMP)
 	$(BIN)/model-runtime serve $(SERVE_ARGS)
@@ -38,7 +45,8 @@ protos: $(STAMP)
 	PYTHON=$(abspath $(BIN))/python model_runtime/server/triton/generate.sh
 
 # Benchmarks (DESIGN §13, issue 13): `make bench` runs them all in one run, then writes
-# benchmarks/RESULTS.md and the README's bench block (benchmarks/report.py). A benchmark that
+# benchmarks/RESULTS.md and the bench block of docs/benchmarks.md, whose link goes to the site's
+# results.md, the page that includes RESULTS.md (benchmarks/report.py). A benchmark that
 # fails is reported missing (or stale) and the others still count. The HTTP peers (MLServer,
 # KServe's server) get venvs of their own under .venv-peers/ (they pin fastapi, pydantic,
 # protobuf, uvicorn), with our onnxruntime version; where one cannot be made (no network) the
@@ -113,7 +121,8 @@ bench: $(STAMP)
 	-$(BIN)/python benchmarks/front_end_split.py --seconds 2
 	-$(BIN)/python benchmarks/memory.py
 	-$(BIN)/python benchmarks/sequences.py
-	$(BIN)/python benchmarks/report.py --since-file benchmarks/results/.bench-started --readme README.md
+	$(BIN)/python benchmarks/report.py --since-file benchmarks/results/.bench-started \
+	  --readme docs/benchmarks.md --results-link results.md
 
 # Overload (issue 19): the daemon at 3x its measured capacity, then 0.5x; 3,000 idle
 # connections. Writes benchmarks/results/overload.{json,md}. OVERLOAD_SECONDS shortens it.
@@ -125,4 +134,4 @@ bench-overload: $(STAMP)
 	$(BIN)/python benchmarks/overload.py --seconds $(OVERLOAD_SECONDS) --multiples $(OVERLOAD_MULTIPLES)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build site *.egg-info .pytest_cache .mypy_cache .ruff_cache

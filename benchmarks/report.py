@@ -9,11 +9,13 @@ the versions and the date, the tables, and the "done when" targets with a PASS/F
 issue 34's memory figures (``memory_report.py``); issue 32's sequences
 (``sequences_report.py``) have no target. A result file older than ``--since-file``'s
 timestamp came from an earlier run (its benchmark failed this time): it is reported, marked
-stale. With ``--readme``, the headline ratios replace the block between the README's
-``<!-- bench:begin -->`` and ``<!-- bench:end -->`` markers, so the README quotes this run.
+stale. With ``--readme PAGE``, the headline ratios replace the block between the page's
+``<!-- bench:begin -->`` and ``<!-- bench:end -->`` markers, so the page quotes this run;
+``--results-link`` is where its link goes (``make bench``: docs/benchmarks.md, linking the
+site's results.md, which includes RESULTS.md).
 
     .venv/bin/python benchmarks/report.py [--since-file benchmarks/results/.bench-started]
-        [--readme README.md]
+        [--readme docs/benchmarks.md --results-link results.md]
 """
 
 from __future__ import annotations
@@ -438,7 +440,10 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=RESULTS_DIR)
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--since-file", type=Path, help="a file holding the run's start (epoch s)")
-    parser.add_argument("--readme", type=Path, help="update the README's bench block")
+    parser.add_argument("--readme", type=Path, help="update this page's bench block")
+    parser.add_argument(
+        "--results-link", default="benchmarks/RESULTS.md", help="the block's link to the results"
+    )
     args = parser.parse_args()
     since = None
     if args.since_file and args.since_file.exists():
@@ -462,7 +467,7 @@ def main() -> None:
     print(f"wrote {args.out}")
     if args.readme:
         old = args.readme.read_text()
-        new = update_readme(old, headline(docs, goals))
+        new = update_readme(old, headline(docs, goals), args.results_link)
         if new != old:
             args.readme.write_text(new)
             print(f"updated the bench block of {args.readme}")
