@@ -108,11 +108,11 @@ def test_help_says_serve_speaks_http_and_grpc(capsys: pytest.CaptureFixture[str]
     assert "Open Inference Protocol v2 (HTTP and gRPC)" in out
 
 
-def test_the_readme_documents_admission_and_its_benchmark() -> None:
-    readme = (REPO / "README.md").read_text()
-    daemon = readme.split("## Try it", 1)[1].split("\n## ", 1)[0]  # the daemon's section
-    assert "`--admission-delay`" in daemon and "0 turns that" in daemon
-    assert "`make bench-overload`" in daemon
+def test_the_docs_document_admission_and_its_benchmark() -> None:
+    page = (REPO / "docs" / "daemon.md").read_text()
+    section = page.split("## Admission and overload", 1)[1].split("\n## ", 1)[0]
+    assert "`--admission-delay`" in section and "0 turns that" in section
+    assert "`make bench-overload`" in section
 
 
 def test_demo_runs_end_to_end(capsys: pytest.CaptureFixture[str]) -> None:
