@@ -56,7 +56,7 @@ from loadgen import (  # noqa: E402
 )
 from test_daemon_support import running  # noqa: E402
 
-from model_runtime.server.fdlimit import raise_open_file_limit  # noqa: E402
+from model_runtime.server.security.fdlimit import raise_open_file_limit  # noqa: E402
 from tests.models import make_mlp, save  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"

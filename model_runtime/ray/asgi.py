@@ -2,7 +2,7 @@
 
 Serve speaks ASGI to its replicas; the daemon's front end is aiohttp. Rather than a second
 implementation of the Open Inference Protocol v2, this adapter routes the daemon's paths
-(:meth:`InferenceServer.app`'s table) to the *same* :class:`InferenceServer` handlers, each
+(:meth:`HttpFrontEnd.app`'s table) to the *same* :class:`HttpFrontEnd` handlers, each
 given a small view of the ASGI request (:class:`AsgiRequest`: ``match_info``, ``headers``,
 ``content_length``, ``content.readany()``, ``read()``, which is all the handlers read), and
 answers their ``web.Response``. Errors are mapped as the daemon's middleware maps them
@@ -28,7 +28,8 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from model_runtime.server.answers import status_of
-from model_runtime.server.app import HEADER_LENGTH, InferenceServer
+from model_runtime.server.http.routes import HttpFrontEnd
+from model_runtime.server.tensors.binary import HEADER_LENGTH
 
 __all__ = ["AsgiRequest", "OipAsgiApp"]
 
@@ -114,7 +115,7 @@ class AsgiRequest:
 
 
 def route(method: str, path: str) -> tuple[str, dict[str, str]] | None:
-    """The :class:`InferenceServer` handler name and match info for a request, as the daemon's
+    """The :class:`HttpFrontEnd` handler name and match info for a request, as the daemon's
     router resolves it (``/v2/models/stats`` before ``/v2/models/{name}``); None: no route."""
     path = path.rstrip("/") if path != "/" else path
     fixed = _FIXED.get((method, path))
@@ -139,14 +140,14 @@ def route(method: str, path: str) -> tuple[str, dict[str, str]] | None:
 
 
 class OipAsgiApp:
-    """ASGI application answering the Open Inference Protocol v2 with ``server``'s handlers.
+    """ASGI application answering the Open Inference Protocol v2 with ``http``'s handlers.
 
     ``identity``: headers every answer carries (and inference responses' ``parameters``), to
     say which replica answered.
     """
 
-    def __init__(self, server: InferenceServer, identity: Mapping[str, str]) -> None:
-        self.server = server
+    def __init__(self, http: HttpFrontEnd, identity: Mapping[str, str]) -> None:
+        self.http = http
         self._headers = [(f"model-runtime-{k}".encode(), v.encode()) for k, v in identity.items()]
         params = orjson.dumps({"parameters": {f"ray_{k}": v for k, v in identity.items()}})
         self._params = params[1:-1] + b","  # spliced after the response's opening brace
@@ -169,7 +170,7 @@ class OipAsgiApp:
             return
         handler_name, match_info = found
         request = AsgiRequest(scope, receive, match_info)
-        handler: Handler = getattr(self.server, handler_name)
+        handler: Handler = getattr(self.http, handler_name)
         try:
             resp = await handler(cast(web.Request, request))
         except Exception as exc:
@@ -193,7 +194,7 @@ class OipAsgiApp:
         status, reason = status_of(exc)
         headers = dict(getattr(exc, "headers", None) or {})
         if reason == "queue_full":
-            headers = {"Retry-After": str(self.server.options.retry_after)}
+            headers = {"Retry-After": str(self.http.options.retry_after)}
         elif reason == "internal":
             log.exception("request_failed", path=request.path, status=status)
         elif status >= 500:

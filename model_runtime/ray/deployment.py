@@ -1,10 +1,12 @@
 """One Ray Serve replica: the runtime's tree on its node's devices, behind the daemon's routes.
 
 Each replica (:class:`RuntimeReplica`) is what one ``model-runtime serve`` daemon is, minus
-the listeners: the same :class:`~model_runtime.server.repository.ModelRepository` built by the
-daemon's own :func:`~model_runtime.server.daemon.build_repository` (a ModelRunner per model,
+the listeners: the same :class:`~model_runtime.server.repository.repository.ModelRepository` built
+by the
+daemon's own :func:`~model_runtime.server.daemon.serve.build_repository` (a ModelRunner per model,
 batching with our queues, healing under our supervisor), and the same
-:class:`~model_runtime.server.app.InferenceServer` answering HTTP through Serve's proxy
+:class:`~model_runtime.server.inference.plane.DataPlane` under the HTTP front end's handlers,
+answering through Serve's proxy
 (:mod:`model_runtime.ray.asgi`). Python callers use the deployment handle::
 
     handle = serve.get_app_handle("model-runtime")
@@ -39,11 +41,12 @@ from ray import serve
 
 from model_runtime.errors import ModelRuntimeError, RunnerStoppedError
 from model_runtime.ray.asgi import OipAsgiApp
-from model_runtime.server.app import InferenceServer, ServerOptions
-from model_runtime.server.codec import InferRequest
-from model_runtime.server.daemon import build_repository
-from model_runtime.server.options import DaemonOptions
-from model_runtime.server.repository import ModelRepository, ModelState
+from model_runtime.server.daemon.options import DaemonOptions
+from model_runtime.server.daemon.serve import build_repository
+from model_runtime.server.http.routes import HttpFrontEnd
+from model_runtime.server.inference.plane import DataPlane, ServerOptions
+from model_runtime.server.repository.repository import ModelRepository, ModelState
+from model_runtime.server.tensors.codec import InferRequest
 
 __all__ = ["RuntimeReplica", "replica_devices"]
 
@@ -86,7 +89,7 @@ class RuntimeReplica:
         self.opts = opts
         repo, names = build_repository(opts)
         self.repository: ModelRepository = repo
-        self.server = InferenceServer(
+        self.plane = DataPlane(
             repo,
             ServerOptions(
                 max_body_size=opts.max_body_size,
@@ -128,7 +131,9 @@ class RuntimeReplica:
 
     def __serve_build_asgi_app__(self) -> OipAsgiApp:
         """The HTTP application Serve's proxy reaches (called once, after the constructor)."""
-        return OipAsgiApp(self.server, {"replica": self.replica_id, "node": self.node_id})
+        return OipAsgiApp(
+            HttpFrontEnd(self.plane), {"replica": self.replica_id, "node": self.node_id}
+        )
 
     async def infer(
         self,
@@ -150,18 +155,18 @@ class RuntimeReplica:
             ExecutionTimeoutError, TimeoutError: past the deadline.
             ModelRuntimeError: the device failed and recovery gave up on the request.
         """
-        server = self.server
-        entry = server.entry(name, version)
+        plane = self.plane
+        entry = plane.entry(name, version)
         runner = entry.runner
-        if server.draining or runner is None or entry.state is not ModelState.READY:
-            why = "the replica is draining" if server.draining else f"is {entry.state.value}"
+        if plane.draining or runner is None or entry.state is not ModelState.READY:
+            why = "the replica is draining" if plane.draining else f"is {entry.state.value}"
             raise RunnerStoppedError(f"model {entry.name!r}: {why}")
         request = InferRequest(None, dict(inputs), (), timeout=timeout, priority=priority)
-        server.enter_request(entry.name, entry.version)
+        plane.enter_request(entry.name, entry.version)
         try:
-            return await server.execute(entry, runner, request)
+            return await plane.execute(entry, runner, request)
         finally:
-            server.leave_request(entry.name, entry.version)
+            plane.leave_request(entry.name, entry.version)
 
     def identity(self) -> dict[str, str]:
         """This replica's Ray replica id and node id."""
@@ -187,7 +192,7 @@ class RuntimeReplica:
         if not hasattr(self, "_host"):
             return
         grace = self.opts.grace_period
-        if not await self.server.drain(grace):
+        if not await self.plane.drain(grace):
             log.warning("drain_incomplete", grace_period=grace)
         self._stop.set()
         try:

@@ -2,7 +2,7 @@
 
 :func:`build_application` makes the Ray Serve application: ``replicas`` Ray replicas of
 :class:`~model_runtime.ray.deployment.RuntimeReplica`, each with ``cpus_per_replica`` CPUs
-(its devices) and the same :class:`~model_runtime.server.options.DaemonOptions` a daemon
+(its devices) and the same :class:`~model_runtime.server.daemon.options.DaemonOptions` a daemon
 takes (models, repository, runner settings, ``--replicas`` per model inside each Ray replica).
 
 :func:`serve_main` runs it from the command line: it joins the cluster at ``--ray ADDRESS``
@@ -28,8 +28,8 @@ from ray import serve
 
 from model_runtime.errors import ConfigurationError, ModelRuntimeError
 from model_runtime.ray.deployment import RuntimeReplica
-from model_runtime.server.daemon import configure_logging
-from model_runtime.server.options import DaemonOptions, options_from_args
+from model_runtime.server.daemon.options import DaemonOptions, options_from_args
+from model_runtime.server.daemon.serve import configure_logging
 
 __all__ = [
     "APP_NAME",
@@ -169,7 +169,7 @@ def _signal_event() -> threading.Event:
 
 def serve_main(args: argparse.Namespace) -> int:
     """``model-runtime serve --ray [ADDRESS] --ray-replicas N ...``: ``args`` parsed with
-    :func:`~model_runtime.server.options.add_serve_arguments`. Returns the exit status (2 for
+    :func:`~model_runtime.server.daemon.options.add_serve_arguments`. Returns the exit status (2 for
     a configuration error, reported on stderr).
     """
     try:

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from model_runtime.server.options import DaemonOptions, add_serve_arguments, options_from_args
+from model_runtime.server.daemon.options import (
+    DaemonOptions,
+    add_serve_arguments,
+    options_from_args,
+)
 
 if TYPE_CHECKING:
-    from model_runtime.server.daemon import build_parser, main, run_daemon, serve, serve_main
+    from model_runtime.server.daemon.serve import build_parser, main, run_daemon, serve, serve_main
 
 __all__ = [
     "DaemonOptions",
@@ -30,7 +34,7 @@ _LAZY = {"build_parser", "main", "run_daemon", "serve", "serve_main"}
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        from model_runtime.server import daemon
+        from model_runtime.server.daemon import serve as daemon
 
         return getattr(daemon, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

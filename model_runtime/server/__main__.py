@@ -2,6 +2,6 @@
 
 import sys
 
-from model_runtime.server.daemon import main
+from model_runtime.server.daemon.serve import main
 
 sys.exit(main())

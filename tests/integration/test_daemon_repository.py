@@ -22,7 +22,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from model_runtime.server.heap import GEN0_THRESHOLD
+from model_runtime.server.daemon.heap import GEN0_THRESHOLD
 from tests.integration.runner_support import compile_to
 from tests.integration.test_daemon_support import (
     Daemon,

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from model_runtime.demo import DEMO_MODEL_NAME, load_demo_samples
-from model_runtime.server.logwriter import FLUSH_INTERVAL
+from model_runtime.server.observability.logwriter import FLUSH_INTERVAL
 
 MODEL = DEMO_MODEL_NAME
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +42,8 @@ class Daemon:
 
     def events(self) -> list[dict[str, Any]]:
         """The daemon's log events so far. It writes info lines in batches at most
-        FLUSH_INTERVAL apart (model_runtime/server/logwriter.py): what it logged before this
+        FLUSH_INTERVAL apart (model_runtime/server/observability/logwriter.py): what it logged
+        before this
         call is in the file after twice that."""
         time.sleep(2 * FLUSH_INTERVAL)
         out = []

@@ -1,4 +1,4 @@
-"""Infer requests answered at the protocol level (model_runtime/server/fastpath.py) against the
+"""Infer requests answered at the protocol level (model_runtime/server/http/fastpath.py) against the
 real daemon: each is answered exactly as aiohttp's route answers the same request (status,
 body, the headers a client reads), in order on a pipelining connection, logged and counted
 like any other; a client that leaves mid-request costs nobody else anything.

@@ -1,4 +1,4 @@
-"""Requests on which the protocol-level infer path (model_runtime/server/fastpath.py) answers
+"""Requests on which the protocol-level infer path (model_runtime/server/http/fastpath.py) answers
 otherwise than aiohttp's route answers the same request, against the real daemon.
 
 Each test sends the request twice on fresh connections: with the model's name plain in the

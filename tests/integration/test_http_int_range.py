@@ -12,8 +12,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from onnx import TensorProto, helper
 
 from model_runtime.runner_config import ModelRunnerConfig
-from model_runtime.server.app import InferenceServer, ServerOptions
-from model_runtime.server.repository import ModelRepository
+from model_runtime.server.http.routes import HttpFrontEnd
+from model_runtime.server.inference.plane import DataPlane, ServerOptions
+from model_runtime.server.repository.repository import ModelRepository
 from tests.integration.runner_support import compile_to
 from tests.models import OPSET
 
@@ -44,8 +45,8 @@ async def test_out_of_range_integers_are_a_400_naming_the_tensor(tmp_path: Path)
     repo.scan()
     async with repo:
         await repo.load("bytes")
-        server = InferenceServer(repo, ServerOptions())
-        async with TestClient(TestServer(server.app())) as client:
+        app = HttpFrontEnd(DataPlane(repo, ServerOptions())).app()
+        async with TestClient(TestServer(app)) as client:
             for value in (-1, 256):
                 resp = await client.post("/v2/models/bytes/infer", json=_infer([7, value]))
                 assert resp.status == 400

@@ -41,7 +41,7 @@ from tritonclient.utils import InferenceServerException
 from model_runtime.demo import DEMO_MODEL_NAME, DEMO_ONNX_PATH, load_demo_samples
 from model_runtime.errors import InputValidationError, UnknownModelError
 from model_runtime.ray import APP_NAME, DEPLOYMENT_NAME, build_application, http_options
-from model_runtime.server.options import DaemonOptions
+from model_runtime.server.daemon.options import DaemonOptions
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 

@@ -12,7 +12,9 @@ import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
-from model_runtime.server.admission import (
+from model_runtime.server.http.admitting import admission_middleware
+from model_runtime.server.http.guard import GuardedAppRunner
+from model_runtime.server.inference.admission import (
     DEFAULT_QUEUE_DELAY,
     LAG_HOLD,
     LAG_LIMIT,
@@ -23,7 +25,6 @@ from model_runtime.server.admission import (
     AdmissionControl,
     LoopLag,
 )
-from model_runtime.server.connections import GuardedAppRunner
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -243,7 +244,7 @@ async def test_heads_that_arrive_together_are_each_decided_once_as_they_are_read
         await gate.wait()
         return web.Response(text="ok")
 
-    app = web.Application(middlewares=[control.middleware])
+    app = web.Application(middlewares=[admission_middleware(control)])
     app.router.add_post("/v2/models/{name}/infer", infer)
     runner = GuardedAppRunner(app, access_log=None)
     runner.guard.head_admission = control.at_head

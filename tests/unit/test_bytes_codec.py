@@ -11,8 +11,8 @@ from hypothesis import given, settings, strategies as st
 
 from model_runtime.errors import InputValidationError
 from model_runtime.io import as_bytes_array
-from model_runtime.server.classification import bytes_to_binary
-from model_runtime.server.codec import (
+from model_runtime.server.tensors.classification import bytes_to_binary
+from model_runtime.server.tensors.codec import (
     ProtocolError,
     TensorSpec,
     bytes_from_binary,

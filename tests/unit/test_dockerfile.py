@@ -12,7 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from model_runtime.server.options import DaemonOptions, add_serve_arguments, options_from_args
+from model_runtime.server.daemon.options import (
+    DaemonOptions,
+    add_serve_arguments,
+    options_from_args,
+)
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -1,5 +1,5 @@
 """Bodies that do not come whole with their head, on the protocol-level path
-(model_runtime/server/fastpath.py), in process over a fake runner with the daemon's guard: a
+(model_runtime/server/http/fastpath.py), in process over a fake runner with the daemon's guard: a
 body in several reads is awaited and answered there; one that never comes is the same 408 as
 aiohttp's route gives, and the connection closes; a request answered before its body is in
 (an unknown version) has the rest of its body skipped, and the connection serves on."""
@@ -19,10 +19,11 @@ from aiohttp import web
 from test_server_app import FakeRunner, W
 
 from model_runtime.runner_config import ModelRunnerConfig
-from model_runtime.server.app import InferenceServer, ServerOptions
-from model_runtime.server.connections import ConnectionLimits, GuardedAppRunner
-from model_runtime.server.fastpath import FastInfer
-from model_runtime.server.repository import ModelRepository, RunnerLike
+from model_runtime.server.http.fastpath import FastInfer
+from model_runtime.server.http.guard import ConnectionLimits, GuardedAppRunner
+from model_runtime.server.http.routes import HttpFrontEnd
+from model_runtime.server.inference.plane import DataPlane, ServerOptions
+from model_runtime.server.repository.repository import ModelRepository, RunnerLike
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -30,8 +31,8 @@ pytestmark = pytest.mark.timeout(20)
 class NotedFast(FastInfer):
     """The protocol-level path, noting when it took a request (``took``)."""
 
-    def __init__(self, server: InferenceServer) -> None:
-        super().__init__(server, access_log=False)
+    def __init__(self, plane: DataPlane) -> None:
+        super().__init__(plane, access_log=False)
         self.took = asyncio.Event()
 
     def start(self, *args: Any) -> Any:
@@ -59,12 +60,12 @@ async def guarded(
     repo.scan()
     async with repo:
         await repo.load("fake")
-        server = InferenceServer(repo, ServerOptions(access_log=False, **options))
+        plane = DataPlane(repo, ServerOptions(access_log=False, **options))
         runner = GuardedAppRunner(
-            server.app(), limits=limits, handler_cancellation=True, access_log=None
+            HttpFrontEnd(plane).app(), limits=limits, handler_cancellation=True, access_log=None
         )
-        runner.guard.head_admission = server.admission.at_head
-        fast = runner.guard.fast = NotedFast(server)
+        runner.guard.head_admission = plane.admission.at_head
+        fast = runner.guard.fast = NotedFast(plane)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()

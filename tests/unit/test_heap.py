@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from model_runtime.server.heap import GEN0_THRESHOLD, settle_heap
+from model_runtime.server.daemon.heap import GEN0_THRESHOLD, settle_heap
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from actors.device.inventory import parse_devices
-from model_runtime.server.options import add_serve_arguments, options_from_args
+from model_runtime.server.daemon.options import add_serve_arguments, options_from_args
 
 ROOT = Path(__file__).resolve().parents[2]
 KSERVE = ROOT / "deploy" / "kserve"

@@ -102,3 +102,63 @@ def test_imports_point_down_the_layers(path: Path) -> None:
         if (other := layer_of(name)) is not None and other > own
     ]
     assert upward == [], f"{module_name(path)} (layer {own}) imports a higher layer"
+
+
+#: Inside the daemon (``model_runtime/server/``), lowest first, as for :data:`LAYERS`: the
+#: wire-neutral leaves (tensors and their codecs, the answer table, the runner protocol), Triton's
+#: model configuration, the repository and the security rules, observability, the data plane,
+#: the two front ends, and the daemon that wires them.
+SERVER_LAYERS: list[tuple[str, ...]] = [
+    (
+        "model_runtime.server.answers",
+        "model_runtime.server.serving",
+        "model_runtime.server.tensors",
+    ),
+    ("model_runtime.server.triton",),
+    ("model_runtime.server.repository", "model_runtime.server.security"),
+    ("model_runtime.server.observability",),
+    ("model_runtime.server.inference",),
+    ("model_runtime.server.http", "model_runtime.server.grpc"),
+    ("model_runtime.server.daemon",),
+]
+#: The front ends: each is handed the data plane and never imports the other.
+FRONT_ENDS = ("model_runtime.server.http", "model_runtime.server.grpc")
+
+
+def server_layer_of(module: str) -> int | None:
+    """The layer of a module of the daemon in :data:`SERVER_LAYERS` (None: not one)."""
+    for index, prefixes in enumerate(SERVER_LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return index
+    return None
+
+
+def _front_end(module: str) -> str | None:
+    return next((f for f in FRONT_ENDS if module == f or module.startswith(f + ".")), None)
+
+
+SERVER_SOURCES = [
+    p
+    for p in SOURCES
+    if module_name(p).startswith("model_runtime.server.")
+    and module_name(p) != "model_runtime.server.__main__"
+]
+
+
+def test_every_module_of_the_daemon_has_a_layer() -> None:
+    names = [module_name(p) for p in SERVER_SOURCES]
+    assert [n for n in names if server_layer_of(n) is None] == []
+
+
+@pytest.mark.parametrize("path", SERVER_SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_daemon_imports_point_down_and_front_ends_not_across(path: Path) -> None:
+    name = module_name(path)
+    own, front = server_layer_of(name), _front_end(name)
+    assert own is not None
+    wrong = [
+        f"line {line}: {other}"
+        for line, other in imports(path)
+        if ((layer := server_layer_of(other)) is not None and layer > own)
+        or (front is not None and _front_end(other) not in (None, front))
+    ]
+    assert wrong == [], f"{name} (daemon layer {own}) imports a higher layer or another front end"

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from model_runtime.server.logwriter import FLUSH_BYTES, BatchedLogWriter
+from model_runtime.server.observability.logwriter import FLUSH_BYTES, BatchedLogWriter
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -71,7 +71,7 @@ def test_a_line_off_the_loop_is_written_at_once() -> None:
 def test_lines_waiting_at_exit_are_written() -> None:
     code = (
         "import asyncio, sys\n"
-        "from model_runtime.server.logwriter import BatchedLogWriter\n"
+        "from model_runtime.server.observability.logwriter import BatchedLogWriter\n"
         "w = BatchedLogWriter(sys.stdout.buffer)\n"
         "async def main():\n"
         "    w.batch_on(asyncio.get_running_loop())\n"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from model_runtime.server.options import DaemonOptions
+from model_runtime.server.daemon.options import DaemonOptions
 
 launch = pytest.importorskip("model_runtime.ray.launch", exc_type=ImportError)
 

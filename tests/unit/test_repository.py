@@ -21,7 +21,7 @@ from actors.session.state import ReplicaStatus
 from model_runtime.errors import InvalidExecutableError, RunnerStoppedError
 from model_runtime.io import DataDesc
 from model_runtime.runner_config import ModelRunnerConfig
-from model_runtime.server.repository import (
+from model_runtime.server.repository.repository import (
     ControlMode,
     ModelControlError,
     ModelLoadError,

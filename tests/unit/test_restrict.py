@@ -14,17 +14,17 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from model_runtime.errors import ConfigurationError
-from model_runtime.server.app import InferenceServer
 from model_runtime.server.grpc.server import start_grpc_server
 from model_runtime.server.grpc.service import UNSUPPORTED_METHODS
-from model_runtime.server.restrict import (
+from model_runtime.server.http.routes import HttpFrontEnd
+from model_runtime.server.security.restrict import (
     GROUPS,
     GRPC_GROUPS,
     GRPC_KEY_PREFIX,
     Restriction,
     Restrictions,
 )
-from model_runtime.server.security import check_exposure, is_loopback
+from model_runtime.server.security.tls import check_exposure, is_loopback
 from model_runtime.server.triton import grpc_service_pb2 as pb
 from tests.unit.test_server_app import serving
 
@@ -78,9 +78,8 @@ async def test_every_http_route_is_refused_without_the_key_when_its_group_is(
     tmp_path: Path,
 ) -> None:
     async with serving(tmp_path) as (_, _, plain):
-        server = InferenceServer(
-            plain.repository,
-            plain.options,
+        server = HttpFrontEnd(
+            plain,
             restrictions=Restrictions.parse([f"{ALL}:k=v"], kind="api"),
         )
         app = server.app()
@@ -110,7 +109,7 @@ async def test_every_http_route_is_refused_without_the_key_when_its_group_is(
 async def test_only_the_restricted_groups_are_closed(tmp_path: Path) -> None:
     async with serving(tmp_path) as (_, _, plain):
         rules = Restrictions.parse(["model-repository:admin=yes"], kind="api")
-        server = InferenceServer(plain.repository, plain.options, restrictions=rules)
+        server = HttpFrontEnd(plain, restrictions=rules)
         async with TestClient(TestServer(server.app())) as client:
             resp = await client.post("/v2/repository/models/fake/unload")
             assert resp.status == 403
@@ -201,8 +200,8 @@ def test_client_shared_memory_off_loopback_needs_its_group_restricted() -> None:
 
 
 def test_restrictions_and_tls_are_refused_with_ray_where_they_would_hold_nowhere() -> None:
-    from model_runtime.server.daemon import build_parser
-    from model_runtime.server.options import options_from_args
+    from model_runtime.server.daemon.options import options_from_args
+    from model_runtime.server.daemon.serve import build_parser
 
     args = build_parser().parse_args(["--ray", "--http-restricted-api", "inference:k=v"])
     with pytest.raises(ConfigurationError, match="--http-restricted-api: not with --ray"):

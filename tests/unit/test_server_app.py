@@ -31,10 +31,12 @@ from model_runtime.errors import (
 )
 from model_runtime.io import DataDesc
 from model_runtime.runner_config import ModelRunnerConfig
-from model_runtime.server.app import HEADER_LENGTH, InferenceServer, ServerOptions
 from model_runtime.server.grpc.server import start_grpc_server
-from model_runtime.server.metrics import DaemonMetrics
-from model_runtime.server.repository import ModelRepository, RunnerLike, ServingRunner
+from model_runtime.server.http.routes import HttpFrontEnd
+from model_runtime.server.inference.plane import DataPlane, ServerOptions
+from model_runtime.server.observability.metrics import DaemonMetrics
+from model_runtime.server.repository.repository import ModelRepository, RunnerLike, ServingRunner
+from model_runtime.server.tensors.binary import HEADER_LENGTH
 from model_runtime.server.triton import grpc_service_pb2 as pb, grpc_service_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.timeout(20)
@@ -128,7 +130,7 @@ class FakeRunner:
 @asynccontextmanager
 async def serving(
     tmp_path: Path, **options: Any
-) -> AsyncIterator[tuple[TestClient[Any, Any], FakeRunner, InferenceServer]]:
+) -> AsyncIterator[tuple[TestClient[Any, Any], FakeRunner, DataPlane]]:
     (tmp_path / "fake.mrx").write_bytes(b"")
     (tmp_path / "other.mrx").write_bytes(b"")
     fake = FakeRunner()
@@ -142,9 +144,10 @@ async def serving(
     repo.scan()
     async with repo:
         await repo.load("fake")
-        server = InferenceServer(repo, ServerOptions(**options))
-        async with TestClient(TestServer(server.app(), handler_cancellation=True)) as client:
-            yield client, fake, server
+        plane = DataPlane(repo, ServerOptions(**options))
+        app = HttpFrontEnd(plane).app()
+        async with TestClient(TestServer(app, handler_cancellation=True)) as client:
+            yield client, fake, plane
 
 
 def _infer_doc(rows: int = 2, **extra: Any) -> dict[str, Any]:

@@ -14,18 +14,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from model_runtime.sequences import SequenceStep
-from model_runtime.server import jsonnumbers, jsontape
-from model_runtime.server.classification import bytes_to_binary, classify
-from model_runtime.server.codec import (
+from model_runtime.server.tensors import jsonnumbers, jsontape
+from model_runtime.server.tensors.classification import bytes_to_binary, classify
+from model_runtime.server.tensors.codec import (
     InferRequest,
     ProtocolError,
     RequestedOutput,
     TensorSpec,
     parse_infer_request,
 )
-from model_runtime.server.datatypes import DATATYPES, datatype_of
-from model_runtime.server.encode import encode_infer_response
-from model_runtime.server.parameters import execute_priority, load_request_parameters
+from model_runtime.server.tensors.datatypes import DATATYPES, datatype_of
+from model_runtime.server.tensors.encode import encode_infer_response
+from model_runtime.server.tensors.parameters import execute_priority, load_request_parameters
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -656,7 +656,7 @@ def test_a_load_takes_a_config_override_and_refuses_files() -> None:
         load_request_parameters(b'{"parameters": {"file:1/model.onnx": "AAAA"}}', "m")
 
 
-# -- the simdjson path (model_runtime.server.jsontape) decodes exactly as the plain one ---------
+# -- the simdjson path (model_runtime.server.tensors.jsontape) decodes exactly as the plain one ----
 
 SMALL_INTS = st.integers(-300, 300).map(str)
 # Past 2**53 a double is not exact: 2**60 + 2**36 + 1 is another float32 by way of a double.

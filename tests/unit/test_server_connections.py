@@ -18,15 +18,15 @@ import pytest
 import structlog
 from aiohttp import web
 
-from model_runtime.server.connections import (
+from model_runtime.server.http.guard import (
     ADMITTED,
     H2_PREFACE,
     ConnectionLimits,
     GuardedAppRunner,
     high_water,
 )
-from model_runtime.server.fdlimit import FD_RESERVE, default_max_connections
-from model_runtime.server.heads import Framer
+from model_runtime.server.http.heads import Framer
+from model_runtime.server.security.fdlimit import FD_RESERVE, default_max_connections
 
 pytestmark = pytest.mark.timeout(60)
 GOOD = b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -285,7 +285,7 @@ def test_the_daemon_raises_its_open_file_limit_to_the_hard_limit() -> None:
 
     script = (
         "import resource\n"
-        "from model_runtime.server.fdlimit import raise_open_file_limit\n"
+        "from model_runtime.server.security.fdlimit import raise_open_file_limit\n"
         "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))\n"
         "before, after = raise_open_file_limit()\n"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 
-from model_runtime.server.heads import MAX_HEAD_BYTES, Framer, plain_head
+from model_runtime.server.http.heads import MAX_HEAD_BYTES, Framer, plain_head
 
 pytestmark = pytest.mark.timeout(60)
 MAX = 1 << 20

@@ -10,7 +10,7 @@ import pytest
 from model_runtime.errors import ConfigurationError, FaultPlanError, InputValidationError
 from model_runtime.runner_config import ModelRunnerConfig
 from model_runtime.server import build_parser, options_from_args
-from model_runtime.server.repository import (
+from model_runtime.server.repository.repository import (
     ModelNotFoundError,
     ModelRepository,
     parse_model_arg,

@@ -1,4 +1,5 @@
-"""The system shared memory registry (model_runtime/server/shm.py) on real POSIX shared memory
+"""The system shared memory registry (model_runtime/server/tensors/shm.py) on real POSIX shared
+memory
 objects: what it registers and refuses (hypothesis-fuzzed offsets, sizes and keys), the bounds
 of every request's lease, regions unregistered or removed while in use, and register,
 unregister and leases from several threads at once. Every object a test makes is unlinked."""
@@ -26,7 +27,7 @@ from model_runtime.errors import (
     SharedMemoryNotFoundError,
     SharedMemoryOpenError,
 )
-from model_runtime.server.shm import (
+from model_runtime.server.tensors.shm import (
     DISABLED,
     SIZE_MAX,
     Lease,

@@ -1,12 +1,13 @@
 """Decode ``ModelInferRequest`` messages into arrays and encode ``ModelInferResponse`` messages.
 
-The gRPC twin of :mod:`model_runtime.server.codec`, with the same contract: every declared
+The gRPC twin of :mod:`model_runtime.server.tensors.codec`, with the same contract: every declared
 number is a claim to check, never a size to allocate. A shape's element count is computed with
 Python integers and compared with the bytes (``raw_input_contents``) or values (typed
 ``contents``) actually present before any array exists; raw inputs become zero-copy, read-only
 views of the message's bytes. Parameters go through the same checks as over HTTP
-(:mod:`model_runtime.server.parameters`): honoured, or refused with a message that names them.
-Everything wrong with a request raises :class:`~model_runtime.server.codec.ProtocolError`
+(:mod:`model_runtime.server.tensors.parameters`): honoured, or refused with a message that names
+them.
+Everything wrong with a request raises :class:`~model_runtime.server.tensors.codec.ProtocolError`
 (gRPC INVALID_ARGUMENT, HTTP 400).
 
 Typed contents use the field of the input's datatype only (Triton's rule): ``bool_contents``
@@ -30,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from model_runtime.server import answers
-from model_runtime.server.classification import bytes_to_binary, classify
-from model_runtime.server.codec import (
+from model_runtime.server.tensors.classification import bytes_to_binary, classify
+from model_runtime.server.tensors.codec import (
     InferRequest,
     ProtocolError,
     RequestedOutput,
@@ -41,16 +42,16 @@ from model_runtime.server.codec import (
     check_shape,
     element_count,
 )
-from model_runtime.server.datatypes import BYTES, DATATYPES
-from model_runtime.server.parameters import (
+from model_runtime.server.tensors.datatypes import BYTES, DATATYPES
+from model_runtime.server.tensors.parameters import (
     RegionRef,
     check_input_parameters,
     output_parameters,
     region_parameters,
     request_parameters,
 )
-from model_runtime.server.shm import Lease, SharedMemoryRegistry
-from model_runtime.server.shm_io import (
+from model_runtime.server.tensors.shm import Lease, SharedMemoryRegistry
+from model_runtime.server.tensors.shm_io import (
     data_beside_region,
     lease_output,
     read_input,
@@ -206,7 +207,7 @@ def parse_model_infer_request(
     per-sample shape) is the runner's check. Raw inputs are read-only views of the message's
     bytes: keep the message alive while they are in use. Tensors that name a shared memory
     region are read from (or leased for) ``regions`` as over HTTP (:mod:`..shm_io`);
-    :meth:`~model_runtime.server.codec.InferRequest.release` the request once answered.
+    :meth:`~model_runtime.server.tensors.codec.InferRequest.release` the request once answered.
 
     Raises:
         ProtocolError: unknown, missing or duplicate inputs; wrong or unknown datatypes; a

@@ -14,9 +14,9 @@ from typing import Any
 
 import grpc
 
-from model_runtime.server.app import InferenceServer
 from model_runtime.server.grpc.service import InferenceServicer, UnsupportedMethods
-from model_runtime.server.restrict import Restrictions, grpc_interceptor
+from model_runtime.server.inference.plane import DataPlane
+from model_runtime.server.security.restrict import Restrictions, grpc_interceptor
 from model_runtime.server.triton import grpc_service_pb2_grpc as pb_grpc
 
 __all__ = ["REGISTERED_METHODS", "GrpcLimits", "service_handlers", "start_grpc_server"]
@@ -63,7 +63,7 @@ class GrpcLimits:
 
 
 async def start_grpc_server(
-    server: InferenceServer,
+    plane: DataPlane,
     host: str,
     port: int,
     limits: GrpcLimits | None = None,
@@ -71,7 +71,7 @@ async def start_grpc_server(
     credentials: Any = None,
     reuse_port: bool = False,
 ) -> tuple[Any, int]:
-    """Start a grpc.aio server of ``server``'s models on ``host:port`` (0: a free port);
+    """Start a grpc.aio server of ``plane``'s models on ``host:port`` (0: a free port);
     return it and the port it is bound to. Stop it with ``await grpc_server.stop(grace)``.
     ``restrictions``: its restricted API groups (Triton's --grpc-restricted-protocol),
     checked by an interceptor before any handler runs. ``credentials``: grpcio's server
@@ -82,7 +82,7 @@ async def start_grpc_server(
         OSError: the address cannot be bound.
     """
     limits = limits or GrpcLimits()
-    interceptor = grpc_interceptor(restrictions or Restrictions(), server.restricted)
+    interceptor = grpc_interceptor(restrictions or Restrictions(), plane.restricted)
     grpc_server = grpc.aio.server(
         interceptors=[interceptor] if restrictions else [],  # none: no cost per call
         options=[
@@ -94,7 +94,7 @@ async def start_grpc_server(
         ],
         maximum_concurrent_rpcs=limits.max_calls,
     )
-    service, handlers, generic = service_handlers(InferenceServicer(server))
+    service, handlers, generic = service_handlers(InferenceServicer(plane))
     # Only the hot method is registered: grpc.aio's accept loop waits on one pending call
     # per registered method (asyncio.wait over all of them) for every call it accepts, so
     # each registered method costs every call; the others are found by the generic handler.

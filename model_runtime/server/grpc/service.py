@@ -1,6 +1,7 @@
 """The KServe v2 / Triton ``GRPCInferenceService`` over the daemon's HTTP front end.
 
-Every method is answered from the same :class:`~model_runtime.server.app.InferenceServer` the
+Every method is answered from the same
+:class:`~model_runtime.server.inference.plane.DataPlane` the
 HTTP routes use: the same repository and runners, the same draining flag and in-flight count
 (SIGTERM drains both protocols), the same statistics and metrics, and the same error mapping:
 an exception becomes the HTTP status :func:`~model_runtime.server.answers.status_of` gives it,
@@ -10,7 +11,8 @@ unless the answer names its code (Triton's ALREADY_EXISTS, say).
 An error ends that one call with its code and message; the server serves on.
 
 Inference goes through the same front-end admission as HTTP
-(:mod:`model_runtime.server.admission`): over its model's limit a call is answered UNAVAILABLE
+(:mod:`model_runtime.server.inference.admission`): over its model's limit a call is answered
+UNAVAILABLE
 with the admission's message before its request is decoded, counted and logged as a summary
 only; an admitted call is released once answered.
 
@@ -35,19 +37,19 @@ import structlog
 from google.protobuf import json_format
 
 from model_runtime.errors import QueueFullError, UnknownModelError
-from model_runtime.server import control
-from model_runtime.server.admission import OVERLOADED, QUEUE_FULL
 from model_runtime.server.answers import HTTPError, grpc_code_of, status_of
-from model_runtime.server.app import InferenceServer
-from model_runtime.server.codec import InferRequest
 from model_runtime.server.grpc.codec import (
     encode_model_infer_response,
     parameter_values,
     parse_model_infer_request,
 )
-from model_runtime.server.repository import ModelEntry, ModelState
-from model_runtime.server.shm_io import decode_in_thread
-from model_runtime.server.stats import model_statistics
+from model_runtime.server.inference import control
+from model_runtime.server.inference.admission import OVERLOADED, QUEUE_FULL
+from model_runtime.server.inference.plane import DataPlane
+from model_runtime.server.observability.stats import model_statistics
+from model_runtime.server.repository.repository import ModelEntry, ModelState
+from model_runtime.server.tensors.codec import InferRequest
+from model_runtime.server.tensors.shm_io import decode_in_thread
 from model_runtime.server.triton import grpc_service_pb2 as pb, grpc_service_pb2_grpc as pb_grpc
 
 __all__ = [
@@ -100,10 +102,10 @@ STREAM_IN_FLIGHT = 256
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
-    """The service's methods, each a client of ``server`` (the HTTP front end's state)."""
+    """The service's methods, each a client of the data plane ``plane``."""
 
-    def __init__(self, server: InferenceServer) -> None:
-        self.server = server
+    def __init__(self, plane: DataPlane) -> None:
+        self.plane = plane
 
     # -- health and metadata ---------------------------------------------------------------------
 
@@ -116,38 +118,38 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
     async def ServerReady(self, request: Any, context: Any) -> Any:
         """Ready as ``GET /v2/health/ready`` is (strict readiness by default; not while
         draining)."""
-        ready = not self.server.draining and self.server.repository.not_ready_reason() is None
+        ready = self.plane.not_ready_reason() is None
         return pb.ServerReadyResponse(ready=ready)
 
     @_answers
     async def ModelReady(self, request: Any, context: Any) -> Any:
         """Whether the model (version) takes requests; false for an unknown one, as Triton."""
         try:
-            entry = self.server.entry(request.name, request.version)
+            entry = self.plane.entry(request.name, request.version)
         except UnknownModelError:
             return pb.ModelReadyResponse(ready=False)
-        return pb.ModelReadyResponse(ready=entry.is_ready and not self.server.draining)
+        return pb.ModelReadyResponse(ready=entry.is_ready and not self.plane.draining)
 
     @_answers
     async def ServerMetadata(self, request: Any, context: Any) -> Any:
         """Server name, version and protocol extensions (as ``GET /v2``)."""
-        opts = self.server.options
+        opts = self.plane.options
         return pb.ServerMetadataResponse(
             name=opts.server_name,
             version=opts.server_version,
-            extensions=self.server.extensions(),
+            extensions=self.plane.extensions(),
         )
 
     @_answers
     async def ModelMetadata(self, request: Any, context: Any) -> Any:
         """Inputs and outputs with protocol datatypes (as ``GET /v2/models/{name}``)."""
-        entry = self.server.entry(request.name, request.version)
+        entry = self.plane.entry(request.name, request.version)
         if entry.runner is None:
             raise HTTPError(503, f"model {entry.name!r} is not loaded", "not_ready")
         tensor = pb.ModelMetadataResponse.TensorMetadata
         return pb.ModelMetadataResponse(
             name=entry.name,
-            versions=self.server.repository.get(entry.name).served_versions(),
+            versions=self.plane.repository.get(entry.name).served_versions(),
             platform="model-runtime",
             inputs=[tensor(name=s.name, datatype=s.datatype, shape=s.shape) for s in entry.inputs],
             outputs=[
@@ -160,7 +162,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         """The model's configuration in Triton's ``ModelConfig`` message."""
         from model_runtime.server.triton.config import served_config
 
-        entry = self.server.entry(request.name, request.version)
+        entry = self.plane.entry(request.name, request.version)
         return pb.ModelConfigResponse(config=served_config(entry))
 
     # -- inference -------------------------------------------------------------------------------
@@ -220,17 +222,17 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
                 task.cancel()
 
     async def _model_infer(self, request: Any, context: Any, *, inline: bool = False) -> Any:
-        server = self.server
-        entry = server.entry(request.model_name, request.model_version)
-        admission = server.admission
+        plane = self.plane
+        entry = plane.entry(request.model_name, request.model_version)
+        admission = plane.admission
         # After the lookup: admission state is made for models that exist only (as over HTTP).
         refused = admission.try_admit(entry.name)
         if refused is not None:
             raise HTTPError(503, refused, OVERLOADED)
         queue_full = False
         try:
-            runner = server.serving_runner(entry)
-            server.enter_request(entry.name, entry.version)
+            runner = plane.serving_runner(entry)
+            plane.enter_request(entry.name, entry.version)
             t0 = time.perf_counter()
             reason: str | None = "internal"
             samples = 0
@@ -247,7 +249,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
                 queue_full = isinstance(exc, QueueFullError)
                 raise
             finally:
-                server.finish_request(entry, reason, t0, samples)
+                plane.finish_request(entry, reason, t0, samples)
         finally:
             admission.release(entry.name, queue_full=queue_full)
 
@@ -259,12 +261,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
                 request, entry.inputs, entry.outputs, model=entry.name, regions=regions
             )
 
-        regions = self.server.shared_memory
+        regions = self.plane.shared_memory
         big = not inline and sum(map(len, request.raw_input_contents)) > _THREAD_PARSE_BYTES
         parsed = await decode_in_thread(parse) if big else parse()
         try:
             # The caller's gRPC deadline bounds the request as its `timeout` parameter does.
-            results = await self.server.execute(entry, runner, parsed, context.time_remaining())
+            results = await self.plane.execute(entry, runner, parsed, context.time_remaining())
             response = encode_model_infer_response(
                 entry.name, entry.version, parsed, results, entry.datatypes, specs=entry.outputs
             )
@@ -279,7 +281,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
     async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
         """Every registered region (empty name), or one."""
         response = pb.SystemSharedMemoryStatusResponse()
-        for region in self.server.shared_memory.status(request.name):
+        for region in self.plane.shared_memory.status(request.name):
             response.regions[region.name].MergeFrom(
                 pb.SystemSharedMemoryStatusResponse.RegionStatus(**asdict(region))
             )
@@ -288,7 +290,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
     @_answers
     async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
         """Register part of a shared memory object as a region."""
-        self.server.shared_memory.register(
+        self.plane.shared_memory.register(
             request.name, request.key, request.offset, request.byte_size
         )
         return pb.SystemSharedMemoryRegisterResponse()
@@ -296,25 +298,25 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
     @_answers
     async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
         """Unregister a region (every region for an empty name)."""
-        self.server.shared_memory.unregister(request.name)
+        self.plane.shared_memory.unregister(request.name)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     @_answers
     async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
         """No CUDA region is ever registered."""
-        self.server.shared_memory.cuda_status(request.name)
+        self.plane.shared_memory.cuda_status(request.name)
         return pb.CudaSharedMemoryStatusResponse()
 
     @_answers
     async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
         """Refused: this server has no GPUs."""
-        self.server.shared_memory.cuda_register(request.name)
+        self.plane.shared_memory.cuda_register(request.name)
         return pb.CudaSharedMemoryRegisterResponse()  # pragma: no cover - always refused
 
     @_answers
     async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
         """Nothing to unregister."""
-        self.server.shared_memory.cuda_unregister(request.name)
+        self.plane.shared_memory.cuda_unregister(request.name)
         return pb.CudaSharedMemoryUnregisterResponse()
 
     # -- statistics and the repository -----------------------------------------------------------
@@ -323,12 +325,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
     async def ModelStatistics(self, request: Any, context: Any) -> Any:
         """The statistics extension: one model (version), or every model for an empty name."""
         if request.name:
-            entries = [self.server.entry(request.name, request.version)]
+            entries = [self.plane.entry(request.name, request.version)]
         else:
-            entries = self.server.repository.entries()
+            entries = self.plane.repository.entries()
         response = pb.ModelStatisticsResponse()
         for entry in entries:
-            doc = await model_statistics(entry, self.server.metrics)
+            doc = await model_statistics(entry, self.plane.metrics)
             json_format.ParseDict(doc, response.model_stats.add(), ignore_unknown_fields=True)
         return response
 
@@ -337,7 +339,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         """Every model, its state and why (``ready``: only those that are ready)."""
         _check_repository_name(request.repository_name)
         response = pb.RepositoryIndexResponse()
-        for doc in self.server.repository.index():
+        for doc in self.plane.repository.index():
             if request.ready and doc.get("state") != ModelState.READY.value:
                 continue
             json_format.ParseDict(doc, response.models.add(), ignore_unknown_fields=True)
@@ -354,7 +356,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
             if isinstance(value, bytes):  # `file:` contents: named in the refusal, not echoed
                 params[key] = base64.b64encode(value[:16]).decode()
         body = orjson.dumps({"parameters": params}) if params else b""
-        await control.load_model(self.server, request.model_name, body)
+        await control.load_model(self.plane, request.model_name, body)
         return pb.RepositoryModelLoadResponse()
 
     @_answers
@@ -368,7 +370,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         if params:
             names = sorted(params)
             raise HTTPError(400, f"unload parameter(s) {names} are not supported", "bad_request")
-        await control.unload_model(self.server, request.model_name)
+        await control.unload_model(self.plane, request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
 

@@ -48,7 +48,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from model_runtime.errors import ConfigurationError, ModelUnavailableError
 from model_runtime.runner_config import ModelRunnerConfig
 from model_runtime.sequences import SequenceConfig
-from model_runtime.server.parameters import execute_priority
+from model_runtime.server.tensors.parameters import execute_priority
 from model_runtime.server.triton import model_config_pb2 as pb
 from model_runtime.server.triton.sequence import sequence_config
 from model_runtime.server.triton.tensors import check_declared

@@ -30,13 +30,13 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from model_runtime.errors import ConfigurationError
-from model_runtime.server.codec import TensorSpec
+from model_runtime.server.tensors.codec import TensorSpec
 from model_runtime.server.triton import model_config_pb2 as pb
 from model_runtime.server.triton.boundary import Boundary, Reshape
 
 __all__ = ["DATATYPES", "Completed", "check_declared", "complete", "match", "reshape_fits"]
 
-# Our protocol datatypes (model_runtime.server.datatypes) -> Triton's config enum.
+# Our protocol datatypes (model_runtime.server.tensors.datatypes) -> Triton's config enum.
 DATATYPES = {
     "BOOL": pb.TYPE_BOOL,
     "UINT8": pb.TYPE_UINT8,

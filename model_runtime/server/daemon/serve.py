@@ -1,0 +1,390 @@
+"""The daemon's lifecycle: configure logs, start the HTTP and gRPC servers, load models, drain
+on signal.
+
+Models load one by one at start; one that fails is UNAVAILABLE (the repository index says why)
+and the others serve. ``--model-control-mode`` (Triton's: none, explicit, poll) decides which
+load at start and whether the repository API or the files drive loads afterwards.
+
+Order on SIGTERM/SIGINT: new requests get 503 at once (gRPC: UNAVAILABLE; readiness turns
+false), in-flight requests of both protocols finish (up to the grace period), every runner
+closes (finishes its queue, runs save programs, detaches), then the listeners close and the
+process exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import orjson
+import structlog
+from aiohttp import web
+
+from model_runtime.errors import ConfigurationError, ModelRuntimeError
+from model_runtime.server.daemon.heap import GEN0_THRESHOLD, settle_heap
+from model_runtime.server.daemon.options import (
+    DaemonOptions,
+    add_serve_arguments,
+    default_cache_dir,
+    options_from_args,
+    tls_files,
+)
+from model_runtime.server.grpc.server import GrpcLimits, start_grpc_server
+from model_runtime.server.http.fastpath import FastInfer
+from model_runtime.server.http.guard import ConnectionLimits, GuardedAppRunner
+from model_runtime.server.http.routes import HttpFrontEnd
+from model_runtime.server.inference.admission import LoopLag
+from model_runtime.server.inference.plane import DataPlane, ServerOptions
+from model_runtime.server.observability.logwriter import BatchedLogWriter
+from model_runtime.server.repository.repository import ControlMode, ModelRepository, parse_model_arg
+from model_runtime.server.security.fdlimit import raise_open_file_limit
+from model_runtime.server.security.restrict import GRPC_KEY_PREFIX, Restrictions
+from model_runtime.server.security.tls import grpc_credentials, ssl_context
+
+__all__ = ["configure_logging", "main", "run_daemon", "serve", "serve_main"]
+
+log = structlog.get_logger(__name__)
+#: The log output :func:`configure_logging` made (None: printed); batches while serving.
+_log_writer: BatchedLogWriter | None = None
+
+
+def configure_logging(level: str = "info", fmt: str = "auto") -> None:
+    """Configure structlog once for the process: contextvars first, JSON off a terminal."""
+    json_logs = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
+    # Lines in batches (see logwriter); a stderr replaced by text (a test's capture): printed.
+    stream = getattr(sys.stderr, "buffer", None)
+    factory: Callable[..., Any] = structlog.PrintLoggerFactory(file=sys.stderr)
+    renderer: structlog.typing.Processor = (
+        structlog.processors.JSONRenderer() if json_logs else structlog.dev.ConsoleRenderer()
+    )
+    global _log_writer
+    _log_writer = None
+    if stream is not None:
+        writer = _log_writer = BatchedLogWriter(stream)
+        factory = lambda *_: writer  # noqa: E731 -- one writer for every logger
+        if json_logs:  # bytes, in C (what it cannot encode: its repr, as json.dumps's)
+            renderer = structlog.processors.JSONRenderer(
+                serializer=orjson.dumps, option=orjson.OPT_NON_STR_KEYS
+            )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.StackInfoRenderer(),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelNamesMapping()[level.upper()]
+        ),
+        logger_factory=factory,
+        cache_logger_on_first_use=True,
+    )
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+
+
+def _compiler(opts: DaemonOptions) -> Callable[..., Path]:
+    from model_runtime.compiler import CompileOptions, compile_model
+
+    cache = opts.executable_cache
+    if cache is None:
+        from model_runtime.flags import get_flags
+
+        flag = get_flags().executable_cache_path
+        cache = Path(flag) if flag else default_cache_dir()
+    cache_path = str(cache)
+
+    def compile_source(path: Path, batch_size: int | None = None) -> Path:
+        # A model's own batch (its config, or the one it fixes) wins over --batch-size.
+        batch = opts.batch_size if batch_size is None else batch_size
+        options = CompileOptions(batch_size=batch, executable_cache_path=cache_path)
+        return compile_model(path, options=options)
+
+    return compile_source
+
+
+def build_repository(opts: DaemonOptions) -> tuple[ModelRepository, list[str]]:
+    """The repository for ``opts`` and the names to load at start: every model (the demo
+    model if none is given) in ``none`` and ``poll`` mode, the ``--load-model`` ones in
+    ``explicit`` mode.
+
+    Raises:
+        InputValidationError: a model argument is malformed or two models share a name.
+        ConfigurationError: the repository directory or a model file does not exist, or
+            ``--load-model`` names an unknown model.
+    """
+    directory = opts.model_repository
+    if directory is not None and not directory.is_dir():
+        raise ConfigurationError(f"model repository {directory} is not a directory")
+    repo = ModelRepository(
+        opts.runner,
+        directory=directory,
+        compile_source=_compiler(opts),
+        control_mode=ControlMode(opts.model_control_mode),
+        strict_readiness=opts.strict_readiness,
+        reload_device_wait=opts.reload_device_wait,
+    )
+    names = []
+    models = list(opts.models)
+    if not models and directory is None:
+        from model_runtime.demo import DEMO_MODEL_NAME, DEMO_ONNX_PATH
+
+        models = [f"{DEMO_MODEL_NAME}={DEMO_ONNX_PATH}"]
+    for arg in models:
+        name, path = parse_model_arg(arg)
+        if not path.is_file():
+            raise ConfigurationError(f"model file {path} does not exist")
+        repo.add(name, path.resolve())
+        names.append(name)
+    names += [n for n in repo.scan() if n not in names]
+    if repo.control_mode is not ControlMode.EXPLICIT or opts.load_models == ["*"]:
+        return repo, names
+    unknown = [n for n in opts.load_models if n not in names]
+    if unknown:
+        raise ConfigurationError(f"--load-model: no model named {unknown} (models: {names})")
+    return repo, [n for n in names if n in opts.load_models]
+
+
+async def serve(opts: DaemonOptions) -> int:
+    """Run the daemon until SIGTERM/SIGINT; return the exit status.
+
+    A model that fails to load is UNAVAILABLE (with the reason in the repository index); the
+    others serve. In ``poll`` mode the repository is polled every ``repository_poll_secs``.
+
+    Raises:
+        ConfigurationError: the options do not describe a servable set of models.
+        OSError: the address cannot be bound.
+    """
+    repo, names = build_repository(opts)
+    http_restrictions = Restrictions.parse(opts.http_restricted_api, kind="api")
+    grpc_restrictions = Restrictions.parse(
+        opts.grpc_restricted_protocol, kind="protocol", prefix=GRPC_KEY_PREFIX
+    )
+    http_tls, grpc_tls = tls_files(opts, "http"), tls_files(opts, "grpc")
+    plane = DataPlane(
+        repo,
+        ServerOptions(
+            max_body_size=opts.max_body_size,
+            request_timeout=opts.request_timeout,
+            access_log=opts.access_log,
+            admission_delay=opts.admission_delay or None,
+            allow_client_shm=bool(opts.allow_client_shm),  # None was resolved by the options
+        ),
+    )
+    http = HttpFrontEnd(plane, restrictions=http_restrictions)
+    limits = ConnectionLimits(
+        header_timeout=opts.header_timeout,
+        keepalive_timeout=opts.keepalive_timeout,
+        max_connections=opts.max_connections,
+    )
+    # Before the connection limit is derived from it: a server may hold what the hard limit
+    # allows, and a burst of clients must not meet the soft default of 1,024.
+    before, after = raise_open_file_limit()
+    if after != before:
+        log.info("open_file_limit_raised", soft_before=before, soft=after)
+    runner = GuardedAppRunner(
+        http.app(),
+        limits=limits,
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=1.0,
+    )
+    # Infer requests over their model's admission limit are refused as their head arrives;
+    # not while inference is restricted: a request without the header gets the restriction's
+    # answer, which the middleware gives before admission.
+    if http_restrictions.get("inference") is None:
+        runner.guard.head_admission = plane.admission.at_head
+        # ... and those admitted, whole and plain, are answered there too (fastpath.py).
+        runner.guard.fast = FastInfer(plane, access_log=opts.access_log)
+    runner.guard.early_max_body = opts.max_body_size
+    plane.metrics.registry.register(runner.guard)
+    await runner.setup()
+    grpc_limits = GrpcLimits(
+        max_message_size=opts.max_body_size, idle_timeout=opts.keepalive_timeout
+    )
+    grpc_server: Any = None
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    if _log_writer is not None:
+        _log_writer.batch_on(loop)  # access lines in batches while serving
+    lag = LoopLag(plane.admission)  # sheds while the loop falls behind
+    lag.start()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        async with repo:
+            repo.starting = True  # not ready until the models of the start are loaded (or not)
+            site = web.TCPSite(
+                runner,
+                opts.host,
+                opts.port,
+                backlog=opts.backlog,
+                reuse_port=opts.reuse_port or None,
+                ssl_context=None if http_tls is None else ssl_context(http_tls),
+            )
+            await site.start()
+            port = _bound_port(runner, opts.port)
+            grpc_server, grpc_port = await start_grpc_server(
+                plane,
+                opts.host,
+                opts.grpc_port,
+                grpc_limits,
+                restrictions=grpc_restrictions,
+                credentials=None if grpc_tls is None else grpc_credentials(grpc_tls),
+                reuse_port=opts.reuse_port,
+            )
+            log.info(
+                "daemon_listening",
+                host=opts.host,
+                port=port,
+                grpc_port=grpc_port,
+                models=names,
+                model_control_mode=repo.control_mode.value,
+            )
+            await _load_until_stopped(repo, names, stop)
+            repo.starting = False
+            log.info("heap_settled", frozen=settle_heap(), gen0_threshold=GEN0_THRESHOLD)
+            if not stop.is_set():
+                loaded = [e.name for e in repo.entries() if e.runner is not None]
+                failed = [e.name for e in repo.entries() if e.wanted and e.runner is None]
+                url = f"http://{opts.host}:{port}/v2"
+                grpc_url = f"{opts.host}:{grpc_port}"
+                log.info("daemon_ready", url=url, grpc=grpc_url, loaded=loaded, unavailable=failed)
+                await _serve_until_stopped(repo, opts, stop)
+            log.info("daemon_draining", grace_period=opts.grace_period)
+            t0 = time.monotonic()
+            if not await plane.drain(opts.grace_period):
+                log.warning("drain_incomplete", grace_period=opts.grace_period)
+            with anyio.move_on_after(max(0.0, opts.grace_period - (time.monotonic() - t0))):
+                await repo.close_all()
+    finally:
+        if grpc_server is not None:
+            await grpc_server.stop(1.0)  # in-flight calls drained above; stragglers: 1 s
+        await runner.cleanup()
+        lag.stop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        if _log_writer is not None:
+            _log_writer.batch_on(None)
+    log.info("daemon_stopped", status=0)
+    return 0
+
+
+def _bound_port(runner: web.AppRunner, default: int) -> int:
+    for addr in runner.addresses:
+        if isinstance(addr, tuple) and len(addr) >= 2:
+            return int(addr[1])
+    return default
+
+
+async def _load_until_stopped(
+    repo: ModelRepository, names: Sequence[str], stop: asyncio.Event
+) -> None:
+    """Load every model in turn, giving up early on a signal. A model that fails is
+    UNAVAILABLE with the reason (logged by the repository); the next one loads all the same."""
+    async with anyio.create_task_group() as tg:
+
+        async def watch() -> None:
+            await stop.wait()
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(watch)
+        for name in names:
+            try:
+                await repo.load(name)
+            except (ModelRuntimeError, OSError) as exc:
+                log.error("startup_load_failed", model=name, error=str(exc))
+        tg.cancel_scope.cancel()
+
+
+async def _serve_until_stopped(
+    repo: ModelRepository, opts: DaemonOptions, stop: asyncio.Event
+) -> None:
+    """Wait for a signal; in ``poll`` mode, poll the repository meanwhile (a poll under way
+    when the signal comes is cancelled: the drain starts at once)."""
+    async with anyio.create_task_group() as tg:
+        if repo.control_mode is ControlMode.POLL:
+            tg.start_soon(_poll_forever, repo, opts.repository_poll_secs)
+        await stop.wait()
+        tg.cancel_scope.cancel()
+
+
+async def _poll_forever(repo: ModelRepository, interval: float) -> None:
+    while True:
+        await anyio.sleep(interval)
+        await repo.poll()
+
+
+def _run(opts: DaemonOptions) -> int:
+    configure_logging(opts.log_level, opts.log_format)
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        return asyncio.run(serve(opts))
+    return uvloop.run(serve(opts))  # type: ignore[no-any-return]
+
+
+def run_daemon(
+    models: Sequence[str] = (),
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    replicas: int | None = None,
+    batch_size: int | None = None,
+    config_file: str | None = None,
+    fault_plan: str | None = None,
+    model_repository: str | None = None,
+) -> int:
+    """Run the daemon in this thread until SIGTERM/SIGINT; return the exit status.
+
+    Raises:
+        ConfigurationError: bad options or config file.
+        OSError: the address cannot be bound.
+    """
+    parser = build_parser()
+    args = parser.parse_args([])
+    args.models, args.host, args.port = list(models), host, port
+    args.replicas, args.batch_size, args.config = replicas, batch_size, config_file
+    args.fault_plan, args.model_repository = fault_plan, model_repository
+    return _run(options_from_args(args))
+
+
+def serve_main(args: argparse.Namespace) -> int:
+    """Entry point for ``model-runtime serve``: ``args`` parsed with :func:`add_serve_arguments`.
+
+    Returns the exit status (2 for a configuration error, reported on stderr).
+    """
+    try:
+        opts = options_from_args(args)
+    except (ConfigurationError, ModelRuntimeError) as exc:
+        print(f"model-runtime serve: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return _run(opts)
+    except (ConfigurationError, ModelRuntimeError, OSError) as exc:
+        log.error("daemon_failed", error=str(exc))
+        return 2 if isinstance(exc, ModelRuntimeError) else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``serve`` argument parser (standalone: ``python -m model_runtime.server``)."""
+    parser = argparse.ArgumentParser(
+        prog="model-runtime serve",
+        description="Serve models over the Open Inference Protocol v2 (KServe v2): HTTP and gRPC.",
+    )
+    add_serve_arguments(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m model_runtime.server [serve options]``."""
+    return serve_main(build_parser().parse_args(argv))

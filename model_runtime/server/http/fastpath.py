@@ -1,0 +1,245 @@
+"""Admitted infer requests answered at the protocol level, without aiohttp.
+
+The connection guard (:mod:`model_runtime.server.http.guard`) reads the plain head of a POST to
+decide its admission; when it is an admitted infer request, :class:`FastInfer` answers it from
+there: its body read by the connection as it arrives (408 past the body timeout, the
+connection then closed), decoded, run and encoded by the data plane
+(:meth:`DataPlane.answer_infer`), errors answered by :meth:`DataPlane.error_answer`, the same
+access log line and request id as aiohttp's route, written straight to the transport. A client
+that goes away cancels its request (499 in the access log). Everything else goes to aiohttp,
+which answers alike: a head that is not plain (:func:`~model_runtime.server.http.heads.plain_head`),
+a ``Content-Encoding``, a percent-encoded target, any route but infer, and every request while
+inference is restricted. A connection keeps its order: what arrives after a request answered
+here is read once its answer is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import time
+from functools import partial
+from http import HTTPStatus
+from typing import Protocol
+
+import orjson
+import structlog
+
+from model_runtime.server.http.access import REQUEST_ID_HEADER, log as access_log, new_request_id
+from model_runtime.server.http.body import body_timeout
+from model_runtime.server.inference.admission import QUEUE_FULL, ModelAdmission
+from model_runtime.server.inference.plane import DataPlane
+from model_runtime.server.tensors.binary import HEADER_LENGTH
+
+__all__ = ["FastConnection", "FastInfer"]
+
+_HEADER_LENGTH = HEADER_LENGTH.lower().encode()
+_REQUEST_ID = REQUEST_ID_HEADER.lower().encode()
+_IDENTITY = b"identity"
+_PHRASES = {s.value: s.phrase.encode() for s in HTTPStatus}
+#: A written answer larger than this goes out as two buffers (head, body), not one copy.
+_JOIN_BELOW = 64 << 10
+
+
+class FastConnection(Protocol):
+    """What :class:`FastInfer` needs of a connection
+    (:class:`~model_runtime.server.http.connection.GuardedConnection`)."""
+
+    def fast_answer(self, answer: bytes | list[bytes], close: bool = False) -> None: ...
+
+    def fast_done(self) -> None: ...
+
+
+class _Date:
+    """The ``Date`` header's value, made once per second (RFC 9110 §6.6.1)."""
+
+    __slots__ = ("_second", "_value")
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._value = b""
+
+    def __call__(self) -> bytes:
+        now = time.time()
+        second = int(now)
+        if second != self._second:
+            self._second = second
+            self._value = email.utils.formatdate(now, usegmt=True).encode()
+        return self._value
+
+
+class FastInfer:
+    """Answers admitted plain infer requests for one :class:`DataPlane` (see the module
+    docstring). ``access_log``: one ``http_request`` line per request, as the middleware's."""
+
+    __slots__ = ("_date", "_plane", "_tasks", "access_log", "taken")
+
+    def __init__(self, plane: DataPlane, *, access_log: bool = True) -> None:
+        self._plane = plane
+        self.access_log = access_log
+        self._date = _Date()
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: Requests answered here (the rest of the infer requests went to aiohttp).
+        self.taken = 0
+
+    def start(
+        self,
+        conn: FastConnection,
+        target: bytes,
+        head: bytes,
+        body: bytes | asyncio.Future[bytearray],
+        state: ModelAdmission,
+    ) -> asyncio.Task[None] | None:
+        """Answer the request of ``head`` (a plain head, blank line included) and ``body``
+        (all of it, or a future the connection sets once it is in: awaited within the body
+        timeout) for ``target``, admitted as ``state`` (which it leaves when answered);
+        its answer goes to ``conn``, then ``conn.fast_done()``. Returns the task answering
+        it, or None: not one for here (nothing was done; aiohttp takes it)."""
+        where = _model_version(target)
+        if where is None:
+            return None
+        header_length = request_id = None
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            key = name.lower()
+            # The first of a repeated header counts, as aiohttp's headers.get() reads it.
+            if key == _HEADER_LENGTH:
+                if header_length is None:
+                    header_length = value.strip(b" \t").decode("latin-1")
+            elif key == _REQUEST_ID:
+                if request_id is None:
+                    request_id = value.strip(b" \t").decode("latin-1")
+            elif key == b"content-encoding" and value.strip(b" \t").lower() != _IDENTITY:
+                return None  # aiohttp inflates it (or refuses it)
+        self.taken += 1
+        rid = new_request_id(request_id)
+        started = [False]
+        coro = self._answer(conn, target, where, header_length, body, rid, state, started)
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)  # held until done (the loop keeps weak references only)
+        task.add_done_callback(partial(self._done, conn, state, started))
+        return task
+
+    def _done(
+        self,
+        conn: FastConnection,
+        state: ModelAdmission,
+        started: list[bool],
+        task: asyncio.Task[None],
+    ) -> None:
+        """A task cancelled before its first step (its client reset as it was read) never ran
+        ``_answer``'s cleanup: its admission is given back here, and the connection freed."""
+        self._tasks.discard(task)
+        if not started[0]:
+            state.withdraw()
+            conn.fast_done()
+
+    async def _answer(
+        self,
+        conn: FastConnection,
+        target: bytes,
+        where: tuple[str, str | None],
+        header_length: str | None,
+        body: bytes | asyncio.Future[bytearray],
+        rid: str,
+        state: ModelAdmission,
+        started: list[bool],
+    ) -> None:
+        started[0] = True
+        plane = self._plane
+        t0 = time.perf_counter()
+        status = 500
+        queue_full = close = False
+        structlog.contextvars.bind_contextvars(request_id=rid)  # this task's own context
+        try:
+            try:
+                entry = plane.entry(*where)
+                runner = plane.serving_runner(entry)
+                timeout = plane.options.body_timeout
+                arrived = body if isinstance(body, bytes) else partial(_arrival, body, timeout)
+                out, json_length = await plane.answer_infer(entry, runner, header_length, arrived)
+                status = 200
+                if json_length is None:
+                    head = self._head(200, b"application/json", len(out), rid)
+                else:
+                    extra = b"%s: %d\r\n" % (HEADER_LENGTH.encode(), json_length)
+                    head = self._head(200, b"application/octet-stream", len(out), rid, extra)
+            except Exception as exc:
+                status, message, headers, close = plane.error_answer(exc, target.decode("latin-1"))
+                queue_full = status == 503 and headers is not None and "Retry-After" in headers
+                out = orjson.dumps({"error": message})
+                extra = b"".join(
+                    b"%s: %s\r\n" % (k.encode("latin-1"), v.encode("latin-1"))
+                    for k, v in (headers or {}).items()
+                )
+                if close:  # its body was not all read: the connection ends with this answer
+                    extra += b"Connection: close\r\n"
+                head = self._head(status, b"application/json", len(out), rid, extra)
+            conn.fast_answer(head + out if len(out) < _JOIN_BELOW else [head, out], close)
+        except asyncio.CancelledError:
+            status = 499  # the client went away (nginx's code, as the access log's)
+            raise
+        finally:
+            try:
+                if queue_full:
+                    state.refused[QUEUE_FULL].inc()
+                admission = plane.admission
+                state.leave(queue_full, admission.queue_delay, admission.capacity)
+                if self.access_log:
+                    access_log.info(
+                        "http_request",
+                        method="POST",
+                        path=target.decode("latin-1"),
+                        status=status,
+                        duration_ms=round((time.perf_counter() - t0) * 1e3, 3),
+                        request_id=rid,
+                    )
+            finally:
+                conn.fast_done()  # whatever the log did: the connection reads on
+
+    def _head(
+        self, status: int, content_type: bytes, length: int, rid: str, extra: bytes = b""
+    ) -> bytes:
+        return (
+            b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
+            b"%s: %s\r\n%sDate: %s\r\n\r\n"
+            % (
+                status,
+                _PHRASES.get(status, b""),
+                content_type,
+                length,
+                REQUEST_ID_HEADER.encode(),
+                rid.encode(),
+                extra,
+                self._date(),
+            )
+        )
+
+
+async def _arrival(body: asyncio.Future[bytearray], timeout: float | None) -> bytearray:
+    """A body the connection is still reading, once it is all in, within ``timeout`` seconds.
+
+    Raises:
+        HTTPError: 408 past the timeout (aiohttp's route answers the same).
+    """
+    try:
+        async with asyncio.timeout(timeout):
+            return await body
+    except TimeoutError:
+        body.cancel()  # given up on: the connection drops the rest as it comes
+        raise body_timeout(timeout) from None
+
+
+def _model_version(target: bytes) -> tuple[str, str | None] | None:
+    """``(model, version)`` of an infer URL without percent-encoding (None: aiohttp's)."""
+    if b"%" in target or b"?" in target:
+        return None
+    parts = target[11:-6].split(b"/")  # /v2/models/ ... /infer: admission checked the shape
+    try:
+        if len(parts) == 1:
+            return parts[0].decode(), None
+        if not parts[2]:
+            return None  # /versions//infer: aiohttp's route answers it (404)
+        return parts[0].decode(), parts[2].decode()
+    except UnicodeDecodeError:
+        return None

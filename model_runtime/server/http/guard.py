@@ -1,0 +1,283 @@
+"""Connection limits of the daemon's HTTP server (DESIGN.md §11).
+
+aiohttp closes idle keep-alive connections, but a client that sends a request head one byte at
+a time keeps its socket (and a file descriptor) for as long as it likes, and nothing bounds how
+many sockets are open at once: a thousand slow clients exhaust the descriptors and the server
+stops accepting anyone. :class:`GuardedAppRunner` is an ``aiohttp.web.AppRunner`` whose
+connections pass through a guard that adds:
+
+- a **header timeout**: a request head must be complete within ``header_timeout`` seconds of
+  its first byte; past it the connection is closed (no answer: there is no request to answer);
+- an **idle timeout** (``keepalive_timeout``; aiohttp's own between requests): a connection
+  with no request for that long is closed, a new one that has sent nothing yet too. A client
+  pool opened ahead of use (load balancers and proxies pre-connect) is idle, not slow: closed
+  after the header timeout, it would come back as a burst of reconnects in the next rush;
+- a **connection limit**: past ``max_connections`` open connections a new one is answered
+  ``503`` with ``Retry-After`` and closed at once, before it costs more than its accept;
+- **idle connections make room**: once the open connections near the limit (its last
+  sixteenth, :func:`high_water`), each new connection closes the connection idle in keep-alive
+  the longest (one that has been answered and sent nothing since), so a new client is served
+  rather than refused while idle ones are held for ``keepalive_timeout``; only when none is
+  idle is the limit's 503 given;
+- **admission at the protocol level** (:attr:`ConnectionGuard.head_admission`): the head of
+  a request that arrives on a connection idle in keep-alive is read as soon as it is in, and
+  its admission decided from it, once. A refused one (an infer request over its model's
+  admission limit) is answered from prebuilt bytes and its body skipped as it arrives: aiohttp
+  never sees it, so no request object, task, middleware or parse is paid for it. An admitted
+  one goes to aiohttp carrying its admission (:data:`ADMITTED`), so the middleware does not
+  decide again (by then, under overload, its model would be full, and it would be refused
+  the expensive way). Only a plain head is read here
+  (:func:`~model_runtime.server.http.heads.plain_head`); anything else goes to aiohttp, whose
+  middleware decides the usual way;
+- **HTTP/2 on the HTTP/1.1 port**: a client that opens with the HTTP/2 preface (gRPC, curl
+  ``--http2-prior-knowledge``) gets an HTTP/2 GOAWAY with ``HTTP_1_1_REQUIRED`` (what it can
+  read) and one rate-limited warning in the log, not aiohttp's traceback. Other malformed
+  request lines are logged the same way (:class:`QuietParseErrors`).
+
+The timeouts are wall-clock (the event loop's clock): the guard runs on the real network. The
+guard's state and limits are here; each connection's protocol, which applies them, is
+:class:`~model_runtime.server.http.connection.GuardedConnection`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestHandler
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from model_runtime.server.http.connection import AIOHTTP_STATE, H2_PREFACE, GuardedConnection
+from model_runtime.server.observability.ratelog import RateLimitedLog
+from model_runtime.server.security.fdlimit import default_max_connections
+
+if TYPE_CHECKING:
+    from model_runtime.server.http.fastpath import FastInfer
+
+__all__ = [
+    "ADMITTED",
+    "AIOHTTP_STATE",
+    "H2_PREFACE",
+    "Admitted",
+    "ConnectionGuard",
+    "ConnectionLimits",
+    "GuardedAppRunner",
+    "QuietParseErrors",
+    "high_water",
+]
+
+
+class Admitted(Protocol):
+    """A request's admission, taken from its head: given back if the request goes nowhere."""
+
+    def withdraw(self) -> None: ...
+
+
+#: The key under which a request admitted from its head carries its admission in the
+#: ``aiohttp.web.Request`` to the app's middleware.
+ADMITTED = web.RequestKey("model_runtime.admitted", Admitted)
+
+
+#: ``head_admission(target)`` (a POST's request target): the whole HTTP response (bytes)
+#: refusing it now; its :class:`Admitted` when admitted; None when the app decides.
+HeadAdmission = Callable[[bytes], "bytes | Admitted | None"]
+
+
+def high_water(limit: int) -> int:
+    """Open connections from which a new one closes the longest-idle keep-alive connection
+    first: the limit less a sixteenth of it (at least one)."""
+    return limit - max(1, limit // 16)
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """The guard's limits, in seconds and connections (see the module docstring).
+
+    ``max_connections`` None: :func:`default_max_connections`.
+    """
+
+    header_timeout: float = 10.0
+    keepalive_timeout: float = 75.0
+    max_connections: int | None = None
+    retry_after: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.header_timeout > 0 or not self.keepalive_timeout > 0:
+            raise ValueError("header_timeout and keepalive_timeout must be > 0")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
+
+
+def _refusal(limit: int, retry_after: int) -> bytes:
+    body = b'{"error":"too many connections (limit %d); retry later"}' % limit
+    return (
+        b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+        b"Retry-After: %d\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+        % (retry_after, len(body), body)
+    )
+
+
+class ConnectionGuard:
+    """The state the guard keeps for one server: its open connections and counters."""
+
+    def __init__(self, limits: ConnectionLimits) -> None:
+        self.limits = limits
+        self.limit = limits.max_connections or default_max_connections()
+        self.high_water = high_water(self.limit)
+        self.refusal = _refusal(self.limit, limits.retry_after)
+        self.open: dict[RequestHandler, GuardedConnection] = {}
+        #: Connections idle in keep-alive, longest idle first (dicts keep insertion order).
+        self.idle: dict[GuardedConnection, None] = {}
+        self.refused = 0
+        #: Admission decided from plain request heads (see :data:`HeadAdmission` and
+        #: :meth:`GuardedConnection._refuse_early`). None: the app decides on every request.
+        self.head_admission: HeadAdmission | None = None
+        #: Admitted infer requests answered without aiohttp
+        #: (:mod:`model_runtime.server.http.fastpath`); None: all go to aiohttp.
+        self.fast: FastInfer | None = None
+        #: A head announcing a larger body goes to aiohttp (whose limit answers it 413).
+        self.early_max_body = 64 << 20
+        self.early_refused = 0
+        self._state_checked = False
+        self.idle_closed = 0
+        self.header_timeouts = 0
+        self.idle_timeouts = 0  # new connections that sent nothing within keepalive_timeout
+        self.limit_log = RateLimitedLog("connection_limit_reached")
+        self.http2_log = RateLimitedLog("http2_preface_refused")
+        self.idle_log = RateLimitedLog("idle_connections_closed_near_limit")
+
+    def close_idle(self) -> bool:
+        """Close the connection idle in keep-alive the longest; False if none is idle."""
+        idle = self.idle
+        while idle:
+            conn = next(iter(idle))
+            del idle[conn]
+            if conn.is_idle():
+                conn.close_idle()
+                self.idle_closed += 1
+                self.idle_log(limit=self.limit, open=len(self.open))
+                return True
+        return False
+
+    def collect(self) -> Iterator[Metric]:
+        """The guard's counts as Prometheus metrics (register the guard in a registry)."""
+        yield GaugeMetricFamily(
+            "model_runtime_http_connections_open", "HTTP connections open", value=len(self.open)
+        )
+        yield CounterMetricFamily(
+            "model_runtime_http_connections_refused",
+            "New HTTP connections answered 503 and closed past the connection limit",
+            value=self.refused,
+        )
+        closed = CounterMetricFamily(
+            "model_runtime_http_connections_closed",
+            "HTTP connections closed by the server: a head not complete within the header "
+            "timeout (header_timeout), a new connection silent for the keep-alive timeout "
+            "(silent), the longest idle keep-alive one near the connection limit (near_limit)",
+            labels=["reason"],
+        )
+        closed.add_metric(["header_timeout"], self.header_timeouts)
+        closed.add_metric(["silent"], self.idle_timeouts)
+        closed.add_metric(["near_limit"], self.idle_closed)
+        yield closed
+        if self.fast is not None:
+            yield CounterMetricFamily(
+                "model_runtime_requests_answered_at_protocol_level",
+                "Inference requests answered from the connection's bytes without aiohttp "
+                "(admitted from a plain head: model_runtime.server.http.fastpath)",
+                value=self.fast.taken,
+            )
+        yield CounterMetricFamily(
+            "model_runtime_requests_refused_early",
+            "Inference requests refused from their head alone, before aiohttp read them (a "
+            "part of model_runtime_requests_refused)",
+            value=self.early_refused,
+        )
+
+    def protocol(self, inner: RequestHandler) -> asyncio.Protocol:
+        """Put ``inner`` (aiohttp's protocol for a new connection) behind the guard."""
+        if self.head_admission is not None and not self._state_checked:
+            self._state_checked = True
+            missing = [name for name in AIOHTTP_STATE if not hasattr(inner, name)]
+            if missing:  # another aiohttp: refusals go through its middleware, as before
+                self.head_admission = None
+                RateLimitedLog("early_refusals_off")(aiohttp_lacks=missing)
+        return GuardedConnection(self, inner)
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """Tells the connection its request head is complete (the header timeout stops)."""
+        conn = self.open.get(request.protocol)
+        if conn is None:
+            return await handler(request)  # type: ignore[no-any-return]
+        admitted = conn.request_started()
+        if admitted is not None:
+            request[ADMITTED] = admitted
+        try:
+            return await handler(request)  # type: ignore[no-any-return]
+        finally:
+            conn.request_finished(request.content)
+
+
+class _GuardedServer(web.Server):
+    """aiohttp's server (the protocol factory) with its connections behind a guard."""
+
+    guard: ConnectionGuard
+
+    def __call__(self) -> Any:
+        return self.guard.protocol(super().__call__())
+
+
+class GuardedAppRunner(web.AppRunner):
+    """An ``aiohttp.web.AppRunner`` whose connections are held to ``limits``.
+
+    Use it where an ``AppRunner`` would be (then ``TCPSite``/``SockSite`` as usual). It adds
+    its middleware to ``app`` (first, before the app's own), so build it before the app is
+    frozen (before ``setup()``). ``keepalive_timeout`` comes from ``limits`` unless given.
+    """
+
+    def __init__(
+        self, app: web.Application, *, limits: ConnectionLimits | None = None, **kwargs: Any
+    ) -> None:
+        self.guard = ConnectionGuard(limits or ConnectionLimits())
+        kwargs.setdefault("keepalive_timeout", self.guard.limits.keepalive_timeout)
+        super().__init__(app, **kwargs)
+        app.middlewares.insert(0, self.guard.middleware)
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        # aiohttp builds its Server inside Application._make_handler; the only change made
+        # here is the protocol factory (__call__), so the instance is specialised in place.
+        server.__class__ = _GuardedServer
+        assert isinstance(server, _GuardedServer)
+        server.guard = self.guard
+        QuietParseErrors.install()
+        return server
+
+
+class QuietParseErrors(logging.Filter):
+    """Turns aiohttp's traceback for a request it could not parse (a malformed request line,
+    TLS or HTTP/2 sent to the HTTP port) into one rate-limited warning, ``bad_http_request``;
+    the client still gets aiohttp's 400."""
+
+    _log = RateLimitedLog("bad_http_request")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError):
+            return True
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        self._log(error=first_line[:200])
+        return False
+
+    @classmethod
+    def install(cls) -> None:
+        """Add the filter to aiohttp's server logger, once per process."""
+        logger = logging.getLogger("aiohttp.server")
+        if not any(isinstance(f, cls) for f in logger.filters):
+            logger.addFilter(cls())

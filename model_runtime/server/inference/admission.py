@@ -1,0 +1,417 @@
+"""Admission control at the front end: refusals that cost almost nothing (DESIGN.md §11).
+
+On this machine the daemon's limit under many small requests is its event loop, not the
+device: an accepted JSON request costs ~0.5 ms of loop time, of which the device is a few
+percent, so the runner's latency budget (priced at the device's rate) sees no queue while the
+loop falls seconds behind. :class:`AdmissionControl` therefore bounds what the front end holds:
+
+- **the front-end limit**: a model's requests in flight at the front end (reading, parsing,
+  queued, computing, encoding) may not exceed what it finishes within ``queue_delay`` seconds
+  at its measured completion rate (completions per second while it has work, re-measured every
+  :data:`WINDOW` seconds; no limit until a first window is measured). By Little's law an
+  admitted request then waits about ``queue_delay``, whatever the model.
+- **the runner's limit**: when the runner refused a request (``QueueFullError``: its latency
+  budget or ``max_queue_size``) with ``n`` in flight, requests are refused at ``n`` in flight
+  without reaching it, for :data:`LATCH` seconds (then the runner is asked again).
+
+- **the loop's limit**: the front-end limit bounds what is held, not what the event loop can
+  afford to take. Past the loop's capacity, requests (refused ones too) wait unread in socket
+  buffers, a backlog no limit above sees, and everyone's latency grows with it. So the loop's
+  lag is measured (:class:`LoopLag`: how late a timer due every :data:`LAG_TICK` seconds
+  fires); while it is over :data:`LAG_LIMIT` (from :data:`LAG_SUSTAIN` ticks in a row on),
+  each model's in-flight cap is what it finishes in :data:`LAG_HOLD` seconds (never under
+  its floor; clients served that fast are not shed), and while the loop keeps up it grows
+  back by :data:`LAG_INCREASE` of the floor per tick.
+  Shed requests cost an early refusal (~a tenth of an admitted one), so the loop catches up.
+
+A stateful model's requests are never refused here (:meth:`AdmissionControl.exempt`): its
+sequence slots bound its work already (a sequence runs one step at a time, and new sequences
+wait for a slot), and a step refused in the middle of a sequence would break a client's session.
+
+A refused request is answered before its body is parsed, from a 503 built once per model (JSON
+error naming the model and the limit, ``Retry-After``), without an access log line: it is
+counted in ``model_runtime_requests_refused_total{model,reason}`` and logged as a rate-limited
+summary (``requests_refused``), never one line per refusal.
+
+HTTP: :meth:`AdmissionControl.at_head` decides from the request head, in the connection guard,
+before aiohttp reads the request (:mod:`model_runtime.server.http.guard`): it refuses, or
+admits and the request carries its admission to the app's outermost middleware
+(:func:`model_runtime.server.http.admitting.admission_middleware`), which decides for the requests
+the guard did not. gRPC, the same rule:
+``message = admission.try_admit(model)``; a message means UNAVAILABLE with it, None means
+admitted, and then ``admission.release(model, queue_full=...)`` once answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import orjson
+from prometheus_client import CollectorRegistry, Counter
+
+from model_runtime.server.observability.ratelog import RateLimitedLog
+
+__all__ = [
+    "DEFAULT_QUEUE_DELAY",
+    "LAG_HOLD",
+    "LAG_INCREASE",
+    "LAG_LIMIT",
+    "LAG_SUSTAIN",
+    "LAG_TICK",
+    "LATCH",
+    "MIN_LIMIT",
+    "WINDOW",
+    "AdmissionControl",
+    "LoopLag",
+    "ModelAdmission",
+]
+
+#: Seconds of front-end work a model may hold (see the module docstring): the daemon's latency
+#: budget. Shorter sheds sooner under overload, but refuses healthy closed-loop clients whose
+#: requests simply take longer than it (N clients at latency L complete N/L per second, so
+#: the limit N*delay/L is under N once L passes the delay) and bursts after a quiet spell.
+DEFAULT_QUEUE_DELAY = 1.0
+#: The front-end limit never falls below this many requests in flight, nor below what the
+#: model's replicas take at once (AdmissionControl's ``capacity``): a limit under a full batch
+#: per replica would keep batches small, and the rate measured from them low, for good.
+MIN_LIMIT = 4
+#: Seconds per measurement window of the completion rate (and completions it needs).
+WINDOW = 0.1
+_WINDOW_COMPLETIONS = 8
+#: Seconds the in-flight count at which the runner refused stays the limit.
+LATCH = 0.5
+#: Seconds between the loop-lag monitor's ticks, and the lag past which a tick is late.
+LAG_TICK = 0.01
+LAG_LIMIT = 0.01
+#: Late ticks in a row before the loop counts as behind (then each late tick holds the cap).
+#: One late tick is a burst (64 clients' requests parsed at once on a busy host are one
+#: 20-40 ms tick), a collection or a load, not an overload: at 1 the daemon refused some of a
+#: burst of 64 concurrent clients at a fresh start while its host was busy.
+LAG_SUSTAIN = 3
+#: Keeping up: the in-flight cap grows by this share of its floor per tick, up to no cap.
+#: (Growing by a quarter of the floor per tick, 1,600 requests/s for a floor of 64, let the cap
+#: double between two lagging ticks at 3x capacity: the 200s' p50 swung from 64 to 160 ms.)
+LAG_INCREASE = 0.05
+#: ... and never below what the model finishes in this many seconds (the latency of what it
+#: holds under overload). Measured here (``benchmarks/overload.py``, ``benchmarks/
+#: http_throughput.py --clients 128 256``): 0.1 kept the 200s' p99 at 3x capacity at 230 ms;
+#: 0.03 refused 665 of a closed loop of 256 clients at capacity (answered in ~60 ms) for
+#: nothing; 0.07 gives 149 ms and refuses none of them.
+LAG_HOLD = 0.07
+#: Refusal reasons (the ``reason`` label).
+OVERLOADED = "overloaded"
+QUEUE_FULL = "queue_full"
+
+
+class ModelAdmission:
+    """One model's front-end state: requests in flight, the measured rate, its limits, its
+    prebuilt refusal and counters. Owned by the event loop's thread (no locks)."""
+
+    __slots__ = (
+        "_busy",
+        "_busy_since",
+        "_completions",
+        "_window_start",
+        "body",
+        "clock",
+        "exempt",
+        "floor",
+        "headers",
+        "inflight",
+        "lag_cap",
+        "limit",
+        "message",
+        "name",
+        "rate",
+        "refused",
+        "response",
+        "runner_limit",
+        "runner_until",
+    )
+
+    def __init__(self, name: str, control: AdmissionControl) -> None:
+        self.name = name
+        self.clock = control.clock
+        self.inflight = 0
+        self.floor = max(MIN_LIMIT, control.capacity(name))
+        self.limit = float("inf")  # not measured yet
+        self.lag_cap = float("inf")  # the loop keeps up
+        self.rate = 0.0
+        self.runner_limit = float("inf")
+        self.runner_until = 0.0
+        self._completions = 0
+        self._busy = 0.0
+        self._busy_since = 0.0
+        self._window_start = self.clock()
+        #: Never refused (a stateful model: see :meth:`AdmissionControl.exempt`).
+        self.exempt = False
+        limit = (
+            f"what it can finish within {control.queue_delay:g} s"
+            if control.queue_delay < float("inf")
+            else "its queue is full"
+        )
+        self.message = (
+            f"model {name!r} is over its admission limit ({limit}); "
+            f"retry after {control.retry_after} s"
+        )
+        self.body = orjson.dumps({"error": self.message})
+        self.headers = {"Retry-After": str(control.retry_after)}
+        #: The same 503 as a whole HTTP/1.1 response, for refusals before aiohttp.
+        self.response = (
+            b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            b"Retry-After: %d\r\nContent-Length: %d\r\n\r\n%s"
+            % (control.retry_after, len(self.body), self.body)
+        )
+        self.refused = {
+            reason: control.refused.labels(name, reason) for reason in (OVERLOADED, QUEUE_FULL)
+        }
+
+    def refuses(self) -> str | None:
+        """The reason a new request is refused now, or None: admitted. O(1), no allocation."""
+        if self.exempt:
+            return None
+        n = self.inflight
+        if n >= self.limit or n >= self.lag_cap:
+            return OVERLOADED
+        if n >= self.runner_limit:
+            if self.clock() < self.runner_until:
+                return QUEUE_FULL
+            self.runner_limit = float("inf")
+        return None
+
+    def loop_behind(self) -> None:
+        """The event loop is behind: hold what the model finishes in :data:`LAG_HOLD` seconds
+        (a loop busy with clients served that fast is at capacity, not overloaded), and never
+        less than the floor. At once, not step by step: at the onset of an overload the
+        front-end limit holds a second's work, and shrinking it by 0.7 per tick let 6,000
+        requests/s in for the first 0.3 s, answered in 150-230 ms, the p99 of a 30 s run."""
+        self.lag_cap = max(self.floor, self.rate * LAG_HOLD)
+
+    def loop_keeps_up(self) -> None:
+        """The event loop keeps up: raise the cap by :data:`LAG_INCREASE` of the floor (gone
+        once over the front-end limit, or far over what is held)."""
+        if self.lag_cap < float("inf"):
+            self.lag_cap += self.floor * LAG_INCREASE
+            if self.lag_cap >= self.limit or self.lag_cap > 4 * max(self.inflight, self.floor):
+                self.lag_cap = float("inf")  # past anything it would hold back
+
+    def enter(self) -> None:
+        """One more request in flight."""
+        if self.inflight == 0:
+            self._busy_since = self.clock()
+        self.inflight += 1
+
+    def withdraw(self) -> None:
+        """Undo an :meth:`enter` for a request that never went further (admitted from its head,
+        then its connection closed, or aiohttp rejected it): no completion is counted."""
+        self.inflight -= 1
+        if self.inflight == 0:
+            now = self.clock()
+            self._busy += now - self._busy_since
+            self._busy_since = now
+
+    def leave(
+        self, queue_full: bool, queue_delay: float, capacity: Callable[[str], int] | None = None
+    ) -> None:
+        """A request in flight was answered (``queue_full``: the runner refused it)."""
+        now = self.clock()
+        if queue_full:
+            self.runner_limit = max(1, self.inflight - 1)
+            self.runner_until = now + LATCH
+        self.inflight -= 1
+        self._completions += 1
+        if self.inflight == 0:
+            self._busy += now - self._busy_since
+            self._busy_since = now
+        if now - self._window_start < WINDOW or self._completions < _WINDOW_COMPLETIONS:
+            return
+        busy = self._busy + (now - self._busy_since if self.inflight else 0.0)
+        if busy > 0.0:
+            measured = self._completions / busy
+            self.rate = measured if self.rate == 0.0 else 0.5 * (self.rate + measured)
+            if capacity is not None:  # a reload may have changed the batch size or replicas
+                self.floor = max(MIN_LIMIT, capacity(self.name))
+            self.limit = max(self.floor, self.rate * queue_delay)
+        self._completions = 0
+        self._busy = 0.0
+        self._busy_since = now
+        self._window_start = now
+
+
+class AdmissionControl:
+    """Front-end admission for every model of one server (see the module docstring).
+
+    ``queue_delay`` None turns the front-end limit off (the runner's limit still applies).
+    Metrics go to ``registry`` (the daemon's own), or a private one. ``clock``: seconds, the
+    time base of the rate and the latch (the same as the rate-limited log's). ``capacity``:
+    requests a model's replicas take at once (0 if unknown), the floor of its limit.
+
+    Raises:
+        ValueError: ``queue_delay`` is not > 0.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        queue_delay: float | None = DEFAULT_QUEUE_DELAY,
+        retry_after: int = 1,
+        clock: Callable[[], float] = time.monotonic,
+        capacity: Callable[[str], int] = lambda name: 0,
+    ) -> None:
+        if queue_delay is not None and not queue_delay > 0:
+            raise ValueError(f"queue_delay must be > 0 seconds, got {queue_delay}")
+        self.queue_delay = queue_delay if queue_delay is not None else float("inf")
+        self.retry_after = retry_after
+        self.clock = clock
+        self.capacity = capacity
+        self.refused = Counter(
+            "model_runtime_requests_refused",
+            "Inference requests refused by admission control before their body was parsed "
+            "(overloaded: the front-end limit; queue_full: the runner's queue limit)",
+            ["model", "reason"],
+            registry=registry or CollectorRegistry(),
+        )
+        self.models: dict[str, ModelAdmission] = {}
+        # Request targets already resolved to a model (bounded: cleared when full).
+        self._targets: dict[bytes, ModelAdmission] = {}
+        self.log = RateLimitedLog("requests_refused")
+        self._late = 0  # late loop-lag readings in a row
+
+    def model(self, name: str) -> ModelAdmission:
+        """The state of model ``name`` (made on first use)."""
+        state = self.models.get(name)
+        if state is None:
+            state = self.models[name] = ModelAdmission(name, self)
+        return state
+
+    def loop_lag(self, lag: float) -> None:
+        """One reading of the event loop's lag, in seconds (see :class:`LoopLag`): behind
+        after :data:`LAG_SUSTAIN` late readings in a row, and on each late one while a cap
+        holds."""
+        if lag > LAG_LIMIT:
+            self._late += 1
+            sustained = self._late >= LAG_SUSTAIN
+            for state in self.models.values():
+                if sustained or state.lag_cap < float("inf"):
+                    state.loop_behind()
+        else:
+            self._late = 0
+            for state in self.models.values():
+                state.loop_keeps_up()
+
+    def refuse(self, state: ModelAdmission, reason: str) -> None:
+        """Count and summarise a refusal of one of ``state``'s requests for ``reason``."""
+        state.refused[reason].inc()
+        self.log(model=state.name, reason=reason, in_flight=state.inflight, limit=state.limit)
+
+    def exempt(self, model: str, exempt: bool = True) -> None:
+        """Admit every request of ``model`` (or stop doing so): a stateful model's, whose
+        sequence slots bound its work and whose steps must not be refused mid-sequence."""
+        self.model(model).exempt = exempt
+
+    # -- gRPC (and any other front end) ------------------------------------------------------
+
+    def try_admit(self, model: str) -> str | None:
+        """Admit one request for ``model``: None, and it counts as in flight until
+        :meth:`release`; or the refusal's message (counted and logged as a summary), to be
+        answered at once (gRPC: UNAVAILABLE with the message; HTTP: 503).
+
+        Raises:
+            nothing.
+        """
+        state = self.model(model)
+        reason = state.refuses()
+        if reason is not None:
+            self.refuse(state, reason)
+            return state.message
+        state.enter()
+        return None
+
+    def release(self, model: str, *, queue_full: bool = False) -> None:
+        """An admitted request of ``model`` was answered; ``queue_full``: the runner refused
+        it (``QueueFullError``), so its in-flight count becomes the limit for a while."""
+        self.model(model).leave(queue_full, self.queue_delay, self.capacity)
+
+    # -- HTTP ------------------------------------------------------------------------------------
+
+    def at_head(self, target: bytes) -> bytes | ModelAdmission | None:
+        """Admission from a POST's request target alone, for the connection guard
+        (:class:`~model_runtime.server.http.guard.ConnectionGuard`), before aiohttp reads the
+        request:
+
+        - the prebuilt 503 (a whole HTTP/1.1 response) when ``target`` is the infer URL of a
+          model over its limit now, counted and summarised like any refusal;
+        - the model's state when it is admitted: it is in flight from now, and the request
+          carries it to the HTTP app's admission middleware
+          (:mod:`model_runtime.server.http.admitting`), or the guard gives it back
+          with :meth:`ModelAdmission.withdraw`;
+        - None for any other target: the middleware decides.
+
+        Deciding here, once, matters under overload: a head let through to be checked again in
+        the middleware found its model full by then (the heads of one loop iteration all
+        passed before any entered) and was refused the expensive way, through aiohttp."""
+        state = self._targets.get(target)
+        if state is None:
+            state = self._model_of(target)
+            if state is None:
+                return None
+            if len(self._targets) >= 256:
+                self._targets.clear()
+            self._targets[target] = state
+        reason = state.refuses()
+        if reason is not None:
+            self.refuse(state, reason)
+            return state.response
+        state.enter()
+        return state
+
+    def _model_of(self, target: bytes) -> ModelAdmission | None:
+        """The state of the known model whose infer URL ``target`` is, or None."""
+        if not target.startswith(b"/v2/models/") or not target.endswith(b"/infer"):
+            return None
+        parts = target[11:-6].split(b"/")
+        if len(parts) not in (1, 3) or (len(parts) == 3 and parts[1] != b"versions"):
+            return None
+        if b"%" in parts[0]:
+            return None  # percent-encoded: aiohttp decodes it, the middleware decides
+        try:
+            return self.models.get(parts[0].decode())
+        except UnicodeDecodeError:
+            return None
+
+
+class LoopLag:
+    """Measures the running event loop's lag for ``control``: a timer due every
+    :data:`LAG_TICK` seconds reports how late it fired (:meth:`AdmissionControl.loop_lag`).
+    ``start()`` on the loop, ``stop()`` when done; one timer handle, no task."""
+
+    def __init__(self, control: AdmissionControl, tick: float = LAG_TICK) -> None:
+        self.control = control
+        self.tick = tick
+        self._handle: asyncio.TimerHandle | None = None
+        self._due = 0.0
+
+    def start(self) -> None:
+        """Start ticking on the running loop.
+
+        Raises:
+            RuntimeError: no running event loop.
+        """
+        loop = asyncio.get_running_loop()
+        self._due = loop.time() + self.tick
+        self._handle = loop.call_at(self._due, self._tick, loop)
+
+    def stop(self) -> None:
+        """Stop ticking."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
+        now = loop.time()
+        self.control.loop_lag(now - self._due)
+        self._due = now + self.tick
+        self._handle = loop.call_at(self._due, self._tick, loop)

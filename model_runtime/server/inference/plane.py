@@ -1,0 +1,347 @@
+"""The data plane: how the daemon runs one inference request, whichever front end read it.
+
+:class:`DataPlane` is protocol-neutral (KServe's ``DataPlane``; Triton's core API under its
+front ends). It owns the server options, the repository, the metrics, admission control, the
+clients' shared memory regions and the in-flight count the drain waits for; it runs a request
+(the runner that takes it now or the refusal, decoding, running within its deadline and
+priority, encoding, statistics and metrics) and says what answers an exception. The HTTP
+routes, the protocol-level HTTP path, the gRPC service, model control and the Ray deployment
+are handed one; it imports none of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import structlog
+
+from model_runtime.errors import ModelRuntimeError
+from model_runtime.runner import ModelRunner
+from model_runtime.sequences import SequenceStep
+from model_runtime.server.answers import HTTPError, status_of
+from model_runtime.server.inference.admission import DEFAULT_QUEUE_DELAY, AdmissionControl
+from model_runtime.server.observability.metrics import DaemonMetrics
+from model_runtime.server.observability.ratelog import RateLimitedLog
+from model_runtime.server.repository.repository import ModelEntry, ModelRepository, ModelState
+from model_runtime.server.security.restrict import RestrictionCounter
+from model_runtime.server.serving import innermost
+from model_runtime.server.tensors.binary import HEADER_LENGTH
+from model_runtime.server.tensors.codec import InferRequest, parse_infer_request
+from model_runtime.server.tensors.encode import encode_infer_response
+from model_runtime.server.tensors.parameters import not_a_sequence_model
+from model_runtime.server.tensors.raw import parse_raw_request
+from model_runtime.server.tensors.shm import SharedMemoryRegistry
+from model_runtime.server.tensors.shm_io import decode_in_thread
+from model_runtime.server.triton.config import DEFAULT_SETTINGS
+
+__all__ = ["DataPlane", "ServerOptions"]
+
+log = structlog.get_logger("model_runtime.server.app")  # the logger its events always had
+
+_THREAD_PARSE_BYTES = 1 << 20
+#: Refusals that leave a body unread: the connection closes after the answer.
+_UNREAD = frozenset({"too_large", "body_timeout", "bad_encoding"})
+
+
+@dataclass(frozen=True, slots=True)
+class ServerOptions:
+    """Front-end limits and settings.
+
+    ``request_timeout`` (seconds, None: none) bounds queue + compute; a request's own
+    ``timeout`` parameter can only shorten it. ``body_timeout`` (seconds, None: none) bounds
+    reading a request body (408 past it). ``access_log``: one INFO line per request.
+    ``priority_levels`` / ``default_priority_level``: Triton's dynamic batching fields, for
+    the mapping of a request's ``priority`` (None: not configured, see
+    :func:`~model_runtime.server.tensors.parameters.execute_priority`). ``retry_after``: seconds,
+    in the ``Retry-After`` of a 503 for a full queue. ``admission_delay``: seconds of work a
+    model may hold at the front end before new requests are refused unparsed (None: no
+    front-end limit; see :mod:`model_runtime.server.inference.admission`).
+    ``allow_client_shm``: clients may register and unregister system shared memory regions
+    (:mod:`model_runtime.server.tensors.shm`; off: those calls are refused with Triton's text,
+    and the extension is not listed).
+    """
+
+    max_body_size: int = 64 << 20
+    request_timeout: float | None = 60.0
+    server_name: str = "model-runtime"
+    server_version: str = "0.1.0"
+    body_timeout: float | None = 60.0
+    access_log: bool = True
+    priority_levels: int | None = None
+    #: Triton's ``--allow-client-shm``: clients may register system shared memory regions
+    allow_client_shm: bool = True
+    default_priority_level: int | None = None
+    retry_after: int = 1
+    admission_delay: float | None = DEFAULT_QUEUE_DELAY
+
+
+class DataPlane:
+    """Runs inference requests for the models of a :class:`ModelRepository` (see the module
+    docstring); every front end of one daemon shares one."""
+
+    def __init__(
+        self,
+        repository: ModelRepository,
+        options: ServerOptions | None = None,
+        metrics: DaemonMetrics | None = None,
+    ) -> None:
+        self.repository = repository
+        self.options = options or ServerOptions()
+        self.metrics = metrics or DaemonMetrics()
+        #: Requests refused by a front end's restrictions, counted for every front end.
+        self.restricted = RestrictionCounter(self.metrics.registry)
+        repository.on_readiness = self.metrics.readiness_changed
+        # A runner a reload swaps out (or an unload closes) is read into the totals first.
+        repository.on_retire = self.metrics.retire_runner
+        self.draining = False
+        self._inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._queue_full_log = RateLimitedLog("requests_refused_queue_full")
+        #: Triton's system shared memory extension: the regions clients registered
+        self.shared_memory = SharedMemoryRegistry(enabled=self.options.allow_client_shm)
+        self.admission = AdmissionControl(
+            self.metrics.registry,
+            queue_delay=self.options.admission_delay,
+            retry_after=self.options.retry_after,
+            capacity=self._capacity,
+        )
+        # A stateful model's steps are never shed: its sequence slots bound its work, and a
+        # step refused mid-sequence would break a client's session (model_runtime.sequences).
+        repository.on_install = lambda entry: self.admission.exempt(
+            entry.name, entry.sequences is not None
+        )
+
+    def _capacity(self, name: str) -> int:
+        """Requests model ``name``'s replicas take at once: a batch computing and one filling
+        per replica (0 when it is not loaded)."""
+        try:
+            runner = self.repository.get(name, None).runner
+        except ModelRuntimeError:
+            return 0
+        executable = getattr(runner and runner.current, "executable", None)
+        if runner is None or executable is None:
+            return 0
+        return 2 * int(executable.metadata.batch_size) * len(runner.replica_status())
+
+    # -- health and metadata ---------------------------------------------------------------------
+
+    def extensions(self) -> list[str]:
+        """The protocol extensions this server serves (HTTP and gRPC server metadata)."""
+        served = ["binary_tensor_data", "model_repository", "statistics"]
+        if self.shared_memory.enabled:
+            served.append("system_shared_memory")  # Triton's name
+        return served
+
+    def not_ready_reason(self) -> str | None:
+        """Why the server is not ready (None: it is): draining, or the repository's
+        reason (Triton's strict readiness)."""
+        if self.draining:
+            return "the server is draining"
+        return self.repository.not_ready_reason()
+
+    def entry(self, name: str, version: str | None = None) -> ModelEntry:
+        """The model ``name`` (``version``: None or "" for the one served).
+
+        Raises:
+            UnknownModelError: no such model, or no such version of it (Triton's wording).
+        """
+        return self.repository.get(name, version)
+
+    # -- running a request -----------------------------------------------------------------------
+
+    async def drain(self, grace: float) -> bool:
+        """Refuse new requests (503) and wait up to ``grace`` s for in-flight ones; True if
+        they all finished."""
+        self.draining = True
+        self.metrics.draining.set(1)
+        with anyio.move_on_after(grace):
+            await self._idle.wait()
+            return True
+        return False
+
+    def error_answer(
+        self, exc: Exception, path: str
+    ) -> tuple[int, str, dict[str, str] | None, bool]:
+        """What answers ``exc`` (raised serving ``path``): its status, message, extra headers,
+        and whether the connection closes after it (a body left unread); logged as its cause
+        calls for. Every front end answers alike through it."""
+        status, reason = status_of(exc)
+        headers = exc.headers if isinstance(exc, HTTPError) else None
+        if reason == "queue_full":
+            # Overload is answered, counted, and logged as a rate-limited summary only.
+            headers = {"Retry-After": str(self.options.retry_after)}
+            self._queue_full_log(path=path, error=str(exc))
+        elif reason == "internal":
+            log.error("request_failed", path=path, status=status, exc_info=exc)
+        elif status >= 500:
+            log.warning("request_failed", path=path, status=status, error=str(exc))
+        return status, str(exc) or type(exc).__name__, headers, reason in _UNREAD
+
+    def serving_runner(self, entry: ModelEntry, refusal: HTTPError | None = None) -> Any:
+        """The runner that takes an infer request for ``entry`` now, whichever front end;
+        ``refusal``: the front end's own answer from the request's head (HTTP: its announced
+        size or encoding), given once the server and the model could take it.
+
+        Raises:
+            HTTPError: 503 while draining or the model is not ready; else ``refusal``;
+                counted in the metrics as refused.
+        """
+        runner = entry.runner
+        if self.draining:
+            refusal = HTTPError(503, "the server is draining", "draining")
+        elif runner is None or entry.state is not ModelState.READY:
+            refusal = HTTPError(503, f"model {entry.name!r} is {entry.state.value}", "not_ready")
+        if refusal is not None:
+            self.metrics.observe(entry.name, refusal.reason, 0.0, 0, entry.version)
+            raise refusal
+        return runner
+
+    async def answer_infer(
+        self,
+        entry: ModelEntry,
+        runner: Any,
+        header_length: str | None,
+        body: bytes | Callable[[], Awaitable[bytes | bytearray]],
+    ) -> tuple[bytes, int | None]:
+        """The answer to a REST infer request for ``entry`` (taken by ``runner``): ``body``
+        (or what awaiting ``body()`` gives: called only once the head is read, so a request
+        refused before its body leaves nothing unawaited), with the
+        ``Inference-Header-Content-Length`` header's value, decoded, run and encoded;
+        counted in flight, in the model's statistics and in the metrics. Returns the
+        response body and its JSON part's length (None: all JSON).
+
+        Raises:
+            HTTPError, ModelRuntimeError: what the request's answer is (see
+                :meth:`error_answer`).
+        """
+        self.enter_request(entry.name, entry.version)
+        t0 = time.perf_counter()
+        reason: str | None = "internal"
+        samples = 0
+        try:
+            try:
+                length = None if header_length is None else int(header_length)
+            except ValueError:
+                raise HTTPError(400, f"{HEADER_LENGTH} must be an integer", "bad_request") from None
+            data = body if isinstance(body, bytes) else await body()
+            out, json_length, samples = await self._infer(data, length, entry, runner)
+            reason = None
+            return out, json_length
+        except asyncio.CancelledError:
+            reason = "cancelled"
+            log.info("request_cancelled", model=entry.name)
+            raise
+        except BaseException as exc:
+            reason = status_of(exc)[1]
+            raise
+        finally:
+            self.finish_request(entry, reason, t0, samples)
+
+    async def _infer(
+        self, body: bytes | bytearray, header_length: int | None, entry: ModelEntry, runner: Any
+    ) -> tuple[bytes, int | None, int]:
+        def parse() -> InferRequest:
+            if header_length == 0:  # Triton's raw binary request: the body is the one input
+                return parse_raw_request(body, entry.inputs, entry.outputs, model=entry.name)
+            return parse_infer_request(
+                body,
+                header_length,
+                entry.inputs,
+                entry.outputs,
+                model=entry.name,
+                regions=self.shared_memory,
+            )
+
+        # Decoding ~1 MiB takes ~1-5 ms: below that the thread hop costs more than it saves.
+        if len(body) > _THREAD_PARSE_BYTES:
+            parsed = await decode_in_thread(parse)
+        else:
+            parsed = parse()
+        try:
+            results = await self.execute(entry, runner, parsed)
+
+            def encode() -> tuple[bytes, int | None]:
+                return encode_infer_response(
+                    entry.name, entry.version, parsed, results, entry.datatypes, specs=entry.outputs
+                )
+
+            if sum(a.nbytes for a in results.values()) > _THREAD_PARSE_BYTES // 4:
+                out, json_length = await anyio.to_thread.run_sync(encode)
+            else:
+                out, json_length = encode()
+        finally:
+            parsed.release()  # its shared memory regions, if any
+        first = next(iter(parsed.inputs.values()))
+        samples = int(first.shape[0]) if first.ndim else 1
+        return out, json_length, samples
+
+    async def execute(
+        self, entry: ModelEntry, runner: Any, parsed: InferRequest, deadline: float | None = None
+    ) -> dict[str, Any]:
+        """Run a decoded request on ``runner`` (``entry``'s), whichever front end, within the
+        shortest of the server's ``request_timeout``, the request's ``timeout`` and
+        ``deadline`` (seconds: the gRPC caller's), at its priority.
+
+        Raises:
+            TimeoutError, ExecutionTimeoutError: past the deadline.
+            ModelRuntimeError: whatever the runner raises (refusals, bad inputs, failures).
+        """
+        opts = self.options
+        # The model's own settings (config.pbtxt / TOML) over the server's.
+        settings = entry.settings or DEFAULT_SETTINGS
+        timeout = settings.deadline(opts.request_timeout, parsed.timeout)
+        if deadline is not None:
+            timeout = deadline if timeout is None else min(timeout, deadline)
+        priority = settings.priority(
+            parsed.priority, opts.priority_levels, opts.default_priority_level
+        )
+        sequence = parsed.sequence
+        if settings.sequence is not None:  # a stateful model: every request is a step
+            pending = runner.execute(
+                parsed.inputs,
+                timeout=timeout,
+                priority=priority,
+                sequence=sequence or SequenceStep(0),
+            )
+        elif sequence is not None:
+            raise not_a_sequence_model(sequence, entry.name)
+        else:
+            pending = runner.execute(parsed.inputs, timeout=timeout, priority=priority)
+        if timeout is None or isinstance(innermost(runner), ModelRunner):
+            # A ModelRunner enforces the deadline itself: its own timer fails the request (and
+            # drops it before it reaches a device once passed), so no second timer here.
+            results: dict[str, Any] = await pending
+            return results
+        async with asyncio.timeout(timeout):  # a runner of another make: the server's timer
+            results = await pending
+        return results
+
+    def enter_request(self, model: str, version: str = "1") -> None:
+        """Count an inference request in flight (the drain waits for it), any front end."""
+        self._inflight += 1
+        self._idle.clear()
+        self.metrics.request_started(model, version)
+
+    def finish_request(
+        self, entry: ModelEntry, reason: str | None, t0: float, samples: int
+    ) -> None:
+        """An inference request begun at ``t0`` (``time.perf_counter``) ended, any front end:
+        the model's statistics and metrics record it (``reason`` None: it succeeded), and it
+        is no longer in flight (:meth:`leave_request`)."""
+        seconds = time.perf_counter() - t0
+        entry.stats.record(reason is None, int(seconds * 1e9), samples)
+        self.metrics.observe(entry.name, reason, seconds, samples, entry.version)
+        self.leave_request(entry.name, entry.version)
+
+    def leave_request(self, model: str, version: str = "1") -> None:
+        """Count an inference request done (see :meth:`enter_request`)."""
+        self._inflight -= 1
+        self.metrics.request_finished(model, version)
+        if self._inflight == 0:
+            self._idle.set()

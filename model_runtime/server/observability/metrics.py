@@ -1,0 +1,423 @@
+"""Prometheus metrics of one daemon (its own ``CollectorRegistry``, never the global one).
+
+Triton's metrics, under Triton's names and labels (``model``, ``version``), as Triton exposes
+them (counters without a ``_total`` suffix, durations as cumulative microsecond counters):
+``nv_inference_request_success``, ``nv_inference_request_failure``, ``nv_inference_count``
+(samples), ``nv_inference_exec_count`` (batches run), ``nv_inference_request_duration_us``,
+``nv_inference_queue_duration_us``, ``nv_inference_compute_input_duration_us``,
+``nv_inference_compute_infer_duration_us``, ``nv_inference_compute_output_duration_us`` and the
+gauge ``nv_inference_pending_request_count``. Their totals live here, per (model, version), not
+in a runner: a reload replaces the runner and the totals go on (:class:`TritonTotals`).
+
+Ours (``model_runtime_*``): requests by outcome and reason, a duration histogram, replica state,
+device, batches, resets, restarts, retries and poisoned requests, repository state and loads,
+readiness changes, draining; and the process collector's ``process_*`` metrics.
+
+Request outcomes, inference counts, durations and pending requests are counted by the front
+ends (HTTP, gRPC) as requests finish. Replica facts (state, device, batches run, resets,
+restarts, queue and compute durations) are read from each runner, and model facts (repository
+state, versions loaded, loads failed) from the repository, when ``/metrics`` is scraped: the
+handler awaits :meth:`DaemonMetrics.refresh`, then renders; collection itself never awaits.
+Runner facts become totals by difference with the previous read of the same runner (a new
+runner starts from zero); the queue and compute microseconds of the requests counted since
+then are their count times the replica's current mean (the runner keeps means over a bounded
+window of requests, not sums). A runner about to close (swapped out by a reload, or unloaded)
+is read one last time (:meth:`DaemonMetrics.retire_runner`, the repository's ``on_retire``),
+so what it ran since the last scrape is counted too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+
+from model_runtime.errors import ModelRuntimeError
+from model_runtime.server.observability.collectors import (
+    ModelCollector,
+    ModelSnapshot,
+    ReplicaCollector,
+    ReplicaSnapshot,
+    SequenceCollector,
+    phase_of,
+)
+from model_runtime.server.repository.repository import ModelRepository, replica_states
+from model_runtime.server.serving import innermost
+
+__all__ = [
+    "CONTENT_TYPE",
+    "TRITON_PHASES",
+    "BatchTotals",
+    "DaemonMetrics",
+    "TritonTotals",
+    "phase_of",
+    "read_statistics",
+    "replica_counters",
+]
+
+#: The Prometheus text exposition content type.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_STATS_TIMEOUT = 1.0
+
+#: The runner's request phase (monitoring statistics key stem) behind each Triton duration;
+#: ``output`` is a run's end to its outputs split back to their callers.
+TRITON_PHASES = {
+    "queue_duration_us": "read_queue",
+    "compute_input_duration_us": "read_preparation",
+    "compute_infer_duration_us": "computation",
+    "compute_output_duration_us": "output",
+}
+
+
+@dataclass(slots=True)
+class BatchTotals:
+    """Executions of one batch size and their compute durations (Triton's ``batch_stats``):
+    each batch counts its run's mean per-request phase durations once."""
+
+    count: int = 0
+    compute_input_us: float = 0.0
+    compute_infer_us: float = 0.0
+    compute_output_us: float = 0.0
+
+
+@dataclass(slots=True)
+class TritonTotals:
+    """Cumulative Triton counters of one (model, version), across reloads of it.
+
+    Each numeric field is the metric ``nv_inference_<field>``; ``batches`` are the executions
+    by batch size (the statistics extension's ``batch_stats``).
+    """
+
+    request_success: int = 0
+    request_failure: int = 0
+    count: int = 0
+    exec_count: int = 0
+    request_duration_us: float = 0.0
+    queue_duration_us: float = 0.0
+    compute_input_duration_us: float = 0.0
+    compute_infer_duration_us: float = 0.0
+    compute_output_duration_us: float = 0.0
+    batches: dict[int, BatchTotals] = field(default_factory=dict)
+    #: Requests each duration was recorded for, by field name (``queue_duration_us``, ...).
+    recorded: dict[str, int] = field(default_factory=dict)
+
+
+_TRITON_HELP = {
+    "request_success": "Number of successful inference requests, all batch sizes",
+    "request_failure": "Number of failed inference requests, all batch sizes",
+    "count": "Number of inferences performed (samples)",
+    "exec_count": "Number of model executions performed (batches)",
+    "request_duration_us": "Cumulative inference request duration in microseconds",
+    "queue_duration_us": "Cumulative inference queuing duration in microseconds",
+    "compute_input_duration_us": "Cumulative compute input duration in microseconds",
+    "compute_infer_duration_us": "Cumulative compute inference duration in microseconds",
+    "compute_output_duration_us": "Cumulative inference compute output duration in microseconds",
+}
+
+
+@dataclass(slots=True)
+class _Mark:
+    """What one runner had counted at the last read (its replicas' runs and phase counts)."""
+
+    runner: object
+    runs: dict[int, int] = field(default_factory=dict)
+    counts: dict[tuple[int, str], float] = field(default_factory=dict)
+    #: (replica, executed batch size) -> runs
+    sizes: dict[tuple[int, int], int] = field(default_factory=dict)
+
+
+def _runs_by_size(
+    mark: _Mark, replica: int, state: object, batch: int, executions: int
+) -> dict[int, int]:
+    """The ``executions`` new runs of ``replica`` by the batch size they ran at (its state's
+    ``runs_by_size`` since the last read); runs it does not size go to ``batch``."""
+    sizes = getattr(state, "runs_by_size", None)
+    out: dict[int, int] = {}
+    if isinstance(sizes, dict):
+        for size, n in list(sizes.items()):
+            added = n - mark.sizes.get((replica, size), 0)
+            mark.sizes[(replica, size)] = n
+            if added > 0:
+                out[size] = added
+    rest = executions - sum(out.values())
+    if rest > 0:
+        out[batch] = out.get(batch, 0) + rest
+    return out
+
+
+def _batch_size(runner: object) -> int:
+    """The batch size ``runner`` executes (its executable's; 0 when it does not say)."""
+    try:
+        size = runner.executable.metadata.batch_size  # type: ignore[attr-defined]
+    except (AttributeError, ModelRuntimeError):
+        return 0
+    return size if isinstance(size, int) else 0
+
+
+def _delta(now: float, before: float) -> float:
+    """The increase of a counter since ``before`` (a counter that went back restarted)."""
+    return now - before if now >= before else now
+
+
+def replica_counters(runner: Any, replica: int) -> tuple[int | None, dict[str, int]]:
+    """Device id and counters (runs, resets, restarts, retries) of one replica, when exposed."""
+    states = replica_states(runner)
+    if replica >= len(states):
+        return None, {}
+    state = states[replica]
+    counters = {}
+    for name in ("runs", "resets", "restarts", "retries", "poisoned"):
+        value = getattr(state, name, None)
+        if isinstance(value, int):
+            counters[name] = value
+    device = getattr(state, "device_id", None)
+    return (device if isinstance(device, int) else None), counters
+
+
+def _triton_text(triton: Mapping[tuple[str, str], TritonTotals]) -> bytes:
+    """Triton's counters in the text format, named as Triton names them: prometheus_client
+    would add ``_total`` to a counter's name, and Triton users' dashboards query without it."""
+    lines: list[str] = []
+    totals = sorted(triton.items())
+    for name, doc in _TRITON_HELP.items():
+        full = f"nv_inference_{name}"
+        lines += [f"# HELP {full} {doc}", f"# TYPE {full} counter"]
+        for (model, version), t in totals:
+            labels = f'model="{_escape(model)}",version="{_escape(version)}"'
+            lines.append(f"{full}{{{labels}}} {float(getattr(t, name))!r}")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _memory(runner: object) -> dict[str, Any]:
+    """``runner.memory()`` (see ``ModelRunner.memory``), or {} for a runner without it."""
+    fn = getattr(runner, "memory", None)
+    if not callable(fn):
+        return {}
+    try:
+        return dict(fn())
+    except Exception:  # a fact for a scrape: never its failure
+        return {}
+
+
+class DaemonMetrics:
+    """Every metric of one daemon."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "model_runtime_requests",
+            "Inference requests answered, by outcome (success/failure) and failure reason",
+            ["model", "outcome", "reason"],
+            registry=r,
+        )
+        self.inferences = Counter(
+            "model_runtime_inferences", "Samples inferred successfully", ["model"], registry=r
+        )
+        self.duration = Histogram(
+            "model_runtime_request_duration_seconds",
+            "Inference request duration at the HTTP front end",
+            ["model"],
+            buckets=_BUCKETS,
+            registry=r,
+        )
+        self.pending = Gauge(
+            "model_runtime_pending_requests", "Inference requests in flight", ["model"], registry=r
+        )
+        self.nv_pending = Gauge(
+            "nv_inference_pending_request_count",
+            "Instantaneous number of pending requests awaiting execution per model",
+            ["model", "version"],
+            registry=r,
+        )
+        self.model_ready = Gauge(
+            "model_runtime_model_ready", "1 while the model serves requests", ["model"], registry=r
+        )
+        self.draining = Gauge("model_runtime_draining", "1 while the daemon drains", registry=r)
+        self.readiness_changes = Counter(
+            "model_runtime_model_readiness_changes",
+            "Times a model became ready (ready=true) or not ready (ready=false)",
+            ["model", "ready"],
+            registry=r,
+        )
+        self.snapshot: list[ReplicaSnapshot] = []
+        self.models: list[ModelSnapshot] = []
+        #: ``ModelRunner.memory`` of every loaded (model, version) at the last scrape, less
+        #: the per-replica part (in the replicas' snapshots).
+        self.model_memory: dict[tuple[str, str], dict[str, int]] = {}
+        #: ((model, version), its live sequences) of every stateful model at the last scrape.
+        self.sequences: list[tuple[tuple[str, str], Any]] = []
+        #: Triton's totals per (model, version): they outlive reloads (see the module doc).
+        self.triton: dict[tuple[str, str], TritonTotals] = {}
+        #: The last read of each runner of a (model, version), by ``id`` of the runner (a mark
+        #: holds its runner, so the id is not reused while it lives): during a reload the old
+        #: runner and the new one are both read.
+        self._marks: dict[tuple[str, str], dict[int, _Mark]] = {}
+        self._children: dict[str, tuple[Any, Any, Any]] = {}
+        self._pending_children: dict[tuple[str, str], tuple[Any, Any]] = {}
+        r.register(ReplicaCollector(self))
+        r.register(ModelCollector(self))
+        r.register(SequenceCollector(self))
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+
+    def readiness_changed(self, model: str, ready: bool) -> None:
+        """Count one readiness change of ``model``."""
+        self.readiness_changes.labels(model, "true" if ready else "false").inc()
+
+    def totals(self, model: str, version: str = "1") -> TritonTotals:
+        """The Triton totals of ``model`` ``version`` (created at zero)."""
+        key = (model, version)
+        t = self.triton.get(key)
+        if t is None:
+            t = self.triton[key] = TritonTotals()
+        return t
+
+    def request_started(self, model: str, version: str = "1") -> None:
+        """Count one request in flight (``model_runtime_pending_requests``, Triton's pending)."""
+        for child in self._pending_of(model, version):
+            child.inc()
+
+    def request_finished(self, model: str, version: str = "1") -> None:
+        """Count one request no longer in flight (see :meth:`request_started`)."""
+        for child in self._pending_of(model, version):
+            child.dec()
+
+    def _pending_of(self, model: str, version: str) -> tuple[Any, Any]:
+        children = self._pending_children.get((model, version))
+        if children is None:
+            children = self._pending_children[(model, version)] = (
+                self.pending.labels(model),
+                self.nv_pending.labels(model, version),
+            )
+        return children
+
+    def observe(
+        self, model: str, reason: str | None, seconds: float, samples: int, version: str = "1"
+    ) -> None:
+        """Count one finished inference request (``reason`` None means success)."""
+        t = self.totals(model, version)
+        if reason is None:
+            t.request_success += 1
+            t.count += samples
+            t.request_duration_us += seconds * 1e6
+        else:
+            t.request_failure += 1
+        children = self._children.get(model)
+        if children is None:
+            children = self._children[model] = (
+                self.requests.labels(model, "success", ""),
+                self.inferences.labels(model),
+                self.duration.labels(model),
+            )
+        ok, inferences, duration = children
+        if reason is None:
+            ok.inc()
+            inferences.inc(samples)
+        else:
+            self.requests.labels(model, "failure", reason).inc()
+        duration.observe(seconds)
+
+    async def refresh(self, repository: ModelRepository) -> None:
+        """Read replica facts and statistics from every loaded runner."""
+        snaps: list[ReplicaSnapshot] = []
+        self.model_memory = {}
+        entries = repository.entries()
+        self.models = [ModelSnapshot(e.name, e.state, e.loads, e.load_failures) for e in entries]
+        tables = {(e.name, e.version): e.sequences for e in entries if e.sequences is not None}
+        self.sequences = sorted(tables.items(), key=lambda item: item[0])
+        for entry in entries:
+            self.model_ready.labels(entry.name).set(1.0 if entry.is_ready else 0.0)
+            snaps += await self.read_runner(entry.name, entry.version, entry.runner)
+        self.snapshot = snaps
+
+    async def read_runner(self, model: str, version: str, runner: Any) -> list[ReplicaSnapshot]:
+        """Read one model version's runner: its replicas now, and what it ran since the last
+        read added to the version's :class:`TritonTotals` (never raises; None: nothing)."""
+        if runner is None:
+            return []
+        key = (model, version)
+        current = innermost(runner)  # a ServingRunner swaps it on reload
+        marks = self._marks.setdefault(key, {})
+        mark = marks.get(id(current))
+        if mark is None or mark.runner is not current:
+            mark = marks[id(current)] = _Mark(current)  # a new runner counts from zero
+        totals = self.totals(model, version)
+        batch = _batch_size(current)
+        memory = _memory(current)
+        replica_memory = memory.pop("replicas", [])
+        if memory:
+            self.model_memory[key] = memory
+        snaps = []
+        for r, status in enumerate(runner.replica_status()):
+            device, counters = replica_counters(runner, r)
+            snap = ReplicaSnapshot(model, r, status, device, counters)
+            if r < len(replica_memory):
+                snap.memory = replica_memory[r]
+            snap.mean_us = await read_statistics(runner.get_monitoring_statistics_mean, r)
+            snap.count = await read_statistics(runner.get_monitoring_statistics_total_count, r)
+            snaps.append(snap)
+            runs = counters.get("runs", 0)
+            executions = int(_delta(runs, mark.runs.get(r, 0)))
+            totals.exec_count += executions
+            mark.runs[r] = runs
+            mean = {phase_of(k): v for k, v in snap.mean_us.items()}
+            count = {phase_of(k): v for k, v in snap.count.items()}
+            if executions:
+                states = replica_states(runner)
+                state = states[r] if r < len(states) else None
+                for size, runs_of in _runs_by_size(mark, r, state, batch, executions).items():
+                    b = totals.batches.get(size)
+                    if b is None:
+                        b = totals.batches[size] = BatchTotals()
+                    b.count += runs_of
+                    b.compute_input_us += runs_of * mean.get("read_preparation", 0.0)
+                    b.compute_infer_us += runs_of * mean.get("computation", 0.0)
+                    b.compute_output_us += runs_of * mean.get("output", 0.0)
+            for name, phase in TRITON_PHASES.items():
+                if phase not in count:
+                    continue
+                n = count[phase]
+                added = _delta(n, mark.counts.get((r, phase), 0.0))
+                mark.counts[(r, phase)] = n
+                setattr(totals, name, getattr(totals, name) + added * mean.get(phase, 0.0))
+                totals.recorded[name] = totals.recorded.get(name, 0) + int(added)
+        return snaps
+
+    async def retire_runner(self, model: str, version: str, runner: Any) -> None:
+        """Read a runner of ``model`` ``version`` that is about to close one last time (what
+        it ran since the last read reaches the totals), then forget it (never raises)."""
+        await self.read_runner(model, version, runner)
+        marks = self._marks.get((model, version))
+        if marks is not None:
+            marks.pop(id(innermost(runner)), None)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry) + _triton_text(self.triton)
+
+
+async def read_statistics(fn: Any, replica: int) -> dict[str, float]:
+    """``await fn(replica)`` (a runner statistics method) as floats; empty when unavailable."""
+    try:
+        async with asyncio.timeout(_STATS_TIMEOUT):
+            result: Mapping[str, float] = await fn(replica)
+    except (ModelRuntimeError, TimeoutError):  # a replica stopping, or a stuck actor
+        return {}
+    return {str(k): float(v) for k, v in result.items()}

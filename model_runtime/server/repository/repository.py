@@ -1,0 +1,623 @@
+"""The daemon's model repository: named models, each served by its own ModelRunner.
+
+Models come from explicit paths (``NAME=PATH`` or ``PATH``; the name is then the file's stem)
+and from a repository directory of ``NAME.mrx`` / ``NAME.onnx`` files (with an optional
+``NAME.toml`` of per-model settings) and of Triton model directories (``NAME/config.pbtxt``,
+``NAME/<version>/model.onnx``; see :mod:`model_runtime.server.triton.layout`). Per-model
+settings override the server-wide ones; an ``.onnx`` model is compiled on load through the
+executable cache, for its configured batch, else the batch it fixes itself, else the server's.
+Each version a Triton model's version policy selects is served by its own runner: the
+:class:`ModelEntry` of a model is its highest version, the others are in its ``versions``.
+Names from clients (load/unload) are checked against a strict pattern and resolved inside the
+directory: ``../`` and symlinks that lead out are refused.
+
+Each model loads, fails, reloads and unloads on its own (Triton's per-model availability):
+
+- A model that fails to load is ``UNAVAILABLE`` with the reason in the index; the others serve.
+- A reload loads and warms the new version *beside* the serving one, then swaps it in with one
+  assignment (:class:`ServingRunner`): a request goes whole to the old version or to the new,
+  the old one drains what it took, then closes. A failed reload leaves the old one serving and
+  says why (``failed to load '<name>': ...``, Triton's wording). The new version needs its own
+  devices while the old one holds its own: a reload waits up to ``reload_device_wait`` seconds
+  for them (another reload's old version frees its devices as it retires), then fails.
+- Model control modes are Triton's (:class:`ControlMode`): the repository API may load and
+  unload only in ``explicit`` mode; ``poll`` mode follows the files (:meth:`poll`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+import anyio.abc
+import structlog
+
+from model_runtime.errors import (
+    DeviceUnavailableError,
+    InputValidationError,
+    ModelControlError,
+    ModelLoadError,
+    ModelNotFoundError,
+    ModelRuntimeError,
+    UnknownModelError,
+)
+from model_runtime.runner_config import ModelRunnerConfig
+from model_runtime.server import answers
+from model_runtime.server.repository.entries import (
+    NAME_PATTERN,
+    SUFFIXES,
+    ControlMode,
+    Fingerprint,
+    ModelEntry,
+    ModelState,
+    ModelStats,
+    parse_model_arg,
+)
+from model_runtime.server.repository.versions import StartedVersion, start_version
+from model_runtime.server.serving import (
+    RunnerFactory,
+    RunnerLike,
+    ServingRunner,
+    default_factory,
+    replica_states,
+)
+from model_runtime.server.triton.config import ModelSettings, parse_override
+from model_runtime.server.triton.layout import fingerprint as _fingerprint, is_model_dir, plan_model
+
+__all__ = [
+    "ControlMode",
+    "ModelControlError",
+    "ModelEntry",
+    "ModelLoadError",
+    "ModelNotFoundError",
+    "ModelRepository",
+    "ModelState",
+    "ModelStats",
+    "RunnerFactory",
+    "RunnerLike",
+    "ServingRunner",
+    "parse_model_arg",
+    "replica_states",
+]
+
+log = structlog.get_logger(__name__)
+
+_T = TypeVar("_T")
+
+
+async def _first_of(events: Sequence[anyio.Event]) -> None:
+    """Return when any of ``events`` is set."""
+    async with anyio.create_task_group() as tg:
+
+        async def wait(event: anyio.Event) -> None:
+            await event.wait()
+            tg.cancel_scope.cancel()
+
+        for event in events:
+            tg.start_soon(wait, event)
+
+
+class ModelRepository:
+    """Named models and their runners; loads, reloads, unloads, polls and indexes them.
+
+    Use as ``async with ModelRepository(...) as repo``: runners are clients of the runtime's
+    tree, started by a load and closed by an unload from whichever task asks; the repository's
+    task group only watches their readiness. ``compile_source`` turns an ``.onnx`` path into
+    an ``.mrx`` path (it runs in a worker thread), ``compile_source(path, batch_size)`` for a
+    model whose batch is its own; ``runner_factory`` builds runners (tests
+    pass fakes). ``control_mode`` governs :meth:`client_load` / :meth:`client_unload` only
+    (a repository built in code is controlled by its code: ``EXPLICIT``; the daemon passes its
+    ``--model-control-mode``, default ``none``). ``strict_readiness`` and ``starting`` decide
+    :meth:`not_ready_reason`.
+    """
+
+    def __init__(
+        self,
+        config: ModelRunnerConfig,
+        *,
+        directory: Path | None = None,
+        compile_source: Callable[..., Path] | None = None,
+        runner_factory: RunnerFactory | None = None,
+        control_mode: ControlMode = ControlMode.EXPLICIT,
+        strict_readiness: bool = True,
+        reload_device_wait: float = 10.0,
+    ) -> None:
+        self.config = config
+        self.directory = directory.resolve() if directory is not None else None
+        self.control_mode = control_mode
+        self.strict_readiness = strict_readiness
+        self.reload_device_wait = reload_device_wait
+        #: True while the daemon loads its models at start: the server is not ready yet.
+        self.starting = False
+        self._compile = compile_source
+        self._factory = runner_factory or default_factory
+        self._models: dict[str, ModelEntry] = {}
+        self._tg: anyio.abc.TaskGroup | None = None
+        #: Called with (model, ready) whenever a loaded model's readiness changes.
+        self.on_readiness: Callable[[str, bool], None] | None = None
+        #: Awaited with (model, version, runner) just before a runner that served closes (a
+        #: reload swapped it out, or an unload): the last chance to read what it ran. Its
+        #: errors are logged; the runner closes anyway.
+        self.on_retire: Callable[[str, str, RunnerLike], Awaitable[None]] | None = None
+        #: Called with the entry each time a version is installed (it serves from now on).
+        self.on_install: Callable[[ModelEntry], None] | None = None
+
+    async def __aenter__(self) -> ModelRepository:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """Close every runner, then the task group that hosts them."""
+        await self.close_all()
+        tg, self._tg = self._tg, None
+        if tg is not None:
+            tg.cancel_scope.cancel()
+            await tg.__aexit__(None, None, None)
+
+    # -- lookup ------------------------------------------------------------------------------
+
+    def add(self, name: str, source: Path, *, in_directory: bool = False) -> ModelEntry:
+        """Register a model by name (not loaded).
+
+        Raises:
+            InputValidationError: the name is already taken by another file.
+        """
+        entry = self._models.get(name)
+        if entry is not None and entry.source != source:
+            raise InputValidationError(f"two models are named {name!r}: {entry.source}, {source}")
+        if entry is None:
+            entry = self._models[name] = ModelEntry(name, source, in_directory=in_directory)
+        return entry
+
+    def scan(self) -> list[str]:
+        """Register every model file of the repository directory; return their names.
+
+        Raises:
+            OSError: the directory cannot be listed.
+        """
+        if self.directory is None:
+            return []
+        names = set()
+        for path in self.directory.iterdir():
+            name = path.name if path.is_dir() else path.stem
+            if (path.suffix in SUFFIXES or path.is_dir()) and NAME_PATTERN.fullmatch(name):
+                found = self._resolve(name)
+                if found is not None and name not in self._models:
+                    self.add(name, found, in_directory=True)
+                if name in self._models and found is not None:
+                    names.add(name)
+        return sorted(names)
+
+    def _resolve(self, name: str) -> Path | None:
+        """The file of ``name`` inside the repository directory (``.mrx`` first), else its
+        Triton model directory, or None."""
+        assert self.directory is not None
+        for suffix in SUFFIXES:
+            candidate = (self.directory / f"{name}{suffix}").resolve()
+            if candidate.parent == self.directory and candidate.is_file():
+                return candidate
+        candidate = (self.directory / name).resolve()
+        if candidate.parent == self.directory and is_model_dir(candidate):
+            return candidate
+        return None
+
+    def _source_now(self, entry: ModelEntry) -> Path | None:
+        """The file ``entry`` would load now (a directory model is resolved again), or None."""
+        if entry.in_directory and self.directory is not None:
+            return self._resolve(entry.name)
+        source = entry.source
+        return source if source.is_file() or is_model_dir(source) else None
+
+    def get(self, name: str, version: str | None = None) -> ModelEntry:
+        """The model called ``name`` (its highest version served), or its ``version``.
+
+        Raises:
+            UnknownModelError: no such model, or that version of it is not served (Triton's
+                wording, as a client is answered).
+            ProtocolError: ``version`` is not a version number (Triton's words).
+        """
+        entry = self._models.get(name)
+        if entry is None:
+            raise UnknownModelError(name)
+        if not version:
+            return entry
+        found = entry.version_entry(answers.model_version(version))
+        if found is None:
+            raise UnknownModelError(name, version)
+        return found
+
+    def _models_by_name(self) -> list[ModelEntry]:
+        return [self._models[n] for n in sorted(self._models)]
+
+    def entries(self) -> list[ModelEntry]:
+        """Every known model, by name, and each version served (the others after the
+        model's own entry, ascending)."""
+        out = []
+        for entry in self._models_by_name():
+            out.append(entry)
+            out += [entry.versions[v] for v in sorted(entry.versions, key=int)]
+        return out
+
+    def index(self) -> list[dict[str, str]]:
+        """The repository index (protocol repository extension): every model, its state and
+        the reason (why it is unavailable, or why its last reload failed).
+
+        Raises:
+            OSError: the repository directory cannot be listed.
+        """
+        self.scan()
+        return [
+            {"name": e.name, "version": e.version, "state": e.state.value, "reason": e.reason}
+            for e in self.entries()
+        ]
+
+    def not_ready_reason(self) -> str | None:
+        """Why the server is not ready (None: it is), Triton's way: while the models of the
+        start load, not ready; then, with ``strict_readiness``, ready when every model that
+        should be loaded is ready; without it, ready (the server can serve)."""
+        if self.starting:
+            return "the server is loading its models"
+        if not self.strict_readiness:
+            return None
+        bad = [e.name for e in self._models_by_name() if e.wanted and not e.is_ready]
+        if bad:
+            return f"model(s) not ready: {bad} (see POST /v2/repository/index)"
+        return None
+
+    # -- the repository API (control modes) ------------------------------------------------------
+
+    def _check_control(self, action: str) -> None:
+        """Refuse a client's load or unload outside ``explicit`` mode, in Triton's words (it
+        says "polling" for its ``none`` mode too)."""
+        if self.control_mode is not ControlMode.EXPLICIT:
+            raise ModelControlError(
+                "explicit model load / unload is not allowed if polling is enabled"
+            )
+
+    async def client_load(self, name: str, config: str | None = None) -> ModelEntry:
+        """A load asked through the repository API: :meth:`load`, in ``explicit`` mode only.
+        ``config``: Triton's configuration override (a ``ModelConfig`` in JSON) for this load.
+
+        Raises:
+            ModelControlError: the control mode is not ``explicit``.
+            InputValidationError, UnknownModelError, ModelLoadError: as :meth:`load`.
+        """
+        self._check_control("load")
+        return await self._detached(self.load(name, config))
+
+    async def client_unload(self, name: str) -> None:
+        """An unload asked through the repository API: :meth:`unload`, in ``explicit`` mode only.
+
+        Raises:
+            ModelControlError: the control mode is not ``explicit``.
+            UnknownModelError: no such model.
+        """
+        self._check_control("unload")
+        await self._detached(self.unload(name))
+
+    async def _detached(self, work: Coroutine[Any, Any, _T]) -> _T:
+        """Run ``work`` in the repository's task group and wait for it: a client that goes
+        away stops waiting but does not cancel a load or unload half done (closing the
+        repository does)."""
+        tg = self._tg
+        if tg is None:
+            work.close()
+            raise ModelRuntimeError("the model repository is not open (use `async with`)")
+        done: asyncio.Future[_T] = asyncio.get_running_loop().create_future()
+        done.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody may wait
+
+        async def run() -> None:
+            try:
+                done.set_result(await work)
+            except Exception as exc:
+                done.set_exception(exc)
+            except BaseException:
+                done.cancel()
+                raise
+
+        tg.start_soon(run)
+        return await asyncio.shield(done)
+
+    # -- load / reload / unload ------------------------------------------------------------------
+
+    def _lookup_for_load(self, name: str) -> ModelEntry:
+        # Triton's rules for a name to load (ValidateModelName), in its words; any other name
+        # is looked up, and one no file of the repository can have is not found.
+        if not name.strip():
+            raise answers.model_name_empty()
+        if name.strip() == ".." or "/" in name:
+            raise answers.model_name_traversal(name)
+        entry = self._models.get(name)
+        if entry is not None:
+            return entry
+        found = None
+        if self.directory is not None and NAME_PATTERN.fullmatch(name) and name not in (".", ".."):
+            found = self._resolve(name)
+        if found is None:
+            raise UnknownModelError(name)
+        return self.add(name, found, in_directory=True)
+
+    async def load(self, name: str, config: str | None = None) -> ModelEntry:
+        """Load ``name``, or reload it beside the serving version and swap atomically.
+
+        Compiles an ``.onnx`` file, starts (and warms) a runner, then makes it the one that
+        serves; a version that was serving drains its requests and closes after the swap, so
+        no request is refused. On failure a serving version keeps serving. ``config``: a
+        configuration override (Triton's ``ModelConfig`` in JSON) used instead of the model's
+        ``config.pbtxt`` / TOML for this load (a later load without one reads the files);
+        an invalid one fails the load like a bad ``config.pbtxt``.
+
+        Raises:
+            ProtocolError: ``name`` is empty or has a path in it (Triton's words).
+            UnknownModelError: no such model (Triton's wording).
+            ModelLoadError: compiling or starting failed; the entry records the reason.
+        """
+        entry = self._lookup_for_load(name)
+        entry.wanted = True
+        async with entry.lock:
+            await self._load_locked(entry, config)
+        return entry
+
+    async def _load_locked(self, entry: ModelEntry, config: str | None = None) -> None:
+        serving = entry.runner
+        source = self._source_now(entry)
+        fingerprint = None if source is None else _fingerprint(source)
+        if config is not None:
+            fingerprint = None  # not the files' settings: a poll would load the files again
+        if serving is None:
+            entry.state, entry.reason = ModelState.LOADING, ""
+        started: dict[str, StartedVersion] = {}
+        try:
+            if source is None:
+                raise ModelLoadError(entry.name, f"its file {entry.source} is gone")
+            override = None if config is None else parse_override(config, entry.name)
+            plan = await anyio.to_thread.run_sync(plan_model, entry.name, source, override)
+            for version, path in plan.files.items():  # highest first
+                started[version] = await self._start_version(
+                    entry, path, plan.settings, beside=serving is not None, version=version
+                )
+        except Exception as exc:
+            await self._close_started(entry.name, started)
+            self._load_failed(entry, exc, fingerprint)
+            if isinstance(exc, ModelLoadError):
+                raise
+            raise ModelLoadError(entry.name, self._why(exc, entry), exc) from exc
+        except BaseException:  # cancelled: as if it had not been asked
+            await self._close_started(entry.name, started)
+            if serving is None:
+                entry.state, entry.reason = ModelState.UNAVAILABLE, "load cancelled"
+            raise
+        assert source is not None
+        entry.source, entry.fingerprint, entry.settings = source, fingerprint, plan.settings
+        before = [entry, *entry.versions.values()]
+        # (version, runner) now: the swap may change which version an entry serves.
+        old = [(e.version, e.runner.current) for e in before if e.runner is not None]
+        old_stops = [e.stop for e in before if e.stop is not None]
+        stats = {e.version: e.stats for e in before}
+        # The swap: everything a request reads about the model changes in this one step.
+        top, *rest = started
+        others = {}
+        for version in rest:
+            other = entry.versions.get(version) or ModelEntry(
+                entry.name, plan.files[version], version=version, wanted=True
+            )
+            other.settings = plan.settings
+            self._install(other, version, started[version], stats)
+            others[version] = other
+        for version, gone in entry.versions.items():
+            if version not in others:
+                gone.runner = gone.stop = gone.served = gone.sequences = None
+                gone.state, gone.reason = ModelState.UNAVAILABLE, "version no longer served"
+        self._install(entry, top, started[top], stats)
+        entry.versions = others
+        entry.loads += 1
+        log.info(
+            "model_loaded",
+            model=entry.name,
+            source=str(source),
+            versions=entry.served_versions(),
+            load=entry.loads,
+        )
+        for stop in old_stops:
+            stop.set()
+        with anyio.CancelScope(shield=True):  # what the old ones took gets its answers
+            for version, runner in old:
+                await self._retire(entry.name, runner, version)
+
+    def _install(
+        self, entry: ModelEntry, version: str, new: StartedVersion, stats: dict[str, ModelStats]
+    ) -> None:
+        """Make ``new`` the runner ``entry`` serves ``version`` with (no await: one step)."""
+        if entry.version != version:
+            entry.stats = stats.get(version) or ModelStats()
+        entry.version = version
+        entry.inputs, entry.outputs, entry.served = new.inputs, new.outputs, new.served
+        entry.datatypes = {s.name: s.datatype for s in new.outputs}
+        entry.sequences = new.sequences
+        if entry.runner is None:
+            entry.runner = ServingRunner(new.runner)
+        else:
+            entry.runner.current = new.runner
+        entry.stop = self._watch(entry, new.runner)
+        entry.state, entry.reason = ModelState.READY, ""
+        if self.on_install is not None:
+            self.on_install(entry)
+
+    async def _close_started(self, name: str, started: dict[str, StartedVersion]) -> None:
+        """Close the versions a failed or cancelled load had started already."""
+        with anyio.CancelScope(shield=True):
+            for version in started.values():
+                await self._retire(name, version.runner)  # never served: nothing to report
+
+    def _why(self, exc: Exception, entry: ModelEntry) -> str:
+        why = str(exc) or type(exc).__name__
+        if isinstance(exc, DeviceUnavailableError) and entry.runner is not None:
+            why += (
+                "; a reload loads the new version beside the serving one, which keeps its "
+                "devices until the swap: free a device, or unload the model and load it again"
+            )
+        return why
+
+    def _load_failed(self, entry: ModelEntry, exc: Exception, fp: Fingerprint | None) -> None:
+        entry.fingerprint = fp  # the poll tries again only when the file changes
+        entry.load_failures += 1
+        reason = str(exc) if isinstance(exc, ModelLoadError) else self._why(exc, entry)
+        if not reason.startswith("failed to load"):
+            reason = f"failed to load '{entry.name}': {reason}"
+        serving = entry.runner is not None
+        if serving:
+            entry.reason = f"{reason} (the previous version is still serving)"
+        else:
+            entry.state, entry.reason = ModelState.UNAVAILABLE, reason
+        log.error("model_load_failed", model=entry.name, error=reason, still_serving=serving)
+
+    async def _start_version(
+        self,
+        entry: ModelEntry,
+        source: Path,
+        settings: ModelSettings,
+        *,
+        beside: bool,
+        version: str = "1",
+    ) -> StartedVersion:
+        if self._tg is None:
+            raise ModelRuntimeError("the model repository is not open (use `async with`)")
+        return await start_version(
+            entry,
+            source,
+            settings,
+            defaults=self.config,
+            compile_source=self._compile,
+            factory=self._factory,
+            reload_device_wait=self.reload_device_wait if beside else None,
+            version=version,
+        )
+
+    def _watch(self, entry: ModelEntry, runner: RunnerLike) -> anyio.Event:
+        assert self._tg is not None
+        stop = anyio.Event()
+        self._tg.start_soon(self._watch_readiness, entry, runner, stop)
+        return stop
+
+    async def _watch_readiness(
+        self, entry: ModelEntry, runner: RunnerLike, stop: anyio.Event
+    ) -> None:
+        """Log (and report to ``on_readiness``) every change of the model's readiness, however
+        short: each replica's state sets an event on every status change."""
+        states = replica_states(runner)
+        ready = runner.is_ready
+        while states and not stop.is_set():
+            await _first_of([*(s.changed for s in states), stop])
+            now = runner.is_ready
+            if now != ready and not stop.is_set():
+                ready = now
+                statuses = [s.value for s in runner.replica_status()]
+                log.info("model_readiness_changed", model=entry.name, ready=now, replicas=statuses)
+                if self.on_readiness is not None:
+                    self.on_readiness(entry.name, now)
+
+    async def _retire(self, name: str, runner: RunnerLike, version: str | None = None) -> None:
+        """Close a version that was swapped out: it finishes what it took, then lets go of its
+        devices (logged, never raised: the new version serves already). A ``version`` that
+        served is reported to :attr:`on_retire` first."""
+        if version is not None:
+            await self._report_retired(name, version, runner)
+        try:
+            await runner.close()
+        except Exception as exc:
+            log.error("model_close_failed", model=name, error=str(exc))
+        log.info("model_version_retired", model=name)
+
+    async def _report_retired(self, name: str, version: str, runner: RunnerLike) -> None:
+        """Await :attr:`on_retire` for a runner about to close (logged, never raised)."""
+        hook = self.on_retire
+        if hook is None:
+            return
+        try:
+            with anyio.CancelScope(shield=True):  # an unload cancelled here still closes
+                await hook(name, version, runner)
+        except Exception as exc:
+            log.error("model_retire_hook_failed", model=name, version=version, error=str(exc))
+
+    async def unload(self, name: str) -> None:
+        """Drain and stop ``name``'s runner (in-flight requests finish first).
+
+        Raises:
+            UnknownModelError: no such model.
+        """
+        entry = self.get(name)
+        entry.wanted = False
+        async with entry.lock:
+            await self._close(entry, report=True)
+        log.info("model_unloaded", model=name)
+
+    async def _close(self, entry: ModelEntry, *, report: bool = False) -> None:
+        """Close every version of ``entry`` (``report``: to :attr:`on_retire` first; not at
+        shutdown, where nobody reads the metrics again)."""
+        others, entry.versions = list(entry.versions.values()), {}
+        for version in [*others, entry]:
+            serving = version.runner
+            if serving is None:
+                continue
+            version.state = ModelState.UNLOADING
+            if version.stop is not None:
+                version.stop.set()
+            try:
+                if report:
+                    await self._report_retired(entry.name, version.version, serving.current)
+                await serving.close()
+            except Exception as exc:
+                log.error("model_close_failed", model=entry.name, error=str(exc))
+            finally:
+                version.runner = version.stop = version.served = version.sequences = None
+                version.state, version.reason = ModelState.UNAVAILABLE, "unloaded"
+
+    async def close_all(self) -> None:
+        """Unload every model (runs save programs per the config); never raises."""
+        for entry in self._models_by_name():
+            try:
+                async with entry.lock:
+                    await self._close(entry)
+            except Exception as exc:
+                log.error("model_close_failed", model=entry.name, error=str(exc))
+
+    # -- poll --------------------------------------------------------------------------------
+
+    async def poll(self) -> None:
+        """One pass of ``poll`` mode: load models whose files appeared, reload those whose
+        files changed since they were last loaded (or tried), unload those whose files are
+        gone (a directory model then leaves the index). A failed load is logged and kept in
+        the index; the poll goes on with the next model.
+
+        Raises:
+            nothing: an unreadable directory is logged and the pass skipped.
+        """
+        try:
+            self.scan()
+        except OSError as exc:
+            log.error("repository_poll_failed", error=str(exc))
+            return
+        for entry in self._models_by_name():
+            source = self._source_now(entry)
+            if source is None:
+                await self._poll_removed(entry)
+                continue
+            if source == entry.source and _fingerprint(source) == entry.fingerprint:
+                continue
+            log.info("repository_change", model=entry.name, source=str(source))
+            try:
+                await self.load(entry.name)
+            except ModelRuntimeError:
+                pass  # logged by load; the index has the reason
+
+    async def _poll_removed(self, entry: ModelEntry) -> None:
+        if entry.runner is not None or entry.wanted:
+            log.info("repository_change", model=entry.name, source=None)
+            await self.unload(entry.name)
+        entry.fingerprint = None
+        if entry.in_directory and entry.runner is None and self._models.get(entry.name) is entry:
+            del self._models[entry.name]

@@ -1,0 +1,91 @@
+"""Encode inference responses (Open Inference Protocol v2, REST).
+
+Responses are written by orjson straight from the arrays (no lists of Python numbers); FP16
+and FP32 values are written as the float64 numbers they equal, as Triton writes them. An
+output requested with ``classification`` comes back as BYTES (:mod:`.classification`).
+Outputs asked for as binary data follow the JSON header, in the order of the outputs; outputs
+asked for in a shared memory region are written there (:mod:`.shm_io`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import orjson
+
+from model_runtime.server.tensors.classification import bytes_to_binary, classify
+from model_runtime.server.tensors.codec import InferRequest, TensorSpec
+from model_runtime.server.tensors.datatypes import BYTES, DATATYPES
+from model_runtime.server.tensors.shm_io import write_output
+
+__all__ = ["encode_infer_response"]
+
+_JSON_AS = {"FP16": np.dtype(np.float64), "FP32": np.dtype(np.float64)}
+
+
+def encode_infer_response(
+    model_name: str,
+    model_version: str,
+    request: InferRequest,
+    results: Mapping[str, np.ndarray],
+    datatypes: Mapping[str, str],
+    *,
+    specs: Sequence[TensorSpec] = (),
+    labels: Callable[[str], Sequence[str] | None] | None = None,
+) -> tuple[bytes, int | None]:
+    """Encode the requested outputs; return the body and, when binary data follows the JSON,
+    the JSON header's length (for ``Inference-Header-Content-Length``).
+
+    ``specs`` (the model's outputs) say which outputs have a batch axis, for classification
+    (unknown: an output of two or more dimensions has one) and their class labels;
+    ``labels``, when given, gives an output's class labels instead.
+
+    An output asked for in a shared memory region is written there, and its entry in the
+    response has its name, datatype and shape only (as Triton answers).
+
+    Raises:
+        KeyError: a requested output is missing from ``results``.
+        SharedMemoryOutputSizeError: an output is larger than its part of its region.
+    """
+    doc: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
+    if request.id is not None:
+        doc["id"] = request.id
+    batch_axis = {s.name: s.has_batch_axis for s in specs}
+    tensors: list[dict[str, Any]] = []
+    chunks: list[bytes | memoryview] = []
+    for out in request.outputs:
+        arr = results[out.name]
+        datatype = datatypes[out.name]
+        if out.class_count:
+            batched = batch_axis.get(out.name, arr.ndim >= 2)
+            if labels is not None:
+                names = labels(out.name)
+            else:
+                names = next((s.labels for s in specs if s.name == out.name), None)
+            arr = classify(arr, out.class_count, batched=batched, labels=names)
+            datatype = BYTES
+        entry: dict[str, Any] = {"name": out.name, "datatype": datatype, "shape": list(arr.shape)}
+        if out.region is not None:  # in its region: the response says what, not the data
+            write_output(out.region, out.name, arr, datatype)
+        elif datatype == BYTES:
+            if out.binary:
+                raw = bytes_to_binary(arr)
+                entry["parameters"] = {"binary_data_size": len(raw)}
+                chunks.append(raw)
+            else:
+                entry["data"] = [v.decode("utf-8", "replace") for v in arr.ravel()]
+        elif out.binary:
+            flat = np.ascontiguousarray(arr, dtype=DATATYPES[datatype]).reshape(-1)
+            entry["parameters"] = {"binary_data_size": flat.nbytes}
+            chunks.append(flat.data.cast("B"))
+        else:
+            dtype = _JSON_AS.get(datatype, DATATYPES[datatype].newbyteorder("="))
+            entry["data"] = np.ascontiguousarray(arr, dtype=dtype).reshape(-1)
+        tensors.append(entry)
+    doc["outputs"] = tensors
+    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not chunks:
+        return header, None
+    return b"".join([header, *chunks]), len(header)
