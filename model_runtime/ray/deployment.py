@@ -45,7 +45,8 @@ from model_runtime.server.daemon.options import DaemonOptions
 from model_runtime.server.daemon.serve import build_repository
 from model_runtime.server.http.routes import HttpFrontEnd
 from model_runtime.server.inference.plane import DataPlane, ServerOptions
-from model_runtime.server.repository.repository import ModelRepository, ModelState
+from model_runtime.server.repository.entries import ModelState
+from model_runtime.server.repository.repository import ModelRepository
 from model_runtime.server.tensors.codec import InferRequest
 
 __all__ = ["RuntimeReplica", "replica_devices"]

@@ -23,7 +23,8 @@ from model_runtime.server.http.fastpath import FastInfer
 from model_runtime.server.http.guard import ConnectionLimits, GuardedAppRunner
 from model_runtime.server.http.routes import HttpFrontEnd
 from model_runtime.server.inference.plane import DataPlane, ServerOptions
-from model_runtime.server.repository.repository import ModelRepository, RunnerLike
+from model_runtime.server.repository.repository import ModelRepository
+from model_runtime.server.serving import RunnerLike
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -18,17 +18,17 @@ import pytest
 
 from actors.device.wait import DeviceWaitStrategy
 from actors.session.state import ReplicaStatus
-from model_runtime.errors import InvalidExecutableError, RunnerStoppedError
-from model_runtime.io import DataDesc
-from model_runtime.runner_config import ModelRunnerConfig
-from model_runtime.server.repository.repository import (
-    ControlMode,
+from model_runtime.errors import (
+    InvalidExecutableError,
     ModelControlError,
     ModelLoadError,
-    ModelRepository,
-    ModelState,
-    RunnerLike,
+    RunnerStoppedError,
 )
+from model_runtime.io import DataDesc
+from model_runtime.runner_config import ModelRunnerConfig
+from model_runtime.server.repository.entries import ControlMode, ModelState
+from model_runtime.server.repository.repository import ModelRepository
+from model_runtime.server.serving import RunnerLike
 
 pytestmark = pytest.mark.timeout(10)
 

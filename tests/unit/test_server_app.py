@@ -35,7 +35,8 @@ from model_runtime.server.grpc.server import start_grpc_server
 from model_runtime.server.http.routes import HttpFrontEnd
 from model_runtime.server.inference.plane import DataPlane, ServerOptions
 from model_runtime.server.observability.metrics import DaemonMetrics
-from model_runtime.server.repository.repository import ModelRepository, RunnerLike, ServingRunner
+from model_runtime.server.repository.repository import ModelRepository
+from model_runtime.server.serving import RunnerLike, ServingRunner
 from model_runtime.server.tensors.binary import HEADER_LENGTH
 from model_runtime.server.triton import grpc_service_pb2 as pb, grpc_service_pb2_grpc as pb_grpc
 

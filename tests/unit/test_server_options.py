@@ -7,14 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from model_runtime.errors import ConfigurationError, FaultPlanError, InputValidationError
+from model_runtime.errors import (
+    ConfigurationError,
+    FaultPlanError,
+    InputValidationError,
+    ModelNotFoundError,
+)
 from model_runtime.runner_config import ModelRunnerConfig
 from model_runtime.server import build_parser, options_from_args
-from model_runtime.server.repository.repository import (
-    ModelNotFoundError,
-    ModelRepository,
-    parse_model_arg,
-)
+from model_runtime.server.repository.entries import parse_model_arg
+from model_runtime.server.repository.repository import ModelRepository
 
 pytestmark = pytest.mark.timeout(10)
 

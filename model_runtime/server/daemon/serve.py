@@ -44,7 +44,8 @@ from model_runtime.server.http.routes import HttpFrontEnd
 from model_runtime.server.inference.admission import LoopLag
 from model_runtime.server.inference.plane import DataPlane, ServerOptions
 from model_runtime.server.observability.logwriter import BatchedLogWriter
-from model_runtime.server.repository.repository import ControlMode, ModelRepository, parse_model_arg
+from model_runtime.server.repository.entries import ControlMode, parse_model_arg
+from model_runtime.server.repository.repository import ModelRepository
 from model_runtime.server.security.fdlimit import raise_open_file_limit
 from model_runtime.server.security.restrict import GRPC_KEY_PREFIX, Restrictions
 from model_runtime.server.security.tls import grpc_credentials, ssl_context

@@ -3,11 +3,15 @@ refusals answered in Triton's words and codes."""
 
 from __future__ import annotations
 
-from model_runtime.errors import DeviceUnavailableError, UnknownModelError
+from model_runtime.errors import (
+    DeviceUnavailableError,
+    ModelControlError,
+    ModelLoadError,
+    UnknownModelError,
+)
 from model_runtime.server import answers
 from model_runtime.server.answers import HTTPError
 from model_runtime.server.inference.plane import DataPlane
-from model_runtime.server.repository.repository import ModelControlError, ModelLoadError
 from model_runtime.server.tensors.parameters import load_request_parameters
 
 __all__ = ["load_model", "unload_model"]

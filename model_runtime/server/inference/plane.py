@@ -27,7 +27,8 @@ from model_runtime.server.answers import HTTPError, status_of
 from model_runtime.server.inference.admission import DEFAULT_QUEUE_DELAY, AdmissionControl
 from model_runtime.server.observability.metrics import DaemonMetrics
 from model_runtime.server.observability.ratelog import RateLimitedLog
-from model_runtime.server.repository.repository import ModelEntry, ModelRepository, ModelState
+from model_runtime.server.repository.entries import ModelEntry, ModelState
+from model_runtime.server.repository.repository import ModelRepository
 from model_runtime.server.security.restrict import RestrictionCounter
 from model_runtime.server.serving import innermost
 from model_runtime.server.tensors.binary import HEADER_LENGTH

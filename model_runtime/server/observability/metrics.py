@@ -52,8 +52,8 @@ from model_runtime.server.observability.collectors import (
     SequenceCollector,
     phase_of,
 )
-from model_runtime.server.repository.repository import ModelRepository, replica_states
-from model_runtime.server.serving import innermost
+from model_runtime.server.repository.repository import ModelRepository
+from model_runtime.server.serving import innermost, replica_states
 
 __all__ = [
     "CONTENT_TYPE",

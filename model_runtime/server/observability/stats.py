@@ -21,7 +21,7 @@ from model_runtime.server.observability.metrics import (
     read_statistics,
     replica_counters,
 )
-from model_runtime.server.repository.repository import ModelEntry
+from model_runtime.server.repository.entries import ModelEntry
 
 __all__ = ["model_statistics"]
 

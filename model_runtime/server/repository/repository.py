@@ -27,7 +27,7 @@ Each model loads, fails, reloads and unloads on its own (Triton's per-model avai
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -40,7 +40,6 @@ from model_runtime.errors import (
     InputValidationError,
     ModelControlError,
     ModelLoadError,
-    ModelNotFoundError,
     ModelRuntimeError,
     UnknownModelError,
 )
@@ -54,50 +53,27 @@ from model_runtime.server.repository.entries import (
     ModelEntry,
     ModelState,
     ModelStats,
-    parse_model_arg,
+)
+from model_runtime.server.repository.lifecycle import (
+    close_versions,
+    install,
+    retire,
+    watch_readiness,
 )
 from model_runtime.server.repository.versions import StartedVersion, start_version
 from model_runtime.server.serving import (
     RunnerFactory,
     RunnerLike,
-    ServingRunner,
     default_factory,
-    replica_states,
 )
 from model_runtime.server.triton.config import ModelSettings, parse_override
 from model_runtime.server.triton.layout import fingerprint as _fingerprint, is_model_dir, plan_model
 
-__all__ = [
-    "ControlMode",
-    "ModelControlError",
-    "ModelEntry",
-    "ModelLoadError",
-    "ModelNotFoundError",
-    "ModelRepository",
-    "ModelState",
-    "ModelStats",
-    "RunnerFactory",
-    "RunnerLike",
-    "ServingRunner",
-    "parse_model_arg",
-    "replica_states",
-]
+__all__ = ["ModelRepository"]
 
 log = structlog.get_logger(__name__)
 
 _T = TypeVar("_T")
-
-
-async def _first_of(events: Sequence[anyio.Event]) -> None:
-    """Return when any of ``events`` is set."""
-    async with anyio.create_task_group() as tg:
-
-        async def wait(event: anyio.Event) -> None:
-            await event.wait()
-            tg.cancel_scope.cancel()
-
-        for event in events:
-            tg.start_soon(wait, event)
 
 
 class ModelRepository:
@@ -426,32 +402,29 @@ class ModelRepository:
             stop.set()
         with anyio.CancelScope(shield=True):  # what the old ones took gets its answers
             for version, runner in old:
-                await self._retire(entry.name, runner, version)
+                await retire(entry.name, runner, version, self.on_retire)
 
     def _install(
         self, entry: ModelEntry, version: str, new: StartedVersion, stats: dict[str, ModelStats]
     ) -> None:
-        """Make ``new`` the runner ``entry`` serves ``version`` with (no await: one step)."""
-        if entry.version != version:
-            entry.stats = stats.get(version) or ModelStats()
-        entry.version = version
-        entry.inputs, entry.outputs, entry.served = new.inputs, new.outputs, new.served
-        entry.datatypes = {s.name: s.datatype for s in new.outputs}
-        entry.sequences = new.sequences
-        if entry.runner is None:
-            entry.runner = ServingRunner(new.runner)
-        else:
-            entry.runner.current = new.runner
-        entry.stop = self._watch(entry, new.runner)
-        entry.state, entry.reason = ModelState.READY, ""
+        """Make ``new`` the runner ``entry`` serves ``version`` with (no await: one step),
+        its readiness watched from now on."""
+        assert self._tg is not None
+        stop = anyio.Event()
+        self._tg.start_soon(watch_readiness, entry, new.runner, stop, self._readiness_changed)
+        install(entry, version, new, stats, stop)
         if self.on_install is not None:
             self.on_install(entry)
+
+    def _readiness_changed(self, name: str, ready: bool) -> None:
+        if self.on_readiness is not None:
+            self.on_readiness(name, ready)
 
     async def _close_started(self, name: str, started: dict[str, StartedVersion]) -> None:
         """Close the versions a failed or cancelled load had started already."""
         with anyio.CancelScope(shield=True):
             for version in started.values():
-                await self._retire(name, version.runner)  # never served: nothing to report
+                await retire(name, version.runner, None, None)  # never served: no report
 
     def _why(self, exc: Exception, entry: ModelEntry) -> str:
         why = str(exc) or type(exc).__name__
@@ -497,52 +470,6 @@ class ModelRepository:
             version=version,
         )
 
-    def _watch(self, entry: ModelEntry, runner: RunnerLike) -> anyio.Event:
-        assert self._tg is not None
-        stop = anyio.Event()
-        self._tg.start_soon(self._watch_readiness, entry, runner, stop)
-        return stop
-
-    async def _watch_readiness(
-        self, entry: ModelEntry, runner: RunnerLike, stop: anyio.Event
-    ) -> None:
-        """Log (and report to ``on_readiness``) every change of the model's readiness, however
-        short: each replica's state sets an event on every status change."""
-        states = replica_states(runner)
-        ready = runner.is_ready
-        while states and not stop.is_set():
-            await _first_of([*(s.changed for s in states), stop])
-            now = runner.is_ready
-            if now != ready and not stop.is_set():
-                ready = now
-                statuses = [s.value for s in runner.replica_status()]
-                log.info("model_readiness_changed", model=entry.name, ready=now, replicas=statuses)
-                if self.on_readiness is not None:
-                    self.on_readiness(entry.name, now)
-
-    async def _retire(self, name: str, runner: RunnerLike, version: str | None = None) -> None:
-        """Close a version that was swapped out: it finishes what it took, then lets go of its
-        devices (logged, never raised: the new version serves already). A ``version`` that
-        served is reported to :attr:`on_retire` first."""
-        if version is not None:
-            await self._report_retired(name, version, runner)
-        try:
-            await runner.close()
-        except Exception as exc:
-            log.error("model_close_failed", model=name, error=str(exc))
-        log.info("model_version_retired", model=name)
-
-    async def _report_retired(self, name: str, version: str, runner: RunnerLike) -> None:
-        """Await :attr:`on_retire` for a runner about to close (logged, never raised)."""
-        hook = self.on_retire
-        if hook is None:
-            return
-        try:
-            with anyio.CancelScope(shield=True):  # an unload cancelled here still closes
-                await hook(name, version, runner)
-        except Exception as exc:
-            log.error("model_retire_hook_failed", model=name, version=version, error=str(exc))
-
     async def unload(self, name: str) -> None:
         """Drain and stop ``name``'s runner (in-flight requests finish first).
 
@@ -552,36 +479,15 @@ class ModelRepository:
         entry = self.get(name)
         entry.wanted = False
         async with entry.lock:
-            await self._close(entry, report=True)
+            await close_versions(entry, self.on_retire)
         log.info("model_unloaded", model=name)
-
-    async def _close(self, entry: ModelEntry, *, report: bool = False) -> None:
-        """Close every version of ``entry`` (``report``: to :attr:`on_retire` first; not at
-        shutdown, where nobody reads the metrics again)."""
-        others, entry.versions = list(entry.versions.values()), {}
-        for version in [*others, entry]:
-            serving = version.runner
-            if serving is None:
-                continue
-            version.state = ModelState.UNLOADING
-            if version.stop is not None:
-                version.stop.set()
-            try:
-                if report:
-                    await self._report_retired(entry.name, version.version, serving.current)
-                await serving.close()
-            except Exception as exc:
-                log.error("model_close_failed", model=entry.name, error=str(exc))
-            finally:
-                version.runner = version.stop = version.served = version.sequences = None
-                version.state, version.reason = ModelState.UNAVAILABLE, "unloaded"
 
     async def close_all(self) -> None:
         """Unload every model (runs save programs per the config); never raises."""
         for entry in self._models_by_name():
             try:
                 async with entry.lock:
-                    await self._close(entry)
+                    await close_versions(entry, None)
             except Exception as exc:
                 log.error("model_close_failed", model=entry.name, error=str(exc))
 
