@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -32,9 +32,6 @@ from model_runtime.lowlevel.policies import (
     PopefDataUsagePredicate,
 )
 from model_runtime.lowlevel.queues import InputQueue, OutputQueue
-
-if TYPE_CHECKING:
-    from model_runtime.lowlevel._core import SessionCore
 
 __all__ = ["EMPTY", "AnchorTable", "Binding", "Empty", "Occupancy", "QueueBound", "UserCallback"]
 
@@ -162,12 +159,19 @@ def read_only(array: np.ndarray) -> np.ndarray:
     return view
 
 
+class Occupant(Protocol):
+    """A session that may be a device's active one (``SessionCore``): the one it replaces
+    saves and unloads its executable."""
+
+    async def _deactivate(self, occ: Occupancy) -> None: ...
+
+
 @dataclass(eq=False)
 class Occupancy:
     """Which session's executable is on a (possibly shared) device; switches hold ``lock``."""
 
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    active: SessionCore | None = None
+    active: Occupant | None = None
 
 
 _occupancy: weakref.WeakKeyDictionary[AttachedDevice, Occupancy] = weakref.WeakKeyDictionary()
