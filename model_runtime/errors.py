@@ -36,6 +36,7 @@ at fault: the caller (bad input), the file (bad executable), the machine (no dev
     │   ├── SharedMemoryNotFoundError      no region of that name is registered
     │   ├── SharedMemoryExistsError        a region of that name is registered already
     │   ├── SharedMemoryArgumentError      a key, offset or size that the region or object refuses
+    │   │   └── SharedMemoryShrunkError    the client shrank a region's object under its requests
     │   ├── SharedMemoryOpenError          the key opens no shared memory object
     │   ├── SharedMemoryOutputSizeError    an output is larger than its part of the region
     │   ├── SharedMemoryDisabledError      client shared memory is turned off in this server
@@ -89,6 +90,7 @@ __all__ = [
     "SharedMemoryNotFoundError",
     "SharedMemoryOpenError",
     "SharedMemoryOutputSizeError",
+    "SharedMemoryShrunkError",
     "SupervisorEscalationError",
     "UnknownModelError",
     "UnrecoverableRuntimeError",
@@ -281,6 +283,12 @@ class SharedMemoryExistsError(SharedMemoryError):
 class SharedMemoryArgumentError(SharedMemoryError):
     """A key, offset or byte size that the region, its object or the server's limits refuse
     (Triton: INVALID_ARG)."""
+
+
+class SharedMemoryShrunkError(SharedMemoryArgumentError):
+    """The object behind a region holds fewer bytes than were registered: its client shrank it
+    (before or during the request). The request fails, the process does not (Triton:
+    INVALID_ARG)."""
 
 
 class SharedMemoryOpenError(SharedMemoryError):

@@ -39,6 +39,7 @@ from model_runtime.errors import (
     SharedMemoryNotFoundError,
     SharedMemoryOpenError,
     SharedMemoryOutputSizeError,
+    SharedMemoryShrunkError,
     UnknownModelError,
 )
 
@@ -88,6 +89,7 @@ SHARED_MEMORY_ANSWERS: dict[type[SharedMemoryError], tuple[Code, str]] = {
     SharedMemoryNotFoundError: (Code.NOT_FOUND, "unknown_region"),
     SharedMemoryExistsError: (Code.ALREADY_EXISTS, "region_exists"),
     SharedMemoryArgumentError: (Code.INVALID_ARG, "bad_request"),
+    SharedMemoryShrunkError: (Code.INVALID_ARG, "region_shrunk"),
     SharedMemoryOpenError: (Code.INTERNAL, "region_unavailable"),  # Triton's, though the key
     SharedMemoryOutputSizeError: (Code.INTERNAL, "output_too_large"),  # is the client's fault
     SharedMemoryDisabledError: (Code.UNSUPPORTED, "unsupported"),

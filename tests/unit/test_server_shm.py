@@ -202,9 +202,43 @@ async def test_client_shared_memory_off_is_refused_as_triton_refuses_it(
         assert (await resp.json())["error"] == "Unable to find shared memory region: 'r'"
 
 
-def test_an_input_in_a_region_is_a_read_only_view_of_it_in_both_codecs(key: str) -> None:
-    """Zero copies up to the runner's batch: the decoded input is the region's memory (what
-    the client writes there shows through), and the server cannot write into it."""
+async def test_an_output_region_shrunk_while_its_request_runs_fails_that_request(
+    tmp_path: Path, key: str
+) -> None:
+    """The client shrinks the object after the request leased its output region and before
+    the result is written: the request gets a 400 that says the region shrank, nothing is
+    written (the object is not grown back), and the server serves on."""
+    async with serving(tmp_path) as (client, fake, _):
+        register = {"key": key, "byte_size": 4096}
+        resp = await client.post("/v2/systemsharedmemory/region/r/register", json=register)
+        assert resp.status == 200
+        fake.gate = asyncio.Event()
+        request = asyncio.ensure_future(client.post("/v2/models/fake/infer", json=_doc()))
+        await asyncio.wait_for(fake.entered.wait(), 5)
+        fd = _posixshmem.shm_open(key, os.O_RDWR, 0)
+        try:
+            os.ftruncate(fd, 0)  # the output's bytes (at 1024) are gone
+            fake.gate.set()
+            resp = await request
+            assert (resp.status, (await resp.json())["error"]) == (
+                400,
+                f"shared memory region 'r' shrank: its object '{key}' holds 0 bytes now, "
+                "less than the 4096 it was registered with",
+            )
+            assert os.fstat(fd).st_size == 0
+            os.ftruncate(fd, 4096)
+            os.pwrite(fd, X.tobytes(), 0)
+        finally:
+            os.close(fd)
+        fake.gate = None
+        resp = await client.post("/v2/models/fake/infer", json=_doc())
+        assert resp.status == 200, await resp.text()
+        np.testing.assert_array_equal(_read(key, 1024, 6, np.float32), (X @ W).ravel())
+
+
+def test_an_input_in_a_region_is_the_request_s_own_copy_in_both_codecs(key: str) -> None:
+    """One copy up to the runner: the decoded input is a contiguous, writable array of its
+    own (what the client writes to the region afterwards does not show through)."""
     specs = (TensorSpec("pixels", "FP32", (-1, 4)),)
     outs = (TensorSpec("logits", "FP32", (-1, 3)),)
     regions = SharedMemoryRegistry()
@@ -223,8 +257,8 @@ def test_an_input_in_a_region_is_a_read_only_view_of_it_in_both_codecs(key: str)
     os.close(fd)
     for request in parsed:
         pixels = request.inputs["pixels"]
-        assert pixels[0, 0] == -1 and pixels[1, 3] == 7
-        assert not pixels.flags.writeable
+        np.testing.assert_array_equal(pixels, X)
+        assert pixels.dtype == np.float32 and pixels.flags.c_contiguous
         request.release()
     tensor.contents.fp32_contents.extend(X.ravel().tolist())
     with pytest.raises(ProtocolError) as info:

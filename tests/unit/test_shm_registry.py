@@ -26,6 +26,7 @@ from model_runtime.errors import (
     SharedMemoryExistsError,
     SharedMemoryNotFoundError,
     SharedMemoryOpenError,
+    SharedMemoryShrunkError,
 )
 from model_runtime.server.tensors.shm import (
     DISABLED,
@@ -88,8 +89,8 @@ def test_a_registered_region_is_listed_and_its_bytes_are_the_objects() -> None:
         assert reg.status() == [RegionStatus("r", key, 4096 + 3, 4096)]
         assert reg.status("r") == reg.status()
         lease = reg.lease("r", 10, 100)
-        assert bytes(lease.view()) == content[4096 + 13 : 4096 + 113]
-        lease.view()[:3] = b"abc"  # outputs are written through to the object
+        assert lease.read() == content[4096 + 13 : 4096 + 113]
+        lease.write(memoryview(b"abc"))  # outputs are written through to the object
         lease.release()
         fd = _posixshmem.shm_open(key, os.O_RDONLY, 0)
         assert os.pread(fd, 3, 4096 + 13) == b"abc"
@@ -118,7 +119,7 @@ def test_register_takes_exactly_what_lies_within_the_object(
             return
         reg.register("r", key, offset, byte_size)
         lease = reg.lease("r", 0, byte_size)
-        assert bytes(lease.view()) == content[offset : offset + byte_size]
+        assert lease.read() == content[offset : offset + byte_size]
         lease.release()
 
 
@@ -140,7 +141,7 @@ def test_every_lease_lies_within_its_region(offset: int, byte_size: int) -> None
                 assert str(exc) == "Invalid offset + byte size for shared memory region: 'r'"
             return
         assert offset < region and offset + byte_size <= region
-        assert bytes(lease.view()) == content[100 + offset : 100 + offset + byte_size]
+        assert lease.read() == content[100 + offset : 100 + offset + byte_size]
         lease.release()
 
 
@@ -220,42 +221,86 @@ def test_a_region_unregistered_while_in_use_stays_until_its_last_request_finishe
     with shm_object(4096) as (key, content), registry() as reg:
         reg.register("r", key, 0, 4096)
         first = reg.lease("r", 0, 64)
-        array = np.frombuffer(first.view().toreadonly(), dtype=np.uint8)
         reg.unregister()
         # Triton's rule: listed, its name taken, and usable until the requests finish.
         assert [s.name for s in reg.status()] == ["r"]
         with pytest.raises(SharedMemoryExistsError):
             reg.register("r", key, 0, 8)
         second = reg.lease("r", 64, 64)
+        assert first.read() == content[:64]
         first.release()
         first.release()  # idempotent: one request, one release
         assert [s.name for s in reg.status()] == ["r"]
         second.release()
         assert reg.status() == []
-        # The request's array still reads the object: the mapping goes with its last view.
-        assert array.tobytes() == content[:64]
-        del array, first, second  # the request is gone: so are the mapping and its descriptor
+        with pytest.raises(ValueError):  # released: its descriptor is closed
+            first.read()
         reg.register("r", key, 0, 8)  # the name is free again
 
 
 def test_an_object_the_client_removes_serves_on_and_one_it_shrinks_is_refused() -> None:
     with shm_object(8192) as (key, content), registry() as reg:
         reg.register("r", key, 4096, 4096)
-        _posixshmem.shm_unlink(key)  # removed: the mapping holds its memory
+        _posixshmem.shm_unlink(key)  # removed: the descriptor holds its memory
         lease = reg.lease("r", 0, 4096)
-        assert bytes(lease.view()) == content[4096:]
+        assert lease.read() == content[4096:]
         lease.release()
     with shm_object(8192) as (key, content), registry() as reg:
         reg.register("r", key, 4096, 4096)
         fd = _posixshmem.shm_open(key, os.O_RDWR, 0)
-        os.ftruncate(fd, 4096)  # reading the region now would be a SIGBUS
+        os.ftruncate(fd, 4096)  # were the region mapped, reading it now would be a SIGBUS
         os.close(fd)
-        with pytest.raises(SharedMemoryArgumentError) as info:
+        with pytest.raises(SharedMemoryShrunkError) as info:
             reg.lease("r", 0, 8)
         assert str(info.value) == (
-            f"shared memory region 'r': its object '{key}' holds 4096 bytes now, less than the "
-            "8192 it was registered with"
+            f"shared memory region 'r' shrank: its object '{key}' holds 4096 bytes now, less "
+            "than the 8192 it was registered with"
         )
+
+
+def _truncate(key: str, size: int) -> None:
+    fd = _posixshmem.shm_open(key, os.O_RDWR, 0)
+    os.ftruncate(fd, size)
+    os.close(fd)
+
+
+def _size(key: str) -> int:
+    fd = _posixshmem.shm_open(key, os.O_RDONLY, 0)
+    try:
+        return os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("left", [0, 4096 + 100, 8191])
+def test_an_object_shrunk_under_a_lease_fails_its_read_and_write_and_is_not_grown(
+    left: int,
+) -> None:
+    """A client shrinks its object after the request leased the region: the read finds the
+    end (a short read) and fails; the write finds the object short and writes nothing (a
+    write past the end would grow the client's object)."""
+    with shm_object(8192) as (key, content), registry() as reg:
+        reg.register("r", key, 4096, 4096)
+        lease = reg.lease("r", 0, 4096)
+        _truncate(key, left)
+        shrank = (
+            f"shared memory region 'r' shrank: its object '{key}' holds {left} bytes now, "
+            "less than the 8192 it was registered with"
+        )
+        _raises(SharedMemoryShrunkError, shrank, lease.read)
+        _raises(SharedMemoryShrunkError, shrank, lambda: lease.write(memoryview(b"x" * 8)))
+        assert _size(key) == left
+        # Bytes the shrunk object still holds read as before (the shrink cut only the rest).
+        if left > 4096 + 8:
+            small = bytearray(8)
+            lease.readinto(memoryview(small))
+            assert small == content[4096 : 4096 + 8]
+        lease.release()
+        _truncate(key, 8192)  # the client gives the bytes back (as zeros): served again
+        lease = reg.lease("r", 0, 4096)
+        lease.write(memoryview(b"abc"))
+        assert lease.read()[:3] == b"abc"
+        lease.release()
 
 
 def test_client_shared_memory_off_refuses_register_and_unregister_with_triton_s_text() -> None:
@@ -318,7 +363,7 @@ class RegionsInUse(RuleBasedStateMachine):
         lease = self.reg.lease(name, at, 4096 - at)
         self.model[name][1] += 1
         base = self.model[name][0]
-        assert bytes(lease.view()) == self.content[base + at : base + 4096]
+        assert lease.read() == self.content[base + at : base + 4096]
         self.held.append(lease)
         return name, lease
 
@@ -381,7 +426,9 @@ def test_register_unregister_and_leases_from_many_threads_at_once() -> None:
                             reg.register(name, key, 4096, 4096)
                         elif op == 1:
                             lease = reg.lease(name, 0, 4096)
-                            assert bytes(lease.view()[:16]) == content[4096 : 4096 + 16]
+                            head = bytearray(16)
+                            lease.readinto(memoryview(head))
+                            assert head == content[4096 : 4096 + 16]
                             held.append(lease)
                         elif op == 2 and held:
                             held.pop(int(rng.integers(len(held)))).release()

@@ -214,7 +214,8 @@ def parse_model_infer_request(
             shape out of range; raw contents and typed contents mixed, missing, or of a size
             that does not match the shape; typed values outside the datatype's range; unknown
             or twice-requested outputs; a parameter that is unknown or not supported.
-        SharedMemoryError: a region that is not registered, or offset and size outside it.
+        SharedMemoryError: a region that is not registered, offset and size outside it, or
+            an object its client shrank (SharedMemoryShrunkError).
     """
     leases: list[Lease] = []
     try:
@@ -320,6 +321,7 @@ def encode_model_infer_response(
     Raises:
         KeyError: a requested output is missing from ``results``.
         SharedMemoryOutputSizeError: an output is larger than its part of its region.
+        SharedMemoryShrunkError: an output's region shrank (its client cut the object).
     """
     response = pb.ModelInferResponse(model_name=model_name, model_version=model_version)
     if request.id is not None:

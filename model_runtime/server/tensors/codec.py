@@ -310,7 +310,8 @@ def parse_infer_request(
             datatype's range, binary sizes that do not add up, unknown or twice-requested
             outputs, a bad ``id``, or a parameter that is unknown or not supported (see
             :mod:`model_runtime.server.tensors.parameters`).
-        SharedMemoryError: a region that is not registered, or offset and size outside it.
+        SharedMemoryError: a region that is not registered, offset and size outside it, or
+            an object its client shrank (SharedMemoryShrunkError).
     """
     leases: list[Lease] = []
     try:

@@ -48,6 +48,7 @@ def encode_infer_response(
     Raises:
         KeyError: a requested output is missing from ``results``.
         SharedMemoryOutputSizeError: an output is larger than its part of its region.
+        SharedMemoryShrunkError: an output's region shrank (its client cut the object).
     """
     doc: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
     if request.id is not None:

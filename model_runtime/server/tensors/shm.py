@@ -17,14 +17,16 @@ What the registry guarantees:
   which may unlink a client's object when this process exits.
 - What the client declares (offset + byte size) lies within the object's real size (fstat),
   and the registered regions within :class:`ShmLimits`. Each request's offset and byte size lie
-  within its region, and the object is measured again at each use, so a client that shrank it
-  gets an error rather than the server a SIGBUS (a shrink during the request itself is not
-  caught: the client owns the object).
-- A region is mapped once; each request that uses it holds a :class:`Lease`. Unregistering a
-  region that requests hold takes effect when the last of them releases it (Triton's rule: until
-  then it is listed and usable). A mapping is never closed under a live view: Python refuses to
-  close an ``mmap`` whose buffer is exported (``BufferError``), and then it goes with its last
-  view.
+  within its region.
+- A client may shrink its object at any time, even while a request reads or writes it: that
+  request fails with :class:`~model_runtime.errors.SharedMemoryShrunkError`, never the process.
+  So no region is ever mapped (a mapping read past the object's end is a SIGBUS, in whichever
+  thread touches it): a region keeps a descriptor of its object, inputs are copied out of it
+  with ``preadv`` (a shrunk object answers with a short read) into memory of the request's own,
+  and outputs are written with ``pwrite`` (see :meth:`Lease.write`).
+- Each request that uses a region holds a :class:`Lease`. Unregistering a region that requests
+  hold takes effect when the last of them releases it (Triton's rule: until then it is listed
+  and usable); its descriptor is closed then.
 
 Thread-safe: requests decoded off the event loop take leases from worker threads.
 """
@@ -32,7 +34,6 @@ Thread-safe: requests decoded off the event loop take leases from worker threads
 from __future__ import annotations
 
 import _posixshmem  # type: ignore[import-not-found]  # CPython's shm_open; no stubs
-import mmap
 import os
 import re
 import stat
@@ -46,6 +47,7 @@ from model_runtime.errors import (
     SharedMemoryExistsError,
     SharedMemoryNotFoundError,
     SharedMemoryOpenError,
+    SharedMemoryShrunkError,
 )
 
 __all__ = [
@@ -68,8 +70,8 @@ _KEY_NAME = re.compile(r"[A-Za-z0-9._-]{1,255}")
 
 @dataclass(frozen=True, slots=True)
 class ShmLimits:
-    """How much clients may register: ``max_regions`` regions (each holds a descriptor and a
-    mapping) of ``max_bytes`` in all (address space)."""
+    """How much clients may register: ``max_regions`` regions (each holds a descriptor) of
+    ``max_bytes`` in all (the bytes requests may read and write through regions)."""
 
     max_regions: int = 1024
     max_bytes: int = 64 << 30
@@ -86,32 +88,47 @@ class RegionStatus:
 
 
 class _Region:
-    """One registered region: the mapping of its bytes (which holds its own descriptor of the
-    object: ``mapping.size()`` measures the object)."""
+    """One registered region: a descriptor of its object (read and write), and where the
+    region lies in it."""
 
-    __slots__ = ("byte_size", "key", "mapping", "name", "offset", "retired", "start", "users")
+    __slots__ = ("byte_size", "fd", "key", "name", "offset", "retired", "users")
 
-    def __init__(
-        self, name: str, key: str, offset: int, byte_size: int, mapping: mmap.mmap
-    ) -> None:
+    def __init__(self, name: str, key: str, offset: int, byte_size: int, fd: int) -> None:
         self.name, self.key, self.offset, self.byte_size = name, key, offset, byte_size
-        self.mapping = mapping
-        #: where the region starts in the mapping (mappings start on a page boundary)
-        self.start = offset % mmap.ALLOCATIONGRANULARITY
+        self.fd = fd
         self.users = 0
         #: unregistered while in use: removed when the last lease is released
         self.retired = False
 
+    def check_size(self) -> None:
+        """Raises:
+        SharedMemoryShrunkError: the object no longer holds the whole region."""
+        size = os.fstat(self.fd).st_size
+        if size < self.offset + self.byte_size:
+            raise self.shrunk(size)
+
+    def shrunk(self, size: int | None = None) -> SharedMemoryShrunkError:
+        """The error for a request that found the object shorter than the region's end."""
+        if size is None:
+            size = os.fstat(self.fd).st_size
+        return SharedMemoryShrunkError(
+            f"shared memory region '{self.name}' shrank: its object '{self.key}' holds {size} "
+            f"bytes now, less than the {self.offset + self.byte_size} it was registered with"
+        )
+
+    def failed(self, what: str, exc: OSError) -> SharedMemoryArgumentError:
+        return SharedMemoryArgumentError(
+            f"shared memory region '{self.name}': cannot {what} its object '{self.key}': {exc}"
+        )
+
     def close(self) -> None:
-        try:
-            self.mapping.close()
-        except BufferError:
-            pass  # a view still exports it: the mapping (and its descriptor) go with the last
+        os.close(self.fd)
 
 
 class Lease:
-    """A request's hold on ``byte_size`` bytes at ``offset`` in a region; :meth:`release` it
-    when the request is answered (idempotent)."""
+    """A request's hold on ``byte_size`` bytes at ``offset`` in a region, read with
+    :meth:`readinto` and written with :meth:`write` from any thread while held; :meth:`release`
+    it when the request is answered (idempotent)."""
 
     __slots__ = ("_region", "_registry", "byte_size", "offset")
 
@@ -128,11 +145,73 @@ class Lease:
         """The region's name."""
         return self._region.name
 
-    def view(self) -> memoryview:
-        """The leased bytes, writable (for outputs; ``toreadonly()`` for inputs). Keeps the
-        mapping alive while it (or an array over it) lives, released or not."""
-        begin = self._region.start + self.offset
-        return memoryview(self._region.mapping)[begin : begin + self.byte_size]
+    def _held(self, nbytes: int) -> _Region:
+        if self._registry is None:  # its descriptor may be closed (and its number reused)
+            raise ValueError(f"the lease of shared memory region '{self.region}' was released")
+        if nbytes > self.byte_size:
+            raise ValueError(f"{nbytes} bytes do not fit a lease of {self.byte_size}")
+        return self._region
+
+    def readinto(self, buffer: memoryview) -> None:
+        """Copy the first ``len(buffer)`` leased bytes into ``buffer`` (writable, contiguous,
+        at most ``byte_size`` bytes): the one copy an input takes.
+
+        Raises:
+            SharedMemoryShrunkError: the object ends before those bytes (its client shrank it).
+            SharedMemoryArgumentError: the object cannot be read.
+            ValueError: the lease was released, or ``buffer`` is larger than it.
+        """
+        view = buffer.cast("B") if buffer.format != "B" or buffer.ndim != 1 else buffer
+        n = view.nbytes
+        region = self._held(n)
+        at = region.offset + self.offset
+        done = 0
+        try:
+            while done < n:
+                got = os.preadv(region.fd, [view[done:]], at + done)
+                if got == 0:  # the end of the object: it holds less than it did
+                    raise region.shrunk()
+                done += got
+        except OSError as exc:
+            raise region.failed("read", exc) from exc
+
+    def read(self) -> bytearray:
+        """The leased bytes, copied.
+
+        Raises:
+            SharedMemoryShrunkError, SharedMemoryArgumentError: as :meth:`readinto`.
+        """
+        data = bytearray(self.byte_size)
+        self.readinto(memoryview(data))
+        return data
+
+    def write(self, data: memoryview) -> None:
+        """Write ``data`` (at most ``byte_size`` bytes) at the start of the leased bytes.
+
+        The object must still hold the whole region, or nothing is written: a write past its
+        end would grow the client's object. (A client that shrinks it between that check and
+        the write gets it grown back to at most the size it registered, holes as zeros: its
+        own object, never past what it registered.)
+
+        Raises:
+            SharedMemoryShrunkError: the object no longer holds the whole region.
+            SharedMemoryArgumentError: the object cannot be written (no space left, say).
+            ValueError: the lease was released, or ``data`` is larger than it.
+        """
+        view = data.cast("B") if data.format != "B" or data.ndim != 1 else data
+        n = view.nbytes
+        region = self._held(n)
+        at = region.offset + self.offset
+        done = 0
+        try:
+            region.check_size()
+            while done < n:
+                wrote = os.pwrite(region.fd, view[done:], at + done)
+                if wrote == 0:
+                    raise OSError(f"wrote {done} of {n} bytes")
+                done += wrote
+        except OSError as exc:
+            raise region.failed("write", exc) from exc
 
     def release(self) -> None:
         """Give the region back; the last release of an unregistered region removes it."""
@@ -158,8 +237,8 @@ class SharedMemoryRegistry:
             raise SharedMemoryDisabledError(DISABLED)
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
-        """Map ``byte_size`` bytes at ``offset`` of the shared memory object ``key`` as region
-        ``name``.
+        """Register ``byte_size`` bytes at ``offset`` of the shared memory object ``key`` as
+        region ``name`` (a descriptor of the object is kept, nothing is mapped).
 
         Raises:
             SharedMemoryDisabledError: client shared memory is off.
@@ -182,16 +261,16 @@ class SharedMemoryRegistry:
             try:
                 size = os.fstat(fd).st_size
                 self._check_fits(name, key, offset, byte_size, size)
-                start = offset - offset % mmap.ALLOCATIONGRANULARITY
-                mapping = mmap.mmap(fd, offset - start + byte_size, offset=start)
-            except (OSError, ValueError) as exc:
+            except OSError as exc:
+                os.close(fd)
                 raise SharedMemoryArgumentError(
                     f"failed to register shared memory region '{name}': unable to process "
                     f"address space: {exc}"
                 ) from exc
-            finally:
-                os.close(fd)  # the mapping holds a descriptor of its own
-            self._regions[name] = _Region(name, key, offset, byte_size, mapping)
+            except BaseException:
+                os.close(fd)
+                raise
+            self._regions[name] = _Region(name, key, offset, byte_size, fd)
 
     def _check_fits(self, name: str, key: str, offset: int, byte_size: int, size: int) -> None:
         invalid = f"failed to register shared memory region '{name}': invalid args"
@@ -259,8 +338,9 @@ class SharedMemoryRegistry:
 
         Raises:
             SharedMemoryNotFoundError: no region ``name``.
-            SharedMemoryArgumentError: offset or offset + byte size outside the region, or the
-                region's object shrank since it was registered (Triton's texts, but the last).
+            SharedMemoryArgumentError: offset or offset + byte size outside the region (Triton's
+                texts).
+            SharedMemoryShrunkError: the region's object shrank since it was registered.
         """
         with self._lock:
             region = self._regions.get(name)
@@ -279,13 +359,10 @@ class SharedMemoryRegistry:
                 raise SharedMemoryArgumentError(
                     f"Invalid offset + byte size for shared memory region: '{name}'"
                 )
-            size = region.mapping.size()
-            end = region.offset + region.byte_size
-            if size < end:
-                raise SharedMemoryArgumentError(
-                    f"shared memory region '{name}': its object '{region.key}' holds {size} "
-                    f"bytes now, less than the {end} it was registered with"
-                )
+            try:
+                region.check_size()
+            except OSError as exc:
+                raise region.failed("measure", exc) from exc
             region.users += 1
             return Lease(self, region, offset, byte_size)
 

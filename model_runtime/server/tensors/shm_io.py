@@ -1,12 +1,14 @@
 """Tensors in and out of system shared memory regions, for the HTTP and gRPC codecs alike.
 
 An input that names a region (:func:`~model_runtime.server.tensors.parameters.region_parameters`) is
-read from it as a read-only numpy view of the mapping (BYTES elements are copied out as they
-are for any binary data): the runner copies it once, into its batch. An output that names a
-region is leased when the request is decoded (so a bad region fails the request before it
-runs, as in Triton) and written into it after the run; the response then carries the output's
-name, datatype and shape only. Every lease a request takes is in its ``leases`` list, released
-once the request is answered.
+copied out of it once, into a fresh contiguous array of its dtype that is the request's own
+(the runner runs it in place or packs it into a batch; what the client writes to the region
+afterwards does not change it); BYTES elements are read from a copy of the bytes. An output
+that names a region is leased when the request is decoded (so a bad region fails the request
+before it runs, as in Triton) and written into it after the run; the response then carries the
+output's name, datatype and shape only. A region whose object its client shrinks fails the
+request that reads or writes it (:class:`~model_runtime.errors.SharedMemoryShrunkError`).
+Every lease a request takes is in its ``leases`` list, released once the request is answered.
 """
 
 from __future__ import annotations
@@ -73,24 +75,27 @@ def read_input(
     count: int,
     model: str,
 ) -> np.ndarray:
-    """Input ``name`` (``count`` elements of ``datatype``) from its region, flat: a read-only
-    view of the region, or for BYTES the elements copied out. The lease goes into ``leases``.
+    """Input ``name`` (``count`` elements of ``datatype``) copied out of its region, flat (for
+    BYTES an object array of the elements). The lease goes into ``leases``.
 
     Raises:
         SharedMemoryError: no such region, or offset and size outside it (Triton's texts).
+        SharedMemoryShrunkError: the region's object ends before the input's bytes.
         ProtocolError: ``ref.byte_size`` is not the shape's size (Triton's text), BYTES
             elements that do not fill it exactly, BOOL bytes other than 0 and 1, or no registry.
     """
-    view = _lease(regions, leases, name, ref).view().toreadonly()
+    lease = _lease(regions, leases, name, ref)
     if datatype == BYTES:
-        return bytes_from_binary(name, view, count)
+        return bytes_from_binary(name, lease.read(), count)
     expected = count * DATATYPES[datatype].itemsize
     if ref.byte_size != expected:
         raise ProtocolError(
             f"input byte size mismatch for input '{name}' for model '{model}'. Expected "
             f"{expected}, got {ref.byte_size}"
         )
-    return from_binary(name, datatype, view)
+    data = np.empty(expected, dtype=np.uint8)
+    lease.readinto(data.data)
+    return from_binary(name, datatype, data.data)
 
 
 def lease_output(
@@ -112,6 +117,9 @@ def write_output(lease: Lease, name: str, arr: np.ndarray, datatype: str) -> Non
 
     Raises:
         SharedMemoryOutputSizeError: it does not fit (Triton's text); nothing is written.
+        SharedMemoryShrunkError: the region's object no longer holds the region; nothing is
+            written (see :meth:`~model_runtime.server.tensors.shm.Lease.write`).
+        SharedMemoryArgumentError: the object cannot be written.
     """
     if datatype == BYTES:
         data = memoryview(bytes_to_binary(arr))
@@ -123,7 +131,7 @@ def write_output(lease: Lease, name: str, arr: np.ndarray, datatype: str) -> Non
             f"({lease.byte_size} bytes) should be at least {data.nbytes} bytes to hold the "
             "results"
         )
-    lease.view()[: data.nbytes] = data
+    lease.write(data)
 
 
 def release(leases: list[Lease]) -> None:
