@@ -47,7 +47,7 @@ from model_runtime.server.http.routes import HttpFrontEnd
 from model_runtime.server.inference.plane import DataPlane, ServerOptions
 from model_runtime.server.repository.entries import ModelState
 from model_runtime.server.repository.repository import ModelRepository
-from model_runtime.server.tensors.codec import InferRequest
+from model_runtime.server.tensors.request import InferRequest
 
 __all__ = ["RuntimeReplica", "replica_devices"]
 

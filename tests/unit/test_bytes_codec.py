@@ -9,15 +9,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from model_runtime.errors import InputValidationError
+from model_runtime.errors import InputValidationError, ProtocolError
 from model_runtime.io import as_bytes_array
+from model_runtime.server.tensors.binary import bytes_from_binary
 from model_runtime.server.tensors.classification import bytes_to_binary
-from model_runtime.server.tensors.codec import (
-    ProtocolError,
-    TensorSpec,
-    bytes_from_binary,
-    parse_infer_request,
-)
+from model_runtime.server.tensors.codec import parse_infer_request
+from model_runtime.server.tensors.request import TensorSpec
 
 SPECS = (TensorSpec("s", "BYTES", (-1,)),)
 

@@ -12,19 +12,15 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from model_runtime.errors import ProtocolError
 from model_runtime.sequences import SequenceStep
 from model_runtime.server.grpc.codec import (
     encode_model_infer_response,
     parse_model_infer_request,
 )
 from model_runtime.server.tensors.classification import bytes_to_binary
-from model_runtime.server.tensors.codec import (
-    InferRequest,
-    ProtocolError,
-    RequestedOutput,
-    TensorSpec,
-)
 from model_runtime.server.tensors.datatypes import DATATYPES
+from model_runtime.server.tensors.request import InferRequest, RequestedOutput, TensorSpec
 from model_runtime.server.triton import grpc_service_pb2 as pb
 
 pytestmark = pytest.mark.timeout(60)

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from model_runtime.errors import ProtocolError
-from model_runtime.server.tensors.codec import TensorSpec
 from model_runtime.server.tensors.raw import parse_raw_request
+from model_runtime.server.tensors.request import TensorSpec
 
 OUTPUTS = (TensorSpec("y", "FP32", (-1, 3)), TensorSpec("z", "INT64", (-1,)))
 

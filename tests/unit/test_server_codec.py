@@ -13,19 +13,15 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from model_runtime.errors import ProtocolError
 from model_runtime.sequences import SequenceStep
 from model_runtime.server.tensors import jsonnumbers, jsontape
 from model_runtime.server.tensors.classification import bytes_to_binary, classify
-from model_runtime.server.tensors.codec import (
-    InferRequest,
-    ProtocolError,
-    RequestedOutput,
-    TensorSpec,
-    parse_infer_request,
-)
+from model_runtime.server.tensors.codec import parse_infer_request
 from model_runtime.server.tensors.datatypes import DATATYPES, datatype_of
 from model_runtime.server.tensors.encode import encode_infer_response
 from model_runtime.server.tensors.parameters import execute_priority, load_request_parameters
+from model_runtime.server.tensors.request import InferRequest, RequestedOutput, TensorSpec
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -21,7 +21,8 @@ import pytest
 
 from model_runtime.errors import ApplicationRuntimeError, ProtocolError
 from model_runtime.server.grpc.codec import parse_model_infer_request
-from model_runtime.server.tensors.codec import InferRequest, TensorSpec, parse_infer_request
+from model_runtime.server.tensors.codec import parse_infer_request
+from model_runtime.server.tensors.request import InferRequest, TensorSpec
 from model_runtime.server.tensors.shm import DISABLED, SharedMemoryRegistry
 from model_runtime.server.tensors.shm_io import decode_in_thread
 from model_runtime.server.triton import grpc_service_pb2 as pb

@@ -18,12 +18,8 @@ from onnx import TensorProto, helper
 
 from model_runtime.errors import ConfigurationError, InputValidationError
 from model_runtime.runner_config import ModelRunnerConfig
-from model_runtime.server.tensors.codec import (
-    InferRequest,
-    RequestedOutput,
-    TensorSpec,
-)
 from model_runtime.server.tensors.encode import encode_infer_response
+from model_runtime.server.tensors.request import InferRequest, RequestedOutput, TensorSpec
 from model_runtime.server.triton import layout
 from model_runtime.server.triton.boundary import BoundaryRunner
 from model_runtime.server.triton.config import (

@@ -10,7 +10,7 @@ import pytest
 
 from model_runtime.errors import ConfigurationError
 from model_runtime.runner_config import ModelRunnerConfig
-from model_runtime.server.tensors.codec import TensorSpec
+from model_runtime.server.tensors.request import TensorSpec
 from model_runtime.server.triton import model_config_pb2 as pb
 from model_runtime.server.triton.config import config_json, parse_pbtxt, parse_toml
 from model_runtime.server.triton.layout import plan_model

@@ -30,18 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from model_runtime.errors import ProtocolError
 from model_runtime.server import answers
+from model_runtime.server.tensors.binary import bytes_from_binary
 from model_runtime.server.tensors.classification import bytes_to_binary, classify
-from model_runtime.server.tensors.codec import (
-    InferRequest,
-    ProtocolError,
-    RequestedOutput,
-    TensorSpec,
-    bytes_from_binary,
-    check_datatype,
-    check_shape,
-    element_count,
-)
 from model_runtime.server.tensors.datatypes import BYTES, DATATYPES
 from model_runtime.server.tensors.parameters import (
     RegionRef,
@@ -49,6 +41,14 @@ from model_runtime.server.tensors.parameters import (
     output_parameters,
     region_parameters,
     request_parameters,
+)
+from model_runtime.server.tensors.request import (
+    InferRequest,
+    RequestedOutput,
+    TensorSpec,
+    check_datatype,
+    check_shape,
+    element_count,
 )
 from model_runtime.server.tensors.shm import Lease, SharedMemoryRegistry
 from model_runtime.server.tensors.shm_io import (

@@ -48,7 +48,7 @@ from model_runtime.server.inference.admission import OVERLOADED, QUEUE_FULL
 from model_runtime.server.inference.plane import DataPlane
 from model_runtime.server.observability.stats import model_statistics
 from model_runtime.server.repository.entries import ModelEntry, ModelState
-from model_runtime.server.tensors.codec import InferRequest
+from model_runtime.server.tensors.request import InferRequest
 from model_runtime.server.tensors.shm_io import decode_in_thread
 from model_runtime.server.triton import grpc_service_pb2 as pb, grpc_service_pb2_grpc as pb_grpc
 

@@ -32,10 +32,11 @@ from model_runtime.server.repository.repository import ModelRepository
 from model_runtime.server.security.restrict import RestrictionCounter
 from model_runtime.server.serving import innermost
 from model_runtime.server.tensors.binary import HEADER_LENGTH
-from model_runtime.server.tensors.codec import InferRequest, parse_infer_request
+from model_runtime.server.tensors.codec import parse_infer_request
 from model_runtime.server.tensors.encode import encode_infer_response
 from model_runtime.server.tensors.parameters import not_a_sequence_model
 from model_runtime.server.tensors.raw import parse_raw_request
+from model_runtime.server.tensors.request import InferRequest
 from model_runtime.server.tensors.shm import SharedMemoryRegistry
 from model_runtime.server.tensors.shm_io import decode_in_thread
 from model_runtime.server.triton.config import DEFAULT_SETTINGS

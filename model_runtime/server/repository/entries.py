@@ -17,7 +17,7 @@ from google.protobuf.message import Message
 from model_runtime.errors import InputValidationError
 from model_runtime.sequences import SequenceTable
 from model_runtime.server.serving import ServingRunner
-from model_runtime.server.tensors.codec import TensorSpec
+from model_runtime.server.tensors.request import TensorSpec
 from model_runtime.server.triton.config import ModelSettings
 from model_runtime.server.triton.layout import is_model_dir
 

@@ -25,16 +25,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import orjson
 
 from model_runtime.errors import ProtocolError
-from model_runtime.sequences import SequenceStep
 from model_runtime.server import answers
-from model_runtime.server.answers import INT64_MAX
 from model_runtime.server.tensors import jsontape
 from model_runtime.server.tensors.binary import bytes_from_binary, from_binary
 from model_runtime.server.tensors.datatypes import BYTES, DATATYPES
@@ -53,6 +50,14 @@ from model_runtime.server.tensors.parameters import (
     region_parameters,
     request_parameters,
 )
+from model_runtime.server.tensors.request import (
+    InferRequest,
+    RequestedOutput,
+    TensorSpec,
+    check_datatype,
+    check_shape,
+    element_count,
+)
 from model_runtime.server.tensors.shm import Lease, SharedMemoryRegistry
 from model_runtime.server.tensors.shm_io import (
     data_beside_region,
@@ -61,80 +66,7 @@ from model_runtime.server.tensors.shm_io import (
     release,
 )
 
-__all__ = [
-    "MAX_DIMS",
-    "InferRequest",
-    "ProtocolError",
-    "RequestedOutput",
-    "TensorSpec",
-    "bytes_from_binary",
-    "check_datatype",
-    "check_shape",
-    "element_count",
-    "from_binary",
-    "parse_infer_request",
-]
-
-#: More dimensions than this is refused (numpy's own limit is 64).
-MAX_DIMS = 32
-#: A dimension is an int64, as in Triton; an element count or byte size past it is refused in
-#: Triton's words (:func:`element_count`).
-MAX_DIM = INT64_MAX
-
-
-@dataclass(frozen=True, slots=True)
-class TensorSpec:
-    """One model input or output as the protocol describes it (``-1``: any size); an
-    output's class ``labels`` (its config's ``label_filename``), for classification."""
-
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
-    labels: tuple[str, ...] | None = field(default=None, compare=False, repr=False)
-    #: whether dimension 0 is the batch (None: not known, then a leading -1 says so); a model
-    #: without a batch axis may have a dynamic first dimension, which is no batch
-    batched: bool | None = field(default=None, compare=False, repr=False)
-
-    @property
-    def has_batch_axis(self) -> bool:
-        """Dimension 0 is the batch."""
-        if self.batched is not None:
-            return self.batched
-        return bool(self.shape) and self.shape[0] == -1
-
-
-@dataclass(frozen=True, slots=True)
-class RequestedOutput:
-    """An output the client asked for, whether it wants it as binary data, how many classes
-    it wants instead of the tensor (0: the tensor), and the part of a shared memory region it
-    goes into instead of the response (None: the response)."""
-
-    name: str
-    binary: bool
-    class_count: int = 0
-    region: Lease | None = field(default=None, compare=False)
-
-
-@dataclass(slots=True)
-class InferRequest:
-    """A decoded inference request. ``timeout`` (seconds, None: none given) and ``priority``
-    (the protocol's level: 1 highest, 0 default) come from its checked ``parameters``."""
-
-    id: str | None
-    inputs: dict[str, np.ndarray]
-    outputs: tuple[RequestedOutput, ...]
-    parameters: dict[str, Any] = field(default_factory=dict)
-    timeout: float | None = None
-    priority: int = 0
-    #: its place in a sequence (``sequence_id``...; None: none)
-    sequence: SequenceStep | None = None
-    #: the shared memory regions its inputs and outputs use, held until :meth:`release`
-    leases: list[Lease] = field(default_factory=list)
-
-    def release(self) -> None:
-        """Give back the shared memory regions it holds (once it is answered)."""
-        release(self.leases)
-
+__all__ = ["parse_infer_request"]
 
 #: The registry a request's regions come from (None: none served) and the leases it took.
 _Shm = tuple[SharedMemoryRegistry | None, list[Lease]]
@@ -172,40 +104,6 @@ def _load_json(text: bytes | memoryview, whole_body: bool, exact: bool) -> dict[
     return doc
 
 
-def check_shape(name: str, raw: Any) -> tuple[int, ...]:
-    """Input ``name``'s shape: a list of at most :data:`MAX_DIMS` integers in
-    [0, :data:`MAX_DIM`] (HTTP's JSON and gRPC's repeated int64 alike).
-
-    Raises:
-        ProtocolError: anything else.
-    """
-    if not isinstance(raw, list):
-        raise _fail(f"input {name!r}: 'shape' must be a list of integers")
-    if len(raw) > MAX_DIMS:
-        raise _fail(f"input {name!r}: shape has {len(raw)} dimensions (at most {MAX_DIMS})")
-    for d in raw:
-        if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d <= MAX_DIM:
-            raise _fail(f"input {name!r}: shape {raw} must hold integers in [0, {MAX_DIM}]")
-    return tuple(raw)
-
-
-def element_count(name: str, shape: tuple[int, ...], datatype: str) -> int:
-    """The elements a checked shape of ``datatype`` holds (Python ints: nothing allocated).
-
-    Raises:
-        ProtocolError: the count, or its bytes, pass int64 (Triton's words).
-    """
-    n = 1
-    for d in shape:
-        n *= d  # Python ints: no overflow, and nothing is allocated
-    if n > INT64_MAX:
-        raise answers.element_count_overflow(name, shape)
-    dtype = DATATYPES.get(datatype)
-    if dtype is not None and n * dtype.itemsize > INT64_MAX:
-        raise answers.byte_size_overflow(name, n, dtype.itemsize)
-    return n
-
-
 def _strings(name: str, values: list[Any]) -> np.ndarray:
     out = np.empty(len(values), dtype=object)
     for i, v in enumerate(values):
@@ -223,31 +121,6 @@ def _parameters(where: str, raw: Any) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise _fail(f"{where}: 'parameters' must be a JSON object")
     return raw
-
-
-def check_datatype(name: str, datatype: Any, spec: TensorSpec, model: str) -> str:
-    """The request's datatype of input ``name`` when it fits the model's (HTTP and gRPC).
-
-    Raises:
-        ProtocolError: not a string, unknown, BYTES where the model has none, or another.
-    """
-    if not isinstance(datatype, str):
-        raise _fail(f"input {name!r}: 'datatype' must be a string")
-    if datatype == BYTES and spec.datatype == BYTES:
-        return datatype
-    if datatype == BYTES:
-        raise _fail(
-            f"input {name!r}: datatype BYTES is not supported by model {model!r}, which has "
-            f"no BYTES input ({name!r} is {spec.datatype})"
-        )
-    if datatype not in DATATYPES:
-        known = ", ".join([*DATATYPES, BYTES])
-        raise _fail(f"input {name!r}: unknown datatype {datatype!r} (known: {known})")
-    if datatype != spec.datatype:
-        raise _fail(
-            f"input {name!r}: datatype {datatype} does not match the model's {spec.datatype}"
-        )
-    return datatype
 
 
 def _requested_outputs(

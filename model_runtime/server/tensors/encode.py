@@ -16,8 +16,8 @@ import numpy as np
 import orjson
 
 from model_runtime.server.tensors.classification import bytes_to_binary, classify
-from model_runtime.server.tensors.codec import InferRequest, TensorSpec
 from model_runtime.server.tensors.datatypes import BYTES, DATATYPES
+from model_runtime.server.tensors.request import InferRequest, TensorSpec
 from model_runtime.server.tensors.shm_io import write_output
 
 __all__ = ["encode_infer_response"]

@@ -17,14 +17,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from model_runtime.server import answers
-from model_runtime.server.tensors.codec import (
+from model_runtime.server.tensors.binary import from_binary
+from model_runtime.server.tensors.datatypes import BYTES, DATATYPES
+from model_runtime.server.tensors.request import (
     InferRequest,
     RequestedOutput,
     TensorSpec,
     element_count,
-    from_binary,
 )
-from model_runtime.server.tensors.datatypes import BYTES, DATATYPES
 
 __all__ = ["parse_raw_request"]
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from model_runtime.errors import ConfigurationError
 from model_runtime.runner_config import ModelRunnerConfig
-from model_runtime.server.tensors.codec import TensorSpec
+from model_runtime.server.tensors.request import TensorSpec
 from model_runtime.server.triton import model_config_pb2 as pb
 from model_runtime.server.triton.boundary import Boundary
 from model_runtime.server.triton.config import BACKEND, PLATFORM, ModelSettings

@@ -30,7 +30,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from model_runtime.errors import ConfigurationError
-from model_runtime.server.tensors.codec import TensorSpec
+from model_runtime.server.tensors.request import TensorSpec
 from model_runtime.server.triton import model_config_pb2 as pb
 from model_runtime.server.triton.boundary import Boundary, Reshape
 
