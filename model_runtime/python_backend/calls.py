@@ -5,6 +5,7 @@ data plane) and is cancelled when the model cancels it or the instance ends."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import inspect
 import json
 from collections.abc import AsyncIterator
@@ -133,7 +134,11 @@ class CallHandler:
             elif op in ("load_model", "unload_model", "is_model_ready"):
                 if spec.hooks_control is None:
                     raise LookupError(f"{op} needs the server: this instance has no model control")
-                value = await spec.hooks_control(op, dict(args))
+                args = dict(args)
+                if op == "load_model":  # files cross as base64; the hook gets their bytes
+                    files = args.get("files") or {}
+                    args["files"] = {str(k): base64.b64decode(v) for k, v in files.items()}
+                value = await spec.hooks_control(op, args)
             else:
                 raise LookupError(f"unknown call {op!r}")
         except Exception as exc:

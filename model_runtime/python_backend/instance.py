@@ -12,7 +12,6 @@ the runner gives; custom metrics land in its :class:`~.metrics.CustomMetrics`.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
 import signal
@@ -30,10 +29,10 @@ from actors.clock import Clock, SystemClock
 from model_runtime.errors import (
     InstanceCrashedError,
     ModelLoadError,
-    PythonModelError,
 )
 from model_runtime.python_backend.arena import ParentArena
 from model_runtime.python_backend.calls import CallHandler
+from model_runtime.python_backend.held import Call, Held
 from model_runtime.python_backend.messages import ControlHook, InferHook, PyRequest, PyResponse
 from model_runtime.python_backend.metrics import CustomMetrics
 from model_runtime.python_backend.wire import (
@@ -96,29 +95,6 @@ def describe_exit(returncode: int | None) -> str:
     return f"exited with code {returncode}"
 
 
-class _Call:
-    """One request held by the instance: a future (one response) or a queue (a stream)."""
-
-    __slots__ = ("batch", "future", "key", "last", "queue", "responses")
-
-    def __init__(self, key: int, batch: int, stream: bool) -> None:
-        self.key = key
-        self.batch = batch
-        loop = asyncio.get_running_loop()
-        self.future: asyncio.Future[PyResponse] | None = None if stream else loop.create_future()
-        self.queue: asyncio.Queue[PyResponse | BaseException] | None = (
-            asyncio.Queue() if stream else None
-        )
-        self.responses = 0
-        self.last: PyResponse | None = None
-
-
-def _error(pair: Any) -> PythonModelError:
-    if isinstance(pair, list) and len(pair) == 2:
-        return PythonModelError(str(pair[1]), str(pair[0]))
-    return PythonModelError(str(pair))
-
-
 class InstanceProcess:
     """The daemon's side of one instance process. Not reusable: a new process, a new object.
 
@@ -138,8 +114,7 @@ class InstanceProcess:
         self.config: dict[str, Any] = spec.config
         self._arena: ParentArena | None = None
         self._writer: asyncio.StreamWriter | None = None
-        self._calls: dict[int, _Call] = {}
-        self._batches: dict[int, list[_Call]] = {}
+        self._held = Held()
         self._keys = 0
         self._waiters: dict[int, asyncio.Future[Any]] = {}
         self._tasks: list[asyncio.Task[Any]] = []
@@ -160,11 +135,11 @@ class InstanceProcess:
     @property
     def held(self) -> int:
         """Requests the instance holds now (the runner sends to the least loaded)."""
-        return len(self._calls)
+        return len(self._held)
 
     def stalled(self, now: float, deadline: float) -> bool:
         """Busy, waiting on nothing of ours, and silent for ``deadline`` seconds."""
-        return bool(self._calls) and not self.calls.busy and now - self.last_progress > deadline
+        return bool(self._held) and not self.calls.busy and now - self.last_progress > deadline
 
     # -- life cycle --------------------------------------------------------------------------
 
@@ -261,7 +236,7 @@ class InstanceProcess:
 
     # -- requests ----------------------------------------------------------------------------
 
-    def submit(self, requests: Sequence[PyRequest], *, stream: bool = False) -> list[_Call]:
+    def submit(self, requests: Sequence[PyRequest], *, stream: bool = False) -> list[Call]:
         """Send one batch; its calls, in order.
 
         Raises:
@@ -272,7 +247,7 @@ class InstanceProcess:
             raise self.death or InstanceCrashedError(f"the python instance {describe_exit(None)}")
         enc = Encoder(self._arena)
         batch = self._keys = self._keys + 1
-        calls: list[_Call] = []
+        calls: list[Call] = []
         items = []
         for request in requests:
             self._keys += 1
@@ -283,11 +258,9 @@ class InstanceProcess:
                  "p": json.dumps(dict(request.parameters or {})),
                  "T": enc.tensors(request.inputs.items())}
             )  # fmt: skip
-            calls.append(_Call(key, batch, stream))
-        for call in calls:
-            self._calls[call.key] = call
-        self._batches[batch] = calls
-        if len(self._calls) == len(calls):
+            calls.append(Call(key, batch, stream))
+        self._held.add(batch, calls)
+        if len(self._held) == len(calls):
             self.last_progress = self.clock.monotonic()  # idle until now: the clock starts here
         header = {"t": "exec", "b": batch, "m": self.spec.model_name, "r": items}
         self._writer.writelines(enc.finish(header, self._arena.sender.head))
@@ -326,12 +299,12 @@ class InstanceProcess:
                 if item.final:
                     return
         finally:
-            if call.key in self._calls:
+            if call.key in self._held:
                 self.cancel([call])
 
-    def cancel(self, calls: Sequence[_Call]) -> None:
+    def cancel(self, calls: Sequence[Call]) -> None:
         """Tell the model these requests are cancelled (``request.is_cancelled()``)."""
-        keys = [c.key for c in calls if c.key in self._calls]
+        keys = [c.key for c in calls if c.key in self._held]
         if keys and self.alive:
             self._send({"t": "cancel", "k": keys})
 
@@ -393,7 +366,7 @@ class InstanceProcess:
         # The reader takes the last frames first (a grandchild holding the socket: 1 s at most).
         await asyncio.wait(self._tasks[:1], timeout=1.0)
         reason = self._reason
-        expected = self._stopping and not self._calls
+        expected = self._stopping and not self._held
         text = f"the python instance {self.spec.instance_name} (pid {self.process.pid}) "
         text += reason or describe_exit(returncode)
         self.death = InstanceCrashedError(text, returncode)
@@ -402,10 +375,7 @@ class InstanceProcess:
         for waiter in self._waiters.values():
             if not waiter.done():
                 waiter.set_exception(self.death)
-        for call in self._calls.values():
-            self._fail(call, self.death)
-        self._calls.clear()
-        self._batches.clear()
+        self._held.fail_all(self.death)
         self._writer_close()
         self.calls.close()
         self._close_arena()
@@ -418,7 +388,7 @@ class InstanceProcess:
     def _frame(self, header: dict[str, Any], payload: memoryview) -> None:
         kind = header["t"]
         if kind == "resp":
-            self._responses(header, payload)
+            self._held.responses(header, payload, self.decode)
         elif kind in ("ready", "init_err"):
             waiter = self._waiters.pop(0, None)
             if waiter is not None and not waiter.done():
@@ -441,52 +411,3 @@ class InstanceProcess:
         """Raises: WireError: a tensor that does not parse or lies outside the shared memory."""
         assert self._arena is not None
         return dict(decode_tensors(descs, payload, self._arena))
-
-    def _responses(self, header: dict[str, Any], payload: memoryview) -> None:
-        for item in header["items"]:
-            call = self._calls.get(item["k"])
-            if call is None:
-                continue  # answered already (a late response from a model thread)
-            final = bool(item.get("fl", 0) & _FINAL)
-            try:
-                outputs = self.decode(item.get("T", []), payload)
-                error = _error(item["e"]) if item.get("e") else None
-            except WireError as exc:
-                outputs, error = {}, PythonModelError(f"the model's response is broken: {exc}")
-            params = json.loads(item["p"]) if item.get("p") else {}
-            self._deliver(call, PyResponse(outputs, error, params, final))
-        done = header.get("done")
-        if done is not None:
-            for call in self._batches.pop(done, ()):
-                if call.future is not None and call.key in self._calls:
-                    problem = "the model's execute returned without a response for this request"
-                    self._deliver(call, PyResponse({}, PythonModelError(problem), {}, True))
-
-    def _deliver(self, call: _Call, response: PyResponse) -> None:
-        call.responses += 1
-        if response.final:
-            self._calls.pop(call.key, None)
-        if call.queue is not None:
-            call.queue.put_nowait(response)
-            return
-        assert call.future is not None
-        if response.outputs or response.error is not None:
-            call.last = response
-        if response.final and not call.future.done():
-            last = call.last or response
-            call.future.set_result(
-                last if last.final else PyResponse(last.outputs, last.error, last.parameters)
-            )
-
-    @staticmethod
-    def _fail(call: _Call, exc: BaseException) -> None:
-        if call.queue is not None:
-            call.queue.put_nowait(exc)
-        elif call.future is not None and not call.future.done():
-            call.future.set_exception(exc)
-            call.future.exception()  # retrieved: nobody may await a cancelled caller's call
-
-
-def encode_files(files: dict[str, str]) -> dict[str, bytes]:
-    """``load_model(files=...)`` as the control hook gets it (base64 decoded)."""
-    return {k: base64.b64decode(v) for k, v in files.items()}

@@ -286,3 +286,22 @@ async def test_auto_complete_runs_the_models_own_function(tmp_path: Path) -> Non
     assert completed["input"] == [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]}]
     assert completed["dynamic_batching"] == {}
     assert instance.process is not None and instance.process.returncode == 0
+
+
+async def test_the_model_loading_api_reaches_the_control_hook(tmp_path: Path) -> None:
+    asked: list[tuple[str, dict[str, Any]]] = []
+
+    async def control(op: str, args: dict[str, Any]) -> Any:
+        asked.append((op, args))
+        return True
+
+    instance = await _started(_spec(tmp_path, "lifecycle", hooks_control=control))
+    try:
+        words = np.array([b"x"], dtype=object)
+        (answer,) = await instance.execute(
+            [PyRequest({"WORDS": words}, parameters={"what": "ready"})]
+        )
+        assert answer.outputs["TEXT"][0] == b"True"
+        assert asked == [("is_model_ready", {"model_name": "other", "model_version": "1"})]
+    finally:
+        await instance.stop()
