@@ -316,9 +316,10 @@ def config(name: str, *, max_batch_size: int = 0, instances: int = 1) -> dict[st
             [_tensor("TEXT", "TYPE_STRING", [1])],
         ),
         "async": ([_tensor("INPUT0", fp, [1])], [_tensor("PEAK", "TYPE_INT32", [1])]),
+        "bls_onnx": ([_tensor("INPUT0", fp, [4])], [_tensor("OUTPUT0", fp, [4])]),
     }
     inputs, outputs = io.get(name, ([_tensor("INPUT0", fp, [-1])], [_tensor("OUTPUT0", fp, [-1])]))
-    if name.startswith("bls") and name != "bls_decoupled":
+    if name.startswith("bls") and name not in ("bls_decoupled", "bls_onnx"):
         inputs, outputs = io["add_sub"][0], [_tensor("OUTPUT0", fp, [4])]
     out: dict[str, Any] = {
         "name": name,
@@ -341,3 +342,46 @@ def write_model(repository: Path, name: str, version: int = 1, source: str | Non
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(source if source is not None else MODELS[name])
     return path
+
+
+# Hangs on a negative input (for the watchdog); answers others at once.
+HANGS = """
+import time
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            if x.reshape(-1)[0] < 0:
+                time.sleep(3600)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
+        return responses
+"""
+
+# BLS to an ONNX model "add_double" (x [N, 4] -> sum = x + [1, 2, 3, 4]).
+BLS_ONNX = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            call = pb_utils.InferenceRequest(
+                model_name="add_double", requested_output_names=["sum"],
+                inputs=[pb_utils.Tensor("x", x.reshape(1, 4))])
+            answer = call.exec()
+            if answer.has_error():
+                responses.append(pb_utils.InferenceResponse(error=answer.error()))
+                continue
+            out = pb_utils.get_output_tensor_by_name(answer, "sum").as_numpy().reshape(4)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", out)]))
+        return responses
+"""
+
+MODELS["hangs"] = HANGS
+MODELS["bls_onnx"] = BLS_ONNX

@@ -54,9 +54,16 @@ class Held:
     def __init__(self) -> None:
         self._calls: dict[int, Call] = {}
         self._batches: dict[int, list[Call]] = {}
+        #: called when a batch's execute returned (or the process died): room for the next
+        self.on_batch_done: Callable[[], None] = lambda: None
 
     def __len__(self) -> int:
         return len(self._calls)
+
+    @property
+    def executing(self) -> int:
+        """Batches whose ``execute`` has not returned yet."""
+        return len(self._batches)
 
     def __contains__(self, key: int) -> bool:
         return key in self._calls
@@ -91,6 +98,7 @@ class Held:
                 if call.future is not None and call.key in self._calls:
                     problem = "the model's execute returned without a response for this request"
                     self._deliver(call, PyResponse({}, PythonModelError(problem), {}, True))
+            self.on_batch_done()
 
     def _deliver(self, call: Call, response: PyResponse) -> None:
         call.responses += 1
@@ -118,3 +126,4 @@ class Held:
                 call.future.exception()  # retrieved: a cancelled caller no longer awaits it
         self._calls.clear()
         self._batches.clear()
+        self.on_batch_done()

@@ -17,7 +17,7 @@ import json
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,6 +120,8 @@ class InstanceProcess:
         self._tasks: list[asyncio.Task[Any]] = []
         self._stopping = False
         self._reason: str | None = None
+        #: the model's execute is ``async def`` (many batches at once)
+        self.is_async = False
         self.calls = CallHandler(self)
 
     # -- state for the runner ----------------------------------------------------------------
@@ -136,6 +138,15 @@ class InstanceProcess:
     def held(self) -> int:
         """Requests the instance holds now (the runner sends to the least loaded)."""
         return len(self._held)
+
+    @property
+    def executing(self) -> int:
+        """Batches whose ``execute`` has not returned yet."""
+        return self._held.executing
+
+    def on_batch_done(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` whenever a batch's ``execute`` returns or the process dies."""
+        self._held.on_batch_done = callback
 
     def stalled(self, now: float, deadline: float) -> bool:
         """Busy, waiting on nothing of ours, and silent for ``deadline`` seconds."""
@@ -190,6 +201,7 @@ class InstanceProcess:
             await self.wait_exit(5.0)
             raise
         self.config = header["config"]
+        self.is_async = bool(header.get("async"))
         self.last_progress = self.clock.monotonic()
         if not initialize:
             await self.wait_exit(5.0)
