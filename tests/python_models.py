@@ -385,3 +385,26 @@ class TritonPythonModel:
 
 MODELS["hangs"] = HANGS
 MODELS["bls_onnx"] = BLS_ONNX
+
+# Waits (up to 20 s) until its request is cancelled, then answers CANCELLED, as Triton's README
+# shows; the async variant waits on the event loop.
+CANCELLABLE = """
+import time
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        deadline = time.monotonic() + 20
+        while not requests[0].is_cancelled() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        error = pb_utils.TritonError("cancelled", pb_utils.TritonError.CANCELLED)
+        return [pb_utils.InferenceResponse(error=error) for _ in requests]
+"""
+
+CANCELLABLE_ASYNC = CANCELLABLE.replace("def execute", "async def execute").replace(
+    "time.sleep(0.01)", "await __import__('asyncio').sleep(0.01)"
+)
+
+MODELS["cancellable"] = CANCELLABLE
+MODELS["cancellable_async"] = CANCELLABLE_ASYNC

@@ -305,3 +305,17 @@ async def test_the_model_loading_api_reaches_the_control_hook(tmp_path: Path) ->
         assert asked == [("is_model_ready", {"model_name": "other", "model_version": "1"})]
     finally:
         await instance.stop()
+
+
+@pytest.mark.parametrize("name", ["cancellable", "cancellable_async"])
+async def test_a_cancelled_request_is_seen_by_the_model(tmp_path: Path, name: str) -> None:
+    instance = await _started(_spec(tmp_path, name))
+    try:
+        (call,) = instance.submit([PyRequest({"INPUT0": np.ones(1, np.float32)})])
+        await asyncio.sleep(0.1)
+        instance.cancel([call])
+        assert call.future is not None
+        answer = await asyncio.wait_for(call.future, 10)
+        assert answer.error is not None and answer.error.code == "CANCELLED"
+    finally:
+        await instance.stop()
