@@ -76,15 +76,23 @@ class Batcher:
         self.idle = asyncio.Event()
         #: per instance slot: answered, and the sums of seconds in total, queued, computing
         self.counts = [[0, 0.0, 0.0, 0.0] for _ in range(config.instance_count)]
+        self._delay = config.max_queue_delay_s if config.max_batch_size else 0.0
 
     def poke(self) -> None:
         """Something changed (an instance has room, or serves again): look at the queue."""
         self._wake.set()
 
     def enqueue(self, request: PyRequest, stream: bool) -> Item:
+        """Take a request. With nobody queued ahead of it, no batching delay and an instance
+        with room, it is sent at once, without a turn of the dispatcher."""
         item = Item(request, stream, self._clock.monotonic())
-        self._queue.append(item)
         self.inflight += 1
+        if not self._queue and not self._delay:
+            picked = self._pick()
+            if picked is not None:
+                self._send(*picked, [item])
+                return item
+        self._queue.append(item)
         self._wake.set()
         return item
 
@@ -193,7 +201,7 @@ class Batcher:
         return batch
 
     async def run(self) -> None:
-        delay = self.config.max_queue_delay_s if self.config.max_batch_size else 0.0
+        delay = self._delay
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -214,6 +222,7 @@ class Batcher:
             calls = instance.submit([item.request for item in batch], stream=self.config.decoupled)
         except InstanceCrashedError:
             self._queue.extendleft(reversed(batch))  # it never reached the process
+            self._wake.set()
             return
         except (ValueError, ModelRuntimeError) as exc:
             for item in batch:

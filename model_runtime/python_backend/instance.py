@@ -32,18 +32,11 @@ from model_runtime.errors import (
 )
 from model_runtime.python_backend.arena import ParentArena
 from model_runtime.python_backend.calls import CallHandler
+from model_runtime.python_backend.channel import Channel
 from model_runtime.python_backend.held import Call, Held
 from model_runtime.python_backend.messages import ControlHook, InferHook, PyRequest, PyResponse
 from model_runtime.python_backend.metrics import CustomMetrics
-from model_runtime.python_backend.wire import (
-    FRAME,
-    MAX_HEADER,
-    MAX_PAYLOAD,
-    Encoder,
-    WireError,
-    decode_tensors,
-    parse_header,
-)
+from model_runtime.python_backend.wire import Encoder, decode_tensors
 
 __all__ = ["InstanceProcess", "InstanceSpec", "describe_exit"]
 
@@ -113,7 +106,7 @@ class InstanceProcess:
         self.last_progress = self.clock.monotonic()
         self.config: dict[str, Any] = spec.config
         self._arena: ParentArena | None = None
-        self._writer: asyncio.StreamWriter | None = None
+        self._channel: Channel | None = None
         self._held = Held()
         self._keys = 0
         self._waiters: dict[int, asyncio.Future[Any]] = {}
@@ -181,11 +174,13 @@ class InstanceProcess:
             raise ModelLoadError(name, f"cannot start python {spec.python!r}: {exc}", exc) from exc
         finally:
             child_sock.close()
-        reader, self._writer = await asyncio.open_unix_connection(sock=parent_sock)
         loop = asyncio.get_running_loop()
+        _, self._channel = await loop.create_unix_connection(
+            lambda: Channel(self._frame), sock=parent_sock
+        )
         ready: asyncio.Future[Any] = loop.create_future()
         self._waiters[0] = ready
-        self._tasks = [loop.create_task(self._read(reader)), loop.create_task(self._watch())]
+        self._tasks = [loop.create_task(self._watch())]
         self._send(
             {"t": "init", "model_file": str(spec.model_file), "config": spec.config,
              "args": spec.args(), "auto_complete": auto_complete, "initialize": initialize}
@@ -255,7 +250,7 @@ class InstanceProcess:
             InstanceCrashedError: the process is gone or stopping.
             ValueError: an input of a dtype Triton has no datatype for.
         """
-        if not self.alive or self._writer is None or self._arena is None:
+        if not self.alive or self._channel is None or self._arena is None:
             raise self.death or InstanceCrashedError(f"the python instance {describe_exit(None)}")
         enc = Encoder(self._arena)
         batch = self._keys = self._keys + 1
@@ -275,7 +270,7 @@ class InstanceProcess:
         if len(self._held) == len(calls):
             self.last_progress = self.clock.monotonic()  # idle until now: the clock starts here
         header = {"t": "exec", "b": batch, "m": self.spec.model_name, "r": items}
-        self._writer.writelines(enc.finish(header, self._arena.sender.head))
+        self._channel.write(enc.finish(header, self._arena.sender.head))
         return calls
 
     async def execute(self, requests: Sequence[PyRequest]) -> list[PyResponse]:
@@ -340,43 +335,26 @@ class InstanceProcess:
     # -- the wire ----------------------------------------------------------------------------
 
     def _send(self, header: dict[str, Any], tensors: Any = None) -> None:
-        if self._writer is None or self._arena is None or self._writer.is_closing():
+        if self._channel is None or self._arena is None:
             return
         enc = Encoder(self._arena)
         if tensors is not None:
             header["T"] = enc.tensors(tensors)
-        self._writer.writelines(enc.finish(header, self._arena.sender.head))
-
-    async def _read(self, reader: asyncio.StreamReader) -> None:
-        reason = None
-        try:
-            while True:
-                head = await reader.readexactly(FRAME.size)
-                hlen, plen = FRAME.unpack(head)
-                if hlen > MAX_HEADER or plen > MAX_PAYLOAD:
-                    raise WireError(f"a frame of {hlen}+{plen} bytes is over the limits")
-                body = await reader.readexactly(hlen + plen)
-                self.last_progress = self.clock.monotonic()
-                self._frame(parse_header(body[:hlen]), memoryview(body)[hlen:])
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass  # the process ended; _watch reports how
-        except (WireError, KeyError, TypeError, ValueError) as exc:
-            reason = f"sent a frame that does not parse ({exc})"
-            self.log.error("python_instance_bad_frame", error=str(exc))
-            self.kill()
-        if reason is not None:
-            self._reason = reason
-        self._writer_close()
-
-    def _writer_close(self) -> None:
-        if self._writer is not None and not self._writer.is_closing():
-            self._writer.close()
+        self._channel.write(enc.finish(header, self._arena.sender.head))
 
     async def _watch(self) -> None:
         assert self.process is not None
+        channel = self._channel
+        assert channel is not None
+        exited: asyncio.Future[Any] = asyncio.ensure_future(self.process.wait())
+        await asyncio.wait([exited, channel.closed], return_when=asyncio.FIRST_COMPLETED)
+        if channel.closed.done() and channel.closed.result() is not None:
+            self._reason = self._reason or channel.closed.result()
+            self.log.error("python_instance_bad_frame", error=self._reason)
+            self.kill()
         returncode = await self.process.wait()
-        # The reader takes the last frames first (a grandchild holding the socket: 1 s at most).
-        await asyncio.wait(self._tasks[:1], timeout=1.0)
+        # The last frames first (a grandchild holding the socket: 1 s at most).
+        await asyncio.wait([channel.closed], timeout=1.0)
         reason = self._reason
         expected = self._stopping and not self._held
         text = f"the python instance {self.spec.instance_name} (pid {self.process.pid}) "
@@ -388,7 +366,7 @@ class InstanceProcess:
             if not waiter.done():
                 waiter.set_exception(self.death)
         self._held.fail_all(self.death)
-        self._writer_close()
+        channel.close()
         self.calls.close()
         self._close_arena()
         self.died.set()
@@ -398,6 +376,7 @@ class InstanceProcess:
         self._reason = reason
 
     def _frame(self, header: dict[str, Any], payload: memoryview) -> None:
+        self.last_progress = self.clock.monotonic()
         kind = header["t"]
         if kind == "resp":
             self._held.responses(header, payload, self.decode)
