@@ -27,6 +27,17 @@ if __name__ == "__main__" and not __package__:  # run as a script: no daemon pac
         _pkg = types.ModuleType("model_runtime")
         _pkg.__path__ = [str(_root)]
         sys.modules["model_runtime"] = _pkg
+    try:
+        import numpy  # noqa: F401
+    except ImportError as _exc:  # a model's own interpreter without numpy: say so, and end
+        import json
+        import socket
+        import struct
+
+        _text = f"the instance's python ({sys.executable}) cannot import numpy: {_exc}"
+        _head = json.dumps({"t": "init_err", "stage": "start", "m": _text, "h": 0}).encode()
+        socket.socket(fileno=int(sys.argv[1])).sendall(struct.pack("<II", len(_head), 0) + _head)
+        sys.exit(1)
 
 import asyncio
 import collections

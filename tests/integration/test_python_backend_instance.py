@@ -319,3 +319,41 @@ async def test_a_cancelled_request_is_seen_by_the_model(tmp_path: Path, name: st
         assert answer.error is not None and answer.error.code == "CANCELLED"
     finally:
         await instance.stop()
+
+
+def _interpreter_with_numpy() -> str | None:
+    """The daemon's base interpreter (not its venv), if it has numpy: it lacks the daemon's
+    own packages (structlog, ...), which the instance process must not need."""
+    import subprocess
+    import sys
+
+    base = Path(sys.base_prefix) / "bin" / "python3"
+    probe = subprocess.run([str(base), "-c", "import numpy"], capture_output=True, check=False)
+    return str(base) if probe.returncode == 0 else None
+
+
+async def test_an_instance_runs_in_another_interpreter(tmp_path: Path) -> None:
+    python = _interpreter_with_numpy()
+    if python is None:
+        pytest.skip("the base interpreter has no numpy")
+    instance = await _started(_spec(tmp_path, "add_sub", python=python))
+    try:
+        (answer,) = await instance.execute([_add_sub(1.0)])
+        np.testing.assert_array_equal(answer.outputs["OUTPUT0"], np.full(4, 2.0))
+    finally:
+        await instance.stop()
+
+
+async def test_an_interpreter_without_numpy_is_a_load_error_that_says_so(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    venv = tmp_path / "bare"
+    command = [sys.executable, "-m", "venv", "--without-pip", str(venv)]
+    await asyncio.to_thread(subprocess.run, command, check=True)
+    instance = InstanceProcess(_spec(tmp_path, "add_sub", python=str(venv / "bin" / "python")))
+    with pytest.raises(ModelLoadError, match="cannot import numpy: No module named 'numpy'"):
+        await instance.start()
+    missing = InstanceProcess(_spec(tmp_path, "add_sub", python=str(tmp_path / "no-python")))
+    with pytest.raises(ModelLoadError, match="cannot start python"):
+        await missing.start()
