@@ -77,6 +77,8 @@ class Batcher:
         #: per instance slot: answered, and the sums of seconds in total, queued, computing
         self.counts = [[0, 0.0, 0.0, 0.0] for _ in range(config.instance_count)]
         self._delay = config.max_queue_delay_s if config.max_batch_size else 0.0
+        #: set when the model unloads: what a request held past the drain is answered with
+        self.stopped: BaseException | None = None
 
     def poke(self) -> None:
         """Something changed (an instance has room, or serves again): look at the queue."""
@@ -97,7 +99,9 @@ class Batcher:
         return item
 
     def fail_queued(self, exc: BaseException) -> None:
-        """Answer every request still queued with ``exc``."""
+        """Answer every request still queued with ``exc``, and every one that an instance
+        gives back from now on."""
+        self.stopped = exc
         while self._queue:
             self.settle(self._queue.popleft(), exc)
 
@@ -148,6 +152,8 @@ class Batcher:
         """An instance died holding ``item``: None if it goes back to the queue (alone), else
         the error it gets (poison; or a stream that had begun and cannot be replayed)."""
         item.kills += 1
+        if self.stopped is not None:
+            return self.stopped  # unloading: the instances are finalized, nobody retries
         if item.responses:
             return exc
         if item.kills >= 2:

@@ -144,7 +144,7 @@ class PythonModelRunner:
         )
         if self._dispatcher is not None:
             self._dispatcher.cancel()
-        await self.pool.close()
+        await self.pool.close()  # what the instances held comes back as the stop error
 
     @property
     def is_ready(self) -> bool:

@@ -305,3 +305,15 @@ async def test_auto_complete_config_in_a_short_lived_process(tmp_path: Path) -> 
 
 async def _unused(_: BlsRequest) -> AsyncIterator[PyResponse]:  # keeps the hook type honest
     yield PyResponse()
+
+
+async def test_close_answers_what_outlives_the_drain(tmp_path: Path) -> None:
+    # A short drain (the default is 30 s) so that the test does not wait for it.
+    settings = RunnerSettings(drain_timeout_s=0.3)
+    runner = _runner(tmp_path, "async", settings=settings)
+    await runner.start()
+    slow = asyncio.ensure_future(runner.execute({"INPUT0": np.array([30.0], np.float32)}))
+    await asyncio.sleep(0.1)
+    await asyncio.wait_for(runner.close(), 40)
+    with pytest.raises(RunnerStoppedError, match="unloaded before this request completed"):
+        await asyncio.wait_for(slow, 5)
