@@ -151,6 +151,15 @@ class PythonModelRunner:
         """Taking requests, with at least one instance serving."""
         return self._accepting and bool(self.pool.serving())
 
+    async def model_ready(self, timeout: float = 5.0) -> bool:
+        """Triton's readiness with the model's own ``is_ready()``: some serving instance's
+        model says it is ready (a model without one is ready while its process serves); an
+        instance that does not answer within ``timeout`` seconds counts as not ready."""
+        if not self.is_ready:
+            return False
+        answers = await asyncio.gather(*(i.is_ready(timeout) for i in self.pool.serving()))
+        return any(answers)
+
     @property
     def restarts(self) -> int:
         """Instance processes restarted since the model loaded."""

@@ -317,3 +317,16 @@ async def test_close_answers_what_outlives_the_drain(tmp_path: Path) -> None:
     await asyncio.wait_for(runner.close(), 40)
     with pytest.raises(RunnerStoppedError, match="unloaded before this request completed"):
         await asyncio.wait_for(slow, 5)
+
+
+async def test_model_ready_asks_the_models_is_ready(tmp_path: Path) -> None:
+    runner = _runner(tmp_path, "lifecycle", instances=2)
+    await runner.start()
+    try:
+        assert await runner.model_ready()
+        (tmp_path / "lifecycle" / "not_ready").write_text("")
+        assert not await runner.model_ready()
+        assert runner.is_ready  # the processes serve; only the model says it is not ready
+    finally:
+        await runner.close()
+    assert not await runner.model_ready()
