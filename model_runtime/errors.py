@@ -23,7 +23,10 @@ at fault: the caller (bad input), the file (bad executable), the machine (no dev
     ├── RuntimeFailure                     the device failed while running a program
     │   ├── ApplicationRuntimeError        the program failed (seed: application_runtime_error)
     │   ├── RecoverableRuntimeError        failed; carries the RecoveryAction that would recover
-    │   └── UnrecoverableRuntimeError      failed for good; the device cannot be used again
+    │   ├── UnrecoverableRuntimeError      failed for good; the device cannot be used again
+    │   ├── PythonModelError               a python model's code failed this request (Triton code)
+    │   └── InstanceCrashedError           a python model's instance process died or was stopped
+    │       └── PoisonRequestError         the request killed instances twice; not tried again
     ├── ExecutionTimeoutError              a request or a run passed its deadline
     ├── ActorError                         the actor machinery
     │   ├── ActorStoppedError              the actor stopped before it answered
@@ -69,6 +72,7 @@ __all__ = [
     "ExecutionTimeoutError",
     "FaultPlanError",
     "InputValidationError",
+    "InstanceCrashedError",
     "InvalidExecutableError",
     "ModelControlError",
     "ModelLoadError",
@@ -76,7 +80,9 @@ __all__ = [
     "ModelRuntimeError",
     "ModelUnavailableError",
     "PackageHashMismatchError",
+    "PoisonRequestError",
     "ProtocolError",
+    "PythonModelError",
     "QueueFullError",
     "RecoverableRuntimeError",
     "RecoveryAction",
@@ -213,6 +219,38 @@ class RecoverableRuntimeError(RuntimeFailure):
 
 class UnrecoverableRuntimeError(RuntimeFailure):
     """The device failed and cannot be used again in this process."""
+
+
+class PythonModelError(RuntimeFailure):
+    """A python model failed this request: its ``execute`` raised, returned an error response,
+    or broke Triton's contract (the wrong count, not a response). ``code`` is Triton's error
+    code name (``INTERNAL``, ``INVALID_ARG``, ...) the model gave or the contract implies."""
+
+    def __init__(self, message: str, code: str = "INTERNAL", *, replica: int | None = None):
+        super().__init__(message, replica=replica)
+        self.code = code
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.code), {"replica": self.replica})
+
+
+class InstanceCrashedError(RuntimeFailure):
+    """A python model's instance process died (``returncode``: its exit code, or minus the
+    signal) or was stopped by the watchdog, while it held this request."""
+
+    def __init__(
+        self, message: str, returncode: int | None = None, *, replica: int | None = None
+    ) -> None:
+        super().__init__(message, replica=replica)
+        self.returncode = returncode
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.returncode), {"replica": self.replica})
+
+
+class PoisonRequestError(InstanceCrashedError):
+    """This request was held by instance processes that died twice: it is answered with this
+    error and never tried again, so that it cannot take more instances down."""
 
 
 class ExecutionTimeoutError(ModelRuntimeError):

@@ -35,6 +35,7 @@ LAYERS: list[tuple[str, ...]] = [
         "model_runtime.sequences",
         "model_runtime.stats",
         "model_runtime.lowlevel",
+        "model_runtime.python_backend",
     ),
     (
         "model_runtime.blocking",

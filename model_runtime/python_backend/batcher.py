@@ -1,0 +1,242 @@
+"""The batcher of a python model: one queue, batches to the least loaded instance, and the
+retries that heal a crash.
+
+Requests leave the queue in batches of up to ``max_batch_size`` (one with ``max_batch_size: 0``)
+for the instance that holds the fewest requests among those with room (a sync ``execute`` runs
+one batch at a time per instance, an async one up to :data:`ASYNC_BATCHES`); with dynamic
+batching the first request of a batch waits up to ``max_queue_delay_microseconds`` for company.
+The requests an instance held when it died go back to the head of the queue, each alone in its
+batch from then on, so that a second death names the one that caused it: that request is poison
+and gets :class:`PoisonRequestError`; the others are answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+
+import structlog
+
+from actors.clock import Clock
+from model_runtime.errors import (
+    InputValidationError,
+    InstanceCrashedError,
+    ModelRuntimeError,
+    PoisonRequestError,
+)
+from model_runtime.python_backend.config import PythonModelConfig
+from model_runtime.python_backend.held import Call
+from model_runtime.python_backend.instance import InstanceProcess
+from model_runtime.python_backend.messages import PyRequest, PyResponse
+from model_runtime.python_backend.pool import InstancePool
+from model_runtime.python_backend.validate import check_outputs
+
+__all__ = ["ASYNC_BATCHES", "Batcher", "Item"]
+
+_log = structlog.get_logger(__name__)
+#: batches an instance with ``async def execute`` runs at once
+ASYNC_BATCHES = 64
+
+
+class Item:
+    """A request in the runner: queued, held by an instance, or answered."""
+
+    __slots__ = (
+        "answered", "call", "dispatched", "enqueued", "future", "instance", "kills", "request",
+        "responses", "sent", "slot",
+    )  # fmt: skip
+
+    def __init__(self, request: PyRequest, stream: bool, now: float) -> None:
+        loop = asyncio.get_running_loop()
+        self.request = request
+        self.future: asyncio.Future[PyResponse] | None = None if stream else loop.create_future()
+        self.dispatched: asyncio.Future[Call] = loop.create_future()
+        self.call: Call | None = None
+        self.instance: InstanceProcess | None = None
+        self.slot = 0
+        self.kills = 0
+        self.responses = 0
+        self.enqueued = now
+        self.sent = now
+        self.answered = False
+
+
+class Batcher:
+    """The queue of one model and the task that empties it into its instances."""
+
+    def __init__(self, config: PythonModelConfig, clock: Clock) -> None:
+        self.config = config
+        self._clock = clock
+        self._queue: collections.deque[Item] = collections.deque()
+        self._wake = asyncio.Event()
+        self.pool: InstancePool | None = None
+        #: requests taken and not yet answered
+        self.inflight = 0
+        self.idle = asyncio.Event()
+        #: per instance slot: answered, and the sums of seconds in total, queued, computing
+        self.counts = [[0, 0.0, 0.0, 0.0] for _ in range(config.instance_count)]
+        self._delay = config.max_queue_delay_s if config.max_batch_size else 0.0
+        #: set when the model unloads: what a request held past the drain is answered with
+        self.stopped: BaseException | None = None
+
+    def poke(self) -> None:
+        """Something changed (an instance has room, or serves again): look at the queue."""
+        self._wake.set()
+
+    def enqueue(self, request: PyRequest, stream: bool) -> Item:
+        """Take a request. With nobody queued ahead of it, no batching delay and an instance
+        with room, it is sent at once, without a turn of the dispatcher."""
+        item = Item(request, stream, self._clock.monotonic())
+        self.inflight += 1
+        if not self._queue and not self._delay:
+            picked = self._pick()
+            if picked is not None:
+                self._send(*picked, [item])
+                return item
+        self._queue.append(item)
+        self._wake.set()
+        return item
+
+    def fail_queued(self, exc: BaseException) -> None:
+        """Answer every request still queued with ``exc``, and every one that an instance
+        gives back from now on."""
+        self.stopped = exc
+        while self._queue:
+            self.settle(self._queue.popleft(), exc)
+
+    def abandon(self, item: Item) -> None:
+        """The caller left: forget a queued request, tell the model of one it holds."""
+        if item.answered:
+            return
+        if item.call is None:
+            try:
+                self._queue.remove(item)
+            except ValueError:
+                pass
+        elif item.instance is not None:
+            item.instance.cancel([item.call])
+        self.done(item)
+
+    def done(self, item: Item) -> None:
+        if item.answered:
+            return
+        item.answered = True
+        self.inflight -= 1
+        if item.call is not None:
+            counts = self.counts[item.slot]
+            now = self._clock.monotonic()
+            counts[0] += 1
+            counts[1] += now - item.enqueued
+            counts[2] += item.sent - item.enqueued
+            counts[3] += now - item.sent
+        if not self.inflight:
+            self.idle.set()
+
+    def settle(self, item: Item, outcome: PyResponse | BaseException) -> None:
+        if item.future is not None and not item.future.done():
+            if isinstance(outcome, BaseException):
+                item.future.set_exception(outcome)
+                item.future.exception()  # a caller that left does not await it
+            elif outcome.error is not None:
+                item.future.set_exception(outcome.error)
+                item.future.exception()
+            else:
+                item.future.set_result(outcome)
+        elif isinstance(outcome, BaseException) and not item.dispatched.done():
+            item.dispatched.set_exception(outcome)  # a stream's caller waits on this
+            item.dispatched.exception()
+        self.done(item)
+
+    def crashed(self, item: Item, exc: InstanceCrashedError) -> BaseException | None:
+        """An instance died holding ``item``: None if it goes back to the queue (alone), else
+        the error it gets (poison; or a stream that had begun and cannot be replayed)."""
+        item.kills += 1
+        if self.stopped is not None:
+            return self.stopped  # unloading: the instances are finalized, nobody retries
+        if item.responses:
+            return exc
+        if item.kills >= 2:
+            _log.error("python_poison_request", model=self.config.name, error=str(exc))
+            return PoisonRequestError(
+                f"model '{self.config.name}': this request was held by instance processes "
+                f"that died twice and is not tried again (last: {exc})",
+                exc.returncode,
+            )
+        item.call = None
+        item.instance = None
+        item.dispatched = asyncio.get_running_loop().create_future()
+        self._queue.appendleft(item)
+        self._wake.set()
+        return None
+
+    def _on_answer(self, item: Item, future: asyncio.Future[PyResponse]) -> None:
+        if item.answered:
+            return
+        exc = future.exception()
+        if isinstance(exc, InstanceCrashedError):
+            error = self.crashed(item, exc)
+            if error is not None:
+                self.settle(item, error)
+            return
+        if exc is not None:
+            self.settle(item, exc)
+            return
+        self.settle(item, check_outputs(self.config, future.result()))
+
+    def _pick(self) -> tuple[int, InstanceProcess] | None:
+        best: tuple[int, InstanceProcess] | None = None
+        assert self.pool is not None
+        for slot in self.pool.slots:
+            inst = slot.instance
+            if inst is None or not inst.alive:
+                continue
+            room = ASYNC_BATCHES if inst.is_async else 1
+            if inst.executing < room and (best is None or inst.held < best[1].held):
+                best = (slot.index, inst)
+        return best
+
+    def _take(self) -> list[Item]:
+        queue = self._queue
+        if queue[0].kills:
+            return [queue.popleft()]  # a request that was in a crash goes alone
+        limit = max(1, self.config.max_batch_size)
+        batch: list[Item] = []
+        while queue and len(batch) < limit and not queue[0].kills:
+            batch.append(queue.popleft())
+        return batch
+
+    async def run(self) -> None:
+        delay = self._delay
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._queue:
+                picked = self._pick()
+                if picked is None:
+                    break  # woken again when an instance has room
+                limit = max(1, self.config.max_batch_size)
+                if delay and len(self._queue) < limit and not self._queue[0].kills:
+                    wait = self._queue[0].enqueued + delay - self._clock.monotonic()
+                    if wait > 0:
+                        await self._clock.sleep(wait)
+                        continue
+                self._send(*picked, self._take())
+
+    def _send(self, slot: int, instance: InstanceProcess, batch: list[Item]) -> None:
+        try:
+            calls = instance.submit([item.request for item in batch], stream=self.config.decoupled)
+        except InstanceCrashedError:
+            self._queue.extendleft(reversed(batch))  # it never reached the process
+            self._wake.set()
+            return
+        except (ValueError, ModelRuntimeError) as exc:
+            for item in batch:
+                self.settle(item, InputValidationError(f"the request cannot be sent: {exc}"))
+            return
+        now = self._clock.monotonic()
+        for item, call in zip(batch, calls, strict=True):
+            item.call, item.instance, item.slot, item.sent = call, instance, slot, now
+            item.dispatched.set_result(call)
+            if call.future is not None:
+                call.future.add_done_callback(functools.partial(self._on_answer, item))

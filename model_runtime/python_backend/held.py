@@ -1,0 +1,129 @@
+"""The requests an instance process holds, and how its answers reach their callers.
+
+A request for a model that is not decoupled has a future: its final response (the last one
+that carried outputs or an error, if the model sent a flag-only final after it) resolves it. A
+decoupled request has a queue its stream reads. At the end of a batch (``done``), a request of
+the batch with a future that got nothing is answered with an error: the model broke Triton's
+contract. When the process dies, everything held fails with the error that says how.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from model_runtime.errors import PythonModelError
+from model_runtime.python_backend.messages import PyResponse
+from model_runtime.python_backend.wire import WireError
+
+__all__ = ["Call", "Held"]
+
+_FINAL = 1
+
+
+class Call:
+    """One request held by the instance: a future (one response) or a queue (a stream)."""
+
+    __slots__ = ("batch", "future", "key", "last", "queue", "responses")
+
+    def __init__(self, key: int, batch: int, stream: bool) -> None:
+        self.key = key
+        self.batch = batch
+        loop = asyncio.get_running_loop()
+        self.future: asyncio.Future[PyResponse] | None = None if stream else loop.create_future()
+        self.queue: asyncio.Queue[PyResponse | BaseException] | None = (
+            asyncio.Queue() if stream else None
+        )
+        self.responses = 0
+        self.last: PyResponse | None = None
+
+
+def _error(pair: Any) -> PythonModelError:
+    if isinstance(pair, list) and len(pair) == 2:
+        return PythonModelError(str(pair[1]), str(pair[0]))
+    return PythonModelError(str(pair))
+
+
+class Held:
+    """The calls of one instance, by key, and its batches in flight."""
+
+    def __init__(self) -> None:
+        self._calls: dict[int, Call] = {}
+        self._batches: dict[int, list[Call]] = {}
+        #: called when a batch's execute returned (or the process died): room for the next
+        self.on_batch_done: Callable[[], None] = lambda: None
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    @property
+    def executing(self) -> int:
+        """Batches whose ``execute`` has not returned yet."""
+        return len(self._batches)
+
+    def __contains__(self, key: int) -> bool:
+        return key in self._calls
+
+    def add(self, batch: int, calls: Sequence[Call]) -> None:
+        for call in calls:
+            self._calls[call.key] = call
+        self._batches[batch] = list(calls)
+
+    def responses(
+        self,
+        header: dict[str, Any],
+        payload: memoryview,
+        decode: Callable[[Any, memoryview], dict[str, np.ndarray]],
+    ) -> None:
+        """Deliver a ``resp`` frame's items (tensors copied out by ``decode``)."""
+        for item in header["items"]:
+            call = self._calls.get(item["k"])
+            if call is None:
+                continue  # answered already (a late response from a model thread)
+            final = bool(item.get("fl", 0) & _FINAL)
+            try:
+                outputs = decode(item.get("T", []), payload)
+                error = _error(item["e"]) if item.get("e") else None
+            except WireError as exc:
+                outputs, error = {}, PythonModelError(f"the model's response is broken: {exc}")
+            params = json.loads(item["p"]) if item.get("p") else {}
+            self._deliver(call, PyResponse(outputs, error, params, final))
+        done = header.get("done")
+        if done is not None:
+            for call in self._batches.pop(done, ()):
+                if call.future is not None and call.key in self._calls:
+                    problem = "the model's execute returned without a response for this request"
+                    self._deliver(call, PyResponse({}, PythonModelError(problem), {}, True))
+            self.on_batch_done()
+
+    def _deliver(self, call: Call, response: PyResponse) -> None:
+        call.responses += 1
+        if response.final:
+            self._calls.pop(call.key, None)
+        if call.queue is not None:
+            call.queue.put_nowait(response)
+            return
+        assert call.future is not None
+        if response.outputs or response.error is not None:
+            call.last = response
+        if response.final and not call.future.done():
+            last = call.last or response
+            call.future.set_result(
+                last if last.final else PyResponse(last.outputs, last.error, last.parameters)
+            )
+
+    def fail_all(self, exc: BaseException) -> None:
+        """Fail every call held (the process died)."""
+        for call in self._calls.values():
+            if call.queue is not None:
+                call.queue.put_nowait(exc)
+            elif call.future is not None and not call.future.done():
+                call.future.set_exception(exc)
+                call.future.exception()  # retrieved: a cancelled caller no longer awaits it
+        self._calls.clear()
+        self._batches.clear()
+        self.on_batch_done()

@@ -1,0 +1,408 @@
+"""The instance process: runs one instance of a python model for the daemon (Triton's stub).
+
+Started as ``python .../stub.py SOCKET_FD SHM_FD RING_BYTES`` by :mod:`.instance`, with a
+connected stream socket and the shared-memory file of :mod:`.arena`. It needs numpy and this
+package's child-side modules, nothing of the daemon, so a model's own interpreter can run it.
+
+The main thread runs the model and reads the socket itself, with no thread between a request
+and ``execute`` (a hop between threads costs ~100 us of GIL hand-over per request): a sync
+``execute`` runs one batch at a time; an ``async def execute`` runs on an event loop, a task per
+batch, many at once. Whoever waits for the daemon's answer (a BLS call, a call of the API; on
+any thread) reads the socket while it waits, under one "pump" lock: answers resolve their
+waiters at once, and frames for the model are queued for the main thread. Frames are written
+under one lock, from any thread (a decoupled model sends from threads of its own). When the
+socket reaches EOF the daemon is gone, and the process exits at once.
+"""
+
+from __future__ import annotations
+
+if __name__ == "__main__" and not __package__:  # run as a script: no daemon package imported
+    import pathlib
+    import sys
+    import types
+
+    _root = pathlib.Path(__file__).resolve().parent.parent
+    del sys.path[0]  # the backend's own directory is no place for a model's imports
+    if "model_runtime" not in sys.modules:
+        _pkg = types.ModuleType("model_runtime")
+        _pkg.__path__ = [str(_root)]
+        sys.modules["model_runtime"] = _pkg
+    try:
+        import numpy  # noqa: F401
+    except ImportError as _exc:  # a model's own interpreter without numpy: say so, and end
+        import json
+        import socket
+        import struct
+
+        _text = f"the instance's python ({sys.executable}) cannot import numpy: {_exc}"
+        _head = json.dumps({"t": "init_err", "stage": "start", "m": _text, "h": 0}).encode()
+        socket.socket(fileno=int(sys.argv[1])).sendall(struct.pack("<II", len(_head), 0) + _head)
+        sys.exit(1)
+
+import asyncio
+import collections
+import itertools
+import os
+import select
+import socket
+import sys
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+
+from model_runtime.python_backend import pb_bridge, pb_utils
+from model_runtime.python_backend.arena import ChildArena
+from model_runtime.python_backend.stub_model import ModelHost
+from model_runtime.python_backend.wire import (
+    FRAME,
+    Encoder,
+    decode_tensors,
+    parse_header,
+)
+
+__all__ = ["Stub", "encode_response", "main"]
+
+_FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def _error_pair(error: pb_utils.TritonError) -> list[Any]:
+    return [pb_utils.TritonError.CODE_NAMES[error.code()], error.message()]
+
+
+def encode_response(
+    enc: Encoder,
+    response: pb_utils.InferenceResponse | None,
+    requested: frozenset[str] | None,
+) -> dict[str, Any]:
+    """The wire form of a response (its tensors placed by ``enc``); a response that cannot be
+    sent (not an ``InferenceResponse``, outputs that are not ``Tensor``) becomes an error."""
+    if response is None:
+        return {}
+    if not isinstance(response, pb_utils.InferenceResponse):
+        return {
+            "e": [
+                "INTERNAL",
+                f"expected a pb_utils.InferenceResponse, got a {type(response).__name__}",
+            ]
+        }
+    error = response.error()
+    if error is not None:
+        if not isinstance(error, pb_utils.TritonError):
+            return {"e": ["INTERNAL", str(error)]}
+        return {"e": _error_pair(error), "p": response.parameters()}
+    named: list[tuple[str, np.ndarray]] = []
+    for i, tensor in enumerate(response.output_tensors()):
+        if not isinstance(tensor, pb_utils.Tensor):
+            return {
+                "e": [
+                    "INTERNAL",
+                    f"output {i} of the response is a "
+                    f"{type(tensor).__name__}, not a pb_utils.Tensor",
+                ]
+            }
+        if requested is None or tensor.name() in requested:
+            named.append((tensor.name(), tensor.as_numpy()))
+    try:
+        descs = enc.tensors(named)
+    except ValueError as exc:
+        return {"e": ["INVALID_ARG", f"an output cannot be sent: {exc}"]}
+    return {"T": descs, "p": response.parameters()}
+
+
+class Stub:
+    """The instance process's end of the wire, and the :class:`~.pb_bridge.Bridge` of the API."""
+
+    def __init__(self, sock: socket.socket, arena: ChildArena) -> None:
+        sock.setblocking(False)
+        self._sock = sock
+        self._inbox = bytearray()
+        self._arena = arena
+        self._lock = threading.Lock()  # writing
+        self._pump = threading.Lock()  # reading
+        self._ids = itertools.count(1)
+        self._pending: dict[int, Future[Any] | pb_utils.ResponseIterator] = {}
+        self._cancelled: set[int] = set()
+        self._deferred: collections.deque[dict[str, Any]] = collections.deque()
+        self.loop = asyncio.new_event_loop()
+        self.host = ModelHost(self)
+        self._async = False
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def _sendall(self, data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[self._sock.send(view) :]
+            except BlockingIOError:
+                select.select([], [self._sock], [])
+            except OSError:
+                os._exit(0)  # the daemon is gone
+
+    def write(self, header: dict[str, Any], build: Any = None) -> None:
+        """Send one frame; ``build(encoder, header)`` places tensors under the same lock."""
+        with self._lock:
+            enc = Encoder(self._arena)
+            if build is not None:
+                build(enc, header)
+            segments = enc.finish(header, self._arena.sender.head)
+            self._sendall(bytes(segments[0]) + bytes(segments[1]))
+            for part in segments[2:]:
+                self._sendall(part)
+
+    def respond(self, items: list[tuple[int, Any, int]], done: int | None = None) -> None:
+        """Send responses ``(key, response, flags)`` (and the end of batch ``done``)."""
+        requested = self.host.requested
+
+        def build(enc: Encoder, header: dict[str, Any]) -> None:
+            out = []
+            for key, response, flags in items:
+                item = encode_response(enc, response, requested.get(key))
+                item["k"] = key
+                item["fl"] = flags
+                out.append(item)
+                if flags & _FINAL:
+                    self.host.closed(key)
+            header["items"] = out
+
+        header: dict[str, Any] = {"t": "resp"}
+        if done is not None:
+            header["done"] = done
+        self.write(header, build)
+
+    # -- the Bridge of triton_python_backend_utils -------------------------------------------
+
+    def send(self, key: int, response: pb_utils.InferenceResponse | None, flags: int) -> None:
+        if not self.host.is_open(key):
+            raise pb_bridge.TritonModelException("that request has had its final response")
+        self.respond([(key, response, flags)])
+
+    def cancelled(self, key: int) -> bool:
+        if not self._pump.locked():
+            self.pump(0.0)  # a cancellation may be waiting in the socket
+        return key in self._cancelled
+
+    def _bls(self, request: pb_utils.InferenceRequest, k: int, decoupled: bool) -> None:
+        def build(enc: Encoder, header: dict[str, Any]) -> None:
+            header["T"] = enc.tensors((t.name(), t.as_numpy()) for t in request.inputs())
+
+        header = {
+            "t": "bls", "k": k, "m": request.model_name(), "v": request.model_version(),
+            "o": request.requested_output_names(), "rq": request.request_id(),
+            "c": request.correlation_id(), "f": request.flags(), "to": request.timeout(),
+            "p": request.parameters(), "d": decoupled,
+        }  # fmt: skip
+        self.write(header, build)
+
+    def bls(self, request: pb_utils.InferenceRequest) -> Future[pb_utils.InferenceResponse]:
+        k = next(self._ids)
+        future: Future[Any] = Future()
+        self._pending[k] = future
+        self._bls(request, k, False)
+        return _Pumped(self, future)
+
+    def bls_stream(self, request: pb_utils.InferenceRequest) -> pb_utils.ResponseIterator:
+        k = next(self._ids)
+        stream = pb_utils.ResponseIterator(self.pump)
+        stream.cancel_hook = lambda: self.write({"t": "bls_cancel", "k": k})
+        self._pending[k] = stream
+        self._bls(request, k, True)
+        return stream
+
+    def call(self, op: str, args: dict[str, Any]) -> Any:
+        k = next(self._ids)
+        future: Future[Any] = Future()
+        self._pending[k] = future
+        self.write({"t": "call", "k": k, "op": op, "a": args})
+        return _Pumped(self, future).result()
+
+    def log(self, level: str, message: str) -> None:
+        self.write({"t": "log", "l": level, "m": message})
+
+    def metric(self, op: dict[str, Any]) -> None:
+        self.write({"t": "metric", **op})
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def pump(self, timeout: float | None, *, idle: bool = False) -> None:
+        """Read what the daemon sent (waiting up to ``timeout`` for the first byte, None: for
+        ever) and dispatch it. Any thread; a thread that finds another pumping just waits.
+        ``idle``: the main thread with nothing to do (it waits less while frames that another
+        thread read are queued for it, or while another thread waits for an answer)."""
+        if not self._pump.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+            return
+        try:
+            if idle and (self._deferred or self._pending):
+                timeout = 0.0 if self._deferred else 0.02
+            ready, _, _ = select.select([self._sock], [], [], timeout)
+            if ready:
+                for header, payload in self._read():
+                    self._dispatch(header, payload)
+        finally:
+            self._pump.release()
+
+    def _read(self) -> list[tuple[dict[str, Any], bytes]]:
+        inbox = self._inbox
+        while True:
+            try:
+                data = self._sock.recv(1 << 20)
+            except BlockingIOError:
+                break
+            except OSError:
+                data = b""
+            if not data:
+                os._exit(0)  # EOF: the daemon is gone, and so are we
+            inbox += data
+            if len(data) < 1 << 20:
+                break
+        frames = []
+        pos = 0
+        while len(inbox) - pos >= FRAME.size:
+            hlen, plen = FRAME.unpack_from(inbox, pos)
+            end = pos + FRAME.size + hlen + plen
+            if len(inbox) < end:
+                break
+            start = pos + FRAME.size
+            frames.append(
+                (parse_header(inbox[start : start + hlen]), bytes(inbox[start + hlen : end]))
+            )
+            pos = end
+        del inbox[:pos]
+        return frames
+
+    def _tensors(self, header: dict[str, Any], payload: bytes) -> list[pb_utils.Tensor]:
+        named = decode_tensors(header.get("T", []), payload, self._arena)
+        return [pb_utils.Tensor(n, a) for n, a in named]
+
+    def _dispatch(self, header: dict[str, Any], payload: bytes) -> None:
+        kind = header["t"]
+        if kind == "exec":
+            for item in header["r"]:
+                item["T"] = self._tensors(item, payload)
+        elif kind == "bls_r":
+            header["T"] = self._tensors(header, payload)
+        self._arena.consumed(header.get("h", 0))
+        if kind == "bls_r":
+            self._answer_bls(header)
+        elif kind == "call_r":
+            future = self._pending.pop(header["k"])
+            assert isinstance(future, Future)
+            if header.get("e"):
+                future.set_exception(pb_bridge.TritonModelException(header["e"]))
+            else:
+                future.set_result(header.get("v"))
+        elif kind == "cancel":
+            self._cancelled.update(header["k"])
+        elif self._async:
+            self.loop.call_soon_threadsafe(self._handle, header)
+        else:
+            self._deferred.append(header)
+
+    def _answer_bls(self, header: dict[str, Any]) -> None:
+        k = header["k"]
+        waiter = self._pending.get(k)
+        if waiter is None:
+            return  # a call that ended already
+        response = None
+        if header.get("e") or header.get("T"):
+            error = None
+            if header.get("e"):
+                code, message = header["e"]
+                names = pb_utils.TritonError.CODE_NAMES
+                number = names.index(code) if code in names else pb_utils.TritonError.INTERNAL
+                error = pb_utils.TritonError(message, number)
+            response = pb_utils.InferenceResponse(header["T"], error, header.get("p"))
+        if isinstance(waiter, Future):
+            del self._pending[k]
+            waiter.set_result(response or pb_utils.InferenceResponse([]))
+            return
+        if response is not None:
+            waiter.put(response)
+        if header.get("fin"):
+            del self._pending[k]
+            waiter.put(None)
+
+    # -- the main thread ---------------------------------------------------------------------
+
+    def _handle(self, header: dict[str, Any]) -> None:
+        coro = self.host.handle(header)
+        if coro is None:
+            return
+        if self._async:
+            self.loop.create_task(coro)
+        else:
+            self.loop.run_until_complete(coro)
+
+    def _drain(self) -> None:
+        while self._deferred:
+            self._handle(self._deferred.popleft())
+            if not self._async and self.host.is_async:
+                self._async = True  # the model's execute is async: the loop takes over
+                return
+
+    def serve(self) -> None:
+        """Serve until the model is finalized: sync models here, async ones on the loop."""
+        while not self.host.finished and not self._async:
+            self.pump(None, idle=True)
+            self._drain()
+        if self.host.finished:
+            return
+        asyncio.set_event_loop(self.loop)
+        self.loop.add_reader(self._sock, self._readable)
+        self.loop.call_soon(self._drain)
+        self.host.on_finished = self.loop.stop
+        self.loop.run_forever()
+
+    def _readable(self) -> None:
+        self.pump(0.0)
+
+
+class _Pumped(Future[Any]):
+    """A future whose waiter reads the socket while it waits (its answer comes that way)."""
+
+    def __init__(self, stub: Stub, inner: Future[Any]) -> None:
+        super().__init__()
+        self._stub = stub
+        self._inner = inner
+        inner.add_done_callback(self._copy)
+
+    def _copy(self, inner: Future[Any]) -> None:
+        exc = inner.exception()
+        if exc is not None:
+            self.set_exception(exc)
+        else:
+            self.set_result(inner.result())
+
+    def result(self, timeout: float | None = None) -> Any:
+        while not self.done():
+            self._stub.pump(0.05)
+        return super().result()
+
+
+def _die_with_parent() -> None:
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # EOF on the socket still ends us
+
+
+def main(argv: list[str]) -> int:
+    """Run an instance until the daemon finalizes it or goes away."""
+    sock_fd, shm_fd, ring_bytes = (int(a) for a in argv[:3])
+    _die_with_parent()
+    stub = Stub(socket.socket(fileno=sock_fd), ChildArena(shm_fd, ring_bytes))
+    sys.modules["triton_python_backend_utils"] = pb_utils
+    pb_bridge.install(stub)
+    stub.serve()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

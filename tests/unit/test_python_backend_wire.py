@@ -1,0 +1,115 @@
+"""The instance wire's shared memory and frames: tensors by reference, inline when the ring is
+full, and nothing a child writes there can crash or fool the daemon."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from model_runtime.python_backend.arena import HEADER, ArenaError, ChildArena, ParentArena, Ring
+from model_runtime.python_backend.dtypes import deserialize_bytes, serialize_bytes
+from model_runtime.python_backend.wire import Encoder, WireError, decode_tensors
+
+
+@pytest.fixture
+def arenas() -> tuple[ParentArena, ChildArena]:
+    parent = ParentArena(4096)
+    child = ChildArena(os.dup(parent.fd), 4096)
+    yield parent, child
+    parent.close()
+
+
+def _roundtrip(
+    sender: ParentArena | ChildArena, receiver: ParentArena | ChildArena, arrays: dict
+) -> dict:
+    enc = Encoder(sender)
+    descs = enc.tensors(arrays.items())
+    segments = enc.finish({"t": "x"}, sender.sender.head)
+    payload = b"".join(bytes(s) for s in segments[2:])
+    out = dict(decode_tensors(descs, payload, receiver))
+    receiver.consumed(sender.sender.head)
+    return out
+
+
+def test_tensors_cross_both_ways_through_the_rings(arenas: tuple[ParentArena, ChildArena]) -> None:
+    parent, child = arenas
+    arrays = {
+        "f": np.arange(12, dtype=np.float32).reshape(3, 4),
+        "b": np.array([[b"ab", b""], [b"\x00z", "\u00e9".encode()]], dtype=object),
+        "t": np.array([True, False]),
+        "e": np.zeros((0, 3), np.int64),
+        "strided": np.arange(20, dtype=np.int16)[::2],
+    }
+    for sender, receiver in ((parent, child), (child, parent)):
+        for _ in range(50):  # far past the ring's size: space is reused once consumed
+            out = _roundtrip(sender, receiver, arrays)
+            for name, array in arrays.items():
+                np.testing.assert_array_equal(out[name], array)
+                assert out[name].dtype == array.dtype
+            assert out["f"].flags.writeable
+
+
+def test_a_tensor_that_does_not_fit_goes_inline() -> None:
+    ring = Ring(HEADER, 1024, lambda: 0)
+    assert ring.alloc(2048) is None  # larger than the ring
+    assert ring.alloc(1000) == HEADER
+    assert ring.alloc(64) is None  # full until the receiver consumes
+
+
+def test_the_ring_wraps_to_its_start_instead_of_splitting_a_tensor() -> None:
+    consumed = [0]
+    ring = Ring(HEADER, 1024, lambda: consumed[0])
+    assert ring.alloc(640) == HEADER
+    consumed[0] = ring.head
+    assert ring.alloc(512) == HEADER  # 384 left at the end: skipped, not split
+    assert ring.alloc(512) is None
+
+
+def test_a_child_that_truncates_the_memory_gets_an_error_not_a_crash(
+    arenas: tuple[ParentArena, ChildArena],
+) -> None:
+    parent, child = arenas
+    enc = Encoder(child)
+    descs = enc.tensors([("x", np.ones(64, np.float32))])
+    os.ftruncate(parent.fd, 0)  # what a broken child could do; a mapping would SIGBUS here
+    with pytest.raises(WireError, match="ends early"):
+        decode_tensors(descs, b"", parent)
+
+
+@pytest.mark.parametrize(
+    ("desc", "words"),
+    [
+        (["x", "FP32", [4], 0, 0, 16], "outside the instance's ring"),
+        (["x", "FP32", [4], 0, HEADER + 4096 + 4090, 16], "outside the instance's ring"),
+        (["x", "FP32", [5], 1, 0, 16], "do not hold shape"),
+        (["x", "FP32", [4], 1, 8, 16], "runs past the frame's payload"),
+        (["x", "COMPLEX", [4], 1, 0, 16], "not one a python model can use"),
+        (["x", "FP32", [-4], 1, 0, 16], "non-negative integers"),
+        (["x", "BYTES", [2], 1, 0, 16], "BYTES"),
+        (["x", "FP32", [4], 7, 0, 16], "unknown place"),
+        ("x", "6 fields"),
+    ],
+)
+def test_a_descriptor_that_lies_is_refused(
+    arenas: tuple[ParentArena, ChildArena], desc: object, words: str
+) -> None:
+    parent, _ = arenas
+    with pytest.raises(WireError, match=words):
+        decode_tensors([desc], bytes(16), parent)
+
+
+def test_bytes_serialize_as_triton_does() -> None:
+    array = np.array([b"a", "bc", 7], dtype=object)
+    data = serialize_bytes(array)
+    assert data == b"\x01\x00\x00\x00a\x02\x00\x00\x00bc\x01\x00\x00\x007"
+    assert deserialize_bytes(data, (3,)).tolist() == [b"a", b"bc", b"7"]
+
+
+def test_the_parent_reads_only_inside_the_childs_ring(
+    arenas: tuple[ParentArena, ChildArena],
+) -> None:
+    parent, _ = arenas
+    with pytest.raises(ArenaError):
+        parent.read(HEADER, 8)  # its own ring, not the child's
