@@ -489,3 +489,20 @@ def make_simple_sequence() -> onnx.ModelProto:
     ]
     out = [helper.make_tensor_value_info("OUTPUT", i32, ["N", 1])]
     return _model(helper.make_graph(nodes, "simple_sequence", vi, out))
+
+
+def make_add_sub(width: int = 4) -> onnx.ModelProto:
+    """An FP32 ``add_sub`` without a batch axis, as NVIDIA's python backend examples' torch
+    model: ``INPUT0``, ``INPUT1`` [width] -> ``OUTPUT0 = INPUT0 + INPUT1``, ``OUTPUT1 =
+    INPUT0 - INPUT1`` (a BLS target of another model kind)."""
+    f = TensorProto.FLOAT
+    graph = helper.make_graph(
+        [
+            helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
+            helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"]),
+        ],
+        "add_sub",
+        [helper.make_tensor_value_info(n, f, [width]) for n in ("INPUT0", "INPUT1")],
+        [helper.make_tensor_value_info(n, f, [width]) for n in ("OUTPUT0", "OUTPUT1")],
+    )
+    return _model(graph)

@@ -196,6 +196,8 @@ class InstanceProcess:
             await self.wait_exit(5.0)
             raise
         self.config = header["config"]
+        if not initialize:
+            self._stopping = True  # it ends by itself now: no death to report
         self.is_async = bool(header.get("async"))
         self.last_progress = self.clock.monotonic()
         if not initialize:

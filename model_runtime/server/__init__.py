@@ -7,7 +7,13 @@ options module is imported eagerly, so building the CLI parser does not import a
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
+
+# The daemon starts python model instances with fork and exec (libuv's spawn, under uvloop);
+# grpc's fork handlers are for children that go on using grpc, which ours never do, and they
+# log a line per spawn. Off before grpc is first imported, unless the operator set it.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 from model_runtime.server.daemon.options import (
     DaemonOptions,

@@ -45,7 +45,7 @@ from model_runtime.server.grpc.codec import (
 )
 from model_runtime.server.inference import control
 from model_runtime.server.inference.admission import OVERLOADED, QUEUE_FULL
-from model_runtime.server.inference.plane import DataPlane
+from model_runtime.server.inference.plane import DataPlane, samples_of
 from model_runtime.server.observability.stats import model_statistics
 from model_runtime.server.repository.entries import ModelEntry, ModelState
 from model_runtime.server.tensors.request import InferRequest
@@ -272,8 +272,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
             )
         finally:
             parsed.release()  # its shared memory regions, if any
-        first = next(iter(parsed.inputs.values()))
-        return response, int(first.shape[0]) if first.ndim else 1
+        return response, samples_of(entry, parsed.inputs)
 
     # -- shared memory: Triton's system extension; CUDA as Triton without GPUs answers -----------
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,13 +21,20 @@ import anyio
 import structlog
 
 from model_runtime.errors import ModelRuntimeError
+from model_runtime.python_backend.runner import PythonModelRunner
 from model_runtime.runner import ModelRunner
 from model_runtime.sequences import SequenceStep
 from model_runtime.server.answers import HTTPError, status_of
 from model_runtime.server.inference.admission import DEFAULT_QUEUE_DELAY, AdmissionControl
+from model_runtime.server.inference.python_calls import (
+    PythonModelCalls,
+    decoupled_over_infer,
+    python_context,
+)
 from model_runtime.server.observability.metrics import DaemonMetrics
 from model_runtime.server.observability.ratelog import RateLimitedLog
 from model_runtime.server.repository.entries import ModelEntry, ModelState
+from model_runtime.server.repository.python import PythonHooks
 from model_runtime.server.repository.repository import ModelRepository
 from model_runtime.server.security.restrict import RestrictionCounter
 from model_runtime.server.serving import innermost
@@ -41,7 +48,7 @@ from model_runtime.server.tensors.shm import SharedMemoryRegistry
 from model_runtime.server.tensors.shm_io import decode_in_thread
 from model_runtime.server.triton.config import DEFAULT_SETTINGS
 
-__all__ = ["DataPlane", "ServerOptions"]
+__all__ = ["DataPlane", "ServerOptions", "samples_of"]
 
 log = structlog.get_logger("model_runtime.server.app")  # the logger its events always had
 
@@ -82,6 +89,15 @@ class ServerOptions:
     admission_delay: float | None = DEFAULT_QUEUE_DELAY
 
 
+def samples_of(entry: ModelEntry, inputs: Mapping[str, Any]) -> int:
+    """The inferences a request of ``inputs`` is, as Triton counts them (``inference_count``):
+    its batch for a model with a batch axis, else 1."""
+    if not any(spec.has_batch_axis for spec in entry.inputs):
+        return 1
+    first = next(iter(inputs.values()), None)
+    return int(first.shape[0]) if first is not None and first.ndim else 1
+
+
 class DataPlane:
     """Runs inference requests for the models of a :class:`ModelRepository` (see the module
     docstring); every front end of one daemon shares one."""
@@ -118,6 +134,9 @@ class DataPlane:
         repository.on_install = lambda entry: self.admission.exempt(
             entry.name, entry.sequences is not None
         )
+        #: What python models ask of the daemon (BLS calls, the model loading API).
+        self.python_calls = PythonModelCalls(self)
+        repository.python_hooks = PythonHooks(self.python_calls.infer, self.python_calls.control)
 
     def _capacity(self, name: str) -> int:
         """Requests model ``name``'s replicas take at once: a batch computing and one filling
@@ -279,9 +298,7 @@ class DataPlane:
                 out, json_length = encode()
         finally:
             parsed.release()  # its shared memory regions, if any
-        first = next(iter(parsed.inputs.values()))
-        samples = int(first.shape[0]) if first.ndim else 1
-        return out, json_length, samples
+        return out, json_length, samples_of(entry, parsed.inputs)
 
     async def execute(
         self, entry: ModelEntry, runner: Any, parsed: InferRequest, deadline: float | None = None
@@ -304,6 +321,13 @@ class DataPlane:
             parsed.priority, opts.priority_levels, opts.default_priority_level
         )
         sequence = parsed.sequence
+        inner = innermost(runner)
+        if isinstance(inner, PythonModelRunner):  # Triton's request, as its model.py sees it
+            if settings.decoupled:
+                raise decoupled_over_infer(entry.name)
+            return await inner.execute(
+                parsed.inputs, timeout=timeout, priority=priority, context=python_context(parsed)
+            )
         if settings.sequence is not None:  # a stateful model: every request is a step
             pending = runner.execute(
                 parsed.inputs,
@@ -315,7 +339,7 @@ class DataPlane:
             raise not_a_sequence_model(sequence, entry.name)
         else:
             pending = runner.execute(parsed.inputs, timeout=timeout, priority=priority)
-        if timeout is None or isinstance(innermost(runner), ModelRunner):
+        if timeout is None or isinstance(inner, ModelRunner):
             # A ModelRunner enforces the deadline itself: its own timer fails the request (and
             # drops it before it reaches a device once passed), so no second timer here.
             results: dict[str, Any] = await pending
@@ -323,6 +347,8 @@ class DataPlane:
         async with asyncio.timeout(timeout):  # a runner of another make: the server's timer
             results = await pending
         return results
+
+    samples_of = staticmethod(samples_of)
 
     def enter_request(self, model: str, version: str = "1") -> None:
         """Count an inference request in flight (the drain waits for it), any front end."""

@@ -60,6 +60,7 @@ from model_runtime.server.repository.lifecycle import (
     retire,
     watch_readiness,
 )
+from model_runtime.server.repository.python import PythonHooks, start_python_version
 from model_runtime.server.repository.versions import StartedVersion, start_version
 from model_runtime.server.serving import (
     RunnerFactory,
@@ -120,6 +121,8 @@ class ModelRepository:
         self.on_retire: Callable[[str, str, RunnerLike], Awaitable[None]] | None = None
         #: Called with the entry each time a version is installed (it serves from now on).
         self.on_install: Callable[[ModelEntry], None] | None = None
+        #: How python models reach the daemon (BLS, model loading); the data plane sets them.
+        self.python_hooks = PythonHooks()
 
     async def __aenter__(self) -> ModelRepository:
         self._tg = anyio.create_task_group()
@@ -459,6 +462,10 @@ class ModelRepository:
     ) -> StartedVersion:
         if self._tg is None:
             raise ModelRuntimeError("the model repository is not open (use `async with`)")
+        if settings.python:
+            return await start_python_version(
+                entry, source, settings, hooks=self.python_hooks, version=version
+            )
         return await start_version(
             entry,
             source,

@@ -74,8 +74,10 @@ CONFIG_FILE = "config.pbtxt"
 OVERRIDE = "load parameter 'config'"
 PLATFORM = "onnxruntime_onnx"
 BACKEND = "onnxruntime"
+#: Triton's python backend: ``NAME/VERSION/model.py`` run in instance processes.
+PYTHON_BACKEND = "python"
 _PLATFORMS = ("", PLATFORM)
-_BACKENDS = ("", BACKEND)
+_BACKENDS = ("", BACKEND, PYTHON_BACKEND)
 _KINDS = (pb.ModelInstanceGroup.KIND_AUTO, pb.ModelInstanceGroup.KIND_CPU)
 
 
@@ -131,6 +133,11 @@ class ModelSettings:
     #: ``sequence_batching``: a stateful model (:mod:`.sequence`); its slots are counted for
     #: one instance here, and for the instances it runs when it loads.
     sequence: SequenceConfig | None = None
+    #: ``backend: "python"``: a ``model.py`` run in instance processes
+    #: (:mod:`model_runtime.python_backend`), not an executable.
+    python: bool = False
+    #: ``model_transaction_policy { decoupled: true }``: any number of responses per request.
+    decoupled: bool = False
 
     def deadline(self, server: float | None, requested: float | None) -> float | None:
         """A request's timeout (seconds): its own, else the model's default, within the
@@ -278,15 +285,24 @@ def settings_of(
     if config.platform not in _PLATFORMS:
         raise _fail(where, "platform", f"{config.platform!r} is not served (only {PLATFORM!r})")
     if config.backend not in _BACKENDS:
-        raise _fail(where, "backend", f"{config.backend!r} is not served (only {BACKEND!r})")
+        served = " or ".join(repr(b) for b in _BACKENDS[1:])
+        raise _fail(where, "backend", f"{config.backend!r} is not served (only {served})")
+    python = config.backend == PYTHON_BACKEND
+    if python and config.platform:
+        raise _fail(where, "platform", f"{config.platform!r} with backend 'python': leave it out")
+    suffixes = (".py",) if python else (".onnx", ".mrx")
     if config.default_model_filename and Path(config.default_model_filename).suffix not in (
-        ".onnx",
-        ".mrx",
+        suffixes
     ):
-        raise _fail(where, "default_model_filename", "must name an .onnx or .mrx file")
-    if config.parameters:
+        raise _fail(where, "default_model_filename", f"must name a {' or '.join(suffixes)} file")
+    if config.parameters and not python:  # a python model reads its own (args["model_config"])
         raise _fail(
             where, "parameters", f"no parameters are supported: {sorted(config.parameters)}"
+        )
+    decoupled = config.model_transaction_policy.decoupled
+    if decoupled and not python:
+        raise _fail(
+            where, "model_transaction_policy.decoupled", "only python models may be decoupled"
         )
     mbs = config.max_batch_size
     if mbs < 0:
@@ -321,6 +337,8 @@ def settings_of(
         config=config,
         source=source,
         origin=origin,
+        python=python,
+        decoupled=decoupled,
         batch_size=batch,
         max_batch_size=mbs or None,
         replicas=_replicas(config.instance_group, where),

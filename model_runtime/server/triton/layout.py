@@ -4,8 +4,9 @@ Flat: ``NAME.mrx`` or ``NAME.onnx``, with an optional ``NAME.toml`` beside it (T
 ``ModelConfig`` fields as TOML, see :func:`~.config.parse_toml`); one version, ``1``.
 
 Triton: a directory ``NAME/`` with ``config.pbtxt`` (optional, as Triton's for ONNX models)
-and version directories ``NAME/<N>/model.mrx`` or ``NAME/<N>/model.onnx`` (or the config's
-``default_model_filename``); the config's ``version_policy`` picks the versions served.
+and version directories ``NAME/<N>/model.mrx`` or ``NAME/<N>/model.onnx`` (a python model's,
+``backend: "python"``: ``NAME/<N>/model.py``; or the config's ``default_model_filename``); the
+config's ``version_policy`` picks the versions served.
 
 An output's ``label_filename`` names a file beside the config (the model's directory; a flat
 model's: the directory of its file), one class label per line, read once when the model is
@@ -31,6 +32,7 @@ from model_runtime.server.triton.config import (
 __all__ = [
     "MAX_LABELS_BYTES",
     "MODEL_FILES",
+    "PYTHON_MODEL_FILES",
     "ModelPlan",
     "fingerprint",
     "is_model_dir",
@@ -44,6 +46,8 @@ __all__ = [
 
 #: The file names a Triton version directory is searched for, in order.
 MODEL_FILES = ("model.mrx", "model.onnx")
+#: ... and a python model's (``backend: "python"``).
+PYTHON_MODEL_FILES = ("model.py",)
 #: A labels file longer than this is refused (ImageNet's 1000 labels take ~30 KB).
 MAX_LABELS_BYTES = 16 * 1024 * 1024
 Stat = tuple[int, int, int] | None
@@ -105,11 +109,10 @@ def plan_model(name: str, source: Path, override: ModelSettings | None = None) -
             f"{source}: no version to serve (version_policy {policy.kind}, version "
             f"directories {sorted(found)})"
         )
-    names = (
-        (settings.config.default_model_filename,)
-        if settings.config.default_model_filename
-        else MODEL_FILES
-    )
+    if settings.config.default_model_filename:
+        names: tuple[str, ...] = (settings.config.default_model_filename,)
+    else:
+        names = PYTHON_MODEL_FILES if settings.python else MODEL_FILES
     files = {}
     for version in chosen:
         vdir = source / str(version)

@@ -1,0 +1,200 @@
+"""Python models (``backend: "python"``) in the daemon, as a Triton user's repository holds them
+and their clients call them: ``add_sub`` over HTTP and gRPC, BLS from one model to another of
+either kind (python, ONNX), a config completed by the model's own ``auto_complete_config``,
+statistics, and an instance process killed under load costing no request."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.integration.test_daemon_support import Daemon, start_daemon, stop_daemon, wait_for
+from tests.models import make_add_sub, save
+
+pytestmark = pytest.mark.timeout(180)
+
+REPOSITORY = Path(__file__).resolve().parents[1] / "repositories" / "python"
+A = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
+B = np.array([0.5, 1.0, 1.5, -2.0], np.float32)
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    repo = tmp_path_factory.mktemp("python") / "models"
+    shutil.copytree(REPOSITORY, repo)
+    # BLS across model kinds: an ONNX model with add_sub's inputs and outputs.
+    (repo / "add_sub_onnx" / "1").mkdir(parents=True)
+    save(make_add_sub(), repo / "add_sub_onnx" / "1" / "model.onnx")
+    (repo / "add_sub_onnx" / "config.pbtxt").write_text(
+        'platform: "onnxruntime_onnx"\nmax_batch_size: 0\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] },'
+        ' { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] },'
+        ' { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+    )
+    # Two instances of add_sub for the fault test (Triton's instance_group count).
+    shutil.copytree(repo / "add_sub", repo / "add_sub_twice")
+    config = (repo / "add_sub_twice" / "config.pbtxt").read_text()
+    config = config.replace('name: "add_sub"', 'name: "add_sub_twice"')
+    config = config.replace("{ kind: KIND_CPU }", "{ count: 2 kind: KIND_CPU }")
+    (repo / "add_sub_twice" / "config.pbtxt").write_text(config)
+    d = start_daemon(tmp_path_factory.mktemp("python-daemon"), "--model-repository", str(repo))
+    try:
+        yield d
+    finally:
+        stop_daemon(d)
+
+
+def _inputs(module: object, a: np.ndarray, b: np.ndarray) -> list[object]:
+    out = []
+    for name, value in (("INPUT0", a), ("INPUT1", b)):
+        tensor = module.InferInput(name, list(value.shape), "FP32")  # type: ignore[attr-defined]
+        tensor.set_data_from_numpy(value)
+        out.append(tensor)
+    return out
+
+
+def test_add_sub_answers_over_http_and_grpc(daemon: Daemon) -> None:
+    with httpclient.InferenceServerClient(f"127.0.0.1:{daemon.port}") as client:
+        assert client.is_model_ready("add_sub")
+        result = client.infer("add_sub", _inputs(httpclient, A, B))
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), A + B)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), A - B)
+        config = client.get_model_config("add_sub")
+        assert config["backend"] == "python" and config["max_batch_size"] == 0
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{daemon.grpc_port}") as client:
+        result = client.infer("add_sub", _inputs(grpcclient, A, B))
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), A + B)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), A - B)
+
+
+@pytest.mark.parametrize("target", ["add_sub", "add_sub_onnx"])
+def test_bls_calls_another_model_of_either_kind(daemon: Daemon, target: str) -> None:
+    with httpclient.InferenceServerClient(f"127.0.0.1:{daemon.port}") as client:
+        before = client.get_inference_statistics(target)["model_stats"][0]["inference_count"]
+        name = httpclient.InferInput("MODEL_NAME", [1], "BYTES")
+        name.set_data_from_numpy(np.array([target.encode()], dtype=object))
+        result = client.infer("bls", [*_inputs(httpclient, A, B), name])
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), A + B)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), A - B)
+        # The BLS call went through the target's own runner: its statistics count it.
+        after = client.get_inference_statistics(target)["model_stats"][0]["inference_count"]
+        assert after == before + 1
+
+
+def test_a_bls_call_to_an_unknown_model_fails_that_request_only(daemon: Daemon) -> None:
+    with httpclient.InferenceServerClient(f"127.0.0.1:{daemon.port}") as client:
+        name = httpclient.InferInput("MODEL_NAME", [1], "BYTES")
+        name.set_data_from_numpy(np.array([b"no_such_model"], dtype=object))
+        with pytest.raises(InferenceServerException, match="no_such_model"):
+            client.infer("bls", [*_inputs(httpclient, A, B), name])
+        result = client.infer("add_sub", _inputs(httpclient, A, B))  # serves on
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), A + B)
+
+
+def test_a_config_is_completed_by_the_models_auto_complete_config(daemon: Daemon) -> None:
+    with httpclient.InferenceServerClient(f"127.0.0.1:{daemon.port}") as client:
+        config = client.get_model_config("auto_complete")
+        assert config["max_batch_size"] == 8
+        assert [i["name"] for i in config["input"]] == ["IN"]
+        assert "dynamic_batching" in config
+        rows = np.arange(6, dtype=np.int32).reshape(3, 2)
+        tensor = httpclient.InferInput("IN", [3, 2], "INT32")
+        tensor.set_data_from_numpy(rows)
+        np.testing.assert_array_equal(
+            client.infer("auto_complete", [tensor]).as_numpy("OUT"), rows * 2
+        )
+
+
+def test_a_decoupled_model_over_plain_infer_is_refused_with_the_reason(daemon: Daemon) -> None:
+    with httpclient.InferenceServerClient(f"127.0.0.1:{daemon.port}") as client:
+        tensor = httpclient.InferInput("IN", [3], "INT32")
+        tensor.set_data_from_numpy(np.array([1, 2, 3], np.int32))
+        with pytest.raises(InferenceServerException, match="decoupled"):
+            client.infer("repeat", [tensor])
+
+
+def _instances(daemon: Daemon, model: str) -> list[int]:
+    """The pids of ``model``'s instance processes (children of the daemon running the stub)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == daemon.proc.pid and b"stub.py" in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_an_instance_killed_under_load_costs_no_request(daemon: Daemon) -> None:
+    """SIGKILL of one of add_sub_twice's two instance processes while 8 clients call it: no
+    request fails, the model answers ready throughout, and a new instance serves within 5 s."""
+    url = f"127.0.0.1:{daemon.port}"
+    before = set(_instances(daemon, "add_sub_twice"))
+    stop = threading.Event()
+    failures: list[str] = []
+    answered = [0] * 8
+    not_ready: list[float] = []
+
+    def client(k: int) -> None:
+        with httpclient.InferenceServerClient(url) as c:
+            a = np.full(4, k, np.float32)
+            while not stop.is_set():
+                try:
+                    out = c.infer("add_sub_twice", _inputs(httpclient, a, B))
+                    if not np.array_equal(out.as_numpy("OUTPUT0"), a + B):
+                        failures.append("wrong answer")
+                    answered[k] += 1
+                except InferenceServerException as exc:
+                    failures.append(str(exc))
+
+    def readiness() -> None:
+        with httpclient.InferenceServerClient(url) as c:
+            while not stop.is_set():
+                if not c.is_model_ready("add_sub_twice"):
+                    not_ready.append(time.monotonic())
+                time.sleep(0.01)
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+    threads.append(threading.Thread(target=readiness))
+    for t in threads:
+        t.start()
+    try:
+        wait_for(lambda: sum(answered) > 200, 30, "the clients to be served")
+        pids = _instances(daemon, "add_sub_twice")
+        assert len(pids) >= 2, pids
+        victim = pids[0]
+        os.kill(victim, signal.SIGKILL)
+        killed_at = time.monotonic()
+        wait_for(
+            lambda: len(set(_instances(daemon, "add_sub_twice")) - {victim}) >= 2,
+            5,
+            "a new instance process",
+        )
+        replaced = time.monotonic() - killed_at
+        count = sum(answered)
+        wait_for(lambda: sum(answered) > count + 200, 30, "the clients to go on being served")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert failures == []
+    assert not_ready == []
+    assert replaced < 5
+    assert len(before) >= 2

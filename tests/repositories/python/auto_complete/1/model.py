@@ -1,0 +1,28 @@
+"""A model whose config.pbtxt names only its backend: it completes the rest itself (a batch of
+up to 8 rows of 2 int32, doubled)."""
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        auto_complete_model_config.set_max_batch_size(8)
+        auto_complete_model_config.add_input({"name": "IN", "data_type": "TYPE_INT32", "dims": [2]})
+        auto_complete_model_config.add_output(
+            {"name": "OUT", "data_type": "TYPE_INT32", "dims": [2]}
+        )
+        auto_complete_model_config.set_dynamic_batching()
+        return auto_complete_model_config
+
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse(
+                output_tensors=[
+                    pb_utils.Tensor(
+                        "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() * 2
+                    )
+                ]
+            )
+            for r in requests
+        ]
