@@ -131,6 +131,8 @@ class InferenceServer(InferencePaths):
         # A runner a reload swaps out (or an unload closes) is read into the totals first.
         repository.on_retire = self.metrics.retire_runner
         self.draining = False
+        #: Listeners (``"grpc"``, ...) that stopped and are being restarted -> why.
+        self.listeners_down: dict[str, str] = {}
         self._inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -247,16 +249,27 @@ class InferenceServer(InferencePaths):
         """``GET /v2/health/live``: the process answers."""
         return _json({"live": True})
 
-    def _not_ready_reason(self) -> str | None:
+    def not_ready_reason(self) -> str | None:
+        """Why the server is not ready (None: it is): draining, a listener down (with why),
+        or the repository's reason."""
         if self.draining:
             return "the server is draining"
+        if self.listeners_down:
+            return "; ".join(self.listeners_down.values())
         return self.repository.not_ready_reason()
+
+    def listener_changed(self, name: str, reason: str | None) -> None:
+        """Record that listener ``name`` is down for ``reason`` (None: it is up again)."""
+        if reason is None:
+            self.listeners_down.pop(name, None)
+        else:
+            self.listeners_down[name] = reason
 
     async def ready(self, request: web.Request) -> web.Response:
         """``GET /v2/health/ready``: 200 while the server is ready, Triton's way (strict
         readiness, the default: every model that should be loaded is ready; otherwise: the
         server can serve), else 503 with the reason."""
-        reason = self._not_ready_reason()
+        reason = self.not_ready_reason()
         if reason is None:
             return _json({"ready": True})
         return _json({"ready": False, "error": reason}, 503)

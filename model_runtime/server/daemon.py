@@ -34,6 +34,7 @@ from model_runtime.server.app import InferenceServer, ServerOptions
 from model_runtime.server.connections import ConnectionLimits, GuardedAppRunner
 from model_runtime.server.fastpath import FastInfer
 from model_runtime.server.fdlimit import raise_open_file_limit
+from model_runtime.server.grpc.listener import SupervisedListener
 from model_runtime.server.grpc.server import GrpcLimits, start_grpc_server
 from model_runtime.server.heap import GEN0_THRESHOLD, settle_heap
 from model_runtime.server.logwriter import BatchedLogWriter
@@ -210,7 +211,7 @@ async def serve(opts: DaemonOptions) -> int:
     grpc_limits = GrpcLimits(
         max_message_size=opts.max_body_size, idle_timeout=opts.keepalive_timeout
     )
-    grpc_server: Any = None
+    grpc_server: SupervisedListener | None = None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     if _log_writer is not None:
@@ -232,15 +233,20 @@ async def serve(opts: DaemonOptions) -> int:
             )
             await site.start()
             port = _bound_port(runner, opts.port)
-            grpc_server, grpc_port = await start_grpc_server(
-                server,
-                opts.host,
-                opts.grpc_port,
-                grpc_limits,
-                restrictions=grpc_restrictions,
-                credentials=None if grpc_tls is None else grpc_credentials(grpc_tls),
-                reuse_port=opts.reuse_port,
+            grpc_credentials_ = None if grpc_tls is None else grpc_credentials(grpc_tls)
+            grpc_server = SupervisedListener(
+                lambda port: start_grpc_server(
+                    server,
+                    opts.host,
+                    port,
+                    grpc_limits,
+                    restrictions=grpc_restrictions,
+                    credentials=grpc_credentials_,
+                    reuse_port=opts.reuse_port,
+                ),
+                lambda reason: server.listener_changed("grpc", reason),
             )
+            grpc_port = await grpc_server.start(opts.grpc_port)
             log.info(
                 "daemon_listening",
                 host=opts.host,

@@ -9,12 +9,14 @@ RESOURCE_EXHAUSTED, never queued), so a flood costs refusals, not memory.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
 from model_runtime.server.app import InferenceServer
+from model_runtime.server.grpc.guard import install_method_guard
 from model_runtime.server.grpc.service import InferenceServicer, UnsupportedMethods
 from model_runtime.server.restrict import Restrictions, grpc_interceptor
 from model_runtime.server.triton import grpc_service_pb2_grpc as pb_grpc
@@ -82,6 +84,7 @@ async def start_grpc_server(
         OSError: the address cannot be bound.
     """
     limits = limits or GrpcLimits()
+    install_method_guard(asyncio.get_running_loop())  # a bad method name costs its call only
     interceptor = grpc_interceptor(restrictions or Restrictions(), server.restricted)
     grpc_server = grpc.aio.server(
         interceptors=[interceptor] if restrictions else [],  # none: no cost per call

@@ -115,8 +115,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
     @_answers
     async def ServerReady(self, request: Any, context: Any) -> Any:
         """Ready as ``GET /v2/health/ready`` is (strict readiness by default; not while
-        draining)."""
-        ready = not self.server.draining and self.server.repository.not_ready_reason() is None
+        draining or a listener is down)."""
+        ready = self.server.not_ready_reason() is None
         return pb.ServerReadyResponse(ready=ready)
 
     @_answers
