@@ -35,7 +35,7 @@ from model_runtime.server.connections import ConnectionLimits, GuardedAppRunner
 from model_runtime.server.fastpath import FastInfer
 from model_runtime.server.fdlimit import raise_open_file_limit
 from model_runtime.server.grpc.listener import SupervisedListener
-from model_runtime.server.grpc.server import GrpcLimits, start_grpc_server
+from model_runtime.server.grpc.server import GrpcLimits, call_budget, start_grpc_server
 from model_runtime.server.heap import GEN0_THRESHOLD, settle_heap
 from model_runtime.server.logwriter import BatchedLogWriter
 from model_runtime.server.options import (
@@ -211,6 +211,8 @@ async def serve(opts: DaemonOptions) -> int:
     grpc_limits = GrpcLimits(
         max_message_size=opts.max_body_size, idle_timeout=opts.keepalive_timeout
     )
+    grpc_budget = call_budget(grpc_limits)  # kept across restarts of the listener
+    server.metrics.registry.register(grpc_budget)
     grpc_server: SupervisedListener | None = None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -243,6 +245,7 @@ async def serve(opts: DaemonOptions) -> int:
                     restrictions=grpc_restrictions,
                     credentials=grpc_credentials_,
                     reuse_port=opts.reuse_port,
+                    budget=grpc_budget,
                 ),
                 lambda reason: server.listener_changed("grpc", reason),
             )

@@ -28,6 +28,9 @@ P99_FLOOR = 0.050
 #: ... and the daemon's resident memory grows by at most this much.
 MAX_RSS_GROWTH = 300 << 20
 
+#: ``attack(stop, in_place)``: see :func:`run_attack`.
+Attack = Callable[[threading.Event, threading.Event], None]
+
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE = 0, 1, 3, 4, 6, 7, 8
 END_STREAM, END_HEADERS, ACK = 0x1, 0x4, 0x1
@@ -151,7 +154,7 @@ class WellBehaved:
         except Exception as exc:
             seen = self.at(protocol, phase)
             seen.failed += 1
-            seen.errors.append(repr(exc)[:160])
+            seen.errors.append(f"{type(exc).__name__}: {exc}"[:160])
             time.sleep(0.05)
         time.sleep(self.pause)
 
@@ -196,18 +199,25 @@ class WellBehaved:
 
 
 def run_attack(
-    daemon: Daemon, attack: Callable[[threading.Event], None], *, seconds: float
+    daemon: Daemon, attack: Attack, *, seconds: float, onset: float = 30.0
 ) -> tuple[WellBehaved, int]:
-    """Measure the well-behaved client for ``seconds`` before, during (``attack(stop)`` runs in
-    a thread until ``stop`` is set) and after the attack; return it and the daemon's largest
-    RSS growth (sampled every 0.1 s from the start of the attack) over the RSS before."""
-    client, stop = WellBehaved(daemon), threading.Event()
-    thread = threading.Thread(target=attack, args=(stop,), daemon=True)
+    """Measure the well-behaved client for ``seconds`` before, during and after the attack:
+    ``attack(stop, in_place)`` runs in a thread until ``stop`` is set and sets ``in_place``
+    once it holds what it means to hold (at most ``onset`` seconds; the client's counts go to
+    phase "onset" meanwhile). Return the client and the daemon's largest RSS growth (sampled
+    every 0.1 s from the start of the attack) over the RSS before."""
+    client, stop, in_place = WellBehaved(daemon), threading.Event(), threading.Event()
+    thread = threading.Thread(target=attack, args=(stop, in_place), daemon=True)
     with client.running():
         time.sleep(seconds)
         start = peak = rss(daemon)
-        client.phase = "during"
+        client.phase = "onset"
         thread.start()
+        ends = time.monotonic() + onset
+        while not in_place.is_set() and time.monotonic() < ends:
+            peak = max(peak, rss(daemon))
+            time.sleep(0.05)
+        assert in_place.is_set(), f"the attack was not in place within {onset} s"
         for phase in ("during", "after"):
             client.phase = phase
             ends = time.monotonic() + seconds
@@ -233,3 +243,94 @@ def assert_served(client: WellBehaved, rss_growth: int, daemon: Daemon) -> None:
         bound = max(P99_FACTOR * client.at(protocol, "before").p99(), P99_FLOOR)
         assert during.p99() <= bound, f"{protocol} p99 past {bound * 1e3:.0f} ms: {during}"
     assert rss_growth <= MAX_RSS_GROWTH, f"RSS grew {rss_growth / 2**20:.0f} MiB"
+
+
+def infer_message(rows: int = 1) -> bytes:
+    """A ModelInfer request of ``rows`` demo rows, framed as one gRPC message."""
+    from model_runtime.server.triton import grpc_service_pb2 as pb
+
+    pixels, _ = samples()
+    rows_ = pixels[:rows].astype(np.float32)
+    tensor = pb.ModelInferRequest.InferInputTensor(
+        name="pixels", datatype="FP32", shape=list(rows_.shape)
+    )
+    request = pb.ModelInferRequest(
+        model_name=MODEL, inputs=[tensor], raw_input_contents=[rows_.tobytes()]
+    )
+    body = request.SerializeToString()
+    return b"\x00" + struct.pack(">I", len(body)) + body
+
+
+INFER_PATH = b"/inference.GRPCInferenceService/ModelInfer"
+
+
+def infer_calls(first_stream: int, count: int, message: bytes) -> bytes:
+    """``count`` ModelInfer calls on streams ``first_stream``, +2, ...: HEADERS, then DATA."""
+    headers = grpc_headers(INFER_PATH)
+    out = []
+    for i in range(count):
+        stream = first_stream + 2 * i
+        out.append(frame(HEADERS, END_HEADERS, stream, headers))
+        out.append(frame(DATA, END_STREAM, stream, message))
+    return b"".join(out)
+
+
+def hold(
+    socks: list[socket.socket],
+    stop: threading.Event,
+    in_place: threading.Event,
+    streams: int,
+    message: bytes,
+    in_place_at: int,
+) -> None:
+    """Keep ``streams`` ModelInfer calls open on each of ``socks`` (connections that opened a
+    zero window), reading what the server sends and never opening a window, until ``stop``:
+    a call the server ends (refused, reset) is replaced by a new one. Set ``in_place`` once
+    ``in_place_at`` calls in all have answers begun (HEADERS) that wait."""
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    n = len(socks)
+    inbuf, outbuf = [b""] * n, [b""] * n
+    next_stream = [1 + 2 * streams] * n
+    held: list[set[int]] = [set() for _ in range(n)]
+    for i, s in enumerate(socks):
+        s.setblocking(False)
+        sel.register(s, selectors.EVENT_READ, i)
+    while not stop.is_set():
+        for key, events in sel.select(0.05):
+            i, sock = key.data, key.fileobj
+            assert isinstance(sock, socket.socket)
+            if events & selectors.EVENT_WRITE and outbuf[i]:
+                try:
+                    outbuf[i] = outbuf[i][sock.send(outbuf[i]) :]
+                except BlockingIOError:
+                    pass
+            if not events & selectors.EVENT_READ:
+                continue
+            try:
+                chunk = sock.recv(1 << 16)
+            except BlockingIOError:
+                continue
+            except OSError:
+                chunk = b""
+            if not chunk:
+                sel.unregister(sock)
+                continue
+            buf = inbuf[i] + chunk
+            while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3], "big"):
+                kind, flags = buf[3], buf[4]
+                stream = int.from_bytes(buf[5:9], "big") & 0x7FFFFFFF
+                if kind == HEADERS and not flags & END_STREAM:
+                    held[i].add(stream)
+                elif stream and (kind == RST_STREAM or flags & END_STREAM):
+                    held[i].discard(stream)
+                    outbuf[i] += infer_calls(next_stream[i], 1, message)
+                    next_stream[i] += 2
+                buf = buf[9 + int.from_bytes(buf[:3], "big") :]
+            inbuf[i] = buf
+            mask = selectors.EVENT_READ | (selectors.EVENT_WRITE if outbuf[i] else 0)
+            sel.modify(sock, mask, i)
+        if sum(map(len, held)) >= in_place_at:
+            in_place.set()
+    sel.close()

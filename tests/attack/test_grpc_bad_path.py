@@ -56,7 +56,8 @@ def test_a_bad_path_resets_its_stream_and_the_port_serves_on(daemon: Daemon) -> 
 
 
 def test_bad_paths_during_traffic_cost_the_client_nothing(daemon: Daemon) -> None:
-    def attack(stop: threading.Event) -> None:
+    def attack(stop: threading.Event, in_place: threading.Event) -> None:
+        in_place.set()
         while not stop.is_set():
             sent.append(bad_call(daemon.grpc_port, 0.02))
 
