@@ -15,13 +15,17 @@ each unary handler and takes that limit's place:
   twice the budget; a connection with nothing else in flight is admitted up to then, so a
   client that waits for its answers is not refused for what others hold. A refusal is a
   trailers-only answer, which flow control does not hold back;
-- an answer not written within ``write_timeout`` seconds of being made is given up: its call
-  is cancelled (its stream is reset), which frees what it held.
+- a connection with an answer not written ``write_timeout`` seconds after it was made is
+  stalled: its new calls are refused at once (RESOURCE_EXHAUSTED) until that answer is
+  written or the connection closes. (grpc.aio cannot end a server call from Python: cancelling
+  its task leaves the stream open and the answer in grpc's buffers, so the call stays counted
+  until grpc ends it.)
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -30,7 +34,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from model_runtime.server.access import RateLimitedLog
 
-__all__ = ["CALL_OVERHEAD", "CallBudget"]
+__all__ = ["CALL_OVERHEAD", "CallBudget", "QuietUnwrittenAnswers", "quiet_unwritten_answers"]
 
 #: Bytes counted for each call in flight beyond its messages (its task, its grpc state).
 CALL_OVERHEAD = 4096
@@ -59,10 +63,14 @@ class CallBudget:
         self.calls: dict[str, int] = {}
         self.bytes = 0
         self.computing = 0
-        #: Calls answered and not yet written: their task -> when they are cancelled.
-        self.unsent: dict[asyncio.Task[Any], float] = {}
+        #: Calls answered and not yet written: their task -> (connection, write deadline).
+        self.unsent: dict[asyncio.Task[Any], tuple[str, float]] = {}
+        #: Connections with answers past their write deadline -> how many.
+        self.stalled: dict[str, int] = {}
+        self._late: set[asyncio.Task[Any]] = set()
         self.refused_calls = 0
         self.refused_bytes = 0
+        self.refused_stalled = 0
         self.timed_out = 0
         self._sweep: asyncio.TimerHandle | None = None
         self._log = RateLimitedLog("grpc_calls_refused_budget")
@@ -75,7 +83,7 @@ class CallBudget:
             peer = context.peer()
             held = self.calls.get(peer, 0)
             size = CALL_OVERHEAD + request.ByteSize()
-            why = self._refusal(held, size)
+            why = self._refusal(held, size, peer)
             if why is not None:
                 await self._refuse(context, why, peer)
             task = asyncio.current_task()
@@ -90,12 +98,12 @@ class CallBudget:
             finally:
                 self.computing -= 1
             answer_size = answer.ByteSize()
-            why = self._refusal(self.calls[peer] - 1, answer_size, computing=False)
+            why = self._refusal(self.calls[peer] - 1, answer_size, peer, computing=False)
             if why is not None:
                 await self._refuse(context, why, peer)
             self.bytes += answer_size
             size += answer_size
-            self._hold(task)
+            self._hold(task, peer)
             return answer
 
         return call
@@ -104,7 +112,13 @@ class CallBudget:
         self._log(reason=why, peer=peer)
         await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
 
-    def _refusal(self, others: int, size: int, *, computing: bool = True) -> str | None:
+    def _refusal(self, others: int, size: int, peer: str, *, computing: bool = True) -> str | None:
+        if peer in self.stalled:
+            self.refused_stalled += 1
+            return (
+                f"this connection has not read an answer in {self.write_timeout} s; "
+                "read the answers of the calls sent"
+            )
         if computing and self.computing >= self.max_calls:
             self.refused_calls += 1
             return f"Concurrent RPC limit exceeded ({self.max_calls} calls being computed)"
@@ -128,28 +142,37 @@ class CallBudget:
     def _now(self) -> float:
         return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
 
-    def _hold(self, task: asyncio.Task[Any]) -> None:
-        self.unsent[task] = self._now() + self.write_timeout
+    def _hold(self, task: asyncio.Task[Any], peer: str) -> None:
+        self.unsent[task] = (peer, self._now() + self.write_timeout)
         task.add_done_callback(self._written)
         if self._sweep is None:
             loop = asyncio.get_running_loop()
             self._sweep = loop.call_later(self.write_timeout / 4, self.sweep)
 
     def _written(self, task: asyncio.Task[Any]) -> None:
-        self.unsent.pop(task, None)
+        peer, _ = self.unsent.pop(task)
+        if task in self._late:
+            self._late.discard(task)
+            left = self.stalled[peer] - 1
+            if left:
+                self.stalled[peer] = left
+            else:
+                del self.stalled[peer]
 
     def sweep(self) -> None:
-        """Cancel the calls whose answers are past their write deadline (runs every quarter
-        of the write timeout while answers wait)."""
+        """Mark stalled the connections with answers past their write deadline (runs every
+        quarter of the write timeout while answers wait)."""
         self._sweep = None
         now = self._now()
-        late = [task for task, deadline in self.unsent.items() if deadline <= now]
-        for task in late:
-            del self.unsent[task]
-            task.cancel()
+        late = 0
+        for task, (peer, deadline) in self.unsent.items():
+            if deadline <= now and task not in self._late:
+                self._late.add(task)
+                self.stalled[peer] = self.stalled.get(peer, 0) + 1
+                late += 1
         if late:
-            self.timed_out += len(late)
-            self._timeout_log(cancelled=len(late), write_timeout=self.write_timeout)
+            self.timed_out += late
+            self._timeout_log(late=late, stalled_connections=len(self.stalled))
         if self.unsent:
             loop = asyncio.get_running_loop()
             self._sweep = loop.call_later(self.write_timeout / 4, self.sweep)
@@ -159,17 +182,18 @@ class CallBudget:
         refused = CounterMetricFamily(
             "model_runtime_grpc_calls_refused_budget",
             "gRPC calls refused RESOURCE_EXHAUSTED at once: too many being computed (calls), "
-            "or the bytes in flight past the budget (bytes)",
+            "the bytes in flight past the budget (bytes), their connection stalled (stalled)",
             labels=["reason"],
         )
         refused.add_metric(["calls"], self.refused_calls)
         refused.add_metric(["bytes"], self.refused_bytes)
+        refused.add_metric(["stalled"], self.refused_stalled)
         return [
             refused,
             CounterMetricFamily(
                 "model_runtime_grpc_answers_timed_out",
-                "gRPC calls cancelled because their answer was not written within the write "
-                "timeout (the client did not read)",
+                "gRPC answers not written within the write timeout (their client does not "
+                "read); their connections are refused new calls",
                 value=self.timed_out,
             ),
             GaugeMetricFamily(
@@ -178,3 +202,26 @@ class CallBudget:
                 value=self.bytes,
             ),
         ]
+
+
+class QuietUnwrittenAnswers(logging.Filter):
+    """grpc.aio logs an error with a traceback for every answer that could not be written
+    because its client left; a client that leaves with many is not the server's error. Those
+    records become one rate-limited warning."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._log = RateLimitedLog("grpc_answers_not_written_client_left")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith("ExecuteBatchError raised in core"):
+            self._log()
+            return False
+        return True
+
+
+def quiet_unwritten_answers() -> None:
+    """Install :class:`QuietUnwrittenAnswers` on grpc.aio's logger (once)."""
+    logger = logging.getLogger("grpc._cython.cygrpc")
+    if not any(isinstance(f, QuietUnwrittenAnswers) for f in logger.filters):
+        logger.addFilter(QuietUnwrittenAnswers())

@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 
 from model_runtime.server.app import InferenceServer
-from model_runtime.server.grpc.budget import CallBudget
+from model_runtime.server.grpc.budget import CallBudget, quiet_unwritten_answers
 from model_runtime.server.grpc.guard import install_method_guard
 from model_runtime.server.grpc.service import InferenceServicer, UnsupportedMethods
 from model_runtime.server.restrict import Restrictions, grpc_interceptor
@@ -100,6 +100,7 @@ async def start_grpc_server(
     """
     limits = limits or GrpcLimits()
     install_method_guard(asyncio.get_running_loop())  # a bad method name costs its call only
+    quiet_unwritten_answers()
     interceptor = grpc_interceptor(restrictions or Restrictions(), server.restricted)
     grpc_server = grpc.aio.server(
         interceptors=[interceptor] if restrictions else [],  # none: no cost per call
