@@ -35,7 +35,12 @@ from model_runtime.server.connections import ConnectionLimits, GuardedAppRunner
 from model_runtime.server.fastpath import FastInfer
 from model_runtime.server.fdlimit import raise_open_file_limit
 from model_runtime.server.grpc.listener import SupervisedListener
-from model_runtime.server.grpc.server import GrpcLimits, call_budget, start_grpc_server
+from model_runtime.server.grpc.server import (
+    GrpcLimits,
+    call_budget,
+    grpc_max_connections,
+    start_grpc_server,
+)
 from model_runtime.server.heap import GEN0_THRESHOLD, settle_heap
 from model_runtime.server.logwriter import BatchedLogWriter
 from model_runtime.server.options import (
@@ -209,7 +214,9 @@ async def serve(opts: DaemonOptions) -> int:
     server.metrics.registry.register(runner.guard)
     await runner.setup()
     grpc_limits = GrpcLimits(
-        max_message_size=opts.max_body_size, idle_timeout=opts.keepalive_timeout
+        max_message_size=opts.max_body_size,
+        idle_timeout=opts.keepalive_timeout,
+        max_connections=grpc_max_connections(runner.guard.limit),
     )
     grpc_budget = call_budget(grpc_limits)  # kept across restarts of the listener
     server.metrics.registry.register(grpc_budget)

@@ -11,12 +11,14 @@ RESOURCE_EXHAUSTED, never queued), so a flood costs refusals, not memory.
 from __future__ import annotations
 
 import asyncio
+import resource
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
 from model_runtime.server.app import InferenceServer
+from model_runtime.server.fdlimit import FD_RESERVE
 from model_runtime.server.grpc.budget import CallBudget, quiet_unwritten_answers
 from model_runtime.server.grpc.guard import install_method_guard
 from model_runtime.server.grpc.service import InferenceServicer, UnsupportedMethods
@@ -27,6 +29,7 @@ __all__ = [
     "REGISTERED_METHODS",
     "GrpcLimits",
     "call_budget",
+    "grpc_max_connections",
     "service_handlers",
     "start_grpc_server",
 ]
@@ -66,7 +69,9 @@ class GrpcLimits:
     closes, ``max_streams`` concurrent calls per connection (HTTP/2 streams); for unary calls
     (:class:`~model_runtime.server.grpc.budget.CallBudget`): ``max_calls`` calls being
     computed in the server, ``write_timeout`` seconds for an answer to be written,
-    ``max_bytes_in_flight`` bytes of calls in flight."""
+    ``max_bytes_in_flight`` bytes of calls in flight. ``max_connections``: open connections
+    (past it grpc closes a new one at once; None: :func:`grpc_max_connections` of no HTTP
+    share)."""
 
     max_message_size: int = 64 << 20
     idle_timeout: float = 75.0
@@ -74,6 +79,7 @@ class GrpcLimits:
     max_calls: int = 4096
     write_timeout: float = 10.0
     max_bytes_in_flight: int = 128 << 20
+    max_connections: int | None = None
 
 
 async def start_grpc_server(
@@ -99,6 +105,7 @@ async def start_grpc_server(
         OSError: the address cannot be bound.
     """
     limits = limits or GrpcLimits()
+    max_connections = limits.max_connections or grpc_max_connections(0)
     install_method_guard(asyncio.get_running_loop())  # a bad method name costs its call only
     quiet_unwritten_answers()
     interceptor = grpc_interceptor(restrictions or Restrictions(), server.restricted)
@@ -110,6 +117,7 @@ async def start_grpc_server(
             ("grpc.max_concurrent_streams", limits.max_streams),
             ("grpc.max_connection_idle_ms", int(limits.idle_timeout * 1000)),
             ("grpc.so_reuseport", 1 if reuse_port else 0),
+            ("grpc.max_allowed_incoming_connections", max_connections),
         ],
         # Not grpc's own limit, which counts calls whose answers wait on their client: the
         # budget's (calls being computed; bytes held until written).
@@ -141,6 +149,16 @@ async def start_grpc_server(
     await grpc_server.start()
     grpc_server.budget = budget
     return grpc_server, bound
+
+
+def grpc_max_connections(http_connections: int, cap: int = 4096) -> int:
+    """gRPC's connection limit: ``cap``, or what the soft open-file limit leaves once the
+    daemon's own reserve and HTTP's ``http_connections`` are counted (at least 16), so that
+    neither protocol takes the descriptors the other needs."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return cap
+    return max(16, min(cap, soft - FD_RESERVE - http_connections))
 
 
 def call_budget(limits: GrpcLimits) -> CallBudget:
