@@ -28,7 +28,7 @@ from tests.integration.test_daemon_support import Daemon, start_daemon, stop_dae
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
-CONNECTIONS, STREAMS = 20, 256
+STREAMS = 256
 #: Answers waiting before the attack is in place: what grpc's own limit (4,096) would allow.
 HELD = 4000
 
@@ -40,13 +40,19 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     stop_daemon(d)
 
 
-def test_answers_no_one_reads_do_not_hold_the_slots_others_need(daemon: Daemon) -> None:
+@pytest.mark.parametrize(
+    ("connections", "seconds"),
+    [(20, 3.0), pytest.param(24, 40.0, marks=pytest.mark.long)],  # long: the size
+)
+def test_answers_no_one_reads_do_not_hold_the_slots_others_need(
+    daemon: Daemon, connections: int, seconds: float
+) -> None:
     message = infer_message()
 
     def attack(stop: threading.Event, in_place: threading.Event) -> None:
         socks: list[socket.socket] = []
         try:
-            for _ in range(CONNECTIONS):
+            for _ in range(connections):
                 socks.append(
                     h2_connect(
                         daemon.grpc_port,
@@ -58,5 +64,5 @@ def test_answers_no_one_reads_do_not_hold_the_slots_others_need(daemon: Daemon) 
             for s in socks:
                 s.close()
 
-    client, growth = run_attack(daemon, attack, seconds=3.0)
+    client, growth = run_attack(daemon, attack, seconds=seconds)
     assert_served(client, growth, daemon)
