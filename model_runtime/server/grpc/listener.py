@@ -93,6 +93,8 @@ class SupervisedListener:
                 except OSError as exc:
                     reason = f"cannot bind: {exc}"
                     self._on_change(f"the gRPC listener stopped ({reason}); restarting")
+            if self._stopping:
+                return
             self.restarts += 1
             log.warning("grpc_listener_restarted", port=self.port, restarts=self.restarts)
             self._on_change(None)
