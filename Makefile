@@ -133,5 +133,10 @@ OVERLOAD_MULTIPLES ?= 3,2,1.5
 bench-overload: $(STAMP)
 	$(BIN)/python benchmarks/overload.py --seconds $(OVERLOAD_SECONDS) --multiples $(OVERLOAD_MULTIPLES)
 
+# Issue 41's attacks on the wire at full size (tests/attack, with the soak runs --long enables).
+.PHONY: attack
+attack: $(STAMP)
+	$(BIN)/pytest tests/attack --long $(PYTEST_ARGS)
+
 clean:
 	rm -rf $(VENV) build site *.egg-info .pytest_cache .mypy_cache .ruff_cache

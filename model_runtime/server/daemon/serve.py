@@ -37,7 +37,13 @@ from model_runtime.server.daemon.options import (
     options_from_args,
     tls_files,
 )
-from model_runtime.server.grpc.server import GrpcLimits, start_grpc_server
+from model_runtime.server.grpc.listener import SupervisedListener
+from model_runtime.server.grpc.server import (
+    GrpcLimits,
+    call_budget,
+    grpc_max_connections,
+    start_grpc_server,
+)
 from model_runtime.server.http.fastpath import FastInfer
 from model_runtime.server.http.guard import ConnectionLimits, GuardedAppRunner
 from model_runtime.server.http.routes import HttpFrontEnd
@@ -210,9 +216,13 @@ async def serve(opts: DaemonOptions) -> int:
     plane.metrics.registry.register(runner.guard)
     await runner.setup()
     grpc_limits = GrpcLimits(
-        max_message_size=opts.max_body_size, idle_timeout=opts.keepalive_timeout
+        max_message_size=opts.max_body_size,
+        idle_timeout=opts.keepalive_timeout,
+        max_connections=grpc_max_connections(runner.guard.limit),
     )
-    grpc_server: Any = None
+    grpc_budget = call_budget(grpc_limits)  # kept across restarts of the listener
+    plane.metrics.registry.register(grpc_budget)
+    grpc_server: SupervisedListener | None = None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     if _log_writer is not None:
@@ -234,15 +244,21 @@ async def serve(opts: DaemonOptions) -> int:
             )
             await site.start()
             port = _bound_port(runner, opts.port)
-            grpc_server, grpc_port = await start_grpc_server(
-                plane,
-                opts.host,
-                opts.grpc_port,
-                grpc_limits,
-                restrictions=grpc_restrictions,
-                credentials=None if grpc_tls is None else grpc_credentials(grpc_tls),
-                reuse_port=opts.reuse_port,
+            grpc_credentials_ = None if grpc_tls is None else grpc_credentials(grpc_tls)
+            grpc_server = SupervisedListener(
+                lambda port: start_grpc_server(
+                    plane,
+                    opts.host,
+                    port,
+                    grpc_limits,
+                    restrictions=grpc_restrictions,
+                    credentials=grpc_credentials_,
+                    reuse_port=opts.reuse_port,
+                    budget=grpc_budget,
+                ),
+                lambda reason: plane.listener_changed("grpc", reason),
             )
+            grpc_port = await grpc_server.start(opts.grpc_port)
             log.info(
                 "daemon_listening",
                 host=opts.host,

@@ -2,24 +2,37 @@
 
 Its limits mirror the HTTP listener's: a message larger than the daemon's body-size limit is
 refused by grpcio itself (RESOURCE_EXHAUSTED) before a handler runs; idle connections close
-after the keep-alive timeout; each connection may carry a bounded number of concurrent streams
-and the server a bounded number of calls in flight (past it a call is refused at once with
+after the keep-alive timeout; each connection may carry a bounded number of concurrent streams;
+unary calls are under a :class:`~model_runtime.server.grpc.budget.CallBudget` (calls being
+computed, bytes in flight, a write timeout; past a limit a call is refused at once with
 RESOURCE_EXHAUSTED, never queued), so a flood costs refusals, not memory.
 """
 
 from __future__ import annotations
 
+import asyncio
+import resource
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
+from model_runtime.server.grpc.budget import CallBudget, quiet_unwritten_answers
+from model_runtime.server.grpc.guard import install_method_guard
 from model_runtime.server.grpc.service import InferenceServicer, UnsupportedMethods
 from model_runtime.server.inference.plane import DataPlane
+from model_runtime.server.security.fdlimit import FD_RESERVE
 from model_runtime.server.security.restrict import Restrictions, grpc_interceptor
 from model_runtime.server.triton import grpc_service_pb2_grpc as pb_grpc
 
-__all__ = ["REGISTERED_METHODS", "GrpcLimits", "service_handlers", "start_grpc_server"]
+__all__ = [
+    "REGISTERED_METHODS",
+    "GrpcLimits",
+    "call_budget",
+    "grpc_max_connections",
+    "service_handlers",
+    "start_grpc_server",
+]
 
 
 #: The methods registered with grpc.aio (see :func:`start_grpc_server`): the per-request one.
@@ -53,13 +66,20 @@ def service_handlers(servicer: InferenceServicer) -> tuple[str, dict[str, Any], 
 class GrpcLimits:
     """Limits of the gRPC listener: ``max_message_size`` bytes per received message (answers
     are as large as the model makes them), ``idle_timeout`` seconds before an idle connection
-    closes, ``max_streams`` concurrent calls per connection (HTTP/2 streams), ``max_calls``
-    calls in flight in the server."""
+    closes, ``max_streams`` concurrent calls per connection (HTTP/2 streams); for unary calls
+    (:class:`~model_runtime.server.grpc.budget.CallBudget`): ``max_calls`` calls being
+    computed in the server, ``write_timeout`` seconds for an answer to be written,
+    ``max_bytes_in_flight`` bytes of calls in flight. ``max_connections``: open connections
+    (past it grpc closes a new one at once; None: :func:`grpc_max_connections` of no HTTP
+    share)."""
 
     max_message_size: int = 64 << 20
     idle_timeout: float = 75.0
     max_streams: int = 256
     max_calls: int = 4096
+    write_timeout: float = 10.0
+    max_bytes_in_flight: int = 128 << 20
+    max_connections: int | None = None
 
 
 async def start_grpc_server(
@@ -70,6 +90,7 @@ async def start_grpc_server(
     restrictions: Restrictions | None = None,
     credentials: Any = None,
     reuse_port: bool = False,
+    budget: CallBudget | None = None,
 ) -> tuple[Any, int]:
     """Start a grpc.aio server of ``plane``'s models on ``host:port`` (0: a free port);
     return it and the port it is bound to. Stop it with ``await grpc_server.stop(grace)``.
@@ -77,11 +98,16 @@ async def start_grpc_server(
     checked by an interceptor before any handler runs. ``credentials``: grpcio's server
     credentials for TLS (None: plaintext). ``reuse_port``: bind with SO_REUSEPORT, so that
     other daemons may share the port (off: a port in use is an error, as for HTTP).
+    ``budget``: what unary calls may hold (None: a new one of ``limits``); the server keeps it
+    as its ``budget`` attribute.
 
     Raises:
         OSError: the address cannot be bound.
     """
     limits = limits or GrpcLimits()
+    max_connections = limits.max_connections or grpc_max_connections(0)
+    install_method_guard(asyncio.get_running_loop())  # a bad method name costs its call only
+    quiet_unwritten_answers()
     interceptor = grpc_interceptor(restrictions or Restrictions(), plane.restricted)
     grpc_server = grpc.aio.server(
         interceptors=[interceptor] if restrictions else [],  # none: no cost per call
@@ -91,10 +117,16 @@ async def start_grpc_server(
             ("grpc.max_concurrent_streams", limits.max_streams),
             ("grpc.max_connection_idle_ms", int(limits.idle_timeout * 1000)),
             ("grpc.so_reuseport", 1 if reuse_port else 0),
+            ("grpc.max_allowed_incoming_connections", max_connections),
         ],
-        maximum_concurrent_rpcs=limits.max_calls,
+        # Not grpc's own limit, which counts calls whose answers wait on their client: the
+        # budget's (calls being computed; bytes held until written).
+        maximum_concurrent_rpcs=None,
     )
-    service, handlers, generic = service_handlers(InferenceServicer(plane))
+    budget = budget or call_budget(limits)
+    service, handlers, _ = service_handlers(InferenceServicer(plane))
+    handlers = {name: _budgeted(handler, budget) for name, handler in handlers.items()}
+    generic = (grpc.method_handlers_generic_handler(service, handlers),)
     # Only the hot method is registered: grpc.aio's accept loop waits on one pending call
     # per registered method (asyncio.wait over all of them) for every call it accepts, so
     # each registered method costs every call; the others are found by the generic handler.
@@ -115,4 +147,31 @@ async def start_grpc_server(
     if bound == 0:
         raise OSError(f"cannot bind gRPC to {address}")
     await grpc_server.start()
+    grpc_server.budget = budget
     return grpc_server, bound
+
+
+def grpc_max_connections(http_connections: int, cap: int = 4096) -> int:
+    """gRPC's connection limit: ``cap``, or what the soft open-file limit leaves once the
+    daemon's own reserve and HTTP's ``http_connections`` are counted (at least 16), so that
+    neither protocol takes the descriptors the other needs."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return cap
+    return max(16, min(cap, soft - FD_RESERVE - http_connections))
+
+
+def call_budget(limits: GrpcLimits) -> CallBudget:
+    """A :class:`CallBudget` of ``limits``."""
+    return CallBudget(
+        write_timeout=limits.write_timeout,
+        max_calls=limits.max_calls,
+        max_bytes=limits.max_bytes_in_flight,
+    )
+
+
+def _budgeted(handler: Any, budget: CallBudget) -> Any:
+    """``handler`` with its unary behaviour under ``budget`` (streaming ones as they are)."""
+    if handler.request_streaming or handler.response_streaming:
+        return handler
+    return handler._replace(unary_unary=budget.wrap(handler.unary_unary))

@@ -117,6 +117,8 @@ class DataPlane:
         # A runner a reload swaps out (or an unload closes) is read into the totals first.
         repository.on_retire = self.metrics.retire_runner
         self.draining = False
+        #: Listeners (``"grpc"``, ...) that stopped and are being restarted -> why.
+        self.listeners_down: dict[str, str] = {}
         self._inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -160,11 +162,20 @@ class DataPlane:
         return served
 
     def not_ready_reason(self) -> str | None:
-        """Why the server is not ready (None: it is): draining, or the repository's
-        reason (Triton's strict readiness)."""
+        """Why the server is not ready (None: it is): draining, a listener down (with why),
+        or the repository's reason (Triton's strict readiness)."""
         if self.draining:
             return "the server is draining"
+        if self.listeners_down:
+            return "; ".join(self.listeners_down.values())
         return self.repository.not_ready_reason()
+
+    def listener_changed(self, name: str, reason: str | None) -> None:
+        """Record that listener ``name`` is down for ``reason`` (None: it is up again)."""
+        if reason is None:
+            self.listeners_down.pop(name, None)
+        else:
+            self.listeners_down[name] = reason
 
     def entry(self, name: str, version: str | None = None) -> ModelEntry:
         """The model ``name`` (``version``: None or "" for the one served).
