@@ -6,6 +6,7 @@ statistics, and an instance process killed under load costing no request."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import threading
@@ -24,7 +25,18 @@ from tests.models import make_add_sub, save
 
 pytestmark = pytest.mark.timeout(180)
 
-REPOSITORY = Path(__file__).resolve().parents[1] / "repositories" / "python"
+ROOT = Path(__file__).resolve().parents[2]
+REPOSITORY = ROOT / "tests" / "repositories" / "python"
+
+
+def readme_model() -> tuple[str, str]:
+    """The README's python model: its config.pbtxt and its model.py, as written there."""
+    text = (ROOT / "README.md").read_text()
+    config = next(b for b in re.findall(r"```text\n(.*?)```", text, re.S) if "python" in b)
+    (model,) = re.findall(r"```py\n(.*?)```", text, re.S)
+    return config, model
+
+
 A = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
 B = np.array([0.5, 1.0, 1.5, -2.0], np.float32)
 
@@ -43,6 +55,10 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] },'
         ' { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
     )
+    config, model = readme_model()  # the README's example, as written
+    (repo / "double" / "1").mkdir(parents=True)
+    (repo / "double" / "config.pbtxt").write_text(config)
+    (repo / "double" / "1" / "model.py").write_text(model)
     # Two instances of add_sub for the fault test (Triton's instance_group count).
     shutil.copytree(repo / "add_sub", repo / "add_sub_twice")
     config = (repo / "add_sub_twice" / "config.pbtxt").read_text()
@@ -115,6 +131,14 @@ def test_a_config_is_completed_by_the_models_auto_complete_config(daemon: Daemon
         np.testing.assert_array_equal(
             client.infer("auto_complete", [tensor]).as_numpy("OUT"), rows * 2
         )
+
+
+def test_the_readmes_python_model_serves_as_written(daemon: Daemon) -> None:
+    with httpclient.InferenceServerClient(f"127.0.0.1:{daemon.port}") as client:
+        rows = np.array([[1.0, 2.0], [3.0, -4.0]], np.float32)
+        tensor = httpclient.InferInput("IN", [2, 2], "FP32")
+        tensor.set_data_from_numpy(rows)
+        np.testing.assert_array_equal(client.infer("double", [tensor]).as_numpy("OUT"), rows * 2)
 
 
 def test_a_decoupled_model_over_plain_infer_is_refused_with_the_reason(daemon: Daemon) -> None:
