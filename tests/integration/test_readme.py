@@ -30,6 +30,10 @@ FRAGMENTS = {
         "needs a Ray cluster with the application deployed; tests/integration/test_ray_serve.py "
         "makes that call"
     ),
+    ("README.md", "import triton_python_backend_utils as pb_utils"): (
+        "a python model's model.py, run by the daemon: tests/integration/test_python_models.py "
+        "serves it as written"
+    ),
 }
 
 
