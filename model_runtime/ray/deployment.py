@@ -1,10 +1,10 @@
 """One Ray Serve replica: the runtime's tree on its node's devices, behind the daemon's routes.
 
 Each replica (:class:`RuntimeReplica`) is what one ``model-runtime serve`` daemon is, minus
-the listeners: the same :class:`~model_runtime.server.repository.repository.ModelRepository` built
-by the
-daemon's own :func:`~model_runtime.server.daemon.serve.build_repository` (a ModelRunner per model,
-batching with our queues, healing under our supervisor), and the same
+the listeners: the same
+:class:`~model_runtime.server.repository.repository.ModelRepository` built by the daemon's own
+:func:`~model_runtime.server.daemon.serve.build_repository` (a ModelRunner per model, batching
+with our queues, healing under our supervisor), and the same
 :class:`~model_runtime.server.inference.plane.DataPlane` under the HTTP front end's handlers,
 answering through Serve's proxy
 (:mod:`model_runtime.ray.asgi`). Python callers use the deployment handle::

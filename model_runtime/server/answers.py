@@ -5,8 +5,7 @@ names are answered in Triton's: its error code decides both the HTTP status and 
 (:class:`Code`, as Triton's ``HttpCodeFromError`` and its gRPC status mapping give them), and
 its message is written once, here, for both front ends. Shared memory errors carry Triton's
 texts themselves (:mod:`model_runtime.server.tensors.shm`); :data:`SHARED_MEMORY_ANSWERS` gives
-their
-codes (ALREADY_EXISTS, say, which is HTTP 400 but not gRPC INVALID_ARGUMENT). Our own
+their codes (ALREADY_EXISTS, say, which is HTTP 400 but not gRPC INVALID_ARGUMENT). Our own
 refusals (overload, draining, deadlines) keep their statuses; :func:`status_of` maps any
 exception onto its HTTP status and :data:`GRPC_CODES` that status onto a gRPC code, unless the
 answer names its gRPC code itself.

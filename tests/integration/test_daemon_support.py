@@ -43,8 +43,7 @@ class Daemon:
     def events(self) -> list[dict[str, Any]]:
         """The daemon's log events so far. It writes info lines in batches at most
         FLUSH_INTERVAL apart (model_runtime/server/observability/logwriter.py): what it logged
-        before this
-        call is in the file after twice that."""
+        before this call is in the file after twice that."""
         time.sleep(2 * FLUSH_INTERVAL)
         out = []
         for line in self.log_path.read_text(errors="replace").splitlines():

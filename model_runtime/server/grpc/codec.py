@@ -6,8 +6,7 @@ Python integers and compared with the bytes (``raw_input_contents``) or values (
 ``contents``) actually present before any array exists; raw inputs become zero-copy, read-only
 views of the message's bytes. Parameters go through the same checks as over HTTP
 (:mod:`model_runtime.server.tensors.parameters`): honoured, or refused with a message that names
-them.
-Everything wrong with a request raises :class:`~model_runtime.server.tensors.codec.ProtocolError`
+them. Everything wrong with a request raises :class:`~model_runtime.errors.ProtocolError`
 (gRPC INVALID_ARGUMENT, HTTP 400).
 
 Typed contents use the field of the input's datatype only (Triton's rule): ``bool_contents``

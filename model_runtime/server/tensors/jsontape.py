@@ -13,8 +13,7 @@ twice, whose last value orjson keeps; a key with a NUL; a byte order mark, which
 and orjson refuses), or slowly (an object with many keys): the caller then decodes it with
 orjson, which accepts or refuses it as always. :meth:`Numbers.array` raises
 :class:`~model_runtime.server.tensors.jsonnumbers.Retry` wherever the plain decoder's checks must
-decide
-(a count that does not fit the shape, an integer out of range), so this path accepts exactly
+decide (a count that does not fit the shape, an integer out of range), so this path accepts exactly
 what the plain one does (any nesting, read in row-major order as Triton reads it), and gives
 the same arrays: it is only faster. Bodies past :data:`MAX_TAPE_BYTES` take the plain path, whose
 memory is bounded slice by slice.
