@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+from collections import deque
 from typing import TYPE_CHECKING, Any, cast
 
 from aiohttp.web_protocol import RequestHandler
 
-from model_runtime.server.heads import Framer, plain_head
+from model_runtime.server.heads import MAX_HEAD_BYTES, Framer, plain_head
 
 if TYPE_CHECKING:
     from model_runtime.server.admission import ModelAdmission
@@ -59,7 +60,7 @@ AIOHTTP_STATE = (
 _NEVER = float("inf")
 #: Bytes held from a client while a request of its connection is answered at the protocol
 #: level (a pipelining client): past it, its connection is not read until the answer is out.
-_HOLD_LIMIT = 1 << 20
+_HOLD_LIMIT = 64 << 10
 
 
 class GuardedConnection(asyncio.Protocol):
@@ -80,15 +81,20 @@ class GuardedConnection(asyncio.Protocol):
         "_fresh",
         "_guard",
         "_held",
+        "_held_at",
+        "_held_size",
         "_inner",
         "_loop",
         "_paused",
         "_payload",
         "_refused",
+        "_reserved",
         "_skip",
         "_sniff",
         "_timer",
         "_transport",
+        "_write_paused",
+        "_write_timer",
     )
 
     def __init__(self, guard: ConnectionGuard, inner: RequestHandler) -> None:
@@ -115,21 +121,28 @@ class GuardedConnection(asyncio.Protocol):
         self._answered = False  # a request of it was answered here (then idle is not silent)
         self._admitted: Admitted | None = None  # the admission of the head given to aiohttp
         # A request answered at the protocol level (guard.fast): its task, and the bytes that
-        # arrive meanwhile (read once it is answered, in order).
+        # arrive meanwhile (read once it is answered, in order): the chunks as they came,
+        # never joined or sliced per request; the first is unread from ``_held_at``.
         self._fast: asyncio.Task[None] | None = None
-        self._held = bytearray()
+        self._held: deque[bytes] = deque()
+        self._held_at = 0
+        self._held_size = 0
+        self._reserved = 0  # bytes of the memory budget its body holds
         # Its body while it arrives (the task awaits ``_body_due``), and the bytes still due.
         self._body = bytearray()
         self._body_due: asyncio.Future[bytearray] | None = None
         self._body_size = 0
         self._paused = False
         self._closed = False
+        # The transport's write buffer is past its high-water mark since the timer was set.
+        self._write_paused = False
+        self._write_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport = cast(asyncio.Transport, transport)  # uvloop's: no subclass
         guard = self._guard
         if len(guard.open) >= guard.high_water:
-            guard.close_idle()
+            guard.make_room(self._loop.time())
         if len(guard.open) >= guard.limit:
             self._refused = True
             guard.refused += 1
@@ -145,27 +158,29 @@ class GuardedConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
-        if self._fast is not None:  # the request answered here: its body, then what follows
-            if self._body_due is not None:
-                data = self._fill_body(data)
-                if not data:
-                    return
-            self._held += data
-            if len(self._held) > _HOLD_LIMIT and not self._paused and self._transport:
-                self._paused = True
-                self._transport.pause_reading()
+        pos = 0
+        if self._body_due is not None:  # the body of the request answered here
+            pos = self._fill_body(data, 0)
+            if pos == len(data):
+                return
+        if self._fast is not None or self._held:  # read once the request before is answered
+            self._hold(data, pos)
             return
+        self._receive(data, pos)
+
+    def _receive(self, data: bytes, pos: int) -> None:
+        """Read ``data`` from ``pos`` (nothing before it is read or copied)."""
         if self._skip:
-            if len(data) <= self._skip:
-                self._skip -= len(data)
+            if len(data) - pos <= self._skip:
+                self._skip -= len(data) - pos
                 if not self._skip:
                     self._refusal_done()
                 return
-            data = data[self._skip :]
+            pos += self._skip
             self._skip = 0
             self._refusal_done()
         if self._sniff is not None:
-            seen = self._sniff + data
+            seen = self._sniff + (data[pos:] if pos else data)
             if H2_PREFACE[:_H2_SNIFF].startswith(seen[:_H2_SNIFF]):
                 if len(seen) < _H2_SNIFF:
                     self._sniff = seen  # a prefix of the preface: wait for more
@@ -175,20 +190,24 @@ class GuardedConnection(asyncio.Protocol):
                     return
                 self._refuse_http2()
                 return
-            self._sniff, data = None, seen
+            self._sniff, data, pos = None, seen, 0
         plain = None  # data's plain head, once read here
         if self._guard.head_admission is not None:
             framer = self._framer
-            while data.startswith(b"POST /") and framer.at_boundary and self._quiet():
-                plain = plain_head(data, self._guard.early_max_body)
-                taken = self._refuse_early(data, plain)
-                if not taken:
-                    if self._admitted is not None and self._answer_fast(data, plain):
+            while data.startswith(b"POST /", pos) and framer.at_boundary and self._quiet():
+                plain = plain_head(data, self._guard.early_max_body, pos)
+                taken = self._refuse_early(data, pos, plain)
+                if not taken and self._admitted is not None:
+                    taken = self._answer_fast(data, pos, plain)
+                    if taken < 0:
                         return
+                if not taken:
                     break
-                data, plain = data[taken:], None
-            if not data:
+                pos, plain = pos + taken, None
+            if pos == len(data):
                 return
+        if pos:
+            data = data[pos:]  # for aiohttp: copied once, as it reads on from here
         if self._fresh:  # the first byte of a head (a whole one refused above needs no timer)
             self._head_begins()
         self._guard.idle.pop(self, None)  # the next request: not idle any more
@@ -208,6 +227,10 @@ class GuardedConnection(asyncio.Protocol):
     def connection_lost(self, exc: BaseException | None) -> None:
         self._closed = True
         self._stop_timer()
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+        self._held.clear()
         if self._fast is not None:
             self._fast.cancel()  # the client went away: so does its request
         self._withdraw()
@@ -218,12 +241,37 @@ class GuardedConnection(asyncio.Protocol):
         self._inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
-        if not self._refused:
-            self._inner.pause_writing()
+        """The client does not take its answers as fast as they come: nothing more is
+        answered here until it does, and it must within the write timeout."""
+        if self._refused:
+            return
+        self._write_paused = True
+        if self._write_timer is None:
+            timeout = self._guard.limits.write_timeout
+            self._write_timer = self._loop.call_later(timeout, self._write_expired)
+        self._inner.pause_writing()
 
     def resume_writing(self) -> None:
-        if not self._refused:
-            self._inner.resume_writing()
+        if self._refused:
+            return
+        self._write_paused = False
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+        self._inner.resume_writing()
+        if self._fast is None and self._held:
+            self._read_held()
+
+    def _write_expired(self) -> None:
+        """Answers not taken within the write timeout: the connection ends (its answers
+        are dropped, not kept for a client that does not read them)."""
+        self._write_timer = None
+        if self._closed or not self._write_paused:
+            return
+        self._guard.write_timeouts += 1
+        self._inner.force_close()
+        if self._transport is not None:
+            self._transport.abort()  # close() would wait for the buffer to drain
 
     # -- the header timeout --------------------------------------------------------------------
 
@@ -271,6 +319,19 @@ class GuardedConnection(asyncio.Protocol):
         self._guard.open.pop(self._inner, None)
         self._inner.force_close()  # closes the transport; connection_lost follows
 
+    def head_began(self) -> float | None:
+        """When (loop time) the head (or refused body) now under the header timeout began;
+        None when none is."""
+        if self._busy or self._deadline == _NEVER:
+            return None
+        return self._deadline - self._guard.limits.header_timeout
+
+    def close_slow(self) -> None:
+        """Close this connection, whose head is late, to make room near the limit."""
+        self._stop_timer()
+        self._guard.open.pop(self._inner, None)
+        self._inner.force_close()  # closes the transport; connection_lost follows
+
     def _head_begins(self) -> None:
         """The first byte of a head on an idle connection: it must be complete within the
         header timeout (no longer the idle one)."""
@@ -282,9 +343,13 @@ class GuardedConnection(asyncio.Protocol):
         header timeout). Returns the loop's time now."""
         loop = self._loop
         now = loop.time()
-        self._deadline = deadline = now + (
-            self._guard.limits.header_timeout if seconds is None else seconds
-        )
+        guard = self._guard
+        heads = guard.heads
+        heads.pop(self, None)
+        if seconds is None:
+            seconds = guard.limits.header_timeout
+            heads[self] = None  # a head (or a refused body) on its way: newest last
+        self._deadline = deadline = now + seconds
         timer = self._timer
         if timer is not None:
             if timer.when() <= deadline:
@@ -295,9 +360,11 @@ class GuardedConnection(asyncio.Protocol):
 
     def _disarm(self) -> None:
         self._deadline = _NEVER  # a pending timer lapses when it fires
+        self._guard.heads.pop(self, None)
 
     def _stop_timer(self) -> None:
         self._deadline = _NEVER
+        self._guard.heads.pop(self, None)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -311,6 +378,7 @@ class GuardedConnection(asyncio.Protocol):
             self._timer = self._loop.call_at(deadline, self._expire)
             return
         self._deadline = _NEVER
+        self._guard.heads.pop(self, None)
         if not self._busy:
             if self._fresh:
                 if not self._answered:  # after an answer: a keep-alive close, as aiohttp's
@@ -343,8 +411,8 @@ class GuardedConnection(asyncio.Protocol):
             and not self._transport.get_write_buffer_size()
         )
 
-    def _refuse_early(self, data: bytes, head: tuple[bytes, int, int] | None) -> int:
-        """Decide on ``data``'s head if it opens with a plain one (``head``: what
+    def _refuse_early(self, data: bytes, pos: int, head: tuple[bytes, int, int] | None) -> int:
+        """Decide on the head at ``data[pos:]`` if it is a plain one (``head``: what
         :func:`plain_head` said of it). Refused: answer it and return the bytes it takes (head
         and the body present; the rest of the body is skipped as it comes). Else 0: for
         aiohttp, with the admission it was given (if any) kept for it."""
@@ -359,19 +427,24 @@ class GuardedConnection(asyncio.Protocol):
         if not isinstance(answer, bytes):
             self._admitted = answer
             return 0
-        _, head_size, length = head
         self._guard.early_refused += 1
+        return self._refuse(answer, len(data) - pos, head)
+
+    def _refuse(self, answer: bytes, present: int, head: tuple[bytes, int, int]) -> int:
+        """Answer the request of ``head`` with ``answer``; ``present``: its bytes in hand
+        (from its head on). Returns those it takes: the rest of its body is skipped."""
+        _, head_size, length = head
         assert self._transport is not None
         self._transport.write(answer)
         taken = head_size + length
-        if taken <= len(data):
+        if taken <= present:
             self._refusal_done()
             return taken
-        self._skip = taken - len(data)
+        self._skip = taken - present
         self._fresh = False
         self._guard.idle.pop(self, None)  # not idle before its body is skipped
         self._arm()  # the body must come within the header timeout, like a head
-        return len(data)
+        return present
 
     def _refusal_done(self) -> None:
         """A request answered here (refused early, its body skipped, or answered at the
@@ -394,26 +467,36 @@ class GuardedConnection(asyncio.Protocol):
 
     # -- requests answered at the protocol level (model_runtime.server.fastpath) ----------------
 
-    def _answer_fast(self, data: bytes, head: tuple[bytes, int, int] | None) -> bool:
-        """Hand the admitted request at the start of ``data`` to the guard's fast path if the
-        path takes it (True: its body is read here as it arrives, and what follows it is held
-        until it is answered); else False, for aiohttp, its admission kept for it."""
-        fast = self._guard.fast
+    def _answer_fast(self, data: bytes, pos: int, head: tuple[bytes, int, int] | None) -> int:
+        """Hand the admitted request at ``data[pos:]`` to the guard's fast path if the path
+        takes it (-1: its body is read here as it arrives, and what follows it is held until
+        it is answered). Its body not in hand and past the memory budget, it is refused: the
+        bytes taken (the rest of its body is skipped). Else 0: for aiohttp, its admission
+        kept for it."""
+        guard = self._guard
+        fast = guard.fast
         if fast is None or head is None:
-            return False
+            return 0
         target, head_size, length = head
-        end = head_size + length
+        start = pos + head_size
+        end = start + length
+        whole = end <= len(data)
+        if not whole and not guard.budget.take(length):
+            self._withdraw()
+            guard.budget_log(limit=guard.budget.limit)
+            return self._refuse(guard.budget_refusal, len(data) - pos, head)
         admitted = cast("ModelAdmission", self._admitted)  # what at_head gives (the daemon's)
-        body: bytes | asyncio.Future[bytearray]
-        if end <= len(data):
-            body = data[head_size:end]
-        else:  # the rest of the body is on its way: the request awaits it (fill_body)
-            body = asyncio.get_running_loop().create_future()
+        # The rest of a body on its way: the request awaits it (fill_body).
+        due: asyncio.Future[bytearray] | None = None if whole else self._loop.create_future()
+        body = data[start:end] if due is None else due
         # The task runs from the loop's next turn (no eager task factory): the state below is
         # set before it can answer.
-        task = fast.start(self, target, data[:head_size], body, admitted)
+        task = fast.start(self, target, data[pos:start], body, admitted)
         if task is None:
-            return False
+            if not whole:
+                guard.budget.give(length)
+            return 0
+        self._reserved = 0 if whole else length
         self._admitted = None  # the fast path leaves it
         self._fast = task
         self._busy = True
@@ -423,29 +506,76 @@ class GuardedConnection(asyncio.Protocol):
         inner: Any = self._inner
         inner._next_keepalive_close_time = _NEVER
         self._guard.idle.pop(self, None)
-        if isinstance(body, bytes):
-            self._held = bytearray(data[end:])
-        else:
-            self._body = bytearray(data[head_size:])
+        if not whole:
+            self._body = bytearray(memoryview(data)[start:])
             self._body_size = length
-            self._body_due = body
-            self._held = bytearray()
-        return True
+            self._body_due = due
+        elif end < len(data):  # the rest waits for the answer: held as it is, not copied
+            self._held.appendleft(data)
+            self._held_at = end
+            self._held_size += len(data) - end
+        return -1
 
-    def _fill_body(self, data: bytes) -> bytes:
-        """Add ``data`` to the body on its way; once it is whole, give it to the request
-        awaiting it. Returns what follows the body in ``data``."""
+    def _fill_body(self, data: bytes, pos: int) -> int:
+        """Add ``data[pos:]`` to the body on its way; once it is whole, give it to the
+        request awaiting it. Returns where what follows the body begins in ``data``."""
         due = self._body_due
         assert due is not None
-        missing = self._body_size - len(self._body)
-        self._body += data[:missing]
+        stop = pos + self._body_size - len(self._body)
+        self._body += memoryview(data)[pos:stop]
         if len(self._body) < self._body_size:
-            return b""
+            return len(data)
         self._body_due = None
         if not due.done():  # not given up on (its body timeout)
             due.set_result(self._body)
         self._body = bytearray()
-        return data[missing:]
+        return stop
+
+    def _hold(self, data: bytes, pos: int) -> None:
+        """Keep ``data[pos:]`` until the request answered here is; past :data:`_HOLD_LIMIT`
+        held, the connection is not read meanwhile."""
+        if not self._held:
+            self._held_at = pos
+            self._held.append(data)
+        else:
+            self._held.append(data[pos:] if pos else data)
+        self._held_size += len(data) - pos
+        if self._held_size > _HOLD_LIMIT and not self._paused and self._transport is not None:
+            self._paused = True
+            self._transport.pause_reading()
+
+    def _read_held(self) -> None:
+        """Read the bytes held, in order, until a request is answered here again (the rest
+        waits for it) or the client does not take its answers (the rest waits for it to)."""
+        held = self._held
+        while held and not self._closed:
+            if self._fast is not None and self._body_due is None:
+                break
+            if self._fast is None and self._write_paused:
+                break
+            data, pos = held.popleft(), self._held_at
+            self._held_at = 0
+            self._held_size -= len(data) - pos
+            if self._body_due is not None:
+                pos = self._fill_body(data, pos)
+            else:
+                # A head cut between two chunks: the two are joined (its bytes are copied
+                # once more, not the chunk's).
+                while held and len(data) - pos < MAX_HEAD_BYTES and data.find(b"\r\n\r\n", pos) < 0:
+                    more = held.popleft()
+                    self._held_size -= len(more)
+                    data, pos = data[pos:] + more, 0
+                # Read outside the finished request's context (its request id).
+                contextvars.Context().run(self._receive, data, pos)
+                continue
+            if pos < len(data):
+                held.appendleft(data)
+                self._held_at = pos
+                self._held_size += len(data) - pos
+        if self._paused and self._held_size <= _HOLD_LIMIT and not self._closed:
+            self._paused = False
+            assert self._transport is not None
+            self._transport.resume_reading()
 
     def fast_answer(self, answer: bytes | list[bytes], close: bool = False) -> None:
         """Write the answer of the request answered at the protocol level; ``close``: then
@@ -466,6 +596,9 @@ class GuardedConnection(asyncio.Protocol):
         keep-alive, and what arrived meanwhile is read now."""
         self._fast = None
         self._busy = False
+        if self._reserved:
+            self._guard.budget.give(self._reserved)
+            self._reserved = 0
         transport = self._transport
         if self._closed or transport is None or transport.is_closing():
             return  # gone (connection_lost may still be queued): nothing held is read
@@ -475,13 +608,7 @@ class GuardedConnection(asyncio.Protocol):
             self._arm()  # the rest must come within the header timeout, like a refused body
             return
         self._refusal_done()
-        held, self._held = bytes(self._held), bytearray()
-        if self._paused:
-            self._paused = False
-            assert self._transport is not None
-            self._transport.resume_reading()
-        if held:  # read outside the finished request's context (its request id)
-            contextvars.Context().run(self.data_received, held)
+        self._read_held()
 
     def _refuse_http2(self) -> None:
         self._sniff = None

@@ -14,11 +14,20 @@ connections pass through a guard that adds:
   after the header timeout, it would come back as a burst of reconnects in the next rush;
 - a **connection limit**: past ``max_connections`` open connections a new one is answered
   ``503`` with ``Retry-After`` and closed at once, before it costs more than its accept;
-- **idle connections make room**: once the open connections near the limit (its last
-  sixteenth, :func:`high_water`), each new connection closes the connection idle in keep-alive
-  the longest (one that has been answered and sent nothing since), so a new client is served
-  rather than refused while idle ones are held for ``keepalive_timeout``; only when none is
-  idle is the limit's 503 given;
+- **slow and idle connections make room**: once the open connections near the limit (its
+  last sixteenth, :func:`high_water`), each new connection closes the one whose head has been
+  arriving the longest, if for ``pressure_header_timeout`` at least (the header timeout under
+  pressure: a whole head comes in one round trip), else the connection idle in keep-alive the
+  longest (one that has been answered and sent nothing since), so a client that sends whole
+  requests is served rather than refused while slow or idle ones are held for their timeouts;
+  only when none is slow or idle is the limit's 503 given;
+- a **write timeout**: a connection whose answers wait in its write buffer (past the
+  transport's high-water mark) for ``write_timeout`` seconds is closed, its answers dropped;
+  while they wait, nothing more is answered on it at the protocol level;
+- a **memory budget** (:class:`~model_runtime.server.budget.ByteBudget`): a request body
+  not yet in hand counts its ``Content-Length`` (a chunked one the largest body) against
+  ``memory_budget`` bytes for the whole server until its request is over; a request past it is
+  answered 503 at once, its body skipped, not buffered;
 - **admission at the protocol level** (:attr:`ConnectionGuard.head_admission`): the head of
   a request that arrives on a connection idle in keep-alive is read as soon as it is in, and
   its admission decided from it, once. A refused one (an infer request over its model's
@@ -53,6 +62,7 @@ from aiohttp.web_protocol import RequestHandler
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from model_runtime.server.access import RateLimitedLog
+from model_runtime.server.budget import DEFAULT_BUDGET, ByteBudget, budget_message, budget_refusal
 from model_runtime.server.client_connection import AIOHTTP_STATE, H2_PREFACE, GuardedConnection
 from model_runtime.server.fdlimit import default_max_connections
 
@@ -105,10 +115,24 @@ class ConnectionLimits:
     keepalive_timeout: float = 75.0
     max_connections: int | None = None
     retry_after: int = 1
+    pressure_header_timeout: float = 1.0
+    write_timeout: float = 30.0
+    memory_budget: int = DEFAULT_BUDGET
 
     def __post_init__(self) -> None:
-        if not self.header_timeout > 0 or not self.keepalive_timeout > 0:
-            raise ValueError("header_timeout and keepalive_timeout must be > 0")
+        timeouts = (
+            self.header_timeout,
+            self.keepalive_timeout,
+            self.pressure_header_timeout,
+            self.write_timeout,
+        )
+        if not all(t > 0 for t in timeouts):
+            raise ValueError(
+                "header_timeout, keepalive_timeout, pressure_header_timeout and "
+                "write_timeout must be > 0"
+            )
+        if self.memory_budget < 1:
+            raise ValueError(f"memory_budget must be >= 1, got {self.memory_budget}")
         if self.max_connections is not None and self.max_connections < 1:
             raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
 
@@ -123,9 +147,13 @@ def _refusal(limit: int, retry_after: int) -> bytes:
 
 
 class ConnectionGuard:
-    """The state the guard keeps for one server: its open connections and counters."""
+    """The state the guard keeps for one server: its open connections and counters.
 
-    def __init__(self, limits: ConnectionLimits) -> None:
+    ``budget``: the memory budget of bytes in flight, when shared with another front end
+    (default: its own, of ``limits.memory_budget`` bytes).
+    """
+
+    def __init__(self, limits: ConnectionLimits, budget: ByteBudget | None = None) -> None:
         self.limits = limits
         self.limit = limits.max_connections or default_max_connections()
         self.high_water = high_water(self.limit)
@@ -133,6 +161,10 @@ class ConnectionGuard:
         self.open: dict[RequestHandler, GuardedConnection] = {}
         #: Connections idle in keep-alive, longest idle first (dicts keep insertion order).
         self.idle: dict[GuardedConnection, None] = {}
+        #: Connections with a head (or a refused body) under the header timeout, oldest first.
+        self.heads: dict[GuardedConnection, None] = {}
+        self.budget = budget or ByteBudget(limits.memory_budget)
+        self.budget_refusal = budget_refusal(self.budget.limit, limits.retry_after)
         self.refused = 0
         #: Admission decided from plain request heads (see :data:`HeadAdmission` and
         #: :meth:`GuardedConnection._refuse_early`). None: the app decides on every request.
@@ -145,11 +177,36 @@ class ConnectionGuard:
         self.early_refused = 0
         self._state_checked = False
         self.idle_closed = 0
+        self.slow_closed = 0  # late heads closed near the limit
+        self.write_timeouts = 0
         self.header_timeouts = 0
         self.idle_timeouts = 0  # new connections that sent nothing within keepalive_timeout
         self.limit_log = RateLimitedLog("connection_limit_reached")
         self.http2_log = RateLimitedLog("http2_preface_refused")
         self.idle_log = RateLimitedLog("idle_connections_closed_near_limit")
+        self.slow_log = RateLimitedLog("slow_connections_closed_near_limit")
+        self.budget_log = RateLimitedLog("memory_budget_spent")
+
+    def make_room(self, now: float) -> bool:
+        """Near the limit: close the connection whose head has been arriving the longest, if
+        for ``pressure_header_timeout`` at least (loop time ``now``), else the one idle in
+        keep-alive the longest. False if none is slow or idle."""
+        heads = self.heads
+        patience = self.limits.pressure_header_timeout
+        while heads:
+            conn = next(iter(heads))
+            began = conn.head_began()
+            if began is None:
+                del heads[conn]
+                continue
+            if now - began < patience:
+                break
+            del heads[conn]
+            conn.close_slow()
+            self.slow_closed += 1
+            self.slow_log(limit=self.limit, open=len(self.open))
+            return True
+        return self.close_idle()
 
     def close_idle(self) -> bool:
         """Close the connection idle in keep-alive the longest; False if none is idle."""
@@ -178,13 +235,27 @@ class ConnectionGuard:
             "model_runtime_http_connections_closed",
             "HTTP connections closed by the server: a head not complete within the header "
             "timeout (header_timeout), a new connection silent for the keep-alive timeout "
-            "(silent), the longest idle keep-alive one near the connection limit (near_limit)",
+            "(silent), the longest idle keep-alive one near the connection limit (near_limit), "
+            "the longest arriving head near it (slow_near_limit), answers not taken within the "
+            "write timeout (write_timeout)",
             labels=["reason"],
         )
         closed.add_metric(["header_timeout"], self.header_timeouts)
         closed.add_metric(["silent"], self.idle_timeouts)
         closed.add_metric(["near_limit"], self.idle_closed)
+        closed.add_metric(["slow_near_limit"], self.slow_closed)
+        closed.add_metric(["write_timeout"], self.write_timeouts)
         yield closed
+        yield GaugeMetricFamily(
+            "model_runtime_http_bytes_in_flight",
+            "Request body bytes counted against the memory budget (announced, not yet done)",
+            value=self.budget.in_use,
+        )
+        yield CounterMetricFamily(
+            "model_runtime_http_requests_refused_memory_budget",
+            "Requests answered 503 because their bodies did not fit the memory budget",
+            value=self.budget.refused,
+        )
         if self.fast is not None:
             yield CounterMetricFamily(
                 "model_runtime_requests_answered_at_protocol_level",
@@ -211,17 +282,41 @@ class ConnectionGuard:
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        """Tells the connection its request head is complete (the header timeout stops)."""
+        """Tells the connection its request head is complete (the header timeout stops), and
+        holds its body's bytes against the memory budget while it runs."""
         conn = self.open.get(request.protocol)
         if conn is None:
             return await handler(request)  # type: ignore[no-any-return]
         admitted = conn.request_started()
-        if admitted is not None:
-            request[ADMITTED] = admitted
+        size = self._in_flight(request)
         try:
-            return await handler(request)  # type: ignore[no-any-return]
+            if size and not self.budget.take(size):
+                if admitted is not None:
+                    admitted.withdraw()
+                self.budget_log(limit=self.budget.limit)
+                return web.json_response(
+                    {"error": budget_message(self.budget.limit)},
+                    status=503,
+                    headers={"Retry-After": str(self.limits.retry_after)},
+                )
+            if admitted is not None:
+                request[ADMITTED] = admitted
+            try:
+                return await handler(request)  # type: ignore[no-any-return]
+            finally:
+                if size:
+                    self.budget.give(size)
         finally:
             conn.request_finished(request.content)
+
+    def _in_flight(self, request: web.Request) -> int:
+        """The bytes of ``request``'s body still to come (counted whole: its Content-Length,
+        or the largest body when chunked); 0 when all of it came with its head."""
+        content = request.content
+        if content.is_eof():
+            return 0
+        length = request.content_length
+        return self.early_max_body if length is None else length
 
 
 class _GuardedServer(web.Server):
