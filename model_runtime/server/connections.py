@@ -159,9 +159,8 @@ class ConnectionGuard:
         self.high_water = high_water(self.limit)
         self.refusal = _refusal(self.limit, limits.retry_after)
         self.open: dict[RequestHandler, GuardedConnection] = {}
-        #: Connections idle in keep-alive since (loop time), longest idle first (dicts keep
-        #: insertion order).
-        self.idle: dict[GuardedConnection, float] = {}
+        #: Connections idle in keep-alive, longest idle first (dicts keep insertion order).
+        self.idle: dict[GuardedConnection, None] = {}
         #: Connections with a head (or a refused body) under the header timeout, oldest first.
         self.heads: dict[GuardedConnection, None] = {}
         self.budget = budget or ByteBudget(limits.memory_budget)
@@ -189,47 +188,31 @@ class ConnectionGuard:
         self.budget_log = RateLimitedLog("memory_budget_spent")
 
     def make_room(self, now: float) -> bool:
-        """Near the limit: close one connection (loop time ``now``), the first there is of:
-        the one whose head has been arriving the longest, for ``pressure_header_timeout`` at
-        least; the one idle in keep-alive the longest, for as long at least; the one whose
-        head has been arriving the longest; the one idle the longest. (A client that sends
-        whole requests on its connection is the last to lose it.) False if none is slow or
-        idle."""
-        patience = self.limits.pressure_header_timeout
-        return (
-            self._close_slow(now - patience)
-            or self.close_idle(now - patience)
-            or self._close_slow(now)
-            or self.close_idle()
-        )
-
-    def _close_slow(self, began_by: float) -> bool:
-        """Close the connection whose head has been arriving the longest if it began by
-        ``began_by`` (loop time); False if none did."""
+        """Near the limit: close the connection whose head has been arriving the longest, if
+        for ``pressure_header_timeout`` at least (loop time ``now``), else the one idle in
+        keep-alive the longest. False if none is slow or idle."""
         heads = self.heads
+        patience = self.limits.pressure_header_timeout
         while heads:
             conn = next(iter(heads))
             began = conn.head_began()
             if began is None:
                 del heads[conn]
                 continue
-            if began > began_by:
-                return False
+            if now - began < patience:
+                break
             del heads[conn]
             conn.close_slow()
             self.slow_closed += 1
             self.slow_log(limit=self.limit, open=len(self.open))
             return True
-        return False
+        return self.close_idle()
 
-    def close_idle(self, since: float = float("inf")) -> bool:
-        """Close the connection idle in keep-alive the longest, if idle since ``since``
-        (loop time; default: any); False if none is."""
+    def close_idle(self) -> bool:
+        """Close the connection idle in keep-alive the longest; False if none is idle."""
         idle = self.idle
         while idle:
-            conn, began = next(iter(idle.items()))
-            if began > since:
-                return False
+            conn = next(iter(idle))
             del idle[conn]
             if conn.is_idle():
                 conn.close_idle()
