@@ -151,7 +151,7 @@ class GuardedConnection(asyncio.Protocol):
             transport.close()
             return
         guard.open[self._inner] = self
-        guard.idle[self] = None  # idle until its first request, closed first near the limit
+        guard.idle[self] = self._loop.time()  # idle until its first request
         self._arm(guard.limits.keepalive_timeout)
         self._inner.connection_made(transport)
 
@@ -297,7 +297,7 @@ class GuardedConnection(asyncio.Protocol):
             self._arm()  # the next head began while this request ran: it has the timeout
         idle = self._guard.idle
         idle.pop(self, None)
-        idle[self] = None  # newest idle last: the oldest is closed first
+        idle[self] = self._loop.time()  # newest idle last: the oldest is closed first
 
     def is_idle(self) -> bool:
         """Waiting in keep-alive for a next request: answered, nothing sent since (aiohttp's
@@ -455,7 +455,7 @@ class GuardedConnection(asyncio.Protocol):
         self._answered = True
         idle = self._guard.idle
         idle.pop(self, None)
-        idle[self] = None
+        idle[self] = now
         inner: Any = self._inner  # aiohttp's keep-alive clock restarts, as after its answers
         close = inner._next_keepalive_close_time = now + inner._keepalive_timeout
         # ... and its timer with it: one that fired while a request ran here was put off to

@@ -159,8 +159,9 @@ class ConnectionGuard:
         self.high_water = high_water(self.limit)
         self.refusal = _refusal(self.limit, limits.retry_after)
         self.open: dict[RequestHandler, GuardedConnection] = {}
-        #: Connections idle in keep-alive, longest idle first (dicts keep insertion order).
-        self.idle: dict[GuardedConnection, None] = {}
+        #: Connections idle in keep-alive since (loop time), longest idle first (dicts keep
+        #: insertion order).
+        self.idle: dict[GuardedConnection, float] = {}
         #: Connections with a head (or a refused body) under the header timeout, oldest first.
         self.heads: dict[GuardedConnection, None] = {}
         self.budget = budget or ByteBudget(limits.memory_budget)
@@ -188,25 +189,39 @@ class ConnectionGuard:
         self.budget_log = RateLimitedLog("memory_budget_spent")
 
     def make_room(self, now: float) -> bool:
-        """Near the limit: close the connection whose head has been arriving the longest, if
-        for ``pressure_header_timeout`` at least (loop time ``now``), else the one idle in
-        keep-alive the longest. False if none is slow or idle."""
+        """Near the limit: close one connection (loop time ``now``): the one whose head has
+        been arriving the longest if for ``pressure_header_timeout`` at least; else the one
+        idle in keep-alive the longest, or that head if it began before that one was idle.
+        (A client that sends whole requests on its connection is the last to lose it; a
+        head under way is closed only in place of an idle connection.) False if none is
+        idle or slow."""
+        began = self._oldest_head()
+        if began is not None and now - began >= self.limits.pressure_header_timeout:
+            return self._close_slow()
+        idle_since = next(iter(self.idle.values()), None)
+        if began is not None and idle_since is not None and began <= idle_since:
+            return self._close_slow()
+        return self.close_idle()
+
+    def _oldest_head(self) -> float | None:
+        """When the head arriving the longest began (loop time); None when none is."""
         heads = self.heads
-        patience = self.limits.pressure_header_timeout
         while heads:
             conn = next(iter(heads))
             began = conn.head_began()
-            if began is None:
-                del heads[conn]
-                continue
-            if now - began < patience:
-                break
+            if began is not None:
+                return began
             del heads[conn]
-            conn.close_slow()
-            self.slow_closed += 1
-            self.slow_log(limit=self.limit, open=len(self.open))
-            return True
-        return self.close_idle()
+        return None
+
+    def _close_slow(self) -> bool:
+        """Close the connection whose head has been arriving the longest (there is one)."""
+        conn = next(iter(self.heads))
+        del self.heads[conn]
+        conn.close_slow()
+        self.slow_closed += 1
+        self.slow_log(limit=self.limit, open=len(self.open))
+        return True
 
     def close_idle(self) -> bool:
         """Close the connection idle in keep-alive the longest; False if none is idle."""
