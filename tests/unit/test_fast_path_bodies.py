@@ -20,7 +20,7 @@ from test_server_app import FakeRunner, W
 
 from model_runtime.runner_config import ModelRunnerConfig
 from model_runtime.server.app import InferenceServer, ServerOptions
-from model_runtime.server.connections import ConnectionLimits, GuardedAppRunner
+from model_runtime.server.connections import ConnectionGuard, ConnectionLimits, GuardedAppRunner
 from model_runtime.server.fastpath import FastInfer
 from model_runtime.server.repository import ModelRepository, RunnerLike
 
@@ -29,6 +29,9 @@ pytestmark = pytest.mark.timeout(20)
 
 class NotedFast(FastInfer):
     """The protocol-level path, noting when it took a request (``took``)."""
+
+    guard: ConnectionGuard
+    fake: FakeRunner
 
     def __init__(self, server: InferenceServer) -> None:
         super().__init__(server, access_log=False)
@@ -65,6 +68,7 @@ async def guarded(
         )
         runner.guard.head_admission = server.admission.at_head
         fast = runner.guard.fast = NotedFast(server)
+        fast.guard, fast.fake = runner.guard, fake  # for tests that look inside
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
