@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections import deque
 from typing import TYPE_CHECKING, Any, cast
 
 from aiohttp.web_protocol import RequestHandler
 
-from model_runtime.server.heads import MAX_HEAD_BYTES, Framer, plain_head
+from model_runtime.server.heads import Framer, plain_head
+from model_runtime.server.held import HeldBytes
 
 if TYPE_CHECKING:
     from model_runtime.server.admission import ModelAdmission
@@ -81,8 +81,6 @@ class GuardedConnection(asyncio.Protocol):
         "_fresh",
         "_guard",
         "_held",
-        "_held_at",
-        "_held_size",
         "_inner",
         "_loop",
         "_paused",
@@ -121,12 +119,9 @@ class GuardedConnection(asyncio.Protocol):
         self._answered = False  # a request of it was answered here (then idle is not silent)
         self._admitted: Admitted | None = None  # the admission of the head given to aiohttp
         # A request answered at the protocol level (guard.fast): its task, and the bytes that
-        # arrive meanwhile (read once it is answered, in order): the chunks as they came,
-        # never joined or sliced per request; the first is unread from ``_held_at``.
+        # arrive meanwhile (read once it is answered, in order).
         self._fast: asyncio.Task[None] | None = None
-        self._held: deque[bytes] = deque()
-        self._held_at = 0
-        self._held_size = 0
+        self._held = HeldBytes()
         self._reserved = 0  # bytes of the memory budget its body holds
         # Its body while it arrives (the task awaits ``_body_due``), and the bytes still due.
         self._body = bytearray()
@@ -510,10 +505,8 @@ class GuardedConnection(asyncio.Protocol):
             self._body = bytearray(memoryview(data)[start:])
             self._body_size = length
             self._body_due = due
-        elif end < len(data):  # the rest waits for the answer: held as it is, not copied
-            self._held.appendleft(data)
-            self._held_at = end
-            self._held_size += len(data) - end
+        else:  # the rest waits for the answer: held as it is, not copied
+            self._held.put_back(data, end)
         return -1
 
     def _fill_body(self, data: bytes, pos: int) -> int:
@@ -534,13 +527,8 @@ class GuardedConnection(asyncio.Protocol):
     def _hold(self, data: bytes, pos: int) -> None:
         """Keep ``data[pos:]`` until the request answered here is; past :data:`_HOLD_LIMIT`
         held, the connection is not read meanwhile."""
-        if not self._held:
-            self._held_at = pos
-            self._held.append(data)
-        else:
-            self._held.append(data[pos:] if pos else data)
-        self._held_size += len(data) - pos
-        if self._held_size > _HOLD_LIMIT and not self._paused and self._transport is not None:
+        self._held.add(data, pos)
+        if self._held.size > _HOLD_LIMIT and not self._paused and self._transport is not None:
             self._paused = True
             self._transport.pause_reading()
 
@@ -553,26 +541,12 @@ class GuardedConnection(asyncio.Protocol):
                 break
             if self._fast is None and self._write_paused:
                 break
-            data, pos = held.popleft(), self._held_at
-            self._held_at = 0
-            self._held_size -= len(data) - pos
             if self._body_due is not None:
-                pos = self._fill_body(data, pos)
-            else:
-                # A head cut between two chunks: the two are joined (its bytes are copied
-                # once more, not the chunk's).
-                while held and len(data) - pos < MAX_HEAD_BYTES and data.find(b"\r\n\r\n", pos) < 0:
-                    more = held.popleft()
-                    self._held_size -= len(more)
-                    data, pos = data[pos:] + more, 0
-                # Read outside the finished request's context (its request id).
-                contextvars.Context().run(self._receive, data, pos)
-                continue
-            if pos < len(data):
-                held.appendleft(data)
-                self._held_at = pos
-                self._held_size += len(data) - pos
-        if self._paused and self._held_size <= _HOLD_LIMIT and not self._closed:
+                data, pos = held.take()
+                held.put_back(data, self._fill_body(data, pos))
+            else:  # read outside the finished request's context (its request id)
+                contextvars.Context().run(self._receive, *held.take_head())
+        if self._paused and held.size <= _HOLD_LIMIT and not self._closed:
             self._paused = False
             assert self._transport is not None
             self._transport.resume_reading()

@@ -71,7 +71,7 @@ async def test_a_pipelining_client_is_not_read_past_the_hold_limit(tmp_path: Pat
             await asyncio.sleep(0.01)
         assert conn._paused
         # Held: the hold limit, and what the read that passed it brought (256 KiB at most).
-        assert conn._held_size <= client_connection._HOLD_LIMIT + (256 << 10)
+        assert conn._held.size <= client_connection._HOLD_LIMIT + (256 << 10)
         gate.set()
         for i in range(n):  # then all of them are read and answered, in order
             status, head, _ = await _answer_with_head(reader)
