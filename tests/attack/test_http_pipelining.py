@@ -68,3 +68,15 @@ def test_a_pipelining_connection_does_not_slow_the_others(daemon: Daemon, reads:
     stop = threading.Event()
     client, growth = run_attack(daemon, _pipeliner(daemon, stop, reads=reads), stop, seconds=3)
     assert_served(client, growth, daemon)
+
+
+@pytest.mark.long
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("reads", [True, False], ids=["reads", "never-reads"])
+def test_a_pipelining_connection_for_20_s_does_not_slow_the_others(
+    daemon: Daemon, reads: bool
+) -> None:
+    """The issue's run: 20 s of attack (the memory it held grew with time)."""
+    stop = threading.Event()
+    client, growth = run_attack(daemon, _pipeliner(daemon, stop, reads=reads), stop, seconds=20)
+    assert_served(client, growth, daemon)
