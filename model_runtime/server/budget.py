@@ -1,10 +1,12 @@
-"""The memory budget of bytes in flight: request bodies being received, shared by the front ends.
+"""The memory budget of bytes in flight (request bodies being received, answers waiting for
+their client to take them), shared by the front ends.
 
 A request whose body has not all arrived holds memory the client decides on: thirty clients
 that each send most of a 64 MiB body and stop hold two gigabytes. Each front end takes a
 body's announced size from one :class:`ByteBudget` before it buffers the body, and gives it
-back when the request is over; past the budget a new request is refused at once (503 with
-``Retry-After``, :func:`budget_refusal`), never buffered.
+back when the request is over; answers a client does not take are charged while they wait
+(they are already made: :meth:`ByteBudget.charge` cannot refuse). Past the budget a new
+request is refused at once (503 with ``Retry-After``, :func:`budget_refusal`), never buffered.
 """
 
 from __future__ import annotations
@@ -40,8 +42,12 @@ class ByteBudget:
         self.in_use += size
         return True
 
+    def charge(self, size: int) -> None:
+        """Count ``size`` bytes already held (answers waiting), past the budget or not."""
+        self.in_use += size
+
     def give(self, size: int) -> None:
-        """Give back ``size`` bytes taken by :meth:`take`."""
+        """Give back ``size`` bytes taken by :meth:`take` or :meth:`charge`."""
         self.in_use -= size
 
 

@@ -91,6 +91,7 @@ class GuardedConnection(asyncio.Protocol):
         "_sniff",
         "_timer",
         "_transport",
+        "_write_charged",
         "_write_paused",
         "_write_timer",
     )
@@ -132,6 +133,7 @@ class GuardedConnection(asyncio.Protocol):
         # The transport's write buffer is past its high-water mark since the timer was set.
         self._write_paused = False
         self._write_timer: asyncio.TimerHandle | None = None
+        self._write_charged = 0  # its answers waiting, charged to the memory budget
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport = cast(asyncio.Transport, transport)  # uvloop's: no subclass
@@ -222,9 +224,7 @@ class GuardedConnection(asyncio.Protocol):
     def connection_lost(self, exc: BaseException | None) -> None:
         self._closed = True
         self._stop_timer()
-        if self._write_timer is not None:
-            self._write_timer.cancel()
-            self._write_timer = None
+        self._write_done()
         self._held.clear()
         if self._fast is not None:
             self._fast.cancel()  # the client went away: so does its request
@@ -244,18 +244,29 @@ class GuardedConnection(asyncio.Protocol):
         if self._write_timer is None:
             timeout = self._guard.limits.write_timeout
             self._write_timer = self._loop.call_later(timeout, self._write_expired)
+        if self._transport is not None and not self._write_charged:
+            self._write_charged = self._transport.get_write_buffer_size()
+            self._guard.budget.charge(self._write_charged)
         self._inner.pause_writing()
 
     def resume_writing(self) -> None:
         if self._refused:
             return
+        self._write_done()
+        self._inner.resume_writing()
+        if self._fast is None and self._held:
+            self._read_held()
+
+    def _write_done(self) -> None:
+        """Its answers are taken (or dropped with it): the write timer stops, the budget is
+        given back what they were charged."""
         self._write_paused = False
         if self._write_timer is not None:
             self._write_timer.cancel()
             self._write_timer = None
-        self._inner.resume_writing()
-        if self._fast is None and self._held:
-            self._read_held()
+        if self._write_charged:
+            self._guard.budget.give(self._write_charged)
+            self._write_charged = 0
 
     def _write_expired(self) -> None:
         """Answers not taken within the write timeout: the connection ends (its answers

@@ -26,8 +26,9 @@ connections pass through a guard that adds:
   while they wait, nothing more is answered on it at the protocol level;
 - a **memory budget** (:class:`~model_runtime.server.budget.ByteBudget`): a request body
   not yet in hand counts its ``Content-Length`` (a chunked one the largest body) against
-  ``memory_budget`` bytes for the whole server until its request is over; a request past it is
-  answered 503 at once, its body skipped, not buffered;
+  ``memory_budget`` bytes for the whole server until its request is over, and answers waiting
+  past a write buffer's high-water mark count while they wait; a request past it is answered
+  503 at once, its body skipped, not buffered;
 - **admission at the protocol level** (:attr:`ConnectionGuard.head_admission`): the head of
   a request that arrives on a connection idle in keep-alive is read as soon as it is in, and
   its admission decided from it, once. A refused one (an infer request over its model's

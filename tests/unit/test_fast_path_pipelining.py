@@ -2,8 +2,9 @@
 memory budget, in process over a fake runner with the daemon's guard and protocol-level path
 (issue 41): pipelined requests are answered in order, each read where it lies in the bytes
 that came (never from a copy of all that followed it); what a connection sends ahead is
-bounded; answers not taken within the write timeout end the connection; a body not in hand
-past the budget is refused at once, on either path, and its bytes are given back."""
+bounded; answers not taken within the write timeout end the connection (while they wait they
+are charged to the memory budget); a body not in hand past the budget is refused at once, on
+either path, and its bytes are given back."""
 
 from __future__ import annotations
 
@@ -93,7 +94,9 @@ async def test_answers_not_taken_within_the_write_timeout_end_the_connection(
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         request = _request(body=body)
         ended = False
+        charged = 0  # the answers waiting, charged to the memory budget
         for _ in range(20000):  # sent and never read, until the server ends it
+            charged = max(charged, fast.guard.budget.in_use)
             writer.write(request * 10)
             try:
                 await asyncio.wait_for(writer.drain(), 0.05)
@@ -110,6 +113,12 @@ async def test_answers_not_taken_within_the_write_timeout_end_the_connection(
             await asyncio.sleep(0.01)
         assert fast.guard.write_timeouts == 1 or ended
         assert fast.guard.write_timeouts == 1
+        assert charged >= 64 << 10  # past the write buffer's high-water mark
+        for _ in range(300):
+            if not fast.guard.budget.in_use:
+                break
+            await asyncio.sleep(0.01)
+        assert fast.guard.budget.in_use == 0  # given back with the connection
         with pytest.raises((ConnectionError, asyncio.IncompleteReadError)):
             while True:  # what it sent before, then the end
                 await asyncio.wait_for(_answer(reader), 5)
