@@ -55,6 +55,7 @@ AIOHTTP_STATE = (
     "_keepalive_timeout",
     "_keepalive_handle",
     "_process_keepalive",
+    "_buffer_paused",
 )
 
 _NEVER = float("inf")
@@ -160,7 +161,9 @@ class GuardedConnection(asyncio.Protocol):
             pos = self._fill_body(data, 0)
             if pos == len(data):
                 return
-        if self._fast is not None or self._held:  # read once the request before is answered
+        # Read once the request before is answered, and its client takes its answers: until
+        # then aiohttp is not given more requests to answer either.
+        if self._fast is not None or self._held or self._write_paused:
             self._hold(data, pos)
             return
         self._receive(data, pos)
@@ -539,9 +542,9 @@ class GuardedConnection(asyncio.Protocol):
         """Keep ``data[pos:]`` until the request answered here is; past :data:`_HOLD_LIMIT`
         held, the connection is not read meanwhile."""
         self._held.add(data, pos)
-        if self._held.size > _HOLD_LIMIT and not self._paused and self._transport is not None:
+        if self._held.size > _HOLD_LIMIT and self._transport is not None:
             self._paused = True
-            self._transport.pause_reading()
+            self._transport.pause_reading()  # again if aiohttp resumed it meanwhile
 
     def _read_held(self) -> None:
         """Read the bytes held, in order, until a request is answered here again (the rest
@@ -557,8 +560,11 @@ class GuardedConnection(asyncio.Protocol):
                 held.put_back(data, self._fill_body(data, pos))
             else:  # read outside the finished request's context (its request id)
                 contextvars.Context().run(self._receive, *held.take_head())
+        inner: Any = self._inner
         if self._paused and held.size <= _HOLD_LIMIT and not self._closed:
             self._paused = False
+            if getattr(inner, "_buffer_paused", False):
+                return  # aiohttp paused it too (its queue of requests is full): it resumes
             assert self._transport is not None
             self._transport.resume_reading()
 
