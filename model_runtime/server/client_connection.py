@@ -7,9 +7,12 @@ timeouts (one lazily moved timer), its place among the idle keep-alive connectio
 HTTP/2 preface sniff, admission decided from a plain request head (a refusal answered from
 prebuilt bytes, its body skipped as it arrives), and the admitted infer requests answered at
 the protocol level (:mod:`.fastpath`), with the bytes that arrive meanwhile held until each is
-answered so the connection keeps its order. Everything else is handed to aiohttp as it
-arrives; :class:`~model_runtime.server.heads.Framer` follows those bytes, so a head is read
-here only where a message starts.
+answered so the connection keeps its order (:class:`~model_runtime.server.held.HeldBytes`,
+read where they lie; past :data:`_HOLD_LIMIT` the connection is not read). While its client
+does not take its answers (the write buffer past its high-water mark) what it sends is held
+too, and past the write timeout the connection is closed. Everything else is handed to
+aiohttp as it arrives; :class:`~model_runtime.server.heads.Framer` follows those bytes, so a
+head is read here only where a message starts.
 """
 
 from __future__ import annotations
