@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -173,46 +172,3 @@ async def test_a_body_past_the_memory_budget_is_refused_at_once_and_given_back(
         for _, w in (first, third):
             w.close()
 
-
-@pytest.mark.parametrize("target", [INFER, ENCODED], ids=["protocol-level", "aiohttp"])
-async def test_answers_a_client_does_not_take_stop_its_requests_being_read(
-    tmp_path: Path, target: str
-) -> None:
-    rows = [[float(i)] * 4 for i in range(64)]
-    body = json.dumps(
-        {"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [64, 4], "data": rows}]}
-    ).encode()
-    request = _request(body=body, target=target)
-    async with guarded(tmp_path) as (port, fast):
-        # Small socket buffers both ends, so that a few hundred requests fill them.
-        sock = socket.socket()
-        for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
-            sock.setsockopt(socket.SOL_SOCKET, option, 8192)
-        sock.setblocking(False)
-        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
-        _, writer = await asyncio.open_connection(sock=sock)
-        for _ in range(500):  # until the server has it
-            if fast.guard.open:
-                break
-            await asyncio.sleep(0.01)
-        (conn,) = fast.guard.open.values()
-        assert conn._transport is not None
-        server_sock = conn._transport.get_extra_info("socket")
-        for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
-            server_sock.setsockopt(socket.SOL_SOCKET, option, 8192)
-        stalled = 0
-        for _ in range(2000):  # sent, never read, until the server stops reading
-            writer.write(request * 10)
-            try:
-                await asyncio.wait_for(writer.drain(), 0.05)
-                stalled = 0
-            except TimeoutError:
-                stalled += 1
-                if stalled == 10:
-                    break
-        assert stalled == 10
-        # Its answers waiting: the write buffer's high-water mark, and the answers to what
-        # aiohttp had read before (32 requests at most), not one per request sent.
-        assert conn._transport is not None
-        assert conn._transport.get_write_buffer_size() < 1 << 20
-        writer.close()
