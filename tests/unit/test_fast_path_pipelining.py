@@ -171,4 +171,3 @@ async def test_a_body_past_the_memory_budget_is_refused_at_once_and_given_back(
         assert (await _answer(third[0]))[0] == 200
         for _, w in (first, third):
             w.close()
-
