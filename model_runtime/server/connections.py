@@ -327,12 +327,15 @@ class ConnectionGuard:
 
     def _in_flight(self, request: web.Request) -> int:
         """The bytes of ``request``'s body still to come (counted whole: its Content-Length,
-        or the largest body when chunked); 0 when all of it came with its head."""
+        or the largest body when chunked); 0 when all of it came with its head, or when it is
+        larger than any body read (the app refuses it unread: 400 in Triton's words)."""
         content = request.content
         if content.is_eof():
             return 0
         length = request.content_length
-        return self.early_max_body if length is None else length
+        if length is None:
+            return self.early_max_body
+        return 0 if length > self.early_max_body else length
 
 
 class _GuardedServer(web.Server):
