@@ -13,7 +13,7 @@ import pytest
 from test_daemon_support import MODEL, Daemon, infer_doc, running, samples, wait_for
 
 from model_runtime.server.daemon.options import DaemonOptions
-from model_runtime.server.http.guard import H2_PREFACE
+from model_runtime.server.http.connection import H2_PREFACE
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 HEADER_TIMEOUT = 1.0  # shortened for the test; the default is pinned below

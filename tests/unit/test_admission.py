@@ -13,7 +13,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
 from model_runtime.server.http.admitting import admission_middleware
-from model_runtime.server.http.guard import GuardedAppRunner
+from model_runtime.server.http.runner import GuardedAppRunner
 from model_runtime.server.inference.admission import (
     DEFAULT_QUEUE_DELAY,
     LAG_HOLD,

@@ -20,8 +20,9 @@ from test_server_app import FakeRunner, W
 
 from model_runtime.runner_config import ModelRunnerConfig
 from model_runtime.server.http.fastpath import FastInfer
-from model_runtime.server.http.guard import ConnectionLimits, GuardedAppRunner
+from model_runtime.server.http.guard import ConnectionGuard, ConnectionLimits
 from model_runtime.server.http.routes import HttpFrontEnd
+from model_runtime.server.http.runner import GuardedAppRunner
 from model_runtime.server.inference.plane import DataPlane, ServerOptions
 from model_runtime.server.repository.repository import ModelRepository
 from model_runtime.server.serving import RunnerLike
@@ -31,6 +32,9 @@ pytestmark = pytest.mark.timeout(20)
 
 class NotedFast(FastInfer):
     """The protocol-level path, noting when it took a request (``took``)."""
+
+    guard: ConnectionGuard
+    fake: FakeRunner
 
     def __init__(self, plane: DataPlane) -> None:
         super().__init__(plane, access_log=False)
@@ -67,6 +71,7 @@ async def guarded(
         )
         runner.guard.head_admission = plane.admission.at_head
         fast = runner.guard.fast = NotedFast(plane)
+        fast.guard, fast.fake = runner.guard, fake  # for tests that look inside
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()

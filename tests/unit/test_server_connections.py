@@ -18,14 +18,10 @@ import pytest
 import structlog
 from aiohttp import web
 
-from model_runtime.server.http.guard import (
-    ADMITTED,
-    H2_PREFACE,
-    ConnectionLimits,
-    GuardedAppRunner,
-    high_water,
-)
+from model_runtime.server.http.connection import H2_PREFACE
+from model_runtime.server.http.guard import ADMITTED, ConnectionLimits, high_water
 from model_runtime.server.http.heads import Framer
+from model_runtime.server.http.runner import GuardedAppRunner
 from model_runtime.server.security.fdlimit import FD_RESERVE, default_max_connections
 
 pytestmark = pytest.mark.timeout(60)
@@ -605,3 +601,16 @@ async def test_the_rest_of_an_unread_body_after_its_answer_leaves_the_connection
         assert await _response(reader) == (200, b"/b")
         assert runner.guard.header_timeouts == 0
         writer.close()
+
+
+def test_descriptors_are_shared_with_grpc_and_http_keeps_its_cap() -> None:
+    from model_runtime.server.security.fdlimit import DescriptorShares
+
+    # The soft limit the daemon usually runs with (raised to a large hard limit): HTTP's cap,
+    # and more than that for gRPC.
+    big = DescriptorShares.of_limit(1 << 20)
+    assert big.http == 4096 and big.grpc >= 4096
+    # The default 1,024 (not raised): a quarter of what is left for gRPC, the rest HTTP's.
+    small = DescriptorShares.of_limit(1024)
+    assert small.grpc == (1024 - FD_RESERVE) // 4
+    assert small.http + small.grpc + FD_RESERVE == 1024

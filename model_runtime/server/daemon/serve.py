@@ -45,8 +45,9 @@ from model_runtime.server.grpc.server import (
     start_grpc_server,
 )
 from model_runtime.server.http.fastpath import FastInfer
-from model_runtime.server.http.guard import ConnectionLimits, GuardedAppRunner
+from model_runtime.server.http.guard import ConnectionLimits
 from model_runtime.server.http.routes import HttpFrontEnd
+from model_runtime.server.http.runner import GuardedAppRunner
 from model_runtime.server.inference.admission import LoopLag
 from model_runtime.server.inference.plane import DataPlane, ServerOptions
 from model_runtime.server.observability.logwriter import BatchedLogWriter

@@ -7,24 +7,27 @@ timeouts (one lazily moved timer), its place among the idle keep-alive connectio
 HTTP/2 preface sniff, admission decided from a plain request head (a refusal answered from
 prebuilt bytes, its body skipped as it arrives), and the admitted infer requests answered at
 the protocol level (:mod:`.fastpath`), with the bytes that arrive meanwhile held until each is
-answered so the connection keeps its order. Everything else is handed to aiohttp as it
-arrives; :class:`~model_runtime.server.http.heads.Framer` follows those bytes, so a head is read
-here only where a message starts.
+answered so the connection keeps its order (:class:`~model_runtime.server.http.held.HeldBytes`,
+read where they lie; past :data:`_HOLD_LIMIT` the connection is not read). While its client
+does not take its answers (the write buffer past its high-water mark) what it sends is held
+too, and past the write timeout the connection is closed. Everything else is handed to
+aiohttp as it arrives; :class:`~model_runtime.server.http.heads.Framer` follows those bytes, so a
+head is read here only where a message starts.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 from typing import TYPE_CHECKING, Any, cast
 
 from aiohttp.web_protocol import RequestHandler
 
 from model_runtime.server.http.heads import Framer, plain_head
+from model_runtime.server.http.held import HeldBytes
+from model_runtime.server.http.pipelined import _NEVER, ProtocolLevelAnswers
 
 if TYPE_CHECKING:
     from model_runtime.server.http.guard import Admitted, ConnectionGuard
-    from model_runtime.server.inference.admission import ModelAdmission
 
 __all__ = ["AIOHTTP_STATE", "H2_PREFACE", "GuardedConnection"]
 
@@ -54,41 +57,24 @@ AIOHTTP_STATE = (
     "_keepalive_timeout",
     "_keepalive_handle",
     "_process_keepalive",
+    "_buffer_paused",
 )
 
-_NEVER = float("inf")
-#: Bytes held from a client while a request of its connection is answered at the protocol
-#: level (a pipelining client): past it, its connection is not read until the answer is out.
-_HOLD_LIMIT = 1 << 20
 
-
-class GuardedConnection(asyncio.Protocol):
+class GuardedConnection(ProtocolLevelAnswers, asyncio.Protocol):
     """One client connection: aiohttp's protocol, behind the guard's checks."""
 
     __slots__ = (
-        "_admitted",
         "_answered",
-        "_body",
-        "_body_due",
-        "_body_size",
-        "_busy",
-        "_closed",
         "_deadline",
-        "_fast",
         "_finished",
         "_framer",
-        "_fresh",
-        "_guard",
-        "_held",
-        "_inner",
-        "_loop",
-        "_paused",
         "_payload",
         "_refused",
-        "_skip",
         "_sniff",
         "_timer",
-        "_transport",
+        "_write_charged",
+        "_write_timer",
     )
 
     def __init__(self, guard: ConnectionGuard, inner: RequestHandler) -> None:
@@ -117,19 +103,24 @@ class GuardedConnection(asyncio.Protocol):
         # A request answered at the protocol level (guard.fast): its task, and the bytes that
         # arrive meanwhile (read once it is answered, in order).
         self._fast: asyncio.Task[None] | None = None
-        self._held = bytearray()
+        self._held = HeldBytes()
+        self._reserved = 0  # bytes of the memory budget its body holds
         # Its body while it arrives (the task awaits ``_body_due``), and the bytes still due.
         self._body = bytearray()
         self._body_due: asyncio.Future[bytearray] | None = None
         self._body_size = 0
         self._paused = False
         self._closed = False
+        # The transport's write buffer is past its high-water mark since the timer was set.
+        self._write_paused = False
+        self._write_timer: asyncio.TimerHandle | None = None
+        self._write_charged = 0  # its answers waiting, charged to the memory budget
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport = cast(asyncio.Transport, transport)  # uvloop's: no subclass
         guard = self._guard
         if len(guard.open) >= guard.high_water:
-            guard.close_idle()
+            guard.make_room(self._loop.time())
         if len(guard.open) >= guard.limit:
             self._refused = True
             guard.refused += 1
@@ -138,34 +129,38 @@ class GuardedConnection(asyncio.Protocol):
             transport.close()
             return
         guard.open[self._inner] = self
-        guard.idle[self] = None  # idle until its first request, closed first near the limit
+        guard.idle[self] = self._loop.time()  # idle until its first request
         self._arm(guard.limits.keepalive_timeout)
         self._inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
-        if self._fast is not None:  # the request answered here: its body, then what follows
-            if self._body_due is not None:
-                data = self._fill_body(data)
-                if not data:
-                    return
-            self._held += data
-            if len(self._held) > _HOLD_LIMIT and not self._paused and self._transport:
-                self._paused = True
-                self._transport.pause_reading()
+        pos = 0
+        if self._body_due is not None:  # the body of the request answered here
+            pos = self._fill_body(data, 0)
+            if pos == len(data):
+                return
+        # Read once the request before is answered, and its client takes its answers: until
+        # then aiohttp is not given more requests to answer either.
+        if self._fast is not None or self._held or self._write_paused:
+            self._hold(data, pos)
             return
+        self._receive(data, pos)
+
+    def _receive(self, data: bytes, pos: int) -> None:
+        """Read ``data`` from ``pos`` (nothing before it is read or copied)."""
         if self._skip:
-            if len(data) <= self._skip:
-                self._skip -= len(data)
+            if len(data) - pos <= self._skip:
+                self._skip -= len(data) - pos
                 if not self._skip:
                     self._refusal_done()
                 return
-            data = data[self._skip :]
+            pos += self._skip
             self._skip = 0
             self._refusal_done()
         if self._sniff is not None:
-            seen = self._sniff + data
+            seen = self._sniff + (data[pos:] if pos else data)
             if H2_PREFACE[:_H2_SNIFF].startswith(seen[:_H2_SNIFF]):
                 if len(seen) < _H2_SNIFF:
                     self._sniff = seen  # a prefix of the preface: wait for more
@@ -175,20 +170,24 @@ class GuardedConnection(asyncio.Protocol):
                     return
                 self._refuse_http2()
                 return
-            self._sniff, data = None, seen
+            self._sniff, data, pos = None, seen, 0
         plain = None  # data's plain head, once read here
         if self._guard.head_admission is not None:
             framer = self._framer
-            while data.startswith(b"POST /") and framer.at_boundary and self._quiet():
-                plain = plain_head(data, self._guard.early_max_body)
-                taken = self._refuse_early(data, plain)
-                if not taken:
-                    if self._admitted is not None and self._answer_fast(data, plain):
+            while data.startswith(b"POST /", pos) and framer.at_boundary and self._quiet():
+                plain = plain_head(data, self._guard.early_max_body, pos)
+                taken = self._refuse_early(data, pos, plain)
+                if not taken and self._admitted is not None:
+                    taken = self._answer_fast(data, pos, plain)
+                    if taken < 0:
                         return
+                if not taken:
                     break
-                data, plain = data[taken:], None
-            if not data:
+                pos, plain = pos + taken, None
+            if pos == len(data):
                 return
+        if pos:
+            data = data[pos:]  # for aiohttp: copied once, as it reads on from here
         if self._fresh:  # the first byte of a head (a whole one refused above needs no timer)
             self._head_begins()
         self._guard.idle.pop(self, None)  # the next request: not idle any more
@@ -208,6 +207,8 @@ class GuardedConnection(asyncio.Protocol):
     def connection_lost(self, exc: BaseException | None) -> None:
         self._closed = True
         self._stop_timer()
+        self._write_done()
+        self._held.clear()
         if self._fast is not None:
             self._fast.cancel()  # the client went away: so does its request
         self._withdraw()
@@ -218,12 +219,48 @@ class GuardedConnection(asyncio.Protocol):
         self._inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
-        if not self._refused:
-            self._inner.pause_writing()
+        """The client does not take its answers as fast as they come: nothing more is
+        answered here until it does, and it must within the write timeout."""
+        if self._refused:
+            return
+        self._write_paused = True
+        if self._write_timer is None:
+            timeout = self._guard.limits.write_timeout
+            self._write_timer = self._loop.call_later(timeout, self._write_expired)
+        if self._transport is not None and not self._write_charged:
+            self._write_charged = self._transport.get_write_buffer_size()
+            self._guard.budget.charge(self._write_charged)
+        self._inner.pause_writing()
 
     def resume_writing(self) -> None:
-        if not self._refused:
-            self._inner.resume_writing()
+        if self._refused:
+            return
+        self._write_done()
+        self._inner.resume_writing()
+        if self._fast is None and self._held:
+            self._read_held()
+
+    def _write_done(self) -> None:
+        """Its answers are taken (or dropped with it): the write timer stops, the budget is
+        given back what they were charged."""
+        self._write_paused = False
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+        if self._write_charged:
+            self._guard.budget.give(self._write_charged)
+            self._write_charged = 0
+
+    def _write_expired(self) -> None:
+        """Answers not taken within the write timeout: the connection ends (its answers
+        are dropped, not kept for a client that does not read them)."""
+        self._write_timer = None
+        if self._closed or not self._write_paused:
+            return
+        self._guard.write_timeouts += 1
+        self._inner.force_close()
+        if self._transport is not None:
+            self._transport.abort()  # close() would wait for the buffer to drain
 
     # -- the header timeout --------------------------------------------------------------------
 
@@ -249,7 +286,7 @@ class GuardedConnection(asyncio.Protocol):
             self._arm()  # the next head began while this request ran: it has the timeout
         idle = self._guard.idle
         idle.pop(self, None)
-        idle[self] = None  # newest idle last: the oldest is closed first
+        idle[self] = self._loop.time()  # newest idle last: the oldest is closed first
 
     def is_idle(self) -> bool:
         """Waiting in keep-alive for a next request: answered, nothing sent since (aiohttp's
@@ -271,6 +308,19 @@ class GuardedConnection(asyncio.Protocol):
         self._guard.open.pop(self._inner, None)
         self._inner.force_close()  # closes the transport; connection_lost follows
 
+    def head_began(self) -> float | None:
+        """When (loop time) the head (or refused body) now under the header timeout began;
+        None when none is."""
+        if self._busy or self._deadline == _NEVER:
+            return None
+        return self._deadline - self._guard.limits.header_timeout
+
+    def close_slow(self) -> None:
+        """Close this connection, whose head is late, to make room near the limit."""
+        self._stop_timer()
+        self._guard.open.pop(self._inner, None)
+        self._inner.force_close()  # closes the transport; connection_lost follows
+
     def _head_begins(self) -> None:
         """The first byte of a head on an idle connection: it must be complete within the
         header timeout (no longer the idle one)."""
@@ -282,9 +332,13 @@ class GuardedConnection(asyncio.Protocol):
         header timeout). Returns the loop's time now."""
         loop = self._loop
         now = loop.time()
-        self._deadline = deadline = now + (
-            self._guard.limits.header_timeout if seconds is None else seconds
-        )
+        guard = self._guard
+        heads = guard.heads
+        heads.pop(self, None)
+        if seconds is None:
+            seconds = guard.limits.header_timeout
+            heads[self] = None  # a head (or a refused body) on its way: newest last
+        self._deadline = deadline = now + seconds
         timer = self._timer
         if timer is not None:
             if timer.when() <= deadline:
@@ -295,9 +349,11 @@ class GuardedConnection(asyncio.Protocol):
 
     def _disarm(self) -> None:
         self._deadline = _NEVER  # a pending timer lapses when it fires
+        self._guard.heads.pop(self, None)
 
     def _stop_timer(self) -> None:
         self._deadline = _NEVER
+        self._guard.heads.pop(self, None)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -311,6 +367,7 @@ class GuardedConnection(asyncio.Protocol):
             self._timer = self._loop.call_at(deadline, self._expire)
             return
         self._deadline = _NEVER
+        self._guard.heads.pop(self, None)
         if not self._busy:
             if self._fresh:
                 if not self._answered:  # after an answer: a keep-alive close, as aiohttp's
@@ -343,8 +400,8 @@ class GuardedConnection(asyncio.Protocol):
             and not self._transport.get_write_buffer_size()
         )
 
-    def _refuse_early(self, data: bytes, head: tuple[bytes, int, int] | None) -> int:
-        """Decide on ``data``'s head if it opens with a plain one (``head``: what
+    def _refuse_early(self, data: bytes, pos: int, head: tuple[bytes, int, int] | None) -> int:
+        """Decide on the head at ``data[pos:]`` if it is a plain one (``head``: what
         :func:`plain_head` said of it). Refused: answer it and return the bytes it takes (head
         and the body present; the rest of the body is skipped as it comes). Else 0: for
         aiohttp, with the admission it was given (if any) kept for it."""
@@ -359,19 +416,24 @@ class GuardedConnection(asyncio.Protocol):
         if not isinstance(answer, bytes):
             self._admitted = answer
             return 0
-        _, head_size, length = head
         self._guard.early_refused += 1
+        return self._refuse(answer, len(data) - pos, head)
+
+    def _refuse(self, answer: bytes, present: int, head: tuple[bytes, int, int]) -> int:
+        """Answer the request of ``head`` with ``answer``; ``present``: its bytes in hand
+        (from its head on). Returns those it takes: the rest of its body is skipped."""
+        _, head_size, length = head
         assert self._transport is not None
         self._transport.write(answer)
         taken = head_size + length
-        if taken <= len(data):
+        if taken <= present:
             self._refusal_done()
             return taken
-        self._skip = taken - len(data)
+        self._skip = taken - present
         self._fresh = False
         self._guard.idle.pop(self, None)  # not idle before its body is skipped
         self._arm()  # the body must come within the header timeout, like a head
-        return len(data)
+        return present
 
     def _refusal_done(self) -> None:
         """A request answered here (refused early, its body skipped, or answered at the
@@ -382,7 +444,7 @@ class GuardedConnection(asyncio.Protocol):
         self._answered = True
         idle = self._guard.idle
         idle.pop(self, None)
-        idle[self] = None
+        idle[self] = now
         inner: Any = self._inner  # aiohttp's keep-alive clock restarts, as after its answers
         close = inner._next_keepalive_close_time = now + inner._keepalive_timeout
         # ... and its timer with it: one that fired while a request ran here was put off to
@@ -391,97 +453,6 @@ class GuardedConnection(asyncio.Protocol):
         if handle is not None and handle.when() > close:
             handle.cancel()
             inner._keepalive_handle = self._loop.call_at(close, inner._process_keepalive)
-
-    # -- requests answered at the protocol level (model_runtime.server.http.fastpath) --------------
-
-    def _answer_fast(self, data: bytes, head: tuple[bytes, int, int] | None) -> bool:
-        """Hand the admitted request at the start of ``data`` to the guard's fast path if the
-        path takes it (True: its body is read here as it arrives, and what follows it is held
-        until it is answered); else False, for aiohttp, its admission kept for it."""
-        fast = self._guard.fast
-        if fast is None or head is None:
-            return False
-        target, head_size, length = head
-        end = head_size + length
-        admitted = cast("ModelAdmission", self._admitted)  # what at_head gives (the daemon's)
-        body: bytes | asyncio.Future[bytearray]
-        if end <= len(data):
-            body = data[head_size:end]
-        else:  # the rest of the body is on its way: the request awaits it (fill_body)
-            body = asyncio.get_running_loop().create_future()
-        # The task runs from the loop's next turn (no eager task factory): the state below is
-        # set before it can answer.
-        task = fast.start(self, target, data[:head_size], body, admitted)
-        if task is None:
-            return False
-        self._admitted = None  # the fast path leaves it
-        self._fast = task
-        self._busy = True
-        self._fresh = False
-        self._disarm()
-        # aiohttp saw no request: its keep-alive close must not fire while this one runs.
-        inner: Any = self._inner
-        inner._next_keepalive_close_time = _NEVER
-        self._guard.idle.pop(self, None)
-        if isinstance(body, bytes):
-            self._held = bytearray(data[end:])
-        else:
-            self._body = bytearray(data[head_size:])
-            self._body_size = length
-            self._body_due = body
-            self._held = bytearray()
-        return True
-
-    def _fill_body(self, data: bytes) -> bytes:
-        """Add ``data`` to the body on its way; once it is whole, give it to the request
-        awaiting it. Returns what follows the body in ``data``."""
-        due = self._body_due
-        assert due is not None
-        missing = self._body_size - len(self._body)
-        self._body += data[:missing]
-        if len(self._body) < self._body_size:
-            return b""
-        self._body_due = None
-        if not due.done():  # not given up on (its body timeout)
-            due.set_result(self._body)
-        self._body = bytearray()
-        return data[missing:]
-
-    def fast_answer(self, answer: bytes | list[bytes], close: bool = False) -> None:
-        """Write the answer of the request answered at the protocol level; ``close``: then
-        close the connection (its body did not arrive in time: the stream is lost)."""
-        transport = self._transport
-        if self._closed or transport is None or transport.is_closing():
-            return
-        if isinstance(answer, bytes):
-            transport.write(answer)
-        else:
-            transport.writelines(answer)
-        if close:
-            self._closed = True
-            transport.close()  # connection_lost follows
-
-    def fast_done(self) -> None:
-        """The request answered at the protocol level is over: the connection is idle in
-        keep-alive, and what arrived meanwhile is read now."""
-        self._fast = None
-        self._busy = False
-        transport = self._transport
-        if self._closed or transport is None or transport.is_closing():
-            return  # gone (connection_lost may still be queued): nothing held is read
-        if self._body_due is not None:  # answered before its body was all in: skip the rest
-            self._skip = self._body_size - len(self._body)
-            self._body_due, self._body = None, bytearray()
-            self._arm()  # the rest must come within the header timeout, like a refused body
-            return
-        self._refusal_done()
-        held, self._held = bytes(self._held), bytearray()
-        if self._paused:
-            self._paused = False
-            assert self._transport is not None
-            self._transport.resume_reading()
-        if held:  # read outside the finished request's context (its request id)
-            contextvars.Context().run(self.data_received, held)
 
     def _refuse_http2(self) -> None:
         self._sniff = None

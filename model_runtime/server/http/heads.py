@@ -84,27 +84,27 @@ def _body_length(head: bytes, line_end: int, *, strict: bool) -> int | None:
     return length if length >= 0 and hosts == 1 else None
 
 
-def plain_head(data: bytes, max_body: int) -> tuple[bytes, int, int] | None:
-    """``(target, head_size, body_size)`` when ``data`` opens with a plain POST head (see the
-    module docstring): the request target, the bytes of the head (blank line included) and
-    the body's ``Content-Length``; else None.
+def plain_head(data: bytes, max_body: int, start: int = 0) -> tuple[bytes, int, int] | None:
+    """``(target, head_size, body_size)`` when ``data`` opens (at ``start``: nothing before it
+    is read or copied) with a plain POST head (see the module docstring): the request target,
+    the bytes of the head (blank line included) and the body's ``Content-Length``; else None.
 
     Raises:
         nothing: any bytes give a result.
     """
-    head_end = data.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES)
+    head_end = data.find(b"\r\n\r\n", start, start + MAX_HEAD_BYTES)
     if head_end < 0:
         return None
-    line_end = data.find(b"\r\n")
-    request_line = data[:line_end].split(b" ")
+    line_end = data.find(b"\r\n", start)
+    request_line = data[start:line_end].split(b" ")
     if len(request_line) != 3 or request_line[0] != b"POST" or request_line[2] != b"HTTP/1.1":
         return None
     if request_line[1].translate(None, _VISIBLE):
         return None  # a control or non-ASCII byte in the target
-    length = _body_length(data[:head_end], line_end, strict=True)
+    length = _body_length(data[start:head_end], line_end - start, strict=True)
     if length is None or length > max_body:
         return None
-    return request_line[1], head_end + 4, length
+    return request_line[1], head_end + 4 - start, length
 
 
 class Framer:
