@@ -66,4 +66,4 @@ def test_bad_paths_during_traffic_cost_the_client_nothing(daemon: Daemon) -> Non
     assert len(sent) >= 20
     assert_served(client, growth, daemon)
     assert daemon.get("/v2/health/ready")[0] == 200
-    assert not any(e.get("event") == "grpc_listener_stopped" for e in daemon.events())
+    assert not any(e.get("event") == "listener_stopped" for e in daemon.events())

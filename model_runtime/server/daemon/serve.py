@@ -26,10 +26,10 @@ from typing import Any
 import anyio
 import orjson
 import structlog
-from aiohttp import web
 
 from model_runtime.errors import ConfigurationError, ModelRuntimeError
 from model_runtime.server.daemon.heap import GEN0_THRESHOLD, settle_heap
+from model_runtime.server.daemon.listeners import SupervisedListener
 from model_runtime.server.daemon.options import (
     DaemonOptions,
     add_serve_arguments,
@@ -37,7 +37,6 @@ from model_runtime.server.daemon.options import (
     options_from_args,
     tls_files,
 )
-from model_runtime.server.grpc.listener import SupervisedListener
 from model_runtime.server.grpc.server import (
     GrpcLimits,
     call_budget,
@@ -47,7 +46,7 @@ from model_runtime.server.grpc.server import (
 from model_runtime.server.http.fastpath import FastInfer
 from model_runtime.server.http.guard import ConnectionLimits
 from model_runtime.server.http.routes import HttpFrontEnd
-from model_runtime.server.http.runner import GuardedAppRunner
+from model_runtime.server.http.runner import GuardedAppRunner, start_site
 from model_runtime.server.inference.admission import LoopLag
 from model_runtime.server.inference.plane import DataPlane, ServerOptions
 from model_runtime.server.observability.logwriter import BatchedLogWriter
@@ -224,6 +223,7 @@ async def serve(opts: DaemonOptions) -> int:
     grpc_budget = call_budget(grpc_limits)  # kept across restarts of the listener
     plane.metrics.registry.register(grpc_budget)
     grpc_server: SupervisedListener | None = None
+    http_server: SupervisedListener | None = None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     if _log_writer is not None:
@@ -235,16 +235,20 @@ async def serve(opts: DaemonOptions) -> int:
     try:
         async with repo:
             repo.starting = True  # not ready until the models of the start are loaded (or not)
-            site = web.TCPSite(
-                runner,
-                opts.host,
-                opts.port,
-                backlog=opts.backlog,
-                reuse_port=opts.reuse_port or None,
-                ssl_context=None if http_tls is None else ssl_context(http_tls),
+            http_ssl = None if http_tls is None else ssl_context(http_tls)
+            http_server = SupervisedListener(
+                lambda port: start_site(
+                    runner,
+                    opts.host,
+                    port,
+                    backlog=opts.backlog,
+                    reuse_port=opts.reuse_port or None,
+                    ssl_context=http_ssl,
+                ),
+                lambda reason: plane.listener_changed("http", reason),
+                name="HTTP",
             )
-            await site.start()
-            port = _bound_port(runner, opts.port)
+            port = await http_server.start(opts.port)
             grpc_credentials_ = None if grpc_tls is None else grpc_credentials(grpc_tls)
             grpc_server = SupervisedListener(
                 lambda port: start_grpc_server(
@@ -287,6 +291,8 @@ async def serve(opts: DaemonOptions) -> int:
     finally:
         if grpc_server is not None:
             await grpc_server.stop(1.0)  # in-flight calls drained above; stragglers: 1 s
+        if http_server is not None:
+            await http_server.stop(None)  # supervision first: the cleanup closes its site
         await runner.cleanup()
         lag.stop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -295,13 +301,6 @@ async def serve(opts: DaemonOptions) -> int:
             _log_writer.batch_on(None)
     log.info("daemon_stopped", status=0)
     return 0
-
-
-def _bound_port(runner: web.AppRunner, default: int) -> int:
-    for addr in runner.addresses:
-        if isinstance(addr, tuple) and len(addr) >= 2:
-            return int(addr[1])
-    return default
 
 
 async def _load_until_stopped(

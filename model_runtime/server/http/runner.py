@@ -17,7 +17,7 @@ from model_runtime.server.http.connection import AIOHTTP_STATE, GuardedConnectio
 from model_runtime.server.http.guard import ConnectionGuard, ConnectionLimits
 from model_runtime.server.observability.ratelog import RateLimitedLog
 
-__all__ = ["GuardedAppRunner", "QuietParseErrors", "guarded"]
+__all__ = ["GuardedAppRunner", "QuietParseErrors", "SiteListener", "guarded", "start_site"]
 
 
 def guarded(guard: ConnectionGuard, inner: RequestHandler) -> asyncio.Protocol:
@@ -88,3 +88,39 @@ class QuietParseErrors(logging.Filter):
         logger = logging.getLogger("aiohttp.server")
         if not any(isinstance(f, cls) for f in logger.filters):
             logger.addFilter(cls())
+
+
+class SiteListener:
+    """A started HTTP site as the daemon's listener supervision sees it
+    (:class:`~model_runtime.server.daemon.listeners.SupervisedListener`): it ends when its
+    server is closed (on purpose or not), and stops by leaving its runner."""
+
+    def __init__(self, site: web.TCPSite) -> None:
+        self.site = site
+
+    async def wait_for_termination(self) -> None:
+        """Return once the site's server is closed (its connections gone)."""
+        server = self.site._server  # aiohttp's asyncio (or uvloop) Server
+        if server is not None:
+            await asyncio.shield(server.wait_closed())
+
+    async def stop(self, grace: float | None) -> None:
+        """Stop the site (its runner's shutdown covers the connections' grace)."""
+        await self.site.stop()
+
+
+async def start_site(
+    runner: web.AppRunner, host: str, port: int, **kwargs: Any
+) -> tuple[SiteListener, int]:
+    """Start an HTTP site of ``runner`` on ``host:port`` (0: a free port; ``kwargs`` as
+    ``TCPSite``'s); return it and the port it is bound to.
+
+    Raises:
+        OSError: the address cannot be bound.
+    """
+    site = web.TCPSite(runner, host, port, **kwargs)
+    await site.start()
+    server: Any = site._server
+    sockets = server.sockets if server is not None else ()
+    bound = next((s.getsockname()[1] for s in sockets), port)
+    return SiteListener(site), int(bound)

@@ -1,21 +1,22 @@
-"""The gRPC listener, supervised: a grpc.aio server that stops on its own is started again.
+"""The daemon's listeners, supervised: a listener (the gRPC server, the HTTP site) that stops on
+its own is started again.
 
 grpc.aio ends its server when its accept loop fails, and nothing in the daemon would notice:
-the port refuses connections while HTTP goes on answering. :class:`SupervisedListener` owns
-one server at a time. Its :meth:`run` waits for the server to end; an end it did not ask for
-(:meth:`stop`) is reported down with its reason (``on_change(reason)``: readiness says not
-ready with it), and the server is started again on the same port after a backoff (0.05 s,
-doubling to 5 s while starts fail; reset once a server runs for ``healthy_after`` seconds),
-then reported up (``on_change(None)``). Restarts are permanent-child restarts in the
-supervisor's vocabulary: no intensity limit gives up on the listener, since the rest of the
-daemon (HTTP) serves meanwhile; each is logged and counted.
+the port refuses connections while HTTP goes on answering (an HTTP site's server may be closed
+under it too). :class:`SupervisedListener` owns one server at a time. Its :meth:`run` waits for
+the server to end; an end it did not ask for (:meth:`stop`) is reported down with its reason
+(``on_change(reason)``: readiness says not ready with it), and the server is started again on
+the same port after a backoff (0.05 s, doubling to 5 s while starts fail; reset once a server
+runs for ``healthy_after`` seconds), then reported up (``on_change(None)``). Restarts are
+permanent-child restarts in the supervisor's vocabulary: no intensity limit gives up on a
+listener, since the rest of the daemon serves meanwhile; each is logged and counted.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -23,23 +24,35 @@ log = structlog.get_logger(__name__)
 
 __all__ = ["SupervisedListener"]
 
-#: ``start(port)``: a started grpc.aio server bound to ``port`` (0: any) and its bound port.
-StartServer = Callable[[int], Awaitable[tuple[Any, int]]]
+
+class Listening(Protocol):
+    """A started listener: a grpc.aio server, or an HTTP site
+    (:class:`~model_runtime.server.http.runner.SiteListener`)."""
+
+    async def wait_for_termination(self) -> Any: ...
+    async def stop(self, grace: float | None) -> Any: ...
+
+
+#: ``start(port)``: a started listener bound to ``port`` (0: any) and its bound port.
+StartServer = Callable[[int], Awaitable[tuple[Listening, int]]]
 
 
 class SupervisedListener:
-    """One gRPC listener, restarted when it stops on its own (see the module docstring)."""
+    """One listener, restarted when it stops on its own (see the module docstring); ``name``
+    says which in its logs and readiness reason (``gRPC``, ``HTTP``)."""
 
     def __init__(
         self,
         start: StartServer,
         on_change: Callable[[str | None], None] = lambda reason: None,
         *,
+        name: str = "gRPC",
         first_backoff: float = 0.05,
         max_backoff: float = 5.0,
         healthy_after: float = 10.0,
     ) -> None:
         self._start = start
+        self.name = name
         self._on_change = on_change
         self._first_backoff = first_backoff
         self._max_backoff = max_backoff
@@ -57,7 +70,9 @@ class SupervisedListener:
             OSError: the address cannot be bound.
         """
         self.server, self.port = await self._start(port)
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="grpc-listener")
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"{self.name}-listener"
+        )
         return self.port
 
     async def stop(self, grace: float | None) -> None:
@@ -82,8 +97,8 @@ class SupervisedListener:
                 return
             if loop.time() - began >= self._healthy_after:
                 backoff = self._first_backoff
-            self._on_change(f"the gRPC listener stopped ({reason}); restarting")
-            log.error("grpc_listener_stopped", reason=reason, port=self.port)
+            self._on_change(f"the {self.name} listener stopped ({reason}); restarting")
+            log.error("listener_stopped", listener=self.name, reason=reason, port=self.port)
             while not self._stopping:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self._max_backoff)
@@ -92,11 +107,13 @@ class SupervisedListener:
                     break
                 except OSError as exc:
                     reason = f"cannot bind: {exc}"
-                    self._on_change(f"the gRPC listener stopped ({reason}); restarting")
+                    self._on_change(f"the {self.name} listener stopped ({reason}); restarting")
             if self._stopping:
                 return
             self.restarts += 1
-            log.warning("grpc_listener_restarted", port=self.port, restarts=self.restarts)
+            log.warning(
+                "listener_restarted", listener=self.name, port=self.port, restarts=self.restarts
+            )
             self._on_change(None)
 
 

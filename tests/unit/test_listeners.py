@@ -1,5 +1,6 @@
-"""The gRPC listener is supervised: a server killed on purpose is started again on the same
-port and serves; while it is down, readiness (HTTP and gRPC) says not ready and why."""
+"""The daemon's listeners are supervised: a gRPC server killed on purpose, or an HTTP site
+closed on purpose, is started again on the same port and serves; while it is down, readiness
+says not ready and why (over the other protocol)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,16 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from model_runtime.runner import ModelRunnerConfig
-from model_runtime.server.grpc.listener import SupervisedListener
+from model_runtime.server.daemon.listeners import SupervisedListener
 from model_runtime.server.grpc.server import start_grpc_server
 from model_runtime.server.http.routes import HttpFrontEnd
+from model_runtime.server.http.runner import GuardedAppRunner, start_site
 from model_runtime.server.inference.plane import DataPlane, ServerOptions
 from model_runtime.server.repository.repository import ModelRepository
 from model_runtime.server.triton import grpc_service_pb2 as pb, grpc_service_pb2_grpc as pb_grpc
@@ -69,3 +72,51 @@ async def test_a_killed_grpc_listener_comes_back_and_is_not_ready_meanwhile(
                 assert (await http.get("/v2/health/ready")).status == 200
             finally:
                 await listener.stop(None)
+
+
+async def test_a_closed_http_site_comes_back_on_its_port_and_grpc_says_not_ready_meanwhile(
+    tmp_path: Path,
+) -> None:
+    repo = ModelRepository(ModelRunnerConfig(batching_dim=0), directory=tmp_path)
+    repo.scan()
+    async with repo:
+        plane = DataPlane(repo, ServerOptions())
+        runner = GuardedAppRunner(HttpFrontEnd(plane).app())
+        await runner.setup()
+        grpc_server, grpc_port = await start_grpc_server(plane, "127.0.0.1", 0)
+        changes: asyncio.Queue[str | None] = asyncio.Queue()
+        restart = asyncio.Event()
+        starts = 0
+
+        async def start(port: int) -> tuple[Any, int]:
+            nonlocal starts
+            starts += 1
+            if starts > 1:
+                await restart.wait()
+            return await start_site(runner, "127.0.0.1", port)
+
+        def changed(reason: str | None) -> None:
+            plane.listener_changed("http", reason)
+            changes.put_nowait(reason)
+
+        listener = SupervisedListener(start, changed, name="HTTP")
+        port = await listener.start(0)
+        try:
+            async with aiohttp.ClientSession() as session:
+                url = f"http://127.0.0.1:{port}/v2/health/ready"
+                assert (await session.get(url)).status == 200
+                site = listener.server.site
+                assert site._server is not None
+                site._server.close()  # closed on purpose
+                reason = await changes.get()
+                assert reason is not None and "HTTP listener stopped" in reason
+                assert not await ready_over_grpc(grpc_port)  # readiness says so meanwhile
+                restart.set()
+                assert await changes.get() is None
+                assert listener.restarts == 1 and listener.port == port
+                assert (await session.get(url)).status == 200  # the same port serves again
+                assert await ready_over_grpc(grpc_port)
+        finally:
+            await listener.stop(None)
+            await grpc_server.stop(None)
+            await runner.cleanup()
