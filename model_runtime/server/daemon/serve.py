@@ -20,6 +20,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -110,10 +111,14 @@ def _compiler(opts: DaemonOptions) -> Callable[..., Path]:
         cache = Path(flag) if flag else default_cache_dir()
     cache_path = str(cache)
 
-    def compile_source(path: Path, batch_size: int | None = None) -> Path:
+    def compile_source(
+        path: Path, batch_size: int | None = None, optimization_level: str | None = None
+    ) -> Path:
         # A model's own batch (its config, or the one it fixes) wins over --batch-size.
         batch = opts.batch_size if batch_size is None else batch_size
         options = CompileOptions(batch_size=batch, executable_cache_path=cache_path)
+        if optimization_level is not None:  # its config's optimization.graph.level
+            options = replace(options, optimization_level=optimization_level)
         return compile_model(path, options=options)
 
     return compile_source

@@ -62,6 +62,7 @@ from model_runtime.server.repository.lifecycle import (
 )
 from model_runtime.server.repository.python import PythonHooks, start_python_version
 from model_runtime.server.repository.versions import StartedVersion, start_version
+from model_runtime.server.repository.warmup import warm_up
 from model_runtime.server.serving import (
     RunnerFactory,
     RunnerLike,
@@ -462,20 +463,32 @@ class ModelRepository:
     ) -> StartedVersion:
         if self._tg is None:
             raise ModelRuntimeError("the model repository is not open (use `async with`)")
+        for note in settings.notes:
+            log.info("config_field_not_applied", model=entry.name, version=version, note=note)
         if settings.python:
-            return await start_python_version(
+            started = await start_python_version(
                 entry, source, settings, hooks=self.python_hooks, version=version
             )
-        return await start_version(
-            entry,
-            source,
-            settings,
-            defaults=self.config,
-            compile_source=self._compile,
-            factory=self._factory,
-            reload_device_wait=self.reload_device_wait if beside else None,
-            version=version,
-        )
+        else:
+            started = await start_version(
+                entry,
+                source,
+                settings,
+                defaults=self.config,
+                compile_source=self._compile,
+                factory=self._factory,
+                reload_device_wait=self.reload_device_wait if beside else None,
+                version=version,
+            )
+        if settings.config.model_warmup:  # before the model is ready
+            try:
+                ran = await warm_up(started.runner, settings)
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await started.runner.close()
+                raise
+            log.info("model_warmed_up", model=entry.name, version=version, requests=ran)
+        return started
 
     async def unload(self, name: str) -> None:
         """Drain and stop ``name``'s runner (in-flight requests finish first).
