@@ -29,7 +29,7 @@ from pathlib import Path
 from model_runtime.errors import ConfigurationError
 from model_runtime.server.triton import model_config_pb2 as pb
 
-__all__ = ["ORT_PARAMETERS", "Fields", "check_fields"]
+__all__ = ["ORT_PARAMETERS", "Fields", "check_complete", "check_fields"]
 
 _GPU = "only concerns GPUs, and this server runs on CPUs"
 
@@ -248,3 +248,21 @@ def _warmup(config: pb.ModelConfig, where: Path | str, *, stateful: bool) -> Non
                         f"{ti}.input_data_file",
                         "must name a file in the model directory's warmup folder",
                     )
+
+
+def check_complete(config: pb.ModelConfig, where: Path | str) -> None:
+    """With auto-complete off (Triton's ``--disable-auto-complete-config``), a model directory's
+    config must describe the model itself: its inputs and outputs (``max_batch_size`` not given
+    is 0, as in Triton).
+
+    Raises:
+        ConfigurationError: the config lacks them, naming ``where`` and what is missing.
+    """
+    missing = [name for name in ("input", "output") if not getattr(config, name)]
+    if missing:
+        raise _fail(
+            where,
+            " and ".join(missing),
+            "not given, and auto-complete is off (--disable-auto-complete-config): the config "
+            "must describe the model",
+        )
