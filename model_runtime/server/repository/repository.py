@@ -54,6 +54,7 @@ from model_runtime.server.repository.entries import (
     ModelEntry,
     ModelState,
     ModelStats,
+    resolve_in,
 )
 from model_runtime.server.repository.lifecycle import (
     close_versions,
@@ -63,7 +64,7 @@ from model_runtime.server.repository.lifecycle import (
 )
 from model_runtime.server.repository.python import PythonHooks, start_python_version
 from model_runtime.server.repository.versions import StartedVersion, start_version
-from model_runtime.server.repository.warmup import warm_up
+from model_runtime.server.repository.warmup import warm_up_or_close
 from model_runtime.server.serving import (
     RunnerFactory,
     RunnerLike,
@@ -188,7 +189,7 @@ class ModelRepository:
         Raises:
             ConfigurationError: ``name`` is in two repository directories (Triton refuses it).
         """
-        found = [f for d in self.directories if (f := _resolve_in(d, name)) is not None]
+        found = [f for d in self.directories if (f := resolve_in(d, name)) is not None]
         if len(found) > 1:
             raise ConfigurationError(
                 f"model {name!r} is in more than one model repository: {[str(f) for f in found]}"
@@ -480,7 +481,12 @@ class ModelRepository:
             log.info("config_field_not_applied", model=entry.name, version=version, note=note)
         if settings.python:
             started = await start_python_version(
-                entry, source, settings, hooks=self.python_hooks, version=version
+                entry,
+                source,
+                settings,
+                hooks=self.python_hooks,
+                version=version,
+                auto_complete=self.auto_complete,
             )
         else:
             started = await start_version(
@@ -493,14 +499,7 @@ class ModelRepository:
                 reload_device_wait=self.reload_device_wait if beside else None,
                 version=version,
             )
-        if settings.config.model_warmup:  # before the model is ready
-            try:
-                ran = await warm_up(started.runner, settings)
-            except BaseException:
-                with anyio.CancelScope(shield=True):
-                    await started.runner.close()
-                raise
-            log.info("model_warmed_up", model=entry.name, version=version, requests=ran)
+        await warm_up_or_close(started.runner, settings, entry.name, version)  # before ready
         return started
 
     async def unload(self, name: str) -> None:
@@ -560,15 +559,3 @@ class ModelRepository:
         entry.fingerprint = None
         if entry.in_directory and entry.runner is None and self._models.get(entry.name) is entry:
             del self._models[entry.name]
-
-
-def _resolve_in(directory: Path, name: str) -> Path | None:
-    """The file of ``name`` in ``directory`` (``.mrx`` first), else its model directory."""
-    for suffix in SUFFIXES:
-        candidate = (directory / f"{name}{suffix}").resolve()
-        if candidate.parent == directory and candidate.is_file():
-            return candidate
-    candidate = (directory / name).resolve()
-    if candidate.parent == directory and is_model_dir(candidate):
-        return candidate
-    return None

@@ -18,7 +18,9 @@ import struct
 from pathlib import Path
 from typing import Any
 
+import anyio
 import numpy as np
+import structlog
 
 from model_runtime.errors import ConfigurationError
 from model_runtime.server.serving import RunnerLike, innermost
@@ -27,12 +29,14 @@ from model_runtime.server.triton import model_config_pb2 as pb
 from model_runtime.server.triton.config import ModelSettings
 from model_runtime.server.triton.tensors import DATATYPES
 
-__all__ = ["WARMUP_FOLDER", "warm_up"]
+__all__ = ["WARMUP_FOLDER", "warm_up", "warm_up_or_close"]
 
 #: The folder of a model directory that holds its warm-up samples' data files.
 WARMUP_FOLDER = "warmup"
 
 _DATATYPE_NAMES = {value: name for name, value in DATATYPES.items()}
+
+log = structlog.get_logger(__name__)
 
 
 def _instances(runner: RunnerLike) -> list[int | None]:
@@ -67,6 +71,26 @@ async def warm_up(runner: RunnerLike, settings: ModelSettings) -> int:
                     raise ConfigurationError(f"{at}: the warm-up request failed: {exc}") from exc
                 ran += 1
     return ran
+
+
+async def warm_up_or_close(
+    runner: RunnerLike, settings: ModelSettings, model: str, version: str
+) -> None:
+    """:func:`warm_up` for version ``version`` of ``model`` when its config has samples;
+    ``runner`` is closed if the warm-up fails (or is cancelled).
+
+    Raises:
+        ConfigurationError: as :func:`warm_up`.
+    """
+    if not settings.config.model_warmup:
+        return
+    try:
+        ran = await warm_up(runner, settings)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await runner.close()
+        raise
+    log.info("model_warmed_up", model=model, version=version, requests=ran)
 
 
 def _batch(config: pb.ModelConfig, sample: pb.ModelWarmup) -> list[int]:
