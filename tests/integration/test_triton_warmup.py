@@ -24,8 +24,11 @@ from model_runtime.server.serving import innermost
 
 pytestmark = [pytest.mark.timeout(120)]
 
-# The shape of configs posted in Triton's issues for ONNX models on onnxruntime (TensorRT
-# accelerator, CUDA graphs, pinned memory, thread parameters, a zero-data warm-up).
+# A config as Triton's users post them for ONNX models on onnxruntime: the `optimization` block
+# (TensorRT accelerator, FP16, workspace size) and a `model_warmup` list as in
+# triton-inference-server/server#4293 ("ONNX with TensorRT Optimization (ORT-TRT) Warmup"),
+# the warm-up sample's form as in #1795, with CUDA graphs, pinned memory and onnxruntime's
+# thread parameters (its backend's README) added.
 POSTED = """
 name: "m"
 platform: "onnxruntime_onnx"
