@@ -43,6 +43,15 @@ def test_the_metrics_port_serves_what_the_http_port_serves(tmp_path: Path) -> No
         assert d.get("/metrics")[0] == 200  # and on the HTTP port, as before
 
 
+def test_the_metrics_port_is_restricted_as_the_http_port_is(tmp_path: Path) -> None:
+    with running(tmp_path, "--http-restricted-api=statistics:metrics-key=s3cret") as d:
+        url = f"http://127.0.0.1:{d.metrics_port}/metrics"
+        assert http("GET", url)[0] == 403  # without the header
+        request = urllib.request.Request(url, headers={"metrics-key": "s3cret"})
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            assert resp.status == 200
+
+
 def test_listeners_and_metrics_turned_off(tmp_path: Path) -> None:
     with running(tmp_path, "--allow-metrics=false", "--allow-grpc=false") as d:
         assert (d.metrics_port, d.grpc_port) == (0, 0)  # not listening
