@@ -153,6 +153,9 @@ def test_the_log_file_and_verbosity(tmp_path: Path) -> None:
         ("--model-load-thread-count=0", "--model-load-thread-count must be >= 1"),
         ("--metrics-port=70000", "--metrics-port must be in 0..65535"),
         ("--log-error=false", "errors are always logged"),
+        ("--cache-config=local,size=1048576", "--cache-config: the response cache is not built"),
+        ("--trace-config=mode=opentelemetry", "--trace-config: tracing is not built yet"),
+        ("--metrics-config=summary_latencies=true", "--metrics-config: metric summaries"),
     ],
 )
 def test_values_we_cannot_honour_are_refused_at_start(line: str, said: str) -> None:

@@ -22,6 +22,7 @@ from model_runtime.errors import ConfigurationError
 
 __all__ = [
     "ACCEPTED",
+    "NOT_YET",
     "TritonFlags",
     "add_bool",
     "add_triton_arguments",
@@ -61,6 +62,13 @@ ACCEPTED: Mapping[str, str] = {
     "backend-directory": "the backends (onnxruntime, python) are built in",
     "repoagent-directory": "repository agents are not run",
     "http-thread-count": "HTTP is served on the event loop",
+}
+
+#: Triton's flags for what is not built yet: refused at start, saying so.
+NOT_YET: Mapping[str, str] = {
+    "cache-config": "the response cache is not built yet",
+    "trace-config": "tracing is not built yet",
+    "metrics-config": "metric summaries and histograms are not built yet",
 }
 
 #: Triton's metrics port (``--metrics-port 0``: a free one, as ``--port 0``).
@@ -151,6 +159,8 @@ def add_triton_arguments(parser: argparse.ArgumentParser) -> None:
              "models' configs are not completed from the model: each config.pbtxt gives "
              "max_batch_size, input and output")  # fmt: skip
     add_bool(a, "strict-model-config", "Triton's older name of --disable-auto-complete-config")
+    for name, why in NOT_YET.items():
+        a(f"--{name}", action="append", metavar="VALUE", help=f"refused: {why}")
     add_bool(a, "allow-gpu-metrics", f"accepted: {_GPU}")
     for name, why in ACCEPTED.items():
         a(f"--{name}", action="append", metavar="VALUE", help=f"accepted: {why}")
@@ -166,6 +176,10 @@ def read_triton_flags(args: argparse.Namespace) -> TritonFlags:
 
     def given(name: str) -> Any:
         return getattr(args, name, None)
+
+    for name, why in NOT_YET.items():
+        if given(name.replace("-", "_")):
+            raise ConfigurationError(f"--{name}: {why}")
 
     for name in ("allow_http", "allow_grpc", "allow_metrics", "exit_on_error"):
         if given(name) is not None:
