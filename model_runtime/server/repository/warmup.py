@@ -1,6 +1,7 @@
 """A model's ``model_warmup`` samples, run at load before the model is ready (Triton's
 warm-up): each sample ``count`` times (at least once) on every instance, in the order the config
-lists them. A sample that fails fails the load, as in Triton.
+lists them, each round one request to every instance at once. A sample that fails fails the
+load, as in Triton.
 
 A sample's inputs are ``[batch_size] + dims`` for a batched model (``dims`` alone without a
 batch axis), of its ``data_type``, filled with zeros (empty strings for ``TYPE_STRING``),
@@ -64,13 +65,30 @@ async def warm_up(runner: RunnerLike, settings: ModelSettings) -> int:
             for name, tensor in sorted(sample.inputs.items())
         }
         for _ in range(max(1, sample.count)):
-            for instance in instances:
-                try:
-                    await runner.execute(inputs, replica_id=instance)
-                except Exception as exc:
-                    raise ConfigurationError(f"{at}: the warm-up request failed: {exc}") from exc
-                ran += 1
+            why = await _round(runner, inputs, instances)
+            if why is not None:
+                raise ConfigurationError(f"{at}: the warm-up request failed: {why}") from why
+            ran += len(instances)
     return ran
+
+
+async def _round(
+    runner: RunnerLike, inputs: dict[str, np.ndarray[Any, Any]], instances: list[int | None]
+) -> Exception | None:
+    """One request to every instance at once (a runner that picks the instance itself, a
+    python model's least loaded one, spreads them too); the first failure, or None."""
+    failed: list[Exception] = []
+
+    async def one(instance: int | None) -> None:
+        try:
+            await runner.execute(inputs, replica_id=instance)
+        except Exception as exc:
+            failed.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        for instance in instances:
+            tg.start_soon(one, instance)
+    return failed[0] if failed else None
 
 
 async def warm_up_or_close(
