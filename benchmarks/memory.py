@@ -102,7 +102,8 @@ def point(paths: list[Path], models: int, replicas: int, workdir: Path) -> dict[
     run.mkdir(parents=True, exist_ok=True)
     cmd = [
         sys.executable, "-m", "model_runtime.server", "--port", str(port), "--grpc-port", "0",
-        "--no-access-log", "--log-format", "json", "--replicas", str(replicas),
+        "--metrics-port", "0", "--no-access-log", "--log-format", "json",
+        "--replicas", str(replicas),
         "--batch-size", str(BATCH), "--executable-cache", str(workdir / "cache"), *copies,
     ]  # fmt: skip
     env = {"MODEL_RUNTIME_DEVICES": DEVICES, "MODEL_RUNTIME_DIR": str(run / "locks")}

@@ -89,7 +89,8 @@ def ours(
     workdir.mkdir(parents=True, exist_ok=True)
     cmd = [
         sys.executable, "-m", "model_runtime.server", "--host", "127.0.0.1",
-        "--port", str(http), "--grpc-port", str(grpc), "--no-access-log", "--log-format", "json",
+        "--port", str(http), "--grpc-port", str(grpc), "--metrics-port", "0", "--no-access-log",
+        "--log-format", "json",
         "--replicas", "1", "--batch-size", str(BATCH), "--executable-cache", str(workdir / "cache"),
         *options, f"{MODEL_NAME}={model}",
     ]  # fmt: skip

@@ -144,6 +144,8 @@ def daemon(
     ]  # fmt: skip
     if _has_option("--grpc-port"):  # gRPC beside HTTP: on a free port, never the default 8001
         cmd[3:3] = ["--grpc-port", "0"]
+    if _has_option("--metrics-port"):  # the metrics listener too, never Triton's 8002
+        cmd[3:3] = ["--metrics-port", "0"]
     env = {
         "MODEL_RUNTIME_DEVICES": devices,
         # Device locks of its own: other test runs on this machine hold the default ones.

@@ -36,6 +36,8 @@ class Daemon:
     port: int
     log_path: Path
     grpc_port: int = 0
+    #: The metrics listener's port (0: none).
+    metrics_port: int = 0
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
@@ -100,8 +102,8 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
 def start_daemon(
     tmp_path: Path, *args: str, wait_ready: bool = True, env: dict[str, str] | None = None
 ) -> Daemon:
-    """Start ``python -m model_runtime.server --port 0 --grpc-port 0 ARGS`` (with ``env`` over
-    this process's environment) and wait until it is ready."""
+    """Start ``python -m model_runtime.server --port 0 --grpc-port 0 --metrics-port 0 ARGS``
+    (with ``env`` over this process's environment) and wait until it is ready."""
     log_path = tmp_path / f"daemon-{time.monotonic_ns()}.log"
     env = dict(os.environ) | (env or {})
     env.setdefault("XDG_CACHE_HOME", str(tmp_path.parent / "xdg-cache"))
@@ -109,7 +111,7 @@ def start_daemon(
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "model_runtime.server", "--port", "0", "--grpc-port", "0",
-             "--log-format", "json", *args],
+             "--metrics-port", "0", "--log-format", "json", *args],
             stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=env,
         )  # fmt: skip
     daemon = Daemon(proc, 0, log_path)
@@ -120,8 +122,9 @@ def start_daemon(
                 raise AssertionError(f"daemon exited {proc.returncode}:\n{log_path.read_text()}")
             for e in daemon.events():
                 if e.get("event") == "daemon_listening":
-                    daemon.port = int(e["port"])
-                    daemon.grpc_port = int(e["grpc_port"])
+                    daemon.port = int(e["port"] or 0)
+                    daemon.grpc_port = int(e["grpc_port"] or 0)
+                    daemon.metrics_port = int(e.get("metrics_port") or 0)
                     return True
             return False
 

@@ -87,5 +87,6 @@ def test_exposed_ports_are_the_daemons_ports() -> None:
     args = exec_form("ENTRYPOINT")[2:] + exec_form("CMD")
     opts = options_from_args(serve_parser().parse_args(args))
     defaults = DaemonOptions()
-    # Metrics are served on the HTTP port (/metrics): no third port.
-    assert exposed == {opts.port, opts.grpc_port} == {defaults.port, defaults.grpc_port}
+    # Metrics are served on the HTTP port (/metrics) and on Triton's metrics port.
+    ports = {opts.port, opts.grpc_port, opts.triton.metrics_port}
+    assert exposed == ports == {defaults.port, defaults.grpc_port, defaults.triton.metrics_port}

@@ -110,6 +110,49 @@ def test_without_settings_the_server_defaults_stay(tmp_path: Path) -> None:
             "timeout_action",
         ),
         ("max_batch_size: 2 parameters { key: 'k' value { string_value: 'v' } }", "parameters"),
+        (
+            "parameters { key: 'intra_op_thread_count' value { string_value: 'four' } }",
+            "parameters['intra_op_thread_count']: 'four' is not an integer",
+        ),
+        ("ensemble_scheduling { }", "ensemble_scheduling"),
+        ("response_cache { enable: true }", "response_cache.enable: the response cache is not"),
+        ("metric_tags { key: 'team' value: 'a' }", "metric_tags"),
+        ("model_metrics { metric_control [ { } ] }", "model_metrics"),
+        ("max_batch_size: 2 batch_input [ { target_name: 'n' } ]", "batch_input: ragged"),
+        (
+            "max_batch_size: 2 input [ { name: 'x' data_type: TYPE_FP32 dims: [ -1 ] "
+            "allow_ragged_batch: true } ]",
+            "input[0].allow_ragged_batch",
+        ),
+        (
+            "input [ { name: 'x' data_type: TYPE_INT32 dims: [ 2 ] is_shape_tensor: true } ]",
+            "input[0].is_shape_tensor",
+        ),
+        ("instance_group [ { passive: true } ]", "instance_group[0].passive"),
+        (
+            "optimization { execution_accelerators { cpu_execution_accelerator [ "
+            "{ name: 'openvino' } ] } }",
+            "cpu_execution_accelerator[0]: 'openvino' is not available",
+        ),
+        ("optimization { graph { level: 7 } }", "optimization.graph.level"),
+        ("model_operations { op_library_filename: [ 'libx.so' ] }", "op_library_filename"),
+        ("model_repository_agents { agents [ { name: 'checksum' } ] }", "repository agents"),
+        ("runtime: 'libtriton_pytorch.so'", "runtime"),
+        (
+            "max_batch_size: 2 model_warmup [ { name: 'w' batch_size: 3 inputs { key: 'x' "
+            "value { data_type: TYPE_FP32 dims: [ 1 ] zero_data: true } } } ]",
+            "model_warmup[0].batch_size: must be in 1..max_batch_size (2)",
+        ),
+        (
+            "max_batch_size: 2 model_warmup [ { name: 'w' batch_size: 1 inputs { key: 'x' "
+            "value { data_type: TYPE_FP32 dims: [ 1 ] } } } ]",
+            "give zero_data, random_data or input_data_file",
+        ),
+        (
+            "max_batch_size: 2 model_warmup [ { name: 'w' batch_size: 1 inputs { key: 'x' "
+            "value { data_type: TYPE_FP32 dims: [ 1 ] input_data_file: '../x' } } } ]",
+            "input_data_file",
+        ),
         ('name: "other"', "name"),
     ],
 )
@@ -121,6 +164,40 @@ def test_an_unknown_or_unsupported_field_is_an_error_naming_file_and_field(
         parse_pbtxt(path, "m")
     assert str(path) in str(info.value)
     assert field in str(info.value)
+
+
+def test_settings_that_only_concern_gpus_are_accepted_and_said_not_to_apply(
+    tmp_path: Path,
+) -> None:
+    text = """
+    max_batch_size: 2
+    optimization {
+      graph { level: -1 }
+      cuda { graphs: true }
+      execution_accelerators { gpu_execution_accelerator [ { name: "tensorrt" } ] }
+    }
+    instance_group [ { count: 1 kind: KIND_CPU host_policy: "numa0"
+                       rate_limiter { resources [ { name: "R" count: 1 } ] } } ]
+    parameters { key: "intra_op_thread_count" value { string_value: "4" } }
+    parameters { key: "execution_mode" value { string_value: "0" } }
+    cc_model_filenames { key: "7.5" value: "model.onnx" }
+    response_cache { enable: false }
+    runtime: "libtriton_onnxruntime.so"
+    """
+    s = parse_pbtxt(write(tmp_path, text), "m")
+    assert s.optimization_level == "basic"
+    said = "\n".join(s.notes)
+    for field in (
+        "optimization.cuda",
+        "gpu_execution_accelerator",
+        "instance_group[0].rate_limiter",
+        "instance_group[0].host_policy",
+        "parameters['intra_op_thread_count'] = '4'",
+        "cc_model_filenames",
+    ):
+        assert field in said
+    assert "execution_mode" not in said  # sequential, as here: nothing to say
+    assert len(s.notes) == 6
 
 
 def test_the_toml_carries_the_same_fields(tmp_path: Path) -> None:
@@ -204,7 +281,10 @@ def test_the_served_config_has_tritons_json_shape(tmp_path: Path) -> None:
             "data_type": "TYPE_FP32",
             "format": "FORMAT_NONE",
             "dims": [4],
+            "is_shape_tensor": False,
+            "allow_ragged_batch": False,
             "optional": False,
+            "is_non_linear_format_io": False,
         }
     ]
     assert doc["output"][0]["dims"] == [4]
@@ -214,7 +294,18 @@ def test_the_served_config_has_tritons_json_shape(tmp_path: Path) -> None:
     assert db["max_queue_delay_microseconds"] == 250
     assert db["default_queue_policy"]["default_timeout_microseconds"] == 20000
     assert db["preferred_batch_size"] == [4]
-    assert doc["instance_group"] == [{"name": "m", "kind": "KIND_CPU", "count": 3, "gpus": []}]
+    assert doc["instance_group"] == [
+        {
+            "name": "m",
+            "kind": "KIND_CPU",
+            "count": 3,
+            "gpus": [],
+            "profile": [],
+            "passive": False,
+            "secondary_devices": [],
+            "host_policy": "",
+        }
+    ]
     assert doc["version_policy"] == {"specific": {"versions": [1, 3]}}
 
 

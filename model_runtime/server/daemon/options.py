@@ -22,6 +22,13 @@ from typing import Any
 
 from model_runtime.errors import ConfigurationError
 from model_runtime.runner_config import ModelRunnerConfig
+from model_runtime.server.daemon.tritonflags import (
+    TritonFlags,
+    add_bool,
+    add_triton_arguments,
+    read_triton_flags,
+    truth,
+)
 from model_runtime.server.security import tls as security
 from model_runtime.server.security.restrict import GROUPS, GRPC_KEY_PREFIX, Restrictions
 from model_runtime.server.security.tls import TLSFiles
@@ -61,6 +68,8 @@ class DaemonOptions:
 
     models: list[str] = field(default_factory=list)
     model_repository: Path | None = None
+    #: Further repository directories (Triton's repeated ``--model-repository``).
+    more_repositories: list[Path] = field(default_factory=list)
     host: str = "127.0.0.1"
     port: int = 8000
     #: The gRPC listener's port (on ``host``, like HTTP); 0 picks a free one.
@@ -112,6 +121,8 @@ class DaemonOptions:
     #: ``use_ssl_mutual`` (Triton's gRPC flags; HTTP's in the same style).
     grpc_tls: dict[str, Any] = field(default_factory=dict)
     http_tls: dict[str, Any] = field(default_factory=dict)
+    #: Triton's flags beyond ours (listeners, metrics port, start-up loads, log file...).
+    triton: TritonFlags = field(default_factory=TritonFlags)
     runner: ModelRunnerConfig = field(
         default_factory=lambda: ModelRunnerConfig(
             batching_dim=0,
@@ -127,9 +138,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``serve`` options to ``parser`` (every default is None: see precedence)."""
     a = parser.add_argument
     a("models", nargs="*", metavar="MODEL", help="an .mrx or .onnx file, as PATH or NAME=PATH")
-    a("--model-repository", metavar="DIR", help="a directory of NAME.mrx / NAME.onnx files")
+    a("--model-repository", "--model-store", action="append", metavar="DIR",
+      help="a directory of models (NAME.mrx / NAME.onnx files, Triton model directories); "
+      "repeatable")  # fmt: skip
     a("--host", help="address to bind (default 127.0.0.1)")
-    a("--port", type=int, help="port to bind (default 8000; 0 picks a free one)")
+    a("--port", "--http-port", dest="port", type=int,
+      help="HTTP port to bind (default 8000; 0 picks a free one)")  # fmt: skip
     a("--grpc-port", type=int,
       help="gRPC port (Triton's GRPCInferenceService) on --host (8001; 0: a free one)")  # fmt: skip
     a("--replicas", type=int, help="replicas per model (default 1)")
@@ -138,8 +152,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     a("--fault-plan", help='inject faults, e.g. "recoverable:every=50" (default: none)')
     a("--batch-timeout", type=float, help="seconds before a partial batch flushes (0.002)")
     a("--execution-timeout", type=float, help="seconds a device run may take before a reset")
-    a("--auto-reset", action=argparse.BooleanOptionalAction, default=None,
-      help="reset a failed device and retry (default on)")  # fmt: skip
+    add_bool(a, "auto-reset", "reset a failed device and retry (default on)")
     a("--max-retries", type=int, help="retries of a request after device resets")
     a("--request-timeout", type=float, help="seconds per request before 504 (default 60)")
     a("--max-body-size", "--http-max-input-size", dest="max_body_size", type=int,
@@ -148,19 +161,24 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     a("--keepalive-timeout", type=float, help="seconds an idle connection stays open (75)")
     a("--max-connections", type=int, help="open connections before 503 (default: from ulimit)")
     a("--backlog", type=int, help="listen backlog for bursts of new connections (2048)")
-    a("--reuse-port", action=argparse.BooleanOptionalAction, default=None,
-      help="bind the HTTP and gRPC ports with SO_REUSEPORT: several daemons share them, "
-      "the kernel spreading connections; nothing else is shared (health, metrics, model "
-      "control, shared memory, sequences: each daemon's own); default off")  # fmt: skip
+    add_bool(
+        a,
+        "reuse-port",
+        "bind the HTTP and gRPC ports with SO_REUSEPORT: several daemons share them, "
+        "the kernel spreading connections; nothing else is shared (health, metrics, model "
+        "control, shared memory, sequences: each daemon's own); default off",
+    )
     a("--admission-delay", type=float,
       help="seconds of work a model may hold before new requests are refused unread with 503 "
       "(default 1; 0 turns it off)")  # fmt: skip
-    a("--access-log", action=argparse.BooleanOptionalAction, default=None,
-      help="one INFO log line per request (default on)")  # fmt: skip
-    a("--grace-period", type=float, help="seconds to drain on SIGTERM (default 30)")
+    add_bool(a, "access-log", "one INFO log line per request (default on)")
+    a("--grace-period", "--exit-timeout-secs", dest="grace_period", type=float,
+      help="seconds to drain on SIGTERM (default 30)")  # fmt: skip
     a("--executable-cache", metavar="DIR", help="executable cache for .onnx models")
     a("--log-level", choices=["debug", "info", "warning", "error"], help="default info")
-    a("--log-format", choices=["auto", "json", "console"], help="auto: JSON off a terminal")
+    a("--log-format", choices=["auto", "json", "console", "default", "ISO8601"],
+      help="auto: JSON off a terminal (Triton's default and ISO8601: auto, whose "
+      "timestamps are ISO 8601)")  # fmt: skip
     a("--model-control-mode", choices=CONTROL_MODES,
       help="none (default): load every model at start, the repository API cannot load or "
       "unload; explicit: the API loads and unloads, --load-model at start; poll: follow the "
@@ -168,16 +186,22 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     a("--load-model", action="append", metavar="NAME",
       help="explicit mode: load NAME at start (repeatable; '*' alone: every model)")  # fmt: skip
     a("--repository-poll-secs", type=float, help="poll mode: seconds between polls (15)")
-    a("--strict-readiness", action=argparse.BooleanOptionalAction, default=None,
-      help="ready only while every model that should be loaded is ready (default on); off: "
-      "ready while the server can serve")  # fmt: skip
+    add_bool(
+        a,
+        "strict-readiness",
+        "ready only while every model that should be loaded is ready (default on); off: "
+        "ready while the server can serve",
+    )
     a("--reload-device-wait", type=float,
       help="seconds a reload waits for free devices to load the new version beside the "
       "serving one (default 10)")  # fmt: skip
-    a("--allow-client-shm", action=argparse.BooleanOptionalAction, default=None,
-      help="clients may register system shared memory regions (Triton's extension; default: "
-      "on with a loopback --host, off otherwise; the daemon maps the POSIX shared memory "
-      "objects they name)")  # fmt: skip
+    add_bool(
+        a,
+        "allow-client-shm",
+        "clients may register system shared memory regions (Triton's extension; default: "
+        "on with a loopback --host, off otherwise; the daemon maps the POSIX shared memory "
+        "objects they name)",
+    )
     a("--http-restricted-api", action="append", metavar="APIS:KEY=VALUE",
       help="Triton's: restrict API groups (comma-separated: " + ", ".join(GROUPS) + ") to "
       "HTTP requests with header KEY: VALUE (repeatable)")  # fmt: skip
@@ -188,9 +212,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
       help="start off loopback with a model control mode and the model-repository group "
       "unrestricted (refused without this)")  # fmt: skip
     for proto in ("grpc", "http"):
-        a(f"--{proto}-use-ssl", nargs="?", const=True, type=_truth, metavar="BOOL",
+        a(f"--{proto}-use-ssl", nargs="?", const=True, type=truth, metavar="BOOL",
           help=f"{proto.upper()} over TLS (Triton's style: --{proto}-use-ssl[=true])")  # fmt: skip
-        a(f"--{proto}-use-ssl-mutual", nargs="?", const=True, type=_truth, metavar="BOOL",
+        a(f"--{proto}-use-ssl-mutual", nargs="?", const=True, type=truth, metavar="BOOL",
           help="and require client certificates checked against the root certificate")  # fmt: skip
         a(f"--{proto}-server-cert", metavar="PEM", help=f"the {proto} listener's certificate")
         a(f"--{proto}-server-key", metavar="PEM", help=f"the {proto} listener's private key")
@@ -200,16 +224,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
       "(default auto: this machine's cluster, else a local one; the 'ray' extra)")  # fmt: skip
     a("--ray-replicas", type=int, help="with --ray: Ray Serve replicas (default 1)")
     a("--ray-cpus", type=float, help="with --ray: CPUs (cpu devices) per Ray replica (default 1)")
-
-
-def _truth(value: str) -> bool:
-    """A Triton-style boolean flag value."""
-    lowered = value.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+    add_triton_arguments(parser)
 
 
 def _access(opts: DaemonOptions, args: argparse.Namespace) -> None:
@@ -334,13 +349,15 @@ def options_from_args(args: argparse.Namespace) -> DaemonOptions:
         value = pick(cli, server, name)
         if value is not None:
             setattr(opts, name, value)
-    for name, path_cli in [
-        ("model_repository", "model_repository"),
-        ("executable_cache", "executable_cache"),
-    ]:
-        value = pick(path_cli, server, name)
-        if value is not None:
-            setattr(opts, name, Path(value))
+    value = pick("executable_cache", server, "executable_cache")
+    if value is not None:
+        opts.executable_cache = Path(value)
+    repositories = pick("model_repository", server, "model_repository") or []
+    repositories = [repositories] if isinstance(repositories, str) else list(repositories)
+    if repositories:
+        opts.model_repository, *more = (Path(r) for r in repositories)
+        opts.more_repositories = list(more)
+    _triton(opts, args)
     _ray_options(opts, args)
     opts.models = list(getattr(args, "models", None) or server.get("models", []))
     _model_control(opts, args, server)
@@ -375,6 +392,17 @@ def options_from_args(args: argparse.Namespace) -> DaemonOptions:
     if opts.max_body_size < 1:
         raise ConfigurationError(f"max body size must be >= 1, got {opts.max_body_size}")
     return opts
+
+
+def _triton(opts: DaemonOptions, args: argparse.Namespace) -> None:
+    """Triton's flags (:mod:`.tritonflags`), and those that set options of ours."""
+    opts.triton = read_triton_flags(args)
+    if opts.triton.log_level is not None and getattr(args, "log_level", None) is None:
+        opts.log_level = opts.triton.log_level
+    if opts.log_format in ("default", "ISO8601"):  # Triton's; our lines carry ISO 8601 times
+        opts.log_format = "auto"
+    if opts.triton.default_max_batch_size is not None and getattr(args, "batch_size", None) is None:
+        opts.batch_size = opts.triton.default_max_batch_size
 
 
 def _ray_options(opts: DaemonOptions, args: argparse.Namespace) -> None:

@@ -1,8 +1,9 @@
 """The daemon's lifecycle: configure logs, start the HTTP and gRPC servers, load models, drain
 on signal.
 
-Models load one by one at start; one that fails is UNAVAILABLE (the repository index says why)
-and the others serve. ``--model-control-mode`` (Triton's: none, explicit, poll) decides which
+Models load at start ``--model-load-thread-count`` at a time; one that fails is UNAVAILABLE
+(the repository index says why) and the others serve, unless ``--exit-on-error``: then the
+daemon stops with status 1. ``--model-control-mode`` (Triton's: none, explicit, poll) decides which
 load at start and whether the repository API or the files drive loads afterwards.
 
 Order on SIGTERM/SIGINT: new requests get 503 at once (gRPC: UNAVAILABLE; readiness turns
@@ -20,6 +21,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +48,7 @@ from model_runtime.server.grpc.server import (
 from model_runtime.server.http.fastpath import FastInfer
 from model_runtime.server.http.guard import ConnectionLimits
 from model_runtime.server.http.routes import HttpFrontEnd
-from model_runtime.server.http.runner import GuardedAppRunner, start_site
+from model_runtime.server.http.runner import GuardedAppRunner, runner_of, start_site
 from model_runtime.server.inference.admission import LoopLag
 from model_runtime.server.inference.plane import DataPlane, ServerOptions
 from model_runtime.server.observability.logwriter import BatchedLogWriter
@@ -63,11 +65,21 @@ log = structlog.get_logger(__name__)
 _log_writer: BatchedLogWriter | None = None
 
 
-def configure_logging(level: str = "info", fmt: str = "auto") -> None:
-    """Configure structlog once for the process: contextvars first, JSON off a terminal."""
-    json_logs = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
+def configure_logging(level: str = "info", fmt: str = "auto", file: Path | None = None) -> None:
+    """Configure structlog once for the process: contextvars first, JSON off a terminal;
+    into ``file`` (appended) instead of stderr when given.
+
+    Raises:
+        ConfigurationError: ``file`` cannot be opened.
+    """
     # Lines in batches (see logwriter); a stderr replaced by text (a test's capture): printed.
     stream = getattr(sys.stderr, "buffer", None)
+    if file is not None:
+        try:  # held by the log writer for the process's life
+            stream = open(file, "ab")  # noqa: SIM115
+        except OSError as exc:
+            raise ConfigurationError(f"--log-file {file}: {exc.strerror or exc}") from exc
+    json_logs = fmt == "json" or (fmt == "auto" and (file is not None or not sys.stderr.isatty()))
     factory: Callable[..., Any] = structlog.PrintLoggerFactory(file=sys.stderr)
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer() if json_logs else structlog.dev.ConsoleRenderer()
@@ -110,10 +122,14 @@ def _compiler(opts: DaemonOptions) -> Callable[..., Path]:
         cache = Path(flag) if flag else default_cache_dir()
     cache_path = str(cache)
 
-    def compile_source(path: Path, batch_size: int | None = None) -> Path:
+    def compile_source(
+        path: Path, batch_size: int | None = None, optimization_level: str | None = None
+    ) -> Path:
         # A model's own batch (its config, or the one it fixes) wins over --batch-size.
         batch = opts.batch_size if batch_size is None else batch_size
         options = CompileOptions(batch_size=batch, executable_cache_path=cache_path)
+        if optimization_level is not None:  # its config's optimization.graph.level
+            options = replace(options, optimization_level=optimization_level)
         return compile_model(path, options=options)
 
     return compile_source
@@ -132,9 +148,14 @@ def build_repository(opts: DaemonOptions) -> tuple[ModelRepository, list[str]]:
     directory = opts.model_repository
     if directory is not None and not directory.is_dir():
         raise ConfigurationError(f"model repository {directory} is not a directory")
+    for more in opts.more_repositories:
+        if not more.is_dir():
+            raise ConfigurationError(f"model repository {more} is not a directory")
     repo = ModelRepository(
         opts.runner,
         directory=directory,
+        more_directories=opts.more_repositories,
+        auto_complete=opts.triton.auto_complete,
         compile_source=_compiler(opts),
         control_mode=ControlMode(opts.model_control_mode),
         strict_readiness=opts.strict_readiness,
@@ -185,8 +206,11 @@ async def serve(opts: DaemonOptions) -> int:
             access_log=opts.access_log,
             admission_delay=opts.admission_delay or None,
             allow_client_shm=bool(opts.allow_client_shm),  # None was resolved by the options
+            metrics=opts.triton.allow_metrics,
         ),
     )
+    for note in opts.triton.notes:
+        log.info("flag_not_applied", note=note)
     http = HttpFrontEnd(plane, restrictions=http_restrictions)
     limits = ConnectionLimits(
         header_timeout=opts.header_timeout,
@@ -224,6 +248,9 @@ async def serve(opts: DaemonOptions) -> int:
     plane.metrics.registry.register(grpc_budget)
     grpc_server: SupervisedListener | None = None
     http_server: SupervisedListener | None = None
+    metrics_runner: Any = None
+    metrics_server: SupervisedListener | None = None
+    status = 0
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     if _log_writer is not None:
@@ -248,7 +275,9 @@ async def serve(opts: DaemonOptions) -> int:
                 lambda reason: plane.listener_changed("http", reason),
                 name="HTTP",
             )
-            port = await http_server.start(opts.port)
+            port = None
+            if opts.triton.allow_http:
+                port = await http_server.start(opts.port)
             grpc_credentials_ = None if grpc_tls is None else grpc_credentials(grpc_tls)
             grpc_server = SupervisedListener(
                 lambda port: start_grpc_server(
@@ -263,23 +292,42 @@ async def serve(opts: DaemonOptions) -> int:
                 ),
                 lambda reason: plane.listener_changed("grpc", reason),
             )
-            grpc_port = await grpc_server.start(opts.grpc_port)
+            grpc_port = await grpc_server.start(opts.grpc_port) if opts.triton.allow_grpc else None
+            metrics_port = None
+            if opts.triton.allow_metrics:
+                metrics_runner = runner_of(http.metrics_app())
+                await metrics_runner.setup()
+                metrics_server = SupervisedListener(
+                    lambda port: start_site(
+                        metrics_runner, opts.host, port, reuse_port=opts.reuse_port or None
+                    ),
+                    lambda reason: plane.listener_changed("metrics", reason),
+                    name="metrics",
+                )
+                metrics_port = await metrics_server.start(opts.triton.metrics_port)
             log.info(
                 "daemon_listening",
                 host=opts.host,
                 port=port,
                 grpc_port=grpc_port,
+                metrics_port=metrics_port,
                 models=names,
                 model_control_mode=repo.control_mode.value,
             )
-            await _load_until_stopped(repo, names, stop)
+            failed = await _load_until_stopped(
+                repo, names, stop, opts.triton.model_load_thread_count
+            )
             repo.starting = False
+            if failed and opts.triton.exit_on_error:
+                log.error("daemon_exit_on_error", failed=failed)
+                status = 1
+                stop.set()
             log.info("heap_settled", frozen=settle_heap(), gen0_threshold=GEN0_THRESHOLD)
             if not stop.is_set():
                 loaded = [e.name for e in repo.entries() if e.runner is not None]
                 failed = [e.name for e in repo.entries() if e.wanted and e.runner is None]
-                url = f"http://{opts.host}:{port}/v2"
-                grpc_url = f"{opts.host}:{grpc_port}"
+                url = None if port is None else f"http://{opts.host}:{port}/v2"
+                grpc_url = None if grpc_port is None else f"{opts.host}:{grpc_port}"
                 log.info("daemon_ready", url=url, grpc=grpc_url, loaded=loaded, unavailable=failed)
                 await _serve_until_stopped(repo, opts, stop)
             log.info("daemon_draining", grace_period=opts.grace_period)
@@ -289,6 +337,10 @@ async def serve(opts: DaemonOptions) -> int:
             with anyio.move_on_after(max(0.0, opts.grace_period - (time.monotonic() - t0))):
                 await repo.close_all()
     finally:
+        if metrics_server is not None:
+            await metrics_server.stop(None)
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
         if grpc_server is not None:
             await grpc_server.stop(1.0)  # in-flight calls drained above; stragglers: 1 s
         if http_server is not None:
@@ -299,15 +351,17 @@ async def serve(opts: DaemonOptions) -> int:
             loop.remove_signal_handler(sig)
         if _log_writer is not None:
             _log_writer.batch_on(None)
-    log.info("daemon_stopped", status=0)
-    return 0
+    log.info("daemon_stopped", status=status)
+    return status
 
 
 async def _load_until_stopped(
-    repo: ModelRepository, names: Sequence[str], stop: asyncio.Event
-) -> None:
-    """Load every model in turn, giving up early on a signal. A model that fails is
-    UNAVAILABLE with the reason (logged by the repository); the next one loads all the same."""
+    repo: ModelRepository, names: Sequence[str], stop: asyncio.Event, at_once: int = 1
+) -> list[str]:
+    """Load every model, ``at_once`` at a time, giving up early on a signal; the names of
+    those that failed. A model that fails is UNAVAILABLE with the reason (logged by the
+    repository); the others load all the same."""
+    failed: list[str] = []
     async with anyio.create_task_group() as tg:
 
         async def watch() -> None:
@@ -315,12 +369,29 @@ async def _load_until_stopped(
             tg.cancel_scope.cancel()
 
         tg.start_soon(watch)
-        for name in names:
+        await load_at_start(repo, names, at_once, failed)
+        tg.cancel_scope.cancel()
+    return failed
+
+
+async def load_at_start(
+    repo: ModelRepository, names: Sequence[str], at_once: int, failed: list[str]
+) -> None:
+    """Load ``names``, ``at_once`` at a time (Triton's ``--model-load-thread-count``), in
+    their order; the names of those that fail are appended to ``failed``."""
+    limiter = anyio.CapacityLimiter(at_once)
+
+    async def one(name: str) -> None:
+        async with limiter:
             try:
                 await repo.load(name)
             except (ModelRuntimeError, OSError) as exc:
+                failed.append(name)
                 log.error("startup_load_failed", model=name, error=str(exc))
-        tg.cancel_scope.cancel()
+
+    async with anyio.create_task_group() as tg:
+        for name in names:
+            tg.start_soon(one, name)
 
 
 async def _serve_until_stopped(
@@ -342,7 +413,7 @@ async def _poll_forever(repo: ModelRepository, interval: float) -> None:
 
 
 def _run(opts: DaemonOptions) -> int:
-    configure_logging(opts.log_level, opts.log_format)
+    configure_logging(opts.log_level, opts.log_format, opts.triton.log_file)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux

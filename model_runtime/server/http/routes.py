@@ -102,11 +102,12 @@ class HttpFrontEnd:
             (g, "/v2/health/live", self.live, "health"),
             (g, "/v2/health/ready", self.ready, "health"),
             (g, "/v2/models/stats", self.stats, "statistics"),
-            (g, "/metrics", self.prometheus, "statistics"),
             (p, "/v2/repository/index", self.repository_index, "model-repository"),
             (p, "/v2/repository/models/{name}/load", self.load, "model-repository"),
             (p, "/v2/repository/models/{name}/unload", self.unload, "model-repository"),
         ]
+        if self.options.metrics:
+            routes.append((g, "/metrics", self.prometheus, "statistics"))
         shm_routes = SharedMemoryRoutes(self.plane.shared_memory)
         routes += [(m, path, h, "shared-memory") for m, path, h in shm_routes.routes()]
         for base in bases:
@@ -118,6 +119,18 @@ class HttpFrontEnd:
             ]
         for method, path, handler, group in routes:
             self.route_groups[app.router.add_route(method, path, handler)] = group
+        return app
+
+    def metrics_app(self) -> web.Application:
+        """The metrics listener's application (Triton's metrics port): ``GET /metrics`` only,
+        restricted as on the HTTP port (the ``statistics`` group)."""
+        middlewares = [self._middleware]
+        if self.restrictions:
+            restricted = http_middleware(self.restrictions, self.plane.restricted, self._group_of)
+            middlewares.insert(0, restricted)
+        app = web.Application(middlewares=middlewares)
+        route = app.router.add_route("GET", "/metrics", self.prometheus)
+        self.route_groups[route] = "statistics"
         return app
 
     def _group_of(self, request: web.Request) -> str | None:

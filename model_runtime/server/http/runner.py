@@ -17,7 +17,14 @@ from model_runtime.server.http.connection import AIOHTTP_STATE, GuardedConnectio
 from model_runtime.server.http.guard import ConnectionGuard, ConnectionLimits
 from model_runtime.server.observability.ratelog import RateLimitedLog
 
-__all__ = ["GuardedAppRunner", "QuietParseErrors", "SiteListener", "guarded", "start_site"]
+__all__ = [
+    "GuardedAppRunner",
+    "QuietParseErrors",
+    "SiteListener",
+    "guarded",
+    "runner_of",
+    "start_site",
+]
 
 
 def guarded(guard: ConnectionGuard, inner: RequestHandler) -> asyncio.Protocol:
@@ -107,6 +114,12 @@ class SiteListener:
     async def stop(self, grace: float | None) -> None:
         """Stop the site (its runner's shutdown covers the connections' grace)."""
         await self.site.stop()
+
+
+def runner_of(app: web.Application) -> web.AppRunner:
+    """A plain runner for a side listener's ``app`` (the metrics port): no guard, no access
+    log."""
+    return web.AppRunner(app, access_log=None)
 
 
 async def start_site(

@@ -84,6 +84,8 @@ class ServerOptions:
     priority_levels: int | None = None
     #: Triton's ``--allow-client-shm``: clients may register system shared memory regions
     allow_client_shm: bool = True
+    #: Triton's ``--allow-metrics``: ``/metrics`` is served (off: 404)
+    metrics: bool = True
     default_priority_level: int | None = None
     retry_after: int = 1
     admission_delay: float | None = DEFAULT_QUEUE_DELAY

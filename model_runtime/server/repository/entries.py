@@ -30,6 +30,7 @@ __all__ = [
     "ModelState",
     "ModelStats",
     "parse_model_arg",
+    "resolve_in",
 ]
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
@@ -156,3 +157,15 @@ def parse_model_arg(arg: str) -> tuple[str, Path]:
             f"model {str(p)!r} must be an .mrx or .onnx file or a Triton model directory"
         )
     return name, p
+
+
+def resolve_in(directory: Path, name: str) -> Path | None:
+    """The file of ``name`` in ``directory`` (``.mrx`` first), else its model directory."""
+    for suffix in SUFFIXES:
+        candidate = (directory / f"{name}{suffix}").resolve()
+        if candidate.parent == directory and candidate.is_file():
+            return candidate
+    candidate = (directory / name).resolve()
+    if candidate.parent == directory and is_model_dir(candidate):
+        return candidate
+    return None

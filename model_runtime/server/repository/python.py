@@ -51,10 +51,13 @@ async def start_python_version(
     *,
     hooks: PythonHooks,
     version: str = "1",
+    auto_complete: bool = True,
 ) -> StartedVersion:
     """Start version ``version`` of the python model ``entry`` from its ``model.py`` at
-    ``source`` (``NAME/VERSION/model.py``): complete the config, check it, start every
-    instance. The runner is closed again if anything after its start fails.
+    ``source`` (``NAME/VERSION/model.py``): complete the config (its ``auto_complete_config``,
+    not called when ``auto_complete`` is off, as Triton's ``--disable-auto-complete-config``),
+    check it, start every instance. The runner is closed again if anything after its start
+    fails.
 
     Raises:
         ConfigurationError: the completed config is not one we serve (the field named).
@@ -64,7 +67,9 @@ async def start_python_version(
     where = settings.source or settings.origin or model_dir / "config.pbtxt"
     given = config_json(settings.config)
     given["name"] = entry.name
-    completed = await auto_complete_config(model_dir, int(version), given)
+    completed = given
+    if auto_complete:
+        completed = await auto_complete_config(model_dir, int(version), given)
     config = pb.ModelConfig()
     try:
         json_format.ParseDict(completed, config)

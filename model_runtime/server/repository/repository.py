@@ -27,7 +27,7 @@ Each model loads, fails, reloads and unloads on its own (Triton's per-model avai
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,6 +36,7 @@ import anyio.abc
 import structlog
 
 from model_runtime.errors import (
+    ConfigurationError,
     DeviceUnavailableError,
     InputValidationError,
     ModelControlError,
@@ -53,6 +54,7 @@ from model_runtime.server.repository.entries import (
     ModelEntry,
     ModelState,
     ModelStats,
+    resolve_in,
 )
 from model_runtime.server.repository.lifecycle import (
     close_versions,
@@ -62,12 +64,14 @@ from model_runtime.server.repository.lifecycle import (
 )
 from model_runtime.server.repository.python import PythonHooks, start_python_version
 from model_runtime.server.repository.versions import StartedVersion, start_version
+from model_runtime.server.repository.warmup import warm_up_or_close
 from model_runtime.server.serving import (
     RunnerFactory,
     RunnerLike,
     default_factory,
 )
 from model_runtime.server.triton.config import ModelSettings, parse_override
+from model_runtime.server.triton.fields import check_complete
 from model_runtime.server.triton.layout import fingerprint as _fingerprint, is_model_dir, plan_model
 
 __all__ = ["ModelRepository"]
@@ -88,7 +92,9 @@ class ModelRepository:
     pass fakes). ``control_mode`` governs :meth:`client_load` / :meth:`client_unload` only
     (a repository built in code is controlled by its code: ``EXPLICIT``; the daemon passes its
     ``--model-control-mode``, default ``none``). ``strict_readiness`` and ``starting`` decide
-    :meth:`not_ready_reason`.
+    :meth:`not_ready_reason`. ``more_directories``: further repository directories (Triton's
+    repeated ``--model-repository``; a name in two of them is refused). ``auto_complete``
+    off: a model directory's config must give its inputs and outputs.
     """
 
     def __init__(
@@ -96,16 +102,22 @@ class ModelRepository:
         config: ModelRunnerConfig,
         *,
         directory: Path | None = None,
+        more_directories: Sequence[Path] = (),
         compile_source: Callable[..., Path] | None = None,
         runner_factory: RunnerFactory | None = None,
         control_mode: ControlMode = ControlMode.EXPLICIT,
         strict_readiness: bool = True,
         reload_device_wait: float = 10.0,
+        auto_complete: bool = True,
     ) -> None:
         self.config = config
         self.directory = directory.resolve() if directory is not None else None
+        #: Every repository directory (Triton's repeated ``--model-repository``), first first.
+        self.directories = [d.resolve() for d in (directory, *more_directories) if d is not None]
         self.control_mode = control_mode
         self.strict_readiness = strict_readiness
+        #: Triton's auto-complete: off, a model directory's config must describe the model.
+        self.auto_complete = auto_complete
         self.reload_device_wait = reload_device_wait
         #: True while the daemon loads its models at start: the server is not ready yet.
         self.starting = False
@@ -158,10 +170,9 @@ class ModelRepository:
         Raises:
             OSError: the directory cannot be listed.
         """
-        if self.directory is None:
-            return []
         names = set()
-        for path in self.directory.iterdir():
+        paths = [path for directory in self.directories for path in directory.iterdir()]
+        for path in paths:
             name = path.name if path.is_dir() else path.stem
             if (path.suffix in SUFFIXES or path.is_dir()) and NAME_PATTERN.fullmatch(name):
                 found = self._resolve(name)
@@ -172,21 +183,22 @@ class ModelRepository:
         return sorted(names)
 
     def _resolve(self, name: str) -> Path | None:
-        """The file of ``name`` inside the repository directory (``.mrx`` first), else its
-        Triton model directory, or None."""
-        assert self.directory is not None
-        for suffix in SUFFIXES:
-            candidate = (self.directory / f"{name}{suffix}").resolve()
-            if candidate.parent == self.directory and candidate.is_file():
-                return candidate
-        candidate = (self.directory / name).resolve()
-        if candidate.parent == self.directory and is_model_dir(candidate):
-            return candidate
-        return None
+        """The file of ``name`` inside the repository directories (``.mrx`` first), else its
+        Triton model directory, or None.
+
+        Raises:
+            ConfigurationError: ``name`` is in two repository directories (Triton refuses it).
+        """
+        found = [f for d in self.directories if (f := resolve_in(d, name)) is not None]
+        if len(found) > 1:
+            raise ConfigurationError(
+                f"model {name!r} is in more than one model repository: {[str(f) for f in found]}"
+            )
+        return found[0] if found else None
 
     def _source_now(self, entry: ModelEntry) -> Path | None:
         """The file ``entry`` would load now (a directory model is resolved again), or None."""
-        if entry.in_directory and self.directory is not None:
+        if entry.in_directory and self.directories:
             return self._resolve(entry.name)
         source = entry.source
         return source if source.is_file() or is_model_dir(source) else None
@@ -314,7 +326,7 @@ class ModelRepository:
         if entry is not None:
             return entry
         found = None
-        if self.directory is not None and NAME_PATTERN.fullmatch(name) and name not in (".", ".."):
+        if self.directories and NAME_PATTERN.fullmatch(name) and name not in (".", ".."):
             found = self._resolve(name)
         if found is None:
             raise UnknownModelError(name)
@@ -355,6 +367,9 @@ class ModelRepository:
                 raise ModelLoadError(entry.name, f"its file {entry.source} is gone")
             override = None if config is None else parse_override(config, entry.name)
             plan = await anyio.to_thread.run_sync(plan_model, entry.name, source, override)
+            if not self.auto_complete and plan.settings.triton:
+                where = plan.settings.source or plan.settings.origin or entry.name
+                check_complete(plan.settings.config, where)
             for version, path in plan.files.items():  # highest first
                 started[version] = await self._start_version(
                     entry, path, plan.settings, beside=serving is not None, version=version
@@ -462,20 +477,30 @@ class ModelRepository:
     ) -> StartedVersion:
         if self._tg is None:
             raise ModelRuntimeError("the model repository is not open (use `async with`)")
+        for note in settings.notes:
+            log.info("config_field_not_applied", model=entry.name, version=version, note=note)
         if settings.python:
-            return await start_python_version(
-                entry, source, settings, hooks=self.python_hooks, version=version
+            started = await start_python_version(
+                entry,
+                source,
+                settings,
+                hooks=self.python_hooks,
+                version=version,
+                auto_complete=self.auto_complete,
             )
-        return await start_version(
-            entry,
-            source,
-            settings,
-            defaults=self.config,
-            compile_source=self._compile,
-            factory=self._factory,
-            reload_device_wait=self.reload_device_wait if beside else None,
-            version=version,
-        )
+        else:
+            started = await start_version(
+                entry,
+                source,
+                settings,
+                defaults=self.config,
+                compile_source=self._compile,
+                factory=self._factory,
+                reload_device_wait=self.reload_device_wait if beside else None,
+                version=version,
+            )
+        await warm_up_or_close(started.runner, settings, entry.name, version)  # before ready
+        return started
 
     async def unload(self, name: str) -> None:
         """Drain and stop ``name``'s runner (in-flight requests finish first).

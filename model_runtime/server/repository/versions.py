@@ -101,8 +101,15 @@ async def start_version(
         # else the one the model fixes itself (a model fixed at 2 is not compiled for the
         # server's default 8), else the server's.
         batch = await anyio.to_thread.run_sync(model_batch, source, settings, axis)
+        # ``optimization.graph.level``, passed only when the config sets one.
+        level = settings.optimization_level
+        extra = {} if level is None else {"optimization_level": level}
         path = await anyio.to_thread.run_sync(
-            lambda: compile_source(source) if batch is None else compile_source(source, batch)
+            lambda: (
+                compile_source(source, batch, **extra)
+                if batch is not None or extra
+                else compile_source(source)
+            )
         )
     # A runner is a client of the runtime's tree: started here, closed by whichever task
     # unloads it. The repository hosts nothing but the readiness watchers.

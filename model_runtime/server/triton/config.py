@@ -31,6 +31,8 @@ What maps to what (:func:`settings_of`):
 - ``instance_group { count, kind: KIND_CPU }`` -> replicas (groups add up).
 - ``version_policy`` -> which version directories are served (Triton's default: the latest).
 - ``sequence_batching`` -> a stateful model (:mod:`.sequence`, :mod:`model_runtime.sequences`).
+- every other field (``optimization``, ``parameters``, ``model_warmup``, ``response_cache``...)
+  -> :mod:`.fields`: honoured, accepted with a logged reason, or refused.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from model_runtime.runner_config import ModelRunnerConfig
 from model_runtime.sequences import SequenceConfig
 from model_runtime.server.tensors.parameters import execute_priority
 from model_runtime.server.triton import model_config_pb2 as pb
+from model_runtime.server.triton.fields import check_fields
 from model_runtime.server.triton.sequence import sequence_config
 from model_runtime.server.triton.tensors import check_declared
 
@@ -138,6 +141,10 @@ class ModelSettings:
     python: bool = False
     #: ``model_transaction_policy { decoupled: true }``: any number of responses per request.
     decoupled: bool = False
+    #: The compile's optimisation level (``optimization.graph.level``; None: the default).
+    optimization_level: str | None = None
+    #: Fields accepted that change nothing here, each with the reason (logged at load).
+    notes: tuple[str, ...] = ()
 
     def deadline(self, server: float | None, requested: float | None) -> float | None:
         """A request's timeout (seconds): its own, else the model's default, within the
@@ -295,10 +302,6 @@ def settings_of(
         suffixes
     ):
         raise _fail(where, "default_model_filename", f"must name a {' or '.join(suffixes)} file")
-    if config.parameters and not python:  # a python model reads its own (args["model_config"])
-        raise _fail(
-            where, "parameters", f"no parameters are supported: {sorted(config.parameters)}"
-        )
     decoupled = config.model_transaction_policy.decoupled
     if decoupled and not python:
         raise _fail(
@@ -321,6 +324,9 @@ def settings_of(
             "largest batch, or drop dynamic_batching",
         )
     check_declared(config, where)
+    extra = check_fields(
+        config, where, python=python, stateful=config.HasField("sequence_batching")
+    )
     fields: dict[str, Any] = {}
     if config.HasField("sequence_batching"):
         sb = config.sequence_batching
@@ -339,6 +345,8 @@ def settings_of(
         origin=origin,
         python=python,
         decoupled=decoupled,
+        optimization_level=extra.optimization_level,
+        notes=extra.notes,
         batch_size=batch,
         max_batch_size=mbs or None,
         replicas=_replicas(config.instance_group, where),

@@ -40,8 +40,24 @@ TYPE_FP64: DataType
 TYPE_STRING: DataType
 TYPE_BF16: DataType
 
+class ModelRateLimiter(_message.Message):
+    __slots__ = ("resources", "priority")
+    class Resource(_message.Message):
+        __slots__ = ("name", "count")
+        NAME_FIELD_NUMBER: _ClassVar[int]
+        GLOBAL_FIELD_NUMBER: _ClassVar[int]
+        COUNT_FIELD_NUMBER: _ClassVar[int]
+        name: str
+        count: int
+        def __init__(self, name: _Optional[str] = ..., count: _Optional[int] = ..., **kwargs) -> None: ...
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    resources: _containers.RepeatedCompositeFieldContainer[ModelRateLimiter.Resource]
+    priority: int
+    def __init__(self, resources: _Optional[_Iterable[_Union[ModelRateLimiter.Resource, _Mapping]]] = ..., priority: _Optional[int] = ...) -> None: ...
+
 class ModelInstanceGroup(_message.Message):
-    __slots__ = ("name", "count", "gpus", "kind")
+    __slots__ = ("name", "count", "gpus", "kind", "profile", "rate_limiter", "passive", "secondary_devices", "host_policy")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_AUTO: _ClassVar[ModelInstanceGroup.Kind]
@@ -52,15 +68,36 @@ class ModelInstanceGroup(_message.Message):
     KIND_GPU: ModelInstanceGroup.Kind
     KIND_CPU: ModelInstanceGroup.Kind
     KIND_MODEL: ModelInstanceGroup.Kind
+    class SecondaryDevice(_message.Message):
+        __slots__ = ("kind", "device_id")
+        class SecondaryDeviceKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+            __slots__ = ()
+            KIND_NVDLA: _ClassVar[ModelInstanceGroup.SecondaryDevice.SecondaryDeviceKind]
+        KIND_NVDLA: ModelInstanceGroup.SecondaryDevice.SecondaryDeviceKind
+        KIND_FIELD_NUMBER: _ClassVar[int]
+        DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+        kind: ModelInstanceGroup.SecondaryDevice.SecondaryDeviceKind
+        device_id: int
+        def __init__(self, kind: _Optional[_Union[ModelInstanceGroup.SecondaryDevice.SecondaryDeviceKind, str]] = ..., device_id: _Optional[int] = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    RATE_LIMITER_FIELD_NUMBER: _ClassVar[int]
+    PASSIVE_FIELD_NUMBER: _ClassVar[int]
+    SECONDARY_DEVICES_FIELD_NUMBER: _ClassVar[int]
+    HOST_POLICY_FIELD_NUMBER: _ClassVar[int]
     name: str
     count: int
     gpus: _containers.RepeatedScalarFieldContainer[int]
     kind: ModelInstanceGroup.Kind
-    def __init__(self, name: _Optional[str] = ..., count: _Optional[int] = ..., gpus: _Optional[_Iterable[int]] = ..., kind: _Optional[_Union[ModelInstanceGroup.Kind, str]] = ...) -> None: ...
+    profile: _containers.RepeatedScalarFieldContainer[str]
+    rate_limiter: ModelRateLimiter
+    passive: bool
+    secondary_devices: _containers.RepeatedCompositeFieldContainer[ModelInstanceGroup.SecondaryDevice]
+    host_policy: str
+    def __init__(self, name: _Optional[str] = ..., count: _Optional[int] = ..., gpus: _Optional[_Iterable[int]] = ..., kind: _Optional[_Union[ModelInstanceGroup.Kind, str]] = ..., profile: _Optional[_Iterable[str]] = ..., rate_limiter: _Optional[_Union[ModelRateLimiter, _Mapping]] = ..., passive: _Optional[bool] = ..., secondary_devices: _Optional[_Iterable[_Union[ModelInstanceGroup.SecondaryDevice, _Mapping]]] = ..., host_policy: _Optional[str] = ...) -> None: ...
 
 class ModelTensorReshape(_message.Message):
     __slots__ = ("shape",)
@@ -69,7 +106,7 @@ class ModelTensorReshape(_message.Message):
     def __init__(self, shape: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ModelInput(_message.Message):
-    __slots__ = ("name", "data_type", "format", "dims", "reshape", "optional")
+    __slots__ = ("name", "data_type", "format", "dims", "reshape", "is_shape_tensor", "allow_ragged_batch", "optional", "is_non_linear_format_io")
     class Format(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         FORMAT_NONE: _ClassVar[ModelInput.Format]
@@ -83,28 +120,78 @@ class ModelInput(_message.Message):
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     DIMS_FIELD_NUMBER: _ClassVar[int]
     RESHAPE_FIELD_NUMBER: _ClassVar[int]
+    IS_SHAPE_TENSOR_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_RAGGED_BATCH_FIELD_NUMBER: _ClassVar[int]
     OPTIONAL_FIELD_NUMBER: _ClassVar[int]
+    IS_NON_LINEAR_FORMAT_IO_FIELD_NUMBER: _ClassVar[int]
     name: str
     data_type: DataType
     format: ModelInput.Format
     dims: _containers.RepeatedScalarFieldContainer[int]
     reshape: ModelTensorReshape
+    is_shape_tensor: bool
+    allow_ragged_batch: bool
     optional: bool
-    def __init__(self, name: _Optional[str] = ..., data_type: _Optional[_Union[DataType, str]] = ..., format: _Optional[_Union[ModelInput.Format, str]] = ..., dims: _Optional[_Iterable[int]] = ..., reshape: _Optional[_Union[ModelTensorReshape, _Mapping]] = ..., optional: _Optional[bool] = ...) -> None: ...
+    is_non_linear_format_io: bool
+    def __init__(self, name: _Optional[str] = ..., data_type: _Optional[_Union[DataType, str]] = ..., format: _Optional[_Union[ModelInput.Format, str]] = ..., dims: _Optional[_Iterable[int]] = ..., reshape: _Optional[_Union[ModelTensorReshape, _Mapping]] = ..., is_shape_tensor: _Optional[bool] = ..., allow_ragged_batch: _Optional[bool] = ..., optional: _Optional[bool] = ..., is_non_linear_format_io: _Optional[bool] = ...) -> None: ...
 
 class ModelOutput(_message.Message):
-    __slots__ = ("name", "data_type", "dims", "label_filename", "reshape")
+    __slots__ = ("name", "data_type", "dims", "label_filename", "reshape", "is_shape_tensor", "is_non_linear_format_io")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DATA_TYPE_FIELD_NUMBER: _ClassVar[int]
     DIMS_FIELD_NUMBER: _ClassVar[int]
     LABEL_FILENAME_FIELD_NUMBER: _ClassVar[int]
     RESHAPE_FIELD_NUMBER: _ClassVar[int]
+    IS_SHAPE_TENSOR_FIELD_NUMBER: _ClassVar[int]
+    IS_NON_LINEAR_FORMAT_IO_FIELD_NUMBER: _ClassVar[int]
     name: str
     data_type: DataType
     dims: _containers.RepeatedScalarFieldContainer[int]
     label_filename: str
     reshape: ModelTensorReshape
-    def __init__(self, name: _Optional[str] = ..., data_type: _Optional[_Union[DataType, str]] = ..., dims: _Optional[_Iterable[int]] = ..., label_filename: _Optional[str] = ..., reshape: _Optional[_Union[ModelTensorReshape, _Mapping]] = ...) -> None: ...
+    is_shape_tensor: bool
+    is_non_linear_format_io: bool
+    def __init__(self, name: _Optional[str] = ..., data_type: _Optional[_Union[DataType, str]] = ..., dims: _Optional[_Iterable[int]] = ..., label_filename: _Optional[str] = ..., reshape: _Optional[_Union[ModelTensorReshape, _Mapping]] = ..., is_shape_tensor: _Optional[bool] = ..., is_non_linear_format_io: _Optional[bool] = ...) -> None: ...
+
+class BatchInput(_message.Message):
+    __slots__ = ("kind", "target_name", "data_type", "source_input")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        BATCH_ELEMENT_COUNT: _ClassVar[BatchInput.Kind]
+        BATCH_ACCUMULATED_ELEMENT_COUNT: _ClassVar[BatchInput.Kind]
+        BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO: _ClassVar[BatchInput.Kind]
+        BATCH_MAX_ELEMENT_COUNT_AS_SHAPE: _ClassVar[BatchInput.Kind]
+        BATCH_ITEM_SHAPE: _ClassVar[BatchInput.Kind]
+        BATCH_ITEM_SHAPE_FLATTEN: _ClassVar[BatchInput.Kind]
+    BATCH_ELEMENT_COUNT: BatchInput.Kind
+    BATCH_ACCUMULATED_ELEMENT_COUNT: BatchInput.Kind
+    BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO: BatchInput.Kind
+    BATCH_MAX_ELEMENT_COUNT_AS_SHAPE: BatchInput.Kind
+    BATCH_ITEM_SHAPE: BatchInput.Kind
+    BATCH_ITEM_SHAPE_FLATTEN: BatchInput.Kind
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TARGET_NAME_FIELD_NUMBER: _ClassVar[int]
+    DATA_TYPE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_INPUT_FIELD_NUMBER: _ClassVar[int]
+    kind: BatchInput.Kind
+    target_name: _containers.RepeatedScalarFieldContainer[str]
+    data_type: DataType
+    source_input: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, kind: _Optional[_Union[BatchInput.Kind, str]] = ..., target_name: _Optional[_Iterable[str]] = ..., data_type: _Optional[_Union[DataType, str]] = ..., source_input: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class BatchOutput(_message.Message):
+    __slots__ = ("target_name", "kind", "source_input")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        BATCH_SCATTER_WITH_INPUT_SHAPE: _ClassVar[BatchOutput.Kind]
+    BATCH_SCATTER_WITH_INPUT_SHAPE: BatchOutput.Kind
+    TARGET_NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_INPUT_FIELD_NUMBER: _ClassVar[int]
+    target_name: _containers.RepeatedScalarFieldContainer[str]
+    kind: BatchOutput.Kind
+    source_input: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, target_name: _Optional[_Iterable[str]] = ..., kind: _Optional[_Union[BatchOutput.Kind, str]] = ..., source_input: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ModelVersionPolicy(_message.Message):
     __slots__ = ("latest", "all", "specific")
@@ -128,6 +215,111 @@ class ModelVersionPolicy(_message.Message):
     all: ModelVersionPolicy.All
     specific: ModelVersionPolicy.Specific
     def __init__(self, latest: _Optional[_Union[ModelVersionPolicy.Latest, _Mapping]] = ..., all: _Optional[_Union[ModelVersionPolicy.All, _Mapping]] = ..., specific: _Optional[_Union[ModelVersionPolicy.Specific, _Mapping]] = ...) -> None: ...
+
+class ModelOptimizationPolicy(_message.Message):
+    __slots__ = ("graph", "priority", "cuda", "execution_accelerators", "input_pinned_memory", "output_pinned_memory", "gather_kernel_buffer_threshold", "eager_batching")
+    class ModelPriority(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        PRIORITY_DEFAULT: _ClassVar[ModelOptimizationPolicy.ModelPriority]
+        PRIORITY_MAX: _ClassVar[ModelOptimizationPolicy.ModelPriority]
+        PRIORITY_MIN: _ClassVar[ModelOptimizationPolicy.ModelPriority]
+    PRIORITY_DEFAULT: ModelOptimizationPolicy.ModelPriority
+    PRIORITY_MAX: ModelOptimizationPolicy.ModelPriority
+    PRIORITY_MIN: ModelOptimizationPolicy.ModelPriority
+    class Graph(_message.Message):
+        __slots__ = ("level",)
+        LEVEL_FIELD_NUMBER: _ClassVar[int]
+        level: int
+        def __init__(self, level: _Optional[int] = ...) -> None: ...
+    class Cuda(_message.Message):
+        __slots__ = ("graphs", "busy_wait_events", "graph_spec", "output_copy_stream")
+        class GraphSpec(_message.Message):
+            __slots__ = ("batch_size", "input", "graph_lower_bound")
+            class Shape(_message.Message):
+                __slots__ = ("dim",)
+                DIM_FIELD_NUMBER: _ClassVar[int]
+                dim: _containers.RepeatedScalarFieldContainer[int]
+                def __init__(self, dim: _Optional[_Iterable[int]] = ...) -> None: ...
+            class LowerBound(_message.Message):
+                __slots__ = ("batch_size", "input")
+                class InputEntry(_message.Message):
+                    __slots__ = ("key", "value")
+                    KEY_FIELD_NUMBER: _ClassVar[int]
+                    VALUE_FIELD_NUMBER: _ClassVar[int]
+                    key: str
+                    value: ModelOptimizationPolicy.Cuda.GraphSpec.Shape
+                    def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[ModelOptimizationPolicy.Cuda.GraphSpec.Shape, _Mapping]] = ...) -> None: ...
+                BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+                INPUT_FIELD_NUMBER: _ClassVar[int]
+                batch_size: int
+                input: _containers.MessageMap[str, ModelOptimizationPolicy.Cuda.GraphSpec.Shape]
+                def __init__(self, batch_size: _Optional[int] = ..., input: _Optional[_Mapping[str, ModelOptimizationPolicy.Cuda.GraphSpec.Shape]] = ...) -> None: ...
+            class InputEntry(_message.Message):
+                __slots__ = ("key", "value")
+                KEY_FIELD_NUMBER: _ClassVar[int]
+                VALUE_FIELD_NUMBER: _ClassVar[int]
+                key: str
+                value: ModelOptimizationPolicy.Cuda.GraphSpec.Shape
+                def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[ModelOptimizationPolicy.Cuda.GraphSpec.Shape, _Mapping]] = ...) -> None: ...
+            BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+            INPUT_FIELD_NUMBER: _ClassVar[int]
+            GRAPH_LOWER_BOUND_FIELD_NUMBER: _ClassVar[int]
+            batch_size: int
+            input: _containers.MessageMap[str, ModelOptimizationPolicy.Cuda.GraphSpec.Shape]
+            graph_lower_bound: ModelOptimizationPolicy.Cuda.GraphSpec.LowerBound
+            def __init__(self, batch_size: _Optional[int] = ..., input: _Optional[_Mapping[str, ModelOptimizationPolicy.Cuda.GraphSpec.Shape]] = ..., graph_lower_bound: _Optional[_Union[ModelOptimizationPolicy.Cuda.GraphSpec.LowerBound, _Mapping]] = ...) -> None: ...
+        GRAPHS_FIELD_NUMBER: _ClassVar[int]
+        BUSY_WAIT_EVENTS_FIELD_NUMBER: _ClassVar[int]
+        GRAPH_SPEC_FIELD_NUMBER: _ClassVar[int]
+        OUTPUT_COPY_STREAM_FIELD_NUMBER: _ClassVar[int]
+        graphs: bool
+        busy_wait_events: bool
+        graph_spec: _containers.RepeatedCompositeFieldContainer[ModelOptimizationPolicy.Cuda.GraphSpec]
+        output_copy_stream: bool
+        def __init__(self, graphs: _Optional[bool] = ..., busy_wait_events: _Optional[bool] = ..., graph_spec: _Optional[_Iterable[_Union[ModelOptimizationPolicy.Cuda.GraphSpec, _Mapping]]] = ..., output_copy_stream: _Optional[bool] = ...) -> None: ...
+    class ExecutionAccelerators(_message.Message):
+        __slots__ = ("gpu_execution_accelerator", "cpu_execution_accelerator")
+        class Accelerator(_message.Message):
+            __slots__ = ("name", "parameters")
+            class ParametersEntry(_message.Message):
+                __slots__ = ("key", "value")
+                KEY_FIELD_NUMBER: _ClassVar[int]
+                VALUE_FIELD_NUMBER: _ClassVar[int]
+                key: str
+                value: str
+                def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+            NAME_FIELD_NUMBER: _ClassVar[int]
+            PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+            name: str
+            parameters: _containers.ScalarMap[str, str]
+            def __init__(self, name: _Optional[str] = ..., parameters: _Optional[_Mapping[str, str]] = ...) -> None: ...
+        GPU_EXECUTION_ACCELERATOR_FIELD_NUMBER: _ClassVar[int]
+        CPU_EXECUTION_ACCELERATOR_FIELD_NUMBER: _ClassVar[int]
+        gpu_execution_accelerator: _containers.RepeatedCompositeFieldContainer[ModelOptimizationPolicy.ExecutionAccelerators.Accelerator]
+        cpu_execution_accelerator: _containers.RepeatedCompositeFieldContainer[ModelOptimizationPolicy.ExecutionAccelerators.Accelerator]
+        def __init__(self, gpu_execution_accelerator: _Optional[_Iterable[_Union[ModelOptimizationPolicy.ExecutionAccelerators.Accelerator, _Mapping]]] = ..., cpu_execution_accelerator: _Optional[_Iterable[_Union[ModelOptimizationPolicy.ExecutionAccelerators.Accelerator, _Mapping]]] = ...) -> None: ...
+    class PinnedMemoryBuffer(_message.Message):
+        __slots__ = ("enable",)
+        ENABLE_FIELD_NUMBER: _ClassVar[int]
+        enable: bool
+        def __init__(self, enable: _Optional[bool] = ...) -> None: ...
+    GRAPH_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    CUDA_FIELD_NUMBER: _ClassVar[int]
+    EXECUTION_ACCELERATORS_FIELD_NUMBER: _ClassVar[int]
+    INPUT_PINNED_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_PINNED_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    GATHER_KERNEL_BUFFER_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    EAGER_BATCHING_FIELD_NUMBER: _ClassVar[int]
+    graph: ModelOptimizationPolicy.Graph
+    priority: ModelOptimizationPolicy.ModelPriority
+    cuda: ModelOptimizationPolicy.Cuda
+    execution_accelerators: ModelOptimizationPolicy.ExecutionAccelerators
+    input_pinned_memory: ModelOptimizationPolicy.PinnedMemoryBuffer
+    output_pinned_memory: ModelOptimizationPolicy.PinnedMemoryBuffer
+    gather_kernel_buffer_threshold: int
+    eager_batching: bool
+    def __init__(self, graph: _Optional[_Union[ModelOptimizationPolicy.Graph, _Mapping]] = ..., priority: _Optional[_Union[ModelOptimizationPolicy.ModelPriority, str]] = ..., cuda: _Optional[_Union[ModelOptimizationPolicy.Cuda, _Mapping]] = ..., execution_accelerators: _Optional[_Union[ModelOptimizationPolicy.ExecutionAccelerators, _Mapping]] = ..., input_pinned_memory: _Optional[_Union[ModelOptimizationPolicy.PinnedMemoryBuffer, _Mapping]] = ..., output_pinned_memory: _Optional[_Union[ModelOptimizationPolicy.PinnedMemoryBuffer, _Mapping]] = ..., gather_kernel_buffer_threshold: _Optional[int] = ..., eager_batching: _Optional[bool] = ...) -> None: ...
 
 class ModelQueuePolicy(_message.Message):
     __slots__ = ("timeout_action", "default_timeout_microseconds", "allow_timeout_override", "max_queue_size")
@@ -272,14 +464,115 @@ class ModelParameter(_message.Message):
     string_value: str
     def __init__(self, string_value: _Optional[str] = ...) -> None: ...
 
+class ModelWarmup(_message.Message):
+    __slots__ = ("name", "batch_size", "inputs", "count")
+    class Input(_message.Message):
+        __slots__ = ("data_type", "dims", "zero_data", "random_data", "input_data_file")
+        DATA_TYPE_FIELD_NUMBER: _ClassVar[int]
+        DIMS_FIELD_NUMBER: _ClassVar[int]
+        ZERO_DATA_FIELD_NUMBER: _ClassVar[int]
+        RANDOM_DATA_FIELD_NUMBER: _ClassVar[int]
+        INPUT_DATA_FILE_FIELD_NUMBER: _ClassVar[int]
+        data_type: DataType
+        dims: _containers.RepeatedScalarFieldContainer[int]
+        zero_data: bool
+        random_data: bool
+        input_data_file: str
+        def __init__(self, data_type: _Optional[_Union[DataType, str]] = ..., dims: _Optional[_Iterable[int]] = ..., zero_data: _Optional[bool] = ..., random_data: _Optional[bool] = ..., input_data_file: _Optional[str] = ...) -> None: ...
+    class InputsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: ModelWarmup.Input
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[ModelWarmup.Input, _Mapping]] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    batch_size: int
+    inputs: _containers.MessageMap[str, ModelWarmup.Input]
+    count: int
+    def __init__(self, name: _Optional[str] = ..., batch_size: _Optional[int] = ..., inputs: _Optional[_Mapping[str, ModelWarmup.Input]] = ..., count: _Optional[int] = ...) -> None: ...
+
+class ModelOperations(_message.Message):
+    __slots__ = ("op_library_filename",)
+    OP_LIBRARY_FILENAME_FIELD_NUMBER: _ClassVar[int]
+    op_library_filename: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, op_library_filename: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class ModelTransactionPolicy(_message.Message):
     __slots__ = ("decoupled",)
     DECOUPLED_FIELD_NUMBER: _ClassVar[int]
     decoupled: bool
     def __init__(self, decoupled: _Optional[bool] = ...) -> None: ...
 
+class ModelRepositoryAgents(_message.Message):
+    __slots__ = ("agents",)
+    class Agent(_message.Message):
+        __slots__ = ("name", "parameters")
+        class ParametersEntry(_message.Message):
+            __slots__ = ("key", "value")
+            KEY_FIELD_NUMBER: _ClassVar[int]
+            VALUE_FIELD_NUMBER: _ClassVar[int]
+            key: str
+            value: str
+            def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+        NAME_FIELD_NUMBER: _ClassVar[int]
+        PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+        name: str
+        parameters: _containers.ScalarMap[str, str]
+        def __init__(self, name: _Optional[str] = ..., parameters: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    AGENTS_FIELD_NUMBER: _ClassVar[int]
+    agents: _containers.RepeatedCompositeFieldContainer[ModelRepositoryAgents.Agent]
+    def __init__(self, agents: _Optional[_Iterable[_Union[ModelRepositoryAgents.Agent, _Mapping]]] = ...) -> None: ...
+
+class ModelResponseCache(_message.Message):
+    __slots__ = ("enable",)
+    ENABLE_FIELD_NUMBER: _ClassVar[int]
+    enable: bool
+    def __init__(self, enable: _Optional[bool] = ...) -> None: ...
+
+class ModelMetrics(_message.Message):
+    __slots__ = ("metric_control",)
+    class MetricControl(_message.Message):
+        __slots__ = ("metric_identifier", "histogram_options")
+        class MetricIdentifier(_message.Message):
+            __slots__ = ("family",)
+            FAMILY_FIELD_NUMBER: _ClassVar[int]
+            family: str
+            def __init__(self, family: _Optional[str] = ...) -> None: ...
+        class HistogramOptions(_message.Message):
+            __slots__ = ("buckets",)
+            BUCKETS_FIELD_NUMBER: _ClassVar[int]
+            buckets: _containers.RepeatedScalarFieldContainer[float]
+            def __init__(self, buckets: _Optional[_Iterable[float]] = ...) -> None: ...
+        METRIC_IDENTIFIER_FIELD_NUMBER: _ClassVar[int]
+        HISTOGRAM_OPTIONS_FIELD_NUMBER: _ClassVar[int]
+        metric_identifier: ModelMetrics.MetricControl.MetricIdentifier
+        histogram_options: ModelMetrics.MetricControl.HistogramOptions
+        def __init__(self, metric_identifier: _Optional[_Union[ModelMetrics.MetricControl.MetricIdentifier, _Mapping]] = ..., histogram_options: _Optional[_Union[ModelMetrics.MetricControl.HistogramOptions, _Mapping]] = ...) -> None: ...
+    METRIC_CONTROL_FIELD_NUMBER: _ClassVar[int]
+    metric_control: _containers.RepeatedCompositeFieldContainer[ModelMetrics.MetricControl]
+    def __init__(self, metric_control: _Optional[_Iterable[_Union[ModelMetrics.MetricControl, _Mapping]]] = ...) -> None: ...
+
 class ModelConfig(_message.Message):
-    __slots__ = ("name", "platform", "version_policy", "max_batch_size", "input", "output", "instance_group", "default_model_filename", "dynamic_batching", "sequence_batching", "parameters", "backend", "model_transaction_policy")
+    __slots__ = ("name", "platform", "version_policy", "max_batch_size", "input", "output", "instance_group", "default_model_filename", "cc_model_filenames", "metric_tags", "dynamic_batching", "sequence_batching", "optimization", "parameters", "model_warmup", "backend", "model_operations", "model_transaction_policy", "batch_input", "batch_output", "model_repository_agents", "response_cache", "runtime", "model_metrics")
+    class CcModelFilenamesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class MetricTagsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     class ParametersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -295,11 +588,22 @@ class ModelConfig(_message.Message):
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_GROUP_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_MODEL_FILENAME_FIELD_NUMBER: _ClassVar[int]
+    CC_MODEL_FILENAMES_FIELD_NUMBER: _ClassVar[int]
+    METRIC_TAGS_FIELD_NUMBER: _ClassVar[int]
     DYNAMIC_BATCHING_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_BATCHING_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZATION_FIELD_NUMBER: _ClassVar[int]
     PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_WARMUP_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
+    MODEL_OPERATIONS_FIELD_NUMBER: _ClassVar[int]
     MODEL_TRANSACTION_POLICY_FIELD_NUMBER: _ClassVar[int]
+    BATCH_INPUT_FIELD_NUMBER: _ClassVar[int]
+    BATCH_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_REPOSITORY_AGENTS_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_CACHE_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_METRICS_FIELD_NUMBER: _ClassVar[int]
     name: str
     platform: str
     version_policy: ModelVersionPolicy
@@ -308,9 +612,20 @@ class ModelConfig(_message.Message):
     output: _containers.RepeatedCompositeFieldContainer[ModelOutput]
     instance_group: _containers.RepeatedCompositeFieldContainer[ModelInstanceGroup]
     default_model_filename: str
+    cc_model_filenames: _containers.ScalarMap[str, str]
+    metric_tags: _containers.ScalarMap[str, str]
     dynamic_batching: ModelDynamicBatching
     sequence_batching: ModelSequenceBatching
+    optimization: ModelOptimizationPolicy
     parameters: _containers.MessageMap[str, ModelParameter]
+    model_warmup: _containers.RepeatedCompositeFieldContainer[ModelWarmup]
     backend: str
+    model_operations: ModelOperations
     model_transaction_policy: ModelTransactionPolicy
-    def __init__(self, name: _Optional[str] = ..., platform: _Optional[str] = ..., version_policy: _Optional[_Union[ModelVersionPolicy, _Mapping]] = ..., max_batch_size: _Optional[int] = ..., input: _Optional[_Iterable[_Union[ModelInput, _Mapping]]] = ..., output: _Optional[_Iterable[_Union[ModelOutput, _Mapping]]] = ..., instance_group: _Optional[_Iterable[_Union[ModelInstanceGroup, _Mapping]]] = ..., default_model_filename: _Optional[str] = ..., dynamic_batching: _Optional[_Union[ModelDynamicBatching, _Mapping]] = ..., sequence_batching: _Optional[_Union[ModelSequenceBatching, _Mapping]] = ..., parameters: _Optional[_Mapping[str, ModelParameter]] = ..., backend: _Optional[str] = ..., model_transaction_policy: _Optional[_Union[ModelTransactionPolicy, _Mapping]] = ...) -> None: ...
+    batch_input: _containers.RepeatedCompositeFieldContainer[BatchInput]
+    batch_output: _containers.RepeatedCompositeFieldContainer[BatchOutput]
+    model_repository_agents: ModelRepositoryAgents
+    response_cache: ModelResponseCache
+    runtime: str
+    model_metrics: ModelMetrics
+    def __init__(self, name: _Optional[str] = ..., platform: _Optional[str] = ..., version_policy: _Optional[_Union[ModelVersionPolicy, _Mapping]] = ..., max_batch_size: _Optional[int] = ..., input: _Optional[_Iterable[_Union[ModelInput, _Mapping]]] = ..., output: _Optional[_Iterable[_Union[ModelOutput, _Mapping]]] = ..., instance_group: _Optional[_Iterable[_Union[ModelInstanceGroup, _Mapping]]] = ..., default_model_filename: _Optional[str] = ..., cc_model_filenames: _Optional[_Mapping[str, str]] = ..., metric_tags: _Optional[_Mapping[str, str]] = ..., dynamic_batching: _Optional[_Union[ModelDynamicBatching, _Mapping]] = ..., sequence_batching: _Optional[_Union[ModelSequenceBatching, _Mapping]] = ..., optimization: _Optional[_Union[ModelOptimizationPolicy, _Mapping]] = ..., parameters: _Optional[_Mapping[str, ModelParameter]] = ..., model_warmup: _Optional[_Iterable[_Union[ModelWarmup, _Mapping]]] = ..., backend: _Optional[str] = ..., model_operations: _Optional[_Union[ModelOperations, _Mapping]] = ..., model_transaction_policy: _Optional[_Union[ModelTransactionPolicy, _Mapping]] = ..., batch_input: _Optional[_Iterable[_Union[BatchInput, _Mapping]]] = ..., batch_output: _Optional[_Iterable[_Union[BatchOutput, _Mapping]]] = ..., model_repository_agents: _Optional[_Union[ModelRepositoryAgents, _Mapping]] = ..., response_cache: _Optional[_Union[ModelResponseCache, _Mapping]] = ..., runtime: _Optional[str] = ..., model_metrics: _Optional[_Union[ModelMetrics, _Mapping]] = ...) -> None: ...
