@@ -160,8 +160,14 @@ def test_duplicate_inputs(daemon: Daemon) -> None:
     cases = [
         ('{"PROMPT": "hello", "STREAM": false, "PROMPT": "duplicate"}', dupe_prompt),
         ('{"PROMPT": "hello", "STREAM": false, "STREAM": false}', dupe_stream),
-        ('{"PROMPT": "hello", "STREAM": false, "PROMPT": "duplicate", "STREAM": true}', dupe_prompt),
-        ('{"PROMPT": "hello", "STREAM": false, "STREAM": true, "PROMPT": "duplicate"}', dupe_stream),
+        (
+            '{"PROMPT": "hello", "STREAM": false, "PROMPT": "duplicate", "STREAM": true}',
+            dupe_prompt,
+        ),
+        (
+            '{"PROMPT": "hello", "STREAM": false, "STREAM": true, "PROMPT": "duplicate"}',
+            dupe_stream,
+        ),
     ]
     for inputs, message in cases:
         for route in ("generate", "generate_stream"):
@@ -266,8 +272,12 @@ def test_generate_on_an_onnx_model(daemon: Daemon) -> None:
     data = requests.post(url, json=inputs, timeout=30).json()
     assert data["OUTPUT0"] == [1.5, 3.0, 4.5, 2.0] and data["OUTPUT1"] == [0.5, 1.0, 1.5, 6.0]
     assert data["id"] == "7" and data["model_name"] == "add_sub_onnx"
-    r = requests.post(daemon.url("/v2/models/add_sub_onnx/generate_stream"), json=inputs, timeout=30)
+    r = requests.post(
+        daemon.url("/v2/models/add_sub_onnx/generate_stream"), json=inputs, timeout=30
+    )
     assert [e["OUTPUT0"] for e in _events(r)] == [[1.5, 3.0, 4.5, 2.0]]
     r = requests.post(url, json={"INPUT0": [1.0, 2.0, 3.0], "INPUT1": [1.0] * 4}, timeout=30)
     assert r.status_code == 400
-    assert "The schema can not convert input 'INPUT0' to tensor with proper shape" in r.json()["error"]
+    assert (
+        "The schema can not convert input 'INPUT0' to tensor with proper shape" in r.json()["error"]
+    )

@@ -39,12 +39,12 @@ from google.protobuf import json_format
 
 from model_runtime.errors import QueueFullError, UnknownModelError
 from model_runtime.server.answers import HTTPError, grpc_code_of, status_of
-from model_runtime.server.grpc.streaming import error_answer, stream_answers
 from model_runtime.server.grpc.codec import (
     encode_model_infer_response,
     parameter_values,
     parse_model_infer_request,
 )
+from model_runtime.server.grpc.streaming import error_answer, stream_answers
 from model_runtime.server.inference import control
 from model_runtime.server.inference.admission import OVERLOADED, QUEUE_FULL
 from model_runtime.server.inference.plane import DataPlane, samples_of

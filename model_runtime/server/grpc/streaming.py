@@ -13,7 +13,7 @@ response is that response's ``error_message`` and the stream goes on.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -27,7 +27,7 @@ from model_runtime.server.repository.entries import ModelEntry
 from model_runtime.server.tensors.request import InferRequest
 from model_runtime.server.triton import grpc_service_pb2 as pb
 
-__all__ = ["FINAL", "EMPTY_FINAL", "stream_answers"]
+__all__ = ["EMPTY_FINAL", "FINAL", "stream_answers"]
 
 #: The response parameter that says whether a response is a request's last.
 FINAL = "triton_final_response"
@@ -70,7 +70,7 @@ async def stream_answers(
     request: Any,
     context: Any,
     one: Callable[[Any], Awaitable[Any]],
-) -> AsyncIterator[Any]:
+) -> AsyncGenerator[Any, None]:
     """The ``ModelStreamInferResponse`` messages answering ``request`` (see the module
     docstring); ``one(request)``: the ``ModelInferResponse`` of a model that answers once.
 

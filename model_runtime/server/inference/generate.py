@@ -188,7 +188,9 @@ def _required(entry: ModelEntry) -> tuple[int, int, list[str]]:
     return len(required), len(names), required
 
 
-def _check_count(entry: ModelEntry, inputs: Mapping[str, np.ndarray], request_id: str | None) -> None:
+def _check_count(
+    entry: ModelEntry, inputs: Mapping[str, np.ndarray], request_id: str | None
+) -> None:
     """Triton's check of a request's input count (``InferenceRequest::ValidateRequestInputs``)."""
     least, most, required = _required(entry)
     if least <= len(inputs) <= most:
@@ -219,7 +221,9 @@ def generate_request(
     for key, value in pairs:
         if key == "id":
             if not isinstance(value, str):
-                raise ProtocolError("Unable to parse 'id': attempt to access JSON non-string as string")
+                raise ProtocolError(
+                    "Unable to parse 'id': attempt to access JSON non-string as string"
+                )
             builder.request_id = value or None
     builder.read(pairs)
     inputs = builder.inputs

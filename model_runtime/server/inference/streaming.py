@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
-import structlog
 
 from model_runtime.errors import PythonModelError
 from model_runtime.python_backend.runner import PythonModelRunner
@@ -29,9 +28,6 @@ from model_runtime.server.tensors.request import InferRequest
 from model_runtime.server.triton.config import DEFAULT_SETTINGS
 
 __all__ = ["Reply", "is_decoupled", "replies"]
-
-log = structlog.get_logger("model_runtime.server.app")
-
 
 @dataclass(frozen=True, slots=True)
 class Reply:
@@ -98,6 +94,7 @@ async def replies(
             reason = None
             yield Reply(outputs)
             return
+        assert isinstance(inner, PythonModelRunner)  # is_decoupled said so
         settings = entry.settings or DEFAULT_SETTINGS
         timeout = settings.deadline(plane.options.request_timeout, parsed.timeout)
         if deadline is not None:

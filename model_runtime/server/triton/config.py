@@ -395,7 +395,9 @@ def _replicas(
     total = 0
     for i, group in enumerate(groups):
         at = f"instance_group[{i}]"
-        if group.kind not in _KINDS and not (python and group.kind == pb.ModelInstanceGroup.KIND_MODEL):
+        if group.kind not in _KINDS and not (
+            python and group.kind == pb.ModelInstanceGroup.KIND_MODEL
+        ):
             kind = pb.ModelInstanceGroup.Kind.Name(group.kind)
             raise _fail(where, f"{at}.kind", f"{kind} is not served (KIND_CPU or KIND_AUTO)")
         if group.gpus:

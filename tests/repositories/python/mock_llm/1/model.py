@@ -17,7 +17,9 @@ class TritonPythonModel:
             params = json.loads(request.parameters())
             sender = request.get_response_sender()
             prompt = pb_utils.get_input_tensor_by_name(request, "PROMPT").as_numpy()
-            stream = bool(pb_utils.get_input_tensor_by_name(request, "STREAM").as_numpy().ravel()[0])
+            stream = bool(
+                pb_utils.get_input_tensor_by_name(request, "STREAM").as_numpy().ravel()[0]
+            )
             text = np.array([]) if params.get("OUTPUT_0_DIM", False) else prompt
             answer = pb_utils.InferenceResponse([pb_utils.Tensor("TEXT", text)])
             if not stream:

@@ -20,6 +20,8 @@ class TritonPythonModel:
             answer = call.exec()
             if answer.has_error():
                 raise pb_utils.TritonModelException(answer.error().message())
-            outputs = [pb_utils.get_output_tensor_by_name(answer, n) for n in ("OUTPUT0", "OUTPUT1")]
+            outputs = [
+                pb_utils.get_output_tensor_by_name(answer, n) for n in ("OUTPUT0", "OUTPUT1")
+            ]
             responses.append(pb_utils.InferenceResponse(output_tensors=outputs))
         return responses

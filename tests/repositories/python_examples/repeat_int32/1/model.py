@@ -32,7 +32,7 @@ class TritonPythonModel:
         return None
 
     def answer(self, sender, values, delays):
-        for index, (value, delay) in enumerate(zip(values, delays)):
+        for index, (value, delay) in enumerate(zip(values, delays, strict=True)):
             time.sleep(delay / 1000)
             outputs = [
                 pb_utils.Tensor("IDX", np.array([index], np.uint32)),
