@@ -29,6 +29,7 @@ from model_runtime.server.triton.config import DEFAULT_SETTINGS
 
 __all__ = ["Reply", "is_decoupled", "replies"]
 
+
 @dataclass(frozen=True, slots=True)
 class Reply:
     """One response: outputs (or the model's ``error`` for it), response parameters, and
