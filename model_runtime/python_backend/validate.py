@@ -75,12 +75,7 @@ def check_outputs(config: PythonModelConfig, response: PyResponse) -> PyResponse
     known = {t.name: t for t in config.outputs}
     for name, array in response.outputs.items():
         tensor = known.get(name)
-        if tensor is not None and array.size == 0 and _datatype(array) != tensor.datatype:
-            # No element to be of the wrong type (Triton takes an empty np.array([]) as any).
-            outputs = dict(response.outputs)
-            outputs[name] = np.empty(array.shape, tensor.dtype)
-            response = PyResponse(outputs, response.error, response.parameters, response.final)
-        elif tensor is not None and _datatype(array) != tensor.datatype:
+        if tensor is not None and _datatype(array) != tensor.datatype:
             error = PythonModelError(
                 f"the model returned output '{name}' as {_datatype(array)}, but its config "
                 f"says TYPE_{tensor.datatype}",
