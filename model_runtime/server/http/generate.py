@@ -20,9 +20,11 @@ from typing import Any
 
 from aiohttp import web
 
+from model_runtime.errors import QueueFullError
 from model_runtime.python_backend.runner import PythonModelRunner
-from model_runtime.server.answers import HTTPError
+from model_runtime.server.answers import HTTPError, status_of
 from model_runtime.server.http.body import read_body, refuse_head
+from model_runtime.server.inference.admission import OVERLOADED
 from model_runtime.server.inference.generate import (
     GENERATE_ONE,
     error_json,
@@ -55,28 +57,53 @@ class GenerateRoutes:
         return out
 
     async def _start(
-        self, request: web.Request
-    ) -> tuple[ModelEntry, InferRequest, AsyncGenerator[Reply, None]]:
-        """The request's entry and its reply stream, or the error that answers it."""
+        self, request: web.Request, entry: ModelEntry
+    ) -> tuple[InferRequest, AsyncGenerator[Reply, None]]:
+        """The request for ``entry`` read and its reply stream, or the error that answers it."""
         plane = self.plane
         options = plane.options
-        entry = plane.entry(request.match_info["name"], request.match_info.get("version"))
         refusal = refuse_head(request, options.max_body_size)
         runner = plane.serving_runner(entry, refusal)
         body = await read_body(request, options.max_body_size, options.body_timeout)
         python = isinstance(innermost(runner), PythonModelRunner)
         parsed = generate_request(body, entry, options.max_body_size, python=python)
-        return entry, parsed, replies(plane, entry, runner, parsed)
+        return parsed, replies(plane, entry, runner, parsed)
+
+    async def _admitted(self, request: web.Request, streaming: bool) -> web.StreamResponse:
+        """Serve ``request`` within its model's front-end admission (as infer requests are:
+        :mod:`model_runtime.server.inference.admission`)."""
+        plane = self.plane
+        entry = plane.entry(request.match_info["name"], request.match_info.get("version"))
+        refused = plane.admission.try_admit(entry.name)
+        if refused is not None:
+            raise HTTPError(503, refused, OVERLOADED)
+        queue_full = False
+        try:
+            if streaming:
+                return await self._stream(request, entry)
+            return await self._one(request, entry)
+        except QueueFullError:
+            queue_full = True
+            raise
+        finally:
+            plane.admission.release(entry.name, queue_full=queue_full)
 
     def _event(self, entry: ModelEntry, request_id: str | None, reply: Reply) -> tuple[int, bytes]:
         if reply.error is not None:
-            status = self.plane.error_answer(reply.error, "generate")[0]
+            status = status_of(reply.error)[0]  # the model's answer: not logged as a failure
             return status, error_json(str(reply.error))
         return 200, generate_response(entry, request_id, reply.outputs, reply.parameters)
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         """``POST .../generate``: one JSON answer (see the module docstring)."""
-        entry, parsed, stream = await self._start(request)
+        return await self._admitted(request, streaming=False)
+
+    async def generate_stream(self, request: web.Request) -> web.StreamResponse:
+        """``POST .../generate_stream``: Server-Sent Events (see the module docstring)."""
+        return await self._admitted(request, streaming=True)
+
+    async def _one(self, request: web.Request, entry: ModelEntry) -> web.StreamResponse:
+        parsed, stream = await self._start(request, entry)
         got: list[Reply] = []
         async with aclosing(stream):
             async for reply in stream:
@@ -87,9 +114,8 @@ class GenerateRoutes:
         status, body = self._event(entry, parsed.id, got[0])
         return web.Response(body=body, status=status, content_type="application/json")
 
-    async def generate_stream(self, request: web.Request) -> web.StreamResponse:
-        """``POST .../generate_stream``: Server-Sent Events (see the module docstring)."""
-        entry, parsed, stream = await self._start(request)
+    async def _stream(self, request: web.Request, entry: ModelEntry) -> web.StreamResponse:
+        parsed, stream = await self._start(request, entry)
         response: web.StreamResponse | None = None
         async with aclosing(stream):
             try:
