@@ -17,10 +17,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any
 
-from model_runtime.errors import QueueFullError
-from model_runtime.server.answers import HTTPError
 from model_runtime.server.grpc.codec import encode_model_infer_response, parse_model_infer_request
-from model_runtime.server.inference.admission import OVERLOADED
 from model_runtime.server.inference.plane import DataPlane
 from model_runtime.server.inference.streaming import Reply, is_decoupled, replies
 from model_runtime.server.repository.entries import ModelEntry
@@ -82,33 +79,24 @@ async def stream_answers(
     if not is_decoupled(entry):
         yield pb.ModelStreamInferResponse(infer_response=_final(await one(request), True))
         return
-    admission = plane.admission
-    refused = admission.try_admit(entry.name)
-    if refused is not None:
-        raise HTTPError(503, refused, OVERLOADED)
-    queue_full = False
+    # No front-end admission: how long a decoupled model's stream lasts is the model's to say
+    # (a token stream), not work held in a queue.
+    runner = plane.serving_runner(entry)
+    parsed = parse_model_infer_request(
+        request, entry.inputs, entry.outputs, model=entry.name, regions=plane.shared_memory
+    )
+    empty_final = request.parameters[EMPTY_FINAL].bool_param if (
+        EMPTY_FINAL in request.parameters) else False  # fmt: skip
     try:
-        runner = plane.serving_runner(entry)
-        parsed = parse_model_infer_request(
-            request, entry.inputs, entry.outputs, model=entry.name, regions=plane.shared_memory
-        )
-        empty_final = request.parameters[EMPTY_FINAL].bool_param if (
-            EMPTY_FINAL in request.parameters) else False  # fmt: skip
-        try:
-            async with aclosing(
-                replies(plane, entry, runner, parsed, context.time_remaining())
-            ) as stream:
-                async for reply in stream:
-                    answer = _answer(request, entry, parsed, reply, empty_final)
-                    if answer is not None:
-                        yield answer
-        finally:
-            parsed.release()
-    except QueueFullError:
-        queue_full = True
-        raise
+        async with aclosing(
+            replies(plane, entry, runner, parsed, context.time_remaining())
+        ) as stream:
+            async for reply in stream:
+                answer = _answer(request, entry, parsed, reply, empty_final)
+                if answer is not None:
+                    yield answer
     finally:
-        admission.release(entry.name, queue_full=queue_full)
+        parsed.release()
 
 
 def _answer(

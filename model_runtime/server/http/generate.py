@@ -32,7 +32,7 @@ from model_runtime.server.inference.generate import (
     generate_response,
 )
 from model_runtime.server.inference.plane import DataPlane
-from model_runtime.server.inference.streaming import Reply, replies
+from model_runtime.server.inference.streaming import Reply, is_decoupled, replies
 from model_runtime.server.repository.entries import ModelEntry
 from model_runtime.server.serving import innermost
 from model_runtime.server.tensors.request import InferRequest
@@ -71,9 +71,14 @@ class GenerateRoutes:
 
     async def _admitted(self, request: web.Request, streaming: bool) -> web.StreamResponse:
         """Serve ``request`` within its model's front-end admission (as infer requests are:
-        :mod:`model_runtime.server.inference.admission`)."""
+        :mod:`model_runtime.server.inference.admission`), but for a decoupled model: how long
+        its streams last is the model's to say (a token stream), not work held in a queue."""
         plane = self.plane
         entry = plane.entry(request.match_info["name"], request.match_info.get("version"))
+        if is_decoupled(entry):
+            if streaming:
+                return await self._stream(request, entry)
+            return await self._one(request, entry)
         refused = plane.admission.try_admit(entry.name)
         if refused is not None:
             raise HTTPError(503, refused, OVERLOADED)
