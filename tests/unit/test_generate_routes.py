@@ -25,3 +25,13 @@ async def test_generate_answers_through_admission(tmp_path: Path) -> None:
             resp = await client.post(f"/v2/models/fake/{route}", json={"pixels": [0.0] * 4})
             assert resp.status == 503
             assert "admission limit" in (await resp.json())["error"]
+
+
+async def test_a_body_past_a_mebibyte_is_decoded_off_the_loop_and_answered(tmp_path: Path) -> None:
+    async with serving(tmp_path) as (client, _, _):
+        pixels = np.ones(4 * 65536, dtype=np.float32)
+        body = {"pixels": pixels.tolist()}
+        resp = await client.post("/v2/models/fake/generate_stream", json=body)
+        assert resp.status == 200
+        text = await resp.text()
+        assert text.startswith("data: {") and text.endswith("}\n\n") and text.count("data: ") == 1

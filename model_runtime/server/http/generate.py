@@ -36,10 +36,12 @@ from model_runtime.server.inference.streaming import Reply, is_decoupled, replie
 from model_runtime.server.repository.entries import ModelEntry
 from model_runtime.server.serving import innermost
 from model_runtime.server.tensors.request import InferRequest
+from model_runtime.server.tensors.shm_io import decode_in_thread
 
 __all__ = ["SSE_CONTENT_TYPE", "GenerateRoutes"]
 
 SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
+_THREAD_PARSE_BYTES = 1 << 20
 
 
 class GenerateRoutes:
@@ -66,7 +68,12 @@ class GenerateRoutes:
         runner = plane.serving_runner(entry, refusal)
         body = await read_body(request, options.max_body_size, options.body_timeout)
         python = isinstance(innermost(runner), PythonModelRunner)
-        parsed = generate_request(body, entry, options.max_body_size, python=python)
+
+        def parse() -> InferRequest:
+            return generate_request(body, entry, options.max_body_size, python=python)
+
+        # As infer bodies: decoding past ~1 MiB goes off the event loop.
+        parsed = await decode_in_thread(parse) if len(body) > _THREAD_PARSE_BYTES else parse()
         return parsed, replies(plane, entry, runner, parsed)
 
     async def _admitted(self, request: web.Request, streaming: bool) -> web.StreamResponse:
