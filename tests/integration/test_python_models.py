@@ -149,6 +149,41 @@ def test_a_decoupled_model_over_plain_infer_is_refused_with_the_reason(daemon: D
             client.infer("repeat", [tensor])
 
 
+def test_a_decoupled_model_streams_over_grpc_its_errors_in_place(daemon: Daemon) -> None:
+    """Each response of a decoupled model reaches a ModelStreamInfer client as it comes; the
+    model's error for one is that response's error and the stream goes on; a model that answers
+    once gives one response, with triton_final_response true."""
+    import queue
+    from functools import partial
+
+    results: queue.Queue[object] = queue.Queue()
+
+    def callback(q: queue.Queue[object], result: object, error: object) -> None:
+        q.put(error if error else result)
+
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{daemon.grpc_port}") as client:
+        client.start_stream(callback=partial(callback, results))
+        tensor = grpcclient.InferInput("IN", [3], "INT32")
+        tensor.set_data_from_numpy(np.array([1, -2, 3], np.int32))
+        client.async_stream_infer("repeat", [tensor], request_id="r")
+        got = [results.get(timeout=30) for _ in range(3)]
+        client.async_stream_infer("add_sub_onnx", _inputs(grpcclient, A, B), request_id="o")
+        once = results.get(timeout=30)
+        client.stop_stream()
+    assert results.empty()
+    first, error, third = got
+    assert first.as_numpy("OUT").tolist() == [1]  # type: ignore[attr-defined]
+    assert isinstance(error, InferenceServerException)
+    assert "negative element -2" in error.message()
+    assert third.as_numpy("OUT").tolist() == [3]  # type: ignore[attr-defined]
+    for result in (first, third):
+        params = result.get_response().parameters  # type: ignore[attr-defined]
+        assert params["triton_final_response"].bool_param is False
+    assert once.get_response().id == "o"  # type: ignore[attr-defined]
+    assert once.get_response().parameters["triton_final_response"].bool_param  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(once.as_numpy("OUTPUT0"), A + B)  # type: ignore[attr-defined]
+
+
 def _instances(daemon: Daemon, model: str) -> list[int]:
     """The pids of ``model``'s instance processes (children of the daemon running the stub)."""
     pids = []

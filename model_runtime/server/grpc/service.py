@@ -28,6 +28,7 @@ import base64
 import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from dataclasses import asdict
 from typing import Any, TypeVar
 
@@ -43,6 +44,7 @@ from model_runtime.server.grpc.codec import (
     parameter_values,
     parse_model_infer_request,
 )
+from model_runtime.server.grpc.streaming import error_answer, stream_answers
 from model_runtime.server.inference import control
 from model_runtime.server.inference.admission import OVERLOADED, QUEUE_FULL
 from model_runtime.server.inference.plane import DataPlane, samples_of
@@ -174,30 +176,31 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         return await self._model_infer(request, context)
 
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> Any:
-        """Triton's streaming inference: requests in, one response each, in the order they
-        finish (the steps of one sequence in their order: :mod:`model_runtime.sequences`; a
-        stream's requests are decoded on the loop, in order, so none overtakes another). A
-        request that fails is answered with its ``error_message`` (and its id) and the stream
-        goes on. At most :data:`STREAM_IN_FLIGHT` requests of a stream are held, from read to
-        answer sent: the next is read when an answer has gone out."""
-        answers: asyncio.Queue[Any] = asyncio.Queue()
+        """Triton's streaming inference: requests in, their responses out as they finish (the
+        steps of one sequence in their order: :mod:`model_runtime.sequences`; a stream's
+        requests are decoded on the loop, in order, so none overtakes another): one per
+        request, or each response of a decoupled model as it comes, each with Triton's
+        ``triton_final_response`` (:mod:`.streaming`). A request that fails is answered with
+        its ``error_message`` (and its id) and the stream goes on. At most
+        :data:`STREAM_IN_FLIGHT` requests of a stream are held, from read to last answer
+        sent: the next is read when a request's last answer has gone out."""
+        answers: asyncio.Queue[tuple[Any, bool] | None] = asyncio.Queue()
         slots = asyncio.Semaphore(STREAM_IN_FLIGHT)
         running: set[asyncio.Task[None]] = set()
 
+        async def infer_one(request: Any) -> Any:
+            return await self._model_infer(request, context, inline=True)
+
         async def one(request: Any) -> None:
             try:
-                response = await self._model_infer(request, context, inline=True)
-                item = pb.ModelStreamInferResponse(infer_response=response)
+                async with aclosing(
+                    stream_answers(self.plane, request, context, infer_one)
+                ) as stream:
+                    async for item in stream:
+                        answers.put_nowait((item, False))  # each goes out as it comes
             except Exception as exc:
-                item = pb.ModelStreamInferResponse(
-                    error_message=_logged(exc, "ModelStreamInfer"),
-                    infer_response=pb.ModelInferResponse(
-                        id=request.id,
-                        model_name=request.model_name,
-                        model_version=request.model_version,
-                    ),
-                )
-            answers.put_nowait(item)
+                answers.put_nowait((error_answer(request, _logged(exc, "ModelStreamInfer")), False))
+            answers.put_nowait((None, True))  # the request's last answer: its slot is free
 
         async def read() -> None:
             try:
@@ -212,9 +215,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
 
         reader = asyncio.create_task(read())
         try:
-            while (item := await answers.get()) is not None:
-                yield item
-                slots.release()
+            while (got := await answers.get()) is not None:
+                item, last = got
+                if item is not None:
+                    yield item
+                if last:
+                    slots.release()
             await reader  # a failed read of the request stream fails the call
         finally:
             reader.cancel()

@@ -36,6 +36,7 @@ from model_runtime.server.answers import HTTPError
 from model_runtime.server.http.access import access_middleware
 from model_runtime.server.http.admitting import admission_middleware
 from model_runtime.server.http.body import read_body, refuse_head, too_large as body_too_large
+from model_runtime.server.http.generate import GenerateRoutes
 from model_runtime.server.http.shm_routes import SharedMemoryRoutes
 from model_runtime.server.inference import control
 from model_runtime.server.inference.plane import DataPlane
@@ -96,6 +97,9 @@ class HttpFrontEnd:
         # regular expression each), and the hot path should not wait behind the others.
         routes: list[tuple[str, str, Handler, str]] = [
             (p, f"{b}/infer", self.infer, "inference") for b in bases
+        ]
+        routes += [
+            (m, path, h, "inference") for m, path, h in GenerateRoutes(self.plane).routes(bases)
         ]
         routes += [
             (g, "/v2", self.server_metadata, "metadata"),

@@ -11,7 +11,8 @@ in a runner: a reload replaces the runner and the totals go on (:class:`TritonTo
 
 Ours (``model_runtime_*``): requests by outcome and reason, a duration histogram, replica state,
 device, batches, resets, restarts, retries and poisoned requests, repository state and loads,
-readiness changes, draining; and the process collector's ``process_*`` metrics.
+readiness changes, draining; python models' instance restarts and their own custom metric
+families (:mod:`.python_models`); and the process collector's ``process_*`` metrics.
 
 Request outcomes, inference counts, durations and pending requests are counted by the front
 ends (HTTP, gRPC) as requests finish. Replica facts (state, device, batches run, resets,
@@ -52,6 +53,7 @@ from model_runtime.server.observability.collectors import (
     SequenceCollector,
     phase_of,
 )
+from model_runtime.server.observability.python_models import python_models_text
 from model_runtime.server.repository.repository import ModelRepository
 from model_runtime.server.serving import innermost, replica_states
 
@@ -265,6 +267,9 @@ class DaemonMetrics:
         self.sequences: list[tuple[tuple[str, str], Any]] = []
         #: Triton's totals per (model, version): they outlive reloads (see the module doc).
         self.triton: dict[tuple[str, str], TritonTotals] = {}
+        #: (model, version, runner) of every loaded version at the last scrape: python
+        #: models' custom metrics and restarts are read from them (:mod:`.python_models`).
+        self.python_runners: list[tuple[str, str, Any]] = []
         #: The last read of each runner of a (model, version), by ``id`` of the runner (a mark
         #: holds its runner, so the id is not reused while it lives): during a reload the old
         #: runner and the new one are both read.
@@ -342,6 +347,9 @@ class DaemonMetrics:
         self.models = [ModelSnapshot(e.name, e.state, e.loads, e.load_failures) for e in entries]
         tables = {(e.name, e.version): e.sequences for e in entries if e.sequences is not None}
         self.sequences = sorted(tables.items(), key=lambda item: item[0])
+        self.python_runners = [
+            (e.name, e.version, innermost(e.runner)) for e in entries if e.runner is not None
+        ]
         for entry in entries:
             self.model_ready.labels(entry.name).set(1.0 if entry.is_ready else 0.0)
             snaps += await self.read_runner(entry.name, entry.version, entry.runner)
@@ -410,7 +418,11 @@ class DaemonMetrics:
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
-        return generate_latest(self.registry) + _triton_text(self.triton)
+        return (
+            generate_latest(self.registry)
+            + _triton_text(self.triton)
+            + python_models_text(self.python_runners)
+        )
 
 
 async def read_statistics(fn: Any, replica: int) -> dict[str, float]:

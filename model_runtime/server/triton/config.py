@@ -349,7 +349,7 @@ def settings_of(
         notes=extra.notes,
         batch_size=batch,
         max_batch_size=mbs or None,
-        replicas=_replicas(config.instance_group, where),
+        replicas=_replicas(config.instance_group, where, python=python),
         version_policy=_version_policy(config, where),
         **fields,
     )
@@ -393,13 +393,19 @@ def _dynamic_batching(db: pb.ModelDynamicBatching, where: Path | str, mbs: int) 
     return out
 
 
-def _replicas(groups: Sequence[pb.ModelInstanceGroup], where: Path | str) -> int | None:
+def _replicas(
+    groups: Sequence[pb.ModelInstanceGroup], where: Path | str, *, python: bool = False
+) -> int | None:
+    """The instances ``groups`` ask for; a python model may also say ``KIND_MODEL`` (its
+    ``model.py`` places itself: here, on the CPU)."""
     if not groups:
         return None
     total = 0
     for i, group in enumerate(groups):
         at = f"instance_group[{i}]"
-        if group.kind not in _KINDS:
+        if group.kind not in _KINDS and not (
+            python and group.kind == pb.ModelInstanceGroup.KIND_MODEL
+        ):
             kind = pb.ModelInstanceGroup.Kind.Name(group.kind)
             raise _fail(where, f"{at}.kind", f"{kind} is not served (KIND_CPU or KIND_AUTO)")
         if group.gpus:

@@ -27,6 +27,7 @@ from model_runtime.server.triton.config import (
     ModelSettings,
     parse_pbtxt,
     parse_toml,
+    settings_of,
 )
 
 __all__ = [
@@ -72,6 +73,13 @@ def is_model_dir(path: Path) -> bool:
     return any(p.name.isdigit() and p.is_dir() for p in path.iterdir())
 
 
+def _python_only(source: Path) -> bool:
+    """``source``'s version directories hold a ``model.py`` and no other model file."""
+    versions = [p for p in source.iterdir() if p.name.isdigit() and p.is_dir()]
+    has = {n for v in versions for n in (*PYTHON_MODEL_FILES, *MODEL_FILES) if (v / n).is_file()}
+    return bool(has) and has <= set(PYTHON_MODEL_FILES)
+
+
 def settings_file(model_file: Path) -> Path:
     """A flat model's optional TOML: beside the model file, with its stem."""
     return model_file.with_suffix(".toml")
@@ -98,6 +106,9 @@ def plan_model(name: str, source: Path, override: ModelSettings | None = None) -
         settings = override
     elif config.is_file():
         settings = parse_pbtxt(config, name)
+    elif _python_only(source):  # Triton's rule: a model.py and no config is a python model
+        python = pb.ModelConfig(name=name, backend="python")
+        settings = replace(settings_of(python, origin=f"{source} (no config.pbtxt)"), source=config)
     else:
         settings = ModelSettings(pb.ModelConfig(), source=config)
     settings = replace(settings, triton=True, labels=read_labels(settings, source))
