@@ -59,13 +59,24 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     (repo / "double" / "1").mkdir(parents=True)
     (repo / "double" / "config.pbtxt").write_text(config)
     (repo / "double" / "1" / "model.py").write_text(model)
-    # Two instances of add_sub for the fault test (Triton's instance_group count).
-    shutil.copytree(repo / "add_sub", repo / "add_sub_twice")
+    d = start_daemon(tmp_path_factory.mktemp("python-daemon"), "--model-repository", str(repo))
+    try:
+        yield d
+    finally:
+        stop_daemon(d)
+
+
+@pytest.fixture(scope="module")
+def twice(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """A daemon whose one model is add_sub with two instances (instance_group count 2): every
+    instance process it runs is that model's."""
+    repo = tmp_path_factory.mktemp("python-twice") / "models"
+    shutil.copytree(REPOSITORY / "add_sub", repo / "add_sub_twice")
     config = (repo / "add_sub_twice" / "config.pbtxt").read_text()
     config = config.replace('name: "add_sub"', 'name: "add_sub_twice"')
     config = config.replace("{ kind: KIND_CPU }", "{ count: 2 kind: KIND_CPU }")
     (repo / "add_sub_twice" / "config.pbtxt").write_text(config)
-    d = start_daemon(tmp_path_factory.mktemp("python-daemon"), "--model-repository", str(repo))
+    d = start_daemon(tmp_path_factory.mktemp("twice-daemon"), "--model-repository", str(repo))
     try:
         yield d
     finally:
@@ -184,8 +195,8 @@ def test_a_decoupled_model_streams_over_grpc_its_errors_in_place(daemon: Daemon)
     np.testing.assert_array_equal(once.as_numpy("OUTPUT0"), A + B)  # type: ignore[attr-defined]
 
 
-def _instances(daemon: Daemon, model: str) -> list[int]:
-    """The pids of ``model``'s instance processes (children of the daemon running the stub)."""
+def _instances(daemon: Daemon) -> list[int]:
+    """The pids of the daemon's instance processes (its children running the stub)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -201,11 +212,11 @@ def _instances(daemon: Daemon, model: str) -> list[int]:
     return pids
 
 
-def test_an_instance_killed_under_load_costs_no_request(daemon: Daemon) -> None:
+def test_an_instance_killed_under_load_costs_no_request(twice: Daemon) -> None:
     """SIGKILL of one of add_sub_twice's two instance processes while 8 clients call it: no
     request fails, the model answers ready throughout, and a new instance serves within 5 s."""
-    url = f"127.0.0.1:{daemon.port}"
-    before = set(_instances(daemon, "add_sub_twice"))
+    url = f"127.0.0.1:{twice.port}"
+    before = set(_instances(twice))
     stop = threading.Event()
     failures: list[str] = []
     answered = [0] * 8
@@ -236,13 +247,13 @@ def test_an_instance_killed_under_load_costs_no_request(daemon: Daemon) -> None:
         t.start()
     try:
         wait_for(lambda: sum(answered) > 200, 30, "the clients to be served")
-        pids = _instances(daemon, "add_sub_twice")
+        pids = _instances(twice)
         assert len(pids) >= 2, pids
         victim = pids[0]
         os.kill(victim, signal.SIGKILL)
         killed_at = time.monotonic()
         wait_for(
-            lambda: len(set(_instances(daemon, "add_sub_twice")) - {victim}) >= 2,
+            lambda: len(set(_instances(twice)) - {victim}) >= 2,
             5,
             "a new instance process",
         )
