@@ -5,16 +5,31 @@ decides when; this module is how."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 import anyio
+import anyio.abc
 import structlog
 
-from model_runtime.server.repository.entries import ModelEntry, ModelState, ModelStats
+from model_runtime.errors import DeviceUnavailableError, ModelLoadError, ModelRuntimeError
+from model_runtime.server.repository.entries import Fingerprint, ModelEntry, ModelState, ModelStats
 from model_runtime.server.repository.versions import StartedVersion
 from model_runtime.server.serving import RunnerLike, ServingRunner, replica_states
 
-__all__ = ["RetireHook", "close_versions", "install", "retire", "watch_readiness"]
+__all__ = [
+    "RetireHook",
+    "close_versions",
+    "detached",
+    "install",
+    "load_failed",
+    "retire",
+    "watch_readiness",
+    "why_failed",
+]
+
+_T = TypeVar("_T")
 
 # The repository's logger: these events always came from it.
 log = structlog.get_logger("model_runtime.server.repository.repository")
@@ -123,3 +138,58 @@ async def close_versions(entry: ModelEntry, hook: RetireHook | None) -> None:
         finally:
             version.runner = version.stop = version.served = version.sequences = None
             version.state, version.reason = ModelState.UNAVAILABLE, "unloaded"
+
+
+async def detached(tg: anyio.abc.TaskGroup | None, work: Coroutine[Any, Any, _T]) -> _T:
+    """Run ``work`` in the repository's task group ``tg`` and wait for it: a client that goes
+    away stops waiting but does not cancel a load or unload half done (closing the repository
+    does).
+
+    Raises:
+        ModelRuntimeError: the repository is not open; else what ``work`` raises.
+    """
+    if tg is None:
+        work.close()
+        raise ModelRuntimeError("the model repository is not open (use `async with`)")
+    done: asyncio.Future[_T] = asyncio.get_running_loop().create_future()
+    done.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody may wait
+
+    async def run() -> None:
+        try:
+            done.set_result(await work)
+        except Exception as exc:
+            done.set_exception(exc)
+        except BaseException:
+            done.cancel()
+            raise
+
+    tg.start_soon(run)
+    return await asyncio.shield(done)
+
+
+def why_failed(exc: Exception, entry: ModelEntry) -> str:
+    """Why a load of ``entry`` failed, for its reason and the client's answer."""
+    why = str(exc) or type(exc).__name__
+    if isinstance(exc, DeviceUnavailableError) and entry.runner is not None:
+        why += (
+            "; a reload loads the new version beside the serving one, which keeps its "
+            "devices until the swap: free a device, or unload the model and load it again"
+        )
+    return why
+
+
+def load_failed(entry: ModelEntry, exc: Exception, fp: Fingerprint | None) -> None:
+    """Record a failed load of ``entry`` (``fp``: its files' fingerprint, so a poll tries
+    again only when they change): UNAVAILABLE with the reason, or the serving version on with
+    the reason noted."""
+    entry.fingerprint = fp
+    entry.load_failures += 1
+    reason = str(exc) if isinstance(exc, ModelLoadError) else why_failed(exc, entry)
+    if not reason.startswith("failed to load"):
+        reason = f"failed to load '{entry.name}': {reason}"
+    serving = entry.runner is not None
+    if serving:
+        entry.reason = f"{reason} (the previous version is still serving)"
+    else:
+        entry.state, entry.reason = ModelState.UNAVAILABLE, reason
+    log.error("model_load_failed", model=entry.name, error=reason, still_serving=serving)

@@ -26,10 +26,9 @@ Each model loads, fails, reloads and unloads on its own (Triton's per-model avai
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
 import anyio.abc
@@ -37,7 +36,6 @@ import structlog
 
 from model_runtime.errors import (
     ConfigurationError,
-    DeviceUnavailableError,
     InputValidationError,
     ModelControlError,
     ModelLoadError,
@@ -50,7 +48,6 @@ from model_runtime.server.repository.entries import (
     NAME_PATTERN,
     SUFFIXES,
     ControlMode,
-    Fingerprint,
     ModelEntry,
     ModelState,
     ModelStats,
@@ -58,9 +55,12 @@ from model_runtime.server.repository.entries import (
 )
 from model_runtime.server.repository.lifecycle import (
     close_versions,
+    detached,
     install,
+    load_failed,
     retire,
     watch_readiness,
+    why_failed,
 )
 from model_runtime.server.repository.python import PythonHooks, start_python_version
 from model_runtime.server.repository.versions import StartedVersion, start_version
@@ -278,7 +278,7 @@ class ModelRepository:
             InputValidationError, UnknownModelError, ModelLoadError: as :meth:`load`.
         """
         self._check_control("load")
-        return await self._detached(self.load(name, config))
+        return await detached(self._tg, self.load(name, config))
 
     async def client_unload(self, name: str) -> None:
         """An unload asked through the repository API: :meth:`unload`, in ``explicit`` mode only.
@@ -288,30 +288,7 @@ class ModelRepository:
             UnknownModelError: no such model.
         """
         self._check_control("unload")
-        await self._detached(self.unload(name))
-
-    async def _detached(self, work: Coroutine[Any, Any, _T]) -> _T:
-        """Run ``work`` in the repository's task group and wait for it: a client that goes
-        away stops waiting but does not cancel a load or unload half done (closing the
-        repository does)."""
-        tg = self._tg
-        if tg is None:
-            work.close()
-            raise ModelRuntimeError("the model repository is not open (use `async with`)")
-        done: asyncio.Future[_T] = asyncio.get_running_loop().create_future()
-        done.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody may wait
-
-        async def run() -> None:
-            try:
-                done.set_result(await work)
-            except Exception as exc:
-                done.set_exception(exc)
-            except BaseException:
-                done.cancel()
-                raise
-
-        tg.start_soon(run)
-        return await asyncio.shield(done)
+        await detached(self._tg, self.unload(name))
 
     # -- load / reload / unload ------------------------------------------------------------------
 
@@ -376,10 +353,10 @@ class ModelRepository:
                 )
         except Exception as exc:
             await self._close_started(entry.name, started)
-            self._load_failed(entry, exc, fingerprint)
+            load_failed(entry, exc, fingerprint)
             if isinstance(exc, ModelLoadError):
                 raise
-            raise ModelLoadError(entry.name, self._why(exc, entry), exc) from exc
+            raise ModelLoadError(entry.name, why_failed(exc, entry), exc) from exc
         except BaseException:  # cancelled: as if it had not been asked
             await self._close_started(entry.name, started)
             if serving is None:
@@ -443,28 +420,6 @@ class ModelRepository:
         with anyio.CancelScope(shield=True):
             for version in started.values():
                 await retire(name, version.runner, None, None)  # never served: no report
-
-    def _why(self, exc: Exception, entry: ModelEntry) -> str:
-        why = str(exc) or type(exc).__name__
-        if isinstance(exc, DeviceUnavailableError) and entry.runner is not None:
-            why += (
-                "; a reload loads the new version beside the serving one, which keeps its "
-                "devices until the swap: free a device, or unload the model and load it again"
-            )
-        return why
-
-    def _load_failed(self, entry: ModelEntry, exc: Exception, fp: Fingerprint | None) -> None:
-        entry.fingerprint = fp  # the poll tries again only when the file changes
-        entry.load_failures += 1
-        reason = str(exc) if isinstance(exc, ModelLoadError) else self._why(exc, entry)
-        if not reason.startswith("failed to load"):
-            reason = f"failed to load '{entry.name}': {reason}"
-        serving = entry.runner is not None
-        if serving:
-            entry.reason = f"{reason} (the previous version is still serving)"
-        else:
-            entry.state, entry.reason = ModelState.UNAVAILABLE, reason
-        log.error("model_load_failed", model=entry.name, error=reason, still_serving=serving)
 
     async def _start_version(
         self,
