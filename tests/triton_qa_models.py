@@ -30,7 +30,7 @@ TRITON_TYPES: dict[np.dtype[np.generic], tuple[int, str]] = {
 
 
 def zero_model_name(prefix: str, io_cnt: int, dtype: np.dtype[np.generic] | type) -> str:
-    """Triton's name for an identity model: ``onnx_zero_1_float32``, ``onnx_nobatch_zero_3_object``."""
+    """Triton's name for an identity model (``onnx_zero_1_float32``, ``onnx_nobatch_zero_3_object``)."""
     return f"{prefix}_zero_{io_cnt}_{np.dtype(dtype).name}"
 
 
@@ -97,3 +97,53 @@ def write_identity(
     out = [(f"OUTPUT{i}", kind, dims) for i in range(io_cnt)]
     (repo / name / "config.pbtxt").write_text(config_text(max_batch, io, out))
     return name
+
+
+def constant_model(values: np.ndarray) -> onnx.ModelProto:
+    """``INPUT0`` FP32 [-1] -> ``OUTPUT0`` = ``values`` + 0 * sum(INPUT0) (Triton's
+    ``nan_inf_output``, there a python model; the input takes part so that the output is no
+    constant of the graph, which the compiler does not take as an output)."""
+    const = helper.make_tensor("values", TensorProto.FLOAT, list(values.shape), values.tolist())
+    zero = helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0])
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceSum", ["INPUT0"], ["total"], keepdims=0),
+            helper.make_node("Mul", ["total", "zero"], ["nothing"]),
+            helper.make_node("Constant", [], ["c"], value=const),
+            helper.make_node("Add", ["c", "nothing"], ["OUTPUT0"]),
+        ],
+        "constant",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, list(values.shape))],
+        [zero],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = 8
+    return model
+
+
+def string_add_sub_model(width: int = 16) -> onnx.ModelProto:
+    """Triton's ``onnx_object_int32_int32``: ``INPUT0``, ``INPUT1`` STRING [batch, width]
+    (decimal integers) -> ``OUTPUT0`` = sum, ``OUTPUT1`` = difference, INT32."""
+    nodes = [
+        helper.make_node("Cast", ["INPUT0"], ["a"], to=TensorProto.INT32),
+        helper.make_node("Cast", ["INPUT1"], ["b"], to=TensorProto.INT32),
+        helper.make_node("Add", ["a", "b"], ["OUTPUT0"]),
+        helper.make_node("Sub", ["a", "b"], ["OUTPUT1"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "string_add_sub",
+        [
+            helper.make_tensor_value_info(n, TensorProto.STRING, ["batch", width])
+            for n in ("INPUT0", "INPUT1")
+        ],
+        [
+            helper.make_tensor_value_info(n, TensorProto.INT32, ["batch", width])
+            for n in ("OUTPUT0", "OUTPUT1")
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model

@@ -219,7 +219,8 @@ def test_an_optional_input_the_model_needs_is_refused_naming_it(client: object) 
     with pytest.raises(InferenceServerException) as info:
         infer(client, "optional_bias", x=x)
     assert info.value.status() == "400"
-    assert "missing input(s) ['bias']" in str(info.value)
+    # the request may leave it out (Triton's core takes it); the model cannot run without it
+    assert "missing ['bias']" in str(info.value)
 
 
 def test_reshape_serves_dims_to_the_client_and_reshape_to_the_model(client: object) -> None:

@@ -121,7 +121,7 @@ def test_every_typed_contents_field_decodes_exactly(
          "model 'm'"),
         (lambda r: r.inputs[0].contents.SetInParent(),  # even empty, as Triton checks it
          "contents field must not be specified when using raw_input_contents for 'pixels'"),
-        (lambda r: r.outputs.add(name="nope"), "unknown output 'nope'"),
+        (lambda r: r.outputs.add(name="nope"), "unexpected inference output 'nope' for model 'm'"),
         (lambda r: r.parameters["bogus"].MergeFrom(pb.InferParameter(bool_param=True)),
          "['bogus'] are not supported"),
         (lambda r: r.inputs[0].parameters["shared_memory_region"].MergeFrom(
@@ -144,7 +144,9 @@ def test_every_typed_contents_field_decodes_exactly(
          "type size (4) exceeds maximum allowed size (9223372036854775807)"),
         (lambda r: r.inputs[0].shape.extend([1] * 40), "dimensions (at most 32)"),
         (lambda r: r.inputs[0].shape.__setitem__(0, -1), "must hold integers in"),
-        (lambda r: r.ClearField("inputs"), "the request has no inputs"),
+        (lambda r: (r.ClearField("inputs"), r.ClearField("raw_input_contents")),
+         "expected 2 inputs but got 0 inputs for model 'm'. Got input(s) [], but missing "
+         "required input(s) ['pixels','mask']. Please provide all required input(s)."),
     ],
 )  # fmt: skip
 def test_malformed_requests_are_protocol_errors_that_say_why(mutate: Any, message: str) -> None:

@@ -142,7 +142,7 @@ def test_datatype_names_map_both_ways() -> None:
 
 BAD_CASES: list[tuple[str, Any, str]] = [
     ("not an object", [1, 2], "JSON object"),
-    ("no inputs", {"inputs": []}, "non-empty"),
+    ("no inputs", {"inputs": []}, "expected 2 inputs but got 0 inputs"),  # Triton's text
     ("unknown input", _doc(inputs=[{"name": "nope"}]), "unknown input 'nope'"),
     ("wrong datatype name", None, "unknown datatype 'FLOAT'"),
     ("mismatched datatype", None, "does not match the model's FP32"),
@@ -150,13 +150,13 @@ BAD_CASES: list[tuple[str, Any, str]] = [
     ("short data", None, "needs 8 elements"),
     ("negative dim", None, "shape"),
     ("string data", None, "must be numbers"),
-    ("missing input", None, "missing input(s) ['mask']"),
+    ("missing input", None, "missing required input(s) ['mask']"),
     (
         "duplicate input",
         None,
         "[request id: <id_unknown>] input 'pixels' already exists in request",
     ),
-    ("unknown output", _doc(outputs=[{"name": "zzz"}]), "unknown output 'zzz'"),
+    ("unknown output", _doc(outputs=[{"name": "zzz"}]), "unexpected inference output 'zzz'"),
     ("bad id", _doc(id=7), "'id' must be a string"),
     ("bad parameters", _doc(parameters=[1]), "'parameters' must be a JSON object"),
     ("no data", None, "no 'data'"),

@@ -211,9 +211,13 @@ class Completed:
     boundary: Boundary | None
 
 
-def _client(spec: TensorSpec, dims: Sequence[int], batched: bool, labels: Any) -> TensorSpec:
+def _client(
+    spec: TensorSpec, dims: Sequence[int], batched: bool, labels: Any, optional: bool = False
+) -> TensorSpec:
     shape = (-1, *dims) if batched else tuple(dims)
-    return TensorSpec(spec.name, spec.datatype, tuple(shape), labels=labels, batched=batched)
+    return TensorSpec(
+        spec.name, spec.datatype, tuple(shape), labels=labels, batched=batched, optional=optional
+    )
 
 
 def complete(
@@ -252,7 +256,8 @@ def complete(
                 narrows = kind == "input" and shape is None and dims != model
                 if shape is not None or narrows:
                     reshapes.append(Reshape(t.name, tuple(dims), _tuple(shape)))
-                specs.append(_client(spec, dims, batched, labels.get(t.name)))
+                optional = kind == "input" and bool(t.optional)
+                specs.append(_client(spec, dims, batched, labels.get(t.name), optional))
                 copy = cls_of[kind]()
                 copy.CopyFrom(t)
                 tensors.append(copy)
