@@ -30,7 +30,8 @@ TRITON_TYPES: dict[np.dtype[np.generic], tuple[int, str]] = {
 
 
 def zero_model_name(prefix: str, io_cnt: int, dtype: np.dtype[np.generic] | type) -> str:
-    """Triton's name for an identity model (``onnx_zero_1_float32``, ``onnx_nobatch_zero_3_object``)."""
+    """Triton's name for an identity model: ``onnx_zero_1_float32``,
+    ``onnx_nobatch_zero_3_object``."""
     return f"{prefix}_zero_{io_cnt}_{np.dtype(dtype).name}"
 
 

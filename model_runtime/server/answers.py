@@ -359,9 +359,7 @@ def input_count(
     if not missing:
         return None
     low, high = len(required), len(specs)
-    expected = (
-        f"{low} inputs" if low == high else f"number of inputs between {low} and {high}"
-    )
+    expected = f"{low} inputs" if low == high else f"number of inputs between {low} and {high}"
 
     def names(items: Sequence[str]) -> str:
         return "[" + ",".join(f"'{n}'" for n in items) + "]"

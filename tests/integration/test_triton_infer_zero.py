@@ -16,7 +16,13 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.integration.test_daemon_support import Daemon, start_daemon, stop_daemon, wait_for
+from tests.integration.test_daemon_support import (
+    Daemon,
+    all_loaded,
+    start_daemon,
+    stop_daemon,
+    wait_for,
+)
 from tests.triton_qa_models import write_identity, zero_model_name
 
 pytestmark = pytest.mark.timeout(300)
@@ -74,21 +80,12 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         write_identity(repo, "onnx_nobatch", io_cnt, dtype, dims, 0)
     d = start_daemon(tmp, "--model-repository", str(repo), wait_ready=False)
     try:  # fourteen models: more than the harness's minute on a busy machine
-        wait_for(lambda: _all_loaded(d), 240, "the models to load")
+        wait_for(lambda: all_loaded(d), 240, "the models to load")
     except BaseException:
         stop_daemon(d)
         raise
     yield d
     stop_daemon(d)
-
-
-def _all_loaded(daemon: Daemon) -> bool:
-    """True once every model is READY; a model that failed to load fails the test at once."""
-    status, index = daemon.post("/v2/repository/index")
-    assert status == 200, index
-    failed = [m for m in index if m["state"] == "UNAVAILABLE" and m.get("reason")]
-    assert not failed, failed
-    return all(m["state"] == "READY" for m in index)
 
 
 def _input(rng: np.random.Generator, dtype: Any, shape: list[int]) -> np.ndarray:
