@@ -203,8 +203,8 @@ def test_the_classifier_answers_score_index_label(client: object) -> None:
     out = httpclient.InferRequestedOutput("probs", class_count=2, binary_data=False)
     got = infer(client, "classifier", outputs=[out], x=x).as_numpy("probs")
     assert [[v.decode() if isinstance(v, bytes) else v for v in row] for row in got] == [
-        ["2.0:1:dog", "0.0:0:cat"],
-        ["3.0:2:emu", "0.0:0:cat"],
+        ["2.000000:1:dog", "0.000000:0:cat"],
+        ["3.000000:2:emu", "0.000000:0:cat"],
     ]
     config = client.get_model_config("classifier")  # type: ignore[attr-defined]
     assert config["output"][0]["label_filename"] == "labels.txt"

@@ -614,8 +614,14 @@ def test_classification_orders_by_value_then_index() -> None:
     top = classify(scores, 3, batched=True)
     assert top.tolist() == [[b"10:2", b"5:1", b"4:3"], [b"7:0", b"7:1", b"7:3"]]
     labelled = classify(np.array([0.25, 0.75], np.float32), 5, batched=False, labels=["a", "b"])
-    assert labelled.tolist() == [b"0.75:1:b", b"0.25:0:a"]  # count past the classes: all
-    assert bytes_to_binary(labelled) == b"\x08\x00\x00\x000.75:1:b\x08\x00\x00\x000.25:0:a"
+    # count past the classes: all; values as Triton writes them (C++ std::to_string)
+    assert labelled.tolist() == [b"0.750000:1:b", b"0.250000:0:a"]
+    assert bytes_to_binary(labelled) == (
+        b"\x0c\x00\x00\x000.750000:1:b\x0c\x00\x00\x000.250000:0:a"
+    )
+    for refused in (np.array([True]), np.array([1], np.float16), np.array([b"x"], object)):
+        with pytest.raises(ProtocolError, match="class result not available for output due to"):
+            classify(refused, 1, batched=False)
 
 
 def test_true_and_false_are_not_numbers() -> None:
