@@ -34,7 +34,7 @@ _CLASSIFIED = {("i", 1), ("i", 2), ("i", 4), ("i", 8), ("u", 1), ("u", 2), ("u",
 
 def _format(value: np.generic) -> str:
     if isinstance(value, np.floating):
-        return "%f" % float(value)  # std::to_string of a float or double
+        return f"{float(value):f}"  # std::to_string of a float or double (C's %f)
     return str(value.item())
 
 
