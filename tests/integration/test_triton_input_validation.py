@@ -100,6 +100,13 @@ def _repository(repo: Path) -> None:
             "dynamic_batching { max_queue_delay_microseconds: 1000000 }\n",
         ),
     )
+    # dims -1 in the config where the model's are fixed: Triton serves it
+    _onnx(
+        repo,
+        "fixed_as_variable",
+        identity_model(1, np.float32, [1], 8),
+        config_text(8, [("INPUT0", fp32, [-1])], [("OUTPUT0", fp32, [-1])]),
+    )
     i32 = "TYPE_INT32"
     _onnx(repo, "onnx_object_int32_int32", string_add_sub_model(16),
           config_text(8, [("INPUT0", text, [16]), ("INPUT1", text, [16])],
@@ -246,3 +253,18 @@ def test_nan_and_infinities(client: Any, daemon: Daemon) -> None:
     )
     assert r.ok, r.text
     r.json()  # valid JSON
+
+
+def test_config_minus_one_over_a_fixed_model_dimension(client: Any) -> None:
+    meta = client.get_model_metadata("fixed_as_variable")
+    inputs = (
+        meta["inputs"]
+        if isinstance(meta, dict)
+        else [{"shape": list(i.shape)} for i in meta.inputs]
+    )
+    assert inputs[0]["shape"] == [-1, -1]  # as the config says
+    x = np.array([[3.5]], np.float32)
+    out = client.infer(model_name="fixed_as_variable", inputs=[_fp32(client, "INPUT0", x)])
+    np.testing.assert_array_equal(out.as_numpy("OUTPUT0"), x)
+    wider = [_fp32(client, "INPUT0", np.zeros((1, 2), np.float32))]
+    assert "INPUT0" in _refusal(client, "fixed_as_variable", wider)  # the model's own size

@@ -199,7 +199,7 @@ def test_the_response_carries_raw_contents_tritonclient_reads() -> None:
     np.testing.assert_array_equal(
         np.frombuffer(resp.raw_output_contents[0], np.float32).reshape(1, 3), logits
     )
-    classes = np.array([[b"0.7:1", b"0.2:2"]], dtype=object)
+    classes = np.array([[b"0.700000:1", b"0.200000:2"]], dtype=object)
     assert resp.raw_output_contents[1] == bytes_to_binary(classes)
 
 
