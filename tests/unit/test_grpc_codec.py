@@ -122,8 +122,6 @@ def test_every_typed_contents_field_decodes_exactly(
         (lambda r: r.inputs[0].contents.SetInParent(),  # even empty, as Triton checks it
          "contents field must not be specified when using raw_input_contents for 'pixels'"),
         (lambda r: r.outputs.add(name="nope"), "unexpected inference output 'nope' for model 'm'"),
-        (lambda r: r.parameters["bogus"].MergeFrom(pb.InferParameter(bool_param=True)),
-         "['bogus'] are not supported"),
         (lambda r: r.inputs[0].parameters["shared_memory_region"].MergeFrom(
             pb.InferParameter(string_param="r")),
          "'shared_memory_byte_size' must be specified along with 'shared_memory_region'"),
@@ -255,3 +253,15 @@ def test_any_wire_bytes_decode_to_arrays_or_a_protocol_error(data: bytes) -> Non
         parse_model_infer_request(req, INPUTS, OUTPUTS, model="m")
     except ProtocolError:
         pass
+
+
+def test_custom_request_parameters_are_the_models() -> None:
+    """Parameters other than the server's own reach the model (Triton's parameters
+    extension); the server's own do not."""
+    req = _request()
+    req.parameters["bogus"].MergeFrom(pb.InferParameter(bool_param=True))
+    req.parameters["temperature"].MergeFrom(pb.InferParameter(double_param=0.5))
+    req.parameters["timeout"].MergeFrom(pb.InferParameter(int64_param=10**6))
+    parsed = _parse(req)
+    assert parsed.parameters == {"bogus": True, "temperature": 0.5}
+    assert parsed.timeout == 1.0

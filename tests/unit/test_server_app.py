@@ -442,7 +442,6 @@ async def test_priority_levels_reach_execute_highest_first(tmp_path: Path) -> No
 UNSUPPORTED = [
     ({"parameters": {"sequence_id": 7, "sequence_start": True}}, "model 'fake' is stateless"),
     ({"parameters": {"sequence_end": True}}, "is stateless"),
-    ({"parameters": {"my_custom": 1}}, "parameter(s) ['my_custom'] are not supported"),
     ({"parameters": {"timeout": -5}}, "timeout must be a non-negative integer of microseconds"),
     ({"parameters": {"priority": "high"}}, "priority must be an integer level"),
     ({"outputs": [{"name": "logits", "parameters": {"shared_memory_region": "r"}}]},

@@ -38,6 +38,7 @@ from model_runtime.server.tensors.datatypes import BYTES, DATATYPES
 from model_runtime.server.tensors.parameters import (
     RegionRef,
     check_input_parameters,
+    model_parameters,
     output_parameters,
     region_parameters,
     request_parameters,
@@ -233,9 +234,11 @@ def _parse(
     regions: SharedMemoryRegistry | None,
     leases: list[Lease],
 ) -> InferRequest:
+    model_params: dict[str, Any] = {}
     if request.parameters:
         raw_params = parameter_values("request", request.parameters)
         params = request_parameters(raw_params, model, grpc=True)
+        model_params = model_parameters(raw_params)
     else:
         params = _NO_PARAMETERS
     items = request.inputs
@@ -296,7 +299,7 @@ def _parse(
         request.id or None,
         arrays,
         _requested_outputs(request.outputs, outputs, model, request.id, regions, leases),
-        {},
+        model_params,
         params.timeout,
         params.priority,
         params.sequence,

@@ -46,6 +46,7 @@ from model_runtime.server.tensors.jsonnumbers import (
 )
 from model_runtime.server.tensors.parameters import (
     check_input_parameters,
+    model_parameters,
     output_parameters,
     region_parameters,
     request_parameters,
@@ -332,7 +333,7 @@ def _decode(
         outputs=_requested_outputs(
             doc.get("outputs"), outputs, params.binary_output, model, request_id, regions, leases
         ),
-        parameters=raw_params,
+        parameters=model_parameters(raw_params),
         timeout=params.timeout,
         priority=params.priority,
         sequence=params.sequence,
