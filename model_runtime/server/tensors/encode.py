@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from model_runtime.errors import ProtocolError
 from model_runtime.server.tensors.classification import bytes_to_binary, classify
 from model_runtime.server.tensors.datatypes import BYTES, DATATYPES
 from model_runtime.server.tensors.request import InferRequest, TensorSpec
@@ -76,7 +77,7 @@ def encode_infer_response(
                 entry["parameters"] = {"binary_data_size": len(raw)}
                 chunks.append(raw)
             else:
-                entry["data"] = [v.decode("utf-8", "replace") for v in arr.ravel()]
+                entry["data"] = _json_strings(out.name, arr)
         elif out.binary:
             flat = np.ascontiguousarray(arr, dtype=DATATYPES[datatype]).reshape(-1)
             entry["parameters"] = {"binary_data_size": flat.nbytes}
@@ -90,3 +91,22 @@ def encode_infer_response(
     if not chunks:
         return header, None
     return b"".join([header, *chunks]), len(header)
+
+
+def _json_strings(name: str, arr: np.ndarray) -> list[str]:
+    """BYTES elements as JSON strings.
+
+    Raises:
+        ProtocolError: an element is not UTF-8, which a JSON string cannot carry (naming the
+            output and the element, and the binary data that can).
+    """
+    out = []
+    for i, v in enumerate(arr.ravel()):
+        try:
+            out.append(v.decode("utf-8") if isinstance(v, bytes) else str(v))
+        except UnicodeDecodeError:
+            raise ProtocolError(
+                f"output '{name}' element {i} is not valid UTF-8, which JSON cannot carry: "
+                'ask for the output as binary data ("binary_data": true)'
+            ) from None
+    return out
