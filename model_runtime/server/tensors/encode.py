@@ -57,6 +57,7 @@ def encode_infer_response(
     batch_axis = {s.name: s.has_batch_axis for s in specs}
     tensors: list[dict[str, Any]] = []
     chunks: list[bytes | memoryview] = []
+    nonfinite: list[bytes] = []
     for out in request.outputs:
         arr = results[out.name]
         datatype = datatypes[out.name]
@@ -84,10 +85,17 @@ def encode_infer_response(
             chunks.append(flat.data.cast("B"))
         else:
             dtype = _JSON_AS.get(datatype, DATATYPES[datatype].newbyteorder("="))
-            entry["data"] = np.ascontiguousarray(arr, dtype=dtype).reshape(-1)
+            flat = np.ascontiguousarray(arr, dtype=dtype).reshape(-1)
+            if flat.dtype.kind == "f" and not np.isfinite(flat).all():
+                nonfinite.append(_nonfinite_text(flat))  # written in after the dump
+                entry["data"] = f"{_NONFINITE}{len(nonfinite) - 1}"
+            else:
+                entry["data"] = flat
         tensors.append(entry)
     doc["outputs"] = tensors
     header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    for k, text in enumerate(nonfinite):
+        header = header.replace(orjson.dumps(f"{_NONFINITE}{k}"), text, 1)
     if not chunks:
         return header, None
     return b"".join([header, *chunks]), len(header)
@@ -110,3 +118,22 @@ def _json_strings(name: str, arr: np.ndarray) -> list[str]:
                 'ask for the output as binary data ("binary_data": true)'
             ) from None
     return out
+
+
+#: Stands in a document for a float array with NaN or infinities until it is written in.
+_NONFINITE = "\x00model-runtime-nonfinite:"
+_SPECIAL = {"nan": b"NaN", "inf": b"Infinity", "-inf": b"-Infinity"}
+
+
+def _nonfinite_text(flat: np.ndarray) -> bytes:
+    """A float array as JSON text with NaN, Infinity and -Infinity written as Triton writes
+    them (rapidjson's kWriteNanAndInfFlag; Python's json reads them), where orjson writes
+    null."""
+    parts = [
+        _SPECIAL[repr(float(v))] if not np.isfinite(v) else orjson.dumps(v, option=_NUMPY)
+        for v in flat
+    ]
+    return b"[" + b",".join(parts) + b"]"
+
+
+_NUMPY = orjson.OPT_SERIALIZE_NUMPY
