@@ -429,7 +429,7 @@ async def test_max_queue_size_refuses_at_once_and_the_queue_carries_on(
     config = ModelRunnerConfig(batching_dim=0, timeout=10.0, max_queue_size=2)
     async with ModelRunner(path, config, clock=clock) as runner:
         waiting = [runner.execute_async({"x": rows(1, seed=s)}) for s in range(2)]
-        with pytest.raises(QueueFullError, match="^Exceeds maximum queue size.*max_queue_size 2"):
+        with pytest.raises(QueueFullError, match=r"^Exceeds maximum queue size.*max_queue_size 2"):
             runner.execute_async({"x": rows(1, seed=9)})
         clock.advance(10.0)  # the partial batch flushes
         for s, w in enumerate(waiting):
