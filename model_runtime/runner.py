@@ -85,10 +85,16 @@ def _no_loop() -> asyncio.Future[dict[str, np.ndarray]]:
     raise RunnerStoppedError("the runner has not been started")
 
 
+def _timed_out(timeout: float) -> str:
+    """What a request past its deadline is told: Triton's words first (clients match on them),
+    then ours (the deadline covers the run too, where Triton's covers the queue only)."""
+    return f"Request timeout expired: the request did not complete within {timeout} s"
+
+
 def _expire(future: asyncio.Future[Any], timeout: float) -> None:
     """A request's deadline passed: its caller gets :class:`ExecutionTimeoutError`."""
     if not future.done():
-        future.set_exception(ExecutionTimeoutError(f"request did not complete within {timeout} s"))
+        future.set_exception(ExecutionTimeoutError(_timed_out(timeout)))
 
 
 def _store_saved(
@@ -484,9 +490,9 @@ class ModelRunner:
         config = self.config
         limit = config.max_queue_size
         if limit is not None and replicas.waiting_requests() >= limit:
-            raise QueueFullError(
-                f"model {self._executable.metadata.model_name!r}: {limit} requests already "
-                f"wait (max_queue_size {limit}); retry later"
+            raise QueueFullError(  # Triton's words first: clients match on them
+                f"Exceeds maximum queue size: model {self._executable.metadata.model_name!r} has "
+                f"{limit} requests waiting (max_queue_size {limit}); retry later"
             )
         budget = config.latency_budget
         if (
@@ -573,7 +579,7 @@ class ModelRunner:
             future.cancel()  # the caller went away (cancelled): its rows never run
             raise
         future.cancel()
-        raise ExecutionTimeoutError(f"request did not complete within {timeout} s")
+        raise ExecutionTimeoutError(_timed_out(timeout))
 
     # -- descriptions and statistics -----------------------------------------------------------
 

@@ -245,7 +245,8 @@ class PythonModelRunner:
         except TimeoutError:
             self._batcher.abandon(item)
             raise ExecutionTimeoutError(
-                f"model '{self.config.name}': no answer within {timeout} s"
+                f"Request timeout expired: model '{self.config.name}' gave no answer within "
+                f"{timeout} s"
             ) from None
         except asyncio.CancelledError:
             self._batcher.abandon(item)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Sequence
+from typing import Protocol
 
 from model_runtime.errors import (
     CudaSharedMemoryError,
@@ -336,6 +337,73 @@ def byte_size_overflow(name: str, count: int, itemsize: int) -> ProtocolError:
     return ProtocolError(
         f"byte size overflow for input '{name}': element count ({count}) * data type size "
         f"({itemsize}) exceeds maximum allowed size ({INT64_MAX})"
+    )
+
+
+class _Input(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def optional(self) -> bool: ...
+
+
+def input_count(
+    model: str, specs: Sequence[_Input], given: Sequence[str], request_id: str | None = None
+) -> ProtocolError | None:
+    """A request without every required input (Triton's core); None when it has them all.
+    ``specs`` are the model's inputs, ``given`` the names the request sent."""
+    required = [s.name for s in specs if not s.optional]  # in the config's order
+    sent = set(given)
+    missing = [n for n in required if n not in sent]
+    if not missing:
+        return None
+    low, high = len(required), len(specs)
+    expected = f"{low} inputs" if low == high else f"number of inputs between {low} and {high}"
+
+    def names(items: Sequence[str]) -> str:
+        return "[" + ",".join(f"'{n}'" for n in items) + "]"
+
+    return ProtocolError(
+        f"{_request(request_id)}expected {expected} but got {len(given)} inputs for model "
+        f"'{model}'. Got input(s) {names(sorted(given))}, but missing required "
+        f"input(s) {names(missing)}. Please provide all required input(s)."
+    )
+
+
+def unknown_output(name: str, model: str) -> ProtocolError:
+    """A requested output the model does not have (Triton's core, without a request id)."""
+    return ProtocolError(f"unexpected inference output '{name}' for model '{model}'")
+
+
+def string_elements_short(
+    name: str, model: str, expected: int, got: int, request_id: str | None = None
+) -> ProtocolError:
+    """BYTES data that holds fewer elements than the input's shape (Triton's core)."""
+    return ProtocolError(
+        f"{_request(request_id)}expected {expected} string elements for inference input "
+        f"'{name}' for model '{model}', got {got}"
+    )
+
+
+def string_elements_over(
+    name: str, model: str, expected: int, reached: int, request_id: str | None = None
+) -> ProtocolError:
+    """BYTES data that holds more elements than the input's shape: ``reached`` is the count
+    where Triton's core stops reading (``expected + 1``)."""
+    return ProtocolError(
+        f"{_request(request_id)}unexpected number of string elements {reached} for inference "
+        f"input '{name}' for model '{model}', expecting {expected}"
+    )
+
+
+def string_length_cut(
+    name: str, model: str, available: int, request_id: str | None = None
+) -> ProtocolError:
+    """BYTES data that ends inside an element's 4-byte length (Triton's core)."""
+    return ProtocolError(
+        f"{_request(request_id)}incomplete string length indicator for inference input "
+        f"'{name}' for model '{model}', expecting 4 bytes but only {available} bytes "
+        "available. Please make sure the string length indicator is in one buffer."
     )
 
 

@@ -143,10 +143,10 @@ BAD = [
     (json.dumps({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64],
                              "parameters": {"binary_data_size": 256}}]}).encode() + b"\0" * 100,
      "Inference-Header-Content-Length"),
-    (json.dumps({"inputs": []}).encode(), "non-empty"),
+    (json.dumps({"inputs": []}).encode(), "expected 1 inputs but got 0 inputs"),
     (json.dumps({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64],
                              "data": [0] * 64}], "outputs": [{"name": "x"}]}).encode(),
-     "unknown output 'x'"),
+     "unexpected inference output 'x'"),
 ]  # fmt: skip
 
 

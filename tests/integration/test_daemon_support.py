@@ -146,6 +146,16 @@ def _ready(daemon: Daemon) -> bool:
         return False
 
 
+def all_loaded(daemon: Daemon) -> bool:
+    """True once every model of the repository is READY; a model that failed to load fails
+    at once, with its reason (for ``wait_for``)."""
+    status, index = daemon.post("/v2/repository/index")
+    assert status == 200, index
+    failed = [m for m in index if m["state"] == "UNAVAILABLE" and m.get("reason")]
+    assert not failed, failed
+    return all(m["state"] == "READY" for m in index)
+
+
 def stop_daemon(daemon: Daemon) -> None:
     """SIGTERM, then SIGKILL if it does not exit within 20 s."""
     try:

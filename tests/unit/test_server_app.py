@@ -442,7 +442,6 @@ async def test_priority_levels_reach_execute_highest_first(tmp_path: Path) -> No
 UNSUPPORTED = [
     ({"parameters": {"sequence_id": 7, "sequence_start": True}}, "model 'fake' is stateless"),
     ({"parameters": {"sequence_end": True}}, "is stateless"),
-    ({"parameters": {"my_custom": 1}}, "parameter(s) ['my_custom'] are not supported"),
     ({"parameters": {"timeout": -5}}, "timeout must be a non-negative integer of microseconds"),
     ({"parameters": {"priority": "high"}}, "priority must be an integer level"),
     ({"outputs": [{"name": "logits", "parameters": {"shared_memory_region": "r"}}]},
@@ -496,14 +495,15 @@ async def test_classification_returns_the_top_classes_as_bytes(tmp_path: Path) -
         out = (await resp.json())["outputs"]
         # W = [[0,1,2],[3,4,5],[6,7,8],[9,10,11]]: row 0 -> [0,1,2], row 1 -> 3*[6,7,8]
         assert out == [{"name": "logits", "datatype": "BYTES", "shape": [2, 2],
-                        "data": ["2.0:2", "1.0:1", "24.0:2", "21.0:1"]}]  # fmt: skip
+                        "data": ["2.000000:2", "1.000000:1", "24.000000:2",
+                                 "21.000000:1"]}]  # fmt: skip
         doc["outputs"] = [{"name": "logits", "parameters": {"class_count": 1, "binary_data": True}}]
         resp = await client.post("/v2/models/fake/infer", json=doc)
         n = int(resp.headers[HEADER_LENGTH])
         body = await resp.read()
         head = json.loads(body[:n])["outputs"][0]
         assert head["datatype"] == "BYTES" and head["shape"] == [2, 1]
-        assert body[n:] == b"\x05\x00\x00\x002.0:2" + b"\x06\x00\x00\x0024.0:2"
+        assert body[n:] == b"\x0a\x00\x00\x002.000000:2" + b"\x0b\x00\x00\x0024.000000:2"
         assert head["parameters"]["binary_data_size"] == len(body) - n
 
 

@@ -142,7 +142,7 @@ def test_datatype_names_map_both_ways() -> None:
 
 BAD_CASES: list[tuple[str, Any, str]] = [
     ("not an object", [1, 2], "JSON object"),
-    ("no inputs", {"inputs": []}, "non-empty"),
+    ("no inputs", {"inputs": []}, "expected 2 inputs but got 0 inputs"),  # Triton's text
     ("unknown input", _doc(inputs=[{"name": "nope"}]), "unknown input 'nope'"),
     ("wrong datatype name", None, "unknown datatype 'FLOAT'"),
     ("mismatched datatype", None, "does not match the model's FP32"),
@@ -150,13 +150,13 @@ BAD_CASES: list[tuple[str, Any, str]] = [
     ("short data", None, "needs 8 elements"),
     ("negative dim", None, "shape"),
     ("string data", None, "must be numbers"),
-    ("missing input", None, "missing input(s) ['mask']"),
+    ("missing input", None, "missing required input(s) ['mask']"),
     (
         "duplicate input",
         None,
         "[request id: <id_unknown>] input 'pixels' already exists in request",
     ),
-    ("unknown output", _doc(outputs=[{"name": "zzz"}]), "unknown output 'zzz'"),
+    ("unknown output", _doc(outputs=[{"name": "zzz"}]), "unexpected inference output 'zzz'"),
     ("bad id", _doc(id=7), "'id' must be a string"),
     ("bad parameters", _doc(parameters=[1]), "'parameters' must be a JSON object"),
     ("no data", None, "no 'data'"),
@@ -614,8 +614,14 @@ def test_classification_orders_by_value_then_index() -> None:
     top = classify(scores, 3, batched=True)
     assert top.tolist() == [[b"10:2", b"5:1", b"4:3"], [b"7:0", b"7:1", b"7:3"]]
     labelled = classify(np.array([0.25, 0.75], np.float32), 5, batched=False, labels=["a", "b"])
-    assert labelled.tolist() == [b"0.75:1:b", b"0.25:0:a"]  # count past the classes: all
-    assert bytes_to_binary(labelled) == b"\x08\x00\x00\x000.75:1:b\x08\x00\x00\x000.25:0:a"
+    # count past the classes: all; values as Triton writes them (C++ std::to_string)
+    assert labelled.tolist() == [b"0.750000:1:b", b"0.250000:0:a"]
+    assert bytes_to_binary(labelled) == (
+        b"\x0c\x00\x00\x000.750000:1:b\x0c\x00\x00\x000.250000:0:a"
+    )
+    for refused in (np.array([True]), np.array([1], np.float16), np.array([b"x"], object)):
+        with pytest.raises(ProtocolError, match="class result not available for output due to"):
+            classify(refused, 1, batched=False)
 
 
 def test_true_and_false_are_not_numbers() -> None:

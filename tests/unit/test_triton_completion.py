@@ -166,10 +166,13 @@ def test_minus_one_dims_match_a_variable_model_dimension(tmp_path: Path) -> None
     served = serve(s, 4, *variable)
     assert served.boundary is None  # nothing to check or reshape: the runner's own check
     assert config_json(served.config)["input"][0]["dims"] == [-1]
-    # -1 where the model is fixed: the config promises sizes the model cannot take
-    fixed = [TensorSpec("x", "FP32", (-1, 4))], [TensorSpec("y", "FP32", (-1, -1))]
-    with pytest.raises(ConfigurationError, match=r"input\[0\].dims.*'x'.*-1 where"):
-        serve(s, 4, *fixed)
+    # -1 where the model is fixed: served as Triton serves it (clients see -1; a request of
+    # another size than the model's is the model's to refuse)
+    fixed = [TensorSpec("x", "FP32", (-1, 4))], [TensorSpec("y", "FP32", (-1, 1))]
+    served = serve(s, 4, *fixed)
+    assert (served.inputs[0].shape, served.outputs[0].shape) == ((-1, -1), (-1, -1))
+    ok = np.zeros((2, 4), np.float32)
+    assert served.boundary is None or served.boundary.to_model({"x": ok})["x"] is ok
 
 
 def test_a_fixed_config_dim_narrows_a_variable_model_input(tmp_path: Path) -> None:
@@ -330,7 +333,7 @@ def test_labels_answer_classification_as_score_index_label(tmp_path: Path) -> No
         {"probs": "FP32"},
         specs=served.outputs,
     )
-    assert json.loads(body)["outputs"][0]["data"] == ["0.7:1:dog", "0.2:2:emu"]
+    assert json.loads(body)["outputs"][0]["data"] == ["0.700000:1:dog", "0.200000:2:emu"]
 
 
 def test_a_bad_labels_file_fails_the_model_naming_the_field(

@@ -295,10 +295,11 @@ class CpuBackend:
 
     def _fits(self, arr: np.ndarray, shape: tuple[int, ...], dtype: np.dtype[Any]) -> bool:
         """``arr`` is a batch the program runs although not the anchor's exact shape: a smaller
-        bucket along axis 0, any size along a dynamic dimension (-1)."""
+        bucket along axis 0, any size along a dynamic dimension (-1, axis 0 included: a model
+        without a batch axis)."""
         if arr.dtype != dtype or arr.ndim != len(shape) or not shape:
             return False
-        if arr.shape[0] != shape[0] and arr.shape[0] not in self._buckets:
+        if shape[0] >= 0 and arr.shape[0] != shape[0] and arr.shape[0] not in self._buckets:
             return False
         return all(w < 0 or d == w for d, w in zip(arr.shape[1:], shape[1:], strict=True))
 

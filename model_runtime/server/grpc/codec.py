@@ -37,6 +37,7 @@ from model_runtime.server.tensors.datatypes import BYTES, DATATYPES
 from model_runtime.server.tensors.parameters import (
     RegionRef,
     check_input_parameters,
+    model_parameters,
     output_parameters,
     region_parameters,
     request_parameters,
@@ -115,7 +116,7 @@ def _from_raw(
     name: str, datatype: str, raw: bytes, count: int, model: str, request_id: str
 ) -> np.ndarray:
     if datatype == BYTES:
-        return bytes_from_binary(name, raw, count)
+        return bytes_from_binary(name, raw, count, model, request_id or None)
     dtype = DATATYPES[datatype]
     expected = count * dtype.itemsize
     if len(raw) != expected:
@@ -176,7 +177,7 @@ def _requested_outputs(
     for item in raw:
         name = item.name
         if name not in known:
-            raise _fail(f"unknown output {name!r} (the model has {sorted(known)})")
+            raise answers.unknown_output(name, model)
         if any(o.name == name for o in chosen):
             raise answers.duplicate_output(name, request_id)
         if not item.parameters:  # the common case: the tensor, raw (what the checks give)
@@ -232,14 +233,14 @@ def _parse(
     regions: SharedMemoryRegistry | None,
     leases: list[Lease],
 ) -> InferRequest:
+    model_params: dict[str, Any] = {}
     if request.parameters:
         raw_params = parameter_values("request", request.parameters)
         params = request_parameters(raw_params, model, grpc=True)
+        model_params = model_parameters(raw_params)
     else:
         params = _NO_PARAMETERS
     items = request.inputs
-    if not items:
-        raise _fail("the request has no inputs")
     refs: list[RegionRef | None] = []
     for item in items:
         if not item.parameters:  # no parameters: nothing to check, no region
@@ -290,13 +291,14 @@ def _parse(
             raise _fail(f"input {name!r}: no data (neither contents nor raw_input_contents)")
         arrays[name] = flat.reshape(shape)
     if len(arrays) != len(specs):  # (every key of arrays is one of specs)
-        missing = sorted(set(specs) - set(arrays))
-        raise _fail(f"missing input(s) {missing} (the model needs {sorted(specs)})")
+        short = answers.input_count(model, inputs, list(arrays), request.id or None)
+        if short is not None:
+            raise short
     return InferRequest(
         request.id or None,
         arrays,
         _requested_outputs(request.outputs, outputs, model, request.id, regions, leases),
-        {},
+        model_params,
         params.timeout,
         params.priority,
         params.sequence,

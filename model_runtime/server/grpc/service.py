@@ -152,7 +152,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         return pb.ModelMetadataResponse(
             name=entry.name,
             versions=self.plane.repository.get(entry.name).served_versions(),
-            platform="model-runtime",
+            platform=entry.platform,
             inputs=[tensor(name=s.name, datatype=s.datatype, shape=s.shape) for s in entry.inputs],
             outputs=[
                 tensor(name=s.name, datatype=s.datatype, shape=s.shape) for s in entry.outputs

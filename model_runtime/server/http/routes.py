@@ -196,7 +196,7 @@ class HttpFrontEnd:
             {
                 "name": entry.name,
                 "versions": self.plane.repository.get(entry.name).served_versions(),
-                "platform": "model-runtime",
+                "platform": entry.platform,
                 "inputs": [_tensor(s) for s in entry.inputs],
                 "outputs": [_tensor(s) for s in entry.outputs],
             }
@@ -254,8 +254,25 @@ class HttpFrontEnd:
         return resp
 
     async def repository_index(self, request: web.Request) -> web.Response:
-        """``POST /v2/repository/index``: every model and its state."""
-        return _json(self.plane.repository.index())
+        """``POST /v2/repository/index``: every model and its state; with a body of
+        ``{"ready": true}``, only the models that are ready (as gRPC's ``ready`` field).
+
+        Raises:
+            HTTPError: a body that is not a JSON object with a boolean ``ready`` (400).
+        """
+        body = await request.read()
+        ready = False
+        if body.strip():
+            try:
+                doc = orjson.loads(body)
+            except orjson.JSONDecodeError:
+                doc = None
+            if not isinstance(doc, dict) or not isinstance(doc.get("ready", False), bool):
+                raise HTTPError(400, "the index request must be a JSON object with a boolean "
+                                "'ready'", "bad_request")  # fmt: skip
+            ready = doc.get("ready", False)
+        index = self.plane.repository.index()
+        return _json([m for m in index if m["state"] == "READY"] if ready else index)
 
     async def load(self, request: web.Request) -> web.Response:
         """``POST /v2/repository/models/{name}/load``: load, or reload beside the serving

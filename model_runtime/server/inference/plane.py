@@ -157,10 +157,21 @@ class DataPlane:
     # -- health and metadata ---------------------------------------------------------------------
 
     def extensions(self) -> list[str]:
-        """The protocol extensions this server serves (HTTP and gRPC server metadata)."""
-        served = ["binary_tensor_data", "model_repository", "statistics"]
+        """The protocol extensions this server serves (HTTP and gRPC server metadata), in
+        Triton's names and order; not ``trace`` or ``logging`` (no such endpoints here).
+        ``cuda_shared_memory``: its endpoints answer, and registering a region is refused, as a
+        Triton without GPUs refuses it."""
+        served = [
+            "classification",
+            "sequence",
+            "model_repository",
+            "model_repository(unload_dependents)",
+            "schedule_policy",
+            "model_configuration",
+        ]
         if self.shared_memory.enabled:
-            served.append("system_shared_memory")  # Triton's name
+            served += ["system_shared_memory", "cuda_shared_memory"]
+        served += ["binary_tensor_data", "parameters", "statistics"]
         return served
 
     def not_ready_reason(self) -> str | None:

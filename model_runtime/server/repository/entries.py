@@ -135,6 +135,12 @@ class ModelEntry:
         return sorted([self.version, *self.versions], key=int)
 
     @property
+    def platform(self) -> str:
+        """The platform its served config names (``onnxruntime_onnx``; empty for a python
+        model, whose config names a backend), as Triton's model metadata says it."""
+        return str(getattr(self.served, "platform", ""))
+
+    @property
     def is_ready(self) -> bool:
         """True when loaded and at least one replica is ready."""
         return self.state is ModelState.READY and self.runner is not None and self.runner.is_ready

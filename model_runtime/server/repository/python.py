@@ -40,7 +40,8 @@ def _specs(tensors: Any, batched: bool) -> tuple[TensorSpec, ...]:
         datatype = pb.DataType.Name(t.data_type).removeprefix("TYPE_")
         datatype = "BYTES" if datatype == "STRING" else datatype
         shape = ((-1,) if batched else ()) + tuple(int(d) for d in t.dims)
-        out.append(TensorSpec(t.name, datatype, shape, batched=batched))
+        optional = bool(getattr(t, "optional", False))
+        out.append(TensorSpec(t.name, datatype, shape, batched=batched, optional=optional))
     return tuple(out)
 
 

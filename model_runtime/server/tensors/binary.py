@@ -9,6 +9,7 @@ import struct
 import numpy as np
 
 from model_runtime.errors import ProtocolError
+from model_runtime.server import answers
 from model_runtime.server.tensors.datatypes import DATATYPES
 
 __all__ = ["HEADER_LENGTH", "bytes_from_binary", "from_binary"]
@@ -38,7 +39,13 @@ def from_binary(name: str, datatype: str, chunk: memoryview) -> np.ndarray:
 _LENGTH = struct.Struct("<I")
 
 
-def bytes_from_binary(name: str, data: bytes | bytearray | memoryview, count: int) -> np.ndarray:
+def bytes_from_binary(
+    name: str,
+    data: bytes | bytearray | memoryview,
+    count: int,
+    model: str = "",
+    request_id: str | None = None,
+) -> np.ndarray:
     """``count`` BYTES elements from ``data`` (each a 4-byte little-endian length, then that
     many bytes, nothing after the last) as a flat object array of ``bytes``.
 
@@ -47,12 +54,18 @@ def bytes_from_binary(name: str, data: bytes | bytearray | memoryview, count: in
 
     Raises:
         ProtocolError: a length is cut off, an element runs past the end, fewer or more
-            elements (or bytes) than ``count``; the message names the input and the element.
+            elements (or bytes) than ``count``: in Triton's words where the data holds
+            another number of elements than ``count`` (or ends inside a length), else naming
+            the input and the element.
     """
     view = memoryview(data).cast("B")
     end = len(view)
+
+    def refuse(message: str) -> ProtocolError:  # Triton's words first, where it has some
+        return _count_error(name, view, count, model, request_id) or _fail(message)
+
     if count * 4 > end:
-        raise _fail(
+        raise refuse(
             f"input {name!r}: {count} BYTES elements need at least {count * 4} bytes (a 4-byte "
             f"length each), the data has {end}"
         )
@@ -63,14 +76,35 @@ def bytes_from_binary(name: str, data: bytes | bytearray | memoryview, count: in
         (n,) = unpack(view, pos)  # in range: each element left has 4 bytes (checked below)
         pos += 4
         if n > end - pos - 4 * (count - i - 1):
-            raise _fail(
+            raise refuse(
                 f"input {name!r}: BYTES element {i} of {count} claims {n} bytes, but only "
                 f"{end - pos - 4 * (count - i - 1)} remain for it"
             )
         out[i] = bytes(view[pos : pos + n])
         pos += n
     if pos != end:
-        raise _fail(
+        raise refuse(
             f"input {name!r}: {end - pos} bytes follow the last of its {count} BYTES elements"
         )
     return out
+
+
+def _count_error(
+    name: str, view: memoryview, count: int, model: str, request_id: str | None
+) -> ProtocolError | None:
+    """Triton's answer to BYTES data that does not hold ``count`` elements, as its core
+    walks the data (an element that runs past the end takes the rest); None when it does."""
+    end = len(view)
+    pos = checked = 0
+    unpack = _LENGTH.unpack_from
+    while pos < end:
+        if end - pos < 4:
+            return answers.string_length_cut(name, model, end - pos, request_id)
+        (n,) = unpack(view, pos)
+        checked += 1
+        if checked > count:
+            return answers.string_elements_over(name, model, count, checked, request_id)
+        pos += 4 + n
+    if checked != count:
+        return answers.string_elements_short(name, model, count, checked, request_id)
+    return None

@@ -46,6 +46,7 @@ from model_runtime.server.tensors.jsonnumbers import (
 )
 from model_runtime.server.tensors.parameters import (
     check_input_parameters,
+    model_parameters,
     output_parameters,
     region_parameters,
     request_parameters,
@@ -143,7 +144,7 @@ def _requested_outputs(
             raise _fail("each of 'outputs' must be an object with a string 'name'")
         name = item["name"]
         if name not in known:
-            raise _fail(f"unknown output {name!r} (the model has {sorted(known)})")
+            raise answers.unknown_output(name, model)
         if any(o.name == name for o in chosen):
             raise answers.duplicate_output(name, request_id)
         extra = set(item) - {"name", "parameters"}
@@ -242,8 +243,8 @@ def _decode(
     raw_params = _parameters("request", doc.get("parameters"))
     params = request_parameters(raw_params, model)
     raw_inputs = doc.get("inputs")
-    if not isinstance(raw_inputs, list) or not raw_inputs:
-        raise _fail("'inputs' must be a non-empty list")
+    if not isinstance(raw_inputs, list):
+        raise _fail("'inputs' must be a list")
     specs = {s.name: s for s in inputs}
     arrays: dict[str, np.ndarray] = {}
     offset = 0
@@ -284,7 +285,7 @@ def _decode(
                 )
             chunk = binary[offset : offset + size]
             if datatype == BYTES:
-                flat = bytes_from_binary(name, chunk, count)
+                flat = bytes_from_binary(name, chunk, count, model, request_id)
             else:
                 flat = from_binary(name, datatype, chunk)
             offset += size
@@ -323,16 +324,16 @@ def _decode(
             f"binary data sizes add up to {offset} bytes, but {len(binary)} bytes follow "
             "the JSON header"
         )
-    missing = sorted(set(specs) - set(arrays))
-    if missing:
-        raise _fail(f"missing input(s) {missing} (the model needs {sorted(specs)})")
+    short = answers.input_count(model, inputs, list(arrays), request_id)
+    if short is not None:
+        raise short
     return InferRequest(
         id=request_id,
         inputs=arrays,
         outputs=_requested_outputs(
             doc.get("outputs"), outputs, params.binary_output, model, request_id, regions, leases
         ),
-        parameters=raw_params,
+        parameters=model_parameters(raw_params),
         timeout=params.timeout,
         priority=params.priority,
         sequence=params.sequence,

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from model_runtime.errors import ProtocolError
 from model_runtime.server.tensors.classification import bytes_to_binary, classify
 from model_runtime.server.tensors.datatypes import BYTES, DATATYPES
 from model_runtime.server.tensors.request import InferRequest, TensorSpec
@@ -56,6 +57,7 @@ def encode_infer_response(
     batch_axis = {s.name: s.has_batch_axis for s in specs}
     tensors: list[dict[str, Any]] = []
     chunks: list[bytes | memoryview] = []
+    nonfinite: list[bytes] = []
     for out in request.outputs:
         arr = results[out.name]
         datatype = datatypes[out.name]
@@ -76,17 +78,62 @@ def encode_infer_response(
                 entry["parameters"] = {"binary_data_size": len(raw)}
                 chunks.append(raw)
             else:
-                entry["data"] = [v.decode("utf-8", "replace") for v in arr.ravel()]
+                entry["data"] = _json_strings(out.name, arr)
         elif out.binary:
             flat = np.ascontiguousarray(arr, dtype=DATATYPES[datatype]).reshape(-1)
             entry["parameters"] = {"binary_data_size": flat.nbytes}
             chunks.append(flat.data.cast("B"))
         else:
             dtype = _JSON_AS.get(datatype, DATATYPES[datatype].newbyteorder("="))
-            entry["data"] = np.ascontiguousarray(arr, dtype=dtype).reshape(-1)
+            flat = np.ascontiguousarray(arr, dtype=dtype).reshape(-1)
+            if flat.dtype.kind == "f" and not np.isfinite(flat).all():
+                nonfinite.append(_nonfinite_text(flat))  # written in after the dump
+                entry["data"] = f"{_NONFINITE}{len(nonfinite) - 1}"
+            else:
+                entry["data"] = flat
         tensors.append(entry)
     doc["outputs"] = tensors
     header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    for k, text in enumerate(nonfinite):
+        header = header.replace(orjson.dumps(f"{_NONFINITE}{k}"), text, 1)
     if not chunks:
         return header, None
     return b"".join([header, *chunks]), len(header)
+
+
+def _json_strings(name: str, arr: np.ndarray) -> list[str]:
+    """BYTES elements as JSON strings.
+
+    Raises:
+        ProtocolError: an element is not UTF-8, which a JSON string cannot carry (naming the
+            output and the element, and the binary data that can).
+    """
+    out = []
+    for i, v in enumerate(arr.ravel()):
+        try:
+            out.append(v.decode("utf-8") if isinstance(v, bytes) else str(v))
+        except UnicodeDecodeError:
+            raise ProtocolError(
+                f"output '{name}' element {i} is not valid UTF-8, which JSON cannot carry: "
+                'ask for the output as binary data ("binary_data": true)'
+            ) from None
+    return out
+
+
+#: Stands in a document for a float array with NaN or infinities until it is written in.
+_NONFINITE = "\x00model-runtime-nonfinite:"
+_SPECIAL = {"nan": b"NaN", "inf": b"Infinity", "-inf": b"-Infinity"}
+
+
+def _nonfinite_text(flat: np.ndarray) -> bytes:
+    """A float array as JSON text with NaN, Infinity and -Infinity written as Triton writes
+    them (rapidjson's kWriteNanAndInfFlag; Python's json reads them), where orjson writes
+    null."""
+    parts = [
+        _SPECIAL[repr(float(v))] if not np.isfinite(v) else orjson.dumps(v, option=_NUMPY)
+        for v in flat
+    ]
+    return b"[" + b",".join(parts) + b"]"
+
+
+_NUMPY = orjson.OPT_SERIALIZE_NUMPY

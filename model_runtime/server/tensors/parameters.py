@@ -13,6 +13,9 @@ Request parameters (Triton's reserved names, the KServe v2 binary data extension
   values say "no sequence": an id of 0 or "" and both flags false). The server refuses a
   sequence sent to a stateless model (:func:`not_a_sequence_model`).
 
+Any other request parameter is the model's (Triton's ``parameters`` extension): a python
+model reads it in ``request.parameters()``, an ONNX model ignores it (:func:`model_parameters`).
+
 Input parameters: ``binary_data_size``. Output parameters: ``binary_data`` and
 ``classification`` (Triton's HTTP name; ``class_count``, its gRPC name, is accepted too).
 Both: the system shared memory extension's ``shared_memory_region``, ``shared_memory_byte_size``
@@ -40,6 +43,7 @@ __all__ = [
     "check_input_parameters",
     "execute_priority",
     "load_request_parameters",
+    "model_parameters",
     "not_a_sequence_model",
     "output_parameters",
     "region_parameters",
@@ -113,8 +117,11 @@ def request_parameters(
     is never an empty final response to send), any other is refused in Triton's words; over
     HTTP, as in Triton, every one is.
 
+    Other names are the model's (:func:`model_parameters`), not checked here.
+
     Raises:
-        ProtocolError: an unknown parameter, or a value of the wrong type or range.
+        ProtocolError: a ``triton_`` name Triton refuses, or a value of the wrong type or
+            range.
     """
     reserved = [k for k in raw if k.startswith("triton_")]
     for key in reserved:
@@ -124,9 +131,6 @@ def request_parameters(
             raise answers.reserved_parameter_grpc()
         if not isinstance(raw[key], bool):
             raise _fail(f"invalid value type for '{key}' parameter, expected bool_param.")
-    unknown = set(raw) - _REQUEST - set(reserved)
-    if unknown:
-        raise _unsupported("request", unknown, model)
     binary = raw.get("binary_data_output", False)
     if not isinstance(binary, bool):
         raise _fail("binary_data_output must be true or false")
@@ -154,6 +158,13 @@ def request_parameters(
         priority=priority,
         sequence=sequence,
     )
+
+
+def model_parameters(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The request parameters that are the model's: all but the ones the server takes itself
+    (``timeout``, ``priority``, the sequence's, ``binary_data_output``, ``triton_*``), as
+    Triton hands them to a model."""
+    return {k: v for k, v in raw.items() if k not in _REQUEST and not k.startswith("triton_")}
 
 
 def not_a_sequence_model(step: SequenceStep, model: str) -> ProtocolError:

@@ -53,6 +53,8 @@ class TensorSpec:
     #: whether dimension 0 is the batch (None: not known, then a leading -1 says so); a model
     #: without a batch axis may have a dynamic first dimension, which is no batch
     batched: bool | None = field(default=None, compare=False, repr=False)
+    #: an input a request may leave out (the config's ``optional: true``)
+    optional: bool = field(default=False, compare=False, repr=False)
 
     @property
     def has_batch_axis(self) -> bool:

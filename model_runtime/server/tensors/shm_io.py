@@ -86,7 +86,7 @@ def read_input(
     """
     lease = _lease(regions, leases, name, ref)
     if datatype == BYTES:
-        return bytes_from_binary(name, lease.read(), count)
+        return bytes_from_binary(name, lease.read(), count, model)
     expected = count * DATATYPES[datatype].itemsize
     if ref.byte_size != expected:
         raise ProtocolError(

@@ -153,9 +153,9 @@ def match(
     batch axis, left out of ``dims``).
 
     Raises:
-        ConfigurationError: a tensor the model lacks, another datatype or shape, a ``-1``
-            where the model's dimension is fixed, a model input the config leaves out, or an
-            optional input of a model with a batch axis; naming the field and the tensor.
+        ConfigurationError: a tensor the model lacks, another datatype or shape (a ``-1``
+            fits any size), a model input the config leaves out, or an optional input of a
+            model with a batch axis; naming the field and the tensor.
     """
     for kind, declared, actual, exact in (
         ("input", config.input, inputs, False),
@@ -176,16 +176,13 @@ def match(
             field, dims = f"{at}.dims", list(t.dims)
             if t.HasField("reshape"):
                 field, dims = f"{at}.reshape.shape", list(t.reshape.shape)
+            # -1 in the config takes any of the model's sizes (Triton serves it; a request of
+            # another size than the model's fixed one is the model's to refuse)
             fits = len(dims) == len(model) and all(
-                d == m or (not exact and m == -1) for d, m in zip(dims, model, strict=True)
+                d in (m, -1) or (not exact and m == -1) for d, m in zip(dims, model, strict=True)
             )
             if not fits:
-                why = f"{dims}, but the model's {kind} {t.name!r} has {model}"
-                if len(dims) == len(model) and any(
-                    d == -1 and m != -1 for d, m in zip(dims, model, strict=True)
-                ):
-                    why += " (-1 where the model's dimension is fixed)"
-                raise _fail(where, field, why)
+                raise _fail(where, field, f"{dims}, but the model's {kind} {t.name!r} has {model}")
         if kind == "input" and declared:
             listed = {t.name for t in declared}
             left = [s.name for s in actual if s.name not in listed]
@@ -211,9 +208,13 @@ class Completed:
     boundary: Boundary | None
 
 
-def _client(spec: TensorSpec, dims: Sequence[int], batched: bool, labels: Any) -> TensorSpec:
+def _client(
+    spec: TensorSpec, dims: Sequence[int], batched: bool, labels: Any, optional: bool = False
+) -> TensorSpec:
     shape = (-1, *dims) if batched else tuple(dims)
-    return TensorSpec(spec.name, spec.datatype, tuple(shape), labels=labels, batched=batched)
+    return TensorSpec(
+        spec.name, spec.datatype, tuple(shape), labels=labels, batched=batched, optional=optional
+    )
 
 
 def complete(
@@ -252,7 +253,8 @@ def complete(
                 narrows = kind == "input" and shape is None and dims != model
                 if shape is not None or narrows:
                     reshapes.append(Reshape(t.name, tuple(dims), _tuple(shape)))
-                specs.append(_client(spec, dims, batched, labels.get(t.name)))
+                optional = kind == "input" and bool(t.optional)
+                specs.append(_client(spec, dims, batched, labels.get(t.name), optional))
                 copy = cls_of[kind]()
                 copy.CopyFrom(t)
                 tensors.append(copy)
