@@ -269,6 +269,6 @@ def test_custom_metrics(daemon: Daemon) -> None:
 def test_instance_restarts_are_counted_in_metrics(daemon: Daemon) -> None:
     before = _restarts(_metrics(daemon))
     assert before and set(before.values()) == {0.0}
-    victim = _instances(daemon, "")[0]
+    victim = _instances(daemon)[0]
     os.kill(victim, signal.SIGKILL)
     wait_for(lambda: sum(_restarts(_metrics(daemon)).values()) == 1.0, 20, "a restart counted")
