@@ -115,7 +115,7 @@ class InstanceProcess:
         self._reason: str | None = None
         #: the model's execute is ``async def`` (many batches at once)
         self.is_async = False
-        self.calls = CallHandler(self)
+        self.calls = CallHandler(self, spec.hooks_infer, spec.hooks_control, spec.metrics)
 
     # -- state for the runner ----------------------------------------------------------------
 
@@ -181,7 +181,7 @@ class InstanceProcess:
         ready: asyncio.Future[Any] = loop.create_future()
         self._waiters[0] = ready
         self._tasks = [loop.create_task(self._watch())]
-        self._send(
+        self.send(
             {"t": "init", "model_file": str(spec.model_file), "config": spec.config,
              "args": spec.args(), "auto_complete": auto_complete, "initialize": initialize}
         )  # fmt: skip
@@ -215,7 +215,7 @@ class InstanceProcess:
             loop = asyncio.get_running_loop()
             done: asyncio.Future[Any] = loop.create_future()
             self._waiters[-1] = done
-            self._send({"t": "fin"})
+            self.send({"t": "fin"})
             self._stopping = True
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(done, grace)
@@ -315,7 +315,7 @@ class InstanceProcess:
         """Tell the model these requests are cancelled (``request.is_cancelled()``)."""
         keys = [c.key for c in calls if c.key in self._held]
         if keys and self.alive:
-            self._send({"t": "cancel", "k": keys})
+            self.send({"t": "cancel", "k": keys})
 
     async def is_ready(self, timeout: float = 5.0) -> bool:
         """The model's own ``is_ready()`` (True when it has none); False past ``timeout``."""
@@ -325,7 +325,7 @@ class InstanceProcess:
         k = self._keys
         waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiters[k] = waiter
-        self._send({"t": "isready", "k": k})
+        self.send({"t": "isready", "k": k})
         try:
             header = await asyncio.wait_for(waiter, timeout)
         except (TimeoutError, InstanceCrashedError):
@@ -336,7 +336,8 @@ class InstanceProcess:
 
     # -- the wire ----------------------------------------------------------------------------
 
-    def _send(self, header: dict[str, Any], tensors: Any = None) -> None:
+    def send(self, header: dict[str, Any], tensors: Any = None) -> None:
+        """Send one frame to the process (dropped when the channel is gone)."""
         if self._channel is None or self._arena is None:
             return
         enc = Encoder(self._arena)
