@@ -252,28 +252,45 @@ class InstanceProcess:
             InstanceCrashedError: the process is gone or stopping.
             ValueError: an input of a dtype Triton has no datatype for.
         """
+        return self.submit_many([requests], stream=stream)[0]
+
+    def submit_many(
+        self, batches: Sequence[Sequence[PyRequest]], *, stream: bool = False
+    ) -> list[list[Call]]:
+        """Send batches in one frame (the model runs them one after the other, each its own
+        ``execute``); the calls of each, in order. Raises: as :meth:`submit`."""
         if not self.alive or self._channel is None or self._arena is None:
             raise self.death or InstanceCrashedError(f"the python instance {describe_exit(None)}")
         enc = Encoder(self._arena)
-        batch = self._keys = self._keys + 1
-        calls: list[Call] = []
-        items = []
-        for request in requests:
-            self._keys += 1
-            key = self._keys
-            items.append(
-                {"k": key, "rq": request.request_id, "c": request.correlation_id,
-                 "f": request.flags, "o": list(request.requested_outputs or ()),
-                 "p": json.dumps(dict(request.parameters or {})),
-                 "T": enc.tensors(request.inputs.items())}
-            )  # fmt: skip
-            calls.append(Call(key, batch, stream))
-        self._held.add(batch, calls)
-        if len(self._held) == len(calls):
+        out: list[list[Call]] = []
+        ids: list[int] = []
+        wire = []
+        for requests in batches:
+            batch = self._keys = self._keys + 1
+            calls: list[Call] = []
+            items = []
+            for request in requests:
+                self._keys += 1
+                key = self._keys
+                params = request.parameters
+                items.append(
+                    {"k": key, "rq": request.request_id, "c": request.correlation_id,
+                     "f": request.flags, "o": list(request.requested_outputs or ()),
+                     "p": json.dumps(dict(params)) if params else "{}",
+                     "T": enc.tensors(request.inputs.items())}
+                )  # fmt: skip
+                calls.append(Call(key, batch, stream))
+            wire.append({"b": batch, "r": items})
+            out.append(calls)
+            ids.append(batch)
+        idle = not self._held
+        for batch, calls in zip(ids, out, strict=True):
+            self._held.add(batch, calls)
+        if idle:
             self.last_progress = self.clock.monotonic()  # idle until now: the clock starts here
-        header = {"t": "exec", "b": batch, "m": self.spec.model_name, "r": items}
+        header = {"t": "exec", "m": self.spec.model_name, "B": wire}
         self._channel.write(enc.finish(header, self._arena.sender.head))
-        return calls
+        return out
 
     async def execute(self, requests: Sequence[PyRequest]) -> list[PyResponse]:
         """One response per request, in order; a request the model failed has ``error`` set.
