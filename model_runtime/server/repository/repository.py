@@ -123,6 +123,8 @@ class ModelRepository:
         self.on_install: Callable[[ModelEntry], None] | None = None
         #: How python models reach the daemon (BLS, model loading); the data plane sets them.
         self.python_hooks = PythonHooks()
+        #: where python models' archived environments (EXECUTION_ENV_PATH) are unpacked
+        self.python_env_cache: Path | None = None
 
     async def __aenter__(self) -> ModelRepository:
         self._tg = anyio.create_task_group()
@@ -464,8 +466,9 @@ class ModelRepository:
             raise ModelRuntimeError("the model repository is not open (use `async with`)")
         if settings.python:
             return await start_python_version(
-                entry, source, settings, hooks=self.python_hooks, version=version
-            )
+                entry, source, settings, hooks=self.python_hooks, version=version,
+                env_cache=self.python_env_cache,
+            )  # fmt: skip
         return await start_version(
             entry,
             source,
