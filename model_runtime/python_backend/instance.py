@@ -272,13 +272,19 @@ class InstanceProcess:
             for request in requests:
                 self._keys += 1
                 key = self._keys
-                params = request.parameters
-                items.append(
-                    {"k": key, "rq": request.request_id, "c": request.correlation_id,
-                     "f": request.flags, "o": list(request.requested_outputs or ()),
-                     "p": json.dumps(dict(params)) if params else "{}",
-                     "T": enc.tensors(request.inputs.items())}
-                )  # fmt: skip
+                item: dict[str, Any] = {"k": key, "T": enc.tensors(request.inputs.items())}
+                # what a request leaves at its default does not cross (the instance's default)
+                if request.request_id:
+                    item["rq"] = request.request_id
+                if request.correlation_id:
+                    item["c"] = request.correlation_id
+                if request.flags:
+                    item["f"] = request.flags
+                if request.requested_outputs:
+                    item["o"] = list(request.requested_outputs)
+                if request.parameters:
+                    item["p"] = json.dumps(dict(request.parameters))
+                items.append(item)
                 calls.append(Call(key, batch, stream))
             wire.append({"b": batch, "r": items})
             out.append(calls)

@@ -111,7 +111,8 @@ def encode_response(
         descs = enc.tensors(named)
     except ValueError as exc:
         return {"e": ["INVALID_ARG", f"an output cannot be sent: {exc}"]}
-    return {"T": descs, "p": response.parameters()}
+    params = response.parameters()
+    return {"T": descs} if params == "{}" else {"T": descs, "p": params}
 
 
 class Stub:
@@ -309,8 +310,13 @@ class Stub:
         return frames
 
     def _tensors(self, header: dict[str, Any], payload: bytes) -> list[pb_utils.Tensor]:
-        named = decode_tensors(header.get("T", []), payload, self._arena)
-        return [pb_utils.Tensor(n, a) for n, a in named]
+        descs = header.get("T", [])
+        named = decode_tensors(descs, payload, self._arena)
+        # the datatype the daemon named (checked by decode_tensors), not found again
+        return [
+            pb_utils.Tensor(n, a, None if d[1].startswith("TYPE_") else d[1])
+            for (n, a), d in zip(named, descs, strict=True)
+        ]
 
     def _dispatch(self, header: dict[str, Any], payload: bytes) -> None:
         kind = header["t"]
