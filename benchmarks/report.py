@@ -1,12 +1,13 @@
 """Write ``benchmarks/RESULTS.md`` from the JSON results of one ``make bench`` run.
 
 Reads ``benchmarks/results/{runner_throughput,compiled_vs_source,http_throughput,
-dynamic_shapes,triton_peer,memory,sequences}.json`` (and includes
+dynamic_shapes,triton_peer,memory,sequences,python_models}.json`` (and includes
 ``benchmarks/results/overload.md`` when present), adds the machine (cores, CPU model, RAM),
 the versions and the date, the tables, and the "done when" targets with a PASS/FAIL column
 (``n/a`` where the figure is missing): issue 13's; issue 29's dynamic-shape point
 (``dynamic_report.py`` writes its part), issue 31's Triton points (``triton_report.py``),
-issue 34's memory figures (``memory_report.py``); issue 32's sequences
+issue 34's memory figures (``memory_report.py``), issue 43's python models
+(``python_models_report.py``); issue 32's sequences
 (``sequences_report.py``) have no target. A result file older than ``--since-file``'s
 timestamp came from an earlier run (its benchmark failed this time): it is reported, marked
 stale. With ``--readme PAGE``, the headline ratios replace the block between the page's
@@ -39,6 +40,7 @@ from benchmarks import (
     dynamic_report,
     http_report,
     memory_report,
+    python_models_report,
     sequences_report,
     triton_report,
 )
@@ -55,6 +57,7 @@ SOURCES = (
     triton_report.SPLIT_SOURCE,
     memory_report.SOURCE,
     sequences_report.SOURCE,
+    python_models_report.SOURCE,
 )
 README_BEGIN, README_END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
@@ -215,10 +218,19 @@ def memory_targets(docs: dict[str, Any]) -> list[Target]:
     ]
 
 
+def python_model_targets(docs: dict[str, Any]) -> list[Target]:
+    """Issue 43: ours / Triton on the same python models >= 1.0 at c = 16 and 64, HTTP and
+    gRPC (``python_models_report.ratios``)."""
+    return [
+        _target(what, ratio, ">= 1.0", lambda v: v >= 1.0, issue=43)
+        for what, ratio in python_models_report.ratios(docs.get(python_models_report.SOURCE))
+    ]
+
+
 def all_targets(docs: dict[str, Any]) -> list[Target]:
-    """:func:`targets` (issues 13 and 29), then issue 31's (:func:`triton_targets`) and issue
-    34's (:func:`memory_targets`)."""
-    return targets(docs) + triton_targets(docs) + memory_targets(docs)
+    """:func:`targets` (issues 13 and 29), then issue 31's (:func:`triton_targets`), issue
+    34's (:func:`memory_targets`) and issue 43's (:func:`python_model_targets`)."""
+    return targets(docs) + triton_targets(docs) + memory_targets(docs) + python_model_targets(docs)
 
 
 def machine() -> dict[str, str]:
@@ -289,6 +301,7 @@ def headline(docs: dict[str, Any], goals: list[Target]) -> list[str]:
     lines += memory_report.headline(docs.get(memory_report.SOURCE))
     lines += sequences_report.headline(docs.get(sequences_report.SOURCE))
     lines += dynamic_report.headline(docs.get(dynamic_report.SOURCE))
+    lines += python_models_report.headline(docs.get(python_models_report.SOURCE))
     for issue in sorted({t.issue for t in goals}):
         mine = [t for t in goals if t.issue == issue]
         lines.append(
@@ -324,7 +337,7 @@ def render(
     out += ["## Headline", "", *headline(docs, goals), ""]
     out += [
         "## Targets (issue 13; issue 29's dynamic point; issue 31's Triton peer; "
-        "issue 34's memory)",
+        "issue 34's memory; issue 43's python models)",
         "",
     ]
     out += _table(
@@ -417,6 +430,7 @@ def render(
     out += triton_report.split_section(docs.get(triton_report.SPLIT_SOURCE))
     out += memory_report.section(docs.get(memory_report.SOURCE))
     out += sequences_report.section(docs.get(sequences_report.SOURCE))
+    out += python_models_report.section(docs.get(python_models_report.SOURCE))
 
     if overload:
         text = overload.strip()  # overload.md brings its own heading

@@ -3,7 +3,8 @@ retries that heal a crash.
 
 Requests leave the queue in batches of up to ``max_batch_size`` (one with ``max_batch_size: 0``)
 for the instance that holds the fewest requests among those with room (a sync ``execute`` runs
-one batch at a time per instance, an async one up to :data:`ASYNC_BATCHES`); with dynamic
+one batch at a time per instance, and a busy one holds up to :data:`PIPELINE` full batches
+queued behind it; an async one runs up to :data:`ASYNC_BATCHES`); with dynamic
 batching the first request of a batch waits up to ``max_queue_delay_microseconds`` for company.
 The requests an instance held when it died go back to the head of the queue, each alone in its
 batch from then on, so that a second death names the one that caused it: that request is poison
@@ -32,11 +33,14 @@ from model_runtime.python_backend.messages import PyRequest, PyResponse
 from model_runtime.python_backend.pool import InstancePool
 from model_runtime.python_backend.validate import check_outputs
 
-__all__ = ["ASYNC_BATCHES", "Batcher", "Item"]
+__all__ = ["ASYNC_BATCHES", "PIPELINE", "Batcher", "Item"]
 
 _log = structlog.get_logger(__name__)
 #: batches an instance with ``async def execute`` runs at once
 ASYNC_BATCHES = 64
+#: full batches a busy instance with a sync ``execute`` may hold queued: they cross in one
+#: frame, run back to back, and their answers come back together
+PIPELINE = 4
 
 
 class Item:
@@ -184,15 +188,27 @@ class Batcher:
             return
         self.settle(item, check_outputs(self.config, future.result()))
 
+    def _full(self) -> bool:
+        """The queue holds a full batch (one that waiting could not make larger)."""
+        queue = self._queue
+        return len(queue) >= max(1, self.config.max_batch_size) and not queue[0].kills
+
+    def _room(self, inst: InstanceProcess, full: bool) -> int:
+        """Batches ``inst`` may take now: an idle sync instance one, a busy one more only when
+        they are full (a partial batch waits to grow); an async instance many."""
+        if inst.is_async:
+            return ASYNC_BATCHES - inst.executing
+        return (PIPELINE if full else 1) - inst.executing
+
     def _pick(self) -> tuple[int, InstanceProcess] | None:
         best: tuple[int, InstanceProcess] | None = None
         assert self.pool is not None
+        full = bool(self._queue) and self._full()
         for slot in self.pool.slots:
             inst = slot.instance
             if inst is None or not inst.alive:
                 continue
-            room = ASYNC_BATCHES if inst.is_async else 1
-            if inst.executing < room and (best is None or inst.held < best[1].held):
+            if self._room(inst, full) > 0 and (best is None or inst.held < best[1].held):
                 best = (slot.index, inst)
         return best
 
@@ -221,22 +237,34 @@ class Batcher:
                     if wait > 0:
                         await self._clock.sleep(wait)
                         continue
-                self._send(*picked, self._take())
+                slot, instance = picked
+                batches = [self._take()]
+                room = self._room(instance, True) - 1
+                while room > 0 and self._queue and self._full():
+                    batches.append(self._take())  # full batches more: one frame for them all
+                    room -= 1
+                self._send(slot, instance, *batches)
 
-    def _send(self, slot: int, instance: InstanceProcess, batch: list[Item]) -> None:
+    def _send(self, slot: int, instance: InstanceProcess, *batches: list[Item]) -> None:
         try:
-            calls = instance.submit([item.request for item in batch], stream=self.config.decoupled)
+            sent = instance.submit_many(
+                [[item.request for item in batch] for batch in batches],
+                stream=self.config.decoupled,
+            )
         except InstanceCrashedError:
-            self._queue.extendleft(reversed(batch))  # it never reached the process
+            for batch in reversed(batches):
+                self._queue.extendleft(reversed(batch))  # it never reached the process
             self._wake.set()
             return
         except (ValueError, ModelRuntimeError) as exc:
-            for item in batch:
-                self.settle(item, InputValidationError(f"the request cannot be sent: {exc}"))
+            for batch in batches:
+                for item in batch:
+                    self.settle(item, InputValidationError(f"the request cannot be sent: {exc}"))
             return
         now = self._clock.monotonic()
-        for item, call in zip(batch, calls, strict=True):
-            item.call, item.instance, item.slot, item.sent = call, instance, slot, now
-            item.dispatched.set_result(call)
-            if call.future is not None:
-                call.future.add_done_callback(functools.partial(self._on_answer, item))
+        for batch, calls in zip(batches, sent, strict=True):
+            for item, call in zip(batch, calls, strict=True):
+                item.call, item.instance, item.slot, item.sent = call, instance, slot, now
+                item.dispatched.set_result(call)
+                if call.future is not None:
+                    call.future.add_done_callback(functools.partial(self._on_answer, item))

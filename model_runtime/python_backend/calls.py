@@ -9,23 +9,50 @@ import base64
 import inspect
 import json
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from model_runtime.python_backend.messages import BlsRequest, PyResponse, triton_code_of
+import numpy as np
 
-if TYPE_CHECKING:
-    from model_runtime.python_backend.instance import InstanceProcess
+from model_runtime.python_backend.messages import (
+    BlsRequest,
+    ControlHook,
+    InferHook,
+    PyResponse,
+    triton_code_of,
+)
+from model_runtime.python_backend.metrics import CustomMetrics
 
-__all__ = ["CallHandler"]
+__all__ = ["CallHandler", "Wire"]
 
 _LEVELS = {"INFO": "info", "WARNING": "warning", "ERROR": "error", "VERBOSE": "debug"}
 
 
-class CallHandler:
-    """Serves one instance's calls to the daemon."""
+class Wire(Protocol):
+    """What the handler needs of its instance: its log, and its end of the wire."""
 
-    def __init__(self, instance: InstanceProcess) -> None:
-        self._instance = instance
+    @property
+    def log(self) -> Any: ...
+
+    def decode(self, descs: Any, payload: memoryview) -> dict[str, np.ndarray]: ...
+
+    def send(self, header: dict[str, Any], tensors: Any = None) -> None: ...
+
+
+class CallHandler:
+    """Serves one instance's calls to the daemon: BLS through ``infer``, the model loading API
+    through ``control`` (None: refused, saying so), custom metrics into ``metrics``."""
+
+    def __init__(
+        self,
+        wire: Wire,
+        infer: InferHook | None,
+        control: ControlHook | None,
+        metrics: CustomMetrics,
+    ) -> None:
+        self._wire = wire
+        self._infer = infer
+        self._control = control
+        self._metrics = metrics
         self._tasks: dict[int, asyncio.Task[None]] = {}
 
     @property
@@ -39,9 +66,9 @@ class CallHandler:
         self._tasks.clear()
 
     def frame(self, kind: str, header: dict[str, Any], payload: memoryview) -> None:
-        instance = self._instance
+        wire = self._wire
         if kind == "bls":
-            inputs = instance.decode(header.get("T", []), payload)
+            inputs = wire.decode(header.get("T", []), payload)
             self._spawn(header["k"], self._bls(header, inputs))
         elif kind == "bls_cancel":
             task = self._tasks.get(header["k"])
@@ -51,12 +78,12 @@ class CallHandler:
             self._spawn(header["k"], self._call(header["k"], header["op"], header.get("a", {})))
         elif kind == "metric":
             try:
-                instance.spec.metrics.apply(header)
+                self._metrics.apply(header)
             except ValueError as exc:
-                instance.log.warning("python_model_metric_refused", error=str(exc))
+                wire.log.warning("python_model_metric_refused", error=str(exc))
         elif kind == "log":
             level = _LEVELS.get(str(header.get("l")), "info")
-            getattr(instance.log, level)("python_model_log", message=str(header.get("m")))
+            getattr(wire.log, level)("python_model_log", message=str(header.get("m")))
         else:
             raise ValueError(f"unknown frame type {kind!r}")
 
@@ -74,11 +101,11 @@ class CallHandler:
             else:
                 tensors = list(response.outputs.items())
             header["p"] = json.dumps(response.parameters)
-        self._instance._send(header, tensors)
+        self._wire.send(header, tensors)
 
     async def _bls(self, header: dict[str, Any], inputs: dict[str, Any]) -> None:
         k = header["k"]
-        infer = self._instance.spec.hooks_infer
+        infer = self._infer
         timeout_us = int(header.get("to") or 0)
         try:
             if infer is None:
@@ -118,29 +145,29 @@ class CallHandler:
             self._error(k, triton_code_of(exc), str(exc) or type(exc).__name__)
 
     def _error(self, k: int, code: str, message: str) -> None:
-        self._instance._send({"t": "bls_r", "k": k, "fin": True, "e": [code, message]})
+        self._wire.send({"t": "bls_r", "k": k, "fin": True, "e": [code, message]})
 
     async def _call(self, k: int, op: str, args: dict[str, Any]) -> None:
-        spec = self._instance.spec
+        metrics, control = self._metrics, self._control
         value: Any = None
         error = None
         try:
             if op == "family":
-                spec.metrics.family(str(args["name"]), str(args["description"]), str(args["kind"]))
+                metrics.family(str(args["name"]), str(args["description"]), str(args["kind"]))
             elif op == "metric":
-                spec.metrics.apply(args)
+                metrics.apply(args)
             elif op == "metric_value":
-                value = spec.metrics.value(str(args["family"]), dict(args["labels"]))
+                value = metrics.value(str(args["family"]), dict(args["labels"]))
             elif op in ("load_model", "unload_model", "is_model_ready"):
-                if spec.hooks_control is None:
+                if control is None:
                     raise LookupError(f"{op} needs the server: this instance has no model control")
                 args = dict(args)
                 if op == "load_model":  # files cross as base64; the hook gets their bytes
                     files = args.get("files") or {}
                     args["files"] = {str(k): base64.b64decode(v) for k, v in files.items()}
-                value = await spec.hooks_control(op, args)
+                value = await control(op, args)
             else:
                 raise LookupError(f"unknown call {op!r}")
         except Exception as exc:
             error = str(exc) or type(exc).__name__
-        self._instance._send({"t": "call_r", "k": k, "v": value, "e": error})
+        self._wire.send({"t": "call_r", "k": k, "v": value, "e": error})

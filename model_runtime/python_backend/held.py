@@ -79,7 +79,8 @@ class Held:
         payload: memoryview,
         decode: Callable[[Any, memoryview], dict[str, np.ndarray]],
     ) -> None:
-        """Deliver a ``resp`` frame's items (tensors copied out by ``decode``)."""
+        """Deliver a ``resp`` frame's items (tensors copied out by ``decode``), then end the
+        batches it names ``done`` (one id, or a list of them)."""
         for item in header["items"]:
             call = self._calls.get(item["k"])
             if call is None:
@@ -94,10 +95,11 @@ class Held:
             self._deliver(call, PyResponse(outputs, error, params, final))
         done = header.get("done")
         if done is not None:
-            for call in self._batches.pop(done, ()):
-                if call.future is not None and call.key in self._calls:
-                    problem = "the model's execute returned without a response for this request"
-                    self._deliver(call, PyResponse({}, PythonModelError(problem), {}, True))
+            for batch in done if isinstance(done, list) else (done,):
+                for call in self._batches.pop(batch, ()):
+                    if call.future is not None and call.key in self._calls:
+                        problem = "the model's execute returned without a response for this request"
+                        self._deliver(call, PyResponse({}, PythonModelError(problem), {}, True))
             self.on_batch_done()
 
     def _deliver(self, call: Call, response: PyResponse) -> None:

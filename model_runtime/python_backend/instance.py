@@ -115,7 +115,7 @@ class InstanceProcess:
         self._reason: str | None = None
         #: the model's execute is ``async def`` (many batches at once)
         self.is_async = False
-        self.calls = CallHandler(self)
+        self.calls = CallHandler(self, spec.hooks_infer, spec.hooks_control, spec.metrics)
 
     # -- state for the runner ----------------------------------------------------------------
 
@@ -181,7 +181,7 @@ class InstanceProcess:
         ready: asyncio.Future[Any] = loop.create_future()
         self._waiters[0] = ready
         self._tasks = [loop.create_task(self._watch())]
-        self._send(
+        self.send(
             {"t": "init", "model_file": str(spec.model_file), "config": spec.config,
              "args": spec.args(), "auto_complete": auto_complete, "initialize": initialize}
         )  # fmt: skip
@@ -215,7 +215,7 @@ class InstanceProcess:
             loop = asyncio.get_running_loop()
             done: asyncio.Future[Any] = loop.create_future()
             self._waiters[-1] = done
-            self._send({"t": "fin"})
+            self.send({"t": "fin"})
             self._stopping = True
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(done, grace)
@@ -252,28 +252,51 @@ class InstanceProcess:
             InstanceCrashedError: the process is gone or stopping.
             ValueError: an input of a dtype Triton has no datatype for.
         """
+        return self.submit_many([requests], stream=stream)[0]
+
+    def submit_many(
+        self, batches: Sequence[Sequence[PyRequest]], *, stream: bool = False
+    ) -> list[list[Call]]:
+        """Send batches in one frame (the model runs them one after the other, each its own
+        ``execute``); the calls of each, in order. Raises: as :meth:`submit`."""
         if not self.alive or self._channel is None or self._arena is None:
             raise self.death or InstanceCrashedError(f"the python instance {describe_exit(None)}")
         enc = Encoder(self._arena)
-        batch = self._keys = self._keys + 1
-        calls: list[Call] = []
-        items = []
-        for request in requests:
-            self._keys += 1
-            key = self._keys
-            items.append(
-                {"k": key, "rq": request.request_id, "c": request.correlation_id,
-                 "f": request.flags, "o": list(request.requested_outputs or ()),
-                 "p": json.dumps(dict(request.parameters or {})),
-                 "T": enc.tensors(request.inputs.items())}
-            )  # fmt: skip
-            calls.append(Call(key, batch, stream))
-        self._held.add(batch, calls)
-        if len(self._held) == len(calls):
+        out: list[list[Call]] = []
+        ids: list[int] = []
+        wire = []
+        for requests in batches:
+            batch = self._keys = self._keys + 1
+            calls: list[Call] = []
+            items = []
+            for request in requests:
+                self._keys += 1
+                key = self._keys
+                item: dict[str, Any] = {"k": key, "T": enc.tensors(request.inputs.items())}
+                # what a request leaves at its default does not cross (the instance's default)
+                if request.request_id:
+                    item["rq"] = request.request_id
+                if request.correlation_id:
+                    item["c"] = request.correlation_id
+                if request.flags:
+                    item["f"] = request.flags
+                if request.requested_outputs:
+                    item["o"] = list(request.requested_outputs)
+                if request.parameters:
+                    item["p"] = json.dumps(dict(request.parameters))
+                items.append(item)
+                calls.append(Call(key, batch, stream))
+            wire.append({"b": batch, "r": items})
+            out.append(calls)
+            ids.append(batch)
+        idle = not self._held
+        for batch, calls in zip(ids, out, strict=True):
+            self._held.add(batch, calls)
+        if idle:
             self.last_progress = self.clock.monotonic()  # idle until now: the clock starts here
-        header = {"t": "exec", "b": batch, "m": self.spec.model_name, "r": items}
+        header = {"t": "exec", "m": self.spec.model_name, "B": wire}
         self._channel.write(enc.finish(header, self._arena.sender.head))
-        return calls
+        return out
 
     async def execute(self, requests: Sequence[PyRequest]) -> list[PyResponse]:
         """One response per request, in order; a request the model failed has ``error`` set.
@@ -315,7 +338,7 @@ class InstanceProcess:
         """Tell the model these requests are cancelled (``request.is_cancelled()``)."""
         keys = [c.key for c in calls if c.key in self._held]
         if keys and self.alive:
-            self._send({"t": "cancel", "k": keys})
+            self.send({"t": "cancel", "k": keys})
 
     async def is_ready(self, timeout: float = 5.0) -> bool:
         """The model's own ``is_ready()`` (True when it has none); False past ``timeout``."""
@@ -325,7 +348,7 @@ class InstanceProcess:
         k = self._keys
         waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiters[k] = waiter
-        self._send({"t": "isready", "k": k})
+        self.send({"t": "isready", "k": k})
         try:
             header = await asyncio.wait_for(waiter, timeout)
         except (TimeoutError, InstanceCrashedError):
@@ -336,7 +359,8 @@ class InstanceProcess:
 
     # -- the wire ----------------------------------------------------------------------------
 
-    def _send(self, header: dict[str, Any], tensors: Any = None) -> None:
+    def send(self, header: dict[str, Any], tensors: Any = None) -> None:
+        """Send one frame to the process (dropped when the channel is gone)."""
         if self._channel is None or self._arena is None:
             return
         enc = Encoder(self._arena)

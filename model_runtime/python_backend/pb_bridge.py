@@ -7,14 +7,7 @@ that need the daemon (responses, BLS, logs, metrics, model loading) go through :
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Protocol
-
-if TYPE_CHECKING:
-    from model_runtime.python_backend.pb_utils import (
-        InferenceRequest,
-        InferenceResponse,
-        ResponseIterator,
-    )
+from typing import Any, Protocol
 
 __all__ = ["Bridge", "TritonModelException", "bridge", "install"]
 
@@ -24,12 +17,15 @@ class TritonModelException(Exception):
 
 
 class Bridge(Protocol):
-    """What the API needs of the instance process it runs in."""
+    """What the API needs of the instance process it runs in. The API's own objects cross it
+    untyped here (``pb_utils`` sits above this module): ``response`` is an
+    ``InferenceResponse`` or None, ``request`` an ``InferenceRequest``; ``bls`` resolves to an
+    ``InferenceResponse``, ``bls_stream`` is a ``ResponseIterator``."""
 
-    def send(self, key: int, response: InferenceResponse | None, flags: int) -> None: ...
+    def send(self, key: int, response: Any, flags: int) -> None: ...
     def cancelled(self, key: int) -> bool: ...
-    def bls(self, request: InferenceRequest) -> Future[InferenceResponse]: ...
-    def bls_stream(self, request: InferenceRequest) -> ResponseIterator: ...
+    def bls(self, request: Any) -> Future[Any]: ...
+    def bls_stream(self, request: Any) -> Any: ...
     def call(self, op: str, args: dict[str, Any]) -> Any: ...
     def log(self, level: str, message: str) -> None: ...
     def metric(self, op: dict[str, Any]) -> None: ...

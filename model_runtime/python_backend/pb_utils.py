@@ -95,7 +95,7 @@ class TritonError:
 
 
 def _parameters(value: Mapping[str, Any] | str | None, what: str) -> str:
-    if value is None:
+    if not value or value == "{}":
         return "{}"
     if isinstance(value, str):
         value = json.loads(value)

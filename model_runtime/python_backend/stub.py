@@ -47,6 +47,7 @@ import select
 import socket
 import sys
 import threading
+import time
 from concurrent.futures import Future
 from typing import Any
 
@@ -65,6 +66,8 @@ from model_runtime.python_backend.wire import (
 __all__ = ["Stub", "encode_response", "main"]
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+#: seconds the ends of batches run one after another may be held to go in one frame
+HOLD_S = 0.0005
 
 
 def _error_pair(error: pb_utils.TritonError) -> list[Any]:
@@ -108,7 +111,8 @@ def encode_response(
         descs = enc.tensors(named)
     except ValueError as exc:
         return {"e": ["INVALID_ARG", f"an output cannot be sent: {exc}"]}
-    return {"T": descs, "p": response.parameters()}
+    params = response.parameters()
+    return {"T": descs} if params == "{}" else {"T": descs, "p": params}
 
 
 class Stub:
@@ -128,6 +132,10 @@ class Stub:
         self.loop = asyncio.new_event_loop()
         self.host = ModelHost(self)
         self._async = False
+        #: ends of batches (responses, batch id) held back while the main thread runs more
+        self._held: list[tuple[list[tuple[int, Any, int]], int]] = []
+        self._holding = False
+        self._main = threading.get_ident()
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -142,35 +150,64 @@ class Stub:
                 os._exit(0)  # the daemon is gone
 
     def write(self, header: dict[str, Any], build: Any = None) -> None:
-        """Send one frame; ``build(encoder, header)`` places tensors under the same lock."""
+        """Send one frame (after the held ends of batches); ``build(encoder, header)`` places
+        tensors under the same lock."""
         with self._lock:
-            enc = Encoder(self._arena)
-            if build is not None:
-                build(enc, header)
-            segments = enc.finish(header, self._arena.sender.head)
-            self._sendall(bytes(segments[0]) + bytes(segments[1]))
-            for part in segments[2:]:
-                self._sendall(part)
+            if self._held:
+                self._flush()
+            self._write(header, build)
+
+    def _write(self, header: dict[str, Any], build: Any) -> None:
+        enc = Encoder(self._arena)
+        if build is not None:
+            build(enc, header)
+        segments = enc.finish(header, self._arena.sender.head)
+        self._sendall(bytes(segments[0]) + bytes(segments[1]))
+        for part in segments[2:]:
+            self._sendall(part)
 
     def respond(self, items: list[tuple[int, Any, int]], done: int | None = None) -> None:
-        """Send responses ``(key, response, flags)`` (and the end of batch ``done``)."""
-        requested = self.host.requested
+        """Send responses ``(key, response, flags)`` (and the end of batch ``done``). The end
+        of a batch that the main thread ran while more batches wait for it is held, and sent
+        with theirs in one frame (:meth:`flush`, or before any other frame)."""
+        if done is not None and self._holding and threading.get_ident() == self._main:
+            with self._lock:
+                self._held.append((items, done))
+            return
+        with self._lock:
+            if self._held:
+                self._flush()
+            self._write(self._responses(items, [] if done is None else [done]), self._build)
 
-        def build(enc: Encoder, header: dict[str, Any]) -> None:
-            out = []
-            for key, response, flags in items:
-                item = encode_response(enc, response, requested.get(key))
-                item["k"] = key
-                item["fl"] = flags
-                out.append(item)
-                if flags & _FINAL:
-                    self.host.closed(key)
-            header["items"] = out
+    def flush(self) -> None:
+        """Send the ends of batches held back (one frame)."""
+        with self._lock:
+            if self._held:
+                self._flush()
 
-        header: dict[str, Any] = {"t": "resp"}
-        if done is not None:
+    def _flush(self) -> None:
+        items = [item for held, _ in self._held for item in held]
+        done = [d for _, d in self._held]
+        self._held.clear()
+        self._write(self._responses(items, done), self._build)
+
+    def _responses(self, items: list[tuple[int, Any, int]], done: list[int]) -> dict[str, Any]:
+        header: dict[str, Any] = {"t": "resp", "_items": items}
+        if done:
             header["done"] = done
-        self.write(header, build)
+        return header
+
+    def _build(self, enc: Encoder, header: dict[str, Any]) -> None:
+        requested = self.host.requested
+        out = []
+        for key, response, flags in header.pop("_items"):
+            item = encode_response(enc, response, requested.get(key))
+            item["k"] = key
+            item["fl"] = flags
+            out.append(item)
+            if flags & _FINAL:
+                self.host.closed(key)
+        header["items"] = out
 
     # -- the Bridge of triton_python_backend_utils -------------------------------------------
 
@@ -273,15 +310,26 @@ class Stub:
         return frames
 
     def _tensors(self, header: dict[str, Any], payload: bytes) -> list[pb_utils.Tensor]:
-        named = decode_tensors(header.get("T", []), payload, self._arena)
-        return [pb_utils.Tensor(n, a) for n, a in named]
+        descs = header.get("T", [])
+        named = decode_tensors(descs, payload, self._arena)
+        # the datatype the daemon named (checked by decode_tensors), not found again
+        return [
+            pb_utils.Tensor(n, a, None if d[1].startswith("TYPE_") else d[1])
+            for (n, a), d in zip(named, descs, strict=True)
+        ]
 
     def _dispatch(self, header: dict[str, Any], payload: bytes) -> None:
         kind = header["t"]
-        if kind == "exec":
-            for item in header["r"]:
-                item["T"] = self._tensors(item, payload)
-        elif kind == "bls_r":
+        if kind == "exec":  # batches, each its own execute
+            model = header.get("m", "")
+            for batch in header["B"]:
+                for item in batch["r"]:
+                    item["T"] = self._tensors(item, payload)
+                batch["t"], batch["m"] = "exec", model
+                self._queue_for_model(batch)
+            self._arena.consumed(header.get("h", 0))
+            return
+        if kind == "bls_r":
             header["T"] = self._tensors(header, payload)
         self._arena.consumed(header.get("h", 0))
         if kind == "bls_r":
@@ -295,7 +343,11 @@ class Stub:
                 future.set_result(header.get("v"))
         elif kind == "cancel":
             self._cancelled.update(header["k"])
-        elif self._async:
+        else:
+            self._queue_for_model(header)
+
+    def _queue_for_model(self, header: dict[str, Any]) -> None:
+        if self._async:
             self.loop.call_soon_threadsafe(self._handle, header)
         else:
             self._deferred.append(header)
@@ -336,11 +388,28 @@ class Stub:
             self.loop.run_until_complete(coro)
 
     def _drain(self) -> None:
-        while self._deferred:
-            self._handle(self._deferred.popleft())
-            if not self._async and self.host.is_async:
-                self._async = True  # the model's execute is async: the loop takes over
-                return
+        """Run the batches that came, holding the ends of those that finish in quick
+        succession to send them in one frame (for at most ``HOLD_S``)."""
+        deferred = self._deferred
+        self._holding = not self._async
+        started = time.perf_counter()
+        try:
+            while deferred:
+                self._handle(deferred.popleft())
+                if not self._async and self.host.is_async:
+                    self._async = True  # the model's execute is async: the loop takes over
+                    return
+                if time.perf_counter() - started > HOLD_S:
+                    self.flush()
+                    started = time.perf_counter()
+                if not deferred and self._readable_now():
+                    self.pump(0.0)  # frames that came meanwhile join this round
+        finally:
+            self._holding = False
+            self.flush()
+
+    def _readable_now(self) -> bool:
+        return bool(select.select([self._sock], [], [], 0)[0])
 
     def serve(self) -> None:
         """Serve until the model is finalized: sync models here, async ones on the loop."""

@@ -4,8 +4,9 @@ A frame is ``<u32 header length><u32 payload length><header JSON><payload>``. Th
 dict with a type ``t`` and, for frames that carry tensors, descriptors
 ``[name, datatype, shape, where, offset, nbytes]``: ``where`` 0 means the tensor's bytes lie in
 the sender's shared-memory ring at that file offset (see :mod:`.arena`), 1 means they are in this
-frame's payload at that offset (a tensor that did not fit the ring). ``h`` is the sender's ring
-head after the frame; the receiver marks it consumed once the frame's tensors are copied out.
+frame's payload at that offset (a small tensor, or one that did not fit the ring). ``h`` is the
+sender's ring head after the frame; the receiver marks it consumed once the frame's tensors are
+copied out.
 Nothing is pickled: a frame from a broken child can be refused, never executed.
 
 This module imports only numpy and its siblings, because the instance process runs it too.
@@ -39,6 +40,8 @@ __all__ = [
 ]
 
 FRAME = struct.Struct("<II")
+#: tensors up to this many bytes travel in the frame: cheaper than a ring's read and write
+INLINE_MAX = 16 << 10
 MAX_HEADER = 64 << 20
 MAX_PAYLOAD = (1 << 32) - 1
 
@@ -73,12 +76,14 @@ def _raw(array: np.ndarray) -> tuple[str, memoryview]:
 
 
 class Encoder:
-    """Builds one frame: tensors go to the ring when they fit, else inline in the payload."""
+    """Builds one frame: tensors over ``inline_max`` bytes go to the ring when they fit, the
+    others inline in the payload."""
 
-    __slots__ = ("_parts", "_sink", "_size")
+    __slots__ = ("_inline_max", "_parts", "_sink", "_size")
 
-    def __init__(self, sink: Sink) -> None:
+    def __init__(self, sink: Sink, inline_max: int = INLINE_MAX) -> None:
         self._sink = sink
+        self._inline_max = inline_max
         self._parts: list[memoryview] = []
         self._size = 0
 
@@ -90,7 +95,7 @@ class Encoder:
         """
         datatype, data = _raw(array)
         n = len(data)
-        off = self._sink.put(data) if n else 0
+        off = (self._sink.put(data) if n > self._inline_max else None) if n else 0
         if off is None:
             self._parts.append(data)
             off, self._size = self._size, self._size + n

@@ -24,7 +24,7 @@ def arenas() -> tuple[ParentArena, ChildArena]:
 def _roundtrip(
     sender: ParentArena | ChildArena, receiver: ParentArena | ChildArena, arrays: dict
 ) -> dict:
-    enc = Encoder(sender)
+    enc = Encoder(sender, inline_max=0)  # every tensor through the ring
     descs = enc.tensors(arrays.items())
     segments = enc.finish({"t": "x"}, sender.sender.head)
     payload = b"".join(bytes(s) for s in segments[2:])
@@ -51,6 +51,20 @@ def test_tensors_cross_both_ways_through_the_rings(arenas: tuple[ParentArena, Ch
             assert out["f"].flags.writeable
 
 
+def test_small_tensors_travel_in_the_frame_large_ones_in_the_ring(
+    arenas: tuple[ParentArena, ChildArena],
+) -> None:
+    parent, child = arenas
+    enc = Encoder(parent, inline_max=1024)
+    small, large = np.ones(256, np.float32), np.arange(512, dtype=np.float32)
+    descs = enc.tensors([("small", small), ("large", large)])
+    assert [d[3] for d in descs] == [1, 0]  # 1024 bytes in the frame, 2048 in the ring
+    payload = b"".join(bytes(s) for s in enc.finish({"t": "x"}, parent.sender.head)[2:])
+    out = dict(decode_tensors(descs, payload, child))
+    np.testing.assert_array_equal(out["small"], small)
+    np.testing.assert_array_equal(out["large"], large)
+
+
 def test_a_tensor_that_does_not_fit_goes_inline() -> None:
     ring = Ring(HEADER, 1024, lambda: 0)
     assert ring.alloc(2048) is None  # larger than the ring
@@ -71,7 +85,7 @@ def test_a_child_that_truncates_the_memory_gets_an_error_not_a_crash(
     arenas: tuple[ParentArena, ChildArena],
 ) -> None:
     parent, child = arenas
-    enc = Encoder(child)
+    enc = Encoder(child, inline_max=0)
     descs = enc.tensors([("x", np.ones(64, np.float32))])
     os.ftruncate(parent.fd, 0)  # what a broken child could do; a mapping would SIGBUS here
     with pytest.raises(WireError, match="ends early"):

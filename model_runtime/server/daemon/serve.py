@@ -161,6 +161,8 @@ def build_repository(opts: DaemonOptions) -> tuple[ModelRepository, list[str]]:
         strict_readiness=opts.strict_readiness,
         reload_device_wait=opts.reload_device_wait,
     )
+    if opts.executable_cache is not None:  # beside the executables: one cache to clear
+        repo.python_env_cache = opts.executable_cache.parent / "python-envs"
     names = []
     models = list(opts.models)
     if not models and directory is None:

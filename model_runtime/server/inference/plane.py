@@ -144,11 +144,15 @@ class DataPlane:
 
     def _capacity(self, name: str) -> int:
         """Requests model ``name``'s replicas take at once: a batch computing and one filling
-        per replica (0 when it is not loaded)."""
+        per replica; a python model's instances, what its batcher lets them hold (0 when it is
+        not loaded)."""
         try:
             runner = self.repository.get(name, None).runner
         except ModelRuntimeError:
             return 0
+        inner = innermost(runner)
+        if isinstance(inner, PythonModelRunner):
+            return inner.capacity
         executable = getattr(runner and runner.current, "executable", None)
         if runner is None or executable is None:
             return 0

@@ -1,10 +1,13 @@
 """Starting one version of a python model (``backend: "python"``): its config completed by the
 model's own ``auto_complete_config``, checked as any ``config.pbtxt`` is, and its instances
 started (:class:`~model_runtime.python_backend.runner.PythonModelRunner`), with the hooks
-through which the model reaches the daemon (BLS calls, the model loading API)."""
+through which the model reaches the daemon (BLS calls, the model loading API), by the Python
+its ``EXECUTION_ENV_PATH`` parameter names (:mod:`~model_runtime.python_backend.environment`)
+or the daemon's own."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,8 +17,9 @@ from google.protobuf import json_format
 
 from model_runtime.errors import ConfigurationError
 from model_runtime.python_backend.autocomplete import auto_complete_config
+from model_runtime.python_backend.environment import ENV_PARAMETER, interpreter
 from model_runtime.python_backend.messages import ControlHook, InferHook
-from model_runtime.python_backend.runner import PythonModelRunner
+from model_runtime.python_backend.runner import PythonModelRunner, RunnerSettings
 from model_runtime.server.repository.entries import ModelEntry
 from model_runtime.server.repository.versions import StartedVersion
 from model_runtime.server.tensors.request import TensorSpec
@@ -53,24 +57,32 @@ async def start_python_version(
     hooks: PythonHooks,
     version: str = "1",
     auto_complete: bool = True,
+    env_cache: Path | None = None,
 ) -> StartedVersion:
     """Start version ``version`` of the python model ``entry`` from its ``model.py`` at
     ``source`` (``NAME/VERSION/model.py``): complete the config (its ``auto_complete_config``,
     not called when ``auto_complete`` is off, as Triton's ``--disable-auto-complete-config``),
-    check it, start every instance. The runner is closed again if anything after its start
-    fails.
+    check it, start every instance. An archived ``EXECUTION_ENV_PATH`` is unpacked into
+    ``env_cache``. The runner is closed again if anything after its start fails.
 
     Raises:
         ConfigurationError: the completed config is not one we serve (the field named).
-        ModelLoadError: ``model.py`` did not import or ``initialize`` failed (its text).
+        ModelLoadError: ``model.py`` did not import or ``initialize`` failed (its text); the
+            ``EXECUTION_ENV_PATH`` environment is missing, has no Python or no numpy.
     """
     model_dir = source.parent.parent
     where = settings.source or settings.origin or model_dir / "config.pbtxt"
     given = config_json(settings.config)
     given["name"] = entry.name
+    python = sys.executable
+    env = settings.config.parameters.get(ENV_PARAMETER)
+    if env is not None and env.string_value:
+        python = await anyio.to_thread.run_sync(
+            interpreter, entry.name, env.string_value, model_dir, env_cache
+        )
     completed = given
     if auto_complete:
-        completed = await auto_complete_config(model_dir, int(version), given)
+        completed = await auto_complete_config(model_dir, int(version), given, python=python)
     config = pb.ModelConfig()
     try:
         json_format.ParseDict(completed, config)
@@ -93,6 +105,7 @@ async def start_python_version(
         config_json(config),
         model_dir,
         int(version),
+        settings=RunnerSettings(python=python),
         infer_hook=hooks.infer,
         control_hook=hooks.control,
     )

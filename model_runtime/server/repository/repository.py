@@ -135,6 +135,8 @@ class ModelRepository:
         self.on_install: Callable[[ModelEntry], None] | None = None
         #: How python models reach the daemon (BLS, model loading); the data plane sets them.
         self.python_hooks = PythonHooks()
+        #: where python models' archived environments (EXECUTION_ENV_PATH) are unpacked
+        self.python_env_cache: Path | None = None
 
     async def __aenter__(self) -> ModelRepository:
         self._tg = anyio.create_task_group()
@@ -442,6 +444,7 @@ class ModelRepository:
                 hooks=self.python_hooks,
                 version=version,
                 auto_complete=self.auto_complete,
+                env_cache=self.python_env_cache,
             )
         else:
             started = await start_version(
