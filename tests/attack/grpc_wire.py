@@ -13,11 +13,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 import numpy as np
 import tritonclient.grpc as grpcclient
 
+from tests.attack.measure import Phase, rss
 from tests.integration.test_daemon_support import MODEL, Daemon, infer_doc, samples
 
 #: Issue 41's done criteria: gRPC fails at most this share of the client's requests, HTTP none
@@ -94,37 +94,6 @@ def frames_seen(sock: socket.socket, seconds: float) -> list[tuple[int, int]]:
             seen.append((buf[3], int.from_bytes(buf[5:9], "big") & 0x7FFFFFFF))
             buf = buf[9 + length :]
     return seen
-
-
-def rss(daemon: Daemon) -> int:
-    """The daemon process's resident memory, in bytes."""
-    with open(f"/proc/{daemon.proc.pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
-@dataclass
-class Phase:
-    """What one protocol of the client saw in one phase."""
-
-    latencies: list[float] = field(default_factory=list)
-    failed: int = 0
-    errors: list[str] = field(default_factory=list)
-
-    @property
-    def total(self) -> int:
-        return len(self.latencies) + self.failed
-
-    def p99(self) -> float:
-        return float(np.percentile(self.latencies, 99)) if self.latencies else float("inf")
-
-    def __str__(self) -> str:
-        return (
-            f"{self.total} requests, {self.failed} failed, "
-            f"p99 {self.p99() * 1e3:.1f} ms {self.errors[:3]}"
-        )
 
 
 class WellBehaved:

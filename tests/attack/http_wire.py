@@ -10,12 +10,12 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc as grpcclient
 
+from tests.attack.measure import Phase, rss
 from tests.integration.test_daemon_support import (
     MODEL,
     Daemon,
@@ -53,37 +53,6 @@ def infer_request(rows: int = 1, *, close: bool = False) -> bytes:
     extra = "Connection: close\r\n" if close else ""
     head = f"POST {PATH} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
     return head.encode() + body
-
-
-def rss(daemon: Daemon) -> int:
-    """The daemon process's resident memory, in bytes."""
-    with open(f"/proc/{daemon.proc.pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
-@dataclass
-class Phase:
-    """What one protocol of the client saw in one phase."""
-
-    latencies: list[float] = field(default_factory=list)
-    failed: int = 0
-    errors: list[str] = field(default_factory=list)
-
-    @property
-    def total(self) -> int:
-        return len(self.latencies) + self.failed
-
-    def p99(self) -> float:
-        return float(np.percentile(self.latencies, 99)) if self.latencies else float("inf")
-
-    def __str__(self) -> str:
-        return (
-            f"{self.total} requests, {self.failed} failed, "
-            f"p99 {self.p99() * 1e3:.1f} ms {self.errors[:3]}"
-        )
 
 
 class WellBehaved:
