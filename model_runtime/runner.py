@@ -31,6 +31,7 @@ from actors.device.manager import AttachedDevice, DeviceManager
 from actors.device.wait import DeviceWaitConfig
 from actors.queues.actor import Queue
 from actors.queues.request import Request
+from actors.queues.tracing import CURRENT as CURRENT_TRACE, STATE as TRACING
 from actors.session.state import ReplicaState, ReplicaStatus
 from model_runtime.errors import (
     ExecutionTimeoutError,
@@ -402,6 +403,8 @@ class ModelRunner:
                     queue = self._queues[replicas.pick(None, 0, now, last[3])]
                 future = self._create_future()
                 request = Request(inputs, last[3], future, now, priority)
+                if TRACING.on:
+                    request.trace = CURRENT_TRACE.get()
                 if queue.enqueue_nowait(request, now):
                     await asyncio.sleep(0)  # answered in place: still let the loop run the others
                 return await future
@@ -454,6 +457,8 @@ class ModelRunner:
             0,
             waiting,
         )
+        if TRACING.on:
+            request.trace = CURRENT_TRACE.get()
         # The queue's own Enqueue handler, called in place: same loop, same code, one event-loop
         # iteration less per request than a mailbox hop (measured ~7 µs of ~15 µs).
         queue.enqueue_nowait(request, now)

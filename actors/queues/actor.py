@@ -48,6 +48,7 @@ from actors.queues.routing import fail_batch, fail_requests, route_outputs
 from actors.queues.shapes import ShapeGroups
 from actors.queues.stats import QueueStats, TraceRecorder
 from actors.queues.timer import FlushTimer
+from actors.queues.tracing import STATE as TRACING
 from model_runtime.errors import ActorStoppedError, ApplicationRuntimeError, RunnerStoppedError
 from model_runtime.executable.model import ExecutableMetadata
 
@@ -386,9 +387,13 @@ class Queue(Actor[QueueMessage]):
                     self._close(closed)
                     t_out = self._now()
                     self._recorder.add(t_start, t_end, t_out, submits, packed)
+                    if TRACING.on:
+                        _stamp(batch, t_start, t_end, t_out)
                     self._after_release(closed[1])
             case Settle(batch, parts, rejected, t_start, t_end):
                 if self._release(batch):
+                    if TRACING.on:
+                        _stamp(batch, t_start, t_end, self._now())
                     self._after_release(self._settle(parts, rejected, t_start, t_end))
             case Fail(batch, error, elsewhere):
                 if self._release(batch):
@@ -768,3 +773,12 @@ class Queue(Actor[QueueMessage]):
         for batch in self._outstanding.values():
             self._close(fail_batch(batch, error))
         self._check_drained()
+
+
+def _stamp(batch: Batch, t_start: float, t_end: float, t_out: float) -> None:
+    """Hand the traced requests of ``batch`` its times (only while tracing is on)."""
+    requests = batch.plain if batch.plain is not None else [s[0] for s in batch.segments]
+    for req in requests:
+        trace = req.trace
+        if trace is not None:
+            trace.computed(req._t_packed, t_start, t_end, t_out)

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from actors.queues.tracing import ComputeStamps
+
 __all__ = ["Request"]
 
 
@@ -57,6 +59,8 @@ class Request:
     #: the shape of its rows, per input, once a queue of a dynamic model has asked
     #: (:mod:`actors.queues.shapes`)
     _shape: tuple[tuple[int, ...], ...] | None = None
+    #: receives the compute times of a traced request (:mod:`actors.queues.tracing`)
+    trace: ComputeStamps | None = None
 
     def __init__(
         self,

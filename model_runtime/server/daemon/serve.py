@@ -51,7 +51,13 @@ from model_runtime.server.http.routes import HttpFrontEnd
 from model_runtime.server.http.runner import GuardedAppRunner, runner_of, start_site
 from model_runtime.server.inference.admission import LoopLag
 from model_runtime.server.inference.plane import DataPlane, ServerOptions
+from model_runtime.server.observability.logging_ext import (
+    LOG_SETTINGS,
+    SwitchableRenderer,
+    logger_class,
+)
 from model_runtime.server.observability.logwriter import BatchedLogWriter
+from model_runtime.server.observability.trace import Tracer
 from model_runtime.server.repository.entries import ControlMode, parse_model_arg
 from model_runtime.server.repository.repository import ModelRepository
 from model_runtime.server.security.fdlimit import raise_open_file_limit
@@ -81,18 +87,18 @@ def configure_logging(level: str = "info", fmt: str = "auto", file: Path | None 
             raise ConfigurationError(f"--log-file {file}: {exc.strerror or exc}") from exc
     json_logs = fmt == "json" or (fmt == "auto" and (file is not None or not sys.stderr.isatty()))
     factory: Callable[..., Any] = structlog.PrintLoggerFactory(file=sys.stderr)
-    renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer() if json_logs else structlog.dev.ConsoleRenderer()
-    )
+    json_renderer: structlog.typing.Processor = structlog.processors.JSONRenderer()
     global _log_writer
     _log_writer = None
     if stream is not None:
         writer = _log_writer = BatchedLogWriter(stream)
         factory = lambda *_: writer  # noqa: E731 -- one writer for every logger
-        if json_logs:  # bytes, in C (what it cannot encode: its repr, as json.dumps's)
-            renderer = structlog.processors.JSONRenderer(
-                serializer=orjson.dumps, option=orjson.OPT_NON_STR_KEYS
-            )
+        # bytes, in C (what it cannot encode: its repr, as json.dumps's)
+        json_renderer = structlog.processors.JSONRenderer(
+            serializer=orjson.dumps, option=orjson.OPT_NON_STR_KEYS
+        )
+    # The logging extension switches severities and the renderer while the daemon serves.
+    renderer = SwitchableRenderer(json_renderer, structlog.dev.ConsoleRenderer(), json_logs)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -102,12 +108,11 @@ def configure_logging(level: str = "info", fmt: str = "auto", file: Path | None 
             structlog.processors.format_exc_info,
             renderer,
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(
-            logging.getLevelNamesMapping()[level.upper()]
-        ),
+        wrapper_class=logger_class(),
         logger_factory=factory,
         cache_logger_on_first_use=True,
     )
+    LOG_SETTINGS.configure(level, fmt, "" if file is None else str(file), renderer)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 
 
@@ -210,6 +215,7 @@ async def serve(opts: DaemonOptions) -> int:
             allow_client_shm=bool(opts.allow_client_shm),  # None was resolved by the options
             metrics=opts.triton.allow_metrics,
         ),
+        tracer=Tracer(opts.triton.trace),
     )
     for note in opts.triton.notes:
         log.info("flag_not_applied", note=note)
@@ -234,7 +240,8 @@ async def serve(opts: DaemonOptions) -> int:
     # Infer requests over their model's admission limit are refused as their head arrives;
     # not while inference is restricted: a request without the header gets the restriction's
     # answer, which the middleware gives before admission.
-    if http_restrictions.get("inference") is None:
+    # Nor while traces continue a client's (OpenTelemetry): its `traceparent` is read there.
+    if http_restrictions.get("inference") is None and not plane.tracer.reads_headers:
         runner.guard.head_admission = plane.admission.at_head
         # ... and those admitted, whole and plain, are answered there too (fastpath.py).
         runner.guard.fast = FastInfer(plane, access_log=opts.access_log)
@@ -351,6 +358,7 @@ async def serve(opts: DaemonOptions) -> int:
         lag.stop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        plane.tracer.close()  # the traces that wait are written or exported
         if _log_writer is not None:
             _log_writer.batch_on(None)
     log.info("daemon_stopped", status=status)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from model_runtime.errors import ConfigurationError
+from model_runtime.server.observability.trace_config import TraceConfig, parse_trace_config
 
 __all__ = [
     "ACCEPTED",
@@ -67,7 +68,6 @@ ACCEPTED: Mapping[str, str] = {
 #: Triton's flags for what is not built yet: refused at start, saying so.
 NOT_YET: Mapping[str, str] = {
     "cache-config": "the response cache is not built yet",
-    "trace-config": "tracing is not built yet",
     "metrics-config": "metric summaries and histograms are not built yet",
 }
 
@@ -126,6 +126,8 @@ class TritonFlags:
     #: ``--backend-config onnxruntime,default-max-batch-size=N``: the batch of a model that
     #: does not give one (our ``--batch-size``, which wins when given).
     default_max_batch_size: int | None = None
+    #: ``--trace-config``: the trace settings at start (Triton's defaults: tracing OFF).
+    trace: TraceConfig = field(default_factory=TraceConfig)
     notes: list[str] = field(default_factory=list)
 
 
@@ -159,6 +161,10 @@ def add_triton_arguments(parser: argparse.ArgumentParser) -> None:
              "models' configs are not completed from the model: each config.pbtxt gives "
              "max_batch_size, input and output")  # fmt: skip
     add_bool(a, "strict-model-config", "Triton's older name of --disable-auto-complete-config")
+    a("--trace-config", action="append", metavar="[MODE,]SETTING=VALUE",
+      help="request tracing (repeatable): level=TIMESTAMPS, rate=N, count=N, "
+      "mode=triton|opentelemetry, triton,file=PATH, triton,log-frequency=N, "
+      "opentelemetry,url=URL, opentelemetry,resource=KEY=VALUE")  # fmt: skip
     for name, why in NOT_YET.items():
         a(f"--{name}", action="append", metavar="VALUE", help=f"refused: {why}")
     add_bool(a, "allow-gpu-metrics", f"accepted: {_GPU}")
@@ -181,6 +187,7 @@ def read_triton_flags(args: argparse.Namespace) -> TritonFlags:
         if given(name.replace("-", "_")):
             raise ConfigurationError(f"--{name}: {why}")
 
+    flags.trace = parse_trace_config(given("trace_config") or [])
     for name in ("allow_http", "allow_grpc", "allow_metrics", "exit_on_error"):
         if given(name) is not None:
             setattr(flags, name, bool(given(name)))

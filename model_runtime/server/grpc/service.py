@@ -39,6 +39,7 @@ from google.protobuf import json_format
 
 from model_runtime.errors import QueueFullError, UnknownModelError
 from model_runtime.server.answers import HTTPError, grpc_code_of, status_of
+from model_runtime.server.grpc import observe
 from model_runtime.server.grpc.codec import (
     encode_model_infer_response,
     parameter_values,
@@ -238,7 +239,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         queue_full = False
         try:
             runner = plane.serving_runner(entry)
-            plane.enter_request(entry.name, entry.version)
+            traceparent = observe.traceparent_of(context) if plane.tracer.reads_headers else None
+            plane.enter_request(entry.name, entry.version, traceparent)
             t0 = time.perf_counter()
             reason: str | None = "internal"
             samples = 0
@@ -378,6 +380,18 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         await control.unload_model(self.plane, request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
+    # -- logging and trace extensions ------------------------------------------------------------
+
+    @_answers
+    async def LogSettings(self, request: Any, context: Any) -> Any:
+        """Triton's logging extension: read (and change) the log settings."""
+        return observe.log_settings(request)
+
+    @_answers
+    async def TraceSetting(self, request: Any, context: Any) -> Any:
+        """Triton's trace extension: read (and change) a trace setting."""
+        return observe.trace_setting(self.plane, request)
+
 
 def _check_repository_name(name: str) -> None:
     if name:
@@ -390,10 +404,7 @@ def _check_repository_name(name: str) -> None:
 
 _SERVICE = "/inference.GRPCInferenceService/"
 #: Methods of Triton's service that this server does not serve -> why (UNIMPLEMENTED).
-UNSUPPORTED_METHODS: dict[str, str] = {
-    "TraceSetting": "the trace extension is not supported by this server",
-    "LogSettings": "the logging extension is not supported by this server",
-}
+UNSUPPORTED_METHODS: dict[str, str] = {}
 
 
 class UnsupportedMethods(grpc.GenericRpcHandler):  # type: ignore[misc]

@@ -37,6 +37,7 @@ from model_runtime.server.http.access import access_middleware
 from model_runtime.server.http.admitting import admission_middleware
 from model_runtime.server.http.body import read_body, refuse_head, too_large as body_too_large
 from model_runtime.server.http.generate import GenerateRoutes
+from model_runtime.server.http.observe_routes import ObserveRoutes
 from model_runtime.server.http.shm_routes import SharedMemoryRoutes
 from model_runtime.server.inference import control
 from model_runtime.server.inference.plane import DataPlane
@@ -112,6 +113,7 @@ class HttpFrontEnd:
         ]
         if self.options.metrics:
             routes.append((g, "/metrics", self.prometheus, "statistics"))
+        routes += ObserveRoutes(self.plane).routes(bases)  # logging and trace extensions
         shm_routes = SharedMemoryRoutes(self.plane.shared_memory)
         routes += [(m, path, h, "shared-memory") for m, path, h in shm_routes.routes()]
         for base in bases:
@@ -229,6 +231,7 @@ class HttpFrontEnd:
             runner,
             request.headers.get(HEADER_LENGTH),
             lambda: read_body(request, self.options.max_body_size, self.options.body_timeout),
+            request.headers.get("traceparent"),
         )
         if json_length is None:
             return web.Response(body=out, content_type="application/json")

@@ -20,6 +20,7 @@ from typing import Any
 import anyio
 import structlog
 
+from actors.queues.tracing import CURRENT as CURRENT_TRACE
 from model_runtime.errors import ModelRuntimeError
 from model_runtime.python_backend.runner import PythonModelRunner
 from model_runtime.runner import ModelRunner
@@ -33,6 +34,7 @@ from model_runtime.server.inference.python_calls import (
 )
 from model_runtime.server.observability.metrics import DaemonMetrics
 from model_runtime.server.observability.ratelog import RateLimitedLog
+from model_runtime.server.observability.trace import RequestTrace, Tracer
 from model_runtime.server.repository.entries import ModelEntry, ModelState
 from model_runtime.server.repository.python import PythonHooks
 from model_runtime.server.repository.repository import ModelRepository
@@ -109,8 +111,11 @@ class DataPlane:
         repository: ModelRepository,
         options: ServerOptions | None = None,
         metrics: DaemonMetrics | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self.repository = repository
+        #: Triton's trace extension: which requests are traced, and their settings.
+        self.tracer = tracer or Tracer()
         self.options = options or ServerOptions()
         self.metrics = metrics or DaemonMetrics()
         #: Requests refused by a front end's restrictions, counted for every front end.
@@ -162,7 +167,7 @@ class DataPlane:
 
     def extensions(self) -> list[str]:
         """The protocol extensions this server serves (HTTP and gRPC server metadata), in
-        Triton's names and order; not ``trace`` or ``logging`` (no such endpoints here).
+        Triton's names and order.
         ``cuda_shared_memory``: its endpoints answer, and registering a region is refused, as a
         Triton without GPUs refuses it."""
         served = [
@@ -175,7 +180,7 @@ class DataPlane:
         ]
         if self.shared_memory.enabled:
             served += ["system_shared_memory", "cuda_shared_memory"]
-        served += ["binary_tensor_data", "parameters", "statistics"]
+        served += ["binary_tensor_data", "parameters", "statistics", "trace", "logging"]
         return served
 
     def not_ready_reason(self) -> str | None:
@@ -257,19 +262,21 @@ class DataPlane:
         runner: Any,
         header_length: str | None,
         body: bytes | Callable[[], Awaitable[bytes | bytearray]],
+        traceparent: str | None = None,
     ) -> tuple[bytes, int | None]:
         """The answer to a REST infer request for ``entry`` (taken by ``runner``): ``body``
         (or what awaiting ``body()`` gives: called only once the head is read, so a request
         refused before its body leaves nothing unawaited), with the
         ``Inference-Header-Content-Length`` header's value, decoded, run and encoded;
         counted in flight, in the model's statistics and in the metrics. Returns the
-        response body and its JSON part's length (None: all JSON).
+        response body and its JSON part's length (None: all JSON). ``traceparent``: the
+        request's W3C trace context header, continued by a trace of it.
 
         Raises:
             HTTPError, ModelRuntimeError: what the request's answer is (see
                 :meth:`error_answer`).
         """
-        self.enter_request(entry.name, entry.version)
+        self.enter_request(entry.name, entry.version, traceparent)
         t0 = time.perf_counter()
         reason: str | None = "internal"
         samples = 0
@@ -349,6 +356,10 @@ class DataPlane:
             parsed.priority, opts.priority_levels, opts.default_priority_level
         )
         sequence = parsed.sequence
+        if self.tracer.active and (trace := CURRENT_TRACE.get()) is not None:
+            assert isinstance(trace, RequestTrace)
+            trace.request_id = parsed.id or ""
+            trace.stamp("QUEUE_START")
         inner = innermost(runner)
         if isinstance(inner, PythonModelRunner):  # Triton's request, as its model.py sees it
             if settings.decoupled:
@@ -378,11 +389,15 @@ class DataPlane:
 
     samples_of = staticmethod(samples_of)
 
-    def enter_request(self, model: str, version: str = "1") -> None:
-        """Count an inference request in flight (the drain waits for it), any front end."""
+    def enter_request(self, model: str, version: str = "1", traceparent: str | None = None) -> None:
+        """Count an inference request in flight (the drain waits for it), any front end; a
+        request the tracer samples is traced from here (``traceparent``: its W3C trace
+        context) until :meth:`finish_request`, in this task's context."""
         self._inflight += 1
         self._idle.clear()
         self.metrics.request_started(model, version)
+        if self.tracer.active:
+            CURRENT_TRACE.set(self.tracer.start(model, version, traceparent=traceparent))
 
     def finish_request(
         self, entry: ModelEntry, reason: str | None, t0: float, samples: int
@@ -390,6 +405,12 @@ class DataPlane:
         """An inference request begun at ``t0`` (``time.perf_counter``) ended, any front end:
         the model's statistics and metrics record it (``reason`` None: it succeeded), and it
         is no longer in flight (:meth:`leave_request`)."""
+        if self.tracer.watching:
+            trace = CURRENT_TRACE.get()
+            if trace is not None:
+                CURRENT_TRACE.set(None)
+                assert isinstance(trace, RequestTrace)
+                self.tracer.finish(trace)
         seconds = time.perf_counter() - t0
         entry.stats.record(reason is None, int(seconds * 1e9), samples)
         self.metrics.observe(entry.name, reason, seconds, samples, entry.version)

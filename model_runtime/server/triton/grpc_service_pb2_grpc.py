@@ -5,7 +5,7 @@ import warnings
 
 from model_runtime.server.triton import grpc_service_pb2 as grpc__service__pb2
 
-GRPC_GENERATED_VERSION = '1.84.0'
+GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -118,6 +118,16 @@ class GRPCInferenceServiceStub:
                 '/inference.GRPCInferenceService/CudaSharedMemoryRegister',
                 request_serializer=grpc__service__pb2.CudaSharedMemoryRegisterRequest.SerializeToString,
                 response_deserializer=grpc__service__pb2.CudaSharedMemoryRegisterResponse.FromString,
+                _registered_method=True)
+        self.TraceSetting = channel.unary_unary(
+                '/inference.GRPCInferenceService/TraceSetting',
+                request_serializer=grpc__service__pb2.TraceSettingRequest.SerializeToString,
+                response_deserializer=grpc__service__pb2.TraceSettingResponse.FromString,
+                _registered_method=True)
+        self.LogSettings = channel.unary_unary(
+                '/inference.GRPCInferenceService/LogSettings',
+                request_serializer=grpc__service__pb2.LogSettingsRequest.SerializeToString,
+                response_deserializer=grpc__service__pb2.LogSettingsResponse.FromString,
                 _registered_method=True)
         self.CudaSharedMemoryUnregister = channel.unary_unary(
                 '/inference.GRPCInferenceService/CudaSharedMemoryUnregister',
@@ -242,6 +252,18 @@ class GRPCInferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TraceSetting(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LogSettings(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CudaSharedMemoryUnregister(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -335,6 +357,16 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.CudaSharedMemoryRegister,
                     request_deserializer=grpc__service__pb2.CudaSharedMemoryRegisterRequest.FromString,
                     response_serializer=grpc__service__pb2.CudaSharedMemoryRegisterResponse.SerializeToString,
+            ),
+            'TraceSetting': grpc.unary_unary_rpc_method_handler(
+                    servicer.TraceSetting,
+                    request_deserializer=grpc__service__pb2.TraceSettingRequest.FromString,
+                    response_serializer=grpc__service__pb2.TraceSettingResponse.SerializeToString,
+            ),
+            'LogSettings': grpc.unary_unary_rpc_method_handler(
+                    servicer.LogSettings,
+                    request_deserializer=grpc__service__pb2.LogSettingsRequest.FromString,
+                    response_serializer=grpc__service__pb2.LogSettingsResponse.SerializeToString,
             ),
             'CudaSharedMemoryUnregister': grpc.unary_unary_rpc_method_handler(
                     servicer.CudaSharedMemoryUnregister,
@@ -801,6 +833,60 @@ class GRPCInferenceService:
             '/inference.GRPCInferenceService/CudaSharedMemoryRegister',
             grpc__service__pb2.CudaSharedMemoryRegisterRequest.SerializeToString,
             grpc__service__pb2.CudaSharedMemoryRegisterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TraceSetting(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/TraceSetting',
+            grpc__service__pb2.TraceSettingRequest.SerializeToString,
+            grpc__service__pb2.TraceSettingResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LogSettings(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/LogSettings',
+            grpc__service__pb2.LogSettingsRequest.SerializeToString,
+            grpc__service__pb2.LogSettingsResponse.FromString,
             options,
             channel_credentials,
             insecure,
