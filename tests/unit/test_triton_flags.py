@@ -154,7 +154,13 @@ def test_the_log_file_and_verbosity(tmp_path: Path) -> None:
         ("--metrics-port=70000", "--metrics-port must be in 0..65535"),
         ("--log-error=false", "errors are always logged"),
         ("--cache-config=local,size=1048576", "--cache-config: the response cache is not built"),
-        ("--trace-config=mode=opentelemetry", "--trace-config: tracing is not built yet"),
+        ("--trace-config=mode=zipkin", "mode is triton or opentelemetry"),
+        ("--trace-config=level=ALL", "level is OFF, TIMESTAMPS or TENSORS"),
+        ("--trace-config=rate=x", "rate=x: expected an integer"),
+        ("--trace-config=count=-2", "count=-2: expected -1.."),
+        ("--trace-config=triton,url=x", "triton mode has no setting 'url'"),
+        ("--trace-config=opentelemetry,resource=x", "resource is KEY=VALUE"),
+        ("--trace-config=jaeger,url=x", "no trace mode 'jaeger'"),
         ("--metrics-config=summary_latencies=true", "--metrics-config: metric summaries"),
     ],
 )
@@ -180,3 +186,28 @@ def test_serve_help_groups_tritons_flags(capsys: pytest.CaptureFixture[str]) -> 
     group = out.index("tritonserver's flags:")
     for flag in ("--allow-http", "--model-load-thread-count", "--backend-config"):
         assert out.index(f"\n  {flag}") > group, flag
+
+
+def test_trace_config_as_tritons_docs_write_it() -> None:
+    opts = parse(
+        "--trace-config triton,file=/tmp/trace.json --trace-config triton,log-frequency=50 "
+        "--trace-config rate=100 --trace-config level=TIMESTAMPS --trace-config level=TENSORS "
+        "--trace-config count=100"
+    )
+    trace = opts.triton.trace
+    assert (trace.file, trace.log_frequency, trace.rate, trace.count) == (
+        "/tmp/trace.json",
+        50,
+        100,
+        100,
+    )
+    assert trace.level == ("TIMESTAMPS", "TENSORS") and trace.mode == "triton"
+    otel = parse(
+        "--trace-config mode=opentelemetry "
+        "--trace-config opentelemetry,url=http://c:4318/v1/traces "
+        "--trace-config opentelemetry,resource=service.name=triton "
+        "--trace-config opentelemetry,resource=service.version=1"
+    ).triton.trace
+    assert otel.mode == "opentelemetry" and otel.url == "http://c:4318/v1/traces"
+    assert otel.resource == {"service.name": "triton", "service.version": "1"}
+    assert parse("").triton.trace.level == ()  # Triton's default: tracing OFF

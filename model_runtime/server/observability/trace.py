@@ -204,9 +204,13 @@ class Tracer:
                 own.pop(key, None)
             else:
                 own[key] = value
-        self._global = _Setting(self._values(self._start, self._global_given))
-        for name, fields in self._model_given.items():
-            if name == model or not model:
+        if not model:  # a model's update leaves the global counters as they are
+            self._global = _Setting(self._values(self._start, self._global_given))
+        for name, fields in list(self._model_given.items()):
+            if not fields:  # nothing of its own: the model follows the global setting
+                del self._model_given[name]
+                self._models.pop(name, None)
+            elif name == model or not model:
                 self._models[name] = _Setting(self._values(self._global.values, fields))
         self._refresh()
         if self._file is not None:
