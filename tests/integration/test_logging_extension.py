@@ -154,4 +154,13 @@ def http_with(d: Daemon, path: str, headers: dict[str, str]) -> int:
         return int(resp.status)
 
 
+def test_tritons_log_flags_are_the_settings_at_start(tmp_path: Path) -> None:
+    # qa/L0_logging's --log-error=false and --log-verbose=1 (the harness needs INFO lines
+    # to find the ports: --log-info=false is a unit test's, tests/unit/test_triton_flags.py)
+    args = ("--log-error=false", "--log-warning=false", "--log-verbose=1")
+    with running(tmp_path, *args) as d:
+        expected = INITIAL | {"log_error": False, "log_warning": False, "log_verbose_level": 1}
+        assert d.get("/v2/logging") == (200, expected)
+
+
 __all__ = ["http"]

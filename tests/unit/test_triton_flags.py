@@ -106,7 +106,8 @@ def test_tritons_qa_and_deployment_command_lines_parse(repos: tuple[Path, Path])
     )
     assert (compose.model_repository, compose.more_repositories) == (a, [b])
     assert compose.triton.allow_grpc is False and compose.triton.allow_metrics is False
-    assert (compose.log_level, compose.log_format) == ("warning", "auto")
+    assert (compose.log_level, compose.log_format) == ("info", "auto")
+    assert compose.triton.log_switches == {"info": False}  # INFO lines off, warnings on
     assert compose.batch_size == 4  # onnxruntime's default-max-batch-size
     assert compose.triton.auto_complete is False
     said = "\n".join(compose.triton.notes)
@@ -135,12 +136,14 @@ def test_our_own_flags_win_over_tritons_equivalents() -> None:
         "--backend-config=onnxruntime,default-max-batch-size=4"
     )
     assert (opts.log_level, opts.batch_size) == ("error", 2)
+    assert opts.triton.log_switches == {}
 
 
 def test_the_log_file_and_verbosity(tmp_path: Path) -> None:
     opts = parse(f"--log-file={tmp_path / 'server.log'} --log-verbose=0 --log-warning=false")
     assert opts.triton.log_file == tmp_path / "server.log"
-    assert opts.log_level == "error"  # warnings off: errors only
+    assert opts.log_level == "info"  # warnings off, as Triton: info and errors stay on
+    assert opts.triton.log_switches == {"warning": False, "verbose": 0}
 
 
 @pytest.mark.parametrize(
@@ -152,7 +155,7 @@ def test_the_log_file_and_verbosity(tmp_path: Path) -> None:
         ("--backend-config=onnxruntime,default-max-batch-size=0", "a batch size >= 1"),
         ("--model-load-thread-count=0", "--model-load-thread-count must be >= 1"),
         ("--metrics-port=70000", "--metrics-port must be in 0..65535"),
-        ("--log-error=false", "errors are always logged"),
+        ("--log-verbose=-1", "--log-verbose must be >= 0"),
         ("--cache-config=local,size=1048576", "--cache-config: the response cache is not built"),
         ("--trace-config=mode=zipkin", "mode is triton or opentelemetry"),
         ("--trace-config=level=ALL", "level is OFF, TIMESTAMPS or TENSORS"),
@@ -211,3 +214,15 @@ def test_trace_config_as_tritons_docs_write_it() -> None:
     assert otel.mode == "opentelemetry" and otel.url == "http://c:4318/v1/traces"
     assert otel.resource == {"service.name": "triton", "service.version": "1"}
     assert parse("").triton.trace.level == ()  # Triton's default: tracing OFF
+
+
+@pytest.mark.parametrize(
+    ("line", "switches"),
+    [  # qa/L0_logging's command lines
+        ("--log-error=false", {"error": False}),
+        ("--log-info=false --log-verbose=1", {"info": False, "verbose": 1}),
+        ("--log-warn=false", {"warning": False}),
+    ],
+)
+def test_log_flags_switch_each_severity(line: str, switches: dict[str, int]) -> None:
+    assert parse(line).triton.log_switches == switches

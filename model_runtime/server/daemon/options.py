@@ -397,7 +397,9 @@ def options_from_args(args: argparse.Namespace) -> DaemonOptions:
 def _triton(opts: DaemonOptions, args: argparse.Namespace) -> None:
     """Triton's flags (:mod:`.tritonflags`), and those that set options of ours."""
     opts.triton = read_triton_flags(args)
-    if opts.triton.log_level is not None and getattr(args, "log_level", None) is None:
+    if getattr(args, "log_level", None) is not None:  # ours wins over Triton's log flags
+        opts.triton.log_switches.clear()
+    elif opts.triton.log_level is not None:
         opts.log_level = opts.triton.log_level
     if opts.log_format in ("default", "ISO8601"):  # Triton's; our lines carry ISO 8601 times
         opts.log_format = "auto"

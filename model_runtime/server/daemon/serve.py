@@ -20,7 +20,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -71,9 +71,15 @@ log = structlog.get_logger(__name__)
 _log_writer: BatchedLogWriter | None = None
 
 
-def configure_logging(level: str = "info", fmt: str = "auto", file: Path | None = None) -> None:
+def configure_logging(
+    level: str = "info",
+    fmt: str = "auto",
+    file: Path | None = None,
+    switches: Mapping[str, int] | None = None,
+) -> None:
     """Configure structlog once for the process: contextvars first, JSON off a terminal;
-    into ``file`` (appended) instead of stderr when given.
+    into ``file`` (appended) instead of stderr when given; ``switches``: Triton's log flags
+    (``info``/``warning``/``error`` -> on, ``verbose`` -> level), over ``level``.
 
     Raises:
         ConfigurationError: ``file`` cannot be opened.
@@ -112,7 +118,7 @@ def configure_logging(level: str = "info", fmt: str = "auto", file: Path | None 
         logger_factory=factory,
         cache_logger_on_first_use=True,
     )
-    LOG_SETTINGS.configure(level, fmt, "" if file is None else str(file), renderer)
+    LOG_SETTINGS.configure(level, fmt, "" if file is None else str(file), renderer, switches)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 
 
@@ -423,7 +429,9 @@ async def _poll_forever(repo: ModelRepository, interval: float) -> None:
 
 
 def _run(opts: DaemonOptions) -> int:
-    configure_logging(opts.log_level, opts.log_format, opts.triton.log_file)
+    configure_logging(
+        opts.log_level, opts.log_format, opts.triton.log_file, opts.triton.log_switches
+    )
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux

@@ -122,6 +122,9 @@ class TritonFlags:
     model_load_thread_count: int = 4
     log_file: Path | None = None
     log_level: str | None = None
+    #: ``--log-info``/``--log-warning``/``--log-error`` given (severity -> on) and
+    #: ``--log-verbose`` (``verbose`` -> level): the logging extension's settings at start.
+    log_switches: dict[str, int] = field(default_factory=dict)
     auto_complete: bool = True
     #: ``--backend-config onnxruntime,default-max-batch-size=N``: the batch of a model that
     #: does not give one (our ``--batch-size``, which wins when given).
@@ -206,6 +209,13 @@ def read_triton_flags(args: argparse.Namespace) -> TritonFlags:
     if given("log_file"):
         flags.log_file = Path(given("log_file"))
     flags.log_level = _log_level(args)
+    for name in ("info", "warning", "error"):
+        if given(f"log_{name}") is not None:
+            flags.log_switches[name] = bool(given(f"log_{name}"))
+    if given("log_verbose") is not None:
+        if given("log_verbose") < 0:
+            raise ConfigurationError(f"--log-verbose must be >= 0, got {given('log_verbose')}")
+        flags.log_switches["verbose"] = int(given("log_verbose"))
     if given("disable_auto_complete_config") or given("strict_model_config"):
         flags.auto_complete = False
     if given("allow_gpu_metrics") is not None:
@@ -226,15 +236,14 @@ def read_triton_flags(args: argparse.Namespace) -> TritonFlags:
 
 
 def _log_level(args: argparse.Namespace) -> str | None:
-    """The log level Triton's log flags ask for (None: they do not say)."""
+    """The log level Triton's log flags start from (None: they do not say): debug with
+    ``--log-verbose`` > 0, else info; the severities they turn on or off one by one
+    (``--log-info=false --log-verbose=1``, ``--log-error=false``) are
+    :attr:`TritonFlags.log_switches`, applied over it."""
     if (getattr(args, "log_verbose", None) or 0) > 0:
         return "debug"
-    for name, below in (("log_info", "warning"), ("log_warning", "error"), ("log_error", None)):
-        if getattr(args, name, None) is False:
-            if below is None:
-                raise ConfigurationError("--log-error=false: errors are always logged")
-            return below
-    if getattr(args, "log_info", None) or getattr(args, "log_verbose", None) == 0:
+    given = [getattr(args, n, None) for n in ("log_info", "log_warning", "log_error")]
+    if any(v is not None for v in given) or getattr(args, "log_verbose", None) == 0:
         return "info"
     return None
 

@@ -97,14 +97,21 @@ class LogSettings:
         fmt: str,
         log_file: str = "",
         renderer: SwitchableRenderer | None = None,
+        switches: Mapping[str, int] | None = None,
     ) -> None:
         """Take the start-up settings: the lowest ``level`` logged (``debug`` ... ``error``),
         the format asked for (``auto`` reads as Triton's ``default``), the file (``""``:
-        stderr) and the renderer to switch."""
+        stderr), the renderer to switch, and Triton's flags (``switches``: ``info``,
+        ``warning``, ``error`` -> on; ``verbose`` -> level) over ``level``."""
         order = ("debug", "info", "warning", "error")
         floor = order.index(level)
         self.verbose = 1 if floor == 0 else 0
         self.enabled = {name: order.index(name) >= floor for name in ("info", "warning", "error")}
+        for name, value in (switches or {}).items():
+            if name == "verbose":
+                self.verbose = int(value)
+            else:
+                self.enabled[name] = bool(value)
         self.format = "default" if fmt == "auto" else fmt
         self.log_file = log_file
         self.renderer = renderer

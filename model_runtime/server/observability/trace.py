@@ -58,10 +58,13 @@ class _Values:
 class _Setting:
     """One scope's effective setting and its counters (made anew by each update)."""
 
-    __slots__ = ("collected", "count", "in_file", "sampled", "values")
+    __slots__ = ("collected", "count", "forceable", "in_file", "sampled", "values")
 
-    def __init__(self, values: _Values) -> None:
+    def __init__(self, values: _Values, forceable: bool = False) -> None:
         self.values = values
+        #: a request with a trace context is traced whatever the rate and count say
+        #: (Triton's OpenTelemetry mode; rate 0: only those)
+        self.forceable = forceable
         self.count = values.count  # what is left (-1: no limit)
         self.sampled = 0  # requests seen
         self.collected = 0
@@ -69,17 +72,23 @@ class _Setting:
 
     @property
     def on(self) -> bool:
-        return bool(self.values.level) and self.values.rate > 0 and self.count != 0
+        v = self.values
+        return bool(v.level) and ((v.rate > 0 and self.count != 0) or self.forceable)
 
-    def sample(self) -> bool:
-        if not self.on:
+    def sample(self, force: bool = False) -> bool:
+        """Whether the next request is traced: every ``rate``-th while ``count`` lasts, and
+        (``force``) one that carries a trace context where that is allowed."""
+        v = self.values
+        if not v.level:
             return False
+        force = force and self.forceable
+        if v.rate == 0 or self.count == 0:
+            return force
         self.sampled += 1
-        if self.sampled % self.values.rate:
-            return False
-        if self.count > 0:
+        hit = self.sampled % v.rate == 0
+        if hit and self.count > 0:
             self.count -= 1
-        return True
+        return hit or force
 
 
 class RequestTrace:
@@ -145,7 +154,7 @@ class Tracer:
         )
         self._global_given: dict[str, Any] = {}
         self._model_given: dict[str, dict[str, Any]] = {}
-        self._global = _Setting(self._start)
+        self._global = _Setting(self._start, self.reads_headers)
         self._models: dict[str, _Setting] = {}
         self._ids = itertools.count(1)
         self._file = TraceFile(self.config.file) if self.config.mode == "triton" else None
@@ -205,13 +214,16 @@ class Tracer:
             else:
                 own[key] = value
         if not model:  # a model's update leaves the global counters as they are
-            self._global = _Setting(self._values(self._start, self._global_given))
+            self._global = _Setting(
+                self._values(self._start, self._global_given), self.reads_headers
+            )
         for name, fields in list(self._model_given.items()):
             if not fields:  # nothing of its own: the model follows the global setting
                 del self._model_given[name]
                 self._models.pop(name, None)
             elif name == model or not model:
-                self._models[name] = _Setting(self._values(self._global.values, fields))
+                values = self._values(self._global.values, fields)
+                self._models[name] = _Setting(values, self.reads_headers)
         self._refresh()
         if self._file is not None:
             self._file.flush()  # what the replaced setting held back
@@ -278,7 +290,7 @@ class Tracer:
         """A trace for a request of ``model``, if it is sampled (call only while
         :attr:`active`)."""
         setting = self._models.get(model, self._global)
-        if not setting.sample():
+        if not setting.sample(traceparent is not None):
             if not setting.on:
                 self._refresh()
             return None

@@ -112,8 +112,8 @@ def _global(config: TraceConfig, flag: str, key: str, value: str) -> None:
 
 
 def _opentelemetry(config: TraceConfig, flag: str, key: str, value: str) -> None:
-    if key == "url":
-        config.url = value
+    if key == "url":  # Triton's docs write host:port/path; the exporter needs a scheme
+        config.url = value if "://" in value else f"http://{value}"
     elif key == "resource":
         name, eq, attr = value.partition("=")
         if not eq or not name:
