@@ -97,6 +97,24 @@ def test_each_request_is_traced_in_order(traced: tuple[Daemon, Path]) -> None:
     assert any(t.get("request_id") == "req-7" for t in new.values())
 
 
+def test_tensors_level_records_inputs_and_outputs(traced: tuple[Daemon, Path]) -> None:
+    d, path = traced
+    assert d.post("/v2/trace/setting", {"trace_level": ["TIMESTAMPS", "TENSORS"]})[0] == 200
+    try:
+        before = len(json.loads(path.read_text()))
+        _infer(d)
+    finally:
+        d.post("/v2/trace/setting", {"trace_level": None})
+    new = json.loads(path.read_text())[before:]
+    tensors = {o["activity"]: o["tensor"] for o in new if "activity" in o}
+    pixels, _ = samples()
+    sent = tensors["TENSOR_QUEUE_INPUT"]
+    assert (sent["name"], sent["dtype"]) == ("pixels", "FP32")
+    assert sent["shape"] == ",".join(map(str, pixels[:1].shape))
+    assert [float(v) for v in sent["data"].split(",")] == pixels[:1].ravel().tolist()
+    assert tensors["TENSOR_BACKEND_OUTPUT"]["dtype"] == "FP32"
+
+
 def test_settings_http(traced: tuple[Daemon, Path]) -> None:
     d, path = traced
     initial = {

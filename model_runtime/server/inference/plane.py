@@ -336,7 +336,12 @@ class DataPlane:
         return out, json_length, samples_of(entry, parsed.inputs)
 
     async def execute(
-        self, entry: ModelEntry, runner: Any, parsed: InferRequest, deadline: float | None = None
+        self,
+        entry: ModelEntry,
+        runner: Any,
+        parsed: InferRequest,
+        deadline: float | None = None,
+        _traced: bool = False,
     ) -> dict[str, Any]:
         """Run a decoded request on ``runner`` (``entry``'s), whichever front end, within the
         shortest of the server's ``request_timeout``, the request's ``timeout`` and
@@ -355,11 +360,10 @@ class DataPlane:
         priority = settings.priority(
             parsed.priority, opts.priority_levels, opts.default_priority_level
         )
-        sequence = parsed.sequence
-        if self.tracer.active and (trace := CURRENT_TRACE.get()) is not None:
+        if self.tracer.active and not _traced and (trace := CURRENT_TRACE.get()) is not None:
             assert isinstance(trace, RequestTrace)
-            trace.request_id = parsed.id or ""
-            trace.stamp("QUEUE_START")
+            return await self._execute_traced(trace, entry, runner, parsed, deadline)
+        sequence = parsed.sequence
         inner = innermost(runner)
         if isinstance(inner, PythonModelRunner):  # Triton's request, as its model.py sees it
             if settings.decoupled:
@@ -385,6 +389,23 @@ class DataPlane:
             return results
         async with asyncio.timeout(timeout):  # a runner of another make: the server's timer
             results = await pending
+        return results
+
+    async def _execute_traced(
+        self,
+        trace: RequestTrace,
+        entry: ModelEntry,
+        runner: Any,
+        parsed: InferRequest,
+        deadline: float | None,
+    ) -> dict[str, Any]:
+        """:meth:`execute` for a traced request: ``QUEUE_START`` as it is handed to the runner,
+        and its tensors when the level has ``TENSORS``."""
+        trace.request_id = parsed.id or ""
+        trace.stamp("QUEUE_START")
+        trace.tensors("TENSOR_QUEUE_INPUT", parsed.inputs)
+        results = await self.execute(entry, runner, parsed, deadline, _traced=True)
+        trace.tensors("TENSOR_BACKEND_OUTPUT", results)
         return results
 
     samples_of = staticmethod(samples_of)

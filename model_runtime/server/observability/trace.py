@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+import numpy as np
+
 from actors.queues.tracing import STATE
 from model_runtime.server.answers import Code, HTTPError
 from model_runtime.server.observability.trace_config import LEVELS, TraceConfig
@@ -94,7 +96,16 @@ class _Setting:
 class RequestTrace:
     """One traced request's facts and timestamps (ns); see the module docstring."""
 
-    __slots__ = ("id", "model", "request_id", "setting", "stamps", "traceparent", "version")
+    __slots__ = (
+        "id",
+        "model",
+        "request_id",
+        "setting",
+        "stamps",
+        "tensor_records",
+        "traceparent",
+        "version",
+    )
 
     def __init__(
         self,
@@ -112,10 +123,19 @@ class RequestTrace:
         self.setting = setting
         self.traceparent = traceparent
         self.stamps: dict[str, int] = {"REQUEST_START": time.monotonic_ns()}
+        #: (activity, tensor name, array) at the ``TENSORS`` level
+        self.tensor_records: list[tuple[str, str, Any]] = []
 
     def stamp(self, name: str) -> None:
         """Record timestamp ``name`` now."""
         self.stamps[name] = time.monotonic_ns()
+
+    def tensors(self, activity: str, arrays: Mapping[str, Any]) -> None:
+        """Record ``arrays`` as ``activity`` (``TENSOR_QUEUE_INPUT``, ``TENSOR_BACKEND_OUTPUT``)
+        when the trace's level has ``TENSORS``."""
+        if "TENSORS" in self.setting.values.level:
+            # copies: an answer's arrays may be views of a batch buffer used again later
+            self.tensor_records += [(activity, n, np.array(a)) for n, a in arrays.items()]
 
     def computed(self, t_packed: float, t_start: float, t_end: float, t_out: float) -> None:
         """A batch that held rows of this request answered (clock seconds; a request over

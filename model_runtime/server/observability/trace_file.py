@@ -14,8 +14,11 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import orjson
 import structlog
+
+from model_runtime.server.tensors.datatypes import datatype_of
 
 if TYPE_CHECKING:
     from model_runtime.server.observability.trace import RequestTrace
@@ -36,10 +39,33 @@ def trace_objects(trace: RequestTrace) -> list[dict[str, Any]]:
     }
     if trace.request_id:
         head["request_id"] = trace.request_id
-    return [head] + [
-        {"id": trace.id, "timestamps": [{"name": name, "ns": ns}]}
-        for name, ns in ordered_stamps(trace)
-    ]
+    return (
+        [head]
+        + [
+            {"id": trace.id, "timestamps": [{"name": name, "ns": ns}]}
+            for name, ns in ordered_stamps(trace)
+        ]
+        + [
+            {"id": trace.id, "activity": activity, "tensor": _tensor(name, array)}
+            for activity, name, array in trace.tensor_records
+        ]
+    )
+
+
+def _tensor(name: str, array: Any) -> dict[str, str]:
+    """A tensor as Triton's trace writes it: data and shape as comma-separated text."""
+    a = np.asarray(array)
+    if a.dtype == object:
+        data = ",".join(v.decode(errors="replace") if isinstance(v, bytes) else str(v)
+                        for v in a.ravel())  # fmt: skip
+    else:
+        data = ",".join(map(str, a.ravel().tolist()))
+    return {
+        "name": name,
+        "data": data,
+        "shape": ",".join(map(str, a.shape)),
+        "dtype": datatype_of(a.dtype),
+    }
 
 
 class TraceFile:
