@@ -20,6 +20,7 @@ import functools
 import structlog
 
 from actors.clock import Clock
+from actors.queues.tracing import CURRENT as CURRENT_TRACE, STATE as TRACING
 from model_runtime.errors import (
     InputValidationError,
     InstanceCrashedError,
@@ -48,7 +49,7 @@ class Item:
 
     __slots__ = (
         "answered", "call", "dispatched", "enqueued", "future", "instance", "kills", "request",
-        "responses", "sent", "slot",
+        "responses", "sent", "slot", "trace",
     )  # fmt: skip
 
     def __init__(self, request: PyRequest, stream: bool, now: float) -> None:
@@ -64,6 +65,8 @@ class Item:
         self.enqueued = now
         self.sent = now
         self.answered = False
+        #: a traced request's receiver of its compute times (actors.queues.tracing)
+        self.trace = CURRENT_TRACE.get() if TRACING.on else None
 
 
 class Batcher:
@@ -134,6 +137,8 @@ class Batcher:
             counts[1] += now - item.enqueued
             counts[2] += item.sent - item.enqueued
             counts[3] += now - item.sent
+            if item.trace is not None:  # computed: sent to its instance -> answered
+                item.trace.computed(item.sent, item.sent, now, now)
         if not self.inflight:
             self.idle.set()
 

@@ -6,6 +6,7 @@ OTLP/HTTP collector, continuing the client's W3C trace."""
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ import pytest
 
 from tests.integration.test_daemon_support import (
     MODEL,
+    REPO_ROOT,
     Daemon,
     http,
     infer_doc,
@@ -186,6 +188,26 @@ def test_settings_grpc(traced: tuple[Daemon, Path]) -> None:
             client.update_trace_settings(settings={"trace_count": "-5"})
         with pytest.raises(InferenceServerException, match="Request for unknown model : nope"):
             client.get_trace_settings(model_name="nope")
+
+
+def test_a_python_models_requests_are_traced(tmp_path: Path) -> None:
+    repo = tmp_path / "models"
+    shutil.copytree(REPO_ROOT / "tests" / "repositories" / "python" / "add_sub", repo / "add_sub")
+    path = tmp_path / "trace.json"
+    args = ("--model-repository", str(repo), f"--trace-config=triton,file={path}")
+    with running(tmp_path, *args, "--trace-config=level=TIMESTAMPS", "--trace-config=rate=1") as d:
+        doc = {
+            "inputs": [
+                {"name": n, "datatype": "FP32", "shape": [4], "data": [1.0, 2.0, 3.0, 4.0]}
+                for n in ("INPUT0", "INPUT1")
+            ]
+        }
+        assert d.post("/v2/models/add_sub/infer", doc)[0] == 200
+    (trace,) = _traces(path).values()
+    assert trace["model_name"] == "add_sub"
+    assert list(trace["stamps"]) == ORDER  # computed: sent to its instance -> answered
+    times = [trace["stamps"][n] for n in ORDER]
+    assert times == sorted(times)
 
 
 class _Collector(BaseHTTPRequestHandler):
