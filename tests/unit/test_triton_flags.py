@@ -107,6 +107,7 @@ def test_tritons_qa_and_deployment_command_lines_parse(repos: tuple[Path, Path])
     assert (compose.model_repository, compose.more_repositories) == (a, [b])
     assert compose.triton.allow_grpc is False and compose.triton.allow_metrics is False
     assert (compose.log_level, compose.log_format) == ("info", "auto")
+    assert compose.triton.log_format == "ISO8601"  # reported as given (logging extension)
     assert compose.triton.log_switches == {"info": False}  # INFO lines off, warnings on
     assert compose.batch_size == 4  # onnxruntime's default-max-batch-size
     assert compose.triton.auto_complete is False
@@ -214,6 +215,8 @@ def test_trace_config_as_tritons_docs_write_it() -> None:
     assert otel.mode == "opentelemetry" and otel.url == "http://c:4318/v1/traces"
     assert otel.resource == {"service.name": "triton", "service.version": "1"}
     assert parse("").triton.trace.level == ()  # Triton's default: tracing OFF
+    older = parse("--trace-file=/tmp/t.json --trace-level=TIMESTAMPS --trace-rate=5").triton.trace
+    assert (older.file, older.level, older.rate) == ("/tmp/t.json", ("TIMESTAMPS",), 5)
 
 
 @pytest.mark.parametrize(

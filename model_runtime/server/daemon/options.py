@@ -402,6 +402,7 @@ def _triton(opts: DaemonOptions, args: argparse.Namespace) -> None:
     elif opts.triton.log_level is not None:
         opts.log_level = opts.triton.log_level
     if opts.log_format in ("default", "ISO8601"):  # Triton's; our lines carry ISO 8601 times
+        opts.triton.log_format = opts.log_format  # what the logging extension reports
         opts.log_format = "auto"
     if opts.triton.default_max_batch_size is not None and getattr(args, "batch_size", None) is None:
         opts.batch_size = opts.triton.default_max_batch_size

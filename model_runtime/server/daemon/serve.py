@@ -76,10 +76,12 @@ def configure_logging(
     fmt: str = "auto",
     file: Path | None = None,
     switches: Mapping[str, int] | None = None,
+    format_name: str | None = None,
 ) -> None:
     """Configure structlog once for the process: contextvars first, JSON off a terminal;
     into ``file`` (appended) instead of stderr when given; ``switches``: Triton's log flags
-    (``info``/``warning``/``error`` -> on, ``verbose`` -> level), over ``level``.
+    (``info``/``warning``/``error`` -> on, ``verbose`` -> level), over ``level``;
+    ``format_name``: Triton's name of ``fmt`` (``default``, ``ISO8601``), as reported.
 
     Raises:
         ConfigurationError: ``file`` cannot be opened.
@@ -118,7 +120,8 @@ def configure_logging(
         logger_factory=factory,
         cache_logger_on_first_use=True,
     )
-    LOG_SETTINGS.configure(level, fmt, "" if file is None else str(file), renderer, switches)
+    log_file = "" if file is None else str(file)
+    LOG_SETTINGS.configure(level, format_name or fmt, log_file, renderer, switches)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 
 
@@ -430,7 +433,11 @@ async def _poll_forever(repo: ModelRepository, interval: float) -> None:
 
 def _run(opts: DaemonOptions) -> int:
     configure_logging(
-        opts.log_level, opts.log_format, opts.triton.log_file, opts.triton.log_switches
+        opts.log_level,
+        opts.log_format,
+        opts.triton.log_file,
+        opts.triton.log_switches,
+        opts.triton.log_format,
     )
     try:
         import uvloop

@@ -71,6 +71,15 @@ NOT_YET: Mapping[str, str] = {
     "metrics-config": "metric summaries and histograms are not built yet",
 }
 
+#: Triton's deprecated trace flags -> the ``--trace-config`` setting each is.
+_DEPRECATED_TRACE = {
+    "trace-file": "triton,file",
+    "trace-level": "level",
+    "trace-rate": "rate",
+    "trace-count": "count",
+    "trace-log-frequency": "triton,log-frequency",
+}
+
 #: Triton's metrics port (``--metrics-port 0``: a free one, as ``--port 0``).
 DEFAULT_METRICS_PORT = 8002
 
@@ -125,6 +134,8 @@ class TritonFlags:
     #: ``--log-info``/``--log-warning``/``--log-error`` given (severity -> on) and
     #: ``--log-verbose`` (``verbose`` -> level): the logging extension's settings at start.
     log_switches: dict[str, int] = field(default_factory=dict)
+    #: ``--log-format default|ISO8601`` (Triton's names, reported by the logging extension)
+    log_format: str | None = None
     auto_complete: bool = True
     #: ``--backend-config onnxruntime,default-max-batch-size=N``: the batch of a model that
     #: does not give one (our ``--batch-size``, which wins when given).
@@ -168,6 +179,8 @@ def add_triton_arguments(parser: argparse.ArgumentParser) -> None:
       help="request tracing (repeatable): level=TIMESTAMPS, rate=N, count=N, "
       "mode=triton|opentelemetry, triton,file=PATH, triton,log-frequency=N, "
       "opentelemetry,url=URL, opentelemetry,resource=KEY=VALUE")  # fmt: skip
+    for old, new in _DEPRECATED_TRACE.items():
+        a(f"--{old}", action="append", metavar="VALUE", help=f"Triton's older --trace-config {new}")
     for name, why in NOT_YET.items():
         a(f"--{name}", action="append", metavar="VALUE", help=f"refused: {why}")
     add_bool(a, "allow-gpu-metrics", f"accepted: {_GPU}")
@@ -190,7 +203,12 @@ def read_triton_flags(args: argparse.Namespace) -> TritonFlags:
         if given(name.replace("-", "_")):
             raise ConfigurationError(f"--{name}: {why}")
 
-    flags.trace = parse_trace_config(given("trace_config") or [])
+    older = [
+        f"{new}={value}"
+        for old, new in _DEPRECATED_TRACE.items()
+        for value in given(old.replace("-", "_")) or []
+    ]
+    flags.trace = parse_trace_config(older + (given("trace_config") or []))
     for name in ("allow_http", "allow_grpc", "allow_metrics", "exit_on_error"):
         if given(name) is not None:
             setattr(flags, name, bool(given(name)))
