@@ -4,8 +4,11 @@ what is refused, and the ``logging`` API group's restriction."""
 
 from __future__ import annotations
 
+import json
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -124,17 +127,24 @@ def test_grpc_settings(daemon: Daemon) -> None:
 
 
 def test_logging_and_trace_groups_are_restricted(tmp_path: Path) -> None:
+    # with qa/L0_logging's --log-error=false and --log-verbose=1 (the harness needs INFO lines
+    # to find the ports: --log-info=false is a unit test's, tests/unit/test_triton_flags.py)
     with running(
         tmp_path,
         "--http-restricted-api=logging,trace:admin-key=s3cret",
         "--grpc-restricted-protocol=logging,trace:admin-key=s3cret",
+        "--log-error=false",
+        "--log-warning=false",
+        "--log-verbose=1",
     ) as d:
         for path in ("/v2/logging", "/v2/trace/setting", f"/v2/models/{MODEL}/trace/setting"):
             status, doc = d.get(path)
             assert status == 403, (path, doc)
             assert doc == {"error": "This API is restricted, expecting header 'admin-key'"}
-        assert http_with(d, "/v2/logging", {"admin-key": "s3cret"}) == 200
-        assert http_with(d, "/v2/trace/setting", {"admin-key": "s3cret"}) == 200
+        status, doc = http_with(d, "/v2/logging", {"admin-key": "s3cret"})
+        expected = INITIAL | {"log_error": False, "log_warning": False, "log_verbose_level": 1}
+        assert (status, doc) == (200, expected)  # the flags are the settings at start
+        assert http_with(d, "/v2/trace/setting", {"admin-key": "s3cret"})[0] == 200
         assert d.get("/v2/health/ready")[0] == 200  # other groups stay open
         with grpcclient.InferenceServerClient(f"127.0.0.1:{d.grpc_port}") as client:
             for call in (client.get_log_settings, client.get_trace_settings):
@@ -146,21 +156,10 @@ def test_logging_and_trace_groups_are_restricted(tmp_path: Path) -> None:
             assert client.get_trace_settings(headers=headers) is not None
 
 
-def http_with(d: Daemon, path: str, headers: dict[str, str]) -> int:
-    import urllib.request
-
+def http_with(d: Daemon, path: str, headers: dict[str, str]) -> tuple[int, Any]:
     request = urllib.request.Request(d.url(path), headers=headers)
     with urllib.request.urlopen(request, timeout=10) as resp:
-        return int(resp.status)
-
-
-def test_tritons_log_flags_are_the_settings_at_start(tmp_path: Path) -> None:
-    # qa/L0_logging's --log-error=false and --log-verbose=1 (the harness needs INFO lines
-    # to find the ports: --log-info=false is a unit test's, tests/unit/test_triton_flags.py)
-    args = ("--log-error=false", "--log-warning=false", "--log-verbose=1")
-    with running(tmp_path, *args) as d:
-        expected = INITIAL | {"log_error": False, "log_warning": False, "log_verbose_level": 1}
-        assert d.get("/v2/logging") == (200, expected)
+        return int(resp.status), json.loads(resp.read())
 
 
 __all__ = ["http"]

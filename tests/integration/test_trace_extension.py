@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from model_runtime.demo import DEMO_ONNX_PATH
 from tests.integration.test_daemon_support import (
     MODEL,
     REPO_ROOT,
@@ -49,11 +50,15 @@ ORDER = [
 def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, Path]]:
     tmp = tmp_path_factory.mktemp("trace")
     trace_file = tmp / "trace.json"
+    repo = tmp / "models"  # a python model beside the demo's ONNX one
+    shutil.copytree(REPO_ROOT / "tests" / "repositories" / "python" / "add_sub", repo / "add_sub")
     d = start_daemon(
         tmp,
         f"--trace-config=triton,file={trace_file}",
         "--trace-config=level=TIMESTAMPS",
         "--trace-config=rate=1",
+        f"--model-repository={repo}",
+        f"{MODEL}={DEMO_ONNX_PATH}",
     )
     try:
         yield d, trace_file
@@ -190,20 +195,17 @@ def test_settings_grpc(traced: tuple[Daemon, Path]) -> None:
             client.get_trace_settings(model_name="nope")
 
 
-def test_a_python_models_requests_are_traced(tmp_path: Path) -> None:
-    repo = tmp_path / "models"
-    shutil.copytree(REPO_ROOT / "tests" / "repositories" / "python" / "add_sub", repo / "add_sub")
-    path = tmp_path / "trace.json"
-    args = ("--model-repository", str(repo), f"--trace-config=triton,file={path}")
-    with running(tmp_path, *args, "--trace-config=level=TIMESTAMPS", "--trace-config=rate=1") as d:
-        doc = {
-            "inputs": [
-                {"name": n, "datatype": "FP32", "shape": [4], "data": [1.0, 2.0, 3.0, 4.0]}
-                for n in ("INPUT0", "INPUT1")
-            ]
-        }
-        assert d.post("/v2/models/add_sub/infer", doc)[0] == 200
-    (trace,) = _traces(path).values()
+def test_a_python_models_requests_are_traced(traced: tuple[Daemon, Path]) -> None:
+    d, path = traced
+    before = set(_traces(path))
+    doc = {
+        "inputs": [
+            {"name": n, "datatype": "FP32", "shape": [4], "data": [1.0, 2.0, 3.0, 4.0]}
+            for n in ("INPUT0", "INPUT1")
+        ]
+    }
+    assert d.post("/v2/models/add_sub/infer", doc)[0] == 200
+    (trace,) = (t for i, t in _traces(path).items() if i not in before)
     assert trace["model_name"] == "add_sub"
     assert list(trace["stamps"]) == ORDER  # computed: sent to its instance -> answered
     times = [trace["stamps"][n] for n in ORDER]
