@@ -115,8 +115,16 @@ def test_without_settings_the_server_defaults_stay(tmp_path: Path) -> None:
             "parameters['intra_op_thread_count']: 'four' is not an integer",
         ),
         ("ensemble_scheduling { }", "ensemble_scheduling"),
-        ("response_cache { enable: true }", "response_cache.enable: the response cache is not"),
-        ("metric_tags { key: 'team' value: 'a' }", "metric_tags"),
+        (
+            "sequence_batching { } response_cache { enable: true }",
+            "Response Cache does not currently support model",
+        ),
+        (
+            "backend: 'python' model_transaction_policy { decoupled: true } "
+            "response_cache { enable: true }",
+            "with 'decoupled' transaction policy",
+        ),
+        ("metric_tags { key: 'team-a' value: 'a' }", "metric_tags['team-a']"),
         ("model_metrics { metric_control [ { } ] }", "model_metrics"),
         ("max_batch_size: 2 batch_input [ { target_name: 'n' } ]", "batch_input: ragged"),
         (

@@ -8,6 +8,13 @@ them (counters without a ``_total`` suffix, durations as cumulative microsecond 
 ``nv_inference_compute_infer_duration_us``, ``nv_inference_compute_output_duration_us`` and the
 gauge ``nv_inference_pending_request_count``. Their totals live here, per (model, version), not
 in a runner: a reload replaces the runner and the totals go on (:class:`TritonTotals`).
+``nv_inference_request_failure`` has Triton's ``reason`` label; a model's ``metric_tags`` are
+labels of each of its series, named ``_KEY`` (Triton's prefix: they never shadow its own). With
+a response cache, a model that uses it has ``nv_cache_num_hits_per_model``,
+``nv_cache_num_misses_per_model``, ``nv_cache_hit_duration_per_model`` and
+``nv_cache_miss_duration_per_model`` (microseconds). ``--metrics-config`` selects summaries,
+the first-response histogram and the duration counters (:mod:`.families`); the CPU's
+``nv_cpu_*`` are read at each scrape (:mod:`.cpu`).
 
 Ours (``model_runtime_*``): requests by outcome and reason, a duration histogram, replica state,
 device, batches, resets, restarts, retries and poisoned requests, repository state and loads,
@@ -30,7 +37,8 @@ so what it ran since the last scrape is counted too.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +60,14 @@ from model_runtime.server.observability.collectors import (
     ReplicaSnapshot,
     SequenceCollector,
     phase_of,
+)
+from model_runtime.server.observability.cpu import CpuMetrics
+from model_runtime.server.observability.families import (
+    TRITON_REASONS,
+    Latencies,
+    MetricsConfig,
+    render_latencies,
+    triton_reason,
 )
 from model_runtime.server.observability.python_models import python_models_text
 from model_runtime.server.repository.repository import ModelRepository
@@ -114,6 +130,17 @@ class TritonTotals:
     batches: dict[int, BatchTotals] = field(default_factory=dict)
     #: Requests each duration was recorded for, by field name (``queue_duration_us``, ...).
     recorded: dict[str, int] = field(default_factory=dict)
+    #: Failed requests by Triton's reason (``REJECTED``, ``CANCELED``, ``BACKEND``, ``OTHER``).
+    failures: dict[str, int] = field(default_factory=dict)
+    #: Response cache lookups that hit / missed, and their time (a miss: lookup and insertion).
+    cache_hits: int = 0
+    cache_hit_us: float = 0.0
+    cache_misses: int = 0
+    cache_miss_us: float = 0.0
+    #: The model version's response cache is on (read at each scrape).
+    cache_enabled: bool = False
+    #: Its ``metric_tags``, as labels (read at each scrape).
+    tags: tuple[tuple[str, str], ...] = ()
 
 
 _TRITON_HELP = {
@@ -188,18 +215,56 @@ def replica_counters(runner: Any, replica: int) -> tuple[int | None, dict[str, i
     return (device if isinstance(device, int) else None), counters
 
 
-def _triton_text(triton: Mapping[tuple[str, str], TritonTotals]) -> bytes:
+_CACHE_HELP = {
+    "nv_cache_num_hits_per_model": ("cache_hits", "Number of cache hits per model"),
+    "nv_cache_num_misses_per_model": ("cache_misses", "Number of cache misses per model"),
+    "nv_cache_hit_duration_per_model": (
+        "cache_hit_us",
+        "Total cache hit duration per model, in microseconds",
+    ),
+    "nv_cache_miss_duration_per_model": (
+        "cache_miss_us",
+        "Total cache miss (insert+lookup) duration per model, in microseconds",
+    ),
+}
+_LATENCY_COUNTERS = frozenset(name for name in _TRITON_HELP if name.endswith("_duration_us"))
+
+
+def _labels(model: str, version: str, t: TritonTotals) -> str:
+    """A (model, version)'s label text: its tags, then ``model`` and ``version``."""
+    tags = "".join(f'_{key}="{_escape(value)}",' for key, value in t.tags)
+    return f'{tags}model="{_escape(model)}",version="{_escape(version)}"'
+
+
+def _triton_text(
+    triton: Mapping[tuple[str, str], TritonTotals], config: MetricsConfig, cache: bool
+) -> list[str]:
     """Triton's counters in the text format, named as Triton names them: prometheus_client
-    would add ``_total`` to a counter's name, and Triton users' dashboards query without it."""
+    would add ``_total`` to a counter's name, and Triton users' dashboards query without it.
+    ``cache``: the daemon has a response cache (its models that use it have cache counters)."""
     lines: list[str] = []
     totals = sorted(triton.items())
     for name, doc in _TRITON_HELP.items():
+        if name in _LATENCY_COUNTERS and not config.counter_latencies:
+            continue
         full = f"nv_inference_{name}"
         lines += [f"# HELP {full} {doc}", f"# TYPE {full} counter"]
         for (model, version), t in totals:
-            labels = f'model="{_escape(model)}",version="{_escape(version)}"'
+            labels = _labels(model, version, t)
+            if name == "request_failure":
+                for reason in TRITON_REASONS:
+                    n = float(t.failures.get(reason, 0))
+                    lines.append(f'{full}{{{labels},reason="{reason}"}} {n!r}')
+                continue
             lines.append(f"{full}{{{labels}}} {float(getattr(t, name))!r}")
-    return ("\n".join(lines) + "\n").encode()
+    cached = [(key, t) for key, t in totals if cache and t.cache_enabled]
+    for full, (attr, doc) in _CACHE_HELP.items():
+        if not cached:
+            break
+        lines += [f"# HELP {full} {doc}", f"# TYPE {full} counter"]
+        for (model, version), t in cached:
+            lines.append(f"{full}{{{_labels(model, version, t)}}} {float(getattr(t, attr))!r}")
+    return lines
 
 
 def _escape(value: str) -> str:
@@ -220,7 +285,23 @@ def _memory(runner: object) -> dict[str, Any]:
 class DaemonMetrics:
     """Every metric of one daemon."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        config: MetricsConfig | None = None,
+        *,
+        cpu: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``config``: ``--metrics-config`` (None: Triton's defaults); ``cpu``: serve
+        ``nv_cpu_*`` (Triton's ``--allow-cpu-metrics``); ``clock``: the summaries' time."""
+        self.config = config or MetricsConfig()
+        self._clock = clock
+        self._cpu = CpuMetrics() if cpu else None
+        #: The daemon has a response cache (set by the data plane that owns one).
+        self.cache = False
+        #: Summaries and histogram per (model, version), when ``config`` asks for them.
+        self.latencies: dict[tuple[str, str], Latencies] = {}
+        self._timed = self.config.summary_latencies or self.config.histogram_latencies
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -322,8 +403,14 @@ class DaemonMetrics:
             t.request_success += 1
             t.count += samples
             t.request_duration_us += seconds * 1e6
+            if self._timed:
+                lat = self._latencies(model, version)
+                lat.windows["request"].observe(seconds * 1e6, self._clock())
+                lat.first_response(seconds * 1e3)
         else:
             t.request_failure += 1
+            key = triton_reason(reason)
+            t.failures[key] = t.failures.get(key, 0) + 1
         children = self._children.get(model)
         if children is None:
             children = self._children[model] = (
@@ -339,6 +426,27 @@ class DaemonMetrics:
             self.requests.labels(model, "failure", reason).inc()
         duration.observe(seconds)
 
+    def _latencies(self, model: str, version: str) -> Latencies:
+        lat = self.latencies.get((model, version))
+        if lat is None:
+            lat = self.latencies[(model, version)] = Latencies()
+        return lat
+
+    def cache_lookup(self, model: str, version: str, hit: bool, ns: int) -> None:
+        """Count one response cache lookup of ``model`` ``version`` that took ``ns`` (a miss:
+        its lookup and its insertion)."""
+        t = self.totals(model, version)
+        us = ns / 1000
+        if hit:
+            t.cache_hits += 1
+            t.cache_hit_us += us
+        else:
+            t.cache_misses += 1
+            t.cache_miss_us += us
+        if self.config.summary_latencies:
+            phase = "cache_hit" if hit else "cache_miss"
+            self._latencies(model, version).windows[phase].observe(us, self._clock())
+
     async def refresh(self, repository: ModelRepository) -> None:
         """Read replica facts and statistics from every loaded runner."""
         snaps: list[ReplicaSnapshot] = []
@@ -351,6 +459,11 @@ class DaemonMetrics:
             (e.name, e.version, innermost(e.runner)) for e in entries if e.runner is not None
         ]
         for entry in entries:
+            if entry.settings is not None:
+                totals = self.totals(entry.name, entry.version)
+                config = entry.settings.config
+                totals.cache_enabled = config.response_cache.enable
+                totals.tags = tuple(sorted(config.metric_tags.items()))
             self.model_ready.labels(entry.name).set(1.0 if entry.is_ready else 0.0)
             snaps += await self.read_runner(entry.name, entry.version, entry.runner)
         self.snapshot = snaps
@@ -406,6 +519,9 @@ class DaemonMetrics:
                 mark.counts[(r, phase)] = n
                 setattr(totals, name, getattr(totals, name) + added * mean.get(phase, 0.0))
                 totals.recorded[name] = totals.recorded.get(name, 0) + int(added)
+                if added > 0 and self.config.summary_latencies:
+                    window = self._latencies(model, version).windows[name[: -len("_duration_us")]]
+                    window.observe(mean.get(phase, 0.0), self._clock(), int(added))
         return snaps
 
     async def retire_runner(self, model: str, version: str, runner: Any) -> None:
@@ -418,9 +534,21 @@ class DaemonMetrics:
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
+        lines = _triton_text(self.triton, self.config, self.cache)
+        if self._timed:
+
+            def labels(model: str, version: str) -> str:
+                return _labels(model, version, self.totals(model, version))
+
+            def cached(model: str, version: str) -> bool:
+                return self.cache and self.totals(model, version).cache_enabled
+
+            lines += render_latencies(self.config, self.latencies, labels, cached, self._clock())
+        if self._cpu is not None:
+            lines += self._cpu.lines()
         return (
             generate_latest(self.registry)
-            + _triton_text(self.triton)
+            + ("\n".join(lines) + "\n").encode()
             + python_models_text(self.python_runners)
         )
 

@@ -6,7 +6,10 @@ Each field is one of three things:
 - **honoured**: ``optimization.graph.level`` is the level the ``.onnx`` is compiled at
   (onnxruntime backend's meaning: -1 basic, 2 none; 0 and 1 our default);
   ``model_warmup`` is checked here and run at load, before the model is ready
-  (:mod:`model_runtime.server.repository.warmup`); ``response_cache { enable: false }``;
+  (:mod:`model_runtime.server.repository.warmup`); ``response_cache`` (used when the server
+  has a cache, ``--cache-config``: :mod:`model_runtime.server.inference.cache`; refused for a
+  decoupled or stateful model, as Triton refuses it); ``metric_tags`` (labels of the model's
+  metrics, each key a Prometheus label name);
 - **accepted, changing nothing here**, with the reason, which the load logs once
   (:attr:`Fields.notes`): settings that only concern GPUs or TensorRT (``optimization.cuda``,
   ``gpu_execution_accelerator``, pinned memory, ``cc_model_filenames``, an instance group's
@@ -15,13 +18,13 @@ Each field is one of three things:
   ``parameters`` whose setting is the device's or the server's here (thread counts, execution
   mode, the memory arena);
 - **refused**: a :class:`~model_runtime.errors.ConfigurationError` naming the source and the
-  field, saying why (``response_cache { enable: true }``, ragged batching, ``metric_tags``,
-  ``model_metrics``, shape tensors, custom op libraries, repository agents, passive instances,
-  a CPU accelerator, an unknown onnxruntime parameter).
+  field, saying why (ragged batching, ``model_metrics``, shape tensors, custom op libraries,
+  repository agents, passive instances, a CPU accelerator, an unknown onnxruntime parameter).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +33,8 @@ from model_runtime.errors import ConfigurationError
 from model_runtime.server.triton import model_config_pb2 as pb
 
 __all__ = ["ORT_PARAMETERS", "Fields", "check_complete", "check_fields"]
+
+_LABEL = re.compile(r"^[A-Za-z0-9_]+$")
 
 _GPU = "only concerns GPUs, and this server runs on CPUs"
 
@@ -90,13 +95,12 @@ def check_fields(
         field = "batch_input" if config.batch_input else "batch_output"
         raise _fail(where, field, "ragged batching is not supported yet")
     if config.response_cache.enable:
-        raise _fail(
-            where,
-            "response_cache.enable",
-            "the response cache is not built yet: leave it out (or enable: false)",
-        )
-    if config.metric_tags:
-        raise _fail(where, "metric_tags", "per-model metric labels are not supported yet")
+        _response_cache(config, where, stateful=stateful)
+    for key in sorted(config.metric_tags):
+        if not _LABEL.match(key):
+            raise _fail(
+                where, f"metric_tags[{key!r}]", "a tag's key must be a label name ([A-Za-z0-9_])"
+            )
     if config.model_metrics.metric_control:
         raise _fail(where, "model_metrics", "there are no histogram metrics to configure yet")
     if config.model_operations.op_library_filename:
@@ -119,6 +123,25 @@ def check_fields(
         )
     _warmup(config, where, stateful=stateful)
     return Fields(level, tuple(notes))
+
+
+def _response_cache(config: pb.ModelConfig, where: Path | str, *, stateful: bool) -> None:
+    """Triton's rule: the response cache is for the default and dynamic batchers only."""
+    name = config.name or str(where)
+    if config.model_transaction_policy.decoupled:
+        raise _fail(
+            where,
+            "response_cache.enable",
+            f"Response Cache does not currently support model {name} with 'decoupled' "
+            "transaction policy. Please disable the response cache.",
+        )
+    if stateful:
+        raise _fail(
+            where,
+            "response_cache.enable",
+            f"Response Cache does not currently support model {name} with sequence batching "
+            "scheduler. Please disable the response cache.",
+        )
 
 
 def _runtimes(python: bool) -> tuple[str, ...]:
