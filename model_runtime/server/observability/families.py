@@ -214,7 +214,7 @@ def render_latencies(
         for (model, version), lat in items:
             base = labels(model, version)
             for le, n in zip(DEFAULT_BUCKETS_MS, lat.buckets, strict=True):
-                lines.append(f'{name}_bucket{{{base},le="{le}"}} {float(n)!r}')
+                lines.append(f'{name}_bucket{{{base},le="{le:g}"}} {float(n)!r}')
             lines.append(f'{name}_bucket{{{base},le="+Inf"}} {float(lat.histogram_count)!r}')
             lines.append(f"{name}_sum{{{base}}} {_num(lat.histogram_sum)}")
             lines.append(f"{name}_count{{{base}}} {float(lat.histogram_count)!r}")
