@@ -6,12 +6,14 @@ that uses the cache, the first-response histogram's buckets, ``metric_tags`` as 
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from model_runtime.server.observability.cpu import CpuMetrics
 from model_runtime.server.observability.families import MetricsConfig, Window, triton_reason
 from model_runtime.server.observability.metrics import DaemonMetrics
+from model_runtime.server.triton.config import parse_pbtxt
 from tests.integration.test_daemon_support import metric
 
 
@@ -108,3 +110,21 @@ def test_cpu_utilization_is_the_busy_share_since_the_previous_scrape(tmp_path: P
     assert metric(text, "nv_cpu_utilization ") == 0.75  # 300 busy of the 400 since
     assert metric(text, "nv_cpu_memory_total_bytes ") == 1000 * 1024
     assert metric(text, "nv_cpu_memory_used_bytes ") == 600 * 1024  # total less available
+
+
+def test_a_models_model_metrics_sets_its_first_response_buckets(tmp_path: Path) -> None:
+    text = (
+        'name: "m"\nmodel_metrics { metric_control [ { metric_identifier { family: '
+        '"nv_inference_first_response_histogram_ms" } histogram_options { buckets: [ 1, 2, 4, 8 '
+        "] } } ] }\n"
+    )
+    (tmp_path / "config.pbtxt").write_text(text)
+    settings = parse_pbtxt(tmp_path / "config.pbtxt", "m")
+    metrics = DaemonMetrics(MetricsConfig(histogram_latencies=True), cpu=False)
+    metrics.configure(SimpleNamespace(name="m", version="1", settings=settings))  # type: ignore[arg-type]
+    for ms in (0.5, 3.0, 100.0):
+        metrics.observe("m", None, ms / 1000, 1)
+    out = _render(metrics)
+    h = 'nv_inference_first_response_histogram_ms_bucket{model="m",version="1",le="%s"} '
+    assert [metric(out, h % le) for le in ("1", "2", "4", "8", "+Inf")] == [1, 1, 2, 2, 3]
+    assert 'le="100"' not in out  # not Triton's default buckets

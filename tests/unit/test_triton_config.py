@@ -125,7 +125,38 @@ def test_without_settings_the_server_defaults_stay(tmp_path: Path) -> None:
             "with 'decoupled' transaction policy",
         ),
         ("metric_tags { key: 'team-a' value: 'a' }", "metric_tags['team-a']"),
-        ("model_metrics { metric_control [ { } ] }", "model_metrics"),
+        # Triton's qa/L0_model_config/model_metrics/invalid_config, with its texts.
+        (
+            "model_metrics { metric_control [ { histogram_options { buckets: [ 1 ] } } ] }",
+            "metric control must specify 'metric_identifier'",
+        ),
+        (
+            "model_metrics { metric_control [ { metric_identifier { family: '' } "
+            "histogram_options { buckets: [ 1 ] } } ] }",
+            "metric identifier must specify non-empty 'family'",
+        ),
+        (
+            "model_metrics { metric_control [ { metric_identifier { family: "
+            "'nv_inference_first_response_histogram_ms' } } ] }",
+            "metric control must specify 'histogram_options'",
+        ),
+        (
+            "model_metrics { metric_control [ { metric_identifier { family: "
+            "'nv_inference_first_response_histogram_ms' } "
+            "histogram_options { buckets: [ ] } } ] }",
+            "histogram options must specify non-empty 'buckets'",
+        ),
+        (
+            "model_metrics { metric_control [ { metric_identifier { family: "
+            "'nv_inference_first_response_histogram_ms' } "
+            "histogram_options { buckets: [ 4, 2 ] } } ] }",
+            "must increase",
+        ),
+        (
+            "model_metrics { metric_control [ { metric_identifier { family: 'nv_x' } "
+            "histogram_options { buckets: [ 1 ] } } ] }",
+            "only nv_inference_first_response_histogram_ms takes",
+        ),
         ("max_batch_size: 2 batch_input [ { target_name: 'n' } ]", "batch_input: ragged"),
         (
             "max_batch_size: 2 input [ { name: 'x' data_type: TYPE_FP32 dims: [ -1 ] "

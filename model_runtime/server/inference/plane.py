@@ -144,14 +144,16 @@ class DataPlane:
             retry_after=self.options.retry_after,
             capacity=self._capacity,
         )
-        # A stateful model's steps are never shed: its sequence slots bound its work, and a
-        # step refused mid-sequence would break a client's session (model_runtime.sequences).
-        repository.on_install = lambda entry: self.admission.exempt(
-            entry.name, entry.sequences is not None
-        )
+        repository.on_install = self._installed
         #: What python models ask of the daemon (BLS calls, the model loading API).
         self.python_calls = PythonModelCalls(self)
         repository.python_hooks = PythonHooks(self.python_calls.infer, self.python_calls.control)
+
+    def _installed(self, entry: ModelEntry) -> None:
+        # A stateful model's steps are never shed: its sequence slots bound its work, and a
+        # step refused mid-sequence would break a client's session (model_runtime.sequences).
+        self.admission.exempt(entry.name, entry.sequences is not None)
+        self.metrics.configure(entry)  # its tags, cache and buckets before its first request
 
     async def _retire(self, model: str, version: str, runner: Any) -> None:
         if self.cache is not None:

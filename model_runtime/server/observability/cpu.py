@@ -60,7 +60,7 @@ class CpuMetrics:
         return [
             "# HELP nv_cpu_utilization CPU utilization rate [0.0 - 1.0]",
             "# TYPE nv_cpu_utilization gauge",
-            f"nv_cpu_utilization {min(1.0, max(0.0, utilization))!r}",
+            f"nv_cpu_utilization {min(1.0, max(0.0, utilization)):.6f}",
             "# HELP nv_cpu_memory_total_bytes CPU total memory (RAM), in bytes",
             "# TYPE nv_cpu_memory_total_bytes gauge",
             f"nv_cpu_memory_total_bytes {float(mem_total)!r}",

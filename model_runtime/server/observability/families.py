@@ -162,15 +162,25 @@ class Latencies:
     """One (model, version)'s summaries and first-response histogram."""
 
     windows: dict[str, Window] = field(default_factory=lambda: {k: Window() for k in SUMMARIES})
+    #: The histogram's upper bounds (ms): Triton's, or the model's ``model_metrics``.
+    edges: tuple[float, ...] = DEFAULT_BUCKETS_MS
     buckets: list[int] = field(default_factory=lambda: [0] * len(DEFAULT_BUCKETS_MS))
     histogram_count: int = 0
     histogram_sum: float = 0.0
+
+    def set_edges(self, edges: tuple[float, ...] | None) -> None:
+        """Use ``edges`` (None: Triton's defaults); other edges than before start the
+        histogram afresh (Triton applies new buckets when a model is loaded again)."""
+        edges = edges or DEFAULT_BUCKETS_MS
+        if edges != self.edges:
+            self.edges, self.buckets = edges, [0] * len(edges)
+            self.histogram_count, self.histogram_sum = 0, 0.0
 
     def first_response(self, ms: float) -> None:
         """Count one request's time to its first response (milliseconds)."""
         self.histogram_count += 1
         self.histogram_sum += ms
-        for i, le in enumerate(DEFAULT_BUCKETS_MS):
+        for i, le in enumerate(self.edges):
             if ms <= le:
                 self.buckets[i] += 1
 
@@ -213,7 +223,7 @@ def render_latencies(
         ]
         for (model, version), lat in items:
             base = labels(model, version)
-            for le, n in zip(DEFAULT_BUCKETS_MS, lat.buckets, strict=True):
+            for le, n in zip(lat.edges, lat.buckets, strict=True):
                 lines.append(f'{name}_bucket{{{base},le="{le:g}"}} {float(n)!r}')
             lines.append(f'{name}_bucket{{{base},le="+Inf"}} {float(lat.histogram_count)!r}')
             lines.append(f"{name}_sum{{{base}}} {_num(lat.histogram_sum)}")

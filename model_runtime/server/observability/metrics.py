@@ -76,8 +76,10 @@ from model_runtime.server.observability.totals import (
     labels_of,
     triton_text,
 )
+from model_runtime.server.repository.entries import ModelEntry
 from model_runtime.server.repository.repository import ModelRepository
 from model_runtime.server.serving import innermost, replica_states
+from model_runtime.server.triton.fields import histogram_buckets
 
 __all__ = [
     "CONTENT_TYPE",
@@ -340,6 +342,18 @@ class DaemonMetrics:
             phase = "cache_hit" if hit else "cache_miss"
             self._latencies(model, version).windows[phase].observe(us, self._clock())
 
+    def configure(self, entry: ModelEntry) -> None:
+        """Take what ``entry``'s config says of its metrics: whether it uses the response
+        cache, its ``metric_tags``, its histogram's buckets (``model_metrics``)."""
+        if entry.settings is None:
+            return
+        config = entry.settings.config
+        totals = self.totals(entry.name, entry.version)
+        totals.cache_enabled = config.response_cache.enable
+        totals.tags = tuple(sorted(config.metric_tags.items()))
+        if self.config.histogram_latencies:
+            self._latencies(entry.name, entry.version).set_edges(histogram_buckets(config))
+
     async def refresh(self, repository: ModelRepository) -> None:
         """Read replica facts and statistics from every loaded runner."""
         snaps: list[ReplicaSnapshot] = []
@@ -352,11 +366,7 @@ class DaemonMetrics:
             (e.name, e.version, innermost(e.runner)) for e in entries if e.runner is not None
         ]
         for entry in entries:
-            if entry.settings is not None:
-                totals = self.totals(entry.name, entry.version)
-                config = entry.settings.config
-                totals.cache_enabled = config.response_cache.enable
-                totals.tags = tuple(sorted(config.metric_tags.items()))
+            self.configure(entry)
             self.model_ready.labels(entry.name).set(1.0 if entry.is_ready else 0.0)
             snaps += await self.read_runner(entry.name, entry.version, entry.runner)
         self.snapshot = snaps
