@@ -6,8 +6,9 @@ answer past its size, a reload never serves the old model's answers, and ``/metr
 Triton's cache counters, the failure ``reason`` label, summaries and the first-response
 histogram (``--metrics-config``), ``nv_cpu_*`` and the model's ``metric_tags`` as labels.
 
-One daemon for the module: ``cached`` (the cache on, y = k * x) and ``plain`` (the cache off).
-Each test uses inputs of its own, so what the others left in the cache changes nothing."""
+One daemon for the module: ``cached`` (the cache on, y = k * x), ``plain`` (the cache off) and
+``counter`` (a python model with the cache on that answers how many times it has run). Each
+test uses inputs of its own, so what the others left in the cache changes nothing."""
 
 from __future__ import annotations
 
@@ -40,6 +41,33 @@ output [ {{ name: "y" data_type: TYPE_FP32 dims: [ 4 ] }} ]
 """
 
 
+COUNTER_CONFIG = """
+name: "counter"
+backend: "python"
+max_batch_size: 0
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "calls" data_type: TYPE_INT64 dims: [ 1 ] } ]
+response_cache { enable: true }
+"""
+COUNTER_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.calls = 0
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            self.calls += 1
+            out = pb_utils.Tensor("calls", np.array([self.calls], np.int64))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
+        return responses
+"""
+
+
 def _scale_model(path: Path, k: float) -> None:
     """y = k * x, FLOAT [batch, 4]."""
     factor = helper.make_tensor("k", TensorProto.FLOAT, [1], [k])
@@ -65,12 +93,16 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         (repo / name).mkdir(parents=True)
         (repo / name / "config.pbtxt").write_text(CONFIG.format(name=name, extra=extra))
         _scale_model(repo / name / "1" / "model.onnx", 2.0)
+    (repo / "counter" / "1").mkdir(parents=True)
+    (repo / "counter" / "config.pbtxt").write_text(COUNTER_CONFIG)
+    (repo / "counter" / "1" / "model.py").write_text(COUNTER_MODEL)
     d = start_daemon(
         tmp,
         f"--model-repository={repo}",
         "--model-control-mode=explicit",
         "--load-model=cached",
         "--load-model=plain",
+        "--load-model=counter",
         f"--cache-config=local,size={CACHE_SIZE}",
         "--metrics-config", "summary_latencies=true",
         "--metrics-config", "histogram_latencies=true",
@@ -146,6 +178,18 @@ def test_an_equal_request_is_answered_from_the_cache_without_running_the_model(
     _infer(daemon, x, "plain")
     assert _delta(_stats(daemon, "plain"), plain)["executions"] == 2
     assert _stats(daemon, "plain")["hits"] == 0
+
+
+def test_a_python_model_is_not_called_for_a_cached_answer(daemon: Daemon) -> None:
+    def calls(x: list[float]) -> int:
+        tensor = {"name": "x", "datatype": "FP32", "shape": [4], "data": x}
+        status, out = daemon.post("/v2/models/counter/infer", {"inputs": [tensor]})
+        assert status == 200, out
+        return int(out["outputs"][0]["data"][0])
+
+    first = calls([41.0] * 4)
+    assert calls([41.0] * 4) == first  # answered from the cache: the model did not run
+    assert calls([42.0] * 4) == first + 1  # another request: it runs
 
 
 def test_past_its_size_the_cache_evicts_the_least_recently_used_answer(daemon: Daemon) -> None:
