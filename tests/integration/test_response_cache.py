@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 from onnx import TensorProto, helper
 
 from model_runtime.server.inference.cache import ENTRY_OVERHEAD, TENSOR_OVERHEAD
@@ -164,6 +165,13 @@ def test_an_equal_request_is_answered_from_the_cache_without_running_the_model(
         stats = c.get_inference_statistics("cached", as_json=True)["model_stats"][0]
     assert int(stats["inference_stats"]["cache_hit"]["count"]) == before["hits"] + 2
     assert int(stats["execution_count"]) == before["executions"] + 1
+    # And over HTTP with binary outputs (the cached arrays are read-only; encoding copes).
+    with httpclient.InferenceServerClient(f"127.0.0.1:{daemon.port}") as h:
+        inp = httpclient.InferInput("x", [1, 4], "FP32")
+        inp.set_data_from_numpy(np.array([x], np.float32), binary_data=True)
+        out = httpclient.InferRequestedOutput("y", binary_data=True)
+        assert h.infer("cached", [inp], outputs=[out]).as_numpy("y").tolist() == [first]
+    assert _stats(daemon)["executions"] == before["executions"] + 1
 
     # Other inputs, or another custom parameter, are other requests: each runs once.
     mid = _stats(daemon)
