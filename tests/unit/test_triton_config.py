@@ -157,11 +157,31 @@ def test_without_settings_the_server_defaults_stay(tmp_path: Path) -> None:
             "histogram_options { buckets: [ 1 ] } } ] }",
             "only nv_inference_first_response_histogram_ms takes",
         ),
-        ("max_batch_size: 2 batch_input [ { target_name: 'n' } ]", "batch_input: ragged"),
+        # Ragged batching's own checks (model_runtime.server.triton.ragged).
         (
-            "max_batch_size: 2 input [ { name: 'x' data_type: TYPE_FP32 dims: [ -1 ] "
-            "allow_ragged_batch: true } ]",
-            "input[0].allow_ragged_batch",
+            "max_batch_size: 2 input [ { name: 'x' data_type: TYPE_FP32 dims: [ -1 ] } ] "
+            "batch_input [ { target_name: 'n' source_input: 'x' } ]",
+            "batch_input[0].data_type",
+        ),
+        (
+            "max_batch_size: 2 input [ { name: 'x' data_type: TYPE_FP32 dims: [ -1 ] } ] "
+            "batch_input [ { target_name: 'n' data_type: TYPE_INT32 source_input: 'y' } ]",
+            "batch_input[0].source_input",
+        ),
+        (
+            "max_batch_size: 2 input [ { name: 'x' data_type: TYPE_FP32 dims: [ -1 ] } ] "
+            "batch_input [ { target_name: 'x' data_type: TYPE_INT32 source_input: 'x' } ]",
+            "'x' is a request input",
+        ),
+        (
+            "input [ { name: 'x' data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ] "
+            "output [ { name: 'y' data_type: TYPE_FP32 dims: [ 1 ] } ]",
+            "ragged batching needs max_batch_size > 0",
+        ),
+        (
+            "max_batch_size: 2 input [ { name: 'x' data_type: TYPE_FP32 dims: [ -1 ] } ] "
+            "batch_output [ { target_name: 'y' source_input: 'x' } ]",
+            "batch_output",
         ),
         (
             "input [ { name: 'x' data_type: TYPE_INT32 dims: [ 2 ] is_shape_tensor: true } ]",

@@ -20,8 +20,9 @@ Each field is one of three things:
   ``parameters`` whose setting is the device's or the server's here (thread counts, execution
   mode, the memory arena);
 - **refused**: a :class:`~model_runtime.errors.ConfigurationError` naming the source and the
-  field, saying why (ragged batching, another metric family, shape tensors, custom op libraries,
-  repository agents, passive instances, a CPU accelerator, an unknown onnxruntime parameter).
+  field, saying why (another metric family, shape tensors, custom op libraries, repository
+  agents, passive instances, a CPU accelerator, an unknown onnxruntime parameter). Ragged
+  batching (``allow_ragged_batch``, ``batch_input``) is :mod:`.ragged`'s.
 """
 
 from __future__ import annotations
@@ -97,9 +98,6 @@ def check_fields(
     level = _optimization(config, where, notes, python=python)
     _instance_groups(config, where, notes)
     _tensors(config, where)
-    if config.batch_input or config.batch_output:
-        field = "batch_input" if config.batch_input else "batch_output"
-        raise _fail(where, field, "ragged batching is not supported yet")
     if config.response_cache.enable:
         _response_cache(config, where, stateful=stateful)
     for key in sorted(config.metric_tags):
@@ -264,11 +262,6 @@ def _tensors(config: pb.ModelConfig, where: Path | str) -> None:
                 raise _fail(
                     where, f"{at}.is_non_linear_format_io", "non-linear formats are TensorRT's"
                 )
-    for i, t in enumerate(config.input):
-        if t.allow_ragged_batch:
-            raise _fail(
-                where, f"input[{i}].allow_ragged_batch", "ragged batching is not supported yet"
-            )
 
 
 def _warmup(config: pb.ModelConfig, where: Path | str, *, stateful: bool) -> None:
