@@ -170,13 +170,15 @@ class RaggedRunner(ServingRunner):
     """Forms ragged batches of the requests of one model version and runs each batch once on
     the wrapped runner (module docstring)."""
 
-    __slots__ = ("_pending", "_timer", "spec")
+    __slots__ = ("_pending", "_running", "_timer", "spec")
 
     def __init__(self, runner: RunnerLike, spec: RaggedSpec) -> None:
         super().__init__(runner)
         self.spec = spec
         self._pending: list[_Pending] = []
         self._timer: asyncio.TimerHandle | None = None
+        #: The batches running (the loop keeps only weak references to tasks).
+        self._running: set[asyncio.Task[None]] = set()
 
     async def execute(  # type: ignore[override]
         self,
@@ -236,7 +238,9 @@ class RaggedRunner(ServingRunner):
             else:
                 rest.append(p)
         self._pending = rest
-        asyncio.get_running_loop().create_task(self._run(batch))
+        task = asyncio.get_running_loop().create_task(self._run(batch))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
         if rest:
             self._timer = asyncio.get_running_loop().call_later(0, self._flush)
 
