@@ -54,6 +54,13 @@ def scrape(d: Daemon) -> dict[str, float]:
     assert metric(text, "process_cpu_seconds_total") is not None  # process metrics
     out = {}
     for name in (*COUNTERS, "nv_inference_pending_request_count"):
+        if name == "nv_inference_request_failure":  # Triton's reason label: their sum
+            reasons = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+            values = [metric(text, f'{name}{LABELS[:-1]},reason="{r}"}} ') for r in reasons]
+            assert None not in values, (name, text)
+            out[name] = sum(v for v in values if v is not None)
+            out[f"{name}_other"] = values[-1] or 0.0
+            continue
         value = metric(text, f"{name}{LABELS} ")
         assert value is not None, (name, text)
         out[name] = value
@@ -72,7 +79,7 @@ def test_triton_metrics_count_and_survive_a_reload(tmp_path: Path) -> None:
         assert status == 400
         m = scrape(d)
         assert m["nv_inference_request_success"] == 7
-        assert m["nv_inference_request_failure"] == 1
+        assert m["nv_inference_request_failure"] == m["nv_inference_request_failure_other"] == 1
         assert m["nv_inference_count"] == 5 + 2 * 3  # samples
         assert m["nv_inference_exec_count"] == 7
         assert m["nv_inference_pending_request_count"] == 0

@@ -115,14 +115,73 @@ def test_without_settings_the_server_defaults_stay(tmp_path: Path) -> None:
             "parameters['intra_op_thread_count']: 'four' is not an integer",
         ),
         ("ensemble_scheduling { }", "ensemble_scheduling"),
-        ("response_cache { enable: true }", "response_cache.enable: the response cache is not"),
-        ("metric_tags { key: 'team' value: 'a' }", "metric_tags"),
-        ("model_metrics { metric_control [ { } ] }", "model_metrics"),
-        ("max_batch_size: 2 batch_input [ { target_name: 'n' } ]", "batch_input: ragged"),
         (
-            "max_batch_size: 2 input [ { name: 'x' data_type: TYPE_FP32 dims: [ -1 ] "
-            "allow_ragged_batch: true } ]",
-            "input[0].allow_ragged_batch",
+            "sequence_batching { } response_cache { enable: true }",
+            "Response Cache does not currently support model",
+        ),
+        (
+            "backend: 'python' model_transaction_policy { decoupled: true } "
+            "response_cache { enable: true }",
+            "with 'decoupled' transaction policy",
+        ),
+        ("metric_tags { key: 'team-a' value: 'a' }", "metric_tags['team-a']"),
+        # Triton's qa/L0_model_config/model_metrics/invalid_config, with its texts.
+        (
+            "model_metrics { metric_control [ { histogram_options { buckets: [ 1 ] } } ] }",
+            "metric control must specify 'metric_identifier'",
+        ),
+        (
+            "model_metrics { metric_control [ { metric_identifier { family: '' } "
+            "histogram_options { buckets: [ 1 ] } } ] }",
+            "metric identifier must specify non-empty 'family'",
+        ),
+        (
+            "model_metrics { metric_control [ { metric_identifier { family: "
+            "'nv_inference_first_response_histogram_ms' } } ] }",
+            "metric control must specify 'histogram_options'",
+        ),
+        (
+            "model_metrics { metric_control [ { metric_identifier { family: "
+            "'nv_inference_first_response_histogram_ms' } "
+            "histogram_options { buckets: [ ] } } ] }",
+            "histogram options must specify non-empty 'buckets'",
+        ),
+        (
+            "model_metrics { metric_control [ { metric_identifier { family: "
+            "'nv_inference_first_response_histogram_ms' } "
+            "histogram_options { buckets: [ 4, 2 ] } } ] }",
+            "must increase",
+        ),
+        (
+            "model_metrics { metric_control [ { metric_identifier { family: 'nv_x' } "
+            "histogram_options { buckets: [ 1 ] } } ] }",
+            "only nv_inference_first_response_histogram_ms takes",
+        ),
+        # Ragged batching's own checks (model_runtime.server.triton.ragged).
+        (
+            "max_batch_size: 2 input [ { name: 'x' data_type: TYPE_FP32 dims: [ -1 ] } ] "
+            "batch_input [ { target_name: 'n' source_input: 'x' } ]",
+            "batch_input[0].data_type",
+        ),
+        (
+            "max_batch_size: 2 input [ { name: 'x' data_type: TYPE_FP32 dims: [ -1 ] } ] "
+            "batch_input [ { target_name: 'n' data_type: TYPE_INT32 source_input: 'y' } ]",
+            "batch_input[0].source_input",
+        ),
+        (
+            "max_batch_size: 2 input [ { name: 'x' data_type: TYPE_FP32 dims: [ -1 ] } ] "
+            "batch_input [ { target_name: 'x' data_type: TYPE_INT32 source_input: 'x' } ]",
+            "'x' is a request input",
+        ),
+        (
+            "input [ { name: 'x' data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ] "
+            "output [ { name: 'y' data_type: TYPE_FP32 dims: [ 1 ] } ]",
+            "ragged batching needs max_batch_size > 0",
+        ),
+        (
+            "max_batch_size: 2 input [ { name: 'x' data_type: TYPE_FP32 dims: [ -1 ] } ] "
+            "batch_output [ { target_name: 'y' source_input: 'x' } ]",
+            "batch_output",
         ),
         (
             "input [ { name: 'x' data_type: TYPE_INT32 dims: [ 2 ] is_shape_tensor: true } ]",

@@ -126,7 +126,7 @@ def test_defaults_without_tritons_flags() -> None:
     opts = parse("")
     t = opts.triton
     assert (t.allow_http, t.allow_grpc, t.allow_metrics) == (True, True, True)
-    assert (t.metrics_port, t.model_load_thread_count, t.exit_on_error) == (8002, 4, False)
+    assert (t.metrics_port, t.model_load_thread_count, t.exit_on_error) == (8002, 4, True)
     assert (t.log_file, t.auto_complete, t.notes) == (None, True, [])
     assert (opts.log_level, opts.batch_size) == ("info", 8)
 
@@ -157,7 +157,6 @@ def test_the_log_file_and_verbosity(tmp_path: Path) -> None:
         ("--model-load-thread-count=0", "--model-load-thread-count must be >= 1"),
         ("--metrics-port=70000", "--metrics-port must be in 0..65535"),
         ("--log-verbose=-1", "--log-verbose must be >= 0"),
-        ("--cache-config=local,size=1048576", "--cache-config: the response cache is not built"),
         ("--trace-config=mode=zipkin", "mode is triton or opentelemetry"),
         ("--trace-config=level=ALL", "level is OFF, TIMESTAMPS or TENSORS"),
         ("--trace-config=rate=x", "rate=x: expected an integer"),
@@ -165,13 +164,39 @@ def test_the_log_file_and_verbosity(tmp_path: Path) -> None:
         ("--trace-config=triton,url=x", "triton mode has no setting 'url'"),
         ("--trace-config=opentelemetry,resource=x", "resource is KEY=VALUE"),
         ("--trace-config=jaeger,url=x", "no trace mode 'jaeger'"),
-        ("--metrics-config=summary_latencies=true", "--metrics-config: metric summaries"),
+        (
+            "--cache-config=local,size=8192 --cache-config=redis,key=value",
+            "multiple cache configurations",
+        ),
+        (
+            "--response-cache-byte-size=12345 --cache-config=local,size=67890",
+            "incompatible flags",
+        ),
+        ("--cache-config=redis,host=localhost", "only the 'local' cache is built in"),
+        ("--cache-config=local,size=big", "give a size in bytes"),
+        ("--metrics-config=summary_latencies=maybe", "expected true or false"),
+        ("--metrics-config=summary_quantiles=1.5:0.1", "each quantile is a number in (0, 1)"),
+        ("--metrics-config=bogus=1", "unknown key 'bogus'"),
     ],
 )
 def test_values_we_cannot_honour_are_refused_at_start(line: str, said: str) -> None:
     with pytest.raises(ConfigurationError) as info:
         parse(line)
     assert said in str(info.value)
+
+
+def test_the_cache_and_metrics_configs_of_tritons_qa_command_lines() -> None:
+    t = parse("--cache-config local,size=10480").triton
+    assert t.cache is not None and (t.cache.implementation, t.cache.size) == ("local", 10480)
+    assert parse("--response-cache-byte-size=8192").triton.cache.size == 8192  # type: ignore[union-attr]
+    assert parse("--cache-config=local,size=0").triton.cache is None
+    assert parse("").triton.cache is None
+    config = parse(
+        "--metrics-config summary_latencies=true --metrics-config counter_latencies=false "
+        "--metrics-config summary_quantiles=0.1:0.0.1,0.7:0.01,0.75:0.01"
+    ).triton.metrics_config
+    assert (config.summary_latencies, config.counter_latencies) == (True, False)
+    assert (config.histogram_latencies, config.quantiles) == (False, (0.1, 0.7, 0.75))
 
 
 def test_a_gpu_backends_setting_is_said_not_to_apply() -> None:

@@ -50,6 +50,7 @@ from model_runtime.server.http.guard import ConnectionLimits
 from model_runtime.server.http.routes import HttpFrontEnd
 from model_runtime.server.http.runner import GuardedAppRunner, runner_of, start_site
 from model_runtime.server.inference.admission import LoopLag
+from model_runtime.server.inference.cache import ResponseCache
 from model_runtime.server.inference.plane import DataPlane, ServerOptions
 from model_runtime.server.observability.logging_ext import (
     LOG_SETTINGS,
@@ -57,6 +58,7 @@ from model_runtime.server.observability.logging_ext import (
     logger_class,
 )
 from model_runtime.server.observability.logwriter import BatchedLogWriter
+from model_runtime.server.observability.metrics import DaemonMetrics
 from model_runtime.server.observability.trace import Tracer
 from model_runtime.server.repository.entries import ControlMode, parse_model_arg
 from model_runtime.server.repository.repository import ModelRepository
@@ -224,7 +226,9 @@ async def serve(opts: DaemonOptions) -> int:
             allow_client_shm=bool(opts.allow_client_shm),  # None was resolved by the options
             metrics=opts.triton.allow_metrics,
         ),
+        DaemonMetrics(opts.triton.metrics_config, cpu=opts.triton.allow_cpu_metrics),
         tracer=Tracer(opts.triton.trace),
+        cache=None if opts.triton.cache is None else ResponseCache(opts.triton.cache.size),
     )
     for note in opts.triton.notes:
         log.info("flag_not_applied", note=note)

@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from model_runtime.errors import ConfigurationError
+from model_runtime.server.inference.cache import CacheSettings, parse_cache_config
+from model_runtime.server.observability.families import MetricsConfig, parse_metrics_config
 from model_runtime.server.observability.trace_config import TraceConfig, parse_trace_config
 
 __all__ = [
     "ACCEPTED",
-    "NOT_YET",
     "TritonFlags",
     "add_bool",
     "add_triton_arguments",
@@ -63,12 +64,7 @@ ACCEPTED: Mapping[str, str] = {
     "backend-directory": "the backends (onnxruntime, python) are built in",
     "repoagent-directory": "repository agents are not run",
     "http-thread-count": "HTTP is served on the event loop",
-}
-
-#: Triton's flags for what is not built yet: refused at start, saying so.
-NOT_YET: Mapping[str, str] = {
-    "cache-config": "the response cache is not built yet",
-    "metrics-config": "metric summaries and histograms are not built yet",
+    "cache-directory": "the 'local' cache is built in",
 }
 
 #: Triton's deprecated trace flags -> the ``--trace-config`` setting each is.
@@ -116,8 +112,11 @@ class TritonFlags:
 
     ``allow_http`` / ``allow_grpc``: the listeners start; ``allow_metrics``: metrics are
     served (``/metrics`` on the HTTP port, and the metrics listener); ``metrics_port``: that
-    listener's port (0: a free one); ``exit_on_error``: a model that fails at start stops
-    the daemon; ``model_load_thread_count``: models loading at once at start;
+    listener's port (0: a free one); ``allow_cpu_metrics``: ``nv_cpu_*`` are served;
+    ``metrics_config``: ``--metrics-config``; ``cache``: the response cache
+    (``--cache-config``, None: none); ``exit_on_error``: a model that fails at start stops
+    the daemon (Triton's default: true); ``model_load_thread_count``: models loading at once
+    at start;
     ``log_file``: where the log goes (None: stderr); ``auto_complete``: configs are completed
     from the model (off: ``--disable-auto-complete-config``); ``notes``: flags accepted that
     change nothing here, with the reason.
@@ -127,7 +126,10 @@ class TritonFlags:
     allow_grpc: bool = True
     allow_metrics: bool = True
     metrics_port: int = DEFAULT_METRICS_PORT
-    exit_on_error: bool = False
+    allow_cpu_metrics: bool = True
+    metrics_config: MetricsConfig = field(default_factory=MetricsConfig)
+    cache: CacheSettings | None = None
+    exit_on_error: bool = True
     model_load_thread_count: int = 4
     log_file: Path | None = None
     log_level: str | None = None
@@ -158,9 +160,25 @@ def add_triton_arguments(parser: argparse.ArgumentParser) -> None:
     a("--metrics-port", type=int, metavar="PORT",
       help=f"the metrics listener's port, /metrics on --host ({DEFAULT_METRICS_PORT}; "
       "0: a free one); /metrics is on the HTTP port as well")  # fmt: skip
+    add_bool(a, "allow-cpu-metrics", "serve nv_cpu_* metrics (default true)")
+    a("--metrics-config", action="append", metavar="KEY=VALUE",
+      help="summary_latencies=true, histogram_latencies=true, counter_latencies=false, "
+      "summary_quantiles=Q:E,... (repeatable)")  # fmt: skip
+    a(
+        "--cache-config",
+        action="append",
+        metavar="local,size=BYTES",
+        help="the response cache, for models whose config enables it (response_cache)",
+    )
+    a(
+        "--response-cache-byte-size",
+        type=int,
+        metavar="BYTES",
+        help="Triton's older --cache-config local,size=BYTES",
+    )
     add_bool(a, "exit-on-error",
-             "stop the daemon when a model fails to load at start (default false: the others "
-             "serve; Triton's default is true)")  # fmt: skip
+             "stop the daemon when a model fails to load at start (default true, as "
+             "Triton's; false: the others serve)")  # fmt: skip
     a("--model-load-thread-count", type=int, metavar="N",
       help="models loading at once at start (default 4)")  # fmt: skip
     a("--log-verbose", type=int, metavar="LEVEL", help="> 0: debug logs")
@@ -181,8 +199,6 @@ def add_triton_arguments(parser: argparse.ArgumentParser) -> None:
       "opentelemetry,url=URL, opentelemetry,resource=KEY=VALUE")  # fmt: skip
     for old, new in _DEPRECATED_TRACE.items():
         a(f"--{old}", action="append", metavar="VALUE", help=f"Triton's older --trace-config {new}")
-    for name, why in NOT_YET.items():
-        a(f"--{name}", action="append", metavar="VALUE", help=f"refused: {why}")
     add_bool(a, "allow-gpu-metrics", f"accepted: {_GPU}")
     for name, why in ACCEPTED.items():
         a(f"--{name}", action="append", metavar="VALUE", help=f"accepted: {why}")
@@ -199,17 +215,13 @@ def read_triton_flags(args: argparse.Namespace) -> TritonFlags:
     def given(name: str) -> Any:
         return getattr(args, name, None)
 
-    for name, why in NOT_YET.items():
-        if given(name.replace("-", "_")):
-            raise ConfigurationError(f"--{name}: {why}")
-
     older = [
         f"{new}={value}"
         for old, new in _DEPRECATED_TRACE.items()
         for value in given(old.replace("-", "_")) or []
     ]
     flags.trace = parse_trace_config(older + (given("trace_config") or []))
-    for name in ("allow_http", "allow_grpc", "allow_metrics", "exit_on_error"):
+    for name in ("allow_http", "allow_grpc", "allow_metrics", "allow_cpu_metrics", "exit_on_error"):
         if given(name) is not None:
             setattr(flags, name, bool(given(name)))
     if given("metrics_port") is not None:
@@ -224,6 +236,13 @@ def read_triton_flags(args: argparse.Namespace) -> TritonFlags:
                 f"--model-load-thread-count must be >= 1, got {given('model_load_thread_count')}"
             )
         flags.model_load_thread_count = given("model_load_thread_count")
+    flags.metrics_config = parse_metrics_config(given("metrics_config") or [])
+    byte_size = given("response_cache_byte_size")
+    if byte_size is not None and byte_size < 0:
+        raise ConfigurationError(f"--response-cache-byte-size must be >= 0, got {byte_size}")
+    flags.cache = parse_cache_config(given("cache_config") or [], byte_size)
+    if flags.cache is not None and flags.cache.size == 0:
+        flags.cache = None  # Triton's size 0: no cache
     if given("log_file"):
         flags.log_file = Path(given("log_file"))
     flags.log_level = _log_level(args)

@@ -280,7 +280,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
             )
         finally:
             parsed.release()  # its shared memory regions, if any
-        return response, samples_of(entry, parsed.inputs)
+        return response, samples_of(entry, parsed.inputs, results)
 
     # -- shared memory: Triton's system extension; CUDA as Triton without GPUs answers -----------
 

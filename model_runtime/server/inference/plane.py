@@ -27,6 +27,7 @@ from model_runtime.runner import ModelRunner
 from model_runtime.sequences import SequenceStep
 from model_runtime.server.answers import HTTPError, status_of
 from model_runtime.server.inference.admission import DEFAULT_QUEUE_DELAY, AdmissionControl
+from model_runtime.server.inference.cache import CachedOutputs, ResponseCache, request_key
 from model_runtime.server.inference.python_calls import (
     PythonModelCalls,
     decoupled_over_infer,
@@ -93,9 +94,12 @@ class ServerOptions:
     admission_delay: float | None = DEFAULT_QUEUE_DELAY
 
 
-def samples_of(entry: ModelEntry, inputs: Mapping[str, Any]) -> int:
+def samples_of(entry: ModelEntry, inputs: Mapping[str, Any], outputs: Any = None) -> int:
     """The inferences a request of ``inputs`` is, as Triton counts them (``inference_count``):
-    its batch for a model with a batch axis, else 1."""
+    its batch for a model with a batch axis, else 1; 0 when its ``outputs`` came from the
+    response cache (the model did not run)."""
+    if isinstance(outputs, CachedOutputs):
+        return 0
     if not any(spec.has_batch_axis for spec in entry.inputs):
         return 1
     first = next(iter(inputs.values()), None)
@@ -112,17 +116,23 @@ class DataPlane:
         options: ServerOptions | None = None,
         metrics: DaemonMetrics | None = None,
         tracer: Tracer | None = None,
+        cache: ResponseCache | None = None,
     ) -> None:
         self.repository = repository
         #: Triton's trace extension: which requests are traced, and their settings.
         self.tracer = tracer or Tracer()
         self.options = options or ServerOptions()
         self.metrics = metrics or DaemonMetrics()
+        #: Triton's response cache (``--cache-config``; None: none), for the models that
+        #: enable it (:mod:`model_runtime.server.inference.cache`).
+        self.cache = cache
+        self.metrics.cache = cache is not None
         #: Requests refused by a front end's restrictions, counted for every front end.
         self.restricted = RestrictionCounter(self.metrics.registry)
         repository.on_readiness = self.metrics.readiness_changed
-        # A runner a reload swaps out (or an unload closes) is read into the totals first.
-        repository.on_retire = self.metrics.retire_runner
+        # A runner a reload swaps out (or an unload closes) is read into the totals first,
+        # and what the cache holds of it is dropped.
+        repository.on_retire = self._retire
         self.draining = False
         #: Listeners (``"grpc"``, ...) that stopped and are being restarted -> why.
         self.listeners_down: dict[str, str] = {}
@@ -130,6 +140,7 @@ class DataPlane:
         self._idle = asyncio.Event()
         self._idle.set()
         self._queue_full_log = RateLimitedLog("requests_refused_queue_full")
+        self._cache_insert_log = RateLimitedLog("response_cache_insert_failed")
         #: Triton's system shared memory extension: the regions clients registered
         self.shared_memory = SharedMemoryRegistry(enabled=self.options.allow_client_shm)
         self.admission = AdmissionControl(
@@ -138,14 +149,21 @@ class DataPlane:
             retry_after=self.options.retry_after,
             capacity=self._capacity,
         )
-        # A stateful model's steps are never shed: its sequence slots bound its work, and a
-        # step refused mid-sequence would break a client's session (model_runtime.sequences).
-        repository.on_install = lambda entry: self.admission.exempt(
-            entry.name, entry.sequences is not None
-        )
+        repository.on_install = self._installed
         #: What python models ask of the daemon (BLS calls, the model loading API).
         self.python_calls = PythonModelCalls(self)
         repository.python_hooks = PythonHooks(self.python_calls.infer, self.python_calls.control)
+
+    def _installed(self, entry: ModelEntry) -> None:
+        # A stateful model's steps are never shed: its sequence slots bound its work, and a
+        # step refused mid-sequence would break a client's session (model_runtime.sequences).
+        self.admission.exempt(entry.name, entry.sequences is not None)
+        self.metrics.configure(entry)  # its tags, cache and buckets before its first request
+
+    async def _retire(self, model: str, version: str, runner: Any) -> None:
+        if self.cache is not None:
+            self.cache.drop(model, version)
+        await self.metrics.retire_runner(model, version, runner)
 
     def _capacity(self, name: str) -> int:
         """Requests model ``name``'s replicas take at once: a batch computing and one filling
@@ -333,7 +351,7 @@ class DataPlane:
                 out, json_length = encode()
         finally:
             parsed.release()  # its shared memory regions, if any
-        return out, json_length, samples_of(entry, parsed.inputs)
+        return out, json_length, samples_of(entry, parsed.inputs, results)
 
     async def execute(
         self,
@@ -347,10 +365,46 @@ class DataPlane:
         shortest of the server's ``request_timeout``, the request's ``timeout`` and
         ``deadline`` (seconds: the gRPC caller's), at its priority.
 
+        A model whose config enables the response cache, in a daemon that has one, is answered
+        from it when an equal request was (:class:`CachedOutputs`, the runner not called).
+
         Raises:
             TimeoutError, ExecutionTimeoutError: past the deadline.
             ModelRuntimeError: whatever the runner raises (refusals, bad inputs, failures).
         """
+        if self.tracer.active and not _traced and (trace := CURRENT_TRACE.get()) is not None:
+            assert isinstance(trace, RequestTrace)
+            return await self._execute_traced(trace, entry, runner, parsed, deadline)
+        cache = self.cache
+        settings = entry.settings
+        if cache is None or settings is None or not settings.config.response_cache.enable:
+            return await self._execute(entry, runner, parsed, deadline)
+        if settings.decoupled or settings.sequence is not None or parsed.sequence is not None:
+            return await self._execute(entry, runner, parsed, deadline)
+        t0 = time.perf_counter_ns()
+        inner = innermost(runner)
+        key = request_key(entry.name, entry.version, inner, parsed)
+        hit = cache.get(key)
+        if hit is not None:
+            self.metrics.cache_lookup(entry.name, entry.version, True, time.perf_counter_ns() - t0)
+            return hit
+        lookup = time.perf_counter_ns() - t0
+        results = await self._execute(entry, runner, parsed, deadline)
+        t1 = time.perf_counter_ns()
+        # A result of a runner a reload swapped out meanwhile is not kept: never stale.
+        if innermost(entry.runner) is inner and not cache.put(
+            key, entry.name, entry.version, results
+        ):
+            self._cache_insert_log(model=entry.name, error="Failed to insert key: the "
+                                   "response is larger than the whole cache")  # fmt: skip
+        self.metrics.cache_lookup(
+            entry.name, entry.version, False, lookup + time.perf_counter_ns() - t1
+        )
+        return results
+
+    async def _execute(
+        self, entry: ModelEntry, runner: Any, parsed: InferRequest, deadline: float | None
+    ) -> dict[str, Any]:
         opts = self.options
         # The model's own settings (config.pbtxt / TOML) over the server's.
         settings = entry.settings or DEFAULT_SETTINGS
@@ -360,9 +414,6 @@ class DataPlane:
         priority = settings.priority(
             parsed.priority, opts.priority_levels, opts.default_priority_level
         )
-        if self.tracer.active and not _traced and (trace := CURRENT_TRACE.get()) is not None:
-            assert isinstance(trace, RequestTrace)
-            return await self._execute_traced(trace, entry, runner, parsed, deadline)
         sequence = parsed.sequence
         inner = innermost(runner)
         if isinstance(inner, PythonModelRunner):  # Triton's request, as its model.py sees it

@@ -7,7 +7,15 @@ them (counters without a ``_total`` suffix, durations as cumulative microsecond 
 ``nv_inference_queue_duration_us``, ``nv_inference_compute_input_duration_us``,
 ``nv_inference_compute_infer_duration_us``, ``nv_inference_compute_output_duration_us`` and the
 gauge ``nv_inference_pending_request_count``. Their totals live here, per (model, version), not
-in a runner: a reload replaces the runner and the totals go on (:class:`TritonTotals`).
+in a runner: a reload replaces the runner and the totals go on (:class:`TritonTotals`, and
+their text under Triton's names, in :mod:`.totals`).
+``nv_inference_request_failure`` has Triton's ``reason`` label; a model's ``metric_tags`` are
+labels of each of its series, named ``_KEY`` (Triton's prefix: they never shadow its own). With
+a response cache, a model that uses it has ``nv_cache_num_hits_per_model``,
+``nv_cache_num_misses_per_model``, ``nv_cache_hit_duration_per_model`` and
+``nv_cache_miss_duration_per_model`` (microseconds). ``--metrics-config`` selects summaries,
+the first-response histogram and the duration counters (:mod:`.families`); the CPU's
+``nv_cpu_*`` are read at each scrape (:mod:`.cpu`).
 
 Ours (``model_runtime_*``): requests by outcome and reason, a duration histogram, replica state,
 device, batches, resets, restarts, retries and poisoned requests, repository state and loads,
@@ -30,7 +38,8 @@ so what it ran since the last scrape is counted too.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,9 +62,24 @@ from model_runtime.server.observability.collectors import (
     SequenceCollector,
     phase_of,
 )
+from model_runtime.server.observability.cpu import CpuMetrics
+from model_runtime.server.observability.families import (
+    Latencies,
+    MetricsConfig,
+    render_latencies,
+    triton_reason,
+)
 from model_runtime.server.observability.python_models import python_models_text
+from model_runtime.server.observability.totals import (
+    BatchTotals,
+    TritonTotals,
+    labels_of,
+    triton_text,
+)
+from model_runtime.server.repository.entries import ModelEntry
 from model_runtime.server.repository.repository import ModelRepository
 from model_runtime.server.serving import innermost, replica_states
+from model_runtime.server.triton.fields import histogram_buckets
 
 __all__ = [
     "CONTENT_TYPE",
@@ -80,52 +104,6 @@ TRITON_PHASES = {
     "compute_input_duration_us": "read_preparation",
     "compute_infer_duration_us": "computation",
     "compute_output_duration_us": "output",
-}
-
-
-@dataclass(slots=True)
-class BatchTotals:
-    """Executions of one batch size and their compute durations (Triton's ``batch_stats``):
-    each batch counts its run's mean per-request phase durations once."""
-
-    count: int = 0
-    compute_input_us: float = 0.0
-    compute_infer_us: float = 0.0
-    compute_output_us: float = 0.0
-
-
-@dataclass(slots=True)
-class TritonTotals:
-    """Cumulative Triton counters of one (model, version), across reloads of it.
-
-    Each numeric field is the metric ``nv_inference_<field>``; ``batches`` are the executions
-    by batch size (the statistics extension's ``batch_stats``).
-    """
-
-    request_success: int = 0
-    request_failure: int = 0
-    count: int = 0
-    exec_count: int = 0
-    request_duration_us: float = 0.0
-    queue_duration_us: float = 0.0
-    compute_input_duration_us: float = 0.0
-    compute_infer_duration_us: float = 0.0
-    compute_output_duration_us: float = 0.0
-    batches: dict[int, BatchTotals] = field(default_factory=dict)
-    #: Requests each duration was recorded for, by field name (``queue_duration_us``, ...).
-    recorded: dict[str, int] = field(default_factory=dict)
-
-
-_TRITON_HELP = {
-    "request_success": "Number of successful inference requests, all batch sizes",
-    "request_failure": "Number of failed inference requests, all batch sizes",
-    "count": "Number of inferences performed (samples)",
-    "exec_count": "Number of model executions performed (batches)",
-    "request_duration_us": "Cumulative inference request duration in microseconds",
-    "queue_duration_us": "Cumulative inference queuing duration in microseconds",
-    "compute_input_duration_us": "Cumulative compute input duration in microseconds",
-    "compute_infer_duration_us": "Cumulative compute inference duration in microseconds",
-    "compute_output_duration_us": "Cumulative inference compute output duration in microseconds",
 }
 
 
@@ -188,24 +166,6 @@ def replica_counters(runner: Any, replica: int) -> tuple[int | None, dict[str, i
     return (device if isinstance(device, int) else None), counters
 
 
-def _triton_text(triton: Mapping[tuple[str, str], TritonTotals]) -> bytes:
-    """Triton's counters in the text format, named as Triton names them: prometheus_client
-    would add ``_total`` to a counter's name, and Triton users' dashboards query without it."""
-    lines: list[str] = []
-    totals = sorted(triton.items())
-    for name, doc in _TRITON_HELP.items():
-        full = f"nv_inference_{name}"
-        lines += [f"# HELP {full} {doc}", f"# TYPE {full} counter"]
-        for (model, version), t in totals:
-            labels = f'model="{_escape(model)}",version="{_escape(version)}"'
-            lines.append(f"{full}{{{labels}}} {float(getattr(t, name))!r}")
-    return ("\n".join(lines) + "\n").encode()
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
 def _memory(runner: object) -> dict[str, Any]:
     """``runner.memory()`` (see ``ModelRunner.memory``), or {} for a runner without it."""
     fn = getattr(runner, "memory", None)
@@ -220,7 +180,23 @@ def _memory(runner: object) -> dict[str, Any]:
 class DaemonMetrics:
     """Every metric of one daemon."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        config: MetricsConfig | None = None,
+        *,
+        cpu: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``config``: ``--metrics-config`` (None: Triton's defaults); ``cpu``: serve
+        ``nv_cpu_*`` (Triton's ``--allow-cpu-metrics``); ``clock``: the summaries' time."""
+        self.config = config or MetricsConfig()
+        self._clock = clock
+        self._cpu = CpuMetrics() if cpu else None
+        #: The daemon has a response cache (set by the data plane that owns one).
+        self.cache = False
+        #: Summaries and histogram per (model, version), when ``config`` asks for them.
+        self.latencies: dict[tuple[str, str], Latencies] = {}
+        self._timed = self.config.summary_latencies or self.config.histogram_latencies
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -322,8 +298,14 @@ class DaemonMetrics:
             t.request_success += 1
             t.count += samples
             t.request_duration_us += seconds * 1e6
+            if self._timed:
+                lat = self._latencies(model, version)
+                lat.windows["request"].observe(seconds * 1e6, self._clock())
+                lat.first_response(seconds * 1e3)
         else:
             t.request_failure += 1
+            key = triton_reason(reason)
+            t.failures[key] = t.failures.get(key, 0) + 1
         children = self._children.get(model)
         if children is None:
             children = self._children[model] = (
@@ -339,6 +321,39 @@ class DaemonMetrics:
             self.requests.labels(model, "failure", reason).inc()
         duration.observe(seconds)
 
+    def _latencies(self, model: str, version: str) -> Latencies:
+        lat = self.latencies.get((model, version))
+        if lat is None:
+            lat = self.latencies[(model, version)] = Latencies()
+        return lat
+
+    def cache_lookup(self, model: str, version: str, hit: bool, ns: int) -> None:
+        """Count one response cache lookup of ``model`` ``version`` that took ``ns`` (a miss:
+        its lookup and its insertion)."""
+        t = self.totals(model, version)
+        us = ns / 1000
+        if hit:
+            t.cache_hits += 1
+            t.cache_hit_us += us
+        else:
+            t.cache_misses += 1
+            t.cache_miss_us += us
+        if self.config.summary_latencies:
+            phase = "cache_hit" if hit else "cache_miss"
+            self._latencies(model, version).windows[phase].observe(us, self._clock())
+
+    def configure(self, entry: ModelEntry) -> None:
+        """Take what ``entry``'s config says of its metrics: whether it uses the response
+        cache, its ``metric_tags``, its histogram's buckets (``model_metrics``)."""
+        if entry.settings is None:
+            return
+        config = entry.settings.config
+        totals = self.totals(entry.name, entry.version)
+        totals.cache_enabled = config.response_cache.enable
+        totals.tags = tuple(sorted(config.metric_tags.items()))
+        if self.config.histogram_latencies:
+            self._latencies(entry.name, entry.version).set_edges(histogram_buckets(config))
+
     async def refresh(self, repository: ModelRepository) -> None:
         """Read replica facts and statistics from every loaded runner."""
         snaps: list[ReplicaSnapshot] = []
@@ -351,6 +366,7 @@ class DaemonMetrics:
             (e.name, e.version, innermost(e.runner)) for e in entries if e.runner is not None
         ]
         for entry in entries:
+            self.configure(entry)
             self.model_ready.labels(entry.name).set(1.0 if entry.is_ready else 0.0)
             snaps += await self.read_runner(entry.name, entry.version, entry.runner)
         self.snapshot = snaps
@@ -406,6 +422,9 @@ class DaemonMetrics:
                 mark.counts[(r, phase)] = n
                 setattr(totals, name, getattr(totals, name) + added * mean.get(phase, 0.0))
                 totals.recorded[name] = totals.recorded.get(name, 0) + int(added)
+                if added > 0 and self.config.summary_latencies:
+                    window = self._latencies(model, version).windows[name[: -len("_duration_us")]]
+                    window.observe(mean.get(phase, 0.0), self._clock(), int(added))
         return snaps
 
     async def retire_runner(self, model: str, version: str, runner: Any) -> None:
@@ -418,9 +437,21 @@ class DaemonMetrics:
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
+        lines = triton_text(self.triton, self.config, self.cache)
+        if self._timed:
+
+            def labels(model: str, version: str) -> str:
+                return labels_of(model, version, self.totals(model, version))
+
+            def cached(model: str, version: str) -> bool:
+                return self.cache and self.totals(model, version).cache_enabled
+
+            lines += render_latencies(self.config, self.latencies, labels, cached, self._clock())
+        if self._cpu is not None:
+            lines += self._cpu.lines()
         return (
             generate_latest(self.registry)
-            + _triton_text(self.triton)
+            + ("\n".join(lines) + "\n").encode()
             + python_models_text(self.python_runners)
         )
 

@@ -8,6 +8,9 @@ runner's own per-replica monitoring statistics (seed key names, microseconds): t
 count, summed over replicas, since that runner started. ``compute_output`` is the time to
 split a batch's outputs back to its callers. Every successful request counts once in each of
 ``queue``, ``compute_input``, ``compute_infer`` and ``compute_output`` (perf_analyzer checks).
+``cache_hit`` / ``cache_miss``: the response cache's lookups of the version and their time (a
+miss: lookup and insertion); a hit counts as a success but not in ``inference_count`` or
+``execution_count`` (the model did not run), as Triton counts it.
 """
 
 from __future__ import annotations
@@ -61,10 +64,15 @@ async def model_statistics(
                     "count": count,
                 }
             )
+    cache = {"cache_hit": {"count": 0, "ns": 0}, "cache_miss": {"count": 0, "ns": 0}}
     if metrics is not None:
         await metrics.read_runner(entry.name, entry.version, runner)
         totals = metrics.totals(entry.name, entry.version)
         executions = totals.exec_count
+        cache = {
+            "cache_hit": {"count": totals.cache_hits, "ns": int(totals.cache_hit_us * 1000)},
+            "cache_miss": {"count": totals.cache_misses, "ns": int(totals.cache_miss_us * 1000)},
+        }
         for name in _PHASES:
             field = f"{name}_duration_us"
             us = getattr(totals, field)
@@ -89,6 +97,7 @@ async def model_statistics(
             "success": {"count": st.success_count, "ns": st.success_ns},
             "fail": {"count": st.fail_count, "ns": st.fail_ns},
             **phases,
+            **cache,
         },
         "batch_stats": batch_stats,
         "replicas": replicas,

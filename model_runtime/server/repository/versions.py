@@ -142,11 +142,15 @@ async def start_version(
                 f"{where}: the batch is {want}, but {source} runs batches of {runs}"
             )
         unbatched = runs is None and not any(d.batched for d in descs)
+        batch = 0 if unbatched else runs or 1
+        if settings.ragged is not None:  # served as batched; the ragged batcher forms batches
+            inputs, outputs = settings.ragged.model_specs(inputs, outputs, where)
+            batch = settings.ragged.max_batch_size
         served = serve_model(
             entry.name,
             settings,
             config,
-            0 if unbatched else runs or 1,
+            batch,
             inputs,
             outputs,
             batch_sizes=executable_batch_sizes(runner),
@@ -155,6 +159,8 @@ async def start_version(
         with anyio.CancelScope(shield=True):
             await runner.close()
         raise
+    if settings.ragged is not None:
+        runner = settings.ragged.wrap(runner)
     if served.boundary is not None:  # reshapes, narrowed dims: requests cross it
         runner = served.boundary.wrap(runner)
     return StartedVersion(runner, served.inputs, served.outputs, served.config, table)

@@ -53,6 +53,7 @@ from model_runtime.sequences import SequenceConfig
 from model_runtime.server.tensors.parameters import execute_priority
 from model_runtime.server.triton import model_config_pb2 as pb
 from model_runtime.server.triton.fields import check_fields
+from model_runtime.server.triton.ragged import RaggedSpec, ragged_spec
 from model_runtime.server.triton.sequence import sequence_config
 from model_runtime.server.triton.tensors import check_declared
 
@@ -145,6 +146,9 @@ class ModelSettings:
     optimization_level: str | None = None
     #: Fields accepted that change nothing here, each with the reason (logged at load).
     notes: tuple[str, ...] = ()
+    #: Ragged batching (``allow_ragged_batch``, ``batch_input``): the executable runs the
+    #: model's own shapes and :mod:`.ragged` forms the batches (None: none).
+    ragged: RaggedSpec | None = None
 
     def deadline(self, server: float | None, requested: float | None) -> float | None:
         """A request's timeout (seconds): its own, else the model's default, within the
@@ -339,7 +343,12 @@ def settings_of(
         preferred = fields.get("preferred_batch_sizes", ())
         if len(preferred) == 1:
             batch = preferred[0]  # the one size is the batch run
+    ragged = ragged_spec(config, where)
+    if ragged is not None:
+        batch = 0  # the model's own shapes: the ragged batcher concatenates the requests
+        fields.pop("preferred_batch_sizes", None)
     return ModelSettings(
+        ragged=ragged,
         config=config,
         source=source,
         origin=origin,

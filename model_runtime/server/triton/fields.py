@@ -6,7 +6,12 @@ Each field is one of three things:
 - **honoured**: ``optimization.graph.level`` is the level the ``.onnx`` is compiled at
   (onnxruntime backend's meaning: -1 basic, 2 none; 0 and 1 our default);
   ``model_warmup`` is checked here and run at load, before the model is ready
-  (:mod:`model_runtime.server.repository.warmup`); ``response_cache { enable: false }``;
+  (:mod:`model_runtime.server.repository.warmup`); ``response_cache`` (used when the server
+  has a cache, ``--cache-config``: :mod:`model_runtime.server.inference.cache`; refused for a
+  decoupled or stateful model, as Triton refuses it); ``metric_tags`` (labels of the model's
+  metrics, each key a Prometheus label name); ``model_metrics`` (the buckets of
+  ``nv_inference_first_response_histogram_ms``, Triton's one family that takes them:
+  :func:`histogram_buckets`);
 - **accepted, changing nothing here**, with the reason, which the load logs once
   (:attr:`Fields.notes`): settings that only concern GPUs or TensorRT (``optimization.cuda``,
   ``gpu_execution_accelerator``, pinned memory, ``cc_model_filenames``, an instance group's
@@ -15,13 +20,15 @@ Each field is one of three things:
   ``parameters`` whose setting is the device's or the server's here (thread counts, execution
   mode, the memory arena);
 - **refused**: a :class:`~model_runtime.errors.ConfigurationError` naming the source and the
-  field, saying why (``response_cache { enable: true }``, ragged batching, ``metric_tags``,
-  ``model_metrics``, shape tensors, custom op libraries, repository agents, passive instances,
-  a CPU accelerator, an unknown onnxruntime parameter).
+  field, saying why (another metric family, shape tensors, custom op libraries, repository
+  agents, passive instances, a CPU accelerator, an unknown onnxruntime parameter). Ragged
+  batching (``allow_ragged_batch``, ``batch_input``) is :mod:`.ragged`'s.
 """
 
 from __future__ import annotations
 
+import itertools
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +36,12 @@ from pathlib import Path
 from model_runtime.errors import ConfigurationError
 from model_runtime.server.triton import model_config_pb2 as pb
 
-__all__ = ["ORT_PARAMETERS", "Fields", "check_complete", "check_fields"]
+__all__ = ["ORT_PARAMETERS", "Fields", "check_complete", "check_fields", "histogram_buckets"]
+
+#: The one metric family whose buckets a model's ``model_metrics`` may set (Triton's).
+FIRST_RESPONSE = "nv_inference_first_response_histogram_ms"
+
+_LABEL = re.compile(r"^[A-Za-z0-9_]+$")
 
 _GPU = "only concerns GPUs, and this server runs on CPUs"
 
@@ -86,19 +98,14 @@ def check_fields(
     level = _optimization(config, where, notes, python=python)
     _instance_groups(config, where, notes)
     _tensors(config, where)
-    if config.batch_input or config.batch_output:
-        field = "batch_input" if config.batch_input else "batch_output"
-        raise _fail(where, field, "ragged batching is not supported yet")
     if config.response_cache.enable:
-        raise _fail(
-            where,
-            "response_cache.enable",
-            "the response cache is not built yet: leave it out (or enable: false)",
-        )
-    if config.metric_tags:
-        raise _fail(where, "metric_tags", "per-model metric labels are not supported yet")
-    if config.model_metrics.metric_control:
-        raise _fail(where, "model_metrics", "there are no histogram metrics to configure yet")
+        _response_cache(config, where, stateful=stateful)
+    for key in sorted(config.metric_tags):
+        if not _LABEL.match(key):
+            raise _fail(
+                where, f"metric_tags[{key!r}]", "a tag's key must be a label name ([A-Za-z0-9_])"
+            )
+    _model_metrics(config, where)
     if config.model_operations.op_library_filename:
         raise _fail(
             where,
@@ -119,6 +126,55 @@ def check_fields(
         )
     _warmup(config, where, stateful=stateful)
     return Fields(level, tuple(notes))
+
+
+def _response_cache(config: pb.ModelConfig, where: Path | str, *, stateful: bool) -> None:
+    """Triton's rule: the response cache is for the default and dynamic batchers only."""
+    name = config.name or str(where)
+    if config.model_transaction_policy.decoupled:
+        raise _fail(
+            where,
+            "response_cache.enable",
+            f"Response Cache does not currently support model {name} with 'decoupled' "
+            "transaction policy. Please disable the response cache.",
+        )
+    if stateful:
+        raise _fail(
+            where,
+            "response_cache.enable",
+            f"Response Cache does not currently support model {name} with sequence batching "
+            "scheduler. Please disable the response cache.",
+        )
+
+
+def _model_metrics(config: pb.ModelConfig, where: Path | str) -> None:
+    """Triton's checks of ``model_metrics``, in its words, and ours: the family is one that
+    takes buckets, and they increase."""
+    for i, control in enumerate(config.model_metrics.metric_control):
+        at = f"model_metrics.metric_control[{i}]"
+        if not control.HasField("metric_identifier"):
+            raise _fail(where, at, "metric control must specify 'metric_identifier'")
+        family = control.metric_identifier.family
+        if not family:
+            raise _fail(where, at, "metric identifier must specify non-empty 'family'")
+        if not control.HasField("histogram_options"):
+            raise _fail(where, at, "metric control must specify 'histogram_options'")
+        buckets = list(control.histogram_options.buckets)
+        if not buckets:
+            raise _fail(where, at, "histogram options must specify non-empty 'buckets'")
+        if family != FIRST_RESPONSE:
+            raise _fail(where, at, f"{family!r}: only {FIRST_RESPONSE} takes custom buckets")
+        if any(b >= c for b, c in itertools.pairwise(buckets)):
+            raise _fail(where, at, f"buckets {buckets} must increase")
+
+
+def histogram_buckets(config: pb.ModelConfig) -> tuple[float, ...] | None:
+    """The buckets (ms) a checked config gives the first-response histogram (None: Triton's
+    defaults)."""
+    for control in config.model_metrics.metric_control:
+        if control.metric_identifier.family == FIRST_RESPONSE:
+            return tuple(control.histogram_options.buckets)
+    return None
 
 
 def _runtimes(python: bool) -> tuple[str, ...]:
@@ -206,11 +262,6 @@ def _tensors(config: pb.ModelConfig, where: Path | str) -> None:
                 raise _fail(
                     where, f"{at}.is_non_linear_format_io", "non-linear formats are TensorRT's"
                 )
-    for i, t in enumerate(config.input):
-        if t.allow_ragged_batch:
-            raise _fail(
-                where, f"input[{i}].allow_ragged_batch", "ragged batching is not supported yet"
-            )
 
 
 def _warmup(config: pb.ModelConfig, where: Path | str, *, stateful: bool) -> None:
