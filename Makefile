@@ -23,9 +23,16 @@ typecheck: $(STAMP)
 
 # perf_analyzer (below) is what tests/integration/test_perf_analyzer.py drives; where it cannot
 # be made (no network) those tests skip and say why, and the rest run.
+#
+# The suite runs on PYTEST_WORKERS workers (one per core by default: `make test
+# PYTEST_WORKERS=0` runs it in this process), each file on one worker; then the tests marked
+# `serial` (tests/conftest.py: they measure speed) run alone. pytest's exit status 5 is "no test
+# selected", for a PYTEST_ARGS that names none of one kind.
+PYTEST_WORKERS ?= auto
 pytest: $(STAMP)
 	-@$(MAKE) --no-print-directory perf-analyzer
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not serial" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(BIN)/pytest -m serial $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 # The documentation site (mkdocs.yml, docs/) into site/; strict: a warning (a broken link or
 # anchor, a page missing from the nav, a snippet's file missing) fails the build. Not --quiet:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import gc
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +18,32 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """This test process's own device lock directory, for what starts before a test's own
+    (module-scoped daemons): parallel workers, and other test runs on the machine, never take
+    each other's devices."""
+    lock_dir = tempfile.mkdtemp(prefix="model-runtime-test-devices-")
+    os.environ["MODEL_RUNTIME_DIR"] = lock_dir
+    config.add_cleanup(lambda: shutil.rmtree(lock_dir, ignore_errors=True))
+
+
+#: Tests that measure how fast the daemon serves a well-behaved client (attacks, overload,
+#: perf_analyzer's load, speed ratios): ``make test`` runs them alone, after the rest has run
+#: on parallel workers (``-m "not serial"``, then ``-m serial``), so that another test's load
+#: is never what they measure.
+SERIAL = (
+    "tests/attack/",
+    "tests/integration/test_perf_analyzer.py",
+    "tests/integration/test_compiled_speed.py",
+    "tests/integration/test_daemon_overload.py",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = config.rootpath
+    for item in items:
+        if item.path.relative_to(root).as_posix().startswith(SERIAL):
+            item.add_marker(pytest.mark.serial)
     if config.getoption("--long"):
         return
     skip = pytest.mark.skip(reason="soak run: pass --long")
