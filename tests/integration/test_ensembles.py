@@ -1,0 +1,209 @@
+"""Ensembles served as Triton serves them, against the daemon with Triton's clients: NVIDIA's
+python backend ``preprocessing`` example in small (python pre-processing -> an ONNX classifier
+named ``resnet50_trt`` -> python post-processing) over HTTP and gRPC; the calls of Triton's
+``L0_simple_ensemble`` (``ensemble_add_sub`` over two versions of ``simple``, all outputs or
+one, with the statistics that show which version ran); a failing step answered with Triton's
+text naming step and model; an ensemble whose composing model is missing refused at load with
+the reason; statistics as Triton counts them; many concurrent ensemble requests answered right.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.ensemble_models import (
+    PIPELINE,
+    expected_pipeline,
+    write_add_sub_ensemble,
+    write_pipeline,
+)
+from tests.integration.test_daemon_support import Daemon, start_daemon, stop_daemon, wait_for
+
+pytestmark = pytest.mark.timeout(180)
+
+#: An ensemble whose step names a model the repository does not have.
+MISSING = """platform: "ensemble"
+max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [ {
+  model_name: "no_such_model" model_version: -1
+  input_map { key: "x" value: "IN" } output_map { key: "y" value: "OUT" } } ] }
+"""
+GOOD = {PIPELINE, "preprocess", "resnet50_trt", "postprocess", "simple", "ensemble_add_sub"}
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    tmp = tmp_path_factory.mktemp("ensembles")
+    repo = tmp / "models"
+    write_pipeline(repo)
+    write_add_sub_ensemble(repo)
+    (repo / "missing_step" / "1").mkdir(parents=True)
+    (repo / "missing_step" / "config.pbtxt").write_text(MISSING)
+    d = start_daemon(tmp, "--model-repository", str(repo), wait_ready=False)
+
+    def loaded() -> bool:
+        index = d.post("/v2/repository/index")[1]
+        states = {m["name"]: m["state"] for m in index}
+        return all(states.get(n) == "READY" for n in GOOD) and (
+            states.get("missing_step") == "UNAVAILABLE"
+        )
+
+    try:
+        wait_for(loaded, 120, "the models to load")
+    except BaseException:
+        stop_daemon(d)
+        raise
+    yield d
+    stop_daemon(d)
+
+
+def raw_images(batch: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (batch, 48)).astype(np.uint8)
+
+
+def http_pipeline(d: Daemon, raw: np.ndarray, outputs: list[str] | None = None) -> Any:
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{d.port}")
+    inp = httpclient.InferInput("INPUT", list(raw.shape), "UINT8")
+    inp.set_data_from_numpy(raw)
+    wanted = None if outputs is None else [httpclient.InferRequestedOutput(n) for n in outputs]
+    return client.infer(PIPELINE, [inp], outputs=wanted)
+
+
+def check_pipeline(result: Any, raw: np.ndarray) -> None:
+    scores, top, labels = expected_pipeline(raw)
+    np.testing.assert_allclose(result.as_numpy("SCORES"), scores, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(result.as_numpy("CLASS")[:, 0], top)
+    assert list(result.as_numpy("LABEL")[:, 0]) == labels
+
+
+def test_the_preprocessing_pipeline_answers_over_http(daemon: Daemon) -> None:
+    for batch in (1, 4):
+        raw = raw_images(batch, seed=batch)
+        check_pipeline(http_pipeline(daemon, raw), raw)
+
+
+def test_the_preprocessing_pipeline_answers_over_grpc(daemon: Daemon) -> None:
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{daemon.grpc_port}")
+    raw = raw_images(3, seed=7)
+    inp = grpcclient.InferInput("INPUT", list(raw.shape), "UINT8")
+    inp.set_data_from_numpy(raw)
+    check_pipeline(client.infer(PIPELINE, [inp]), raw)
+    metadata = client.get_model_metadata(PIPELINE, as_json=True)
+    assert metadata["platform"] == "ensemble"
+    config = client.get_model_config(PIPELINE, as_json=True)["config"]
+    steps = config["ensemble_scheduling"]["step"]
+    assert [s["model_name"] for s in steps] == ["preprocess", "resnet50_trt", "postprocess"]
+
+
+def stats(d: Daemon, model: str, version: str = "") -> dict[str, Any]:
+    path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/stats"
+    status, doc = d.get(path)
+    assert status == 200, doc
+    found: dict[str, Any] = doc["model_stats"][0]
+    return found
+
+
+def infer_add_sub(d: Daemon, batch: int, outputs: list[str] | None = None) -> dict[str, Any]:
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{d.port}")
+    a = np.arange(16 * batch, dtype=np.int32).reshape(batch, 16)
+    b = np.ones((batch, 16), np.int32)
+    inputs = []
+    for name, x in (("INPUT0", a), ("INPUT1", b)):
+        inputs.append(httpclient.InferInput(name, [batch, 16], "INT32"))
+        inputs[-1].set_data_from_numpy(x)
+    wanted = None if outputs is None else [httpclient.InferRequestedOutput(n) for n in outputs]
+    result = client.infer("ensemble_add_sub", inputs, outputs=wanted)
+    got = {n["name"]: result.as_numpy(n["name"]) for n in result.get_response()["outputs"]}
+    if "OUTPUT0" in got:
+        np.testing.assert_array_equal(got["OUTPUT0"], a + b)
+    if "OUTPUT1" in got:
+        np.testing.assert_array_equal(got["OUTPUT1"], a - b)
+    return got
+
+
+def test_ensemble_add_sub_runs_both_versions_of_simple(daemon: Daemon) -> None:
+    before = [stats(daemon, "simple", v)["inference_count"] for v in ("1", "2")]
+    for batch in (1, 8):
+        assert set(infer_add_sub(daemon, batch)) == {"OUTPUT0", "OUTPUT1"}
+    after = [stats(daemon, "simple", v)["inference_count"] for v in ("1", "2")]
+    # each version of 'simple' ran each request once: the same count, 1 + 8 inferences
+    assert [x - y for x, y in zip(after, before, strict=True)] == [9, 9]
+
+
+def test_ensemble_add_sub_one_output_runs_only_the_step_that_writes_it(daemon: Daemon) -> None:
+    before = [stats(daemon, "simple", v)["inference_count"] for v in ("1", "2")]
+    for batch in (1, 8):
+        assert set(infer_add_sub(daemon, batch, ["OUTPUT0"])) == {"OUTPUT0"}
+    after = [stats(daemon, "simple", v)["inference_count"] for v in ("1", "2")]
+    # only version 2 writes OUTPUT0: version 1's step is pruned
+    assert [x - y for x, y in zip(after, before, strict=True)] == [0, 9]
+
+
+def test_the_ensemble_counts_requests_and_its_models_count_executions(daemon: Daemon) -> None:
+    before = {m: stats(daemon, m) for m in (PIPELINE, "preprocess", "resnet50_trt")}
+    raw = raw_images(2, seed=3)
+    for _ in range(3):
+        check_pipeline(http_pipeline(daemon, raw), raw)
+    after = {m: stats(daemon, m) for m in (PIPELINE, "preprocess", "resnet50_trt")}
+
+    def delta(model: str, *path: str) -> int:
+        a: Any = after[model]
+        b: Any = before[model]
+        for key in path:
+            a, b = a[key], b[key]
+        return int(a) - int(b)
+
+    assert delta(PIPELINE, "inference_stats", "success", "count") == 3
+    assert delta(PIPELINE, "inference_count") == 6
+    assert delta(PIPELINE, "execution_count") == 0  # an ensemble executes nothing itself
+    for model in ("preprocess", "resnet50_trt"):
+        assert delta(model, "inference_stats", "success", "count") == 3
+        assert delta(model, "inference_count") == 6
+    assert delta("resnet50_trt", "execution_count") >= 1
+
+
+def test_pruned_steps_leave_what_nobody_asked_for(daemon: Daemon) -> None:
+    before = stats(daemon, "postprocess")["inference_stats"]["success"]["count"]
+    raw = raw_images(2, seed=5)
+    result = http_pipeline(daemon, raw, ["SCORES"])
+    np.testing.assert_allclose(result.as_numpy("SCORES"), expected_pipeline(raw)[0], atol=1e-4)
+    assert result.as_numpy("LABEL") is None
+    assert stats(daemon, "postprocess")["inference_stats"]["success"]["count"] == before
+
+
+def test_a_failing_step_fails_that_request_naming_step_and_model(daemon: Daemon) -> None:
+    bad = np.zeros((1, 47), np.uint8)  # not 4x4 RGB: the pre-processing step raises
+    with pytest.raises(InferenceServerException) as info:
+        http_pipeline(daemon, bad)
+    text = info.value.message()
+    assert text.startswith(f"in ensemble '{PIPELINE}', step 0 (model 'preprocess'): "), text
+    raw = raw_images(1)
+    check_pipeline(http_pipeline(daemon, raw), raw)  # the next request is answered
+
+
+def test_an_ensemble_of_a_model_not_served_is_refused_with_the_reason(daemon: Daemon) -> None:
+    index = {m["name"]: m for m in daemon.post("/v2/repository/index")[1]}
+    reason = index["missing_step"]["reason"]
+    assert "in ensemble missing_step, composing model 'no_such_model' failed to load" in reason
+    assert daemon.get("/v2/models/missing_step/ready")[0] != 200
+
+
+def test_many_concurrent_ensemble_requests_are_all_answered_right(daemon: Daemon) -> None:
+    def client(seed: int) -> int:
+        for i in range(10):
+            raw = raw_images(1 + (seed + i) % 3, seed=seed * 100 + i)
+            check_pipeline(http_pipeline(daemon, raw), raw)
+        return 10
+
+    with ThreadPoolExecutor(8) as pool:
+        assert sum(pool.map(client, range(8))) == 80
