@@ -291,15 +291,31 @@ class ModelRepository:
         self._check_control("load")
         return await detached(self._tg, self.load(name, config))
 
-    async def client_unload(self, name: str) -> None:
-        """An unload asked through the repository API: :meth:`unload`, in ``explicit`` mode only.
+    async def client_unload(self, name: str, dependents: bool = False) -> None:
+        """An unload asked through the repository API: :meth:`unload`, in ``explicit`` mode only;
+        ``dependents`` (Triton's ``unload_dependents``): an ensemble's composing models too,
+        those no other loaded ensemble runs.
 
         Raises:
             ModelControlError: the control mode is not ``explicit``.
             UnknownModelError: no such model.
         """
         self._check_control("unload")
-        await detached(self._tg, self.unload(name))
+        await detached(self._tg, self._unload_with(name, dependents))
+
+    async def _unload_with(self, name: str, dependents: bool) -> None:
+        settings = self.get(name).settings
+        await self.unload(name)
+        ensemble = settings.ensemble if settings is not None and dependents else None
+        for model in ensemble.models if ensemble is not None else ():
+            users = [
+                e.name
+                for e in self._models.values()
+                if e.runner is not None and e.settings is not None and e.settings.ensemble
+                if model in e.settings.ensemble.models
+            ]
+            if model in self._models and not users:
+                await self.unload(model)
 
     # -- load / reload / unload ------------------------------------------------------------------
 
