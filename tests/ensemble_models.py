@@ -14,6 +14,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.models import OPSET, save
+from tests.triton_qa_models import identity_model
 
 __all__ = [
     "CLASSIFIER_WEIGHTS",
@@ -22,6 +23,7 @@ __all__ = [
     "classifier_model",
     "expected_pipeline",
     "write_add_sub_ensemble",
+    "write_optional_and_reshape",
     "write_pipeline",
 ]
 
@@ -153,3 +155,32 @@ def write_add_sub_ensemble(repo: Path) -> None:
     (repo / "simple" / "config.pbtxt").write_text(_SIMPLE)
     (repo / "ensemble_add_sub" / "1").mkdir(parents=True, exist_ok=True)
     (repo / "ensemble_add_sub" / "config.pbtxt").write_text(_ENSEMBLE_ADD_SUB)
+
+
+_RESHAPE_IDENTITY = """platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 2, 2 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 2, 2 ] } ]
+"""
+
+#: ``L0_infer_reshape``'s ensemble case: the client sends and gets [4], the step sees [2, 2].
+_ENSEMBLE_RESHAPE = """platform: "ensemble"
+max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] reshape { shape: [ 2, 2 ] } } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] reshape { shape: [ 2, 2 ] } } ]
+ensemble_scheduling { step [ {
+  model_name: "reshape_identity" model_version: -1
+  input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "OUT" } } ] }
+"""
+
+
+def write_optional_and_reshape(repo: Path) -> None:
+    """``L0_optional_input``'s ensembles (python identities over optional inputs,
+    ``tests/repositories/ensemble_optional``) and a reshaping ensemble over an ONNX identity."""
+    shutil.copytree(HERE / "repositories" / "ensemble_optional", repo, dirs_exist_ok=True)
+    (repo / "reshape_identity" / "1").mkdir(parents=True, exist_ok=True)
+    model = identity_model(1, np.float32, [2, 2], 8)
+    save(model, repo / "reshape_identity" / "1" / "model.onnx")
+    (repo / "reshape_identity" / "config.pbtxt").write_text(_RESHAPE_IDENTITY)
+    (repo / "ensemble_reshape" / "1").mkdir(parents=True, exist_ok=True)
+    (repo / "ensemble_reshape" / "config.pbtxt").write_text(_ENSEMBLE_RESHAPE)

@@ -2,9 +2,11 @@
 python backend ``preprocessing`` example in small (python pre-processing -> an ONNX classifier
 named ``resnet50_trt`` -> python post-processing) over HTTP and gRPC; the calls of Triton's
 ``L0_simple_ensemble`` (``ensemble_add_sub`` over two versions of ``simple``, all outputs or
-one, with the statistics that show which version ran); a failing step answered with Triton's
-text naming step and model; an ensemble whose composing model is missing refused at load with
-the reason; statistics as Triton counts them.
+one, with the statistics that show which version ran); the ensemble cases of
+``L0_optional_input`` (inputs left out, steps mapping a subset of their model's inputs) and
+``L0_infer_reshape`` (an ensemble tensor reshaped between client and steps); a failing step
+answered with Triton's text naming step and model; an ensemble whose composing model is missing
+refused at load with the reason; statistics as Triton counts them.
 
 The daemon runs under the fault plan: every ONNX model's device fails recoverably every 20th
 run (``--fault-plan recoverable:every=20``, with the daemon's default self-healing), and every
@@ -29,6 +31,7 @@ from tests.ensemble_models import (
     PIPELINE,
     expected_pipeline,
     write_add_sub_ensemble,
+    write_optional_and_reshape,
     write_pipeline,
 )
 from tests.integration.test_daemon_support import (
@@ -52,6 +55,8 @@ ensemble_scheduling { step [ {
   input_map { key: "x" value: "IN" } output_map { key: "y" value: "OUT" } } ] }
 """
 GOOD = {PIPELINE, "preprocess", "resnet50_trt", "postprocess", "simple", "ensemble_add_sub"}
+GOOD |= {"identity_2_float32", "optional_identity", "ensemble_identity_2_float32"}
+GOOD |= {"pipeline_identity_2_float32", "optional_connecting_tensor", "ensemble_reshape"}
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +65,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     repo = tmp / "models"
     write_pipeline(repo)
     write_add_sub_ensemble(repo)
+    write_optional_and_reshape(repo)
     (repo / "missing_step" / "1").mkdir(parents=True)
     (repo / "missing_step" / "config.pbtxt").write_text(MISSING)
     faults = ("--fault-plan", "recoverable:every=20")
@@ -229,3 +235,53 @@ def test_every_ensemble_request_is_answered_right_under_faults(
     text = daemon.get("/metrics")[1]
     resets = metric(text, 'model_runtime_replica_resets{model="resnet50_trt",replica="0"}')
     assert (resets or 0) >= 1  # the faults happened, and were healed
+
+
+def grpc_identity(
+    d: Daemon, model: str, given: tuple[str, ...], wanted: tuple[str, ...]
+) -> dict[str, np.ndarray]:
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{d.grpc_port}")
+    data = {"INPUT0": np.ones((1, 1), np.float32), "INPUT1": np.zeros((1, 1), np.float32)}
+    inputs = []
+    for name in given:
+        inputs.append(grpcclient.InferInput(name, [1, 1], "FP32"))
+        inputs[-1].set_data_from_numpy(data[name])
+    outputs = [grpcclient.InferRequestedOutput(n) for n in wanted]
+    result = client.infer(model, inputs, outputs=outputs or None)
+    return {n: result.as_numpy(n) for n in ("OUTPUT0", "OUTPUT1") if result.as_numpy(n) is not None}
+
+
+def test_ensemble_all_inputs(daemon: Daemon) -> None:
+    before = stats(daemon, "ensemble_identity_2_float32")["inference_stats"]["success"]["count"]
+    out = grpc_identity(daemon, "ensemble_identity_2_float32", ("INPUT0", "INPUT1"), ())
+    assert out["OUTPUT0"].tolist() == [[1.0]] and out["OUTPUT1"].tolist() == [[0.0]]
+    after = stats(daemon, "ensemble_identity_2_float32")["inference_stats"]["success"]["count"]
+    assert after - before == 1
+
+
+def test_ensemble_optional_same_input(daemon: Daemon) -> None:
+    out = grpc_identity(daemon, "ensemble_identity_2_float32", ("INPUT1",), ("OUTPUT1",))
+    assert list(out) == ["OUTPUT1"] and out["OUTPUT1"].tolist() == [[0.0]]
+
+
+def test_ensemble_optional_pipeline(daemon: Daemon) -> None:
+    # the second step gets only INPUT1 (the first step's OUTPUT0): its OUTPUT0 is zeros
+    out = grpc_identity(daemon, "pipeline_identity_2_float32", ("INPUT0", "INPUT1"), ())
+    assert out["OUTPUT0"].tolist() == [[0.0]] and out["OUTPUT1"].tolist() == [[1.0]]
+
+
+def test_ensemble_optional_connecting_tensor(daemon: Daemon) -> None:
+    # INPUT1 left out: the first step writes no internal_output1, the second runs without it
+    out = grpc_identity(daemon, "optional_connecting_tensor", ("INPUT0",), ("OUTPUT0",))
+    assert out["OUTPUT0"].tolist() == [[1.0]]
+
+
+def test_an_ensemble_reshapes_its_tensors_for_its_steps(daemon: Daemon) -> None:
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{daemon.port}")
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    inp = httpclient.InferInput("IN", [3, 4], "FP32")
+    inp.set_data_from_numpy(x)
+    result = client.infer("ensemble_reshape", [inp])
+    np.testing.assert_array_equal(result.as_numpy("OUT"), x)  # [3, 4] back, through [3, 2, 2]
+    config = client.get_model_config("ensemble_reshape")
+    assert config["input"][0]["reshape"]["shape"] == [2, 2]

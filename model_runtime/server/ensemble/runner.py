@@ -51,10 +51,21 @@ class EnsembleRunner:
         nothing of its own but from :meth:`infer`.
     """
 
-    def __init__(self, config: EnsembleConfig, call: StepCaller, composing: Composing) -> None:
+    def __init__(
+        self,
+        config: EnsembleConfig,
+        call: StepCaller,
+        composing: Composing,
+        reshapes: Mapping[str, tuple[tuple[int, ...], tuple[int, ...]]] | None = None,
+        batched: bool = False,
+    ) -> None:
         self.config = config
         self._call = call
         self._composing = composing
+        #: ensemble input or output -> (its ``dims``, its ``reshape.shape``): the steps see
+        #: the reshaped tensor, the client the one of its dims (Triton's rule)
+        self._reshapes = dict(reshapes or {})
+        self._batch = 1 if batched else 0
         self._inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -80,11 +91,26 @@ class EnsembleRunner:
         self._inflight += 1
         self._idle.clear()
         try:
-            return await run_steps(self.config, request.inputs, wanted, call, timeout)
+            inputs = request.inputs
+            if self._reshapes:
+                inputs = {n: self._reshape(n, a, 1) for n, a in inputs.items()}
+            outputs = await run_steps(self.config, inputs, wanted, call, timeout)
+            if self._reshapes:
+                outputs = {n: self._reshape(n, a, 0) for n, a in outputs.items()}
+            return outputs
         finally:
             self._inflight -= 1
             if self._inflight == 0:
                 self._idle.set()
+
+    def _reshape(self, name: str, array: Any, to: int) -> Any:
+        """``array`` (tensor ``name``) as its ``reshape`` (``to`` 1) or its ``dims`` (0): a
+        view, the batch kept."""
+        shapes = self._reshapes.get(name)
+        if shapes is None:
+            return array
+        batch = tuple(array.shape[: self._batch])
+        return array.reshape(batch + tuple(shapes[to]))
 
     # -- the runner protocol ---------------------------------------------------------------------
 

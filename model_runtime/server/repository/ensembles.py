@@ -115,6 +115,11 @@ async def start_ensemble_version(
     decoupled = any(bool(served(s).model_transaction_policy.decoupled) for s in ensemble.steps)
     config.model_transaction_policy.decoupled = decoupled
     batched = config.max_batch_size > 0
-    runner = EnsembleRunner(ensemble, call, composing)
+    reshapes = {
+        t.name: (tuple(t.dims), tuple(t.reshape.shape))
+        for t in (*config.input, *config.output)
+        if t.HasField("reshape")
+    }
+    runner = EnsembleRunner(ensemble, call, composing, reshapes, batched)
     inputs, outputs = _specs(config.input, batched), _specs(config.output, batched)
     return StartedVersion(runner, inputs, outputs, config)  # type: ignore[arg-type]
