@@ -285,3 +285,13 @@ def test_an_ensemble_reshapes_its_tensors_for_its_steps(daemon: Daemon) -> None:
     np.testing.assert_array_equal(result.as_numpy("OUT"), x)  # [3, 4] back, through [3, 2, 2]
     config = client.get_model_config("ensemble_reshape")
     assert config["input"][0]["reshape"]["shape"] == [2, 2]
+
+
+def test_request_parameters_reach_the_steps(daemon: Daemon) -> None:
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{daemon.grpc_port}")
+    raw = raw_images(2, seed=11)
+    inp = grpcclient.InferInput("INPUT", list(raw.shape), "UINT8")
+    inp.set_data_from_numpy(raw)
+    result = client.infer(PIPELINE, [inp], parameters={"label_prefix": "c"}, priority=0)
+    top = expected_pipeline(raw)[1]
+    assert list(result.as_numpy("LABEL")[:, 0]) == [f"c{k}".encode() for k in top]
