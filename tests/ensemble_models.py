@@ -23,6 +23,7 @@ __all__ = [
     "classifier_model",
     "expected_pipeline",
     "write_add_sub_ensemble",
+    "write_decoupled",
     "write_optional_and_reshape",
     "write_pipeline",
 ]
@@ -184,3 +185,36 @@ def write_optional_and_reshape(repo: Path) -> None:
     (repo / "reshape_identity" / "config.pbtxt").write_text(_RESHAPE_IDENTITY)
     (repo / "ensemble_reshape" / "1").mkdir(parents=True, exist_ok=True)
     (repo / "ensemble_reshape" / "config.pbtxt").write_text(_ENSEMBLE_RESHAPE)
+
+
+_IDENTITY_INT32 = """platform: "onnxruntime_onnx"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+#: A decoupled step (``repeat``: one response per element) and an ONNX step run on each.
+_ENSEMBLE_REPEAT = """platform: "ensemble"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "repeat" model_version: -1
+    input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "element" } },
+  { model_name: "identity_int32" model_version: -1
+    input_map { key: "INPUT0" value: "element" } output_map { key: "OUTPUT0" value: "OUT" } }
+] }
+"""
+
+
+def write_decoupled(repo: Path) -> None:
+    """``ensemble_repeat``: the decoupled python ``repeat`` (``tests/repositories/python``), each
+    of its responses through an ONNX identity."""
+    shutil.copytree(
+        HERE / "repositories" / "python" / "repeat", repo / "repeat", dirs_exist_ok=True
+    )
+    (repo / "identity_int32" / "1").mkdir(parents=True, exist_ok=True)
+    save(identity_model(1, np.int32, [1], 0), repo / "identity_int32" / "1" / "model.onnx")
+    (repo / "identity_int32" / "config.pbtxt").write_text(_IDENTITY_INT32)
+    (repo / "ensemble_repeat" / "1").mkdir(parents=True, exist_ok=True)
+    (repo / "ensemble_repeat" / "config.pbtxt").write_text(_ENSEMBLE_REPEAT)

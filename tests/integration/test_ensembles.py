@@ -6,7 +6,9 @@ one, with the statistics that show which version ran); the ensemble cases of
 ``L0_optional_input`` (inputs left out, steps mapping a subset of their model's inputs) and
 ``L0_infer_reshape`` (an ensemble tensor reshaped between client and steps); a failing step
 answered with Triton's text naming step and model; an ensemble whose composing model is missing
-refused at load with the reason; statistics as Triton counts them.
+refused at load with the reason; statistics as Triton counts them; an ensemble with a decoupled
+step streams over gRPC ``ModelStreamInfer`` and ``generate_stream``, what follows that step run
+once per response.
 
 The daemon runs under the fault plan: every ONNX model's device fails recoverably every 20th
 run (``--fault-plan recoverable:every=20``, with the daemon's default self-healing), and every
@@ -17,6 +19,8 @@ that model's to heal (reset, retry), not the ensemble request's (2,000 requests 
 
 from __future__ import annotations
 
+import json
+import queue
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -31,6 +35,7 @@ from tests.ensemble_models import (
     PIPELINE,
     expected_pipeline,
     write_add_sub_ensemble,
+    write_decoupled,
     write_optional_and_reshape,
     write_pipeline,
 )
@@ -57,6 +62,7 @@ ensemble_scheduling { step [ {
 GOOD = {PIPELINE, "preprocess", "resnet50_trt", "postprocess", "simple", "ensemble_add_sub"}
 GOOD |= {"identity_2_float32", "optional_identity", "ensemble_identity_2_float32"}
 GOOD |= {"pipeline_identity_2_float32", "optional_connecting_tensor", "ensemble_reshape"}
+GOOD |= {"repeat", "identity_int32", "ensemble_repeat"}
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +72,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     write_pipeline(repo)
     write_add_sub_ensemble(repo)
     write_optional_and_reshape(repo)
+    write_decoupled(repo)
     (repo / "missing_step" / "1").mkdir(parents=True)
     (repo / "missing_step" / "config.pbtxt").write_text(MISSING)
     faults = ("--fault-plan", "recoverable:every=20")
@@ -295,3 +302,51 @@ def test_request_parameters_reach_the_steps(daemon: Daemon) -> None:
     result = client.infer(PIPELINE, [inp], parameters={"label_prefix": "c"}, priority=0)
     top = expected_pipeline(raw)[1]
     assert list(result.as_numpy("LABEL")[:, 0]) == [f"c{k}".encode() for k in top]
+
+
+def test_a_decoupled_ensemble_streams_over_grpc(daemon: Daemon) -> None:
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{daemon.grpc_port}")
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(lambda result, error: answers.put((result, error)))
+    try:
+        inp = grpcclient.InferInput("IN", [3], "INT32")
+        inp.set_data_from_numpy(np.array([4, 5, 6], np.int32))
+        client.async_stream_infer("ensemble_repeat", [inp], request_id="r")
+        got = []
+        for _ in range(3):
+            result, error = answers.get(timeout=30)
+            assert error is None, error
+            got.append(int(result.as_numpy("OUT")[0]))
+    finally:
+        client.stop_stream()
+    assert got == [4, 5, 6]  # each of repeat's responses through the ONNX step, in order
+
+
+def test_a_decoupled_ensemble_streams_over_generate_stream(daemon: Daemon) -> None:
+    status, body = _raw_post(daemon, "/v2/models/ensemble_repeat/generate_stream", {"IN": [7, 8]})
+    assert status == 200, body
+    events = [json.loads(c.removeprefix("data: ")) for c in body.split("\n\n") if c]
+    assert [e["OUT"] for e in events] == [7, 8]  # one event per response of repeat
+
+
+def test_a_plain_infer_of_a_decoupled_ensemble_says_where_its_responses_come(
+    daemon: Daemon,
+) -> None:
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{daemon.port}")
+    inp = httpclient.InferInput("IN", [1], "INT32")
+    inp.set_data_from_numpy(np.array([1], np.int32))
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("ensemble_repeat", [inp])
+    assert "is decoupled" in info.value.message() and "ModelStreamInfer" in info.value.message()
+
+
+def _raw_post(d: Daemon, path: str, doc: Any) -> tuple[int, str]:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=30)
+    try:
+        conn.request("POST", path, json.dumps(doc), {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        conn.close()

@@ -6,7 +6,7 @@ and model (the other steps cancelled), and the deadline bounds every step."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -15,6 +15,7 @@ import pytest
 from model_runtime.errors import InputValidationError
 from model_runtime.server.answers import HTTPError
 from model_runtime.server.ensemble import needed_steps, run_steps
+from model_runtime.server.ensemble.schedule import stream_steps
 from model_runtime.server.triton.ensemble import EnsembleConfig, EnsembleStep
 
 pytestmark = pytest.mark.timeout(10)
@@ -138,3 +139,31 @@ async def test_the_deadline_bounds_every_step() -> None:
         await run_steps(FORK, {"IN": np.zeros(1)}, ["OUT1"], calls, timeout=0.0)
     assert info.value.status == 504 and calls.started == []
     assert "deadline" in str(info.value)
+
+
+async def test_what_follows_a_decoupled_step_runs_once_per_response() -> None:
+    config = EnsembleConfig(
+        "e",
+        (
+            step(0, "split", {"x": "IN"}, {"y": "PART"}),
+            step(1, "plus", {"x": "PART"}, {"y": "OUT"}),
+        ),
+        ("IN",),
+        ("OUT",),
+    )
+    calls = Calls()
+
+    async def stream(
+        s: EnsembleStep, inputs: dict[str, Any], left: float | None
+    ) -> AsyncIterator[Mapping[str, Any]]:
+        for row in inputs["x"]:
+            yield {"y": row}
+
+    got = [
+        out["OUT"].tolist()
+        async for out in stream_steps(
+            config, {"IN": np.array([[1], [2], [3]])}, ["OUT"], calls, stream, frozenset({0})
+        )
+    ]
+    assert got == [[3], [4], [5]]  # each part + 2 (step 1's index + 1)
+    assert calls.started == ["plus", "plus", "plus"]

@@ -6,13 +6,13 @@ gives it, and which is ready only while every model it runs is."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
 from actors.session.state import ReplicaStatus
 from model_runtime.errors import RunnerStoppedError
 from model_runtime.io import DataDesc
-from model_runtime.server.ensemble.schedule import run_steps
+from model_runtime.server.ensemble.schedule import run_steps, stream_steps
 from model_runtime.server.tensors.request import InferRequest
 from model_runtime.server.triton.ensemble import EnsembleConfig, EnsembleStep
 
@@ -31,6 +31,17 @@ class StepCaller(Protocol):
         request: InferRequest,
         timeout: float | None,
     ) -> Mapping[str, Any]: ...
+
+    def stream(
+        self,
+        ensemble: str,
+        step: EnsembleStep,
+        inputs: dict[str, Any],
+        request: InferRequest,
+        timeout: float | None,
+    ) -> AsyncIterator[Mapping[str, Any]]:
+        """Run a step of a decoupled model: each of its responses' outputs as they come."""
+        ...
 
 
 class Composing(Protocol):
@@ -58,8 +69,11 @@ class EnsembleRunner:
         composing: Composing,
         reshapes: Mapping[str, tuple[tuple[int, ...], tuple[int, ...]]] | None = None,
         batched: bool = False,
+        decoupled: frozenset[int] = frozenset(),
     ) -> None:
         self.config = config
+        #: the steps of decoupled models (by index): the ensemble streams its responses
+        self.decoupled_steps = decoupled
         self._call = call
         self._composing = composing
         #: ensemble input or output -> (its ``dims``, its ``reshape.shape``): the steps see
@@ -98,6 +112,48 @@ class EnsembleRunner:
             if self._reshapes:
                 outputs = {n: self._reshape(n, a, 0) for n, a in outputs.items()}
             return outputs
+        finally:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._idle.set()
+
+    @property
+    def decoupled(self) -> bool:
+        """Whether a request is answered by a stream of responses (:meth:`stream`)."""
+        return bool(self.decoupled_steps)
+
+    async def stream(
+        self, request: InferRequest, timeout: float | None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The responses of a decoupled ensemble to ``request`` as they come (see
+        :func:`~.schedule.stream_steps`), within ``timeout`` seconds.
+
+        Raises:
+            as :meth:`infer`, and a step's failure ends the stream.
+        """
+        if self._closed:
+            raise RunnerStoppedError(f"ensemble '{self.config.name}' is unloaded")
+        wanted = [o.name for o in request.outputs] or list(self.config.outputs)
+        name = self.config.name
+
+        def call(step: EnsembleStep, inputs: dict[str, Any], left: float | None) -> Any:
+            return self._call(name, step, inputs, request, left)
+
+        def stream(step: EnsembleStep, inputs: dict[str, Any], left: float | None) -> Any:
+            return self._call.stream(name, step, inputs, request, left)
+
+        self._inflight += 1
+        self._idle.clear()
+        try:
+            inputs = request.inputs
+            if self._reshapes:
+                inputs = {n: self._reshape(n, a, 1) for n, a in inputs.items()}
+            async for outputs in stream_steps(
+                self.config, inputs, wanted, call, stream, self.decoupled_steps, timeout
+            ):
+                if self._reshapes:
+                    outputs = {n: self._reshape(n, a, 0) for n, a in outputs.items()}
+                yield outputs
         finally:
             self._inflight -= 1
             if self._inflight == 0:

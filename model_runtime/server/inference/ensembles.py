@@ -6,10 +6,11 @@ of its deadline, and counted in that model's statistics and metrics as any reque
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
 from model_runtime.server.answers import HTTPError, status_of
+from model_runtime.server.inference.streaming import replies
 from model_runtime.server.repository.entries import ModelEntry
 from model_runtime.server.tensors.request import InferRequest, RequestedOutput
 from model_runtime.server.triton.ensemble import EnsembleStep
@@ -25,6 +26,8 @@ class _Plane(Protocol):
     async def execute(
         self, entry: ModelEntry, runner: Any, parsed: InferRequest, deadline: float | None = None
     ) -> dict[str, Any]: ...
+    @property
+    def options(self) -> Any: ...
     def enter_request(self, model: str, version: str = "1") -> None: ...
     def samples_of(self, entry: ModelEntry, inputs: Mapping[str, Any]) -> int: ...
     def finish_request(
@@ -55,17 +58,7 @@ class EnsembleSteps:
             ModelRuntimeError: what the model's runner raises for the request.
         """
         plane = self._plane
-        entry = plane.entry(step.model, None if step.version < 0 else str(step.version))
-        runner = plane.serving_runner(entry)
-        wanted = tuple(RequestedOutput(name, True) for name in step.outputs)
-        parsed = InferRequest(
-            request.id,
-            inputs,
-            wanted,
-            parameters=request.parameters,
-            priority=request.priority,
-            sequence=request.sequence,
-        )
+        entry, runner, parsed = self._step_request(step, inputs, request)
         plane.enter_request(entry.name, entry.version)
         t0 = time.perf_counter()
         reason: str | None = "internal"
@@ -78,3 +71,48 @@ class EnsembleSteps:
             raise
         finally:
             plane.finish_request(entry, reason, t0, plane.samples_of(entry, inputs))
+
+    async def stream(
+        self,
+        ensemble: str,
+        step: EnsembleStep,
+        inputs: dict[str, Any],
+        request: InferRequest,
+        timeout: float | None,
+    ) -> AsyncIterator[Mapping[str, Any]]:
+        """Run ``step`` (of a decoupled model) as :meth:`__call__` does: each of its responses'
+        outputs as they come; the model's error for a response ends the stream.
+
+        Raises:
+            as :meth:`__call__`; ModelRuntimeError: the model's error for a response.
+        """
+        entry, runner, parsed = self._step_request(step, inputs, request)
+        async for reply in replies(self._plane, entry, runner, parsed, timeout):
+            if reply.error is not None:
+                raise reply.error
+            if not reply.empty:
+                yield reply.outputs
+
+    def _step_request(
+        self, step: EnsembleStep, inputs: dict[str, Any], request: InferRequest
+    ) -> tuple[ModelEntry, Any, InferRequest]:
+        """The entry and runner of ``step``'s model, and its request: ``inputs`` with the
+        ensemble ``request``'s id, parameters, priority and sequence controls.
+
+        Raises:
+            UnknownModelError: the step's model or version is not served.
+            HTTPError: the model is not ready, or the server is draining (503).
+        """
+        plane = self._plane
+        entry = plane.entry(step.model, None if step.version < 0 else str(step.version))
+        runner = plane.serving_runner(entry)
+        wanted = tuple(RequestedOutput(name, True) for name in step.outputs)
+        parsed = InferRequest(
+            request.id,
+            inputs,
+            wanted,
+            parameters=request.parameters,
+            priority=request.priority,
+            sequence=request.sequence,
+        )
+        return entry, runner, parsed

@@ -357,6 +357,8 @@ class DataPlane:
         sequence = parsed.sequence
         inner = innermost(runner)
         if isinstance(inner, EnsembleRunner):  # its steps, each a request through this plane
+            if inner.decoupled:
+                raise decoupled_over_infer(entry.name)
             return await inner.infer(parsed, timeout)
         if isinstance(inner, PythonModelRunner):  # Triton's request, as its model.py sees it
             if settings.decoupled:

@@ -112,14 +112,16 @@ async def start_ensemble_version(
     config = pb.ModelConfig()
     config.CopyFrom(settings.config)
     config.name = entry.name
-    decoupled = any(bool(served(s).model_transaction_policy.decoupled) for s in ensemble.steps)
-    config.model_transaction_policy.decoupled = decoupled
+    decoupled = frozenset(
+        s.index for s in ensemble.steps if served(s).model_transaction_policy.decoupled
+    )
+    config.model_transaction_policy.decoupled = bool(decoupled)
     batched = config.max_batch_size > 0
     reshapes = {
         t.name: (tuple(t.dims), tuple(t.reshape.shape))
         for t in (*config.input, *config.output)
         if t.HasField("reshape")
     }
-    runner = EnsembleRunner(ensemble, call, composing, reshapes, batched)
+    runner = EnsembleRunner(ensemble, call, composing, reshapes, batched, decoupled)
     inputs, outputs = _specs(config.input, batched), _specs(config.output, batched)
     return StartedVersion(runner, inputs, outputs, config)  # type: ignore[arg-type]
