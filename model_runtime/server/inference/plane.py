@@ -149,7 +149,7 @@ class DataPlane:
     def _capacity(self, name: str) -> int:
         """Requests model ``name``'s replicas take at once: a batch computing and one filling
         per replica; a python model's instances, what its batcher lets them hold; an
-        ensemble, the least of its composing models' (0 when it is not loaded)."""
+        ensemble, what its composing models take together (0 when it is not loaded)."""
         try:
             runner = self.repository.get(name, None).runner
         except ModelRuntimeError:
@@ -157,8 +157,8 @@ class DataPlane:
         inner = innermost(runner)
         if isinstance(inner, PythonModelRunner):
             return inner.capacity
-        if isinstance(inner, EnsembleRunner):  # what its narrowest step takes at once
-            return min((self._capacity(m) for m in inner.config.models), default=0)
+        if isinstance(inner, EnsembleRunner):  # a pipeline: each of its stages full at once
+            return sum(self._capacity(m) for m in inner.config.models)
         executable = getattr(runner and runner.current, "executable", None)
         if runner is None or executable is None:
             return 0
