@@ -294,6 +294,15 @@ def test_an_ensemble_reshapes_its_tensors_for_its_steps(daemon: Daemon) -> None:
     assert config["input"][0]["reshape"]["shape"] == [2, 2]
 
 
+def test_a_request_with_a_correlation_id_runs_through_stateless_steps(daemon: Daemon) -> None:
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{daemon.port}")
+    raw = raw_images(1, seed=13)
+    inp = httpclient.InferInput("INPUT", [1, 48], "UINT8")
+    inp.set_data_from_numpy(raw)
+    result = client.infer(PIPELINE, [inp], sequence_id=5, sequence_start=True, sequence_end=True)
+    check_pipeline(result, raw)
+
+
 def test_request_parameters_reach_the_steps(daemon: Daemon) -> None:
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{daemon.grpc_port}")
     raw = raw_images(2, seed=11)

@@ -97,7 +97,8 @@ class EnsembleSteps:
         self, step: EnsembleStep, inputs: dict[str, Any], request: InferRequest
     ) -> tuple[ModelEntry, Any, InferRequest]:
         """The entry and runner of ``step``'s model, and its request: ``inputs`` with the
-        ensemble ``request``'s id, parameters, priority and sequence controls.
+        ensemble ``request``'s id, parameters, priority and (where the model reads them)
+        sequence controls.
 
         Raises:
             UnknownModelError: the step's model or version is not served.
@@ -107,12 +108,19 @@ class EnsembleSteps:
         entry = plane.entry(step.model, None if step.version < 0 else str(step.version))
         runner = plane.serving_runner(entry)
         wanted = tuple(RequestedOutput(name, True) for name in step.outputs)
+        settings = entry.settings
+        # The sequence controls reach the steps that read them: a stateful model's, a python
+        # model's (its correlation id and flags), a nested ensemble's; a stateless ONNX step
+        # runs without (it would refuse them).
+        keeps = settings is not None and (
+            settings.sequence is not None or settings.python or settings.ensemble is not None
+        )
         parsed = InferRequest(
             request.id,
             inputs,
             wanted,
             parameters=request.parameters,
             priority=request.priority,
-            sequence=request.sequence,
+            sequence=request.sequence if keeps else None,
         )
         return entry, runner, parsed
