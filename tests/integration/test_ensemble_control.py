@@ -1,7 +1,8 @@
 """Ensembles under model control (``--model-control-mode explicit``): loading an ensemble loads
 its composing models; a composing model unloaded makes the ensemble not ready, with the reason,
 and loaded again makes it ready; a reload of a composing model under load drops no ensemble
-request; ``unload_dependents`` unloads the composing models with the ensemble (HTTP and gRPC)."""
+request; ``unload_dependents`` unloads the composing models with the ensemble (HTTP and gRPC);
+a circle of ensembles is refused at load (not a deadlock)."""
 
 from __future__ import annotations
 
@@ -21,10 +22,24 @@ pytestmark = pytest.mark.timeout(180)
 COMPOSING = ("preprocess", "resnet50_trt", "postprocess")
 
 
+def circle(name: str, other: str) -> str:
+    """An ensemble whose one step runs ``other``."""
+    return f"""platform: "ensemble"
+max_batch_size: 8
+input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+ensemble_scheduling {{ step [ {{ model_name: "{other}" model_version: -1
+  input_map {{ key: "IN" value: "IN" }} output_map {{ key: "OUT" value: "OUT" }} }} ] }}
+"""
+
+
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     tmp = tmp_path_factory.mktemp("ensemble_control")
     write_pipeline(tmp / "models")
+    for name, other in (("circle_a", "circle_b"), ("circle_b", "circle_a")):
+        (tmp / "models" / name / "1").mkdir(parents=True)
+        (tmp / "models" / name / "config.pbtxt").write_text(circle(name, other))
     d = start_daemon(
         tmp, "--model-repository", str(tmp / "models"), "--model-control-mode", "explicit"
     )
@@ -97,3 +112,13 @@ def test_unload_dependents_unloads_the_composing_models(daemon: Daemon, protocol
     client.load_model(PIPELINE)
     client.unload_model(PIPELINE, unload_dependents=True)
     assert all(states(daemon)[m][0] == "UNAVAILABLE" for m in (PIPELINE, *COMPOSING))
+
+
+def test_a_circle_of_ensembles_is_refused(daemon: Daemon) -> None:
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{daemon.port}")
+    with pytest.raises(InferenceServerException) as info:
+        http.load_model("circle_a")
+    assert "circular dependency between ensembles: circle_a -> circle_b -> circle_a" in str(
+        info.value.message()
+    )
+    assert states(daemon)["circle_a"][0] == "UNAVAILABLE"
