@@ -129,53 +129,6 @@ def ours(repo: Path, workdir: Path) -> Iterator[Running]:
         )  # fmt: skip
 
 
-#: perf_analyzer is pointed at version 1 of the ensemble: given no version, it fails against
-#: the daemon at its first statistics read ("failed to find the requested model version"; a
-#: single model is measured without one) — not understood yet.
-VERSION = ["-x", "1"]
-
-
-def measure(
-    srv: Running, model: str, protocol: str, c: int, args: argparse.Namespace
-) -> dict[str, Any]:
-    """One perf_analyzer run (tried again once if it fails): its figures, or the error."""
-    url = srv.http if protocol == "http" else srv.grpc
-    failed: dict[str, Any] = {}
-    for attempt in (1, 2):
-        try:
-            r = perf_analyzer.run(
-                model, url, protocol=protocol, concurrency=c,
-                measurement_ms=int(args.seconds * 1000),
-                extra=[*VERSION, "-s", str(args.stability), "-r", str(args.max_trials)],
-                timeout=20 + 5 * args.seconds * args.max_trials,
-            )  # fmt: skip
-        except perf_analyzer.PerfAnalyzerError as exc:
-            err = exc.stderr.strip() or exc.stdout.strip()
-            failed = {
-                "per_s": None,
-                "error": f"perf_analyzer {exc.reason}: {err.splitlines()[-1:]}",
-                "command": list(exc.argv),
-                "attempts": attempt,
-            }
-            continue
-        return {
-            "per_s": r.throughput, "p50_us": r.p50_us, "p99_us": r.p99_us,
-            "command": list(r.argv), "attempts": attempt,
-        }  # fmt: skip
-    return failed
-
-
-def _warm(srv: Running, protocol: str) -> None:
-    url = srv.http if protocol == "http" else srv.grpc
-    try:
-        perf_analyzer.run(
-            PIPELINE, url, protocol=protocol, concurrency=16, measurement_ms=500,
-            extra=[*VERSION, "--request-count", "1000"], timeout=60,
-        )  # fmt: skip
-    except perf_analyzer.PerfAnalyzerError:
-        pass  # a warm-up only: the measured runs say what fails
-
-
 def _write(doc: dict[str, Any]) -> None:
     doc["rows"] = python_models.summarize(doc["runs"])
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
@@ -192,7 +145,6 @@ def main() -> None:
     parser.add_argument("--stability", type=int, default=30, help="perf_analyzer -s (%%)")
     parser.add_argument("--max-trials", type=int, default=6, help="perf_analyzer -r")
     args = parser.parse_args()
-    python_models.measure = measure  # record() measures through it: with the version given
     started = time.monotonic()
     doc: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -240,7 +192,7 @@ def main() -> None:
         else:
             for protocol in args.protocols:
                 for srv in live.values():
-                    _warm(srv, protocol)
+                    python_models._warm(srv, PIPELINE, protocol)
                 for c in args.clients:
                     for pair in range(args.pairs):
                         for name in live:

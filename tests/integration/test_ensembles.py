@@ -193,6 +193,9 @@ def test_the_ensemble_counts_requests_and_its_models_count_executions(daemon: Da
     assert delta(PIPELINE, "inference_stats", "success", "count") == 3
     assert delta(PIPELINE, "inference_count") == 6
     assert delta(PIPELINE, "execution_count") == 0  # an ensemble executes nothing itself
+    # each request once in every phase: perf_analyzer finds the version it measures by it
+    for phase in ("queue", "compute_input", "compute_infer", "compute_output"):
+        assert delta(PIPELINE, "inference_stats", phase, "count") == 3
     for model in ("preprocess", "resnet50_trt"):
         assert delta(model, "inference_stats", "success", "count") == 3
         assert delta(model, "inference_count") == 6
