@@ -68,7 +68,8 @@ HTTP_SECONDS ?= 4
 # 3 stable windows or more per point); our load generator measures 3 windows' worth per point.
 TRITON_SECONDS ?= 1
 # benchmarks/python_models.py (issue 43): the same python models (add_sub, a batching
-# onnxruntime model.py) on ours and on Triton, perf_analyzer's window in seconds.
+# onnxruntime model.py) on ours and on Triton, perf_analyzer's window in seconds; the same
+# window for benchmarks/ensembles.py (issue 47: python pre -> ONNX -> python post).
 PYTHON_MODELS_SECONDS ?= 2
 PEERS := .venv-peers
 .PHONY: peers
@@ -132,6 +133,7 @@ bench: $(STAMP)
 	-$(BIN)/python benchmarks/memory.py
 	-$(BIN)/python benchmarks/sequences.py
 	-$(BIN)/python benchmarks/python_models.py --seconds $(PYTHON_MODELS_SECONDS)
+	-$(BIN)/python benchmarks/ensembles.py --seconds $(PYTHON_MODELS_SECONDS)
 	$(BIN)/python benchmarks/report.py --since-file benchmarks/results/.bench-started \
 	  --readme docs/benchmarks.md --results-link results.md
 

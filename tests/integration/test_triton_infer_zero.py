@@ -2,8 +2,8 @@
 without a batch axis (``max_batch_size: 0`` and all dims -1), fed zero-sized tensors (``[0]``,
 ``[3, 0]``) and small ones, over HTTP (binary and JSON tensors), gRPC and gRPC streaming.
 
-Triton's ensembles of that directory (``simple_zero``, ``sequence_zero``, ``fan_zero``) are not
-ONNX models and are not served here."""
+Triton's ensembles of that directory (``simple_zero``, ``sequence_zero``, ``fan_zero``) run
+models that are not ONNX nor python: not ported (ensembles: tests/integration/test_ensembles.py)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@ than Triton's own reach the model (a python model reads them in ``request.parame
 ONNX model ignores them), over HTTP, gRPC, their asyncio clients and the gRPC stream; Triton's
 reserved ``triton_*`` names are refused over HTTP in Triton's words.
 
-Out of reach here: the ``ensemble`` call of that suite (no ensembles) and header forwarding
+Out of reach here: the ``ensemble`` call of that suite (not ported: a request's parameters reaching
+an ensemble's step is tests/integration/test_ensembles.py's) and header forwarding
 (``--http-header-forward-pattern`` / ``--grpc-header-forward-pattern``: no such options)."""
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     version(repo / "b", 1, 10.0)
     version(repo / "b", 3, 30.0)
     (repo / "unknown_field").mkdir()
-    unknown = "max_batch_size: 2\nensemble_scheduling {}"  # a scheduler we do not serve
+    unknown = "max_batch_size: 2\nensemble_scheduling {}"  # an ensemble's field, no ensemble
     (repo / "unknown_field" / "config.pbtxt").write_text(unknown)
     version(repo / "unknown_field", 1, 0.0)
     (repo / "gpu").mkdir()

@@ -107,8 +107,9 @@ def test_imports_point_down_the_layers(path: Path) -> None:
 
 #: Inside the daemon (``model_runtime/server/``), lowest first, as for :data:`LAYERS`: the
 #: wire-neutral leaves (tensors and their codecs, the answer table, the runner protocol), Triton's
-#: model configuration, the repository and the security rules, observability, the data plane,
-#: the two front ends, and the daemon that wires them.
+#: model configuration, ensembles' scheduling (handed their step caller), the repository and
+#: the security rules, observability, the data plane, the two front ends, and the daemon that
+#: wires them.
 SERVER_LAYERS: list[tuple[str, ...]] = [
     (
         "model_runtime.server.answers",
@@ -116,6 +117,7 @@ SERVER_LAYERS: list[tuple[str, ...]] = [
         "model_runtime.server.tensors",
     ),
     ("model_runtime.server.triton",),
+    ("model_runtime.server.ensemble",),
     ("model_runtime.server.repository", "model_runtime.server.security"),
     ("model_runtime.server.observability",),
     ("model_runtime.server.inference",),

@@ -407,7 +407,7 @@ async def load_at_start(
     async def one(name: str) -> None:
         async with limiter:
             try:
-                await repo.load(name)
+                await repo.ensure_loaded(name)  # an ensemble may have loaded it already
             except (ModelRuntimeError, OSError) as exc:
                 failed.append(name)
                 log.error("startup_load_failed", model=name, error=str(exc))

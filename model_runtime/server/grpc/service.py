@@ -371,13 +371,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         """Unload a model (explicit mode only), draining its in-flight requests."""
         _check_repository_name(request.repository_name)
         params = parameter_values("unload", request.parameters)
-        # tritonclient always sends `unload_dependents`; no model here has dependents (no
-        # ensembles), so either value is honoured by unloading the model alone.
-        params.pop("unload_dependents", None)
+        # tritonclient always sends `unload_dependents`: an ensemble's composing models too
+        dependents = params.pop("unload_dependents", False) is True
         if params:
             names = sorted(params)
             raise HTTPError(400, f"unload parameter(s) {names} are not supported", "bad_request")
-        await control.unload_model(self.plane, request.model_name)
+        await control.unload_model(self.plane, request.model_name, dependents)
         return pb.RepositoryModelUnloadResponse()
 
     # -- logging and trace extensions ------------------------------------------------------------

@@ -288,8 +288,16 @@ class HttpFrontEnd:
 
     async def unload(self, request: web.Request) -> web.Response:
         """``POST /v2/repository/models/{name}/unload``: drains the model's in-flight requests
-        (503 when the model control mode forbids it)."""
-        await control.unload_model(self.plane, request.match_info["name"])
+        (503 when the model control mode forbids it); ``{"parameters": {"unload_dependents":
+        true}}``: an ensemble's composing models too."""
+        body = await request.read()
+        try:
+            doc = orjson.loads(body) if body.strip() else {}
+        except orjson.JSONDecodeError:
+            raise HTTPError(400, "the unload request's body is not JSON", "bad_request") from None
+        params = doc.get("parameters") if isinstance(doc, dict) else None
+        dependents = isinstance(params, dict) and params.get("unload_dependents") is True
+        await control.unload_model(self.plane, request.match_info["name"], dependents)
         return _json({})
 
 

@@ -45,14 +45,15 @@ async def load_model(plane: DataPlane, name: str, body: bytes = b"") -> None:
         raise HTTPError(400, message, "load_failed") from exc
 
 
-async def unload_model(plane: DataPlane, name: str) -> None:
-    """Unload ``name`` for a client, draining its in-flight requests.
+async def unload_model(plane: DataPlane, name: str, dependents: bool = False) -> None:
+    """Unload ``name`` for a client, draining its in-flight requests; ``dependents``
+    (Triton's ``unload_dependents``): an ensemble's composing models too.
 
     Raises:
         HTTPError: 503 the control mode forbids it (Triton's UNAVAILABLE).
         UnknownModelError: no such model.
     """
     try:
-        await plane.repository.client_unload(name)
+        await plane.repository.client_unload(name, dependents)
     except ModelControlError as exc:
         raise answers.polling_enabled() from exc

@@ -26,8 +26,10 @@ from model_runtime.python_backend.runner import PythonModelRunner
 from model_runtime.runner import ModelRunner
 from model_runtime.sequences import SequenceStep
 from model_runtime.server.answers import HTTPError, status_of
+from model_runtime.server.ensemble import EnsembleRunner
 from model_runtime.server.inference.admission import DEFAULT_QUEUE_DELAY, AdmissionControl
 from model_runtime.server.inference.cache import CachedOutputs, ResponseCache, request_key
+from model_runtime.server.inference.ensembles import EnsembleSteps
 from model_runtime.server.inference.python_calls import (
     PythonModelCalls,
     decoupled_over_infer,
@@ -153,6 +155,8 @@ class DataPlane:
         #: What python models ask of the daemon (BLS calls, the model loading API).
         self.python_calls = PythonModelCalls(self)
         repository.python_hooks = PythonHooks(self.python_calls.infer, self.python_calls.control)
+        #: How ensembles' steps run: each a request to its model, through this plane.
+        repository.ensemble_call = EnsembleSteps(self)
 
     def _installed(self, entry: ModelEntry) -> None:
         # A stateful model's steps are never shed: its sequence slots bound its work, and a
@@ -167,8 +171,8 @@ class DataPlane:
 
     def _capacity(self, name: str) -> int:
         """Requests model ``name``'s replicas take at once: a batch computing and one filling
-        per replica; a python model's instances, what its batcher lets them hold (0 when it is
-        not loaded)."""
+        per replica; a python model's instances, what its batcher lets them hold; an
+        ensemble, what its composing models take together (0 when it is not loaded)."""
         try:
             runner = self.repository.get(name, None).runner
         except ModelRuntimeError:
@@ -176,6 +180,8 @@ class DataPlane:
         inner = innermost(runner)
         if isinstance(inner, PythonModelRunner):
             return inner.capacity
+        if isinstance(inner, EnsembleRunner):  # a pipeline: each of its stages full at once
+            return sum(self._capacity(m) for m in inner.config.models)
         executable = getattr(runner and runner.current, "executable", None)
         if runner is None or executable is None:
             return 0
@@ -416,6 +422,10 @@ class DataPlane:
         )
         sequence = parsed.sequence
         inner = innermost(runner)
+        if isinstance(inner, EnsembleRunner):  # its steps, each a request through this plane
+            if inner.decoupled:
+                raise decoupled_over_infer(entry.name)
+            return await inner.infer(parsed, timeout)
         if isinstance(inner, PythonModelRunner):  # Triton's request, as its model.py sees it
             if settings.decoupled:
                 raise decoupled_over_infer(entry.name)

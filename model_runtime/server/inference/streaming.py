@@ -21,6 +21,7 @@ import numpy as np
 from model_runtime.errors import PythonModelError
 from model_runtime.python_backend.runner import PythonModelRunner
 from model_runtime.server.answers import status_of
+from model_runtime.server.ensemble import EnsembleRunner
 from model_runtime.server.inference.python_calls import python_context
 from model_runtime.server.repository.entries import ModelEntry
 from model_runtime.server.serving import innermost
@@ -59,9 +60,13 @@ class _Plane(Protocol):
 
 
 def is_decoupled(entry: ModelEntry) -> bool:
-    """Whether ``entry`` answers a request with a stream of responses."""
+    """Whether ``entry`` answers a request with a stream of responses (a decoupled python
+    model, or an ensemble with a step of one)."""
     settings = entry.settings or DEFAULT_SETTINGS
-    return settings.decoupled and isinstance(innermost(entry.runner), PythonModelRunner)
+    inner = innermost(entry.runner)
+    if isinstance(inner, EnsembleRunner):
+        return inner.decoupled
+    return settings.decoupled and isinstance(inner, PythonModelRunner)
 
 
 async def replies(
@@ -95,11 +100,17 @@ async def replies(
             reason = None
             yield Reply(outputs)
             return
-        assert isinstance(inner, PythonModelRunner)  # is_decoupled said so
         settings = entry.settings or DEFAULT_SETTINGS
         timeout = settings.deadline(plane.options.request_timeout, parsed.timeout)
         if deadline is not None:
             timeout = deadline if timeout is None else min(timeout, deadline)
+        if isinstance(inner, EnsembleRunner):  # each response as its last step gives it
+            async for outputs in inner.stream(parsed, timeout):
+                yield Reply(outputs, final=False)
+            reason = None
+            yield Reply(final=True, empty=True)
+            return
+        assert isinstance(inner, PythonModelRunner)  # is_decoupled said so
         failed: str | None = None
         async for response in inner.stream(
             parsed.inputs, context=python_context(parsed), timeout=timeout

@@ -7,7 +7,10 @@ queue and compute durations and ``batch_stats`` are its Triton totals of the mod
 runner's own per-replica monitoring statistics (seed key names, microseconds): total = mean x
 count, summed over replicas, since that runner started. ``compute_output`` is the time to
 split a batch's outputs back to its callers. Every successful request counts once in each of
-``queue``, ``compute_input``, ``compute_infer`` and ``compute_output`` (perf_analyzer checks).
+``queue``, ``compute_input``, ``compute_infer`` and ``compute_output`` (perf_analyzer checks,
+and finds the version it measures by the ``queue`` count that grew). An ensemble executes
+nothing itself: each of its successful requests counts once in every phase, its whole time in
+``compute_infer`` (its steps' own times are their models').
 ``cache_hit`` / ``cache_miss``: the response cache's lookups of the version and their time (a
 miss: lookup and insertion); a hit counts as a success but not in ``inference_count`` or
 ``execution_count`` (the model did not run), as Triton counts it.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from model_runtime.server.ensemble import EnsembleRunner
 from model_runtime.server.observability.metrics import (
     TRITON_PHASES,
     DaemonMetrics,
@@ -25,6 +29,7 @@ from model_runtime.server.observability.metrics import (
     replica_counters,
 )
 from model_runtime.server.repository.entries import ModelEntry
+from model_runtime.server.serving import innermost
 
 __all__ = ["model_statistics"]
 
@@ -86,6 +91,10 @@ async def model_statistics(
                     "compute_output": {"count": b.count, "ns": int(b.compute_output_us * 1000)},
                 }
             )
+    if isinstance(innermost(runner), EnsembleRunner):
+        for name in _PHASES:
+            phases[name] = {"count": st.success_count, "ns": 0}
+        phases["compute_infer"]["ns"] = st.success_ns
     return {
         "name": entry.name,
         "version": entry.version,

@@ -44,6 +44,8 @@ from model_runtime.errors import (
 )
 from model_runtime.runner_config import ModelRunnerConfig
 from model_runtime.server import answers
+from model_runtime.server.ensemble import StepCaller
+from model_runtime.server.repository.ensembles import composing_not_ready, start_ensemble_version
 from model_runtime.server.repository.entries import (
     NAME_PATTERN,
     SUFFIXES,
@@ -135,6 +137,8 @@ class ModelRepository:
         self.on_install: Callable[[ModelEntry], None] | None = None
         #: How python models reach the daemon (BLS, model loading); the data plane sets them.
         self.python_hooks = PythonHooks()
+        #: How an ensemble's steps run (through the data plane, which sets it).
+        self.ensemble_call: StepCaller | None = None
         #: where python models' archived environments (EXECUTION_ENV_PATH) are unpacked
         self.python_env_cache: Path | None = None
 
@@ -244,9 +248,14 @@ class ModelRepository:
         """
         self.scan()
         return [
-            {"name": e.name, "version": e.version, "state": e.state.value, "reason": e.reason}
+            {"name": e.name, "version": e.version, "state": e.state.value, "reason": _reason(e)}
             for e in self.entries()
         ]
+
+    def not_ready(self, model: str, version: int) -> str | None:
+        """Why version ``version`` (-1: the latest served) of ``model`` cannot take a request
+        now, or None (what an ensemble asks of its composing models)."""
+        return composing_not_ready(self._models.get(model), model, version)
 
     def not_ready_reason(self) -> str | None:
         """Why the server is not ready (None: it is), Triton's way: while the models of the
@@ -282,15 +291,31 @@ class ModelRepository:
         self._check_control("load")
         return await detached(self._tg, self.load(name, config))
 
-    async def client_unload(self, name: str) -> None:
-        """An unload asked through the repository API: :meth:`unload`, in ``explicit`` mode only.
+    async def client_unload(self, name: str, dependents: bool = False) -> None:
+        """An unload asked through the repository API: :meth:`unload`, in ``explicit`` mode only;
+        ``dependents`` (Triton's ``unload_dependents``): an ensemble's composing models too,
+        those no other loaded ensemble runs.
 
         Raises:
             ModelControlError: the control mode is not ``explicit``.
             UnknownModelError: no such model.
         """
         self._check_control("unload")
-        await detached(self._tg, self.unload(name))
+        await detached(self._tg, self._unload_with(name, dependents))
+
+    async def _unload_with(self, name: str, dependents: bool) -> None:
+        settings = self.get(name).settings
+        await self.unload(name)
+        ensemble = settings.ensemble if settings is not None and dependents else None
+        for model in ensemble.models if ensemble is not None else ():
+            users = [
+                e.name
+                for e in self._models.values()
+                if e.runner is not None and e.settings is not None and e.settings.ensemble
+                if model in e.settings.ensemble.models
+            ]
+            if model in self._models and not users:
+                await self.unload(model)
 
     # -- load / reload / unload ------------------------------------------------------------------
 
@@ -330,6 +355,20 @@ class ModelRepository:
         entry.wanted = True
         async with entry.lock:
             await self._load_locked(entry, config)
+        return entry
+
+    async def ensure_loaded(self, name: str) -> ModelEntry:
+        """``name``, loaded unless it is already (an ensemble's composing model, a model
+        the start loads that an ensemble loaded first).
+
+        Raises:
+            as :meth:`load`.
+        """
+        entry = self._lookup_for_load(name)
+        entry.wanted = True
+        async with entry.lock:
+            if entry.runner is None:
+                await self._load_locked(entry)
         return entry
 
     async def _load_locked(self, entry: ModelEntry, config: str | None = None) -> None:
@@ -436,6 +475,10 @@ class ModelRepository:
             raise ModelRuntimeError("the model repository is not open (use `async with`)")
         for note in settings.notes:
             log.info("config_field_not_applied", model=entry.name, version=version, note=note)
+        if settings.ensemble is not None:  # nothing of its own to warm up
+            return await start_ensemble_version(
+                entry, settings, load=self.ensure_loaded, call=self.ensemble_call, composing=self
+            )
         if settings.python:
             started = await start_python_version(
                 entry,
@@ -517,3 +560,12 @@ class ModelRepository:
         entry.fingerprint = None
         if entry.in_directory and entry.runner is None and self._models.get(entry.name) is entry:
             del self._models[entry.name]
+
+
+def _reason(entry: ModelEntry) -> str:
+    """``entry``'s reason in the index: why it is not ready when it is loaded but cannot serve
+    (an ensemble whose composing model is not ready), else the one it has."""
+    why = getattr(entry.runner and entry.runner.current, "not_ready_reason", None)
+    if entry.state is ModelState.READY and callable(why):
+        return str(why() or entry.reason)
+    return entry.reason

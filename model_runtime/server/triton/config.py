@@ -52,6 +52,7 @@ from model_runtime.runner_config import ModelRunnerConfig
 from model_runtime.sequences import SequenceConfig
 from model_runtime.server.tensors.parameters import execute_priority
 from model_runtime.server.triton import model_config_pb2 as pb
+from model_runtime.server.triton.ensemble import ENSEMBLE_PLATFORM, EnsembleConfig, ensemble_config
 from model_runtime.server.triton.fields import check_fields
 from model_runtime.server.triton.ragged import RaggedSpec, ragged_spec
 from model_runtime.server.triton.sequence import sequence_config
@@ -80,7 +81,7 @@ PLATFORM = "onnxruntime_onnx"
 BACKEND = "onnxruntime"
 #: Triton's python backend: ``NAME/VERSION/model.py`` run in instance processes.
 PYTHON_BACKEND = "python"
-_PLATFORMS = ("", PLATFORM)
+_PLATFORMS = ("", PLATFORM, ENSEMBLE_PLATFORM)
 _BACKENDS = ("", BACKEND, PYTHON_BACKEND)
 _KINDS = (pb.ModelInstanceGroup.KIND_AUTO, pb.ModelInstanceGroup.KIND_CPU)
 
@@ -142,6 +143,8 @@ class ModelSettings:
     python: bool = False
     #: ``model_transaction_policy { decoupled: true }``: any number of responses per request.
     decoupled: bool = False
+    #: ``platform: "ensemble"``: its steps (:mod:`.ensemble`); it runs other models, no file.
+    ensemble: EnsembleConfig | None = None
     #: The compile's optimisation level (``optimization.graph.level``; None: the default).
     optimization_level: str | None = None
     #: Fields accepted that change nothing here, each with the reason (logged at load).
@@ -213,7 +216,8 @@ def parse_pbtxt(path: Path, name: str) -> ModelSettings:
         raise ConfigurationError(f"{path}:{exc}") from exc
     if config.name and config.name != name:
         raise _fail(path, "name", f"{config.name!r} is not the model's directory name {name!r}")
-    return settings_of(config, path, max_batch_size_given="max_batch_size" in _top_fields(text))
+    given = "max_batch_size" in _top_fields(text)
+    return settings_of(config, path, max_batch_size_given=given, name=name)
 
 
 def _top_fields(text: str) -> set[str]:
@@ -275,7 +279,7 @@ def parse_override(text: str, name: str) -> ModelSettings:
     if config.name and config.name != name:
         raise _fail(OVERRIDE, "name", f"{config.name!r} is not the model's name {name!r}")
     given = isinstance(doc, dict) and bool({"max_batch_size", "maxBatchSize"} & set(doc))
-    return settings_of(config, origin=OVERRIDE, max_batch_size_given=given)
+    return settings_of(config, origin=OVERRIDE, max_batch_size_given=given, name=name)
 
 
 def settings_of(
@@ -284,9 +288,11 @@ def settings_of(
     *,
     origin: str | None = None,
     max_batch_size_given: bool | None = None,
+    name: str | None = None,
 ) -> ModelSettings:
     """Check ``config`` for what we serve and map it onto :class:`ModelSettings`.
-    ``max_batch_size_given``: the file sets ``max_batch_size`` (None: when it is not 0).
+    ``max_batch_size_given``: the file sets ``max_batch_size`` (None: when it is not 0);
+    ``name``: the model's (for an ensemble's errors, in Triton's words).
 
     Raises:
         ConfigurationError: a value we do not serve, naming ``source`` (or ``origin``) and the
@@ -298,6 +304,8 @@ def settings_of(
     if config.backend not in _BACKENDS:
         served = " or ".join(repr(b) for b in _BACKENDS[1:])
         raise _fail(where, "backend", f"{config.backend!r} is not served (only {served})")
+    if config.HasField("ensemble_scheduling") or config.platform == ENSEMBLE_PLATFORM:
+        return _ensemble_settings(config, source, origin, name or config.name or str(where))
     python = config.backend == PYTHON_BACKEND
     if python and config.platform:
         raise _fail(where, "platform", f"{config.platform!r} with backend 'python': leave it out")
@@ -361,6 +369,42 @@ def settings_of(
         replicas=_replicas(config.instance_group, where, python=python),
         version_policy=_version_policy(config, where),
         **fields,
+    )
+
+
+def _ensemble_settings(
+    config: pb.ModelConfig, source: Path | None, origin: str | None, name: str
+) -> ModelSettings:
+    """An ensemble's settings: its steps checked (:func:`~.ensemble.ensemble_config`), its
+    inputs and outputs as any config's; nothing of its own runs, so no runner settings.
+
+    Raises:
+        ConfigurationError: a bad step, or a field an ensemble cannot have.
+    """
+    where = source or origin or "model config"
+    if not config.HasField("ensemble_scheduling"):
+        raise _fail(
+            where,
+            "ensemble_scheduling",
+            f"ensemble scheduling must be set for ensemble '{name}' whose platform is "
+            f"{ENSEMBLE_PLATFORM}",
+        )
+    if config.max_batch_size < 0:
+        raise _fail(where, "max_batch_size", "must be >= 0")
+    if config.backend:
+        raise _fail(where, "backend", f"{config.backend!r} with platform 'ensemble': leave it out")
+    ensemble = ensemble_config(config, name, where)
+    check_declared(config, where)
+    if not config.input or not config.output:
+        raise _fail(where, "input", "an ensemble lists its inputs and outputs")
+    return ModelSettings(
+        config=config,
+        source=source,
+        origin=origin,
+        ensemble=ensemble,
+        batch_size=config.max_batch_size,
+        max_batch_size=config.max_batch_size or None,
+        version_policy=_version_policy(config, where),
     )
 
 

@@ -127,6 +127,9 @@ def plan_model(name: str, source: Path, override: ModelSettings | None = None) -
     files = {}
     for version in chosen:
         vdir = source / str(version)
+        if settings.ensemble is not None:  # an ensemble runs other models: no file of its own
+            files[str(version)] = vdir
+            continue
         path = next((vdir / n for n in names if (vdir / n).is_file()), None)
         if path is None:
             raise ConfigurationError(f"{vdir}: no model file ({' or '.join(names)})")

@@ -116,8 +116,9 @@ def check_declared(config: pb.ModelConfig, where: object) -> None:
                         f"dims {list(t.dims)} and reshape.shape {shape} hold different "
                         "numbers of elements",
                     )
-            python = config.backend == "python"  # its model.py handles a missing input
-            if kind == "input" and t.optional and config.max_batch_size > 0 and not python:
+            # a model.py handles a missing input; an ensemble skips what needs it alone
+            own = config.backend == "python" or config.platform == "ensemble"
+            if kind == "input" and t.optional and config.max_batch_size > 0 and not own:
                 raise _optional_batched(where, at, t.name)
             if kind == "output" and t.label_filename:
                 path = PurePosixPath(t.label_filename)

@@ -1,0 +1,213 @@
+"""Running one ensemble request: its steps as a graph over named tensors. A step starts as
+soon as every tensor it reads exists (or is known to be absent), so independent steps run at
+once; tensors pass from step to step by reference (the arrays a step returned are what the next
+one is given, never copied); steps whose outputs nobody asked for are not run (Triton's
+pruning); a step all of whose tensors are absent (optional ensemble inputs left out) is skipped,
+and what it would write is absent too. The first step to fail ends the request: the others are
+cancelled and the error names the step and its model in Triton's words. An ensemble with a
+decoupled step streams (:func:`stream_steps`): what depends on that step runs once per response
+it gives."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from model_runtime.errors import ExecutionTimeoutError
+from model_runtime.server.answers import HTTPError, grpc_code_of, status_of
+from model_runtime.server.triton.ensemble import EnsembleConfig, EnsembleStep
+
+__all__ = ["StepCall", "StepStream", "needed_steps", "run_steps", "step_failed", "stream_steps"]
+
+#: Runs one step: (step, its inputs by model input name, seconds left or None) -> its outputs
+#: by model output name.
+StepCall = Callable[[EnsembleStep, dict[str, Any], float | None], Awaitable[Mapping[str, Any]]]
+#: Runs one decoupled step: as :data:`StepCall`, each of its responses' outputs as they come.
+StepStream = Callable[
+    [EnsembleStep, dict[str, Any], float | None], AsyncIterator[Mapping[str, Any]]
+]
+
+
+def needed_steps(config: EnsembleConfig, wanted: Sequence[str]) -> list[EnsembleStep]:
+    """The steps that write ``wanted`` (ensemble outputs) or what those steps read, in the
+    config's order."""
+    need = set(wanted)
+    chosen: set[int] = set()
+    grew = True
+    while grew:
+        grew = False
+        for step in config.steps:
+            if step.index not in chosen and need.intersection(step.outputs.values()):
+                chosen.add(step.index)
+                need.update(step.inputs.values())
+                grew = True
+    return [s for s in config.steps if s.index in chosen]
+
+
+def step_failed(ensemble: str, step: EnsembleStep, exc: BaseException) -> HTTPError:
+    """The answer to an ensemble request whose ``step`` failed with ``exc``: the status the
+    step's own failure has, Triton's prefix, and the step and model named."""
+    status, reason = status_of(exc)
+    text = str(exc) or type(exc).__name__
+    message = f"in ensemble '{ensemble}', step {step.index} (model '{step.model}'): {text}"
+    return HTTPError(status, message, reason, grpc=grpc_code_of(exc, status))
+
+
+async def run_steps(
+    config: EnsembleConfig,
+    inputs: Mapping[str, Any],
+    wanted: Sequence[str],
+    call: StepCall,
+    timeout: float | None = None,
+) -> dict[str, Any]:
+    """Run the steps of ``config`` that ``wanted`` needs on the ensemble ``inputs``, each step
+    through ``call`` with the time left of ``timeout`` (seconds from now; None: none); the
+    ensemble tensors ``wanted`` names that were written.
+
+    Raises:
+        HTTPError: a step failed (:func:`step_failed`).
+        ExecutionTimeoutError: the deadline passed before a step could start.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    tensors: dict[str, Any] = dict(inputs)
+    absent: set[str] = {t for t in config.inputs if t not in tensors}
+    waiting = needed_steps(config, wanted)
+    await _run_ready(config, tensors, absent, waiting, call, deadline, frozenset())
+    return {t: tensors[t] for t in wanted if t in tensors}
+
+
+async def stream_steps(
+    config: EnsembleConfig,
+    inputs: Mapping[str, Any],
+    wanted: Sequence[str],
+    call: StepCall,
+    stream: StepStream,
+    decoupled: frozenset[int],
+    timeout: float | None = None,
+) -> AsyncIterator[dict[str, Any]]:
+    """The responses of an ensemble with decoupled steps (their indices: ``decoupled``, each
+    run through ``stream``, the others through ``call``), as :func:`run_steps` runs them: each
+    response of a decoupled step runs what depends on it once more, and each run that ends
+    with a ``wanted`` tensor written since the split is one response (Triton's decoupled
+    ensemble). Without a decoupled step needed, one response.
+
+    Raises:
+        HTTPError: a step failed (:func:`step_failed`): the stream ends.
+        ExecutionTimeoutError: the deadline passed before a step could start.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    tensors: dict[str, Any] = dict(inputs)
+    absent: set[str] = {t for t in config.inputs if t not in tensors}
+    waiting = needed_steps(config, wanted)
+    async for done in _branch(config, tensors, absent, waiting, call, stream, decoupled, deadline):
+        out = {t: done[t] for t in wanted if t in done}
+        if out:
+            yield out
+
+
+async def _branch(
+    config: EnsembleConfig,
+    tensors: dict[str, Any],
+    absent: set[str],
+    waiting: list[EnsembleStep],
+    call: StepCall,
+    stream: StepStream,
+    decoupled: frozenset[int],
+    deadline: float | None,
+) -> AsyncIterator[dict[str, Any]]:
+    """Run what can run but the decoupled steps; then one decoupled step that can run, each of
+    its responses a branch of its own; a branch with nothing left to split is one result."""
+    await _run_ready(config, tensors, absent, waiting, call, deadline, decoupled)
+    split = next((s for s in waiting if _ready(s, tensors, absent)), None)
+    if split is None:
+        yield tensors
+        return
+    waiting.remove(split)
+    given = {m: tensors[t] for m, t in split.inputs.items() if t in tensors}
+    try:
+        async for outputs in stream(split, given, _left(config.name, split, deadline)):
+            child = dict(tensors)
+            for model_output, tensor in split.outputs.items():
+                if model_output in outputs:
+                    child[tensor] = outputs[model_output]
+            rest = list(waiting)
+            async for done in _branch(
+                config, child, set(absent), rest, call, stream, decoupled, deadline
+            ):
+                yield done
+    except HTTPError:
+        raise
+    except Exception as exc:
+        raise step_failed(config.name, split, exc) from exc
+
+
+def _ready(step: EnsembleStep, tensors: Mapping[str, Any], absent: set[str]) -> bool:
+    return all(t in tensors or t in absent for t in step.inputs.values())
+
+
+def _left(name: str, step: EnsembleStep, deadline: float | None) -> float | None:
+    """Seconds left before ``deadline`` for ``step`` (None: no deadline).
+
+    Raises:
+        HTTPError: none left.
+    """
+    left = None if deadline is None else deadline - time.monotonic()
+    if left is not None and left <= 0:
+        raise step_failed(name, step, _expired(name))
+    return left
+
+
+async def _run_ready(
+    config: EnsembleConfig,
+    tensors: dict[str, Any],
+    absent: set[str],
+    waiting: list[EnsembleStep],
+    call: StepCall,
+    deadline: float | None,
+    held: frozenset[int],
+) -> None:
+    """Run every step of ``waiting`` that can run but those ``held``, each as soon as what it
+    reads is written or known absent, writing ``tensors`` and ``absent``; the steps run are
+    taken from ``waiting``.
+
+    Raises:
+        HTTPError: a step failed (the others are cancelled).
+    """
+    running: dict[asyncio.Task[Mapping[str, Any]], EnsembleStep] = {}
+    try:
+        while waiting or running:
+            for step in list(waiting):
+                if step.index in held or not _ready(step, tensors, absent):
+                    continue
+                waiting.remove(step)
+                given = {m: tensors[t] for m, t in step.inputs.items() if t in tensors}
+                if not given:  # everything it reads was left out: so is what it writes
+                    absent.update(step.outputs.values())
+                    continue
+                left = _left(config.name, step, deadline)
+                running[asyncio.ensure_future(call(step, given, left))] = step
+            if not running:
+                break  # what is left waits on tensors nobody writes, or is held
+            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                step = running.pop(task)
+                try:
+                    outputs = task.result()
+                except Exception as exc:
+                    raise step_failed(config.name, step, exc) from exc
+                for model_output, tensor in step.outputs.items():
+                    if model_output in outputs:
+                        tensors[tensor] = outputs[model_output]
+                    else:
+                        absent.add(tensor)
+    finally:
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
+
+
+def _expired(name: str) -> ExecutionTimeoutError:
+    return ExecutionTimeoutError(f"the deadline of the request to ensemble '{name}' has passed")

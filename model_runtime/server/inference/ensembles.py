@@ -1,0 +1,126 @@
+"""How an ensemble's steps run on the data plane: each step is a request to its model, through
+that model's own queue and batcher (so steps of many ensemble requests batch together), with
+the ensemble request's id, parameters, priority and sequence controls, bounded by what is left
+of its deadline, and counted in that model's statistics and metrics as any request."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Protocol
+
+from model_runtime.server.answers import HTTPError, status_of
+from model_runtime.server.inference.streaming import replies
+from model_runtime.server.repository.entries import ModelEntry
+from model_runtime.server.tensors.request import InferRequest, RequestedOutput
+from model_runtime.server.triton.ensemble import EnsembleStep
+
+__all__ = ["EnsembleSteps"]
+
+
+class _Plane(Protocol):
+    """What the steps need of the data plane (:class:`~.plane.DataPlane`)."""
+
+    def entry(self, name: str, version: str | None = None) -> ModelEntry: ...
+    def serving_runner(self, entry: ModelEntry, refusal: HTTPError | None = None) -> Any: ...
+    async def execute(
+        self, entry: ModelEntry, runner: Any, parsed: InferRequest, deadline: float | None = None
+    ) -> dict[str, Any]: ...
+    @property
+    def options(self) -> Any: ...
+    def enter_request(self, model: str, version: str = "1") -> None: ...
+    def samples_of(self, entry: ModelEntry, inputs: Mapping[str, Any]) -> int: ...
+    def finish_request(
+        self, entry: ModelEntry, reason: str | None, t0: float, samples: int
+    ) -> None: ...
+
+
+class EnsembleSteps:
+    """The :class:`~model_runtime.server.ensemble.StepCaller` of one data plane."""
+
+    def __init__(self, plane: _Plane) -> None:
+        self._plane = plane
+
+    async def __call__(
+        self,
+        ensemble: str,
+        step: EnsembleStep,
+        inputs: dict[str, Any],
+        request: InferRequest,
+        timeout: float | None,
+    ) -> Mapping[str, Any]:
+        """Run ``step`` of ``request`` (to ``ensemble``) on ``inputs`` (its model's inputs, the
+        arrays themselves), within ``timeout`` seconds (None: the step model's own limits).
+
+        Raises:
+            UnknownModelError: the step's model or version is not served.
+            HTTPError: the model is not ready, or the server is draining (503).
+            ModelRuntimeError: what the model's runner raises for the request.
+        """
+        plane = self._plane
+        entry, runner, parsed = self._step_request(step, inputs, request)
+        plane.enter_request(entry.name, entry.version)
+        t0 = time.perf_counter()
+        reason: str | None = "internal"
+        try:
+            outputs = await plane.execute(entry, runner, parsed, timeout)
+            reason = None
+            return outputs
+        except BaseException as exc:
+            reason = status_of(exc)[1] if isinstance(exc, Exception) else "cancelled"
+            raise
+        finally:
+            plane.finish_request(entry, reason, t0, plane.samples_of(entry, inputs))
+
+    async def stream(
+        self,
+        ensemble: str,
+        step: EnsembleStep,
+        inputs: dict[str, Any],
+        request: InferRequest,
+        timeout: float | None,
+    ) -> AsyncIterator[Mapping[str, Any]]:
+        """Run ``step`` (of a decoupled model) as :meth:`__call__` does: each of its responses'
+        outputs as they come; the model's error for a response ends the stream.
+
+        Raises:
+            as :meth:`__call__`; ModelRuntimeError: the model's error for a response.
+        """
+        entry, runner, parsed = self._step_request(step, inputs, request)
+        async for reply in replies(self._plane, entry, runner, parsed, timeout):
+            if reply.error is not None:
+                raise reply.error
+            if not reply.empty:
+                yield reply.outputs
+
+    def _step_request(
+        self, step: EnsembleStep, inputs: dict[str, Any], request: InferRequest
+    ) -> tuple[ModelEntry, Any, InferRequest]:
+        """The entry and runner of ``step``'s model, and its request: ``inputs`` with the
+        ensemble ``request``'s id, parameters, priority and (where the model reads them)
+        sequence controls.
+
+        Raises:
+            UnknownModelError: the step's model or version is not served.
+            HTTPError: the model is not ready, or the server is draining (503).
+        """
+        plane = self._plane
+        entry = plane.entry(step.model, None if step.version < 0 else str(step.version))
+        runner = plane.serving_runner(entry)
+        wanted = tuple(RequestedOutput(name, True) for name in step.outputs)
+        settings = entry.settings
+        # The sequence controls reach the steps that read them: a stateful model's, a python
+        # model's (its correlation id and flags), a nested ensemble's; a stateless ONNX step
+        # runs without (it would refuse them).
+        keeps = settings is not None and (
+            settings.sequence is not None or settings.python or settings.ensemble is not None
+        )
+        parsed = InferRequest(
+            request.id,
+            inputs,
+            wanted,
+            parameters=request.parameters,
+            priority=request.priority,
+            sequence=request.sequence if keeps else None,
+        )
+        return entry, runner, parsed

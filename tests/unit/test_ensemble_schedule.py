@@ -1,0 +1,169 @@
+"""Running an ensemble request's steps: each starts as soon as what it reads exists (so
+independent steps run at once), arrays pass by reference, unneeded steps are pruned, a step
+whose inputs were all left out is skipped, the first failure ends the request naming its step
+and model (the other steps cancelled), and the deadline bounds every step."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import numpy as np
+import pytest
+
+from model_runtime.errors import InputValidationError
+from model_runtime.server.answers import HTTPError
+from model_runtime.server.ensemble import needed_steps, run_steps
+from model_runtime.server.ensemble.schedule import stream_steps
+from model_runtime.server.triton.ensemble import EnsembleConfig, EnsembleStep
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def step(i: int, model: str, ins: dict[str, str], outs: dict[str, str]) -> EnsembleStep:
+    return EnsembleStep(i, model, -1, ins, outs)
+
+
+#: IN -> a -> T1 -> c -> OUT1 ; IN -> b -> T2 -> d -> OUT2 (two independent branches)
+FORK = EnsembleConfig(
+    "e",
+    (
+        step(0, "a", {"x": "IN"}, {"y": "T1"}),
+        step(1, "b", {"x": "IN"}, {"y": "T2"}),
+        step(2, "c", {"x": "T1"}, {"y": "OUT1"}),
+        step(3, "d", {"x": "T2"}, {"y": "OUT2"}),
+    ),
+    ("IN",),
+    ("OUT1", "OUT2"),
+)
+
+
+class Calls:
+    """Step calls that add their step's index + 1; ``gate[model]`` holds a step until set."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.gates: dict[str, asyncio.Event] = {}
+        self.seen: dict[str, Any] = {}
+        self.cancelled: list[str] = []
+        self.fail: dict[str, Exception] = {}
+        self.timeouts: list[float | None] = []
+
+    async def __call__(
+        self, s: EnsembleStep, inputs: dict[str, Any], left: float | None
+    ) -> Mapping[str, Any]:
+        self.started.append(s.model)
+        self.timeouts.append(left)
+        self.seen[s.model] = inputs["x"]
+        try:
+            gate = self.gates.get(s.model)
+            if gate is not None:
+                await gate.wait()
+        except asyncio.CancelledError:
+            self.cancelled.append(s.model)
+            raise
+        if s.model in self.fail:
+            raise self.fail[s.model]
+        return {"y": inputs["x"] + (s.index + 1)}
+
+
+async def test_independent_steps_run_at_once_and_each_starts_when_its_input_exists() -> None:
+    calls = Calls()
+    calls.gates["a"] = asyncio.Event()  # branch a is slow
+    x = np.zeros(2, np.float32)
+    task = asyncio.ensure_future(run_steps(FORK, {"IN": x}, ["OUT1", "OUT2"], calls))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    # b, then d ran while a still waits: d did not wait for the slow branch
+    assert calls.started == ["a", "b", "d"]
+    calls.gates["a"].set()
+    out = await task
+    assert calls.started == ["a", "b", "d", "c"]
+    np.testing.assert_array_equal(out["OUT1"], x + 1 + 3)
+    np.testing.assert_array_equal(out["OUT2"], x + 2 + 4)
+
+
+async def test_tensors_pass_by_reference() -> None:
+    calls = Calls()
+    x = np.zeros(2, np.float32)
+    out = await run_steps(FORK, {"IN": x}, ["OUT1"], calls)
+    assert calls.seen["a"] is x  # the request's array itself, no copy
+    assert calls.seen["c"] is not x and calls.seen["c"] is not None
+    assert set(out) == {"OUT1"}
+
+
+async def test_steps_nobody_needs_are_not_run() -> None:
+    calls = Calls()
+    await run_steps(FORK, {"IN": np.zeros(1)}, ["OUT2"], calls)
+    assert calls.started == ["b", "d"]
+    assert [s.model for s in needed_steps(FORK, ["OUT1"])] == ["a", "c"]
+
+
+async def test_a_failing_step_fails_the_request_naming_step_and_model() -> None:
+    calls = Calls()
+    calls.gates["a"] = asyncio.Event()
+    calls.fail["b"] = InputValidationError("input 'x' has the wrong shape")
+    with pytest.raises(HTTPError) as info:
+        await run_steps(FORK, {"IN": np.zeros(1)}, ["OUT1", "OUT2"], calls)
+    assert str(info.value) == ("in ensemble 'e', step 1 (model 'b'): input 'x' has the wrong shape")
+    assert info.value.status == 400  # the step's own failure's status
+    assert calls.cancelled == ["a"]  # the other branch does not run on
+    assert "c" not in calls.started and "d" not in calls.started
+
+
+async def test_a_step_whose_inputs_were_all_left_out_is_skipped() -> None:
+    config = EnsembleConfig(
+        "e",
+        (
+            step(0, "a", {"x": "IN"}, {"y": "OUT1"}),
+            step(1, "b", {"x": "OPT"}, {"y": "OUT2"}),
+        ),
+        ("IN", "OPT"),
+        ("OUT1", "OUT2"),
+    )
+    calls = Calls()
+    out = await run_steps(config, {"IN": np.zeros(1)}, ["OUT1", "OUT2"], calls)
+    assert calls.started == ["a"]
+    assert set(out) == {"OUT1"}
+
+
+async def test_the_deadline_bounds_every_step() -> None:
+    calls = Calls()
+    await run_steps(FORK, {"IN": np.zeros(1)}, ["OUT1"], calls, timeout=30.0)
+    first, second = calls.timeouts
+    assert first is not None and second is not None
+    assert 0 < second <= first <= 30.0
+    calls = Calls()
+    with pytest.raises(HTTPError) as info:
+        await run_steps(FORK, {"IN": np.zeros(1)}, ["OUT1"], calls, timeout=0.0)
+    assert info.value.status == 504 and calls.started == []
+    assert "deadline" in str(info.value)
+
+
+async def test_what_follows_a_decoupled_step_runs_once_per_response() -> None:
+    config = EnsembleConfig(
+        "e",
+        (
+            step(0, "split", {"x": "IN"}, {"y": "PART"}),
+            step(1, "plus", {"x": "PART"}, {"y": "OUT"}),
+        ),
+        ("IN",),
+        ("OUT",),
+    )
+    calls = Calls()
+
+    async def stream(
+        s: EnsembleStep, inputs: dict[str, Any], left: float | None
+    ) -> AsyncIterator[Mapping[str, Any]]:
+        for row in inputs["x"]:
+            yield {"y": row}
+
+    got = [
+        out["OUT"].tolist()
+        async for out in stream_steps(
+            config, {"IN": np.array([[1], [2], [3]])}, ["OUT"], calls, stream, frozenset({0})
+        )
+    ]
+    assert got == [[3], [4], [5]]  # each part + 2 (step 1's index + 1)
+    assert calls.started == ["plus", "plus", "plus"]
