@@ -842,3 +842,58 @@ def test_reserved_parameters_are_refused_over_http_in_tritons_words() -> None:
             "parameter keys starting with 'triton_' are reserved for Triton usage and should "
             "not be specified."
         )
+
+
+# -- a binary request's header decoded once (codec._PLANS) ----------------------------------------
+
+
+def _all_binary(pixels: np.ndarray, mask: np.ndarray, **extra: Any) -> tuple[bytes, int]:
+    """A request whose inputs are all binary: its body and JSON header's length."""
+    pixels, mask = pixels.astype("<f4"), mask.astype(np.uint8)
+    doc: dict[str, Any] = {
+        "inputs": [
+            {"name": "pixels", "datatype": "FP32", "shape": list(pixels.shape),
+             "parameters": {"binary_data_size": pixels.nbytes}},
+            {"name": "mask", "datatype": "BOOL", "shape": list(mask.shape),
+             "parameters": {"binary_data_size": mask.nbytes}},
+        ],
+        **extra,
+    }  # fmt: skip
+    head = json.dumps(doc).encode()
+    return head + pixels.tobytes() + mask.tobytes(), len(head)
+
+
+def test_requests_with_the_same_header_get_their_own_tensors_and_settings() -> None:
+    rng = np.random.default_rng(0)
+    mask = np.array([[1, 0], [0, 1]], dtype=np.uint8)
+    answers = []
+    for _ in range(3):
+        pixels = rng.standard_normal((2, 4)).astype(np.float32)
+        body, length = _all_binary(pixels, mask, id="r", parameters={"priority": 2, "k": "v"})
+        req = parse_infer_request(body, length, INPUTS, OUTPUTS, model="m")
+        np.testing.assert_array_equal(req.inputs["pixels"], pixels)
+        np.testing.assert_array_equal(req.inputs["mask"], mask.astype(bool))
+        assert (req.id, req.priority, req.parameters) == ("r", 2, {"k": "v"})
+        req.parameters["k"] = "changed by a model"  # never seen by the next request
+        answers.append(req)
+    assert answers[0].inputs["pixels"] is not answers[1].inputs["pixels"]
+
+
+def test_a_header_seen_before_still_checks_the_data_that_differs() -> None:
+    mask = np.array([[1, 0], [0, 1]], dtype=np.uint8)
+    body, length = _all_binary(np.zeros((2, 4)), mask)
+    parse_infer_request(body, length, INPUTS, OUTPUTS, model="m")
+    bad = body[:-1] + b"\x07"  # the same header, a BOOL byte that is not 0 or 1
+    with pytest.raises(ProtocolError, match="BOOL binary data must be bytes 0 or 1"):
+        parse_infer_request(bad, length, INPUTS, OUTPUTS, model="m")
+    with pytest.raises(ProtocolError, match="add up to 36 bytes, but 37"):
+        parse_infer_request(body + b"\0", length, INPUTS, OUTPUTS, model="m")
+
+
+def test_a_header_seen_before_is_decoded_again_for_a_reloaded_model() -> None:
+    mask = np.array([[1, 0], [0, 1]], dtype=np.uint8)
+    body, length = _all_binary(np.zeros((2, 4)), mask)
+    parse_infer_request(body, length, INPUTS, OUTPUTS, model="m")
+    reloaded = (TensorSpec("pixels", "FP16", (-1, 4)), INPUTS[1])  # the same name, new tensors
+    with pytest.raises(ProtocolError, match="does not match the model's FP16"):
+        parse_infer_request(body, length, reloaded, OUTPUTS, model="m")
