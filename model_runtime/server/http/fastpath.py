@@ -105,22 +105,15 @@ class FastInfer:
         its answer goes to ``conn``, then ``conn.fast_done()``. Returns what answers it
         (a :class:`FastCall` for a body in hand and a plain model, else a task), or None:
         not one for here (nothing was done; aiohttp takes it)."""
-        where = _model_version(target)
-        if where is None:
+        read = _HEADS.get(head, _UNREAD)
+        if read is _UNREAD:
+            read = _read_head(target, head)
+            if len(_HEADS) >= _HEADS_MAX:
+                _HEADS.clear()
+            _HEADS[head] = read
+        if read is None:
             return None
-        header_length = request_id = None
-        for line in head.split(b"\r\n")[1:]:
-            name, _, value = line.partition(b":")
-            key = name.lower()
-            # The first of a repeated header counts, as aiohttp's headers.get() reads it.
-            if key == _HEADER_LENGTH:
-                if header_length is None:
-                    header_length = value.strip(b" \t").decode("latin-1")
-            elif key == _REQUEST_ID:
-                if request_id is None:
-                    request_id = value.strip(b" \t").decode("latin-1")
-            elif key == b"content-encoding" and value.strip(b" \t").lower() != _IDENTITY:
-                return None  # aiohttp inflates it (or refuses it)
+        where, header_length, request_id = read
         self.taken += 1
         rid = new_request_id(request_id)
         if isinstance(body, bytes) and len(body) <= THREAD_PARSE_BYTES:
@@ -261,6 +254,37 @@ class FastInfer:
                 self._date(),
             )
         )
+
+
+#: What :func:`_read_head` read of each head (by its bytes: clients repeat theirs), emptied
+#: when full.
+_HEADS: dict[bytes, tuple[tuple[str, str | None], str | None, str | None] | None] = {}
+_HEADS_MAX = 512
+_UNREAD = (("", None), None, None)
+
+
+def _read_head(
+    target: bytes, head: bytes
+) -> tuple[tuple[str, str | None], str | None, str | None] | None:
+    """``((model, version), Inference-Header-Content-Length, X-Request-ID)`` of an infer
+    request's plain ``head`` for ``target``; None: not one for here (aiohttp's)."""
+    where = _model_version(target)
+    if where is None:
+        return None
+    header_length = request_id = None
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        key = name.lower()
+        # The first of a repeated header counts, as aiohttp's headers.get() reads it.
+        if key == _HEADER_LENGTH:
+            if header_length is None:
+                header_length = value.strip(b" \t").decode("latin-1")
+        elif key == _REQUEST_ID:
+            if request_id is None:
+                request_id = value.strip(b" \t").decode("latin-1")
+        elif key == b"content-encoding" and value.strip(b" \t").lower() != _IDENTITY:
+            return None  # aiohttp inflates it (or refuses it)
+    return where, header_length, request_id
 
 
 async def _arrival(body: asyncio.Future[bytearray], timeout: float | None) -> bytearray:
