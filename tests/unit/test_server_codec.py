@@ -897,3 +897,63 @@ def test_a_header_seen_before_is_decoded_again_for_a_reloaded_model() -> None:
     reloaded = (TensorSpec("pixels", "FP16", (-1, 4)), INPUTS[1])  # the same name, new tensors
     with pytest.raises(ProtocolError, match="does not match the model's FP16"):
         parse_infer_request(body, length, reloaded, OUTPUTS, model="m")
+
+
+# -- a JSON request's framing decoded once (tensors/plans.py) -------------------------------------
+
+NUMERIC = (TensorSpec("x", "FP32", (-1, 2)), TensorSpec("n", "INT8", (-1, 2)))
+
+
+def _json_body(x: str, n: str, shape: str = "[1,2]", extra: str = "") -> bytes:
+    return (
+        f'{{"inputs":[{{"name":"x","datatype":"FP32","shape":{shape},"data":[{x}]}},'
+        f'{{"name":"n","datatype":"INT8","shape":{shape},"data":[{n}]}}]{extra}}}'
+    ).encode()
+
+
+def _decoded(body: bytes, specs: tuple[TensorSpec, ...] = NUMERIC) -> Any:
+    try:
+        req = parse_infer_request(body, None, specs, OUTPUTS, model="m")
+    except ProtocolError as exc:
+        return ("refused", str(exc))
+    return (req.id, req.parameters, {k: (v.dtype, v.tolist()) for k, v in req.inputs.items()})
+
+
+@pytest.mark.parametrize(
+    ("x", "n"),
+    [
+        ("0.5,-2", "3,4"),  # other values: read as the first request's were
+        ("1e3,  7", "-128,127"),
+        ("1,2,3", "1,2"),  # more values than the shape holds
+        ("1", "1,2"),  # fewer
+        ("1,2", "1,300"),  # out of INT8's range
+        ("1,true", "1,2"),  # not a number
+        ('1,"2"', "1,2"),
+        ("1,2", "1,2.5"),
+        ("1,", "1,2"),  # not JSON
+        ("9007199254740993,1", "1,2"),  # past 2**53: the plain decoder rounds it
+    ],
+)
+def test_a_json_request_framed_as_one_before_decodes_as_if_new(x: str, n: str) -> None:
+    from model_runtime.server.tensors import plans
+
+    plans._PLANS.clear()
+    fresh = _decoded(_json_body(x, n))
+    _decoded(_json_body("1,2", "3,4"))  # the same framing, decoded whole: planned
+    assert plans._PLANS
+    assert _decoded(_json_body(x, n)) == fresh
+
+
+def test_json_requests_with_the_same_framing_keep_their_own_ids_and_parameters() -> None:
+    extra = ',"id":"a","parameters":{"k":"v","data":[1]}'  # a model's parameter named data
+    first = parse_infer_request(_json_body("1,2", "3,4", extra=extra), None, NUMERIC, OUTPUTS)
+    first.parameters["k"] = "changed by a model"
+    again = parse_infer_request(_json_body("5,6", "7,8", extra=extra), None, NUMERIC, OUTPUTS)
+    assert again.id == "a" and again.parameters == {"k": "v", "data": [1]}
+    assert again.inputs["x"].tolist() == [[5, 6]] and again.inputs["n"].tolist() == [[7, 8]]
+
+
+def test_a_json_framing_seen_before_is_decoded_again_for_a_reloaded_model() -> None:
+    _decoded(_json_body("1,2", "3,4"))
+    reloaded = (NUMERIC[0], TensorSpec("n", "INT16", (-1, 2)))
+    assert _decoded(_json_body("1,2", "3,4"), reloaded)[0] == "refused"

@@ -117,10 +117,21 @@ def encodes_in_thread(results: Mapping[str, Any]) -> bool:
     return bool(sum(a.nbytes for a in results.values()) > THREAD_PARSE_BYTES // 4)
 
 
+#: Whether a model's inputs have a batch axis, by ``id`` of its inputs (the object kept
+#: with it, so an id is not reused while its entry is here).
+_BATCHED: dict[int, tuple[object, bool]] = {}
+
+
 def samples_of(entry: ModelEntry, inputs: Mapping[str, Any]) -> int:
     """The inferences a request of ``inputs`` is, as Triton counts them (``inference_count``):
     its batch for a model with a batch axis, else 1."""
-    if not any(spec.has_batch_axis for spec in entry.inputs):
+    specs = entry.inputs
+    known = _BATCHED.get(id(specs))
+    if known is None or known[0] is not specs:
+        if len(_BATCHED) >= 1024:
+            _BATCHED.clear()
+        known = _BATCHED[id(specs)] = (specs, any(spec.has_batch_axis for spec in specs))
+    if not known[1]:
         return 1
     first = next(iter(inputs.values()), None)
     return int(first.shape[0]) if first is not None and first.ndim else 1

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,7 +32,7 @@ import orjson
 
 from model_runtime.errors import ProtocolError
 from model_runtime.server import answers
-from model_runtime.server.tensors import jsontape
+from model_runtime.server.tensors import jsontape, plans
 from model_runtime.server.tensors.binary import bytes_from_binary, from_binary
 from model_runtime.server.tensors.datatypes import BYTES, DATATYPES
 from model_runtime.server.tensors.jsonnumbers import (
@@ -206,16 +205,23 @@ def _parse(
 ) -> InferRequest:
     end = _header_end(body, header_length)
     binary = memoryview(body)[end:]
-    whole = header_length is None
-    if whole:
-        return _parse_json(body, end, binary, inputs, outputs, model, shm, None)
+    layout: plans.Layout = []
+    if header_length is None:
+        key = plans.json_key(body)
+        if key is None:
+            return _parse_json(body, end, binary, inputs, outputs, model, shm, None, whole=True)
+        planned = plans.json_request(model, key, body, inputs, outputs)
+        if planned is not None:
+            return planned
+        parsed = _parse_json(body, end, binary, inputs, outputs, model, shm, layout, whole=True)
+        plans.remember_json(model, key, inputs, outputs, parsed, layout)
+        return parsed
     header = bytes(body[:end])
-    plan = _PLANS.get((model, header))
-    if plan is not None and plan.fits(inputs, outputs, len(binary)):
-        return plan.request(binary)
-    layout: list[_Binary] = []
-    parsed = _parse_json(header, end, binary, inputs, outputs, model, shm, layout)
-    _remember((model, header), inputs, outputs, parsed, layout, len(binary))
+    planned = plans.binary_request(model, header, inputs, outputs, binary)
+    if planned is not None:
+        return planned
+    parsed = _parse_json(header, end, binary, inputs, outputs, model, shm, layout, whole=False)
+    plans.remember_binary(model, header, inputs, outputs, parsed, layout, len(binary))
     return parsed
 
 
@@ -227,90 +233,28 @@ def _parse_json(
     outputs: Sequence[TensorSpec],
     model: str,
     shm: _Shm,
-    layout: list[_Binary] | None,
+    layout: plans.Layout | None,
+    *,
+    whole: bool,
 ) -> InferRequest:
-    """Decode the request whose JSON is ``text[:end]`` (``binary``: the bytes after it)."""
-    whole = layout is None
+    """Decode the request whose JSON is ``text[:end]`` (``binary``: the bytes after it);
+    ``layout``: where its inputs lay, as the fast decoder read them (:mod:`.plans`)."""
     fast = jsontape.load(text)
     if fast is not None:
         try:
             return _decode(
                 fast, text, NO_CUTS, binary, inputs, outputs, model, shm, exact=False, layout=layout
             )
-        except Retry:
-            pass  # the plain decoder's checks decide: decoded again below
+        except Retry:  # the plain decoder's checks decide: decoded again below
+            if layout is not None:
+                layout.clear()  # and planned by none
     skeleton, cuts = cut_number_arrays(text, 0, end)
     try:
         doc = _load_json(skeleton, whole, exact=False)
-        return _decode(
-            doc, text, cuts, binary, inputs, outputs, model, shm, exact=False, layout=layout
-        )
+        return _decode(doc, text, cuts, binary, inputs, outputs, model, shm, exact=False)
     except Retry:  # integers past 64 bits, which orjson reads as floats: read them exactly
         doc = _load_json(skeleton, whole, exact=True)
-        return _decode(
-            doc, text, cuts, binary, inputs, outputs, model, shm, exact=True, layout=layout
-        )
-
-
-#: Where a binary input lies after the JSON header: name, datatype, shape, start, stop.
-_Binary = tuple[str, str, tuple[int, ...], int, int]
-
-
-@dataclass(frozen=True, slots=True)
-class _Plan:
-    """A decoded binary request's header, for the next request with the same header bytes
-    to the same model: only its tensors' bytes differ, so only they are read."""
-
-    inputs: Sequence[TensorSpec]
-    outputs: Sequence[TensorSpec]
-    binary_size: int
-    layout: tuple[_Binary, ...]
-    template: InferRequest
-
-    def fits(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], size: int) -> bool:
-        """Whether it decodes a request of ``size`` binary bytes for these tensors (the
-        model's, not a reloaded one's)."""
-        return self.inputs is inputs and self.outputs is outputs and self.binary_size == size
-
-    def request(self, binary: memoryview) -> InferRequest:
-        """The request whose binary data is ``binary``.
-
-        Raises:
-            ProtocolError: BOOL data holds a byte other than 0 or 1.
-        """
-        arrays = {
-            name: from_binary(name, datatype, binary[start:stop]).reshape(shape)
-            for name, datatype, shape, start, stop in self.layout
-        }
-        t = self.template
-        params = dict(t.parameters) if t.parameters else {}
-        return InferRequest(t.id, arrays, t.outputs, params, t.timeout, t.priority)
-
-
-#: Plans by (model, header bytes); emptied when full (a client sends few distinct headers).
-_PLANS: dict[tuple[str, bytes], _Plan] = {}
-_PLANS_MAX = 256
-
-
-def _remember(
-    key: tuple[str, bytes],
-    inputs: Sequence[TensorSpec],
-    outputs: Sequence[TensorSpec],
-    parsed: InferRequest,
-    layout: list[_Binary],
-    binary_size: int,
-) -> None:
-    """Keep the plan of ``parsed`` when it reads nothing but its header and binary data
-    (every input binary and of a fixed-size datatype, no shared memory, no sequence)."""
-    if parsed.leases or parsed.sequence is not None or len(layout) != len(parsed.inputs):
-        return
-    if len(_PLANS) >= _PLANS_MAX:
-        _PLANS.clear()
-    # Its own copy of what a caller may change, and none of the body (its inputs are views).
-    template = InferRequest(
-        parsed.id, {}, parsed.outputs, dict(parsed.parameters), parsed.timeout, parsed.priority
-    )
-    _PLANS[key] = _Plan(inputs, outputs, binary_size, tuple(layout), template)
+        return _decode(doc, text, cuts, binary, inputs, outputs, model, shm, exact=True)
 
 
 def _decode(
@@ -324,7 +268,7 @@ def _decode(
     shm: _Shm,
     *,
     exact: bool,
-    layout: list[_Binary] | None = None,
+    layout: plans.Layout | None = None,
 ) -> InferRequest:
     regions, leases = shm
     extra = set(doc) - {"id", "inputs", "outputs", "parameters"}
@@ -382,12 +326,14 @@ def _decode(
             else:
                 flat = from_binary(name, datatype, chunk)
                 if layout is not None:
-                    layout.append((name, datatype, shape, offset, offset + size))
+                    layout.append(("binary", name, datatype, shape, offset, offset + size))
             offset += size
         elif "data" not in item:
             raise _fail(f"input {name!r}: no 'data' and no binary_data_size")
         elif isinstance(item["data"], jsontape.Numbers):
             flat = item["data"].array(datatype, count)
+            if layout is not None:
+                layout.append(("numbers", name, datatype, shape, count))
         elif datatype == BYTES:
             values = flatten(name, item["data"], count)
             if len(values) != count:
