@@ -957,3 +957,15 @@ def test_a_json_framing_seen_before_is_decoded_again_for_a_reloaded_model() -> N
     _decoded(_json_body("1,2", "3,4"))
     reloaded = (NUMERIC[0], TensorSpec("n", "INT16", (-1, 2)))
     assert _decoded(_json_body("1,2", "3,4"), reloaded)[0] == "refused"
+
+
+def test_framing_past_the_plans_limit_is_never_kept() -> None:
+    from model_runtime.server.tensors import plans
+
+    plans._PLANS.clear()
+    long_id = ',"id":"%s"' % ("i" * plans.MAX_KEY_BYTES)
+    for _ in range(2):
+        assert _decoded(_json_body("1,2", "3,4", extra=long_id))[0] == "i" * plans.MAX_KEY_BYTES
+    assert not plans._PLANS
+    _decoded(_json_body("1,2", "3,4"))
+    assert plans._PLANS  # a short one is

@@ -15,7 +15,8 @@ is the same bytes is decoded from that plan, its data read as the first request'
 
 Never planned: shared memory, BYTES or BOOL JSON data, sequence parameters. At most
 :data:`MAX_PLANS` plans are kept (emptied when full). Nothing here raises for a request
-it does not plan: it says None and the caller decodes it whole.
+it does not plan: it says None and the caller decodes it whole. Framing past
+:data:`MAX_KEY_BYTES` is never planned (the plans' memory stays bounded).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from model_runtime.server.tensors.jsonnumbers import Retry
 from model_runtime.server.tensors.request import InferRequest, TensorSpec
 
 __all__ = [
+    "MAX_KEY_BYTES",
     "MAX_PLANS",
     "Layout",
     "binary_request",
@@ -43,6 +45,9 @@ __all__ = [
 
 #: Plans kept, all models together.
 MAX_PLANS = 256
+#: The longest framing planned (a header, or a JSON body's text outside its arrays): the
+#: plans hold at most MAX_PLANS times this.
+MAX_KEY_BYTES = 8 << 10
 #: Where each input of a request lay, as the decoder read it: ``("binary", name, datatype,
 #: shape, start, stop)`` (its bytes after the JSON header) or ``("numbers", name, datatype,
 #: shape, count)`` (a JSON ``data`` array of numbers).
@@ -181,6 +186,8 @@ def _keep(
     size: int,
 ) -> None:
     if parsed.leases or parsed.sequence is not None or len(layout) != len(parsed.inputs):
+        return
+    if len(key[1]) > MAX_KEY_BYTES:
         return
     if len(_PLANS) >= MAX_PLANS:
         _PLANS.clear()
