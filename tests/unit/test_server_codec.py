@@ -842,3 +842,130 @@ def test_reserved_parameters_are_refused_over_http_in_tritons_words() -> None:
             "parameter keys starting with 'triton_' are reserved for Triton usage and should "
             "not be specified."
         )
+
+
+# -- a binary request's header decoded once (codec._PLANS) ----------------------------------------
+
+
+def _all_binary(pixels: np.ndarray, mask: np.ndarray, **extra: Any) -> tuple[bytes, int]:
+    """A request whose inputs are all binary: its body and JSON header's length."""
+    pixels, mask = pixels.astype("<f4"), mask.astype(np.uint8)
+    doc: dict[str, Any] = {
+        "inputs": [
+            {"name": "pixels", "datatype": "FP32", "shape": list(pixels.shape),
+             "parameters": {"binary_data_size": pixels.nbytes}},
+            {"name": "mask", "datatype": "BOOL", "shape": list(mask.shape),
+             "parameters": {"binary_data_size": mask.nbytes}},
+        ],
+        **extra,
+    }  # fmt: skip
+    head = json.dumps(doc).encode()
+    return head + pixels.tobytes() + mask.tobytes(), len(head)
+
+
+def test_requests_with_the_same_header_get_their_own_tensors_and_settings() -> None:
+    rng = np.random.default_rng(0)
+    mask = np.array([[1, 0], [0, 1]], dtype=np.uint8)
+    answers = []
+    for _ in range(3):
+        pixels = rng.standard_normal((2, 4)).astype(np.float32)
+        body, length = _all_binary(pixels, mask, id="r", parameters={"priority": 2, "k": "v"})
+        req = parse_infer_request(body, length, INPUTS, OUTPUTS, model="m")
+        np.testing.assert_array_equal(req.inputs["pixels"], pixels)
+        np.testing.assert_array_equal(req.inputs["mask"], mask.astype(bool))
+        assert (req.id, req.priority, req.parameters) == ("r", 2, {"k": "v"})
+        req.parameters["k"] = "changed by a model"  # never seen by the next request
+        answers.append(req)
+    assert answers[0].inputs["pixels"] is not answers[1].inputs["pixels"]
+
+
+def test_a_header_seen_before_still_checks_the_data_that_differs() -> None:
+    mask = np.array([[1, 0], [0, 1]], dtype=np.uint8)
+    body, length = _all_binary(np.zeros((2, 4)), mask)
+    parse_infer_request(body, length, INPUTS, OUTPUTS, model="m")
+    bad = body[:-1] + b"\x07"  # the same header, a BOOL byte that is not 0 or 1
+    with pytest.raises(ProtocolError, match="BOOL binary data must be bytes 0 or 1"):
+        parse_infer_request(bad, length, INPUTS, OUTPUTS, model="m")
+    with pytest.raises(ProtocolError, match="add up to 36 bytes, but 37"):
+        parse_infer_request(body + b"\0", length, INPUTS, OUTPUTS, model="m")
+
+
+def test_a_header_seen_before_is_decoded_again_for_a_reloaded_model() -> None:
+    mask = np.array([[1, 0], [0, 1]], dtype=np.uint8)
+    body, length = _all_binary(np.zeros((2, 4)), mask)
+    parse_infer_request(body, length, INPUTS, OUTPUTS, model="m")
+    reloaded = (TensorSpec("pixels", "FP16", (-1, 4)), INPUTS[1])  # the same name, new tensors
+    with pytest.raises(ProtocolError, match="does not match the model's FP16"):
+        parse_infer_request(body, length, reloaded, OUTPUTS, model="m")
+
+
+# -- a JSON request's framing decoded once (tensors/plans.py) -------------------------------------
+
+NUMERIC = (TensorSpec("x", "FP32", (-1, 2)), TensorSpec("n", "INT8", (-1, 2)))
+
+
+def _json_body(x: str, n: str, shape: str = "[1,2]", extra: str = "") -> bytes:
+    return (
+        f'{{"inputs":[{{"name":"x","datatype":"FP32","shape":{shape},"data":[{x}]}},'
+        f'{{"name":"n","datatype":"INT8","shape":{shape},"data":[{n}]}}]{extra}}}'
+    ).encode()
+
+
+def _decoded(body: bytes, specs: tuple[TensorSpec, ...] = NUMERIC) -> Any:
+    try:
+        req = parse_infer_request(body, None, specs, OUTPUTS, model="m")
+    except ProtocolError as exc:
+        return ("refused", str(exc))
+    return (req.id, req.parameters, {k: (v.dtype, v.tolist()) for k, v in req.inputs.items()})
+
+
+@pytest.mark.parametrize(
+    ("x", "n"),
+    [
+        ("0.5,-2", "3,4"),  # other values: read as the first request's were
+        ("1e3,  7", "-128,127"),
+        ("1,2,3", "1,2"),  # more values than the shape holds
+        ("1", "1,2"),  # fewer
+        ("1,2", "1,300"),  # out of INT8's range
+        ("1,true", "1,2"),  # not a number
+        ('1,"2"', "1,2"),
+        ("1,2", "1,2.5"),
+        ("1,", "1,2"),  # not JSON
+        ("9007199254740993,1", "1,2"),  # past 2**53: the plain decoder rounds it
+    ],
+)
+def test_a_json_request_framed_as_one_before_decodes_as_if_new(x: str, n: str) -> None:
+    from model_runtime.server.tensors import plans
+
+    plans._PLANS.clear()
+    fresh = _decoded(_json_body(x, n))
+    _decoded(_json_body("1,2", "3,4"))  # the same framing, decoded whole: planned
+    assert plans._PLANS
+    assert _decoded(_json_body(x, n)) == fresh
+
+
+def test_json_requests_with_the_same_framing_keep_their_own_ids_and_parameters() -> None:
+    extra = ',"id":"a","parameters":{"k":"v","data":[1]}'  # a model's parameter named data
+    first = parse_infer_request(_json_body("1,2", "3,4", extra=extra), None, NUMERIC, OUTPUTS)
+    first.parameters["k"] = "changed by a model"
+    again = parse_infer_request(_json_body("5,6", "7,8", extra=extra), None, NUMERIC, OUTPUTS)
+    assert again.id == "a" and again.parameters == {"k": "v", "data": [1]}
+    assert again.inputs["x"].tolist() == [[5, 6]] and again.inputs["n"].tolist() == [[7, 8]]
+
+
+def test_a_json_framing_seen_before_is_decoded_again_for_a_reloaded_model() -> None:
+    _decoded(_json_body("1,2", "3,4"))
+    reloaded = (NUMERIC[0], TensorSpec("n", "INT16", (-1, 2)))
+    assert _decoded(_json_body("1,2", "3,4"), reloaded)[0] == "refused"
+
+
+def test_framing_past_the_plans_limit_is_never_kept() -> None:
+    from model_runtime.server.tensors import plans
+
+    plans._PLANS.clear()
+    long_id = ',"id":"%s"' % ("i" * plans.MAX_KEY_BYTES)
+    for _ in range(2):
+        assert _decoded(_json_body("1,2", "3,4", extra=long_id))[0] == "i" * plans.MAX_KEY_BYTES
+    assert not plans._PLANS
+    _decoded(_json_body("1,2", "3,4"))
+    assert plans._PLANS  # a short one is

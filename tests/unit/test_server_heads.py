@@ -139,3 +139,10 @@ def test_no_bytes_break_the_framer_and_chunked_is_lost_for_good(junk: bytes, mor
     chunked.feed(b"POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n")
     chunked.feed(b"0\r\n\r\n" + junk)
     assert chunked.lost and not chunked.at_boundary
+
+
+def test_a_head_read_before_is_held_to_each_callers_body_limit() -> None:
+    head = b"POST /v2/models/m/infer HTTP/1.1\r\nHost: h\r\nContent-Length: 7\r\n\r\n"
+    assert plain_head(head, MAX) == (b"/v2/models/m/infer", len(head), 7)
+    assert plain_head(head, 6) is None  # the same bytes, a smaller limit
+    assert plain_head(b"xx" + head, MAX, 2) == (b"/v2/models/m/infer", len(head), 7)

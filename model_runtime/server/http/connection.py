@@ -27,6 +27,7 @@ from model_runtime.server.http.held import HeldBytes
 from model_runtime.server.http.pipelined import _NEVER, ProtocolLevelAnswers
 
 if TYPE_CHECKING:
+    from model_runtime.server.http.fastpath import Answering
     from model_runtime.server.http.guard import Admitted, ConnectionGuard
 
 __all__ = ["AIOHTTP_STATE", "H2_PREFACE", "GuardedConnection"]
@@ -102,7 +103,7 @@ class GuardedConnection(ProtocolLevelAnswers, asyncio.Protocol):
         self._admitted: Admitted | None = None  # the admission of the head given to aiohttp
         # A request answered at the protocol level (guard.fast): its task, and the bytes that
         # arrive meanwhile (read once it is answered, in order).
-        self._fast: asyncio.Task[None] | None = None
+        self._fast: Answering | None = None
         self._held = HeldBytes()
         self._reserved = 0  # bytes of the memory budget its body holds
         # Its body while it arrives (the task awaits ``_body_due``), and the bytes still due.

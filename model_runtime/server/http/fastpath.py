@@ -20,25 +20,34 @@ import email.utils
 import time
 from functools import partial
 from http import HTTPStatus
-from typing import Protocol
+from typing import Any, Protocol
 
 import orjson
 import structlog
 
 from model_runtime.server.http.access import REQUEST_ID_HEADER, log as access_log, new_request_id
 from model_runtime.server.http.body import body_timeout
+from model_runtime.server.http.fastcall import FastCall
 from model_runtime.server.inference.admission import QUEUE_FULL, ModelAdmission
-from model_runtime.server.inference.plane import DataPlane
+from model_runtime.server.inference.plane import THREAD_PARSE_BYTES, DataPlane
 from model_runtime.server.tensors.binary import HEADER_LENGTH
 
-__all__ = ["FastConnection", "FastInfer"]
+__all__ = ["Answering", "FastConnection", "FastInfer"]
 
 _HEADER_LENGTH = HEADER_LENGTH.lower().encode()
+_HEADER_LENGTH_NAME = HEADER_LENGTH.encode()
 _REQUEST_ID = REQUEST_ID_HEADER.lower().encode()
+_REQUEST_ID_NAME = REQUEST_ID_HEADER.encode()
 _IDENTITY = b"identity"
 _PHRASES = {s.value: s.phrase.encode() for s in HTTPStatus}
 #: A written answer larger than this goes out as two buffers (head, body), not one copy.
 _JOIN_BELOW = 64 << 10
+
+
+class Answering(Protocol):
+    """What answers a request taken here: the connection cancels it when its client goes."""
+
+    def cancel(self) -> Any: ...
 
 
 class FastConnection(Protocol):
@@ -72,10 +81,10 @@ class FastInfer:
     """Answers admitted plain infer requests for one :class:`DataPlane` (see the module
     docstring). ``access_log``: one ``http_request`` line per request, as the middleware's."""
 
-    __slots__ = ("_date", "_plane", "_tasks", "access_log", "taken")
+    __slots__ = ("_date", "_tasks", "access_log", "plane", "taken")
 
     def __init__(self, plane: DataPlane, *, access_log: bool = True) -> None:
-        self._plane = plane
+        self.plane = plane
         self.access_log = access_log
         self._date = _Date()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -89,36 +98,39 @@ class FastInfer:
         head: bytes,
         body: bytes | asyncio.Future[bytearray],
         state: ModelAdmission,
-    ) -> asyncio.Task[None] | None:
+    ) -> Answering | None:
         """Answer the request of ``head`` (a plain head, blank line included) and ``body``
         (all of it, or a future the connection sets once it is in: awaited within the body
         timeout) for ``target``, admitted as ``state`` (which it leaves when answered);
-        its answer goes to ``conn``, then ``conn.fast_done()``. Returns the task answering
-        it, or None: not one for here (nothing was done; aiohttp takes it)."""
-        where = _model_version(target)
-        if where is None:
+        its answer goes to ``conn``, then ``conn.fast_done()``. Returns what answers it
+        (a :class:`FastCall` for a body in hand and a plain model, else a task), or None:
+        not one for here (nothing was done; aiohttp takes it)."""
+        read = _HEADS.get(head, _UNREAD)
+        if read is _UNREAD:
+            read = _read_head(target, head)
+            if len(_HEADS) >= _HEADS_MAX:
+                _HEADS.clear()
+            _HEADS[head] = read
+        if read is None:
             return None
-        header_length = request_id = None
-        for line in head.split(b"\r\n")[1:]:
-            name, _, value = line.partition(b":")
-            key = name.lower()
-            # The first of a repeated header counts, as aiohttp's headers.get() reads it.
-            if key == _HEADER_LENGTH:
-                if header_length is None:
-                    header_length = value.strip(b" \t").decode("latin-1")
-            elif key == _REQUEST_ID:
-                if request_id is None:
-                    request_id = value.strip(b" \t").decode("latin-1")
-            elif key == b"content-encoding" and value.strip(b" \t").lower() != _IDENTITY:
-                return None  # aiohttp inflates it (or refuses it)
+        where, header_length, request_id = read
         self.taken += 1
         rid = new_request_id(request_id)
+        if isinstance(body, bytes) and len(body) <= THREAD_PARSE_BYTES:
+            call = FastCall(self, conn, target, rid, state)
+            if call.begin(where, header_length, body):
+                return call
         started = [False]
         coro = self._answer(conn, target, where, header_length, body, rid, state, started)
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)  # held until done (the loop keeps weak references only)
         task.add_done_callback(partial(self._done, conn, state, started))
         return task
+
+    def hold(self, task: asyncio.Task[None]) -> None:
+        """Keep ``task`` until it is done (the loop keeps weak references only)."""
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _done(
         self,
@@ -146,7 +158,7 @@ class FastInfer:
         started: list[bool],
     ) -> None:
         started[0] = True
-        plane = self._plane
+        plane = self.plane
         t0 = time.perf_counter()
         status = 500
         queue_full = close = False
@@ -159,43 +171,71 @@ class FastInfer:
                 arrived = body if isinstance(body, bytes) else partial(_arrival, body, timeout)
                 out, json_length = await plane.answer_infer(entry, runner, header_length, arrived)
                 status = 200
-                if json_length is None:
-                    head = self._head(200, b"application/json", len(out), rid)
-                else:
-                    extra = b"%s: %d\r\n" % (HEADER_LENGTH.encode(), json_length)
-                    head = self._head(200, b"application/octet-stream", len(out), rid, extra)
+                answer = self.ok_answer(out, json_length, rid)
             except Exception as exc:
-                status, message, headers, close = plane.error_answer(exc, target.decode("latin-1"))
-                queue_full = status == 503 and headers is not None and "Retry-After" in headers
-                out = orjson.dumps({"error": message})
-                extra = b"".join(
-                    b"%s: %s\r\n" % (k.encode("latin-1"), v.encode("latin-1"))
-                    for k, v in (headers or {}).items()
-                )
-                if close:  # its body was not all read: the connection ends with this answer
-                    extra += b"Connection: close\r\n"
-                head = self._head(status, b"application/json", len(out), rid, extra)
-            conn.fast_answer(head + out if len(out) < _JOIN_BELOW else [head, out], close)
+                status, answer, close, queue_full = self.error_answer(exc, target, rid)
+            conn.fast_answer(answer, close)
         except asyncio.CancelledError:
             status = 499  # the client went away (nginx's code, as the access log's)
             raise
         finally:
-            try:
-                if queue_full:
-                    state.refused[QUEUE_FULL].inc()
-                admission = plane.admission
-                state.leave(queue_full, admission.queue_delay, admission.capacity)
-                if self.access_log:
-                    access_log.info(
-                        "http_request",
-                        method="POST",
-                        path=target.decode("latin-1"),
-                        status=status,
-                        duration_ms=round((time.perf_counter() - t0) * 1e3, 3),
-                        request_id=rid,
-                    )
-            finally:
-                conn.fast_done()  # whatever the log did: the connection reads on
+            self.leave(conn, state, target, rid, status, queue_full, t0)
+
+    def ok_answer(self, out: bytes, json_length: int | None, rid: str) -> bytes | list[bytes]:
+        """The 200 answer of body ``out`` (``json_length``: its JSON part's; None: all JSON)."""
+        if json_length is None:
+            head = self._head(200, b"application/json", len(out), rid)
+        else:
+            extra = b"%s: %d\r\n" % (_HEADER_LENGTH_NAME, json_length)
+            head = self._head(200, b"application/octet-stream", len(out), rid, extra)
+        return head + out if len(out) < _JOIN_BELOW else [head, out]
+
+    def error_answer(
+        self, exc: Exception, target: bytes, rid: str
+    ) -> tuple[int, bytes | list[bytes], bool, bool]:
+        """The answer to ``exc`` (:meth:`DataPlane.error_answer`, logged as it says): its
+        status, bytes, whether the connection closes after it, and whether it is a full
+        queue's 503."""
+        status, message, headers, close = self.plane.error_answer(exc, target.decode("latin-1"))
+        queue_full = status == 503 and headers is not None and "Retry-After" in headers
+        out = orjson.dumps({"error": message})
+        extra = b"".join(
+            b"%s: %s\r\n" % (k.encode("latin-1"), v.encode("latin-1"))
+            for k, v in (headers or {}).items()
+        )
+        if close:  # its body was not all read: the connection ends with this answer
+            extra += b"Connection: close\r\n"
+        head = self._head(status, b"application/json", len(out), rid, extra)
+        return status, head + out if len(out) < _JOIN_BELOW else [head, out], close, queue_full
+
+    def leave(
+        self,
+        conn: FastConnection,
+        state: ModelAdmission,
+        target: bytes,
+        rid: str,
+        status: int,
+        queue_full: bool,
+        t0: float,
+    ) -> None:
+        """A request answered (or given up: 499) leaves its admission ``state``, has its
+        access log line, and ``conn`` reads on."""
+        try:
+            if queue_full:
+                state.refused[QUEUE_FULL].inc()
+            admission = self.plane.admission
+            state.leave(queue_full, admission.queue_delay, admission.capacity)
+            if self.access_log:
+                access_log.info(
+                    "http_request",
+                    method="POST",
+                    path=target.decode("latin-1"),
+                    status=status,
+                    duration_ms=round((time.perf_counter() - t0) * 1e3, 3),
+                    request_id=rid,
+                )
+        finally:
+            conn.fast_done()  # whatever the log did: the connection reads on
 
     def _head(
         self, status: int, content_type: bytes, length: int, rid: str, extra: bytes = b""
@@ -208,12 +248,43 @@ class FastInfer:
                 _PHRASES.get(status, b""),
                 content_type,
                 length,
-                REQUEST_ID_HEADER.encode(),
+                _REQUEST_ID_NAME,
                 rid.encode(),
                 extra,
                 self._date(),
             )
         )
+
+
+#: What :func:`_read_head` read of each head (by its bytes: clients repeat theirs), emptied
+#: when full.
+_HEADS: dict[bytes, tuple[tuple[str, str | None], str | None, str | None] | None] = {}
+_HEADS_MAX = 512
+_UNREAD = (("", None), None, None)
+
+
+def _read_head(
+    target: bytes, head: bytes
+) -> tuple[tuple[str, str | None], str | None, str | None] | None:
+    """``((model, version), Inference-Header-Content-Length, X-Request-ID)`` of an infer
+    request's plain ``head`` for ``target``; None: not one for here (aiohttp's)."""
+    where = _model_version(target)
+    if where is None:
+        return None
+    header_length = request_id = None
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        key = name.lower()
+        # The first of a repeated header counts, as aiohttp's headers.get() reads it.
+        if key == _HEADER_LENGTH:
+            if header_length is None:
+                header_length = value.strip(b" \t").decode("latin-1")
+        elif key == _REQUEST_ID:
+            if request_id is None:
+                request_id = value.strip(b" \t").decode("latin-1")
+        elif key == b"content-encoding" and value.strip(b" \t").lower() != _IDENTITY:
+            return None  # aiohttp inflates it (or refuses it)
+    return where, header_length, request_id
 
 
 async def _arrival(body: asyncio.Future[bytearray], timeout: float | None) -> bytearray:

@@ -95,6 +95,27 @@ def plain_head(data: bytes, max_body: int, start: int = 0) -> tuple[bytes, int, 
     head_end = data.find(b"\r\n\r\n", start, start + MAX_HEAD_BYTES)
     if head_end < 0:
         return None
+    head = data[start : head_end + 4]
+    read = _READ.get(head, _UNREAD)
+    if read is _UNREAD:
+        read = _read_head(data, start, head_end)
+        if len(_READ) >= _READ_MAX:
+            _READ.clear()
+        _READ[head] = read
+    if read is None or read[2] > max_body:
+        return None
+    return read
+
+
+#: What :func:`plain_head` read of each head (by its bytes: clients repeat theirs), emptied
+#: when full.
+_READ: dict[bytes, tuple[bytes, int, int] | None] = {}
+_READ_MAX = 512
+_UNREAD = (b"", -1, -1)
+
+
+def _read_head(data: bytes, start: int, head_end: int) -> tuple[bytes, int, int] | None:
+    """:func:`plain_head` of the head at ``data[start:head_end]``, any body size."""
     line_end = data.find(b"\r\n", start)
     request_line = data[start:line_end].split(b" ")
     if len(request_line) != 3 or request_line[0] != b"POST" or request_line[2] != b"HTTP/1.1":
@@ -102,7 +123,7 @@ def plain_head(data: bytes, max_body: int, start: int = 0) -> tuple[bytes, int, 
     if request_line[1].translate(None, _VISIBLE):
         return None  # a control or non-ASCII byte in the target
     length = _body_length(data[start:head_end], line_end - start, strict=True)
-    if length is None or length > max_body:
+    if length is None:
         return None
     return request_line[1], head_end + 4 - start, length
 

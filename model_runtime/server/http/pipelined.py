@@ -16,6 +16,7 @@ from aiohttp.web_protocol import RequestHandler
 from model_runtime.server.http.held import HeldBytes
 
 if TYPE_CHECKING:
+    from model_runtime.server.http.fastpath import Answering
     from model_runtime.server.http.guard import Admitted, ConnectionGuard, Guarded
     from model_runtime.server.inference.admission import ModelAdmission
 
@@ -56,7 +57,7 @@ class ProtocolLevelAnswers:
     _transport: asyncio.Transport | None
     _loop: asyncio.AbstractEventLoop
     _admitted: Admitted | None
-    _fast: asyncio.Task[None] | None
+    _fast: Answering | None
     _held: HeldBytes
     _reserved: int
     _body: bytearray

@@ -15,6 +15,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import anyio
@@ -23,7 +24,7 @@ import structlog
 from actors.queues.tracing import CURRENT as CURRENT_TRACE
 from model_runtime.errors import ModelRuntimeError
 from model_runtime.python_backend.runner import PythonModelRunner
-from model_runtime.runner import ModelRunner
+from model_runtime.runner import ModelRunner, _expire
 from model_runtime.sequences import SequenceStep
 from model_runtime.server.answers import HTTPError, status_of
 from model_runtime.server.ensemble import EnsembleRunner
@@ -42,7 +43,7 @@ from model_runtime.server.repository.entries import ModelEntry, ModelState
 from model_runtime.server.repository.python import PythonHooks
 from model_runtime.server.repository.repository import ModelRepository
 from model_runtime.server.security.restrict import RestrictionCounter
-from model_runtime.server.serving import innermost
+from model_runtime.server.serving import ServingRunner, innermost
 from model_runtime.server.tensors.binary import HEADER_LENGTH
 from model_runtime.server.tensors.codec import parse_infer_request
 from model_runtime.server.tensors.encode import encode_infer_response
@@ -53,11 +54,19 @@ from model_runtime.server.tensors.shm import SharedMemoryRegistry
 from model_runtime.server.tensors.shm_io import decode_in_thread
 from model_runtime.server.triton.config import DEFAULT_SETTINGS
 
-__all__ = ["DataPlane", "ServerOptions", "samples_of"]
+__all__ = [
+    "THREAD_PARSE_BYTES",
+    "DataPlane",
+    "ServerOptions",
+    "encodes_in_thread",
+    "json_length_of",
+    "samples_of",
+]
 
 log = structlog.get_logger("model_runtime.server.app")  # the logger its events always had
 
-_THREAD_PARSE_BYTES = 1 << 20
+#: A body larger than this is decoded off the event loop (below, the hop costs more).
+THREAD_PARSE_BYTES = 1 << 20
 #: Refusals that leave a body unread: the connection closes after the answer.
 _UNREAD = frozenset({"too_large", "body_timeout", "bad_encoding"})
 
@@ -96,13 +105,41 @@ class ServerOptions:
     admission_delay: float | None = DEFAULT_QUEUE_DELAY
 
 
+def json_length_of(header: str | None) -> int | None:
+    """The ``Inference-Header-Content-Length`` header's value (None: not given).
+
+    Raises:
+        HTTPError: 400, not an integer.
+    """
+    try:
+        return None if header is None else int(header)
+    except ValueError:
+        raise HTTPError(400, f"{HEADER_LENGTH} must be an integer", "bad_request") from None
+
+
+def encodes_in_thread(results: Mapping[str, Any]) -> bool:
+    """Whether outputs this large are encoded off the event loop."""
+    return bool(sum(a.nbytes for a in results.values()) > THREAD_PARSE_BYTES // 4)
+
+
+#: Whether a model's inputs have a batch axis, by ``id`` of its inputs (the object kept
+#: with it, so an id is not reused while its entry is here).
+_BATCHED: dict[int, tuple[object, bool]] = {}
+
+
 def samples_of(entry: ModelEntry, inputs: Mapping[str, Any], outputs: Any = None) -> int:
     """The inferences a request of ``inputs`` is, as Triton counts them (``inference_count``):
     its batch for a model with a batch axis, else 1; 0 when its ``outputs`` came from the
     response cache (the model did not run)."""
     if isinstance(outputs, CachedOutputs):
         return 0
-    if not any(spec.has_batch_axis for spec in entry.inputs):
+    specs = entry.inputs
+    known = _BATCHED.get(id(specs))
+    if known is None or known[0] is not specs:
+        if len(_BATCHED) >= 1024:
+            _BATCHED.clear()
+        known = _BATCHED[id(specs)] = (specs, any(spec.has_batch_axis for spec in specs))
+    if not known[1]:
         return 1
     first = next(iter(inputs.values()), None)
     return int(first.shape[0]) if first is not None and first.ndim else 1
@@ -305,10 +342,7 @@ class DataPlane:
         reason: str | None = "internal"
         samples = 0
         try:
-            try:
-                length = None if header_length is None else int(header_length)
-            except ValueError:
-                raise HTTPError(400, f"{HEADER_LENGTH} must be an integer", "bad_request") from None
+            length = json_length_of(header_length)
             data = body if isinstance(body, bytes) else await body()
             out, json_length, samples = await self._infer(data, length, entry, runner)
             reason = None
@@ -326,38 +360,94 @@ class DataPlane:
     async def _infer(
         self, body: bytes | bytearray, header_length: int | None, entry: ModelEntry, runner: Any
     ) -> tuple[bytes, int | None, int]:
-        def parse() -> InferRequest:
-            if header_length == 0:  # Triton's raw binary request: the body is the one input
-                return parse_raw_request(body, entry.inputs, entry.outputs, model=entry.name)
-            return parse_infer_request(
-                body,
-                header_length,
-                entry.inputs,
-                entry.outputs,
-                model=entry.name,
-                regions=self.shared_memory,
-            )
-
         # Decoding ~1 MiB takes ~1-5 ms: below that the thread hop costs more than it saves.
-        if len(body) > _THREAD_PARSE_BYTES:
-            parsed = await decode_in_thread(parse)
+        if len(body) > THREAD_PARSE_BYTES:
+            parsed = await decode_in_thread(partial(self.decode, entry, header_length, body))
         else:
-            parsed = parse()
+            parsed = self.decode(entry, header_length, body)
         try:
             results = await self.execute(entry, runner, parsed)
-
-            def encode() -> tuple[bytes, int | None]:
-                return encode_infer_response(
-                    entry.name, entry.version, parsed, results, entry.datatypes, specs=entry.outputs
+            if encodes_in_thread(results):
+                out, json_length = await anyio.to_thread.run_sync(
+                    self.encode, entry, parsed, results
                 )
-
-            if sum(a.nbytes for a in results.values()) > _THREAD_PARSE_BYTES // 4:
-                out, json_length = await anyio.to_thread.run_sync(encode)
             else:
-                out, json_length = encode()
+                out, json_length = self.encode(entry, parsed, results)
         finally:
             parsed.release()  # its shared memory regions, if any
         return out, json_length, samples_of(entry, parsed.inputs, results)
+
+    def decode(
+        self, entry: ModelEntry, header_length: int | None, body: bytes | bytearray
+    ) -> InferRequest:
+        """A REST infer request's ``body`` for ``entry`` decoded (``header_length``: its
+        JSON part's length; 0: Triton's raw binary request, the body the one input).
+
+        Raises:
+            ProtocolError, HTTPError: the body does not fit the protocol or the model.
+        """
+        if header_length == 0:
+            return parse_raw_request(body, entry.inputs, entry.outputs, model=entry.name)
+        return parse_infer_request(
+            body,
+            header_length,
+            entry.inputs,
+            entry.outputs,
+            model=entry.name,
+            regions=self.shared_memory,
+        )
+
+    @staticmethod
+    def encode(
+        entry: ModelEntry, parsed: InferRequest, results: dict[str, Any]
+    ) -> tuple[bytes, int | None]:
+        """The REST answer to ``parsed`` for ``entry``: its body and its JSON part's length
+        (None: all JSON)."""
+        return encode_infer_response(
+            entry.name, entry.version, parsed, results, entry.datatypes, specs=entry.outputs
+        )
+
+    def plain_runner(self, entry: ModelEntry, runner: Any) -> ModelRunner | None:
+        """The :class:`ModelRunner` that serves ``entry`` through ``runner`` when
+        :meth:`submit` may take its requests (not a stateful model, no other make of runner
+        or wrapper between, no trace being taken, not answered from the response cache);
+        else None (await :meth:`execute`)."""
+        inner = runner.current if type(runner) is ServingRunner else runner
+        if type(inner) is not ModelRunner or self.tracer.active:
+            return None
+        settings = entry.settings
+        if settings is not None and (
+            settings.sequence is not None
+            or (self.cache is not None and settings.config.response_cache.enable)
+        ):
+            return None
+        return inner
+
+    def submit(
+        self, entry: ModelEntry, inner: ModelRunner, parsed: InferRequest
+    ) -> tuple[asyncio.Future[dict[str, Any]], asyncio.TimerHandle | None]:
+        """:meth:`execute` without a coroutine, on the runner :meth:`plain_runner` gave:
+        the request is queued now. Returns the future of its outputs (cancel it: its rows
+        never run) and the timer that fails it with :class:`ExecutionTimeoutError` past its
+        deadline (cancel the timer once the future is done).
+
+        Raises:
+            ModelRuntimeError: what ``execute`` raises at once (refusals, bad inputs).
+        """
+        settings = entry.settings or DEFAULT_SETTINGS
+        if parsed.sequence is not None:
+            raise not_a_sequence_model(parsed.sequence, entry.name)
+        opts = self.options
+        timeout = settings.deadline(opts.request_timeout, parsed.timeout)
+        priority = settings.priority(
+            parsed.priority, opts.priority_levels, opts.default_priority_level
+        )
+        pending = inner.execute_async(parsed.inputs, None, None, None, priority)
+        future = pending if isinstance(pending, asyncio.Future) else asyncio.ensure_future(pending)
+        if timeout is None:
+            return future, None
+        # The runner's own expiry (its error and words), one timer per request as its own.
+        return future, asyncio.get_running_loop().call_later(timeout, _expire, future, timeout)
 
     async def execute(
         self,

@@ -251,7 +251,8 @@ class DaemonMetrics:
         #: runner and the new one are both read.
         self._marks: dict[tuple[str, str], dict[int, _Mark]] = {}
         self._children: dict[str, tuple[Any, Any, Any]] = {}
-        self._pending_children: dict[tuple[str, str], tuple[Any, Any]] = {}
+        #: Requests in flight by (model, version) (:meth:`request_started`).
+        self._pending: dict[tuple[str, str], int] = {}
         r.register(ReplicaCollector(self))
         r.register(ModelCollector(self))
         r.register(SequenceCollector(self))
@@ -272,22 +273,28 @@ class DaemonMetrics:
 
     def request_started(self, model: str, version: str = "1") -> None:
         """Count one request in flight (``model_runtime_pending_requests``, Triton's pending)."""
-        for child in self._pending_of(model, version):
-            child.inc()
+        key = (model, version)
+        pending = self._pending
+        n = pending.get(key)
+        if n is None:
+            n = self._pending_gauges(key)
+        pending[key] = n + 1
 
     def request_finished(self, model: str, version: str = "1") -> None:
         """Count one request no longer in flight (see :meth:`request_started`)."""
-        for child in self._pending_of(model, version):
-            child.dec()
+        self._pending[(model, version)] -= 1
 
-    def _pending_of(self, model: str, version: str) -> tuple[Any, Any]:
-        children = self._pending_children.get((model, version))
-        if children is None:
-            children = self._pending_children[(model, version)] = (
-                self.pending.labels(model),
-                self.nv_pending.labels(model, version),
-            )
-        return children
+    def _pending_gauges(self, key: tuple[str, str]) -> int:
+        """The gauges of ``key``'s requests in flight, read from the counts when scraped (an
+        int per request, not two gauges' locks). Returns its count (0)."""
+        model, version = key
+        pending = self._pending
+        pending[key] = 0
+        self.nv_pending.labels(model, version).set_function(lambda: pending.get(key, 0))
+        self.pending.labels(model).set_function(
+            lambda: sum(n for (m, _), n in list(pending.items()) if m == model)
+        )
+        return 0
 
     def observe(
         self, model: str, reason: str | None, seconds: float, samples: int, version: str = "1"

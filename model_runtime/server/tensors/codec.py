@@ -32,7 +32,7 @@ import orjson
 
 from model_runtime.errors import ProtocolError
 from model_runtime.server import answers
-from model_runtime.server.tensors import jsontape
+from model_runtime.server.tensors import jsontape, plans
 from model_runtime.server.tensors.binary import bytes_from_binary, from_binary
 from model_runtime.server.tensors.datatypes import BYTES, DATATYPES
 from model_runtime.server.tensors.jsonnumbers import (
@@ -205,20 +205,56 @@ def _parse(
 ) -> InferRequest:
     end = _header_end(body, header_length)
     binary = memoryview(body)[end:]
-    whole = header_length is None
-    fast = jsontape.load(body if whole else bytes(body[:end]))
+    layout: plans.Layout = []
+    if header_length is None:
+        key = plans.json_key(body)
+        if key is None:
+            return _parse_json(body, end, binary, inputs, outputs, model, shm, None, whole=True)
+        planned = plans.json_request(model, key, body, inputs, outputs)
+        if planned is not None:
+            return planned
+        parsed = _parse_json(body, end, binary, inputs, outputs, model, shm, layout, whole=True)
+        plans.remember_json(model, key, inputs, outputs, parsed, layout)
+        return parsed
+    header = bytes(body[:end])
+    planned = plans.binary_request(model, header, inputs, outputs, binary)
+    if planned is not None:
+        return planned
+    parsed = _parse_json(header, end, binary, inputs, outputs, model, shm, layout, whole=False)
+    plans.remember_binary(model, header, inputs, outputs, parsed, layout, len(binary))
+    return parsed
+
+
+def _parse_json(
+    text: bytes | bytearray,
+    end: int,
+    binary: memoryview,
+    inputs: Sequence[TensorSpec],
+    outputs: Sequence[TensorSpec],
+    model: str,
+    shm: _Shm,
+    layout: plans.Layout | None,
+    *,
+    whole: bool,
+) -> InferRequest:
+    """Decode the request whose JSON is ``text[:end]`` (``binary``: the bytes after it);
+    ``layout``: where its inputs lay, as the fast decoder read them (:mod:`.plans`)."""
+    fast = jsontape.load(text)
     if fast is not None:
         try:
-            return _decode(fast, body, NO_CUTS, binary, inputs, outputs, model, shm, exact=False)
-        except Retry:
-            pass  # the plain decoder's checks decide: decoded again below
-    skeleton, cuts = cut_number_arrays(body, 0, end)
+            return _decode(
+                fast, text, NO_CUTS, binary, inputs, outputs, model, shm, exact=False, layout=layout
+            )
+        except Retry:  # the plain decoder's checks decide: decoded again below
+            if layout is not None:
+                layout.clear()  # and planned by none
+    skeleton, cuts = cut_number_arrays(text, 0, end)
     try:
         doc = _load_json(skeleton, whole, exact=False)
-        return _decode(doc, body, cuts, binary, inputs, outputs, model, shm, exact=False)
+        return _decode(doc, text, cuts, binary, inputs, outputs, model, shm, exact=False)
     except Retry:  # integers past 64 bits, which orjson reads as floats: read them exactly
         doc = _load_json(skeleton, whole, exact=True)
-        return _decode(doc, body, cuts, binary, inputs, outputs, model, shm, exact=True)
+        return _decode(doc, text, cuts, binary, inputs, outputs, model, shm, exact=True)
 
 
 def _decode(
@@ -232,6 +268,7 @@ def _decode(
     shm: _Shm,
     *,
     exact: bool,
+    layout: plans.Layout | None = None,
 ) -> InferRequest:
     regions, leases = shm
     extra = set(doc) - {"id", "inputs", "outputs", "parameters"}
@@ -288,11 +325,15 @@ def _decode(
                 flat = bytes_from_binary(name, chunk, count, model, request_id)
             else:
                 flat = from_binary(name, datatype, chunk)
+                if layout is not None:
+                    layout.append(("binary", name, datatype, shape, offset, offset + size))
             offset += size
         elif "data" not in item:
             raise _fail(f"input {name!r}: no 'data' and no binary_data_size")
         elif isinstance(item["data"], jsontape.Numbers):
             flat = item["data"].array(datatype, count)
+            if layout is not None:
+                layout.append(("numbers", name, datatype, shape, count))
         elif datatype == BYTES:
             values = flatten(name, item["data"], count)
             if len(values) != count:

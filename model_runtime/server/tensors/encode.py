@@ -9,6 +9,7 @@ asked for in a shared memory region are written there (:mod:`.shm_io`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -54,7 +55,6 @@ def encode_infer_response(
     doc: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
     if request.id is not None:
         doc["id"] = request.id
-    batch_axis = {s.name: s.has_batch_axis for s in specs}
     tensors: list[dict[str, Any]] = []
     chunks: list[bytes | memoryview] = []
     nonfinite: list[bytes] = []
@@ -62,7 +62,8 @@ def encode_infer_response(
         arr = results[out.name]
         datatype = datatypes[out.name]
         if out.class_count:
-            batched = batch_axis.get(out.name, arr.ndim >= 2)
+            spec = next((s for s in specs if s.name == out.name), None)
+            batched = arr.ndim >= 2 if spec is None else spec.has_batch_axis
             if labels is not None:
                 names = labels(out.name)
             else:
@@ -86,7 +87,8 @@ def encode_infer_response(
         else:
             dtype = _JSON_AS.get(datatype, DATATYPES[datatype].newbyteorder("="))
             flat = np.ascontiguousarray(arr, dtype=dtype).reshape(-1)
-            if flat.dtype.kind == "f" and not np.isfinite(flat).all():
+            # A sum is finite when every element is (or, past 1e308, says look at each).
+            if flat.dtype.kind == "f" and not math.isfinite(flat.sum()):
                 nonfinite.append(_nonfinite_text(flat))  # written in after the dump
                 entry["data"] = f"{_NONFINITE}{len(nonfinite) - 1}"
             else:

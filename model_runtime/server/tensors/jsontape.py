@@ -31,7 +31,7 @@ from model_runtime.server.answers import MAX_JSON_DEPTH, json_too_deep
 from model_runtime.server.tensors.datatypes import DATATYPES
 from model_runtime.server.tensors.jsonnumbers import Retry
 
-__all__ = ["MAX_TAPE_BYTES", "Numbers", "load"]
+__all__ = ["MAX_TAPE_BYTES", "Numbers", "load", "numbers"]
 
 #: The largest JSON read here (the tape takes about 8 bytes per number, the copy 8 more).
 MAX_TAPE_BYTES = 1 << 20
@@ -102,6 +102,22 @@ def load(text: bytes | bytearray) -> dict[str, Any] | None:
         if not isinstance(doc, simdjson.Object):
             return None
         return _object(doc, top)
+    except _NOT_PARSED:
+        return None
+
+
+def numbers(text: bytes | bytearray | memoryview, datatype: str) -> Numbers | None:
+    """The JSON array ``text`` of numbers as :func:`load` reads a ``"data"`` array of input
+    ``datatype``; None: not such an array (the plain decoder reads it)."""
+    buffer = _BUFFER.get(datatype)
+    if buffer is None:
+        return None
+    of_type, dtype = buffer
+    try:
+        value = simdjson.Parser().parse(bytes(text))
+        if not isinstance(value, simdjson.Array):
+            return None
+        return Numbers(np.frombuffer(value.as_buffer(of_type=of_type), dtype))
     except _NOT_PARSED:
         return None
 

@@ -74,6 +74,10 @@ class RequestParameters:
     sequence: SequenceStep | None = None
 
 
+#: What a request without parameters asks (the defaults).
+_NO_PARAMETERS = RequestParameters()
+
+
 @dataclass(frozen=True, slots=True)
 class RegionRef:
     """Where a tensor lies in a registered system shared memory region: ``byte_size`` bytes at
@@ -123,6 +127,8 @@ def request_parameters(
         ProtocolError: a ``triton_`` name Triton refuses, or a value of the wrong type or
             range.
     """
+    if not raw:
+        return _NO_PARAMETERS
     reserved = [k for k in raw if k.startswith("triton_")]
     for key in reserved:
         if not grpc:
@@ -164,6 +170,8 @@ def model_parameters(raw: Mapping[str, Any]) -> dict[str, Any]:
     """The request parameters that are the model's: all but the ones the server takes itself
     (``timeout``, ``priority``, the sequence's, ``binary_data_output``, ``triton_*``), as
     Triton hands them to a model."""
+    if not raw:
+        return {}
     return {k: v for k, v in raw.items() if k not in _REQUEST and not k.startswith("triton_")}
 
 
@@ -184,6 +192,8 @@ def region_parameters(tensor: str, raw: Mapping[str, Any]) -> RegionRef | None:
         ProtocolError: an offset or byte size without a region, a region without a byte size,
             or a value of the wrong type or range.
     """
+    if not raw:
+        return None
     region = raw.get(_REGION)
     if region is None:
         for key in (_OFFSET, _BYTE_SIZE):
@@ -219,6 +229,8 @@ def check_input_parameters(name: str, raw: Mapping[str, Any], model: str = "") -
     Raises:
         ProtocolError: an unknown parameter, or a size that is not a non-negative integer.
     """
+    if not raw:
+        return None
     unknown = set(raw) - {"binary_data_size", *_SHARED_MEMORY}
     if unknown:
         raise _unsupported(f"input {name!r}", unknown, model)

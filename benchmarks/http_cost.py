@@ -1,0 +1,285 @@
+"""The daemon's HTTP cost per request: event-loop CPU and process CPU, binary and JSON infer.
+
+Serves the demo model (``model_runtime/demo/digits_mlp.onnx``, one row per request) with the
+daemon's defaults (no access log, as the other benchmarks), drives it from a separate process
+with C keep-alive connections (raw HTTP/1.1, prebuilt requests, each connection sending its next
+request once its answer is in), and reads the daemon's CPU from ``/proc``: the whole process
+(``/proc/<pid>/stat``) and its main thread, the event loop (``/proc/<pid>/task/<pid>/stat``),
+over N requests after a warm-up. Device threads run onnxruntime; the loop's figure is the front
+end's cost. ``--trees A B``: one daemon per tree (``PYTHONPATH``), alternated ``--pairs`` times
+in one run, so a reference and a change are measured on the same noisy host side by side.
+
+    .venv/bin/python benchmarks/http_cost.py [--requests 20000] [--clients 16]
+        [--modes binary json] [--trees /work/main .] [--pairs 3] [--profile OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ROOT / "model_runtime" / "demo" / "digits_mlp.onnx"
+NAME, INPUT = "digits", "pixels"
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _request(mode: str, port: int, row: np.ndarray) -> bytes:
+    x = np.ascontiguousarray(row[None, :], dtype=np.float32)
+    tensor: dict[str, Any] = {"name": INPUT, "datatype": "FP32", "shape": list(x.shape)}
+    extra = b""
+    if mode == "json":
+        tensor["data"] = x.ravel().tolist()
+        body = orjson.dumps({"inputs": [tensor]})
+    else:
+        tensor["parameters"] = {"binary_data_size": x.nbytes}
+        head = orjson.dumps({"inputs": [tensor], "parameters": {"binary_data_output": True}})
+        body = head + x.tobytes()
+        extra = b"Inference-Header-Content-Length: %d\r\n" % len(head)
+    return (
+        b"POST /v2/models/%s/infer HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
+        b"Content-Type: application/octet-stream\r\n%sContent-Length: %d\r\n\r\n"
+        % (NAME.encode(), port, extra, len(body))
+    ) + body
+
+
+class _Client(asyncio.Protocol):
+    """One keep-alive connection sending its next request once its answer is in."""
+
+    def __init__(self, load: _Load) -> None:
+        self.load = load
+        self.buf = bytearray()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.load.send(self)
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        while True:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = bytes(buf[:end]).lower()
+            start = head.find(b"content-length:")
+            length = int(head[start + 15 : head.find(b"\r\n", start)].strip())
+            total = end + 4 + length
+            if len(buf) < total:
+                return
+            ok = head.startswith(b"http/1.1 200")
+            del buf[:total]
+            self.load.answered(self, ok)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.load.lost += 1
+
+
+class _Load:
+    def __init__(self, requests: list[bytes], total: int) -> None:
+        self.requests = requests
+        self.total = total
+        self.sent = self.done = self.errors = self.lost = 0
+        self.finished = asyncio.get_running_loop().create_future()
+
+    def send(self, conn: _Client) -> None:
+        if self.sent >= self.total:
+            return
+        assert conn.transport is not None
+        conn.transport.write(self.requests[self.sent % len(self.requests)])
+        self.sent += 1
+
+    def answered(self, conn: _Client, ok: bool) -> None:
+        self.done += 1
+        self.errors += not ok
+        if self.done >= self.total and not self.finished.done():
+            self.finished.set_result(None)
+        self.send(conn)
+
+
+async def _drive(port: int, mode: str, clients: int, total: int) -> dict[str, Any]:
+    rows = np.load(ROOT / "model_runtime" / "demo" / "digits_samples.npz")
+    x = rows[rows.files[0]].reshape(-1, 64).astype(np.float32)[:64]
+    requests = [_request(mode, port, r) for r in x]
+    loop = asyncio.get_running_loop()
+    load = _Load(requests, total)
+    t0 = time.perf_counter()
+    for _ in range(clients):
+        await loop.create_connection(lambda: _Client(load), "127.0.0.1", port)
+    await asyncio.wait_for(load.finished, 600)
+    seconds = time.perf_counter() - t0
+    return {"seconds": seconds, "errors": load.errors, "lost": load.lost}
+
+
+def _client_main(port: int, mode: str, clients: int, total: int) -> None:
+    try:
+        import uvloop
+
+        result = uvloop.run(_drive(port, mode, clients, total))
+    except ImportError:
+        result = asyncio.run(_drive(port, mode, clients, total))
+    print(json.dumps(result))
+
+
+def _cpu(pid: int, tid: int | None = None) -> float:
+    """utime + stime of process ``pid`` (or its thread ``tid``), seconds."""
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+_PROFILED = """
+import cProfile, runpy, sys, time
+sys.argv[0] = "model_runtime.server"
+p = cProfile.Profile(time.thread_time)
+p.enable()
+try:
+    runpy.run_module("model_runtime.server", run_name="__main__")
+finally:
+    p.disable()
+    p.dump_stats({out!r})
+"""
+
+
+class Daemon:
+    """The daemon of one tree, serving the demo model on a free port."""
+
+    def __init__(self, tree: Path, workdir: Path, profile: Path | None = None) -> None:
+        self.port = _free_port()
+        (workdir / "run").mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable]
+        if profile is None:
+            cmd += ["-m", "model_runtime.server"]
+        else:  # the event loop's thread, profiled in CPU time (not wall time)
+            cmd += ["-c", _PROFILED.format(out=str(profile))]
+        cmd += [
+            "--port", str(self.port), "--grpc-port", "0",
+            "--metrics-port", "0", "--no-access-log", "--log-format", "json",
+            "--executable-cache", str(workdir / "cache"), f"{NAME}={MODEL}",
+        ]  # fmt: skip
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(tree),
+            "MODEL_RUNTIME_DIR": str(workdir / "run"),
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.log = open(workdir / f"daemon-{self.port}.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(cmd, env=env, cwd=tree, stdout=self.log, stderr=self.log)
+        url = f"http://127.0.0.1:{self.port}/v2/models/{NAME}/ready"
+        deadline = time.monotonic() + 180
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daemon of {tree} exited: see {self.log.name}")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"daemon of {tree} not ready: see {self.log.name}")
+            time.sleep(0.2)
+
+    def load(self, mode: str, clients: int, total: int) -> dict[str, Any]:
+        """Drive ``total`` requests; the daemon's CPU over them."""
+        pid = self.proc.pid
+        cmd = [sys.executable, __file__, "--client", str(self.port), mode, str(clients), str(total)]
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        cpu0, loop0 = _cpu(pid), _cpu(pid, pid)
+        out = subprocess.run(cmd, env=env, capture_output=True, check=True, text=True)
+        cpu1, loop1 = _cpu(pid), _cpu(pid, pid)
+        result = json.loads(out.stdout.splitlines()[-1])
+        return {
+            **result,
+            "req_per_s": total / result["seconds"],
+            "loop_us": (loop1 - loop0) / total * 1e6,
+            "process_us": (cpu1 - cpu0) / total * 1e6,
+        }
+
+    def close(self) -> None:
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=20000)
+    parser.add_argument("--warmup", type=int, default=2000)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--modes", nargs="+", default=["binary", "json"])
+    parser.add_argument("--trees", nargs="+", type=Path, default=[ROOT])
+    parser.add_argument("--pairs", type=int, default=1)
+    parser.add_argument(
+        "--profile", type=Path, help="cProfile the daemon's event loop (CPU time) into this file"
+    )
+    args = parser.parse_args()
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="http-cost-") as tmp:
+        for rnd in range(args.pairs):
+            for tree in args.trees:
+                tree = tree.resolve()
+                daemon = Daemon(tree, Path(tmp), args.profile)
+                try:
+                    for mode in args.modes:
+                        daemon.load(mode, args.clients, args.warmup)
+                        r = daemon.load(mode, args.clients, args.requests)
+                        row = {"round": rnd, "tree": str(tree), "mode": mode, **r}
+                        rows.append(row)
+                        print(
+                            f"round {rnd} {tree!s:<22} {mode:<6} c={args.clients} "
+                            f"{r['req_per_s']:8.0f} req/s  loop {r['loop_us']:6.1f} us/req  "
+                            f"process {r['process_us']:6.1f} us/req  errors {r['errors']}",
+                            flush=True,
+                        )
+                finally:
+                    daemon.close()
+    if len(args.trees) == 2:
+        print("ratios (second tree / first), event loop µs per request:")
+        for mode in args.modes:
+            for rnd in range(args.pairs):
+                a, b = (
+                    next(
+                        r
+                        for r in rows
+                        if r["round"] == rnd and r["mode"] == mode and r["tree"] == str(t.resolve())
+                    )
+                    for t in args.trees
+                )
+                print(
+                    f"  {mode:<6} round {rnd}: {a['loop_us']:.1f} -> {b['loop_us']:.1f} "
+                    f"({b['loop_us'] / a['loop_us']:.2f}); process {a['process_us']:.1f} -> "
+                    f"{b['process_us']:.1f}; req/s {a['req_per_s']:.0f} -> {b['req_per_s']:.0f}"
+                )
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--client":
+        _client_main(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+    else:
+        main()
