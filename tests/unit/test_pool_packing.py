@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from test_queue_perf import IN, B, mlp_metadata
 
+import actors.queues.pool as pool_module
 from actors.queues.config import QueueConfig
 from actors.queues.pool import Layout, RingPool
 from actors.queues.request import Request
@@ -35,7 +36,15 @@ def _pool() -> RingPool:
     return RingPool(Layout(mlp_metadata(), QueueConfig(batching_dim=0)), 2)
 
 
-def test_rows_land_in_order_whatever_the_callers_arrays() -> None:
+@pytest.fixture(params=["joined", "record by record"])
+def copies(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways rows are copied: joined (batches up to 1 MiB), record by record (bigger)."""
+    if request.param == "record by record":
+        monkeypatch.setattr(pool_module, "_JOIN_BYTES", 0)
+    return str(request.param)
+
+
+def test_rows_land_in_order_whatever_the_callers_arrays(copies: str) -> None:
     rng = np.random.default_rng(0)
     wide = rng.standard_normal((IN, 2)).astype(np.float32)
     arrays = [rng.standard_normal((1, IN)).astype(np.float32) for _ in range(5)]
@@ -75,14 +84,14 @@ def contender() -> Iterator[list[int]]:
 
 
 def test_a_batch_of_rows_is_packed_without_letting_other_threads_run(
-    contender: list[int],
+    contender: list[int], copies: str
 ) -> None:
     rng = np.random.default_rng(1)
     requests = _requests([rng.standard_normal((1, IN)).astype(np.float32) for _ in range(B)])
     pool = _pool()
     time.sleep(0.01)  # the contender runs
     before = contender[0]
-    for _ in range(200):  # a release hands the GIL over only now and then: many batches
+    for _ in range(500):  # a release hands the GIL over only now and then: many batches
         pool.fill(0, (), B, None, B, requests)
         if contender[0] != before:
             break
