@@ -138,7 +138,8 @@ bench: $(STAMP)
 	  --readme docs/benchmarks.md --results-link results.md
 
 # Overload (issue 19): the daemon at 3x its measured capacity, then 0.5x; 3,000 idle
-# connections. Writes benchmarks/results/overload.{json,md}. OVERLOAD_SECONDS shortens it.
+# connections. MLP 784-3072-3072-10 (issue 46: the device is the limit, not the loop; `--mlp`
+# picks another). Writes benchmarks/results/overload.{json,md}. OVERLOAD_SECONDS shortens it.
 # OVERLOAD_MULTIPLES: the open-loop rates (multiples of C) run one after the other.
 OVERLOAD_SECONDS ?= 30
 OVERLOAD_MULTIPLES ?= 3,2,1.5

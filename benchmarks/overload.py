@@ -2,7 +2,8 @@
 recover at once?
 
 Starts the daemon (a subprocess, default configuration: ``model-runtime serve`` options, the
-admission delay 1 s) serving an MLP 784-512-512-10 compiled at batch 32, and drives it with
+admission delay 1 s) serving an MLP (``--mlp``, default 784-3072-3072-10: the device, not the
+event loop, is the limit) compiled at batch 32, and drives it with
 ``benchmarks/loadgen.py``: raw HTTP/1.1 keep-alive connections (one request in flight each, no
 pipelining), prebuilt single-sample JSON requests (8 distinct inputs), every 200 checked against
 onnxruntime's logits, spread over ``--processes`` worker processes (uvloop):
@@ -70,6 +71,8 @@ INPUTS = 8
 #: connection limit (4,096, whose last sixteenth closes idle connections).
 QUEUE_DELAY = 1.0
 POOL_CAP = 3500
+#: The model (issue 46): big enough that the device, not the event loop, limits C.
+MLP = "784-3072-3072-10"
 #: A request written more than this after its scheduled time counts as late.
 LATE = 0.010
 
@@ -412,7 +415,8 @@ def markdown(r: dict[str, Any], command: str) -> str:
             "## Overload (issue 19)",
             "",
             f"`{command}` -- the daemon with its defaults{r['daemon_args_note']}, MLP "
-            "784-512-512-10 at batch 32, single-sample JSON requests. Load generator "
+            f"{r.get('mlp', '784-512-512-10')} at batch 32, single-sample JSON requests. "
+            "Load generator "
             f"`benchmarks/loadgen.py`: {g['processes']} processes (uvloop), raw HTTP/1.1 "
             "keep-alive connections with one request in flight each (no pipelining), "
             f"{g['inputs']} prebuilt inputs, {g['checked_fraction']:.0%} of the 200s checked "
@@ -456,6 +460,7 @@ def main(argv: list[str] | None = None) -> None:
         help="overload rates as multiples of C, comma-separated (3,2,1.5)",
     )
     parser.add_argument("--processes", type=int, default=2, help="generator processes (2)")
+    parser.add_argument("--mlp", default=MLP, help=f"the MLP's layer sizes, dash-separated ({MLP})")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory")
     parser.add_argument(
         "--daemon-args",
@@ -467,7 +472,10 @@ def main(argv: list[str] | None = None) -> None:
     raise_open_file_limit()  # the client holds thousands of sockets too
     with tempfile.TemporaryDirectory(prefix="mr-overload-") as tmp:
         work = Path(tmp)
-        model = save(make_mlp(), work / "mlp.onnx")
+        sizes = tuple(int(n) for n in args.mlp.split("-"))
+        if sizes[0] != 784:
+            parser.error("--mlp: the first layer takes the 784 pixels of a sample")
+        model = save(make_mlp(sizes=sizes), work / "mlp.onnx")
         extra = args.daemon_args.split()
         with running(work, f"mlp={model}", "--batch-size", "32", *extra) as daemon:
             requests, expected = samples(model, daemon.port)
@@ -491,14 +499,15 @@ def main(argv: list[str] | None = None) -> None:
     command = "make bench-overload" + (
         f" OVERLOAD_SECONDS={args.seconds:g}" if args.seconds != 30 else ""
     )
-    if args.multiples != "3,2,1.5" or args.processes != 2:
+    if args.multiples != "3,2,1.5" or args.processes != 2 or args.mlp != MLP:
         command = (
             f".venv/bin/python benchmarks/overload.py --seconds {args.seconds:g} "
-            f"--multiples {args.multiples} --processes {args.processes}"
+            f"--multiples {args.multiples} --processes {args.processes} --mlp {args.mlp}"
         )
     if args.daemon_args:
         command += f" --daemon-args '{args.daemon_args}'"
     result["command"] = command
+    result["mlp"] = args.mlp
     result["daemon_args"] = args.daemon_args
     result["daemon_args_note"] = f" and {args.daemon_args}" if args.daemon_args else ""
     args.out.mkdir(parents=True, exist_ok=True)

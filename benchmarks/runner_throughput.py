@@ -285,6 +285,10 @@ def main() -> None:
     )
     parser.add_argument("--uvloop", action="store_true", help="run the event loop on uvloop")
     parser.add_argument(
+        "--models", nargs="+", help="only the models whose name starts with one of these"
+    )
+    parser.add_argument("--no-lone", action="store_true", help="skip the lone-caller points")
+    parser.add_argument(
         "--pairs",
         type=int,
         default=MLP_PAIRS,
@@ -305,7 +309,11 @@ def main() -> None:
     )
     print(HEADER, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        models = compile_models(Path(tmp))
+        models = [
+            m
+            for m in compile_models(Path(tmp))
+            if not args.models or any(m[0].startswith(p) for p in args.models)
+        ]
         for name, path, _ in models:
             exe = Executable.load(path)
             rng = np.random.default_rng(1)
@@ -389,7 +397,7 @@ def main() -> None:
             f"\nlone caller: {'model':26} {'raw b1 p50us':>12} {'rt p50us':>9} {'rt p99us':>9} "
             f"{'rt - raw us':>11}"
         )
-        for name, path, source in models:
+        for name, path, source in [] if args.no_lone else models:
             exe = Executable.load(path)
             rng = np.random.default_rng(1)
             one = {

@@ -352,7 +352,7 @@ class ReplicaSet:
             if state.status is ready and not avoid >> r & 1 and now < state.hung_after:
                 queue = queues[r]
                 busy = busy and queue.saturated()
-                load = queue.pending_samples
+                load = queue.placement()
                 if load < best_load:
                     best, best_load = r, load
         if best < 0:

@@ -3,10 +3,15 @@
 A facade over the actor tree that :class:`~model_runtime.replicas.ReplicaSet` builds (one
 Queue, Device and Session per replica under a rest_for_one supervisor, and a Watchdog).
 
-``execute()`` validates on the event loop, picks a replica (``replica_id``, or the least-loaded
-ready one) and hands a :class:`Request` to that replica's Queue in place — the Queue's own
-Enqueue handler on the same loop, no mailbox trip, no thread hop, no copy until the Queue packs
-the rows into a pooled batch buffer. The caller awaits a future the Queue resolves.
+``execute()`` validates on the event loop, picks a replica (``replica_id``, or the ready one
+that would run it soonest: ``ReplicaSet.pick``) and hands a :class:`Request` to that replica's
+Queue in place — the Queue's own Enqueue handler on the same loop, no mailbox trip, no thread
+hop, no copy until the Queue packs the rows into a pooled batch buffer. The caller awaits a
+future the Queue resolves.
+
+Its bases are the rest of it: what a request goes through before a queue (validation,
+admission bounds, deadlines: :mod:`model_runtime.runner_requests`) and what it tells about its
+model and replicas (:mod:`model_runtime.runner_info`).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import anyio
 import numpy as np
 import structlog
 
-from actors.clock import Clock, SystemClock, move_on_after
+from actors.clock import Clock, SystemClock
 from actors.device.backends.native_heap import give_back_freed
 from actors.device.backends.ort_sessions import OrtSession
 from actors.device.faults import FaultPlan
@@ -34,26 +39,17 @@ from actors.queues.request import Request
 from actors.queues.tracing import CURRENT as CURRENT_TRACE, STATE as TRACING
 from actors.session.state import ReplicaState, ReplicaStatus
 from model_runtime.errors import (
-    ExecutionTimeoutError,
-    InputValidationError,
     ModelRuntimeError,
-    QueueFullError,
     RunnerStoppedError,
     SupervisorEscalationError,
 )
 from model_runtime.executable import Executable
 from model_runtime.executable.limits import check_allocation
-from model_runtime.io import (
-    DataDesc,
-    check_batch_bytes,
-    describe_anchor,
-    request_shapes,
-    validate_inputs,
-    validate_outputs,
-)
+from model_runtime.io import request_shapes
 from model_runtime.replicas import ReplicaSet
 from model_runtime.runner_config import ModelRunnerConfig
-from model_runtime.stats import StatisticsView
+from model_runtime.runner_info import RunnerInfo
+from model_runtime.runner_requests import RunnerRequests
 from supervisor import Runtime
 
 __all__ = ["ModelRunner", "ModelRunnerConfig"]
@@ -62,8 +58,6 @@ log = structlog.get_logger(__name__)
 _model_ids = itertools.count(1)
 _READY = ReplicaStatus.READY  # read per request: a module global, not an enum lookup
 _NDARRAY = np.ndarray
-#: Distinct input signatures a runner remembers as valid (past it, each is validated anew).
-_SIGNATURES = 256
 Source = str | os.PathLike[str] | Iterable[str | os.PathLike[str]] | Executable
 
 
@@ -86,18 +80,6 @@ def _no_loop() -> asyncio.Future[dict[str, np.ndarray]]:
     raise RunnerStoppedError("the runner has not been started")
 
 
-def _timed_out(timeout: float) -> str:
-    """What a request past its deadline is told: Triton's words first (clients match on them),
-    then ours (the deadline covers the run too, where Triton's covers the queue only)."""
-    return f"Request timeout expired: the request did not complete within {timeout} s"
-
-
-def _expire(future: asyncio.Future[Any], timeout: float) -> None:
-    """A request's deadline passed: its caller gets :class:`ExecutionTimeoutError`."""
-    if not future.done():
-        future.set_exception(ExecutionTimeoutError(_timed_out(timeout)))
-
-
 def _store_saved(
     into: dict[int, dict[str, np.ndarray]], saved: Mapping[int, Mapping[str, np.ndarray]]
 ) -> None:
@@ -114,7 +96,7 @@ def _store_saved(
                 slots[name] = value
 
 
-class ModelRunner:
+class ModelRunner(RunnerRequests, RunnerInfo):
     """Run an executable for many concurrent callers (seed: ``ModelRunner``).
 
     Use as ``async with ModelRunner(path, config) as runner: await runner.execute(inputs)``.
@@ -468,208 +450,3 @@ class ModelRunner:
             return self._when_awaited(future, lambda: queue.waiting(request))
         wake = None if waiting else (lambda: queue.waiting(request))
         return self._with_deadline(future, timeout, wake)
-
-    def _checked(
-        self, inputs: Mapping[str, Any], outputs: Mapping[str, np.ndarray] | None
-    ) -> tuple[Mapping[str, np.ndarray], int]:
-        """The request's arrays and samples: validated (``validate_io_params``), or read as
-        given."""
-        if self.config.validate_io_params:
-            arrays, samples = self._validated(inputs)
-            if outputs is not None:
-                validate_outputs(outputs, self._out_shapes, samples)
-            return arrays, samples
-        arrays = dict(inputs)
-        first = next((s for s in self._in_shapes if s.batched), None)
-        if first is None:
-            return arrays, self._executable.metadata.batch_size
-        return arrays, arrays[first.name].shape[first.axis]
-
-    def _admit(self, replicas: ReplicaSet, samples: int) -> None:
-        """Refuse a request the configured bounds have no room for (nothing is queued).
-
-        Raises:
-            QueueFullError: ``max_queue_size`` requests wait, or the backlog would take longer
-                than ``latency_budget``.
-        """
-        config = self.config
-        limit = config.max_queue_size
-        if limit is not None and replicas.waiting_requests() >= limit:
-            raise QueueFullError(  # Triton's words first: clients match on them
-                f"Exceeds maximum queue size: model {self._executable.metadata.model_name!r} has "
-                f"{limit} requests waiting (max_queue_size {limit}); retry later"
-            )
-        budget = config.latency_budget
-        if (
-            budget is not None
-            and (backlog := replicas.backlog_seconds(samples)) > budget
-            and replicas.waiting_requests()  # a request is always taken when nothing waits
-        ):
-            raise QueueFullError(
-                f"model {self._executable.metadata.model_name!r}: the queue would take "
-                f"{backlog:.3g} s to serve, past the latency budget of {budget:g} s; retry later"
-            )
-
-    def _validated(self, inputs: Mapping[str, Any]) -> tuple[Mapping[str, np.ndarray], int]:
-        """``validate_inputs``, done once per distinct signature (names in order, dtypes,
-        shapes) of a dict of arrays: a repeated signature costs one dict lookup."""
-        if type(inputs) is dict and len(inputs) == 1:  # the common case, without a list
-            for name, value in inputs.items():
-                if type(value) is np.ndarray:
-                    last = self._last_one
-                    if value.dtype is last[1] and name == last[0] and value.shape == last[2]:
-                        return {name: value}, last[3]
-                    one = (name, value.dtype, value.shape)
-                    samples = self._signatures.get(one)
-                    if samples is not None:
-                        self._last_one = (*one, samples)
-                        return {name: value}, samples
-        key: list[tuple[str, Any, tuple[int, ...]]] | None = None
-        if type(inputs) is dict:
-            key = []
-            for name, value in inputs.items():
-                if type(value) is not np.ndarray:
-                    key = None
-                    break
-                key.append((name, value.dtype, value.shape))
-        if key is not None:
-            samples = self._signatures.get(signature := tuple(key))
-            if samples is not None:
-                return dict(inputs), samples  # the caller may reuse its dict
-        arrays, samples = validate_inputs(
-            inputs,
-            self._in_shapes,
-            self._executable.metadata.batch_size,
-            self.config.batching_dim is not None,
-        )
-        if self._dynamic:
-            check_batch_bytes(arrays, self._in_shapes, self._executable.metadata)
-        if key is not None and len(self._signatures) < _SIGNATURES and not self._strings:
-            self._signatures[key[0] if len(key) == 1 else signature] = samples
-        return arrays, samples
-
-    @staticmethod
-    async def _when_awaited(
-        future: asyncio.Future[dict[str, np.ndarray]], wake: Callable[[], None]
-    ) -> dict[str, np.ndarray]:
-        wake()  # the caller waits for the outputs now (flush_on_waiting_outputs)
-        if future.done():
-            await asyncio.sleep(0)  # answered in place: still let the loop run the others
-        return await future
-
-    async def _with_deadline(
-        self,
-        future: asyncio.Future[dict[str, np.ndarray]],
-        timeout: float,
-        wake: Callable[[], None] | None = None,
-    ) -> dict[str, np.ndarray]:
-        if wake is not None:
-            wake()
-        if future.done():
-            await asyncio.sleep(0)  # answered in place: still let the loop run the others
-            return future.result()
-        if isinstance(self._clock, SystemClock):
-            # A timer that fails the future itself: no cancel scope, shield or backend lookup
-            # per request (a done future is "gone" to the queue: its rows never run).
-            assert self._loop is not None
-            timer = self._loop.call_later(timeout, _expire, future, timeout)
-            try:
-                return await future  # a cancelled caller cancels the future too
-            finally:
-                timer.cancel()
-        try:
-            async with move_on_after(self._clock, timeout):
-                return await asyncio.shield(future)
-        except BaseException:
-            future.cancel()  # the caller went away (cancelled): its rows never run
-            raise
-        future.cancel()
-        raise ExecutionTimeoutError(_timed_out(timeout))
-
-    # -- descriptions and statistics -----------------------------------------------------------
-
-    @property
-    def _executable(self) -> Executable:
-        if self._exe is None:
-            raise RunnerStoppedError("the runner has not been started")
-        return self._exe
-
-    @property
-    def executable(self) -> Executable:
-        """The executable this runner runs."""
-        return self._executable
-
-    def get_execute_inputs(self) -> list[DataDesc]:
-        """Inputs ``execute`` takes (one batch's shapes)."""
-        return [describe_anchor(a) for a in self._executable.metadata.user_inputs]
-
-    def get_execute_outputs(self) -> list[DataDesc]:
-        """Outputs ``execute`` returns (one batch's shapes)."""
-        return [describe_anchor(a) for a in self._executable.metadata.execute_outputs]
-
-    def get_model_inputs(self) -> list[DataDesc]:
-        """Every input of the model: execute inputs plus weights and variables loaded once."""
-        meta = self._executable.metadata
-        return [describe_anchor(a) for a in meta.anchors if a.type.value == "INPUT"]
-
-    def get_model_outputs(self) -> list[DataDesc]:
-        """Every output of the model."""
-        meta = self._executable.metadata
-        return [describe_anchor(a) for a in meta.anchors if a.type.value == "OUTPUT"]
-
-    def memory(self) -> dict[str, Any]:
-        """What the model holds in memory, in bytes (issue 34): ``weights``, the executable's
-        tensors; ``sessions``, what building the onnxruntime sessions its replicas share added
-        to the process (an estimate, counted once however many replicas share them); and
-        ``replicas``, per replica what it adds beside those (``session``: a session of its
-        own, 0 when it runs a shared one; ``state``: its variables and fed weights)."""
-        weights = self._exe.total_tensor_bytes() if self._exe is not None else 0
-        if self._replicas is None:
-            return {"weights": weights, "sessions": 0, "replicas": []}
-        sessions, replicas = self._replicas.memory()
-        return {"weights": weights, "sessions": sessions, "replicas": replicas}
-
-    def replica_status(self) -> list[ReplicaStatus]:
-        """The status of every replica."""
-        return [s.status for s in self.replica_states()]
-
-    def replica_states(self) -> list[ReplicaState]:
-        """Every replica's live state (status, device, runs, resets); read, do not modify."""
-        return [] if self._replicas is None else list(self._replicas.states)
-
-    @property
-    def is_ready(self) -> bool:
-        """True while at least one replica takes requests (in service, no run past its
-        execution deadline)."""
-        now = self._clock.monotonic()
-        return self._accepting and any(s.is_ready_at(now) for s in self.replica_states())
-
-    async def _stats(self, replica_id: int) -> StatisticsView:
-        states = self.replica_states()
-        if not 0 <= replica_id < len(states):
-            raise InputValidationError(f"replica_id {replica_id} is out of range")
-        assert self._replicas is not None
-        return StatisticsView(self._replicas.queues[replica_id].stats())
-
-    async def get_time_trace(self, replica_id: int = 0, cur: int = -1) -> dict[str, float]:
-        """Durations (µs) of a request on ``replica_id`` (seed key names): the last one, or the
-        ``cur``-th of the buffered ones (Python indexing: -1 last, 0 oldest).
-
-        Raises:
-            InputValidationError: ``replica_id`` or ``cur`` is out of range.
-        """
-        return (await self._stats(replica_id)).time_trace(cur)
-
-    async def get_monitoring_statistics_percentile(
-        self, quantile: float = 0.9, replica_id: int = 0
-    ) -> dict[str, float]:
-        """Latency percentiles (µs) of the recorded requests (seed key names)."""
-        return (await self._stats(replica_id)).percentile(quantile)
-
-    async def get_monitoring_statistics_mean(self, replica_id: int = 0) -> dict[str, float]:
-        """Mean latencies (µs) of the recorded requests (seed key names)."""
-        return (await self._stats(replica_id)).mean()
-
-    async def get_monitoring_statistics_total_count(self, replica_id: int = 0) -> dict[str, float]:
-        """Number of requests recorded per phase (seed key names)."""
-        return (await self._stats(replica_id)).total_count()

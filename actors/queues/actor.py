@@ -155,6 +155,18 @@ class Queue(Actor[QueueMessage]):
         sealed no later than the one the rows waiting now fill."""
         return self._capacity - self._pending_rows % self._capacity
 
+    def placement(self) -> int:
+        """How soon rows queued here now would run, for ``ReplicaSet.pick`` (smaller is
+        sooner): fewest batches sealed and not completed first (an idle device), then the most
+        rows waiting to be packed (the batch being filled: one sealer's batches, not R
+        half-full ones), a flush due when the callers just answered have queued again
+        counting as one; with every buffer in use, the fewest rows waiting (new rows wait
+        behind them)."""
+        outstanding = len(self._outstanding)
+        if outstanding >= self._max_outstanding:
+            return (outstanding << 32) + self._pending_rows
+        return (outstanding << 32) - self._pending_rows - self._idle_flush_due
+
     @property
     def inflight_requests(self) -> int:
         """Requests enqueued and not answered yet."""

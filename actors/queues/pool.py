@@ -29,6 +29,7 @@ from model_runtime.executable.model import Anchor, ExecutableMetadata
 __all__ = ["Layout", "RingPool", "Spec", "rows_view"]
 
 _INPUTS = attrgetter("inputs")
+_DTYPE = attrgetter("dtype")
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,10 +205,57 @@ class Layout:
         )
 
 
+def _records(buffer: np.ndarray, spec: Spec) -> np.ndarray | None:
+    """``buffer`` (C-contiguous, rows on axis 0) as one void record per row, or None when its
+    rows are not plain numbers."""
+    if spec.axis != 0 or spec.dtype.kind == "O" or not buffer.flags.c_contiguous:
+        return None
+    rows = buffer.shape[0]
+    row_bytes = buffer.nbytes // rows if rows else 0
+    if not row_bytes:
+        return None
+    return buffer.reshape(rows, -1).view(np.dtype((np.void, row_bytes)))
+
+
+#: Rows joined in one bytes object up to this size (CPython's ``bytes.join`` holds the GIL up
+#: to 1 MiB); bigger batches are copied record by record.
+_JOIN_BYTES = 1 << 20
+
+
+def _copy_records(arrays: list[np.ndarray], out: np.ndarray, dtype: np.dtype[Any]) -> bool:
+    """Copy each one-row array (of exactly ``dtype``) into its row of ``out`` (records, see
+    :func:`_records`), the GIL held throughout: numpy lets go of the GIL to copy more than 500
+    elements, and a device's worker thread returning from its run then takes it and the event
+    loop waits. False (nothing written): some array is not a row of ``dtype`` whose bytes are
+    one record; the caller copies them as numbers."""
+    dtypes = set(map(_DTYPE, arrays))
+    if len(dtypes) != 1 or dtypes.pop() is not dtype:
+        return False
+    n = len(arrays)
+    size = out.dtype.itemsize * n
+    try:
+        if size <= _JOIN_BYTES:  # one joined copy, then one memcpy: the cheapest in CPU
+            data = b"".join(arrays)  # type: ignore[arg-type]  # (ndarrays are buffers)
+            if len(data) != size:
+                return False
+            flat: Any = out.reshape(-1).view(np.uint8)
+            memoryview(flat)[:] = data  # a memcpy, the GIL held
+            return True
+        void = out.dtype
+        if arrays[0].ndim > 2:  # rows of several axes: one axis of the row's bytes first
+            views = [a.reshape(1, -1).view(void) for a in arrays]
+        else:
+            views = [a.view(void) for a in arrays]
+        np.concatenate(views, out=out.reshape(n, *views[0].shape[1:]))
+    except (ValueError, TypeError, BufferError):
+        return False
+    return True
+
+
 class RingPool:
     """A fixed ring of batch buffers, allocated once; ``take``/``give`` pass indices."""
 
-    __slots__ = ("buffers", "free", "layout")
+    __slots__ = ("buffers", "free", "layout", "records")
 
     def __init__(self, layout: Layout, size: int) -> None:
         self.layout = layout
@@ -216,6 +264,12 @@ class RingPool:
             for _ in range(size)
         ]
         self.free = list(range(size - 1, -1, -1))
+        #: Per buffer, each numeric row-axis-0 input of its first iteration seen as one record
+        #: (a numpy void) per row: what :meth:`_fill_plain` copies whole rows into.
+        self.records = [
+            {s.name: r for s in layout.inputs if (r := _records(buf[0][s.name], s)) is not None}
+            for buf in self.buffers
+        ]
 
     def fill(
         self,
@@ -240,7 +294,7 @@ class RingPool:
         buf = self.buffers[index]
         b = layout.B
         if plain is not None:
-            self._fill_plain(buf[0], plain)
+            self._fill_plain(buf[0], plain, self.records[index])
             per_iteration = ()
         for k, segs in enumerate(per_iteration):
             dst = buf[k]
@@ -274,9 +328,14 @@ class RingPool:
             return None
         return self._pad(buf, valid_rows, flush_callback)
 
-    def _fill_plain(self, dst: dict[str, np.ndarray], requests: list[Request]) -> None:
+    def _fill_plain(
+        self,
+        dst: dict[str, np.ndarray],
+        requests: list[Request],
+        records: dict[str, np.ndarray],
+    ) -> None:
         """Row i of ``dst`` from the one row of ``requests[i]`` (no Python step per row for
-        row axis 0)."""
+        row axis 0; a numeric row copied as one record, see :func:`_copy_records`)."""
         rows = len(requests)
         inputs = list(map(_INPUTS, requests))
         for s in self.layout.inputs:
@@ -285,6 +344,9 @@ class RingPool:
                 np.copyto(dst[name], inputs[-1][name])
                 continue
             views = list(map(itemgetter(name), inputs))
+            record = records.get(name)
+            if record is not None and _copy_records(views, record[:rows], s.dtype):
+                continue
             if axis:
                 views = [np.moveaxis(v, axis, 0) for v in views]
             out = rows_view(dst[name], axis)

@@ -5,6 +5,7 @@ refusal is counted, summarised in the log, and carries the model's prebuilt mess
 from __future__ import annotations
 
 import asyncio
+import heapq
 import time
 
 import pytest
@@ -21,6 +22,7 @@ from model_runtime.server.inference.admission import (
     LAG_TICK,
     LATCH,
     MIN_LIMIT,
+    OVERLOAD_HOLD,
     WINDOW,
     AdmissionControl,
     LoopLag,
@@ -139,6 +141,99 @@ def test_refusals_are_counted_and_logged_as_one_summary() -> None:
     text = generate_latest(registry).decode()
     assert 'model_runtime_requests_refused_total{model="m",reason="overloaded"} 100.0' in text
     assert [e["event"] for e in events] == ["requests_refused"]
+
+
+def _simulate(
+    control: AdmissionControl,
+    clock: FakeClock,
+    seconds: float,
+    service: float,
+    *,
+    open_rate: float = 0.0,
+    clients: int = 0,
+) -> tuple[list[tuple[float, float]], int]:
+    """Model "m" serving one request at a time, ``service`` seconds each, for ``seconds`` on
+    the fake clock, under an open loop of ``open_rate`` requests/s or a closed loop of
+    ``clients`` (each sends its next request as its answer comes). Returns (when answered,
+    seconds waited) of each admitted request, and the refusals."""
+    start = clock.now
+    events: list[tuple[float, int, str]] = []  # (when, order, what)
+    order = 0
+
+    def at(when: float, what: str) -> None:
+        nonlocal order
+        order += 1
+        heapq.heappush(events, (when, order, what))
+
+    for _ in range(clients):
+        at(start, "send")
+    if open_rate:
+        for k in range(int(seconds * open_rate)):
+            at(start + k / open_rate, "send")
+    waiting: list[float] = []  # admitted, unanswered: when each arrived (FIFO)
+    answered: list[tuple[float, float]] = []
+    refused = 0
+    busy_until = start
+    while events and events[0][0] < start + seconds:
+        clock.now, _, what = heapq.heappop(events)
+        if what == "send":
+            if control.try_admit("m") is None:
+                waiting.append(clock.now)
+                if len(waiting) == 1:
+                    busy_until = max(busy_until, clock.now) + service
+                    at(busy_until, "done")
+            else:
+                refused += 1
+                if clients:
+                    at(clock.now + 1.0, "send")  # Retry-After
+        else:
+            arrived = waiting.pop(0)
+            control.release("m")
+            answered.append((clock.now, clock.now - arrived))
+            if clients:
+                at(clock.now, "send")
+            if waiting:
+                busy_until = clock.now + service
+                at(busy_until, "done")
+    return answered, refused
+
+
+def test_past_capacity_an_admitted_request_waits_about_one_round_of_service() -> None:
+    # Issue 46: an open loop at 3x what the model finishes held a second's work (the admission
+    # delay) in flight, so every answered request waited ~1 s. More arrivals than completions
+    # mean the queue never drains: hold what the model serves in OVERLOAD_HOLD, refuse the rest.
+    clock = FakeClock()
+    control = AdmissionControl(clock=clock, capacity=lambda name: 8)
+    _serve(control, clock, 500, 0.001)  # 1,000 requests/s: limit 1,000 (a second's work)
+    assert control.model("m").limit == pytest.approx(1000, rel=0.05)
+    answered, refused = _simulate(control, clock, 3.0, 0.001, open_rate=3000)
+    settled = [wait for when, wait in answered if when > clock.now - 2.0]
+    assert len(settled) >= 0.95 * 2000  # the model stays busy: goodput is its capacity
+    assert refused >= 0.6 * 9000  # the rest refused at once
+    assert max(settled) <= 1.5 * OVERLOAD_HOLD  # admitted ones wait about the hold, not 1 s
+    assert control.model("m").overloaded
+    state = control.model("m")
+    while state.inflight:  # what it holds is answered
+        clock.now += 0.001
+        control.release("m")
+    # The overload ends: a second's work may be held again.
+    answered, refused = _simulate(control, clock, 1.0, 0.001, open_rate=500)
+    assert refused == 0 and not control.model("m").overloaded
+    assert control.model("m").limit == pytest.approx(1000, rel=0.1)
+
+
+def test_a_closed_loop_of_slow_answers_is_not_an_overload() -> None:
+    # 300 clients, each sending its next request when answered, on a model finishing 1,000 a
+    # second: every request waits 0.3 s (past OVERLOAD_HOLD), yet arrivals only follow answers,
+    # and the burst of their first requests is one window: nobody is refused.
+    clock = FakeClock()
+    control = AdmissionControl(clock=clock, capacity=lambda name: 8)
+    _serve(control, clock, 500, 0.001)
+    answered, refused = _simulate(control, clock, 3.0, 0.001, clients=300)
+    assert refused == 0
+    assert len(answered) >= 0.95 * 3000
+    assert max(wait for _, wait in answered[-100:]) == pytest.approx(0.3, rel=0.05)
+    assert OVERLOAD_HOLD < 0.3
 
 
 def test_the_delay_must_be_positive() -> None:

@@ -1,7 +1,9 @@
-"""Who takes a request when every replica is busy: the one picked fills its open batch first.
+"""Who takes a request: one replica's batch fills at a time, as one sealer's would.
 
-``ReplicaSet.pick`` is least-loaded per request while some replica has a free batch buffer;
-once all are saturated, the replica it picked keeps taking requests until their rows fill its
+``ReplicaSet.pick`` takes, per request while some replica has a free batch buffer, the one
+whose rows would run soonest (``Queue.placement()``: fewest batches in flight, then the batch
+being filled), so R replicas never split a few callers into R half-full batches; once all are
+saturated, the replica it picked keeps taking requests until their rows fill its
 open batch (the room ``Queue.open_room()`` gave when it was picked, counted down by each
 request's rows), then it picks the least loaded again. A replica leaving service, or a run past
 its deadline, ends that at once.
@@ -28,6 +30,13 @@ class _Queue:
     pending_samples: int = 0
     busy: bool = False  # saturated()
     room: int = 32  # open_room()
+    batches: int = 0  # sealed and not completed
+    waiting: int = 0  # rows waiting to be packed
+
+    def placement(self) -> int:  # as Queue.placement (2 buffers)
+        if self.busy:
+            return (2 << 32) + self.waiting
+        return (self.batches << 32) - self.waiting
 
     def saturated(self) -> bool:
         return self.busy
@@ -48,40 +57,45 @@ def _replicas(n: int, clock: FakeClock) -> tuple[ReplicaSet, list[_Queue]]:
     return rs, queues
 
 
-def test_least_loaded_per_request_while_a_replica_has_room() -> None:
+def test_while_a_replica_has_room_the_batch_being_filled_takes_the_requests() -> None:
+    # Issue 46: least loaded per request split 16 callers over two replicas into batches of
+    # 4-8, each paying a batch's fixed cost on the loop: two devices served half of one.
     rs, queues = _replicas(2, FakeClock())
-    queues[0].busy = True  # replica 1 still has a free buffer
     picks = []
-    for _ in range(4):
+    for _ in range(4):  # both idle: the first one's batch fills
         r = rs.pick(None)
         picks.append(r)
-        queues[r].pending_samples += 1
-    assert picks == [0, 1, 0, 1]
+        queues[r].waiting += 1
+    assert picks == [0, 0, 0, 0]
+    queues[0].batches, queues[0].waiting = 1, 0  # sealed and running: the idle one fills next
+    assert [rs.pick(None) for _ in range(2)] == [1, 1]
+    queues[1].batches = 2  # both busy, replica 1 more so: replica 0's next batch
+    assert rs.pick(None) == 0
 
 
 def test_all_busy_the_picked_replica_fills_its_batch_then_least_loaded_again() -> None:
     rs, queues = _replicas(2, FakeClock())
     for q in queues:
         q.busy = True
-    queues[0].pending_samples = 70
-    queues[1].pending_samples = 64
+    queues[0].waiting = 14
+    queues[1].waiting = 10
     queues[1].room = 6  # its open batch needs 6 more rows
-    assert rs.pick(None) == 1  # the least loaded
-    queues[1].pending_samples = 80
+    assert rs.pick(None) == 1  # the fewest rows waiting
+    queues[1].waiting = 16
     assert [rs.pick(None) for _ in range(5)] == [1] * 5  # the 6 rows: no scan, no call
-    assert rs.pick(None) == 0  # that batch is full: the least loaded again
+    assert rs.pick(None) == 0  # that batch is full: the fewest rows waiting again
 
 
 def test_the_open_batch_is_counted_in_rows_a_request_that_does_not_fit_goes_elsewhere() -> None:
     rs, queues = _replicas(2, FakeClock())
     for q in queues:
         q.busy = True
-    queues[0].pending_samples = 10
+    queues[0].waiting = 10
     queues[1].room = 7
     assert rs.pick(None, samples=2) == 1  # 5 rows of room left
     assert rs.pick(None, samples=4) == 1  # 1 left
-    queues[1].pending_samples = 16
-    assert rs.pick(None, samples=2) == 0  # does not fit: the least loaded again
+    queues[1].waiting = 16
+    assert rs.pick(None, samples=2) == 0  # does not fit: the fewest rows waiting again
 
 
 def test_a_filling_replica_that_leaves_service_or_hangs_takes_nothing_more() -> None:
@@ -89,7 +103,7 @@ def test_a_filling_replica_that_leaves_service_or_hangs_takes_nothing_more() -> 
     rs, queues = _replicas(2, clock)
     for q in queues:
         q.busy = True
-    queues[1].pending_samples = 1
+    queues[1].waiting = 1
     assert rs.pick(None) == 0
     assert rs.pick(None) == 0
     rs.states[0].hung_after = clock.monotonic()  # its run is past its deadline
@@ -132,3 +146,34 @@ def test_run_times_keep_the_slowest_of_the_recent_runs() -> None:
         times.add(float(seconds))
         assert times.slowest == max(times.samples)
     assert times.deadline(0.0, 99.0) == 20.0 * max(times.samples)
+
+
+async def test_a_queue_places_the_batch_it_fills_before_an_idle_one_and_a_full_one_last() -> None:
+    # The order pick() follows (Queue.placement): an idle queue, then one with a batch being
+    # filled beside a batch in flight, then one with a batch in flight and nothing waiting;
+    # with every buffer in use, last, and the more rows wait there the later.
+    clock = FakeClock()
+    meta = metadata(4)
+    idle, filling, busy, full = (
+        make_queue(meta, clock, batching_dim=0, ring_buffer_size_multiplier=2, timeout=10.0)
+        for _ in range(4)
+    )
+    async with (
+        running(idle, hold=True),
+        running(filling, hold=True),
+        running(busy, hold=True),
+        running(full, hold=True),
+    ):
+        for queue, n in ((filling, 5), (busy, 4), (full, 9)):
+            for _ in range(n):
+                queue.enqueue_nowait(request(rows(1), 1, clock=clock))
+        await settle()
+        assert full.saturated() and not busy.saturated()
+        order = [idle.placement(), filling.placement(), busy.placement(), full.placement()]
+        assert order[1] < order[2] < order[3] and order[0] < order[2]
+        before = full.placement()
+        full.enqueue_nowait(request(rows(1), 1, clock=clock))
+        assert full.placement() > before  # a saturated queue: rows wait behind its rows
+        before = filling.placement()
+        filling.enqueue_nowait(request(rows(1), 1, clock=clock))
+        assert filling.placement() < before  # its open batch fills: it comes first

@@ -10,6 +10,14 @@ loop falls seconds behind. :class:`AdmissionControl` therefore bounds what the f
   at its measured completion rate (completions per second while it has work, re-measured every
   :data:`WINDOW` seconds; no limit until a first window is measured). By Little's law an
   admitted request then waits about ``queue_delay``, whatever the model.
+- **the overload limit**: while more requests arrive than the model finishes (arrivals over
+  completions past :data:`OVERLOAD_RATIO` in :data:`OVERLOAD_SUSTAIN` windows in a row: an open
+  loop past capacity, not a closed loop, whose clients send one request per answer, nor one
+  burst of them), waiting longer helps nobody (the
+  queue never drains), so the front-end limit is what the model finishes in its measured
+  service time of a full round (``floor / rate``: a batch computing and one filling per
+  replica), and never under :data:`OVERLOAD_HOLD` seconds of work: admitted requests wait
+  about that, and the rest are refused at once. It lifts once arrivals fall back.
 - **the runner's limit**: when the runner refused a request (``QueueFullError``: its latency
   budget or ``max_queue_size``) with ``n`` in flight, requests are refused at ``n`` in flight
   without reaching it, for :data:`LATCH` seconds (then the runner is asked again).
@@ -62,6 +70,9 @@ __all__ = [
     "LAG_TICK",
     "LATCH",
     "MIN_LIMIT",
+    "OVERLOAD_HOLD",
+    "OVERLOAD_RATIO",
+    "OVERLOAD_SUSTAIN",
     "WINDOW",
     "AdmissionControl",
     "LoopLag",
@@ -100,6 +111,14 @@ LAG_INCREASE = 0.05
 #: 0.03 refused 665 of a closed loop of 256 clients at capacity (answered in ~60 ms) for
 #: nothing; 0.07 gives 149 ms and refuses none of them.
 LAG_HOLD = 0.07
+#: Overload (see the module docstring): arrivals over completions in a window past this ratio.
+#: A closed loop's are about equal (each answer brings the next request); 1.5xC is 1.5.
+OVERLOAD_RATIO = 1.2
+#: Windows in a row with more arrivals than completions before the overload limit holds: one
+#: is a burst (clients that start together), not a rate the model cannot keep up with.
+OVERLOAD_SUSTAIN = 2
+#: ... and then the front-end limit holds at least this many seconds of the model's work.
+OVERLOAD_HOLD = 0.05
 #: Refusal reasons (the ``reason`` label).
 OVERLOADED = "overloaded"
 QUEUE_FULL = "queue_full"
@@ -110,9 +129,11 @@ class ModelAdmission:
     prebuilt refusal and counters. Owned by the event loop's thread (no locks)."""
 
     __slots__ = (
+        "_arrivals",
         "_busy",
         "_busy_since",
         "_completions",
+        "_crowded",
         "_window_start",
         "body",
         "clock",
@@ -124,6 +145,7 @@ class ModelAdmission:
         "limit",
         "message",
         "name",
+        "overloaded",
         "rate",
         "refused",
         "response",
@@ -142,6 +164,10 @@ class ModelAdmission:
         self.runner_limit = float("inf")
         self.runner_until = 0.0
         self._completions = 0
+        self._arrivals = 0  # requests decided in this window, refused ones too
+        self._crowded = 0  # windows in a row with more arrivals than completions
+        #: The overload limit holds (see the module docstring).
+        self.overloaded = False
         self._busy = 0.0
         self._busy_since = 0.0
         self._window_start = self.clock()
@@ -170,6 +196,7 @@ class ModelAdmission:
 
     def refuses(self) -> str | None:
         """The reason a new request is refused now, or None: admitted. O(1), no allocation."""
+        self._arrivals += 1
         if self.exempt:
             return None
         n = self.inflight
@@ -233,8 +260,14 @@ class ModelAdmission:
             self.rate = measured if self.rate == 0.0 else 0.5 * (self.rate + measured)
             if capacity is not None:  # a reload may have changed the batch size or replicas
                 self.floor = max(MIN_LIMIT, capacity(self.name))
-            self.limit = max(self.floor, self.rate * queue_delay)
-        self._completions = 0
+            crowded = self._arrivals > OVERLOAD_RATIO * self._completions
+            self._crowded = self._crowded + 1 if crowded else 0
+            self.overloaded = self._crowded >= OVERLOAD_SUSTAIN
+            hold = queue_delay
+            if self.overloaded:  # the queue would never drain: hold one round's service time
+                hold = min(queue_delay, max(OVERLOAD_HOLD, self.floor / self.rate))
+            self.limit = max(self.floor, self.rate * hold)
+        self._completions = self._arrivals = 0
         self._busy = 0.0
         self._busy_since = now
         self._window_start = now
