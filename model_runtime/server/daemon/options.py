@@ -77,7 +77,7 @@ class DaemonOptions:
     #: The gRPC transport: ``native`` (h2corn) or ``aio`` (grpcio's asyncio server); the
     #: environment's ``MODEL_RUNTIME_GRPC_TRANSPORT`` is the default the command line overrides.
     grpc_transport: str = field(
-        default_factory=lambda: os.environ.get("MODEL_RUNTIME_GRPC_TRANSPORT") or "aio"
+        default_factory=lambda: os.environ.get("MODEL_RUNTIME_GRPC_TRANSPORT") or "native"
     )
     batch_size: int = 8
     max_body_size: int = 64 << 20
@@ -153,7 +153,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
       help="gRPC port (Triton's GRPCInferenceService) on --host (8001; 0: a free one)")  # fmt: skip
     a("--grpc-transport", choices=("native", "aio"),
       help="gRPC's HTTP/2 transport: native (h2corn) or aio (grpcio's asyncio server); "
-      "default aio, or $MODEL_RUNTIME_GRPC_TRANSPORT")  # fmt: skip
+      "default native, or $MODEL_RUNTIME_GRPC_TRANSPORT")  # fmt: skip
     a("--replicas", type=int, help="replicas per model (default 1)")
     a("--batch-size", type=int, help="batch size .onnx models are compiled for (default 8)")
     a("--config", metavar="FILE", help="TOML config file ([server], [runner], [compile])")

@@ -32,7 +32,6 @@ import structlog
 from model_runtime.errors import ConfigurationError, ModelRuntimeError
 from model_runtime.server.daemon.heap import GEN0_THRESHOLD, settle_heap
 from model_runtime.server.daemon.listeners import SupervisedListener
-from model_runtime.server.grpc.budget import CallBudget
 from model_runtime.server.daemon.options import (
     DaemonOptions,
     add_serve_arguments,
@@ -40,6 +39,7 @@ from model_runtime.server.daemon.options import (
     options_from_args,
     tls_files,
 )
+from model_runtime.server.grpc.budget import CallBudget
 from model_runtime.server.grpc.server import (
     GrpcLimits,
     call_budget,
@@ -283,9 +283,7 @@ async def serve(opts: DaemonOptions) -> int:
             if opts.triton.allow_http:
                 port = await http_server.start(opts.port)
             grpc_server = SupervisedListener(
-                _grpc_starter(
-                    opts, plane, grpc_limits, grpc_restrictions, grpc_tls, grpc_budget
-                ),
+                _grpc_starter(opts, plane, grpc_limits, grpc_restrictions, grpc_tls, grpc_budget),
                 lambda reason: plane.listener_changed("grpc", reason),
             )
             grpc_port = await grpc_server.start(opts.grpc_port) if opts.triton.allow_grpc else None

@@ -32,7 +32,7 @@ _WBITS = {"gzip": 31, "deflate": 15}
 _TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 
 
-class GrpcAbort(Exception):  # noqa: N818 - grpc's word: the call is aborted with a status
+class GrpcAbort(Exception):
     """Ends a call with ``code`` and ``details`` (what ``context.abort`` raises)."""
 
     def __init__(self, code: grpc.StatusCode, details: str) -> None:
@@ -41,7 +41,7 @@ class GrpcAbort(Exception):  # noqa: N818 - grpc's word: the call is aborted wit
         self.details = details
 
 
-class CallEnded(Exception):  # noqa: N818
+class CallEnded(Exception):
     """The client reset the stream or closed the connection: nothing more can be sent."""
 
 
@@ -54,9 +54,7 @@ def _percent(text: str) -> bytes:
     raw = text.encode("utf-8", "replace")
     if all(0x20 <= b <= 0x7E and b != 0x25 for b in raw):
         return raw
-    return b"".join(
-        bytes((b,)) if 0x20 <= b <= 0x7E and b != 0x25 else b"%%%02X" % b for b in raw
-    )
+    return b"".join(bytes((b,)) if 0x20 <= b <= 0x7E and b != 0x25 else b"%%%02X" % b for b in raw)
 
 
 def status_trailers(code: grpc.StatusCode, details: str = "") -> list[tuple[bytes, bytes]]:

@@ -46,7 +46,7 @@ class H2Listener:
             await asyncio.wait_for(asyncio.shield(self._task), timeout=(grace or 0) * 2 + 1)
         except TimeoutError:
             self._task.cancel()
-        except Exception:  # noqa: BLE001 - stopping: what ended it was reported already
+        except Exception:
             return
 
 
@@ -93,7 +93,7 @@ async def start_h2_listener(
         runtime_threads=1,
         **_tls_options(tls),
     )
-    server = h2corn.Server(app, config)
+    server = h2corn.Server(app, config)  # type: ignore[arg-type]  # ASGI's dicts, untyped
     task = asyncio.get_running_loop().create_task(server.serve(), name="grpc-h2corn")
     try:
         await server.wait_started()

@@ -166,7 +166,9 @@ class GrpcApp:
         client = scope.get("client")
         peer = f"ipv4:{client[0]}:{client[1]}" if client else "unknown"
         context = NativeContext(peer, headers, deadline, loop)
-        reader = MessageReader(receive, self._max, encoding and encoding.decode("latin-1"))
+        reader = MessageReader(
+            receive, self._max, None if encoding is None else encoding.decode("latin-1")
+        )
         if handler.request_streaming:
             await self._stream(handler, reader, context, deadline, state)
         else:
@@ -254,12 +256,24 @@ class GrpcApp:
 class _Answer:
     """One call's side of the stream: what was sent, and its end with a status."""
 
-    __slots__ = ("cancelled", "send", "started")
+    __slots__ = ("_send", "cancelled", "started")
 
     def __init__(self, send: Send) -> None:
-        self.send = send
+        self._send = send
         self.started = False
         self.cancelled = False
+
+    async def send(self, event: dict[str, Any]) -> None:
+        """Send ``event`` on the stream.
+
+        Raises:
+            CallEnded: the stream is closed (the client reset it or left, or the server ended
+                it: an answer stalled behind flow control past the write timeout).
+        """
+        try:
+            await self._send(event)
+        except Exception as exc:
+            raise CallEnded() from exc
 
     async def end(self, code: grpc.StatusCode, details: str) -> None:
         """End the call with ``code`` (trailers-only where nothing was sent yet)."""
@@ -273,7 +287,7 @@ class _Answer:
                 self.started = True
             await self.send({"type": "http.response.body", "body": b""})
             await self.send({"type": "http.response.trailers", "headers": trailers})
-        except Exception:  # noqa: BLE001 - the client left: nothing can be said to it
+        except CallEnded:
             return
 
 
