@@ -77,12 +77,17 @@ def successes(d: Daemon) -> int:
     return int(doc["model_stats"][0]["inference_stats"]["success"]["count"])
 
 
-def measure(d: Daemon, concurrency: int, seconds: float) -> dict[str, float]:
+def measure(d: Daemon, concurrency: int, seconds: float) -> dict[str, float] | None:
+    """One perf_analyzer run (None: it found no stable measurement on this busy host)."""
     cpu0, n0 = cpu_seconds(d.pid), successes(d)
-    r = perf_analyzer.run(
-        MODEL, d.grpc, protocol="grpc", concurrency=concurrency,
-        measurement_ms=int(seconds * 1000), timeout=300,
-    )  # fmt: skip
+    try:
+        r = perf_analyzer.run(
+            MODEL, d.grpc, protocol="grpc", concurrency=concurrency,
+            measurement_ms=int(seconds * 1000), timeout=300, extra=["-s", "50", "-r", "6"],
+        )  # fmt: skip
+    except perf_analyzer.PerfAnalyzerError as exc:
+        print(f"{d.transport} c={concurrency}: {str(exc).splitlines()[0]}")
+        return None
     cpu1, n1 = cpu_seconds(d.pid), successes(d)
     return {
         "throughput": r.throughput,
@@ -110,11 +115,16 @@ def main() -> int:
             for i in range(args.pairs):
                 order = TRANSPORTS if i % 2 == 0 else TRANSPORTS[::-1]
                 for t in order:
-                    runs.setdefault((t, c), []).append(measure(daemons[t], c, args.seconds))
+                    got = measure(daemons[t], c, args.seconds)
+                    if got is not None:
+                        runs.setdefault((t, c), []).append(got)
     rows = []
     print(f"{'c':>3} {'aio/s':>8} {'native/s':>9} {'ratio':>6} {'aio p99':>8} {'nat p99':>8} "
           f"{'aio us/inf':>10} {'nat us/inf':>10}")  # fmt: skip
     for c in args.concurrency:
+        if not all((t, c) in runs for t in TRANSPORTS):
+            print(f"{c:>3} no stable measurement for both transports")
+            continue
         med = {
             t: {k: statistics.median(r[k] for r in runs[(t, c)]) for k in runs[(t, c)][0]}
             for t in TRANSPORTS

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 import pytest
 
+from model_runtime.server.grpc.budget import CallBudget
 from model_runtime.server.grpc.framing import GrpcAbort, MessageReader, frame, parse_timeout
 from model_runtime.server.grpc.native import GrpcApp
 from model_runtime.server.security.restrict import GRPC_KEY_PREFIX, Restrictions
@@ -141,6 +143,21 @@ def test_a_message_past_the_limit_is_refused_before_its_bytes_are_read() -> None
     assert call.reads == 1  # the rest was never taken from the stream
 
 
+def test_a_big_message_past_the_bytes_budget_is_refused_before_its_bytes_are_read() -> None:
+    budget = CallBudget(write_timeout=10, max_calls=10, max_bytes=40 << 10)
+    data = frame(b"x" * (100 << 10))
+    call = run(app(budget=budget), b"ModelInfer", Call([data[:16], data[16:]]))
+    assert call.status()[0] == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+    assert "bytes of calls in flight" in call.status()[1]
+    assert call.reads == 1 and budget.refused_bytes == 1
+    # Within it: counted while read, given back once handed to the call.
+    data = frame(
+        pb.ModelInferRequest(id="b", raw_input_contents=[b"x" * (70 << 10)]).SerializeToString()
+    )
+    call = run(app(budget=budget), b"ModelInfer", Call([data[:16], data[16:]]))
+    assert call.status() == (0, "") and budget.bytes == 0
+
+
 def test_gzip_requests_are_inflated_within_the_limit() -> None:
     packed = gzip.compress(request(id_="z"))
     data = b"\x01" + len(packed).to_bytes(4, "big") + packed
@@ -161,8 +178,10 @@ def test_the_deadline_ends_the_call() -> None:
 
 
 def test_a_client_that_resets_its_stream_cancels_the_call() -> None:
+    began = time.monotonic()
     call = run(app(), b"ModelInfer", Call([frame(request("wait"))], disconnect=True))
     assert call.sent == []  # cancelled while computed; nothing to say to a client gone
+    assert time.monotonic() - began < 2.5  # at once, not at the test's 5 s bound
 
 
 def test_restricted_groups_need_their_header() -> None:

@@ -80,18 +80,26 @@ def parse_timeout(value: bytes | None) -> float | None:
 
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
+#: ``admit(length)``: before a message of ``length`` bytes is read, count it (return how to
+#: give it back) or refuse it (raise :class:`GrpcAbort`).
+Admit = Callable[[int], Callable[[], None]]
+#: Messages from this size on are admitted before they are read; smaller ones cost nothing.
+ADMIT_FROM = 64 << 10
 
 
 class MessageReader:
     """The messages of one request stream, read from its ASGI ``receive``.
 
     ``max_size``: the largest message, compressed or inflated; ``encoding``: the stream's
-    ``grpc-encoding`` (None or ``identity``: messages must not be compressed).
+    ``grpc-encoding`` (None or ``identity``: messages must not be compressed); ``admit``:
+    asked before a message of :data:`ADMIT_FROM` bytes or more is read.
     """
 
-    __slots__ = ("_buf", "_encoding", "_ended", "_max", "_receive")
+    __slots__ = ("_admit", "_buf", "_encoding", "_ended", "_max", "_receive")
 
-    def __init__(self, receive: Receive, max_size: int, encoding: str | None) -> None:
+    def __init__(
+        self, receive: Receive, max_size: int, encoding: str | None, admit: Admit | None = None
+    ) -> None:
         if encoding in (None, "identity"):
             encoding = None
         elif encoding not in _WBITS:
@@ -100,6 +108,7 @@ class MessageReader:
                 f"Compression algorithm '{encoding}' is not supported by this server",
             )
         self._receive = receive
+        self._admit = admit
         self._max = max_size
         self._encoding = encoding
         self._buf = bytearray()
@@ -124,9 +133,9 @@ class MessageReader:
         """The next message (None: the client ended its stream between messages).
 
         Raises:
-            GrpcAbort: RESOURCE_EXHAUSTED, a message past the limit (before its bytes are
-                read); INTERNAL, the stream ended inside a message or a message is compressed
-                without an encoding, or does not inflate.
+            GrpcAbort: RESOURCE_EXHAUSTED, a message past the limit or refused by ``admit``
+                (before its bytes are read); INTERNAL, the stream ended inside a message, or a
+                message is compressed without an encoding, or does not inflate.
             CallEnded: the client reset the stream or left.
         """
         buf = self._buf
@@ -143,11 +152,18 @@ class MessageReader:
                 f"Received message larger than max ({length} vs. {self._max})",
             )
         end = 5 + length
-        while len(buf) < end:
-            if not await self._more():
-                raise GrpcAbort(grpc.StatusCode.INTERNAL, "the stream ended in a message")
-        payload = bytes(buf[5:end])
-        del buf[:end]
+        release = None
+        if self._admit is not None and length >= ADMIT_FROM and len(buf) < end:
+            release = self._admit(length)
+        try:
+            while len(buf) < end:
+                if not await self._more():
+                    raise GrpcAbort(grpc.StatusCode.INTERNAL, "the stream ended in a message")
+            payload = bytes(buf[5:end])
+            del buf[:end]
+        finally:
+            if release is not None:
+                release()
         if flag == 0:
             return payload
         return self._inflate(payload)

@@ -19,12 +19,14 @@ UTF-8, is UNIMPLEMENTED for that call only; Triton's methods this server lacks s
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn
 
 import grpc
 import structlog
 
+from model_runtime.server.grpc.budget import CallBudget
 from model_runtime.server.grpc.framing import (
     ACCEPT_ENCODING,
     CallEnded,
@@ -104,7 +106,8 @@ class GrpcApp:
     """The ASGI application of the gRPC listener (see the module docstring).
 
     ``handlers``: grpc's method handlers by method name; ``restrictions`` and ``counter``:
-    the restricted groups and where refusals are counted.
+    the restricted groups and where refusals are counted; ``budget``: where a big message's
+    bytes are counted before it is read (refused RESOURCE_EXHAUSTED past the budget).
     """
 
     def __init__(
@@ -114,8 +117,10 @@ class GrpcApp:
         max_message_size: int,
         restrictions: Restrictions | None = None,
         counter: RestrictionCounter | None = None,
+        budget: CallBudget | None = None,
     ) -> None:
         self._handlers = handlers
+        self._budget = budget
         self._max = max_message_size
         self._restrictions = restrictions if restrictions else None
         self._counter = counter or RestrictionCounter()
@@ -166,8 +171,9 @@ class GrpcApp:
         client = scope.get("client")
         peer = f"ipv4:{client[0]}:{client[1]}" if client else "unknown"
         context = NativeContext(peer, headers, deadline, loop)
+        admit = None if self._budget is None else functools.partial(_admit, self._budget, peer)
         reader = MessageReader(
-            receive, self._max, None if encoding is None else encoding.decode("latin-1")
+            receive, self._max, None if encoding is None else encoding.decode("latin-1"), admit
         )
         if handler.request_streaming:
             await self._stream(handler, reader, context, deadline, state)
@@ -289,6 +295,13 @@ class _Answer:
             await self.send({"type": "http.response.trailers", "headers": trailers})
         except CallEnded:
             return
+
+
+def _admit(budget: CallBudget, peer: str, size: int) -> Callable[[], None]:
+    why = budget.hold_message(peer, size)
+    if why is not None:
+        raise GrpcAbort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
+    return functools.partial(budget.drop_message, size)
 
 
 async def _watch(receive: Receive, task: asyncio.Task[Any], state: _Answer) -> None:

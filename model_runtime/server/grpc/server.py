@@ -193,6 +193,7 @@ async def start_native_grpc_server(
         tls=tls,
         reuse_port=reuse_port,
         backlog=backlog,
+        budget=budget,
     )
     listener.budget = budget
     return listener, bound
