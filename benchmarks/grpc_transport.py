@@ -87,6 +87,7 @@ def measure(d: Daemon, concurrency: int, seconds: float) -> dict[str, float] | N
         )  # fmt: skip
     except perf_analyzer.PerfAnalyzerError as exc:
         print(f"{d.transport} c={concurrency}: {str(exc).splitlines()[0]}")
+        print("\n".join(str(exc).splitlines()[-4:]))
         return None
     cpu1, n1 = cpu_seconds(d.pid), successes(d)
     return {
