@@ -94,6 +94,7 @@ async def start_h2_listener(
         http1=False,
         lifespan="off",
         access_log=False,
+        log_format="json",  # its one start-up line in the daemon's encoding
         date_header=False,
         max_concurrent_streams=max_streams,
         timeout_keep_alive=idle_timeout,
