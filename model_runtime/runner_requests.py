@@ -17,7 +17,7 @@ from model_runtime.io import check_batch_bytes, validate_inputs, validate_output
 from model_runtime.replicas import ReplicaSet
 from model_runtime.runner_config import ModelRunnerConfig
 
-__all__ = ["RunnerRequests"]
+__all__ = ["RunnerRequests", "expire_request"]
 
 #: Distinct input signatures a runner remembers as valid (past it, each is validated anew).
 _SIGNATURES = 256
@@ -29,7 +29,7 @@ def _timed_out(timeout: float) -> str:
     return f"Request timeout expired: the request did not complete within {timeout} s"
 
 
-def _expire(future: asyncio.Future[Any], timeout: float) -> None:
+def expire_request(future: asyncio.Future[Any], timeout: float) -> None:
     """A request's deadline passed: its caller gets :class:`ExecutionTimeoutError`."""
     if not future.done():
         future.set_exception(ExecutionTimeoutError(_timed_out(timeout)))
@@ -156,7 +156,7 @@ class RunnerRequests:
             # A timer that fails the future itself: no cancel scope, shield or backend lookup
             # per request (a done future is "gone" to the queue: its rows never run).
             assert self._loop is not None
-            timer = self._loop.call_later(timeout, _expire, future, timeout)
+            timer = self._loop.call_later(timeout, expire_request, future, timeout)
             try:
                 return await future  # a cancelled caller cancels the future too
             finally:

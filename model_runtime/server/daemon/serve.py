@@ -20,7 +20,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -39,11 +39,13 @@ from model_runtime.server.daemon.options import (
     options_from_args,
     tls_files,
 )
+from model_runtime.server.grpc.budget import CallBudget
 from model_runtime.server.grpc.server import (
     GrpcLimits,
     call_budget,
     grpc_max_connections,
     start_grpc_server,
+    start_native_grpc_server,
 )
 from model_runtime.server.http.fastpath import FastInfer
 from model_runtime.server.http.guard import ConnectionLimits
@@ -64,7 +66,7 @@ from model_runtime.server.repository.entries import ControlMode, parse_model_arg
 from model_runtime.server.repository.repository import ModelRepository
 from model_runtime.server.security.fdlimit import raise_open_file_limit
 from model_runtime.server.security.restrict import GRPC_KEY_PREFIX, Restrictions
-from model_runtime.server.security.tls import grpc_credentials, ssl_context
+from model_runtime.server.security.tls import TLSFiles, grpc_credentials, ssl_context
 
 __all__ = ["configure_logging", "main", "run_daemon", "serve", "serve_main"]
 
@@ -300,18 +302,8 @@ async def serve(opts: DaemonOptions) -> int:
             port = None
             if opts.triton.allow_http:
                 port = await http_server.start(opts.port)
-            grpc_credentials_ = None if grpc_tls is None else grpc_credentials(grpc_tls)
             grpc_server = SupervisedListener(
-                lambda port: start_grpc_server(
-                    plane,
-                    opts.host,
-                    port,
-                    grpc_limits,
-                    restrictions=grpc_restrictions,
-                    credentials=grpc_credentials_,
-                    reuse_port=opts.reuse_port,
-                    budget=grpc_budget,
-                ),
+                _grpc_starter(opts, plane, grpc_limits, grpc_restrictions, grpc_tls, grpc_budget),
                 lambda reason: plane.listener_changed("grpc", reason),
             )
             grpc_port = await grpc_server.start(opts.grpc_port) if opts.triton.allow_grpc else None
@@ -332,6 +324,7 @@ async def serve(opts: DaemonOptions) -> int:
                 host=opts.host,
                 port=port,
                 grpc_port=grpc_port,
+                grpc_transport=opts.grpc_transport,
                 metrics_port=metrics_port,
                 models=names,
                 model_control_mode=repo.control_mode.value,
@@ -376,6 +369,28 @@ async def serve(opts: DaemonOptions) -> int:
             _log_writer.batch_on(None)
     log.info("daemon_stopped", status=status)
     return status
+
+
+def _grpc_starter(
+    opts: DaemonOptions,
+    plane: DataPlane,
+    limits: GrpcLimits,
+    restrictions: Restrictions,
+    tls: TLSFiles | None,
+    budget: CallBudget,
+) -> Callable[[int], Awaitable[tuple[Any, int]]]:
+    """How the gRPC listener starts on a port: on the transport ``opts.grpc_transport`` names
+    (``native``: h2corn, ``aio``: grpcio's asyncio server)."""
+    if opts.grpc_transport == "native":
+        return lambda port: start_native_grpc_server(
+            plane, opts.host, port, limits, restrictions=restrictions, tls=tls,
+            reuse_port=opts.reuse_port, budget=budget, backlog=opts.backlog,
+        )  # fmt: skip
+    credentials = None if tls is None else grpc_credentials(tls)
+    return lambda port: start_grpc_server(
+        plane, opts.host, port, limits, restrictions=restrictions, credentials=credentials,
+        reuse_port=opts.reuse_port, budget=budget,
+    )  # fmt: skip
 
 
 async def _load_until_stopped(

@@ -108,6 +108,22 @@ class CallBudget:
 
         return call
 
+    def hold_message(self, peer: str, size: int) -> str | None:
+        """Count ``size`` bytes of a message about to be received on ``peer``'s connection,
+        before any of it is buffered (None), or say why it is refused (the rules of a call's
+        bytes). Counted bytes are given back with :meth:`drop_message` once the message is
+        handed to its call (which counts it again)."""
+        why = self._refusal(self.calls.get(peer, 0), size, peer, computing=False)
+        if why is None:
+            self.bytes += size
+        else:
+            self._log(reason=why, peer=peer)
+        return why
+
+    def drop_message(self, size: int) -> None:
+        """Give back what :meth:`hold_message` counted."""
+        self.bytes -= size
+
     async def _refuse(self, context: Any, why: str, peer: str) -> None:
         self._log(reason=why, peer=peer)
         await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)

@@ -19,20 +19,27 @@ import grpc
 
 from model_runtime.server.grpc.budget import CallBudget, quiet_unwritten_answers
 from model_runtime.server.grpc.guard import install_method_guard
+from model_runtime.server.grpc.h2server import H2Listener, start_h2_listener
 from model_runtime.server.grpc.service import InferenceServicer, UnsupportedMethods
 from model_runtime.server.inference.plane import DataPlane
 from model_runtime.server.security.fdlimit import FD_RESERVE
 from model_runtime.server.security.restrict import Restrictions, grpc_interceptor
+from model_runtime.server.security.tls import TLSFiles
 from model_runtime.server.triton import grpc_service_pb2_grpc as pb_grpc
 
 __all__ = [
     "REGISTERED_METHODS",
+    "TRANSPORTS",
     "GrpcLimits",
     "call_budget",
     "grpc_max_connections",
     "service_handlers",
     "start_grpc_server",
+    "start_native_grpc_server",
 ]
+
+#: The gRPC transports: ``native`` (h2corn, :mod:`.h2server`) and ``aio`` (grpcio's asyncio).
+TRANSPORTS = ("native", "aio")
 
 
 #: The methods registered with grpc.aio (see :func:`start_grpc_server`): the per-request one.
@@ -149,6 +156,47 @@ async def start_grpc_server(
     await grpc_server.start()
     grpc_server.budget = budget
     return grpc_server, bound
+
+
+async def start_native_grpc_server(
+    plane: DataPlane,
+    host: str,
+    port: int,
+    limits: GrpcLimits | None = None,
+    restrictions: Restrictions | None = None,
+    tls: TLSFiles | None = None,
+    reuse_port: bool = False,
+    budget: CallBudget | None = None,
+    backlog: int = 2048,
+) -> tuple[H2Listener, int]:
+    """:func:`start_grpc_server`'s service, limits and budget on the native transport
+    (:mod:`.h2server`): every method on one port. ``tls``: the listener's TLS files (None:
+    plaintext).
+
+    Raises:
+        OSError: the address cannot be bound.
+    """
+    limits = limits or GrpcLimits()
+    budget = budget or call_budget(limits)
+    _, handlers, _ = service_handlers(InferenceServicer(plane))
+    listener, bound = await start_h2_listener(
+        {name: _budgeted(handler, budget) for name, handler in handlers.items()},
+        host,
+        port,
+        max_message_size=limits.max_message_size,
+        idle_timeout=limits.idle_timeout,
+        max_streams=limits.max_streams,
+        write_timeout=limits.write_timeout,
+        max_connections=limits.max_connections or grpc_max_connections(0),
+        restrictions=restrictions,
+        counter=plane.restricted,
+        tls=tls,
+        reuse_port=reuse_port,
+        backlog=backlog,
+        budget=budget,
+    )
+    listener.budget = budget
+    return listener, bound
 
 
 def grpc_max_connections(http_connections: int, cap: int = 4096) -> int:

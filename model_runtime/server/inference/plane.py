@@ -24,7 +24,8 @@ import structlog
 from actors.queues.tracing import CURRENT as CURRENT_TRACE
 from model_runtime.errors import ModelRuntimeError
 from model_runtime.python_backend.runner import PythonModelRunner
-from model_runtime.runner import ModelRunner, _expire
+from model_runtime.runner import ModelRunner
+from model_runtime.runner_requests import expire_request
 from model_runtime.sequences import SequenceStep
 from model_runtime.server.answers import HTTPError, status_of
 from model_runtime.server.ensemble import EnsembleRunner
@@ -447,7 +448,9 @@ class DataPlane:
         if timeout is None:
             return future, None
         # The runner's own expiry (its error and words), one timer per request as its own.
-        return future, asyncio.get_running_loop().call_later(timeout, _expire, future, timeout)
+        return future, asyncio.get_running_loop().call_later(
+            timeout, expire_request, future, timeout
+        )
 
     async def execute(
         self,

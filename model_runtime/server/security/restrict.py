@@ -39,6 +39,7 @@ __all__ = [
     "RestrictionCounter",
     "Restrictions",
     "grpc_interceptor",
+    "grpc_refusal",
     "http_middleware",
 ]
 
@@ -204,18 +205,27 @@ class _Interceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         method: str = details.method
         if not self._restrictions or not method.startswith(_SERVICE):
             return await continuation(details)  # another service's: not found, nothing run
-        name = method.removeprefix(_SERVICE)
-        group = GRPC_GROUPS.get(name)
-        if group is None:  # a method of the service with no group: closed, not open
-            message = f"This protocol is restricted: method '{name}' has no API group"
-        else:
-            metadata = dict(details.invocation_metadata or ())
-            missing = self._restrictions.refuses(group, metadata.get)
-            if missing is None:
-                return await continuation(details)
-            message = f"This protocol is restricted, expecting header '{missing}'"
+        metadata = dict(details.invocation_metadata or ())
+        refused = grpc_refusal(self._restrictions, method.removeprefix(_SERVICE), metadata.get)
+        if refused is None:
+            return await continuation(details)
+        message, group = refused
         self._counter.refused("grpc", group)
         return _refusing(await continuation(details), message)
+
+
+def grpc_refusal(
+    restrictions: Restrictions, name: str, header: Callable[[str], str | None]
+) -> tuple[str, str | None] | None:
+    """Why a call of the service's method ``name`` whose metadata ``header`` reads is refused,
+    and its group (None: allowed). A method with no group is closed, not open."""
+    group = GRPC_GROUPS.get(name)
+    if group is None:
+        return f"This protocol is restricted: method '{name}' has no API group", None
+    missing = restrictions.refuses(group, header)
+    if missing is None:
+        return None
+    return f"This protocol is restricted, expecting header '{missing}'", group
 
 
 def _refusing(handler: Any, message: str) -> Any:

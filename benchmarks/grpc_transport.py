@@ -1,0 +1,148 @@
+"""Issue 46 item 1: the daemon's gRPC on its two transports, ``--grpc-transport native``
+(h2corn) against ``aio`` (grpcio's asyncio server), driven by perf_analyzer over gRPC.
+
+Two daemons of this checkout serve the demo model (one per transport, devices and device
+locks of their own); for each concurrency the two are measured one after the other, ``--pairs``
+times, alternating which goes first, so that a busy host costs both alike. Per run: perf_analyzer's
+throughput and p99, and the daemon's CPU per inference (``/proc/PID/stat`` user + system time
+over the successes its statistics count). Prints a table of medians with native/aio ratios and
+writes ``benchmarks/results/grpc_transport.json``.
+
+    python benchmarks/grpc_transport.py [--seconds 2] [--pairs 2] [--concurrency 1 16 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import urllib.request
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.peers import servers  # noqa: E402
+from model_runtime.demo import DEMO_ONNX_PATH  # noqa: E402
+from tests import perf_analyzer  # noqa: E402
+
+MODEL = "digits"
+TRANSPORTS = ("aio", "native")
+
+
+@dataclass
+class Daemon:
+    transport: str
+    pid: int
+    http: str
+    grpc: str
+
+
+@contextmanager
+def daemon(transport: str, workdir: Path, devices: str) -> Iterator[Daemon]:
+    """This checkout's daemon serving the demo model with gRPC on ``transport``."""
+    http_port, grpc_port = servers.free_port(), servers.free_port()
+    workdir.mkdir(parents=True, exist_ok=True)
+    shutil.copy(DEMO_ONNX_PATH, workdir / f"{MODEL}.onnx")
+    cmd = [
+        sys.executable, "-m", "model_runtime.server", "--port", str(http_port),
+        "--grpc-port", str(grpc_port), "--metrics-port", "0", "--no-access-log",
+        "--log-format", "json", "--grpc-transport", transport,
+        "--executable-cache", str(workdir / "cache"), f"{MODEL}={workdir / f'{MODEL}.onnx'}",
+    ]  # fmt: skip
+    env = {"MODEL_RUNTIME_DEVICES": devices, "MODEL_RUNTIME_DIR": str(workdir / "run"),
+           "PYTHONUNBUFFERED": "1"}  # fmt: skip
+    base = f"http://127.0.0.1:{http_port}"
+    ready = f"{base}/v2/models/{MODEL}/ready"
+    with servers.serve(f"daemon ({transport})", cmd, env, ready, workdir / "daemon.log") as proc:
+        yield Daemon(transport, proc.pid, base, f"127.0.0.1:{grpc_port}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def successes(d: Daemon) -> int:
+    with urllib.request.urlopen(f"{d.http}/v2/models/{MODEL}/stats", timeout=10) as resp:
+        doc = json.load(resp)
+    return int(doc["model_stats"][0]["inference_stats"]["success"]["count"])
+
+
+def measure(d: Daemon, concurrency: int, seconds: float) -> dict[str, float] | None:
+    """One perf_analyzer run (None: it found no stable measurement on this busy host)."""
+    cpu0, n0 = cpu_seconds(d.pid), successes(d)
+    try:
+        r = perf_analyzer.run(
+            MODEL, d.grpc, protocol="grpc", concurrency=concurrency,
+            measurement_ms=int(seconds * 1000), timeout=300, extra=["-s", "50", "-r", "6"],
+        )  # fmt: skip
+    except perf_analyzer.PerfAnalyzerError as exc:
+        print(f"{d.transport} c={concurrency}: {str(exc).splitlines()[0]}")
+        print("\n".join(str(exc).splitlines()[-4:]))
+        return None
+    cpu1, n1 = cpu_seconds(d.pid), successes(d)
+    return {
+        "throughput": r.throughput,
+        "p99_us": r.p99_us,
+        "cpu_us_per_infer": (cpu1 - cpu0) * 1e6 / max(1, n1 - n0),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=2.0, help="perf_analyzer's window")
+    parser.add_argument("--pairs", type=int, default=2, help="alternated runs per point")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--devices", default="cpu:2x1", help="each daemon's devices")
+    args = parser.parse_args()
+    if perf_analyzer.command() is None:
+        print("grpc_transport: perf_analyzer is not installed (make perf-analyzer); skipped")
+        return 0
+    runs: dict[tuple[str, int], list[dict[str, float]]] = {}
+    with tempfile.TemporaryDirectory(prefix="grpc-transport-") as tmp, ExitStack() as stack:
+        daemons = {
+            t: stack.enter_context(daemon(t, Path(tmp) / t, args.devices)) for t in TRANSPORTS
+        }
+        for c in args.concurrency:
+            for i in range(args.pairs):
+                order = TRANSPORTS if i % 2 == 0 else TRANSPORTS[::-1]
+                for t in order:
+                    got = measure(daemons[t], c, args.seconds)
+                    if got is not None:
+                        runs.setdefault((t, c), []).append(got)
+    rows = []
+    print(f"{'c':>3} {'aio/s':>8} {'native/s':>9} {'ratio':>6} {'aio p99':>8} {'nat p99':>8} "
+          f"{'aio us/inf':>10} {'nat us/inf':>10}")  # fmt: skip
+    for c in args.concurrency:
+        if not all((t, c) in runs for t in TRANSPORTS):
+            print(f"{c:>3} no stable measurement for both transports")
+            continue
+        med = {
+            t: {k: statistics.median(r[k] for r in runs[(t, c)]) for k in runs[(t, c)][0]}
+            for t in TRANSPORTS
+        }
+        ratio = med["native"]["throughput"] / med["aio"]["throughput"]
+        rows.append({"concurrency": c, "median": med, "ratio": ratio,
+                     "runs": {t: runs[(t, c)] for t in TRANSPORTS}})  # fmt: skip
+        print(f"{c:>3} {med['aio']['throughput']:>8.0f} {med['native']['throughput']:>9.0f} "
+              f"{ratio:>6.2f} {med['aio']['p99_us']:>8.0f} {med['native']['p99_us']:>8.0f} "
+              f"{med['aio']['cpu_us_per_infer']:>10.0f} "
+              f"{med['native']['cpu_us_per_infer']:>10.0f}")  # fmt: skip
+    out = REPO / "benchmarks" / "results" / "grpc_transport.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+    print(f"wrote {out.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,151 @@
+"""The gRPC listener on h2corn, a native HTTP/2 server that runs on the daemon's event loop.
+
+h2corn (Rust: HTTP/2, HPACK, TLS, flow control and their flood limits) hands each stream to
+:class:`~.native.GrpcApp` as an ASGI call. The listener's limits, as grpc.aio's:
+``max_connections`` open connections, ``max_streams`` concurrent streams per connection, idle
+connections closed after ``idle_timeout``, an answer held behind a closed flow-control window
+for ``write_timeout`` seconds ends its stream (h2corn's response-stall timeout), and
+:class:`~.budget.CallBudget` over the unary calls. TLS from the daemon's files (mutual TLS:
+a client certificate the root signed is required).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+import h2corn
+
+from model_runtime.server.grpc.budget import CallBudget
+from model_runtime.server.grpc.native import GrpcApp
+from model_runtime.server.security.restrict import RestrictionCounter, Restrictions
+from model_runtime.server.security.tls import TLSFiles
+
+__all__ = ["H2Listener", "start_h2_listener"]
+
+
+class H2Listener:
+    """A started h2corn server: the daemon's :class:`~..daemon.listeners.Listening`."""
+
+    def __init__(
+        self, server: Any, task: asyncio.Task[None], app: GrpcApp, sock: socket.socket
+    ) -> None:
+        self._server = server
+        self._task = task
+        self._sock = sock
+        task.add_done_callback(lambda _: sock.close())
+        self.app = app
+        self.budget: CallBudget | None = None
+
+    async def wait_for_termination(self) -> None:
+        """Return when the server ends (raises what ended it, if it failed)."""
+        await asyncio.shield(self._task)
+
+    async def stop(self, grace: float | None) -> None:
+        """Stop accepting; calls in flight get the server's graceful budget, then end."""
+        if self._task.done():
+            return
+        self._server.shutdown()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), timeout=(grace or 0) * 2 + 1)
+        except TimeoutError:
+            self._task.cancel()
+        except Exception:
+            return
+
+
+async def start_h2_listener(
+    handlers: dict[str, Any],
+    host: str,
+    port: int,
+    *,
+    max_message_size: int,
+    idle_timeout: float,
+    max_streams: int,
+    write_timeout: float,
+    max_connections: int,
+    restrictions: Restrictions | None = None,
+    counter: RestrictionCounter | None = None,
+    tls: TLSFiles | None = None,
+    reuse_port: bool = False,
+    backlog: int = 2048,
+    budget: CallBudget | None = None,
+) -> tuple[H2Listener, int]:
+    """Serve ``handlers`` (grpc's method handlers by name) on ``host:port`` (0: a free one);
+    return the listener and its bound port. ``budget``: counts big messages before they are
+    read.
+
+    Raises:
+        OSError: the address cannot be bound, or the TLS files cannot be used.
+    """
+    app = GrpcApp(
+        handlers,
+        max_message_size=max_message_size,
+        restrictions=restrictions,
+        counter=counter,
+        budget=budget,
+    )
+    bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    sock = _listening_socket(host, port, reuse_port, backlog)
+    config = h2corn.Config(
+        bind=(f"fd://{sock.fileno()}",),
+        grpc=True,
+        http1=False,
+        lifespan="off",
+        access_log=False,
+        log_format="json",  # its one start-up line in the daemon's encoding
+        date_header=False,
+        max_concurrent_streams=max_streams,
+        timeout_keep_alive=idle_timeout,
+        h2_timeout_response_stall=write_timeout,
+        limit_connections=max_connections,
+        timeout_graceful_shutdown=1.0,
+        runtime_threads=1,
+        **_tls_options(tls),
+    )
+    server = h2corn.Server(app, config)  # type: ignore[arg-type]  # ASGI's dicts, untyped
+    task = asyncio.get_running_loop().create_task(server.serve(), name="grpc-h2corn")
+    try:
+        await server.wait_started()
+    except Exception as exc:
+        task.cancel()
+        sock.close()
+        raise OSError(f"cannot serve gRPC on {bind}: {exc}") from exc
+    return H2Listener(server, task, app, sock), int(sock.getsockname()[1])
+
+
+def _listening_socket(host: str, port: int, reuse_port: bool, backlog: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` whose connections have Nagle's algorithm off
+    (Linux's accepted sockets inherit TCP_NODELAY): an answer's frames go out as written, not
+    held until the client acknowledges the previous segment (h2corn sets no TCP_NODELAY).
+
+    Raises:
+        OSError: the address cannot be bound.
+    """
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind(address)
+        sock.listen(backlog)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _tls_options(tls: TLSFiles | None) -> dict[str, Any]:
+    if tls is None:
+        return {}
+    options: dict[str, Any] = {"certfile": tls.cert, "keyfile": tls.key}
+    if tls.root is not None:
+        options["ca_certs"] = tls.root
+    if tls.mutual:
+        options["cert_reqs"] = "required"
+    return options

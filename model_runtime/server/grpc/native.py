@@ -1,0 +1,338 @@
+"""The gRPC service as an ASGI application, for a native HTTP/2 server (h2corn: :mod:`.h2server`).
+
+:class:`GrpcApp` serves every method of Triton's ``GRPCInferenceService`` from the same method
+handlers grpc.aio is given (``service_handlers`` of the servicer, unary ones under the
+:class:`~.budget.CallBudget`): one port, every method. Each HTTP/2 stream is one call: the
+method from ``:path``, the request message(s) read with :class:`~.framing.MessageReader` (a
+message past ``max_message_size`` is refused RESOURCE_EXHAUSTED before it is buffered),
+answers framed as gRPC messages and the status sent as trailers. For the handlers,
+:class:`NativeContext` stands in for grpc.aio's context (``abort``, ``time_remaining``,
+``peer``, ``invocation_metadata``).
+
+What a call gets, as on grpc.aio: ``grpc-timeout`` bounds it (DEADLINE_EXCEEDED past it); a
+client that resets its stream or leaves cancels it; restricted groups
+(:mod:`~model_runtime.server.security.restrict`) are refused UNAVAILABLE before the handler
+runs; ``gzip``/``deflate`` requests are inflated; an unknown method, or one whose name is not
+UTF-8, is UNIMPLEMENTED for that call only; Triton's methods this server lacks say why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, NoReturn
+
+import grpc
+import structlog
+
+from model_runtime.server.grpc.budget import CallBudget
+from model_runtime.server.grpc.framing import (
+    ACCEPT_ENCODING,
+    CallEnded,
+    GrpcAbort,
+    MessageReader,
+    frame,
+    parse_timeout,
+    status_trailers,
+)
+from model_runtime.server.grpc.service import UNSUPPORTED_METHODS
+from model_runtime.server.security.restrict import (
+    RestrictionCounter,
+    Restrictions,
+    grpc_refusal,
+)
+
+__all__ = ["SERVICE_PATH", "GrpcApp", "NativeContext"]
+
+log = structlog.get_logger(__name__)
+
+#: The ``:path`` prefix of Triton's service.
+SERVICE_PATH = b"/inference.GRPCInferenceService/"
+_GRPC = b"application/grpc"
+_START_HEADERS = [(b"content-type", _GRPC), (b"grpc-accept-encoding", ACCEPT_ENCODING)]
+_OK = status_trailers(grpc.StatusCode.OK)
+
+
+class NativeContext:
+    """What a handler may ask of its call (grpc.aio's ``ServicerContext``, the part used)."""
+
+    __slots__ = ("_deadline", "_headers", "_loop", "_peer")
+
+    def __init__(
+        self,
+        peer: str,
+        headers: list[tuple[bytes, bytes]],
+        deadline: float | None,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self._peer = peer
+        self._headers = headers
+        self._deadline = deadline
+        self._loop = loop
+
+    def peer(self) -> str:
+        """The client's address (``ipv4:HOST:PORT``): one connection's calls share it."""
+        return self._peer
+
+    def time_remaining(self) -> float | None:
+        """Seconds left before the call's deadline (None: no deadline)."""
+        if self._deadline is None:
+            return None
+        return max(0.0, self._deadline - self._loop.time())
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        """The call's metadata (its headers but HTTP/2's and gRPC's own)."""
+        return tuple(
+            (k.decode("latin-1"), v.decode("latin-1"))
+            for k, v in self._headers
+            if not k.startswith((b":", b"grpc-")) and k not in (b"content-type", b"te")
+        )
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn:
+        """End the call with ``code`` and ``details``.
+
+        Raises:
+            GrpcAbort: always (the transport answers it).
+        """
+        raise GrpcAbort(code, details)
+
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+
+
+class GrpcApp:
+    """The ASGI application of the gRPC listener (see the module docstring).
+
+    ``handlers``: grpc's method handlers by method name; ``restrictions`` and ``counter``:
+    the restricted groups and where refusals are counted; ``budget``: where a big message's
+    bytes are counted before it is read (refused RESOURCE_EXHAUSTED past the budget).
+    """
+
+    def __init__(
+        self,
+        handlers: dict[str, Any],
+        *,
+        max_message_size: int,
+        restrictions: Restrictions | None = None,
+        counter: RestrictionCounter | None = None,
+        budget: CallBudget | None = None,
+    ) -> None:
+        self._handlers = handlers
+        self._budget = budget
+        self._max = max_message_size
+        self._restrictions = restrictions if restrictions else None
+        self._counter = counter or RestrictionCounter()
+        self.calls = 0
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        self.calls += 1
+        state = _Answer(send)
+        try:
+            await self._call(scope, receive, state)
+        except CallEnded:
+            return
+        except GrpcAbort as exc:
+            await state.end(exc.code, exc.details)
+        except asyncio.CancelledError:
+            if not state.cancelled:
+                raise
+        except Exception as exc:  # a handler's bug: that call's status, the server serves on
+            log.error("grpc_call_failed", exc_info=exc)
+            await state.end(grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc).__name__}: {exc}")
+
+    async def _call(self, scope: dict[str, Any], receive: Receive, state: _Answer) -> None:
+        headers: list[tuple[bytes, bytes]] = scope["headers"]
+        content_type = timeout = encoding = None
+        for key, value in headers:
+            if key == b"content-type":
+                content_type = value
+            elif key == b"grpc-timeout":
+                timeout = value
+            elif key == b"grpc-encoding":
+                encoding = value
+        if content_type is None or not content_type.startswith(_GRPC):
+            await state.send({"type": "http.response.start", "status": 415, "headers": []})
+            await state.send({"type": "http.response.body", "body": b""})
+            return
+        handler, name = self._handler(scope.get("raw_path") or scope["path"].encode())
+        if self._restrictions is not None:
+            refused = grpc_refusal(self._restrictions, name, _header_of(headers))
+            if refused is not None:
+                message, group = refused
+                self._counter.refused("grpc", group)
+                raise GrpcAbort(grpc.StatusCode.UNAVAILABLE, message)
+        loop = asyncio.get_running_loop()
+        seconds = parse_timeout(timeout)
+        deadline = None if seconds is None else loop.time() + seconds
+        client = scope.get("client")
+        peer = f"ipv4:{client[0]}:{client[1]}" if client else "unknown"
+        context = NativeContext(peer, headers, deadline, loop)
+        admit = None if self._budget is None else functools.partial(_admit, self._budget, peer)
+        reader = MessageReader(
+            receive, self._max, None if encoding is None else encoding.decode("latin-1"), admit
+        )
+        if handler.request_streaming:
+            await self._stream(handler, reader, context, deadline, state)
+        else:
+            await self._unary(handler, reader, context, deadline, state, receive)
+
+    def _handler(self, path: bytes) -> tuple[Any, str]:
+        if path.startswith(SERVICE_PATH):
+            try:
+                name = path[len(SERVICE_PATH) :].decode()
+            except UnicodeDecodeError:
+                name = ""
+            handler = self._handlers.get(name)
+            if handler is not None:
+                return handler, name
+            why = UNSUPPORTED_METHODS.get(name)
+            if why is not None:
+                raise GrpcAbort(grpc.StatusCode.UNIMPLEMENTED, why)
+        raise GrpcAbort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+
+    async def _unary(
+        self,
+        handler: Any,
+        reader: MessageReader,
+        context: NativeContext,
+        deadline: float | None,
+        state: _Answer,
+        receive: Receive,
+    ) -> None:
+        data = await reader.next()
+        if data is None:
+            raise GrpcAbort(grpc.StatusCode.INTERNAL, "the call has no request message")
+        request = _decode(handler, data)
+        # The client may reset the stream or leave while the call is computed: that cancels it.
+        task = asyncio.current_task()
+        assert task is not None
+        watch = asyncio.ensure_future(_watch(receive, task, state))
+        try:
+            if deadline is None:
+                answer = await handler.unary_unary(request, context)
+            else:
+                answer = await _before(deadline, handler.unary_unary(request, context))
+        finally:
+            watch.cancel()
+        body = frame(handler.response_serializer(answer))
+        await state.send(
+            {"type": "http.response.start", "status": 200, "headers": _START_HEADERS,
+             "trailers": True}
+        )  # fmt: skip
+        state.started = True
+        await state.send({"type": "http.response.body", "body": body})
+        await state.send({"type": "http.response.trailers", "headers": _OK})
+
+    async def _stream(
+        self,
+        handler: Any,
+        reader: MessageReader,
+        context: NativeContext,
+        deadline: float | None,
+        state: _Answer,
+    ) -> None:
+        async def requests() -> AsyncIterator[Any]:
+            while (data := await reader.next()) is not None:
+                yield _decode(handler, data)
+
+        await state.send(
+            {"type": "http.response.start", "status": 200, "headers": _START_HEADERS,
+             "trailers": True}
+        )  # fmt: skip
+        state.started = True
+
+        async def answer_all() -> None:
+            serialize = handler.response_serializer
+            async for answer in handler.stream_stream(requests(), context):
+                body = frame(serialize(answer))
+                await state.send({"type": "http.response.body", "body": body, "more_body": True})
+
+        if deadline is None:
+            await answer_all()
+        else:
+            await _before(deadline, answer_all())
+        await state.send({"type": "http.response.body", "body": b""})
+        await state.send({"type": "http.response.trailers", "headers": _OK})
+
+
+class _Answer:
+    """One call's side of the stream: what was sent, and its end with a status."""
+
+    __slots__ = ("_send", "cancelled", "started")
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = False
+        self.cancelled = False
+
+    async def send(self, event: dict[str, Any]) -> None:
+        """Send ``event`` on the stream.
+
+        Raises:
+            CallEnded: the stream is closed (the client reset it or left, or the server ended
+                it: an answer stalled behind flow control past the write timeout).
+        """
+        try:
+            await self._send(event)
+        except Exception as exc:
+            raise CallEnded() from exc
+
+    async def end(self, code: grpc.StatusCode, details: str) -> None:
+        """End the call with ``code`` (trailers-only where nothing was sent yet)."""
+        trailers = status_trailers(code, details)
+        try:
+            if not self.started:
+                await self.send(
+                    {"type": "http.response.start", "status": 200,
+                     "headers": [(b"content-type", _GRPC), *trailers], "trailers": True}
+                )  # fmt: skip
+                self.started = True
+            await self.send({"type": "http.response.body", "body": b""})
+            await self.send({"type": "http.response.trailers", "headers": trailers})
+        except CallEnded:
+            return
+
+
+def _admit(budget: CallBudget, peer: str, size: int) -> Callable[[], None]:
+    why = budget.hold_message(peer, size)
+    if why is not None:
+        raise GrpcAbort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
+    return functools.partial(budget.drop_message, size)
+
+
+async def _watch(receive: Receive, task: asyncio.Task[Any], state: _Answer) -> None:
+    """Cancel ``task`` when its client resets the stream or leaves."""
+    event = await receive()
+    if event["type"] == "http.disconnect":
+        state.cancelled = True
+        task.cancel()
+
+
+async def _before(deadline: float, work: Awaitable[Any]) -> Any:
+    try:
+        async with asyncio.timeout_at(deadline):
+            return await work
+    except TimeoutError:
+        raise GrpcAbort(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
+
+
+def _decode(handler: Any, data: bytes) -> Any:
+    try:
+        return handler.request_deserializer(data)
+    except Exception:
+        raise GrpcAbort(grpc.StatusCode.INTERNAL, "Exception deserializing request!") from None
+
+
+def _header_of(headers: list[tuple[bytes, bytes]]) -> Callable[[str], str | None]:
+    def get(name: str) -> str | None:
+        key = name.encode("latin-1")
+        for k, v in headers:
+            if k == key:
+                return v.decode("latin-1")
+        return None
+
+    return get
