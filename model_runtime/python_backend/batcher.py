@@ -272,4 +272,4 @@ class Batcher:
                 item.call, item.instance, item.slot, item.sent = call, instance, slot, now
                 item.dispatched.set_result(call)
                 if call.future is not None:
-                    call.future.add_done_callback(functools.partial(self._on_answer, item))
+                    call.then = functools.partial(self._on_answer, item)

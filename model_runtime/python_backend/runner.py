@@ -247,10 +247,14 @@ class PythonModelRunner:
         timeout: float | None,
     ) -> PyResponse:
         item = self._enqueue(inputs, context, False)
-        assert item.future is not None
+        future = item.future
+        assert future is not None
         try:
+            # No shield: a caller that leaves cancels the future, which the batcher ignores.
+            if timeout is None:
+                return await future
             async with asyncio.timeout(timeout):
-                response = await asyncio.shield(item.future)
+                response = await future
         except TimeoutError:
             self._batcher.abandon(item)
             raise ExecutionTimeoutError(
