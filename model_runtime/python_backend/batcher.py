@@ -4,7 +4,8 @@ retries that heal a crash.
 Requests leave the queue in batches of up to ``max_batch_size`` (one with ``max_batch_size: 0``)
 for the instance that holds the fewest requests among those with room (a sync ``execute`` runs
 one batch at a time per instance, and a busy one holds up to :data:`PIPELINE` full batches
-queued behind it; an async one runs up to :data:`ASYNC_BATCHES`); with dynamic
+queued behind it, or :data:`PIPELINE_SINGLE` for a model without batching; an async one runs
+up to :data:`ASYNC_BATCHES`); with dynamic
 batching the first request of a batch waits up to ``max_queue_delay_microseconds`` for company.
 The requests an instance held when it died go back to the head of the queue, each alone in its
 batch from then on, so that a second death names the one that caused it: that request is poison
@@ -34,7 +35,7 @@ from model_runtime.python_backend.messages import PyRequest, PyResponse
 from model_runtime.python_backend.pool import InstancePool
 from model_runtime.python_backend.validate import check_outputs
 
-__all__ = ["ASYNC_BATCHES", "PIPELINE", "Batcher", "Item"]
+__all__ = ["ASYNC_BATCHES", "PIPELINE", "PIPELINE_SINGLE", "Batcher", "Item", "pipeline"]
 
 _log = structlog.get_logger(__name__)
 #: batches an instance with ``async def execute`` runs at once
@@ -42,6 +43,15 @@ ASYNC_BATCHES = 64
 #: full batches a busy instance with a sync ``execute`` may hold queued: they cross in one
 #: frame, run back to back, and their answers come back together
 PIPELINE = 4
+#: ... and for a model without batching (``max_batch_size: 0``, one request a batch): enough
+#: to carry the requests of many clients in one frame, as a model that batches carries them
+PIPELINE_SINGLE = 16
+
+
+def pipeline(max_batch_size: int) -> int:
+    """Full batches a busy sync instance may hold queued (:data:`PIPELINE`,
+    :data:`PIPELINE_SINGLE`)."""
+    return PIPELINE if max_batch_size else PIPELINE_SINGLE
 
 
 class Item:
@@ -84,6 +94,7 @@ class Batcher:
         #: per instance slot: answered, and the sums of seconds in total, queued, computing
         self.counts = [[0, 0.0, 0.0, 0.0] for _ in range(config.instance_count)]
         self._delay = config.max_queue_delay_s if config.max_batch_size else 0.0
+        self._pipeline = pipeline(config.max_batch_size)
         #: set when the model unloads: what a request held past the drain is answered with
         self.stopped: BaseException | None = None
 
@@ -203,7 +214,7 @@ class Batcher:
         they are full (a partial batch waits to grow); an async instance many."""
         if inst.is_async:
             return ASYNC_BATCHES - inst.executing
-        return (PIPELINE if full else 1) - inst.executing
+        return (self._pipeline if full else 1) - inst.executing
 
     def _pick(self) -> tuple[int, InstanceProcess] | None:
         best: tuple[int, InstanceProcess] | None = None
@@ -272,4 +283,4 @@ class Batcher:
                 item.call, item.instance, item.slot, item.sent = call, instance, slot, now
                 item.dispatched.set_result(call)
                 if call.future is not None:
-                    call.future.add_done_callback(functools.partial(self._on_answer, item))
+                    call.then = functools.partial(self._on_answer, item)

@@ -2,7 +2,9 @@
 
 Frames are handed to ``on_frame`` as they complete, in ``data_received`` itself (no task, no
 extra turn of the event loop per frame). A frame over the limits, or a handler that finds one
-broken, ends the channel with the reason; EOF ends it without one.
+broken, ends the channel with the reason; EOF ends it without one. Frames written during one
+turn of the event loop leave together, in order, in one write at the end of that turn (one
+syscall, and one wake-up of the instance, for the requests of many clients).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ class Channel(asyncio.Protocol):
     def __init__(self, on_frame: Callable[[dict[str, Any], memoryview], None]) -> None:
         self._on_frame = on_frame
         self._inbox = bytearray()
+        self._outbox: list[bytes | memoryview] = []
+        self._loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.closed: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
 
@@ -63,6 +67,7 @@ class Channel(asyncio.Protocol):
         del inbox[:pos]
 
     def _end(self, reason: str | None) -> None:
+        self._outbox.clear()
         if not self.closed.done():
             self.closed.set_result(reason)
         if self.transport is not None and not self.transport.is_closing():
@@ -72,11 +77,21 @@ class Channel(asyncio.Protocol):
         self._end(None)
 
     def write(self, segments: list[bytes | memoryview]) -> bool:
-        """Send one frame's segments; False if the channel is closed."""
+        """Send one frame's segments (at the end of this turn of the event loop, with the
+        other frames of the turn); False if the channel is closed."""
         if self.transport is None or self.transport.is_closing():
             return False
-        self.transport.writelines(segments)
+        outbox = self._outbox
+        if not outbox:
+            self._loop.call_soon(self._flush)
+        outbox += segments
         return True
+
+    def _flush(self) -> None:
+        transport = self.transport
+        if self._outbox and transport is not None and not transport.is_closing():
+            transport.writelines(self._outbox)
+        self._outbox = []
 
     def close(self) -> None:
         self._end(None)

@@ -26,9 +26,11 @@ _FINAL = 1
 
 
 class Call:
-    """One request held by the instance: a future (one response) or a queue (a stream)."""
+    """One request held by the instance: a future (one response) or a queue (a stream).
+    ``then``, when set, is called with the future as soon as it is resolved (in the same turn
+    of the event loop, where a done callback would wait for the next)."""
 
-    __slots__ = ("batch", "future", "key", "last", "queue", "responses")
+    __slots__ = ("batch", "future", "key", "last", "queue", "responses", "then")
 
     def __init__(self, key: int, batch: int, stream: bool) -> None:
         self.key = key
@@ -40,6 +42,7 @@ class Call:
         )
         self.responses = 0
         self.last: PyResponse | None = None
+        self.then: Callable[[asyncio.Future[PyResponse]], None] | None = None
 
 
 def _error(pair: Any) -> PythonModelError:
@@ -117,6 +120,8 @@ class Held:
             call.future.set_result(
                 last if last.final else PyResponse(last.outputs, last.error, last.parameters)
             )
+            if call.then is not None:
+                call.then(call.future)
 
     def fail_all(self, exc: BaseException) -> None:
         """Fail every call held (the process died)."""
@@ -126,6 +131,8 @@ class Held:
             elif call.future is not None and not call.future.done():
                 call.future.set_exception(exc)
                 call.future.exception()  # retrieved: a cancelled caller no longer awaits it
+                if call.then is not None:  # after the death is known (restart counted)
+                    asyncio.get_running_loop().call_soon(call.then, call.future)
         self._calls.clear()
         self._batches.clear()
         self.on_batch_done()

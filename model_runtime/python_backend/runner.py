@@ -32,7 +32,7 @@ from model_runtime.errors import (
     RunnerStoppedError,
 )
 from model_runtime.io import DataDesc
-from model_runtime.python_backend.batcher import ASYNC_BATCHES, PIPELINE, Batcher, Item
+from model_runtime.python_backend.batcher import ASYNC_BATCHES, Batcher, Item, pipeline
 from model_runtime.python_backend.config import PythonModelConfig
 from model_runtime.python_backend.instance import InstanceSpec
 from model_runtime.python_backend.messages import ControlHook, InferHook, PyRequest, PyResponse
@@ -162,11 +162,13 @@ class PythonModelRunner:
 
     @property
     def capacity(self) -> int:
-        """Requests the instances hold at once when busy (each its :data:`~.batcher.PIPELINE`
+        """Requests the instances hold at once when busy (each its :func:`~.batcher.pipeline`
         full batches, or :data:`~.batcher.ASYNC_BATCHES` for an async model), and one batch
         filling in the queue."""
         batch = max(1, self.config.max_batch_size)
-        per = ASYNC_BATCHES if any(i.is_async for i in self.pool.serving()) else PIPELINE
+        per = pipeline(self.config.max_batch_size)
+        if any(i.is_async for i in self.pool.serving()):
+            per = ASYNC_BATCHES
         return self.config.instance_count * per * batch + batch
 
     @property
@@ -247,10 +249,14 @@ class PythonModelRunner:
         timeout: float | None,
     ) -> PyResponse:
         item = self._enqueue(inputs, context, False)
-        assert item.future is not None
+        future = item.future
+        assert future is not None
         try:
+            # No shield: a caller that leaves cancels the future, which the batcher ignores.
+            if timeout is None:
+                return await future
             async with asyncio.timeout(timeout):
-                response = await asyncio.shield(item.future)
+                response = await future
         except TimeoutError:
             self._batcher.abandon(item)
             raise ExecutionTimeoutError(

@@ -58,6 +58,10 @@ class Sink(Protocol):
     def put(self, data: memoryview) -> int | None: ...
 
 
+#: one encoder for every frame (json.dumps with separators builds one per call)
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+
+
 class Source(Protocol):
     """Where a receiver copies tensor bytes from: the other side's ring."""
 
@@ -112,7 +116,7 @@ class Encoder:
             WireError: the payload is over :data:`MAX_PAYLOAD`.
         """
         header["h"] = head
-        data = json.dumps(header, separators=(",", ":")).encode()
+        data = _encode(header).encode()
         if self._size > MAX_PAYLOAD:
             raise WireError(f"a frame of {self._size} bytes is over the limit {MAX_PAYLOAD}")
         return [FRAME.pack(len(data), self._size), data, *self._parts]
