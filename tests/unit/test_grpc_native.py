@@ -128,7 +128,6 @@ def test_an_abort_is_the_status_and_a_percent_encoded_message() -> None:
     [
         (b"Nope", "Method not found!"),
         (b"\xff\xfe", "Method not found!"),  # not UTF-8: that call only
-        (b"TraceSetting", "the trace extension is not supported by this server"),
     ],
 )
 def test_methods_not_served_are_unimplemented(method: bytes, message: str) -> None:
