@@ -28,6 +28,7 @@ at fault: the caller (bad input), the file (bad executable), the machine (no dev
     │   └── InstanceCrashedError           a python model's instance process died or was stopped
     │       └── PoisonRequestError         the request killed instances twice; not tried again
     ├── ExecutionTimeoutError              a request or a run passed its deadline
+    │   └── RequestTimeoutError            ... the request's own timeout (Triton's, 503)
     ├── ActorError                         the actor machinery
     │   ├── ActorStoppedError              the actor stopped before it answered
     │   └── SupervisorEscalationError      restarts passed the supervisor's intensity
@@ -86,6 +87,7 @@ __all__ = [
     "QueueFullError",
     "RecoverableRuntimeError",
     "RecoveryAction",
+    "RequestTimeoutError",
     "ResourceLimitError",
     "RunnerStoppedError",
     "RuntimeFailure",
@@ -255,6 +257,11 @@ class PoisonRequestError(InstanceCrashedError):
 
 class ExecutionTimeoutError(ModelRuntimeError):
     """A request, or a run on the device, passed its deadline."""
+
+
+class RequestTimeoutError(ExecutionTimeoutError):
+    """A request's own timeout (the caller's, or its model's queue policy) passed before it
+    was answered: Triton's "Request timeout expired", which it answers UNAVAILABLE (HTTP 503)."""
 
 
 class ActorError(ModelRuntimeError):

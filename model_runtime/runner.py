@@ -33,10 +33,10 @@ from actors.queues.actor import Queue
 from actors.queues.request import Request
 from actors.session.state import ReplicaState, ReplicaStatus
 from model_runtime.errors import (
-    ExecutionTimeoutError,
     InputValidationError,
     ModelRuntimeError,
     QueueFullError,
+    RequestTimeoutError,
     RunnerStoppedError,
     SupervisorEscalationError,
 )
@@ -92,9 +92,9 @@ def _timed_out(timeout: float) -> str:
 
 
 def _expire(future: asyncio.Future[Any], timeout: float) -> None:
-    """A request's deadline passed: its caller gets :class:`ExecutionTimeoutError`."""
+    """A request's deadline passed: its caller gets :class:`RequestTimeoutError`."""
     if not future.done():
-        future.set_exception(ExecutionTimeoutError(_timed_out(timeout)))
+        future.set_exception(RequestTimeoutError(_timed_out(timeout)))
 
 
 def _store_saved(
@@ -368,7 +368,7 @@ class ModelRunner:
             InputValidationError: the inputs, outputs or replica_id do not fit the model.
             QueueFullError: ``max_queue_size`` requests already wait (nothing was queued).
             RunnerStoppedError: the runner is not running.
-            ExecutionTimeoutError: the request passed ``timeout``.
+            RequestTimeoutError: the request passed ``timeout`` (an ExecutionTimeoutError).
             RuntimeFailure: the device failed and recovery (per the config) did not help.
         """
         if (
@@ -579,7 +579,7 @@ class ModelRunner:
             future.cancel()  # the caller went away (cancelled): its rows never run
             raise
         future.cancel()
-        raise ExecutionTimeoutError(_timed_out(timeout))
+        raise RequestTimeoutError(_timed_out(timeout))
 
     # -- descriptions and statistics -----------------------------------------------------------
 

@@ -31,6 +31,7 @@ from model_runtime.errors import (
     ModelRuntimeError,
     ProtocolError,
     QueueFullError,
+    RequestTimeoutError,
     RunnerStoppedError,
     SharedMemoryArgumentError,
     SharedMemoryDisabledError,
@@ -154,6 +155,8 @@ def status_of(exc: BaseException) -> tuple[int, str]:
             return 503, "queue_full"
         case RunnerStoppedError():
             return 503, "not_ready"
+        case RequestTimeoutError():
+            return 503, "request_timeout"  # Triton's UNAVAILABLE: "Request timeout expired"
         case ExecutionTimeoutError() | TimeoutError():
             return 504, "deadline_exceeded"
         case ModelRuntimeError():

@@ -7,7 +7,8 @@ unknown model (``Request for unknown model: 'NAME' is not found``) or a body ove
 (refused from ``Content-Length`` before a byte of it is read, or as soon as a chunked or
 compressed body passes the limit), 404 unknown version of a known model or unknown route, 503
 a load or unload the model control mode forbids (Triton's UNAVAILABLE), 500 device failure,
-503 not ready / draining / stopped / queue full (with ``Retry-After``), 504 deadline exceeded,
+503 not ready / draining / stopped / queue full (with ``Retry-After``) / request timeout
+expired (Triton's), 504 a run past its execution deadline,
 408 a body that did not arrive within ``body_timeout``; shared memory errors as Triton answers
 them (:data:`~model_runtime.server.answers.SHARED_MEMORY_ANSWERS`). Client disconnects cancel
 the handler (``handler_cancellation``), which cancels the runner request.

@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 import structlog
 
-from model_runtime.errors import ModelRuntimeError
+from model_runtime.errors import ModelRuntimeError, RequestTimeoutError
 from model_runtime.python_backend.runner import PythonModelRunner
 from model_runtime.runner import ModelRunner
 from model_runtime.sequences import SequenceStep
@@ -336,7 +336,7 @@ class DataPlane:
         ``deadline`` (seconds: the gRPC caller's), at its priority.
 
         Raises:
-            TimeoutError, ExecutionTimeoutError: past the deadline.
+            RequestTimeoutError: past the deadline (Triton's "Request timeout expired").
             ModelRuntimeError: whatever the runner raises (refusals, bad inputs, failures).
         """
         opts = self.options
@@ -372,8 +372,13 @@ class DataPlane:
             # drops it before it reaches a device once passed), so no second timer here.
             results: dict[str, Any] = await pending
             return results
-        async with asyncio.timeout(timeout):  # a runner of another make: the server's timer
-            results = await pending
+        try:
+            async with asyncio.timeout(timeout):  # a runner of another make: the server's timer
+                results = await pending
+        except TimeoutError:
+            raise RequestTimeoutError(
+                f"Request timeout expired: model '{entry.name}' gave no answer within {timeout} s"
+            ) from None
         return results
 
     samples_of = staticmethod(samples_of)
