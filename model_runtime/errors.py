@@ -48,6 +48,7 @@ at fault: the caller (bad input), the file (bad executable), the machine (no dev
     └── RunnerStoppedError                 the runner is stopped or draining; request not taken
         └── ModelUnavailableError          no replica of the model is in service right now
             └── QueueFullError             the model's queue holds max_queue_size requests
+                └── LevelQueueFullError    ... its priority level's queue (Triton's policy)
 
 Errors raised by onnxruntime, the OS or safetensors are translated at the boundary where they
 happen (``raise ... from exc``), so callers only ever need to catch ``ModelRuntimeError``.
@@ -75,6 +76,7 @@ __all__ = [
     "InputValidationError",
     "InstanceCrashedError",
     "InvalidExecutableError",
+    "LevelQueueFullError",
     "ModelControlError",
     "ModelLoadError",
     "ModelNotFoundError",
@@ -362,3 +364,8 @@ class ModelUnavailableError(RunnerStoppedError):
 class QueueFullError(ModelUnavailableError):
     """The model's queue already holds ``max_queue_size`` waiting requests: this one was
     refused at once, before anything was queued (HTTP 503; retry later)."""
+
+
+class LevelQueueFullError(QueueFullError):
+    """The request's priority level already holds its queue policy's ``max_queue_size``
+    waiting requests (the model's other levels may have room): refused at once."""

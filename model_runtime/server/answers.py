@@ -27,6 +27,7 @@ from model_runtime.errors import (
     CudaSharedMemoryError,
     ExecutionTimeoutError,
     InputValidationError,
+    LevelQueueFullError,
     ModelNotFoundError,
     ModelRuntimeError,
     ProtocolError,
@@ -151,6 +152,8 @@ def status_of(exc: BaseException) -> tuple[int, str]:
             return 404, "unknown_model"
         case InputValidationError():
             return 400, "bad_request"
+        case LevelQueueFullError():
+            return 503, "level_queue_full"  # the model's other levels may have room
         case QueueFullError():
             return 503, "queue_full"
         case RunnerStoppedError():

@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
     (
         "model_runtime.runner",
         "model_runtime.runner_config",
+        "model_runtime.queue_policy",
         "model_runtime.replicas",
         "model_runtime.sequences",
         "model_runtime.stats",

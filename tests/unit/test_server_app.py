@@ -435,10 +435,10 @@ async def test_priority_levels_reach_execute_highest_first(tmp_path: Path) -> No
             assert (await client.post("/v2/models/fake/infer", json=doc)).status == 200
             got[level] = fake.calls[-1]["priority"]
         assert got[1] > got[2] == got[0] == 0 > got[3]  # the default level is level 2
-        resp = await client.post(
-            "/v2/models/fake/infer", json=_infer_doc(parameters={"priority": 5})
-        )
-        assert resp.status == 400 and "past the model's 4 priority levels" in await resp.text()
+        # past the levels: the default level, as Triton's InferenceRequest::SetPriority reads it
+        doc = _infer_doc(parameters={"priority": 5})
+        assert (await client.post("/v2/models/fake/infer", json=doc)).status == 200
+        assert fake.calls[-1]["priority"] == 0
 
 
 UNSUPPORTED = [

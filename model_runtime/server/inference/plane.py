@@ -342,12 +342,12 @@ class DataPlane:
         opts = self.options
         # The model's own settings (config.pbtxt / TOML) over the server's.
         settings = entry.settings or DEFAULT_SETTINGS
-        timeout = settings.deadline(opts.request_timeout, parsed.timeout)
-        if deadline is not None:
-            timeout = deadline if timeout is None else min(timeout, deadline)
         priority = settings.priority(
             parsed.priority, opts.priority_levels, opts.default_priority_level
         )
+        timeout, waits, delay = settings.deadline(opts.request_timeout, parsed.timeout, priority)
+        if deadline is not None:
+            timeout = deadline if timeout is None else min(timeout, deadline)
         sequence = parsed.sequence
         inner = innermost(runner)
         if isinstance(inner, PythonModelRunner):  # Triton's request, as its model.py sees it
@@ -365,6 +365,10 @@ class DataPlane:
             )
         elif sequence is not None:
             raise not_a_sequence_model(sequence, entry.name)
+        elif waits is not None and isinstance(inner, ModelRunner):  # a queue policy's timeout
+            pending = inner.execute(
+                parsed.inputs, timeout=timeout, priority=priority, queue_timeout=waits, delay=delay
+            )
         else:
             pending = runner.execute(parsed.inputs, timeout=timeout, priority=priority)
         if timeout is None or isinstance(inner, ModelRunner):

@@ -97,7 +97,7 @@ async def replies(
             return
         assert isinstance(inner, PythonModelRunner)  # is_decoupled said so
         settings = entry.settings or DEFAULT_SETTINGS
-        timeout = settings.deadline(plane.options.request_timeout, parsed.timeout)
+        timeout = settings.deadline(plane.options.request_timeout, parsed.timeout)[0]
         if deadline is not None:
             timeout = deadline if timeout is None else min(timeout, deadline)
         failed: str | None = None
