@@ -14,6 +14,7 @@ at fault: the caller (bad input), the file (bad executable), the machine (no dev
     │   └── CustomOpError                  a custom op library is missing, not allowed or broken
     ├── InputValidationError               a caller's inputs/outputs do not fit the model
     │   └── ProtocolError                  a request breaks the inference protocol (HTTP 400)
+    │       └── UnreadableFieldError       ... where Triton cannot read a field at all (500)
     ├── DeviceError                        something about devices
     │   ├── DeviceUnavailableError         no device could be attached (per the wait strategy)
     │   ├── DeviceNotFoundError            no such device id / no device of that size or kind
@@ -103,6 +104,7 @@ __all__ = [
     "SharedMemoryShrunkError",
     "SupervisorEscalationError",
     "UnknownModelError",
+    "UnreadableFieldError",
     "UnrecoverableRuntimeError",
     "UnsupportedExecutableError",
 ]
@@ -166,6 +168,12 @@ class InputValidationError(ModelRuntimeError):
 class ProtocolError(InputValidationError):
     """The request does not follow the protocol or does not fit the model (HTTP 400, gRPC
     INVALID_ARGUMENT); the message names the tensor or field and the defect."""
+
+
+class UnreadableFieldError(ProtocolError):
+    """A request field Triton's HTTP front end cannot read at all (a negative shape
+    dimension, which it reads as unsigned): Triton answers it INTERNAL (HTTP 500), in its JSON
+    reader's words, and clients match on both."""
 
 
 class DeviceError(ModelRuntimeError):

@@ -728,3 +728,24 @@ async def test_actors_started_by_a_load_do_not_log_its_request_id(tmp_path: Path
         assert all("request_id" not in e for e in actor_lines), actor_lines
         access = [e for e in events if e["event"] == "http_request"]
         assert [e["request_id"] for e in access] == ["load-42", "inf-7"]
+
+
+async def test_what_triton_cannot_read_is_answered_in_its_words(tmp_path: Path) -> None:
+    """L0_http test_negative_dimensions (Triton reads a shape as unsigned: INTERNAL, 500, in
+    its JSON reader's words) and test_repository_index_deeply_nested_json ('ready' nested
+    250,000 deep is no boolean: 400); the server stays up."""
+    async with serving(tmp_path) as (client, _, _):
+        doc = _infer_doc()
+        doc["inputs"][0]["shape"] = [2, -5]
+        resp = await client.post("/v2/models/fake/infer", json=doc)
+        assert resp.status == 500
+        assert (await resp.json())["error"] == (
+            "Unable to parse 'shape': attempt to access JSON non-unsigned-integer as "
+            "unsigned-integer"
+        )
+        depth = 250_000
+        body = '{"ready":' + "[" * depth + "true" + "]" * depth + "}"
+        resp = await client.post("/v2/repository/index", data=body)
+        assert resp.status == 400
+        assert "Invalid value for 'ready': expected a boolean" in (await resp.json())["error"]
+        assert (await client.get("/v2/health/live")).status == 200

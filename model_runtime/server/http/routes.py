@@ -269,8 +269,9 @@ class HttpFrontEnd:
             except orjson.JSONDecodeError:
                 doc = None
             if not isinstance(doc, dict) or not isinstance(doc.get("ready", False), bool):
-                raise HTTPError(400, "the index request must be a JSON object with a boolean "
-                                "'ready'", "bad_request")  # fmt: skip
+                raise HTTPError(400, "Invalid value for 'ready': expected a boolean (the index "
+                                "request must be a JSON object with a boolean 'ready')",
+                                "bad_request")  # fmt: skip
             ready = doc.get("ready", False)
         index = self.plane.repository.index()
         return _json([m for m in index if m["state"] == "READY"] if ready else index)
