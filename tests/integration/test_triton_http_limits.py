@@ -133,3 +133,30 @@ def test_content_encoding_chunked_manually(daemon: Daemon) -> None:
     start = int(r.headers["Inference-Header-Content-Length"])
     assert r.content[start:] == data
     assert r.headers["Connection"] == "close"
+
+
+def _rss(daemon: Daemon) -> int:
+    with open(f"/proc/{daemon.proc.pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_no_leak_on_invalid_inference_header_length(daemon: Daemon) -> None:
+    """Malformed compressed requests (an Inference-Header-Content-Length past the body that
+    1 MiB inflates to) are refused, 400 each, and leave the daemon's memory as it was."""
+    body = gzip.compress(b" " * MIB)
+    headers = {
+        "Content-Type": "application/json",
+        "Content-Encoding": "gzip",
+        "Inference-Header-Content-Length": "9999999",
+    }
+    url = _url(daemon, "onnx_zero_1_float32")
+    with requests.Session() as session:
+        first = session.post(url, data=body, headers=headers)  # one-time allocations first
+        assert first.status_code == 400 and "Inference-Header-Content-Length" in first.text
+        before = _rss(daemon)
+        for _ in range(100):
+            assert session.post(url, data=body, headers=headers).status_code == 400
+    assert _rss(daemon) - before < 32 * MIB
