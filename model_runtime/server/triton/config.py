@@ -50,11 +50,12 @@ from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import FieldDescriptor
 
 from model_runtime.errors import ConfigurationError, ModelUnavailableError
-from model_runtime.queue_policy import LevelPolicy, QueuePolicy
+from model_runtime.queue_policy import QueuePolicy
 from model_runtime.runner_config import ModelRunnerConfig
 from model_runtime.sequences import SequenceConfig
 from model_runtime.server.tensors.parameters import execute_priority
 from model_runtime.server.triton import model_config_pb2 as pb
+from model_runtime.server.triton.batching import dynamic_batching
 from model_runtime.server.triton.fields import check_fields
 from model_runtime.server.triton.sequence import sequence_config
 from model_runtime.server.triton.tensors import check_declared
@@ -354,7 +355,7 @@ def settings_of(
         if strategy.max_queue_delay_microseconds:  # how long a batch of steps waits to fill
             fields["timeout"] = strategy.max_queue_delay_microseconds / 1e6
     if config.HasField("dynamic_batching"):
-        fields = _dynamic_batching(config.dynamic_batching, where, mbs)
+        fields = dynamic_batching(config.dynamic_batching, where, mbs)
         preferred = fields.get("preferred_batch_sizes", ())
         if len(preferred) == 1:
             batch = preferred[0]  # the one size is the batch run
@@ -371,62 +372,6 @@ def settings_of(
         replicas=_replicas(config.instance_group, where, python=python),
         version_policy=_version_policy(config, where),
         **fields,
-    )
-
-
-def _dynamic_batching(db: pb.ModelDynamicBatching, where: Path | str, mbs: int) -> dict[str, Any]:
-    out: dict[str, Any] = {"timeout": max(db.max_queue_delay_microseconds, 1) / 1e6}
-    for size in db.preferred_batch_size:
-        if not 0 < size <= mbs:
-            raise _fail(
-                where,
-                "dynamic_batching.preferred_batch_size",
-                f"{size} must be in 1..max_batch_size ({mbs})",
-            )
-    if db.preferred_batch_size:
-        out["preferred_batch_sizes"] = tuple(sorted(set(db.preferred_batch_size)))
-    if db.priority_levels:
-        if not 1 <= db.default_priority_level <= db.priority_levels:
-            raise _fail(
-                where,
-                "dynamic_batching.default_priority_level",
-                f"must be in 1..priority_levels ({db.priority_levels})",
-            )
-        out["priority_levels"] = db.priority_levels
-        out["default_priority_level"] = db.default_priority_level
-    elif db.default_priority_level:
-        raise _fail(where, "dynamic_batching.default_priority_level", "needs priority_levels")
-    levels = db.priority_levels
-    for key in db.priority_queue_policy:
-        if not 1 <= key <= levels:
-            raise _fail(
-                where,
-                "dynamic_batching.priority_queue_policy",
-                f"level {key} is not one of the priority levels (1..{levels})",
-            )
-    if db.HasField("default_queue_policy") or db.priority_queue_policy:
-        default = _level_policy(db.default_queue_policy)
-        by_level = {
-            execute_priority(key, levels=levels, default_level=db.default_priority_level): (
-                _level_policy(policy)
-            )
-            for key, policy in db.priority_queue_policy.items()
-        }
-        if not levels and default.max_queue_size is not None:
-            # One level: the model's bound (it replaces the latency budget).
-            out["max_queue_size"] = default.max_queue_size
-            default = replace(default, max_queue_size=None)
-        out["queue_policy"] = QueuePolicy(default, by_level)
-    return out
-
-
-def _level_policy(policy: pb.ModelQueuePolicy) -> LevelPolicy:
-    """A ``ModelQueuePolicy`` as :class:`~model_runtime.queue_policy.LevelPolicy` (0: none)."""
-    return LevelPolicy(
-        delay=policy.timeout_action == pb.ModelQueuePolicy.DELAY,
-        default_timeout=policy.default_timeout_microseconds / 1e6 or None,
-        allow_timeout_override=policy.allow_timeout_override,
-        max_queue_size=policy.max_queue_size or None,
     )
 
 
