@@ -19,11 +19,27 @@ from typing import Any, Protocol
 
 from model_runtime.errors import LevelQueueFullError, RequestTimeoutError
 
-__all__ = ["DELAYED", "LevelPolicy", "PendingQueue", "QueuePolicy", "delay", "reject"]
+__all__ = [
+    "DELAYED",
+    "STEP",
+    "LevelPolicy",
+    "PendingQueue",
+    "QueuePolicy",
+    "delay",
+    "queue_priority",
+    "reject",
+]
 
-#: A delayed request's priority is its level's less this: behind every request of its level
-#: (later ones too), ahead of the next level down (levels are integers).
-DELAYED = 0.5
+#: A request's place in the queue of a runner with a policy is its priority times this, and a
+#: delayed request's is one less: behind every request of its level (later ones too), ahead of
+#: the next level down, in integers (exact, however large the levels).
+STEP = 2
+DELAYED = 1
+
+
+def queue_priority(priority: int) -> int:
+    """Where a request of ``priority`` waits in a runner's queue with a policy."""
+    return priority * STEP
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,9 +65,9 @@ class LevelPolicy:
 class PendingQueue(Protocol):
     """What :func:`delay` and :meth:`QueuePolicy.admit` need of a replica's queue."""
 
-    def waiting_at(self, priority: int) -> int: ...
+    def waiting_at(self, low: int, high: int) -> int: ...
 
-    def demote(self, request: Any, by: float) -> None: ...
+    def demote(self, request: Any, by: int) -> None: ...
 
     def expire(self, request: Any, error: BaseException) -> None: ...
 
@@ -82,7 +98,8 @@ class QueuePolicy:
             LevelQueueFullError: in Triton's words first.
         """
         limit = self.of(priority).max_queue_size
-        if limit is not None and sum(q.waiting_at(priority) for q in queues) >= limit:
+        at = queue_priority(priority)
+        if limit is not None and sum(q.waiting_at(at - DELAYED, at) for q in queues) >= limit:
             raise LevelQueueFullError(
                 f"Exceeds maximum queue size: model {model!r} has {limit} requests waiting at "
                 f"this priority level (max_queue_size {limit}); retry later"

@@ -455,6 +455,7 @@ class ModelRunner:
             self._admit(replicas, samples)
             if (policy := self.config.queue_policy) is not None:
                 policy.admit(priority, replicas.queues, self._executable.metadata.model_name)
+                priority = queue_policy.queue_priority(priority)
         queue = replicas.queues[replicas.pick(replica_id, 0, now, samples)]
         assert self._loop is not None
         future: asyncio.Future[dict[str, np.ndarray]] = self._loop.create_future()

@@ -440,20 +440,20 @@ class Queue(Actor[QueueMessage]):
             i = 1
         pending.insert(i, req)
 
-    def waiting_at(self, priority: int) -> int:
-        """Requests of ``priority`` waiting to be packed, delayed ones included (a queue
-        policy's ``max_queue_size`` per level: :mod:`model_runtime.queue_policy`)."""
+    def waiting_at(self, low: int, high: int) -> int:
+        """Requests of priorities ``low`` to ``high`` waiting to be packed (a queue policy's
+        ``max_queue_size`` per level, delayed ones included: :mod:`model_runtime.queue_policy`)."""
         return sum(
             1
             for r in self._pending
-            if priority - 1 < r.priority <= priority and not r._taken and not r.future.done()
+            if low <= r.priority <= high and not r._taken and not r.future.done()
         )
 
-    def demote(self, request: Request, by: float) -> None:
-        """Move ``request``, still waiting, ``by`` (under a level) down: behind the requests
-        of its priority, later ones too (a queue policy's DELAY). Packed, answered or gone:
-        left as it is."""
-        if request._taken or request.future.done() or request.priority != int(request.priority):
+    def demote(self, request: Request, by: int) -> None:
+        """Move ``request``, still waiting, ``by`` down (less than a level's step): behind the
+        requests of its priority, later ones too (a queue policy's DELAY). Packed, answered or
+        gone: left as it is."""
+        if request._taken or request.future.done():
             return
         try:
             self._pending.remove(request)

@@ -33,9 +33,8 @@ class Request:
     samples: int
     future: asyncio.Future[dict[str, np.ndarray]]
     t_submit: float
-    #: Higher is packed first; FIFO among equals (0: the default level). A request delayed by
-    #: its queue policy is half a level down (:mod:`model_runtime.queue_policy`).
-    priority: float
+    #: Higher is packed first; FIFO among equals (0: the default level).
+    priority: int
     outputs: Mapping[str, np.ndarray] | None = None
     deadline: float | None = None
     #: Bitmask of the replicas that failed this request (it moves on to the others).
@@ -65,7 +64,7 @@ class Request:
         samples: int,
         future: asyncio.Future[dict[str, np.ndarray]],
         t_submit: float = 0.0,
-        priority: float = 0,
+        priority: int = 0,
         outputs: Mapping[str, np.ndarray] | None = None,
         deadline: float | None = None,
         tried: int = 0,

@@ -34,7 +34,9 @@ from tests.triton_qa_models import write_identity
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
-#: Every batch runs this much longer: the device stays busy while a case's requests arrive.
+#: Every batch runs this much longer: the device stays busy while a case's requests arrive
+#: (0.1 s or more apart, so that they arrive in order on a busy host). Under the 1 s floor of
+#: the execution deadline, past which a run counts as hung.
 SLOW = 0.5
 _BATCHING = "preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 2000000"
 MODELS = {
@@ -165,7 +167,10 @@ def test_policy_delay_waits_behind_the_requests_on_time(daemon: Daemon, protocol
     C, sent after it, fill the next batch (4 rows) and A runs after them. (In arrival order A
     would ride with B and half of C, and C would wait a batch longer.)"""
     got = _case(
-        daemon, "delay", protocol, [("A", 0.05, 1, 0, 0), ("B", 0.3, 2, 0, 0), ("C", 0.3, 2, 0, 0)]
+        daemon,
+        "delay",
+        protocol,
+        [("A", 0.15, 1, 0, 0), ("B", 0.35, 2, 0, 0), ("C", 0.35, 2, 0, 0)],
     )
     assert all(_ok(a) for a in got.values()), got
     assert max(got["B"][1], got["C"][1]) + SLOW / 2 < got["A"][1], got
@@ -179,7 +184,10 @@ def test_policy_reject_answers_a_request_past_its_wait_in_tritons_words(
     (503 / UNAVAILABLE, "Request timeout expired"); X, already running, is not: the policy's
     timeout bounds the wait in the queue, as Triton's does. B and C are served."""
     got = _case(
-        daemon, "reject", protocol, [("A", 0.05, 1, 0, 0), ("B", 0.3, 2, 0, 0), ("C", 0.3, 2, 0, 0)]
+        daemon,
+        "reject",
+        protocol,
+        [("A", 0.15, 1, 0, 0), ("B", 0.35, 2, 0, 0), ("C", 0.35, 2, 0, 0)],
     )
     status, when, text = got["A"]
     assert status == UNAVAILABLE[protocol] and "Request timeout expired" in text, got
@@ -195,10 +203,10 @@ def test_a_requests_own_timeout_counts_only_where_the_policy_allows_it(
     request's own timeout is ignored and it waits its turn; with it true, a shorter one of its
     own holds and it is rejected once it waited that long; a longer one does not extend the
     level's (5 s here, not reached)."""
-    got = _case(daemon, "no_override", protocol, [("A", 0.05, 1, 0, 100_000)])
+    got = _case(daemon, "no_override", protocol, [("A", 0.15, 1, 0, 100_000)])
     assert _ok(got["A"]) and got["A"][1] > SLOW, got
     got = _case(
-        daemon, "override", protocol, [("A", 0.05, 1, 0, 100_000), ("B", 0.05, 1, 0, 10_000_000)]
+        daemon, "override", protocol, [("A", 0.15, 1, 0, 100_000), ("B", 0.15, 1, 0, 10_000_000)]
     )
     status, when, text = got["A"]
     assert status == UNAVAILABLE[protocol] and "Request timeout expired" in text, got
@@ -215,7 +223,7 @@ def test_priority_levels_order_the_queue(daemon: Daemon, protocol: str) -> None:
         daemon,
         "priority",
         protocol,
-        [("A", 0.05, 2, 0, 0), ("B", 0.1, 1, 0, 0), ("C", 0.2, 2, 1, 0)],
+        [("A", 0.1, 2, 0, 0), ("B", 0.2, 1, 0, 0), ("C", 0.3, 2, 1, 0)],
     )
     assert all(_ok(a) for a in got.values()), got
     assert max(got["A"][1], got["C"][1]) + SLOW / 2 < got["B"][1], got
@@ -223,7 +231,7 @@ def test_priority_levels_order_the_queue(daemon: Daemon, protocol: str) -> None:
         daemon,
         "priority",
         protocol,
-        [("A", 0.05, 2, 0, 0), ("B", 0.1, 1, 2**32, 0), ("C", 0.2, 2, 1, 0)],
+        [("A", 0.1, 2, 0, 0), ("B", 0.2, 1, 2**32, 0), ("C", 0.3, 2, 1, 0)],
     )
     assert all(_ok(a) for a in got.values()), got
     assert max(got["A"][1], got["C"][1]) + SLOW / 2 < got["B"][1], got
@@ -238,7 +246,7 @@ def test_max_queue_size_bounds_each_priority_level(daemon: Daemon, protocol: str
         daemon,
         "priority_bounded",
         protocol,
-        [("A", 0.05, 1, 0, 0), ("B", 0.1, 1, 0, 0), ("C", 0.15, 1, 1, 0)],
+        [("A", 0.1, 1, 0, 0), ("B", 0.2, 1, 0, 0), ("C", 0.3, 1, 1, 0)],
     )
     status, _, text = got["B"]
     assert status == UNAVAILABLE[protocol] and "Exceeds maximum queue size" in text, got
@@ -251,10 +259,10 @@ def test_each_priority_level_has_its_own_policy(daemon: Daemon, protocol: str) -
     level (2) delays. A (level 1) is rejected; D (level 2) is delayed behind E and F, sent
     after it at its level, and still served."""
     calls = [
-        ("A", 0.05, 1, 1, 0),
-        ("D", 0.05, 1, 2, 0),
-        ("E", 0.3, 2, 2, 0),
-        ("F", 0.3, 2, 2, 0),
+        ("A", 0.15, 1, 1, 0),
+        ("D", 0.15, 1, 2, 0),
+        ("E", 0.35, 2, 2, 0),
+        ("F", 0.35, 2, 2, 0),
     ]
     got = _case(daemon, "priority_policy", protocol, calls)
     status, _, text = got["A"]
