@@ -14,6 +14,7 @@ at fault: the caller (bad input), the file (bad executable), the machine (no dev
     │   └── CustomOpError                  a custom op library is missing, not allowed or broken
     ├── InputValidationError               a caller's inputs/outputs do not fit the model
     │   └── ProtocolError                  a request breaks the inference protocol (HTTP 400)
+    │       └── UnreadableFieldError       ... where Triton cannot read a field at all (500)
     ├── DeviceError                        something about devices
     │   ├── DeviceUnavailableError         no device could be attached (per the wait strategy)
     │   ├── DeviceNotFoundError            no such device id / no device of that size or kind
@@ -28,6 +29,7 @@ at fault: the caller (bad input), the file (bad executable), the machine (no dev
     │   └── InstanceCrashedError           a python model's instance process died or was stopped
     │       └── PoisonRequestError         the request killed instances twice; not tried again
     ├── ExecutionTimeoutError              a request or a run passed its deadline
+    │   └── RequestTimeoutError            ... the request's own timeout (Triton's, 503)
     ├── ActorError                         the actor machinery
     │   ├── ActorStoppedError              the actor stopped before it answered
     │   └── SupervisorEscalationError      restarts passed the supervisor's intensity
@@ -47,6 +49,7 @@ at fault: the caller (bad input), the file (bad executable), the machine (no dev
     └── RunnerStoppedError                 the runner is stopped or draining; request not taken
         └── ModelUnavailableError          no replica of the model is in service right now
             └── QueueFullError             the model's queue holds max_queue_size requests
+                └── LevelQueueFullError    ... its priority level's queue (Triton's policy)
 
 Errors raised by onnxruntime, the OS or safetensors are translated at the boundary where they
 happen (``raise ... from exc``), so callers only ever need to catch ``ModelRuntimeError``.
@@ -74,6 +77,7 @@ __all__ = [
     "InputValidationError",
     "InstanceCrashedError",
     "InvalidExecutableError",
+    "LevelQueueFullError",
     "ModelControlError",
     "ModelLoadError",
     "ModelNotFoundError",
@@ -86,6 +90,7 @@ __all__ = [
     "QueueFullError",
     "RecoverableRuntimeError",
     "RecoveryAction",
+    "RequestTimeoutError",
     "ResourceLimitError",
     "RunnerStoppedError",
     "RuntimeFailure",
@@ -99,6 +104,7 @@ __all__ = [
     "SharedMemoryShrunkError",
     "SupervisorEscalationError",
     "UnknownModelError",
+    "UnreadableFieldError",
     "UnrecoverableRuntimeError",
     "UnsupportedExecutableError",
 ]
@@ -162,6 +168,12 @@ class InputValidationError(ModelRuntimeError):
 class ProtocolError(InputValidationError):
     """The request does not follow the protocol or does not fit the model (HTTP 400, gRPC
     INVALID_ARGUMENT); the message names the tensor or field and the defect."""
+
+
+class UnreadableFieldError(ProtocolError):
+    """A request field Triton's HTTP front end cannot read at all (a negative shape
+    dimension, which it reads as unsigned): Triton answers it INTERNAL (HTTP 500), in its JSON
+    reader's words, and clients match on both."""
 
 
 class DeviceError(ModelRuntimeError):
@@ -255,6 +267,11 @@ class PoisonRequestError(InstanceCrashedError):
 
 class ExecutionTimeoutError(ModelRuntimeError):
     """A request, or a run on the device, passed its deadline."""
+
+
+class RequestTimeoutError(ExecutionTimeoutError):
+    """A request's own timeout (the caller's, or its model's queue policy) passed before it
+    was answered: Triton's "Request timeout expired", which it answers UNAVAILABLE (HTTP 503)."""
 
 
 class ActorError(ModelRuntimeError):
@@ -355,3 +372,8 @@ class ModelUnavailableError(RunnerStoppedError):
 class QueueFullError(ModelUnavailableError):
     """The model's queue already holds ``max_queue_size`` waiting requests: this one was
     refused at once, before anything was queued (HTTP 503; retry later)."""
+
+
+class LevelQueueFullError(QueueFullError):
+    """The request's priority level already holds its queue policy's ``max_queue_size``
+    waiting requests (the model's other levels may have room): refused at once."""

@@ -18,6 +18,7 @@ from model_runtime.errors import ConfigurationError
 if TYPE_CHECKING:
     from actors.device.faults import FaultPlan
     from actors.device.wait import DeviceWaitConfig
+    from model_runtime.queue_policy import QueuePolicy
 
 __all__ = ["ModelRunnerConfig"]
 
@@ -88,6 +89,9 @@ class ModelRunnerConfig:
     #: Requests that may wait to be packed (over every replica) before a new one is refused at
     #: once with QueueFullError; None: no limit.
     max_queue_size: int | None = None
+    #: Triton's queue policy per priority level (timeouts, REJECT or DELAY past them, a
+    #: bound per level): :mod:`model_runtime.queue_policy`. None: none.
+    queue_policy: QueuePolicy | None = None
     #: Admission control: a request is refused at once with QueueFullError when the replicas in
     #: service, at their measured rate, would need more than this many seconds to finish what
     #: is queued with it (a request is always taken when nothing waits). None: off (the

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from actors.clock import Clock, SystemClock, move_on_after
-from model_runtime.errors import ExecutionTimeoutError, QueueFullError
+from model_runtime.errors import QueueFullError, RequestTimeoutError
 from model_runtime.executable import Executable
 from model_runtime.io import check_batch_bytes, validate_inputs, validate_outputs
 from model_runtime.replicas import ReplicaSet
@@ -30,9 +30,9 @@ def _timed_out(timeout: float) -> str:
 
 
 def expire_request(future: asyncio.Future[Any], timeout: float) -> None:
-    """A request's deadline passed: its caller gets :class:`ExecutionTimeoutError`."""
+    """A request's deadline passed: its caller gets :class:`RequestTimeoutError`."""
     if not future.done():
-        future.set_exception(ExecutionTimeoutError(_timed_out(timeout)))
+        future.set_exception(RequestTimeoutError(_timed_out(timeout)))
 
 
 class RunnerRequests:
@@ -168,4 +168,4 @@ class RunnerRequests:
             future.cancel()  # the caller went away (cancelled): its rows never run
             raise
         future.cancel()
-        raise ExecutionTimeoutError(_timed_out(timeout))
+        raise RequestTimeoutError(_timed_out(timeout))

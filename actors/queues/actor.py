@@ -457,6 +457,34 @@ class Queue(Actor[QueueMessage]):
             i = 1
         pending.insert(i, req)
 
+    def waiting_at(self, low: int, high: int) -> int:
+        """Requests of priorities ``low`` to ``high`` waiting to be packed (a queue policy's
+        ``max_queue_size`` per level, delayed ones included: :mod:`model_runtime.queue_policy`)."""
+        return sum(
+            1
+            for r in self._pending
+            if low <= r.priority <= high and not r._taken and not r.future.done()
+        )
+
+    def demote(self, request: Request, by: int) -> None:
+        """Move ``request``, still waiting, ``by`` down (less than a level's step): behind the
+        requests of its priority, later ones too (a queue policy's DELAY). Packed, answered or
+        gone: left as it is."""
+        if request._taken or request.future.done():
+            return
+        try:
+            self._pending.remove(request)
+        except ValueError:
+            return
+        request.priority -= by
+        self._insert_by_priority(request)
+
+    def expire(self, request: Request, error: BaseException) -> None:
+        """Fail ``request`` with ``error`` if none of its rows is packed yet (its caller is
+        answered now; its rows are dropped when reached, as a gone caller's)."""
+        if not request._taken and not request.future.done():
+            request.future.set_exception(error)
+
     @property
     def waiting_requests(self) -> int:
         """Requests queued and not yet packed into a batch (what ``max_queue_size`` bounds)."""

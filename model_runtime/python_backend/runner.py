@@ -29,6 +29,7 @@ from model_runtime.errors import (
     InputValidationError,
     InstanceCrashedError,
     PythonModelError,
+    RequestTimeoutError,
     RunnerStoppedError,
 )
 from model_runtime.io import DataDesc
@@ -259,7 +260,7 @@ class PythonModelRunner:
                 response = await future
         except TimeoutError:
             self._batcher.abandon(item)
-            raise ExecutionTimeoutError(
+            raise RequestTimeoutError(
                 f"Request timeout expired: model '{self.config.name}' gave no answer within "
                 f"{timeout} s"
             ) from None

@@ -27,10 +27,12 @@ from model_runtime.errors import (
     CudaSharedMemoryError,
     ExecutionTimeoutError,
     InputValidationError,
+    LevelQueueFullError,
     ModelNotFoundError,
     ModelRuntimeError,
     ProtocolError,
     QueueFullError,
+    RequestTimeoutError,
     RunnerStoppedError,
     SharedMemoryArgumentError,
     SharedMemoryDisabledError,
@@ -41,6 +43,7 @@ from model_runtime.errors import (
     SharedMemoryOutputSizeError,
     SharedMemoryShrunkError,
     UnknownModelError,
+    UnreadableFieldError,
 )
 
 __all__ = [
@@ -148,12 +151,18 @@ def status_of(exc: BaseException) -> tuple[int, str]:
             return 400, "unknown_model"  # Triton's code for a name it does not know
         case ModelNotFoundError():
             return 404, "unknown_model"
+        case UnreadableFieldError():
+            return 500, "bad_request"  # Triton's INTERNAL, for a field it cannot read
         case InputValidationError():
             return 400, "bad_request"
+        case LevelQueueFullError():
+            return 503, "level_queue_full"  # the model's other levels may have room
         case QueueFullError():
             return 503, "queue_full"
         case RunnerStoppedError():
             return 503, "not_ready"
+        case RequestTimeoutError():
+            return 503, "request_timeout"  # Triton's UNAVAILABLE: "Request timeout expired"
         case ExecutionTimeoutError() | TimeoutError():
             return 504, "deadline_exceeded"
         case ModelRuntimeError():
@@ -257,6 +266,14 @@ def raw_with_contents(name: str, model: str) -> ProtocolError:
 def duplicate_output(name: str, request_id: str | None = None) -> ProtocolError:
     """An output requested twice (Triton's core)."""
     return ProtocolError(f"{_request(request_id)}output '{name}' already exists in request")
+
+
+def negative_json_dimension() -> UnreadableFieldError:
+    """A JSON input shape with a negative dimension: Triton's HTTP front end fails to read it as
+    an unsigned integer and answers INTERNAL (500), in TritonJson's words."""
+    return UnreadableFieldError(
+        "Unable to parse 'shape': attempt to access JSON non-unsigned-integer as unsigned-integer"
+    )
 
 
 def duplicate_input(name: str, request_id: str | None = None) -> ProtocolError:

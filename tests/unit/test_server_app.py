@@ -240,10 +240,12 @@ async def test_runtime_errors_map_to_status_codes(tmp_path: Path) -> None:
         fake.error = RunnerStoppedError("no replica is in service")
         assert (await client.post("/v2/models/fake/infer", json=_infer_doc())).status == 503
         fake.error, fake.gate = None, asyncio.Event()
-        assert (await client.post("/v2/models/fake/infer", json=_infer_doc())).status == 504
+        resp = await client.post("/v2/models/fake/infer", json=_infer_doc())
+        # Triton's answer to a request past its timeout: UNAVAILABLE, in its words
+        assert resp.status == 503 and "Request timeout expired" in (await resp.json())["error"]
         assert fake.cancelled == 1
         metrics = await (await client.get("/metrics")).text()
-        line = 'requests_total{model="fake",outcome="failure",reason="deadline_exceeded"} 1.0'
+        line = 'requests_total{model="fake",outcome="failure",reason="request_timeout"} 1.0'
         assert line in metrics
         assert 'reason="runtime_error"} 1.0' in metrics
 
@@ -412,7 +414,7 @@ async def test_the_timeout_parameter_reaches_the_runner_and_is_enforced(tmp_path
         t0 = asyncio.get_running_loop().time()
         doc = _infer_doc(parameters={"timeout": 200_000})  # microseconds, as Triton sends it
         resp = await client.post("/v2/models/fake/infer", json=doc)
-        assert resp.status == 504 and fake.calls[-1]["timeout"] == 0.2
+        assert resp.status == 503 and fake.calls[-1]["timeout"] == 0.2
         assert asyncio.get_running_loop().time() - t0 < 5
 
 
@@ -433,10 +435,10 @@ async def test_priority_levels_reach_execute_highest_first(tmp_path: Path) -> No
             assert (await client.post("/v2/models/fake/infer", json=doc)).status == 200
             got[level] = fake.calls[-1]["priority"]
         assert got[1] > got[2] == got[0] == 0 > got[3]  # the default level is level 2
-        resp = await client.post(
-            "/v2/models/fake/infer", json=_infer_doc(parameters={"priority": 5})
-        )
-        assert resp.status == 400 and "past the model's 4 priority levels" in await resp.text()
+        # past the levels: the default level, as Triton's InferenceRequest::SetPriority reads it
+        doc = _infer_doc(parameters={"priority": 5})
+        assert (await client.post("/v2/models/fake/infer", json=doc)).status == 200
+        assert fake.calls[-1]["priority"] == 0
 
 
 UNSUPPORTED = [
@@ -726,3 +728,24 @@ async def test_actors_started_by_a_load_do_not_log_its_request_id(tmp_path: Path
         assert all("request_id" not in e for e in actor_lines), actor_lines
         access = [e for e in events if e["event"] == "http_request"]
         assert [e["request_id"] for e in access] == ["load-42", "inf-7"]
+
+
+async def test_what_triton_cannot_read_is_answered_in_its_words(tmp_path: Path) -> None:
+    """L0_http test_negative_dimensions (Triton reads a shape as unsigned: INTERNAL, 500, in
+    its JSON reader's words) and test_repository_index_deeply_nested_json ('ready' nested
+    250,000 deep is no boolean: 400); the server stays up."""
+    async with serving(tmp_path) as (client, _, _):
+        doc = _infer_doc()
+        doc["inputs"][0]["shape"] = [2, -5]
+        resp = await client.post("/v2/models/fake/infer", json=doc)
+        assert resp.status == 500
+        assert (await resp.json())["error"] == (
+            "Unable to parse 'shape': attempt to access JSON non-unsigned-integer as "
+            "unsigned-integer"
+        )
+        depth = 250_000
+        body = '{"ready":' + "[" * depth + "true" + "]" * depth + "}"
+        resp = await client.post("/v2/repository/index", data=body)
+        assert resp.status == 400
+        assert "Invalid value for 'ready': expected a boolean" in (await resp.json())["error"]
+        assert (await client.get("/v2/health/live")).status == 200

@@ -6,7 +6,12 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 
-from model_runtime.server.http.heads import MAX_HEAD_BYTES, Framer, plain_head
+from model_runtime.server.http.heads import (
+    MAX_HEAD_BYTES,
+    Framer,
+    chunked_over_length,
+    plain_head,
+)
 
 pytestmark = pytest.mark.timeout(60)
 MAX = 1 << 20
@@ -146,3 +151,27 @@ def test_a_head_read_before_is_held_to_each_callers_body_limit() -> None:
     assert plain_head(head, MAX) == (b"/v2/models/m/infer", len(head), 7)
     assert plain_head(head, 6) is None  # the same bytes, a smaller limit
     assert plain_head(b"xx" + head, MAX, 2) == (b"/v2/models/m/infer", len(head), 7)
+
+
+def test_a_chunked_head_with_a_content_length_is_read_by_its_chunks_then_closed() -> None:
+    """L0_http test_content_encoding_chunked_manually: ``requests`` sends a body of bytes with
+    the caller's ``Transfer-Encoding: chunked`` and its own ``Content-Length``. The transfer
+    coding decides (RFC 9112 §6.3), the connection closes after the answer (no smuggling)."""
+    body = b"3\r\nabc\r\n0\r\n\r\n"
+    head = _head(
+        "Host: x", "Content-Length: 13", "Transfer-Encoding: chunked", "Connection: keep-alive"
+    )
+    assert chunked_over_length(head + body) == (
+        _head("Host: x", "Transfer-Encoding: chunked", "Connection: close") + body
+    )
+    both = _head("Host: x", "transfer-encoding: gzip, chunked", "content-length: 13")
+    assert chunked_over_length(both) == _head(
+        "Host: x", "transfer-encoding: gzip, chunked", "Connection: close"
+    )
+    for head in (
+        _head("Host: x", "Transfer-Encoding: chunked"),  # no length to drop: aiohttp reads it
+        _head("Host: x", "Content-Length: 13", "X-Note: chunked"),  # not chunked
+        _head("Host: x", "Transfer-Encoding: chunked, gzip", "Content-Length: 13"),  # not last
+        _head("Host: x", "Transfer-Encoding: chunked", "Content-Length: 13")[:-2],  # incomplete
+    ):
+        assert chunked_over_length(head) is None, head

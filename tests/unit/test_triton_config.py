@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from model_runtime.errors import ConfigurationError
+from model_runtime.queue_policy import LevelPolicy, QueuePolicy
 from model_runtime.runner_config import ModelRunnerConfig
 from model_runtime.server.tensors.request import TensorSpec
 from model_runtime.server.triton import model_config_pb2 as pb
@@ -47,16 +48,41 @@ def test_a_full_config_maps_onto_the_runner(tmp_path: Path) -> None:
     assert s.replicas == 3  # groups add up; a group's count defaults to 1
     assert s.timeout == pytest.approx(250e-6)
     assert (s.priority_levels, s.default_priority_level) == (3, 2)
-    assert s.request_timeout == pytest.approx(0.02)
+    assert s.queue_policy == QueuePolicy(LevelPolicy(default_timeout=0.02, max_queue_size=16))
     assert s.version_policy.select([1, 2, 3, 4]) == [3, 1]
     base = ModelRunnerConfig(timeout=0.002, latency_budget=1.0, replication_factor=1)
     runner = s.runner_config(base)
     assert (runner.replication_factor, runner.timeout) == (3, pytest.approx(250e-6))
-    assert (runner.max_queue_size, runner.latency_budget) == (16, None)  # the policy wins
-    # the request's own timeout, else the model's, within the server's limit
-    assert s.deadline(60.0, None) == pytest.approx(0.02)
-    assert s.deadline(60.0, 5.0) == 5.0
-    assert s.deadline(1.0, 5.0) == 1.0
+    # priority levels: the policy bounds each level's queue, instead of the latency budget
+    assert (runner.max_queue_size, runner.latency_budget) == (None, None)
+    assert runner.queue_policy == s.queue_policy
+    # the level's timeout bounds the wait (the request's own does not count: no override),
+    # the server's limit the whole request
+    assert s.deadline(60.0, None) == (60.0, pytest.approx(0.02), False)
+    assert s.deadline(60.0, 0.001) == (60.0, pytest.approx(0.02), False)
+    one_level = parse_pbtxt(write(tmp_path, FULL.replace("priority_levels: 3", "")
+                                  .replace("default_priority_level: 2", "")), "m")  # fmt: skip
+    assert one_level.runner_config(base).max_queue_size == 16  # one level: the model's bound
+
+
+def test_each_priority_level_takes_its_own_queue_policy(tmp_path: Path) -> None:
+    """Triton's priority_queue_policy: a level's own policy (keyed by Triton's level), the
+    default policy for the others; DELAY and the override rule per level."""
+    text = (
+        "max_batch_size: 4 dynamic_batching { priority_levels: 3 default_priority_level: 2 "
+        "default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 300000 } "
+        "priority_queue_policy { key: 1 value { allow_timeout_override: true "
+        "default_timeout_microseconds: 100000 max_queue_size: 2 } } }"
+    )
+    s = parse_pbtxt(write(tmp_path, text), "m")
+    top, default, low = (s.priority(level, None, None) for level in (1, 2, 3))
+    assert top > default == 0 > low
+    assert s.deadline(None, 0.05, top) == (None, 0.05, False)  # shorter: its own holds
+    assert s.deadline(None, 5.0, top) == (None, pytest.approx(0.1), False)  # never longer
+    assert s.deadline(None, 0.05, default) == (None, pytest.approx(0.3), True)
+    assert s.deadline(None, None, low) == (None, pytest.approx(0.3), True)
+    assert s.priority(7, None, None) == default  # past the levels: the default (Triton's)
+    assert s.queue_policy is not None and s.queue_policy.of(top).max_queue_size == 2
 
 
 def test_without_settings_the_server_defaults_stay(tmp_path: Path) -> None:
@@ -103,11 +129,12 @@ def test_without_settings_the_server_defaults_stay(tmp_path: Path) -> None:
         ),
         (
             "max_batch_size: 4 dynamic_batching { priority_queue_policy { key: 1 value {} } }",
-            "priority_queue_policy",
+            "priority_queue_policy: level 1 is not one of the priority levels (1..0)",
         ),
         (
-            "max_batch_size: 2 dynamic_batching { default_queue_policy { timeout_action: DELAY } }",
-            "timeout_action",
+            "max_batch_size: 4 dynamic_batching { priority_levels: 2 default_priority_level: 1 "
+            "priority_queue_policy { key: 3 value {} } }",
+            "priority_queue_policy: level 3",
         ),
         ("max_batch_size: 2 parameters { key: 'k' value { string_value: 'v' } }", "parameters"),
         (

@@ -162,7 +162,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     a("--execution-timeout", type=float, help="seconds a device run may take before a reset")
     add_bool(a, "auto-reset", "reset a failed device and retry (default on)")
     a("--max-retries", type=int, help="retries of a request after device resets")
-    a("--request-timeout", type=float, help="seconds per request before 504 (default 60)")
+    a("--request-timeout", type=float, help="seconds per request before 503 (default 60)")
     a("--max-body-size", "--http-max-input-size", dest="max_body_size", type=int,
       help="largest request body in bytes, inflated (default 64 MiB; Triton's flag)")  # fmt: skip
     a("--header-timeout", type=float, help="seconds to receive a request head (default 10)")

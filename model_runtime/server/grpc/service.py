@@ -254,7 +254,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
                 raise
             except BaseException as exc:
                 reason = status_of(exc)[1]
-                queue_full = isinstance(exc, QueueFullError)
+                # the model's queue is full (one level's is not: the others may have room)
+                queue_full = isinstance(exc, QueueFullError) and reason == "queue_full"
                 raise
             finally:
                 plane.finish_request(entry, reason, t0, samples)

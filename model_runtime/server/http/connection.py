@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from aiohttp.web_protocol import RequestHandler
 
-from model_runtime.server.http.heads import Framer, plain_head
+from model_runtime.server.http.heads import Framer, chunked_over_length, plain_head
 from model_runtime.server.http.held import HeldBytes
 from model_runtime.server.http.pipelined import _NEVER, ProtocolLevelAnswers
 
@@ -193,6 +193,8 @@ class GuardedConnection(ProtocolLevelAnswers, asyncio.Protocol):
             self._head_begins()
         self._guard.idle.pop(self, None)  # the next request: not idle any more
         framer = self._framer
+        if framer.at_boundary and (fixed := chunked_over_length(data)) is not None:
+            data = fixed  # a chunked body with a Content-Length too: read as RFC 9112 says
         framer.feed(data, plain)
         # A head begun (not the rest of a body its answer did not wait for) must be complete
         # within the header timeout.

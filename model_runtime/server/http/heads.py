@@ -23,7 +23,7 @@ sure, at a point of the byte stream it knows is a message boundary:
 
 from __future__ import annotations
 
-__all__ = ["MAX_HEAD_BYTES", "MAX_PLAIN_HEADERS", "Framer", "plain_head"]
+__all__ = ["MAX_HEAD_BYTES", "MAX_PLAIN_HEADERS", "Framer", "chunked_over_length", "plain_head"]
 
 #: The longest head read here; a longer one goes to aiohttp.
 MAX_HEAD_BYTES = 8192
@@ -126,6 +126,40 @@ def _read_head(data: bytes, start: int, head_end: int) -> tuple[bytes, int, int]
     if length is None:
         return None
     return request_line[1], head_end + 4 - start, length
+
+
+def chunked_over_length(data: bytes) -> bytes | None:
+    """``data`` (bytes that begin a request) with its head's ``Content-Length`` dropped and
+    ``Connection: close`` added, when the head, complete in ``data``, says both a chunked
+    ``Transfer-Encoding`` and a ``Content-Length``; else None. RFC 9112 §6.3: the transfer
+    coding decides the body's length, and the server closes the connection after its answer
+    (so no request can be smuggled after the body). aiohttp refuses such a head outright;
+    Triton (libevhtp) reads the chunked body, and its clients send such heads (a ``requests``
+    body of bytes with a ``Transfer-Encoding: chunked`` header of the caller's).
+
+    Raises:
+        nothing.
+    """
+    head_end = data.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES)
+    if head_end < 0 or data.find(b"chunked", 0, head_end) < 0:
+        return None
+    lines = data[:head_end].split(b"\r\n")
+    names = [line.partition(b":")[0].strip().lower() for line in lines]
+    if b"transfer-encoding" not in names or b"content-length" not in names:
+        return None
+    te = b",".join(
+        line.partition(b":")[2]
+        for line, n in zip(lines, names, strict=True)
+        if n == b"transfer-encoding"
+    )
+    if te.strip().lower().rsplit(b",", 1)[-1].strip() != b"chunked":
+        return None  # the body's length is not the chunked coding's: aiohttp refuses it
+    kept = [
+        line
+        for line, n in zip(lines, names, strict=True)
+        if n not in (b"content-length", b"connection")
+    ]
+    return b"\r\n".join([*kept, b"Connection: close"]) + data[head_end:]
 
 
 class Framer:

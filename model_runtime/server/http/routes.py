@@ -7,7 +7,8 @@ unknown model (``Request for unknown model: 'NAME' is not found``) or a body ove
 (refused from ``Content-Length`` before a byte of it is read, or as soon as a chunked or
 compressed body passes the limit), 404 unknown version of a known model or unknown route, 503
 a load or unload the model control mode forbids (Triton's UNAVAILABLE), 500 device failure,
-503 not ready / draining / stopped / queue full (with ``Retry-After``), 504 deadline exceeded,
+503 not ready / draining / stopped / queue full (with ``Retry-After``) / request timeout
+expired (Triton's), 504 a run past its execution deadline,
 408 a body that did not arrive within ``body_timeout``; shared memory errors as Triton answers
 them (:data:`~model_runtime.server.answers.SHARED_MEMORY_ANSWERS`). Client disconnects cancel
 the handler (``handler_cancellation``), which cancels the runner request.
@@ -271,8 +272,9 @@ class HttpFrontEnd:
             except orjson.JSONDecodeError:
                 doc = None
             if not isinstance(doc, dict) or not isinstance(doc.get("ready", False), bool):
-                raise HTTPError(400, "the index request must be a JSON object with a boolean "
-                                "'ready'", "bad_request")  # fmt: skip
+                raise HTTPError(400, "Invalid value for 'ready': expected a boolean (the index "
+                                "request must be a JSON object with a boolean 'ready')",
+                                "bad_request")  # fmt: skip
             ready = doc.get("ready", False)
         index = self.plane.repository.index()
         return _json([m for m in index if m["state"] == "READY"] if ready else index)

@@ -22,7 +22,7 @@ import anyio
 import structlog
 
 from actors.queues.tracing import CURRENT as CURRENT_TRACE
-from model_runtime.errors import ModelRuntimeError
+from model_runtime.errors import ModelRuntimeError, RequestTimeoutError
 from model_runtime.python_backend.runner import PythonModelRunner
 from model_runtime.runner import ModelRunner
 from model_runtime.runner_requests import expire_request
@@ -429,7 +429,7 @@ class DataPlane:
     ) -> tuple[asyncio.Future[dict[str, Any]], asyncio.TimerHandle | None]:
         """:meth:`execute` without a coroutine, on the runner :meth:`plain_runner` gave:
         the request is queued now. Returns the future of its outputs (cancel it: its rows
-        never run) and the timer that fails it with :class:`ExecutionTimeoutError` past its
+        never run) and the timer that fails it with :class:`RequestTimeoutError` past its
         deadline (cancel the timer once the future is done).
 
         Raises:
@@ -439,11 +439,11 @@ class DataPlane:
         if parsed.sequence is not None:
             raise not_a_sequence_model(parsed.sequence, entry.name)
         opts = self.options
-        timeout = settings.deadline(opts.request_timeout, parsed.timeout)
         priority = settings.priority(
             parsed.priority, opts.priority_levels, opts.default_priority_level
         )
-        pending = inner.execute_async(parsed.inputs, None, None, None, priority)
+        timeout, waits, delay = settings.deadline(opts.request_timeout, parsed.timeout, priority)
+        pending = inner.execute_async(parsed.inputs, None, None, None, priority, waits, delay)
         future = pending if isinstance(pending, asyncio.Future) else asyncio.ensure_future(pending)
         if timeout is None:
             return future, None
@@ -468,7 +468,7 @@ class DataPlane:
         from it when an equal request was (:class:`CachedOutputs`, the runner not called).
 
         Raises:
-            TimeoutError, ExecutionTimeoutError: past the deadline.
+            RequestTimeoutError: past the deadline (Triton's "Request timeout expired").
             ModelRuntimeError: whatever the runner raises (refusals, bad inputs, failures).
         """
         if self.tracer.active and not _traced and (trace := CURRENT_TRACE.get()) is not None:
@@ -507,12 +507,12 @@ class DataPlane:
         opts = self.options
         # The model's own settings (config.pbtxt / TOML) over the server's.
         settings = entry.settings or DEFAULT_SETTINGS
-        timeout = settings.deadline(opts.request_timeout, parsed.timeout)
-        if deadline is not None:
-            timeout = deadline if timeout is None else min(timeout, deadline)
         priority = settings.priority(
             parsed.priority, opts.priority_levels, opts.default_priority_level
         )
+        timeout, waits, delay = settings.deadline(opts.request_timeout, parsed.timeout, priority)
+        if deadline is not None:
+            timeout = deadline if timeout is None else min(timeout, deadline)
         sequence = parsed.sequence
         inner = innermost(runner)
         if isinstance(inner, EnsembleRunner):  # its steps, each a request through this plane
@@ -534,6 +534,10 @@ class DataPlane:
             )
         elif sequence is not None:
             raise not_a_sequence_model(sequence, entry.name)
+        elif waits is not None and isinstance(inner, ModelRunner):  # a queue policy's timeout
+            pending = inner.execute(
+                parsed.inputs, timeout=timeout, priority=priority, queue_timeout=waits, delay=delay
+            )
         else:
             pending = runner.execute(parsed.inputs, timeout=timeout, priority=priority)
         if timeout is None or isinstance(inner, ModelRunner):
@@ -541,8 +545,13 @@ class DataPlane:
             # drops it before it reaches a device once passed), so no second timer here.
             results: dict[str, Any] = await pending
             return results
-        async with asyncio.timeout(timeout):  # a runner of another make: the server's timer
-            results = await pending
+        try:
+            async with asyncio.timeout(timeout):  # a runner of another make: the server's timer
+                results = await pending
+        except TimeoutError:
+            raise RequestTimeoutError(
+                f"Request timeout expired: model '{entry.name}' gave no answer within {timeout} s"
+            ) from None
         return results
 
     async def _execute_traced(

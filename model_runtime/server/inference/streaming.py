@@ -101,7 +101,7 @@ async def replies(
             yield Reply(outputs)
             return
         settings = entry.settings or DEFAULT_SETTINGS
-        timeout = settings.deadline(plane.options.request_timeout, parsed.timeout)
+        timeout = settings.deadline(plane.options.request_timeout, parsed.timeout)[0]
         if deadline is not None:
             timeout = deadline if timeout is None else min(timeout, deadline)
         if isinstance(inner, EnsembleRunner):  # each response as its last step gives it

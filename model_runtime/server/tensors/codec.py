@@ -299,7 +299,13 @@ def _decode(
         if unknown:
             raise _fail(f"input {name!r}: unknown field(s) {sorted(unknown)}")
         datatype = check_datatype(name, item.get("datatype"), spec, model)
-        shape = check_shape(name, item.get("shape"))
+        try:
+            shape = check_shape(name, item.get("shape"))
+        except ProtocolError:
+            raw = item.get("shape")
+            if isinstance(raw, list) and any(type(d) is int and d < 0 for d in raw):
+                raise answers.negative_json_dimension() from None
+            raise
         count = element_count(name, shape, datatype)
         input_params = _parameters(f"input {name!r}", item.get("parameters"))
         size = check_input_parameters(name, input_params, model)

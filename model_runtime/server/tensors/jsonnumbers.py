@@ -10,7 +10,8 @@ straight into the tensor's array. Peak memory is the body, the tensor and one sl
 and a decoder running off the event loop hands the GIL back between slices.
 
 Every slice is parsed by orjson, so only JSON is accepted. What is left outside the cut arrays
-is bounded (:data:`MAX_SKELETON_BYTES`), since parsing it costs Python objects.
+is bounded (:data:`MAX_SKELETON_BYTES`, or past it :data:`MAX_SKELETON_VALUES`), since parsing
+it costs Python objects.
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ import orjson
 from model_runtime.errors import ProtocolError
 from model_runtime.server.answers import MAX_JSON_DEPTH, json_too_deep
 from model_runtime.server.tensors.datatypes import DATATYPES
+from model_runtime.server.tensors.jsoncost import values_at_most
 
 __all__ = [
     "CHUNK_BYTES",
     "MAX_SKELETON_BYTES",
+    "MAX_SKELETON_VALUES",
     "MIN_CUT_BYTES",
     "NO_CUTS",
     "Cuts",
@@ -45,8 +48,11 @@ __all__ = [
 CHUNK_BYTES = 256 << 10
 #: Arrays with less text than this are parsed as lists (their lists are small).
 MIN_CUT_BYTES = 16 << 10
-#: The JSON left once the big arrays are cut out (names, shapes, small arrays) is at most this.
+#: The JSON left once the big arrays are cut out (names, shapes, small arrays, strings) is at
+#: most this many bytes, or holds at most :data:`MAX_SKELETON_VALUES` values (each a Python
+#: object once parsed: a big string or blanks cost their bytes, a list of small values 20x).
 MAX_SKELETON_BYTES = 4 << 20
+MAX_SKELETON_VALUES = 1 << 20
 
 # A "data" key with an array value, then the run of characters such an array of numbers or
 # true/false may hold. The array ends at the last ']' of the run: in a valid document only ','
@@ -102,7 +108,8 @@ def cut_number_arrays(
     without its outer brackets). Nothing to cut: the document itself (a view, no copy).
 
     Raises:
-        ProtocolError: what is left is over :data:`MAX_SKELETON_BYTES`.
+        ProtocolError: what is left is over :data:`MAX_SKELETON_BYTES` and holds more than
+            :data:`MAX_SKELETON_VALUES` values.
     """
     cuts = Cuts()
     spans = cuts.spans
@@ -124,16 +131,24 @@ def cut_number_arrays(
         pieces += [view[pos : m.start()], b'"data":' + cuts.placeholder()]
         spans.append((lo, hi))
         pos = search = hi + 1
-    left = (end - start) - sum(hi - lo for lo, hi in spans)
-    if left > MAX_SKELETON_BYTES:
-        raise _fail(
-            f"the request's JSON outside big 'data' arrays is {left} bytes (at most "
-            f"{MAX_SKELETON_BYTES}); send tensors as 'data' arrays or as binary data"
-        )
     if not spans:
+        _bound_skeleton(buf, start, end)
         return view[start:end], cuts
     pieces.append(view[pos:end])
-    return b"".join(pieces), cuts
+    skeleton = b"".join(pieces)
+    _bound_skeleton(skeleton, 0, len(skeleton))
+    return skeleton, cuts
+
+
+def _bound_skeleton(text: bytes | bytearray, start: int, end: int) -> None:
+    if end - start > MAX_SKELETON_BYTES and not values_at_most(
+        text, start, end, MAX_SKELETON_VALUES
+    ):
+        raise _fail(
+            f"the request's JSON outside big 'data' arrays is {end - start} bytes and holds "
+            f"more than {MAX_SKELETON_VALUES} values (at most {MAX_SKELETON_BYTES} bytes, or "
+            f"{MAX_SKELETON_VALUES} values); send tensors as 'data' arrays or as binary data"
+        )
 
 
 def _array_end(buf: bytes | bytearray, lo: int, end: int) -> int:

@@ -50,8 +50,8 @@ __all__ = [
     "request_parameters",
 ]
 
-#: The largest priority level a request may name (Triton's is a uint32; ours maps onto ints).
-MAX_PRIORITY_LEVEL = 2**31 - 1
+#: The largest priority level a request may name (Triton reads a uint64).
+MAX_PRIORITY_LEVEL = 2**64 - 1
 _SEQUENCE = ("sequence_id", "sequence_start", "sequence_end")
 _REQUEST = {"binary_data_output", "timeout", "priority", *_SEQUENCE}
 _REGION, _BYTE_SIZE, _OFFSET = (
@@ -286,17 +286,17 @@ def execute_priority(
     above it positive, those below it negative, so the order of the levels is kept and a
     request at the default level waits exactly like one that named no level.
 
-    With ``levels`` and ``default_level`` unset (no priority levels configured for the
-    model) the default level sits below every named level: a request that names any level
-    is packed before those that do not, and level 1 before level 2.
+    A level past the configured ``levels`` is the default level, as Triton reads it
+    (``InferenceRequest::SetPriority``). With ``levels`` and ``default_level`` unset (no
+    priority levels configured for the model) the default level sits below every named level:
+    a request that names any level is packed before those that do not, and level 1 before
+    level 2.
 
     Raises:
-        ProtocolError: ``level`` is over the configured ``levels``.
+        nothing.
     """
-    if level == 0:
+    if level == 0 or (levels is not None and level > levels):
         return 0
-    if levels is not None and level > levels:
-        raise _fail(f"priority {level} is past the model's {levels} priority levels")
     base = MAX_PRIORITY_LEVEL + 1 if default_level is None else default_level
     return base - level
 

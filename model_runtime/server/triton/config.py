@@ -26,8 +26,10 @@ What maps to what (:func:`settings_of`):
   runs (its batch-size buckets), checked at load.
 - ``dynamic_batching.max_queue_delay_microseconds`` -> the batch timeout (0: at once).
 - ``dynamic_batching.priority_levels`` / ``default_priority_level`` -> the request priority map.
-- ``default_queue_policy.max_queue_size`` -> the queue bound (it replaces the latency budget);
-  ``default_timeout_microseconds`` -> the default deadline of a request.
+- ``default_queue_policy`` / ``priority_queue_policy`` -> the queue policy per priority level
+  (:mod:`model_runtime.queue_policy`: timeouts, REJECT or DELAY, ``max_queue_size``); without
+  priority levels ``max_queue_size`` is the model's queue bound. A bound replaces the latency
+  budget.
 - ``instance_group { count, kind: KIND_CPU }`` -> replicas (groups add up).
 - ``version_policy`` -> which version directories are served (Triton's default: the latest).
 - ``sequence_batching`` -> a stateful model (:mod:`.sequence`, :mod:`model_runtime.sequences`).
@@ -48,10 +50,12 @@ from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import FieldDescriptor
 
 from model_runtime.errors import ConfigurationError, ModelUnavailableError
+from model_runtime.queue_policy import QueuePolicy
 from model_runtime.runner_config import ModelRunnerConfig
 from model_runtime.sequences import SequenceConfig
 from model_runtime.server.tensors.parameters import execute_priority
 from model_runtime.server.triton import model_config_pb2 as pb
+from model_runtime.server.triton.batching import dynamic_batching
 from model_runtime.server.triton.ensemble import ENSEMBLE_PLATFORM, EnsembleConfig, ensemble_config
 from model_runtime.server.triton.fields import check_fields
 from model_runtime.server.triton.ragged import RaggedSpec, ragged_spec
@@ -128,6 +132,8 @@ class ModelSettings:
     request_timeout: float | None = None
     priority_levels: int | None = None
     default_priority_level: int | None = None
+    #: ``default_queue_policy`` / ``priority_queue_policy`` (None: none given)
+    queue_policy: QueuePolicy | None = None
     version_policy: VersionPolicy = VersionPolicy()
     #: ``dynamic_batching.preferred_batch_size``, sorted (each a batch the executable runs).
     preferred_batch_sizes: tuple[int, ...] = ()
@@ -153,20 +159,30 @@ class ModelSettings:
     #: model's own shapes and :mod:`.ragged` forms the batches (None: none).
     ragged: RaggedSpec | None = None
 
-    def deadline(self, server: float | None, requested: float | None) -> float | None:
-        """A request's timeout (seconds): its own, else the model's default, within the
-        server's ``server`` limit (None: none)."""
+    def deadline(
+        self, server: float | None, requested: float | None, priority: int = 0
+    ) -> tuple[float | None, float | None, bool]:
+        """A request's ``(timeout, queue_timeout, delay)`` at ``priority`` (an ``execute``
+        priority): the seconds it may take in all (the server's ``server`` limit, None: none),
+        the seconds it may wait in the queue, and whether past those it waits on (DELAY) rather
+        than fails. Without a queue policy: no queue timeout, and the request's own timeout,
+        else the model's default, bounds it all (within the server's); with one, its level's
+        timeout (Triton's rule: :meth:`~model_runtime.queue_policy.LevelPolicy.timeout`) bounds
+        its wait only, as Triton's does."""
+        if self.queue_policy is not None:
+            level = self.queue_policy.of(priority)
+            return server, level.timeout(requested), level.delay
         timeout = requested if requested is not None else self.request_timeout
         if timeout is None:
-            return server
-        return timeout if server is None else min(server, timeout)
+            return server, None, False
+        return (timeout if server is None else min(server, timeout)), None, False
 
     def priority(self, level: int, levels: int | None, default_level: int | None) -> int:
         """A request's protocol ``priority`` as ``execute(priority=...)``: the model's priority
         levels, else the server's (``levels`` / ``default_level``).
 
         Raises:
-            ProtocolError: ``level`` is past the levels.
+            nothing: a level past the levels is the default one (Triton's rule).
         """
         if self.priority_levels is not None:
             levels, default_level = self.priority_levels, self.default_priority_level
@@ -186,6 +202,10 @@ class ModelSettings:
         if self.max_queue_size is not None:
             # Triton's queue policy bounds the queue instead of the latency budget.
             config = replace(config, max_queue_size=self.max_queue_size, latency_budget=None)
+        if self.queue_policy is not None:
+            config = replace(config, queue_policy=self.queue_policy)
+            if self.queue_policy.bounded:  # bounds per level, instead of the latency budget
+                config = replace(config, latency_budget=None)
         config.validate()
         return config
 
@@ -347,7 +367,7 @@ def settings_of(
         if strategy.max_queue_delay_microseconds:  # how long a batch of steps waits to fill
             fields["timeout"] = strategy.max_queue_delay_microseconds / 1e6
     if config.HasField("dynamic_batching"):
-        fields = _dynamic_batching(config.dynamic_batching, where, mbs)
+        fields = dynamic_batching(config.dynamic_batching, where, mbs)
         preferred = fields.get("preferred_batch_sizes", ())
         if len(preferred) == 1:
             batch = preferred[0]  # the one size is the batch run
@@ -406,44 +426,6 @@ def _ensemble_settings(
         max_batch_size=config.max_batch_size or None,
         version_policy=_version_policy(config, where),
     )
-
-
-def _dynamic_batching(db: pb.ModelDynamicBatching, where: Path | str, mbs: int) -> dict[str, Any]:
-    out: dict[str, Any] = {"timeout": max(db.max_queue_delay_microseconds, 1) / 1e6}
-    for size in db.preferred_batch_size:
-        if not 0 < size <= mbs:
-            raise _fail(
-                where,
-                "dynamic_batching.preferred_batch_size",
-                f"{size} must be in 1..max_batch_size ({mbs})",
-            )
-    if db.preferred_batch_size:
-        out["preferred_batch_sizes"] = tuple(sorted(set(db.preferred_batch_size)))
-    if db.priority_levels:
-        if not 1 <= db.default_priority_level <= db.priority_levels:
-            raise _fail(
-                where,
-                "dynamic_batching.default_priority_level",
-                f"must be in 1..priority_levels ({db.priority_levels})",
-            )
-        out["priority_levels"] = db.priority_levels
-        out["default_priority_level"] = db.default_priority_level
-    elif db.default_priority_level:
-        raise _fail(where, "dynamic_batching.default_priority_level", "needs priority_levels")
-    if db.priority_queue_policy:
-        raise _fail(
-            where, "dynamic_batching.priority_queue_policy", "per-priority queues are not supported"
-        )
-    if db.HasField("default_queue_policy"):
-        policy = db.default_queue_policy
-        at = "dynamic_batching.default_queue_policy"
-        if policy.timeout_action != pb.ModelQueuePolicy.REJECT:
-            raise _fail(where, f"{at}.timeout_action", "only REJECT is supported")
-        if policy.max_queue_size:
-            out["max_queue_size"] = policy.max_queue_size
-        if policy.default_timeout_microseconds:
-            out["request_timeout"] = policy.default_timeout_microseconds / 1e6
-    return out
 
 
 def _replicas(
