@@ -74,12 +74,17 @@ def test_no_limit_until_measured_then_what_the_model_finishes_within_the_delay()
     assert control.try_admit("m") is None
 
 
-def test_a_slow_model_holds_at_least_the_minimum() -> None:
+def test_a_slow_model_holds_a_closed_loop_of_clients_at_least() -> None:
+    # 2 requests/s: 2 within the delay. Clients that each wait for their answer before they
+    # send again are no overload however long they wait (Triton queues them): CLIENTS of them
+    # joining at once are admitted, beside the ones answered steadily (here one).
     clock = FakeClock()
     control = AdmissionControl(clock=clock)
-    _serve(control, clock, 20, 0.5)  # 2 requests/s: 0.2 within the delay
-    assert control.model("m").limit == MIN_LIMIT
-    assert WINDOW < 0.5
+    _serve(control, clock, 20, 0.5)
+    state = control.model("m")
+    assert WINDOW < 0.5 and state.floor == MIN_LIMIT and state.steady == 1
+    assert state.limit == 1 + CLIENTS + MIN_LIMIT
+    assert all(control.try_admit("m") is None for _ in range(CLIENTS))
 
 
 def test_a_slow_model_admits_a_full_batch_per_replica_at_least() -> None:
@@ -89,16 +94,17 @@ def test_a_slow_model_admits_a_full_batch_per_replica_at_least() -> None:
     capacity = {"m": 64}
     control = AdmissionControl(clock=clock, capacity=lambda name: capacity.get(name, 0))
     _serve(control, clock, 20, 0.5)
-    assert control.model("m").limit == 64
+    state = control.model("m")
+    assert state.floor == 64 and state.limit == state.steady + CLIENTS + 64
     admitted = 0
     while control.try_admit("m") is None:
         admitted += 1
-    assert admitted == 64
+    assert admitted == state.limit
     capacity["m"] = 128  # reloaded with a larger batch: the next window takes it
     for _ in range(admitted):
         clock.now += 0.5
         control.release("m")
-    assert control.model("m").limit == 128
+    assert state.floor == 128 and state.limit == state.steady + CLIENTS + 128
 
 
 def test_the_runners_refusal_is_the_limit_for_a_while() -> None:
@@ -251,6 +257,28 @@ def test_a_closed_loop_of_slow_answers_is_not_an_overload() -> None:
     assert OVERLOAD_HOLD < 0.3
 
 
+def test_a_closed_loop_waiting_longer_than_the_delay_is_not_refused() -> None:
+    # CLIENTS clients on a model finishing 100 a second: each waits 2.56 s, past the admission
+    # delay (the front-end limit is 100 in flight), yet arrivals follow answers: nobody is
+    # refused. An open loop at 3x that model's rate still is (the overload rule, as above).
+    clock = FakeClock()
+    control = AdmissionControl(clock=clock, capacity=lambda name: 8)
+    _serve(control, clock, 50, 0.01)
+    assert 100 * DEFAULT_QUEUE_DELAY < CLIENTS
+    answered, refused = _simulate(control, clock, 10.0, 0.01, clients=CLIENTS)
+    assert refused == 0 and len(answered) >= 0.95 * 1000
+    assert max(wait for _, wait in answered[-100:]) == pytest.approx(2.56, rel=0.05)
+    # Its onset is clients joining until its excess passes CLIENTS: those wait their turn
+    # (about CLIENTS / 100 s), then admitted requests wait one round (8 at 10 ms each).
+    _drain(control, clock)
+    answered, refused = _simulate(control, clock, 8.0, 0.01, open_rate=300)
+    settled = [wait for when, wait in answered if when > clock.now - 2.0]
+    assert control.model("m").overloaded and refused >= 0.6 * 2400
+    assert len(settled) >= 0.95 * 200
+    assert max(settled) <= 1.5 * 0.08
+    assert max(wait for _, wait in answered) <= 1.5 * (2 * CLIENTS + 8) / 100
+
+
 def test_the_delay_must_be_positive() -> None:
     with pytest.raises(ValueError, match="queue_delay"):
         AdmissionControl(queue_delay=0)
@@ -388,9 +416,9 @@ async def test_heads_that_arrive_together_are_each_decided_once_as_they_are_read
     the four entered, it would be refused through aiohttp, the expensive way)."""
     clock = FakeClock()
     control = AdmissionControl(clock=clock)
-    _serve(control, clock, 200, 0.25)  # 4 requests/s: the limit is 4 in flight
+    _serve(control, clock, 200, 0.25)
     state = control.model("m")
-    assert state.limit == MIN_LIMIT == 4
+    state.limit = 4  # the limit's rule is tested above; here, four places
     gate, full = asyncio.Event(), asyncio.Event()
     entered = 0
 

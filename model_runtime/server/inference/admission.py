@@ -9,7 +9,11 @@ loop falls seconds behind. :class:`AdmissionControl` therefore bounds what the f
   queued, computing, encoding) may not exceed what it finishes within ``queue_delay`` seconds
   at its measured completion rate (completions per second while it has work, re-measured every
   :data:`WINDOW` seconds; no limit until a first window is measured). By Little's law an
-  admitted request then waits about ``queue_delay``, whatever the model.
+  admitted request then waits about ``queue_delay``, whatever the model. It never holds less
+  than a closed loop needs (:meth:`ModelAdmission.closed_loop`: the concurrency answered
+  steadily and :data:`CLIENTS` more joining at once): clients that send one request per answer
+  are served however long they wait, as Triton serves them; the overload limit below is what
+  refuses an open loop.
 - **the overload limit**: while more requests arrive than the model finishes (arrivals over
   completions past :data:`OVERLOAD_RATIO` in :data:`OVERLOAD_SUSTAIN` windows in a row, and by
   more than :data:`CLIENTS` in all: an open loop past capacity, not a closed loop, whose
@@ -85,9 +89,8 @@ __all__ = [
 ]
 
 #: Seconds of front-end work a model may hold (see the module docstring): the daemon's latency
-#: budget. Shorter sheds sooner under overload, but refuses healthy closed-loop clients whose
-#: requests simply take longer than it (N clients at latency L complete N/L per second, so
-#: the limit N*delay/L is under N once L passes the delay) and bursts after a quiet spell.
+#: budget. Shorter sheds sooner under overload (a closed loop of up to CLIENTS more than the
+#: concurrency answered steadily is held whatever it is).
 DEFAULT_QUEUE_DELAY = 1.0
 #: The front-end limit never falls below this many requests in flight, nor below what the
 #: model's replicas take at once (AdmissionControl's ``capacity``): a limit under a full batch
@@ -106,15 +109,11 @@ LAG_LIMIT = 0.01
 #: 20-40 ms tick), a collection or a load, not an overload: at 1 the daemon refused some of a
 #: burst of 64 concurrent clients at a fresh start while its host was busy.
 LAG_SUSTAIN = 3
-#: Keeping up: the in-flight cap grows by this share of its floor per tick, up to no cap.
-#: (Growing by a quarter of the floor per tick, 1,600 requests/s for a floor of 64, let the cap
-#: double between two lagging ticks at 3x capacity: the 200s' p50 swung from 64 to 160 ms.)
+#: Keeping up: the in-flight cap grows by this share of its floor per tick, up to no cap
+#: (faster let it double between two lagging ticks at 3x capacity).
 LAG_INCREASE = 0.05
-#: ... and never below what the model finishes in this many seconds (the latency of what it
-#: holds under overload). Measured here (``benchmarks/overload.py``, ``benchmarks/
-#: http_throughput.py --clients 128 256``): 0.1 kept the 200s' p99 at 3x capacity at 230 ms;
-#: 0.03 refused 665 of a closed loop of 256 clients at capacity (answered in ~60 ms) for
-#: nothing; 0.07 gives 149 ms and refuses none of them.
+#: ... and an overloaded model holds what it finishes in this many seconds (the latency of
+#: what it holds; ``benchmarks/overload.py`` measured 0.1 and 0.03 against it).
 LAG_HOLD = 0.07
 #: Overload (see the module docstring): arrivals over completions in a window past this ratio.
 #: A closed loop's are about equal (each answer brings the next request); 1.5xC is 1.5.
@@ -243,8 +242,13 @@ class ModelAdmission:
             return
         hold = self.rate * LAG_HOLD
         if not self.overloaded:
-            hold = self.steady + max(hold, CLIENTS + self.floor)
+            hold = max(self.steady + hold, self.closed_loop())
         self.lag_cap = max(self.floor, hold)
+
+    def closed_loop(self) -> int:
+        """What a closed loop may hold: the concurrency answered steadily, :data:`CLIENTS`
+        joining at once, and a full batch per replica."""
+        return self.steady + CLIENTS + self.floor
 
     def loop_keeps_up(self) -> None:
         """The event loop keeps up: raise the cap by :data:`LAG_INCREASE` of the floor (gone
@@ -306,10 +310,11 @@ class ModelAdmission:
                 and self._crowded >= OVERLOAD_SUSTAIN
                 and self._excess > CLIENTS
             )
-            hold = queue_delay
             if self.overloaded:  # the queue would never drain: hold one round's service time
                 hold = min(queue_delay, max(OVERLOAD_HOLD, self.floor / self.rate))
-            self.limit = max(self.floor, self.rate * hold)
+                self.limit = max(self.floor, self.rate * hold)
+            else:  # arrivals follow answers: a closed loop's clients are held however slow
+                self.limit = max(self.closed_loop(), self.rate * queue_delay)
         self._completions = self._arrivals = self._refusals = 0
         self._peak = self.inflight
         self._busy = 0.0
