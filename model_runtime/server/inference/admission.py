@@ -9,11 +9,15 @@ loop falls seconds behind. :class:`AdmissionControl` therefore bounds what the f
   queued, computing, encoding) may not exceed what it finishes within ``queue_delay`` seconds
   at its measured completion rate (completions per second while it has work, re-measured every
   :data:`WINDOW` seconds; no limit until a first window is measured). By Little's law an
-  admitted request then waits about ``queue_delay``, whatever the model.
+  admitted request then waits about ``queue_delay``, whatever the model. It never holds less
+  than a closed loop needs (:meth:`ModelAdmission.closed_loop`: the concurrency answered
+  steadily and :data:`CLIENTS` more joining at once): clients that send one request per answer
+  are served however long they wait, as Triton serves them; the overload limit below is what
+  refuses an open loop.
 - **the overload limit**: while more requests arrive than the model finishes (arrivals over
-  completions past :data:`OVERLOAD_RATIO` in :data:`OVERLOAD_SUSTAIN` windows in a row: an open
-  loop past capacity, not a closed loop, whose clients send one request per answer, nor one
-  burst of them), waiting longer helps nobody (the
+  completions past :data:`OVERLOAD_RATIO` in :data:`OVERLOAD_SUSTAIN` windows in a row, and by
+  more than :data:`CLIENTS` in all: an open loop past capacity, not a closed loop, whose
+  clients send one request per answer, nor clients joining it), waiting longer helps nobody (the
   queue never drains), so the front-end limit is what the model finishes in its measured
   service time of a full round (``floor / rate``: a batch computing and one filling per
   replica), and never under :data:`OVERLOAD_HOLD` seconds of work: admitted requests wait
@@ -27,9 +31,13 @@ loop falls seconds behind. :class:`AdmissionControl` therefore bounds what the f
   buffers, a backlog no limit above sees, and everyone's latency grows with it. So the loop's
   lag is measured (:class:`LoopLag`: how late a timer due every :data:`LAG_TICK` seconds
   fires); while it is over :data:`LAG_LIMIT` (from :data:`LAG_SUSTAIN` ticks in a row on),
-  each model's in-flight cap is what it finishes in :data:`LAG_HOLD` seconds (never under
-  its floor; clients served that fast are not shed), and while the loop keeps up it grows
-  back by :data:`LAG_INCREASE` of the floor per tick.
+  an overloaded model's in-flight cap is what it finishes in :data:`LAG_HOLD` seconds (never
+  under its floor). A model that is not overloaded is held to the concurrency answered
+  steadily (:attr:`ModelAdmission.steady`: a closed loop's clients) plus the larger of that and
+  :data:`CLIENTS` more (clients joining at once): a closed loop on a busy host lags the loop
+  too, yet its requests follow its answers, and refusing them sheds nothing. No cap before a
+  rate is measured. While the loop keeps up the cap grows back by :data:`LAG_INCREASE` of the
+  floor per tick.
   Shed requests cost an early refusal (~a tenth of an admitted one), so the loop catches up.
 
 A stateful model's requests are never refused here (:meth:`AdmissionControl.exempt`): its
@@ -62,6 +70,7 @@ from prometheus_client import CollectorRegistry, Counter
 from model_runtime.server.observability.ratelog import RateLimitedLog
 
 __all__ = [
+    "CLIENTS",
     "DEFAULT_QUEUE_DELAY",
     "LAG_HOLD",
     "LAG_INCREASE",
@@ -80,9 +89,8 @@ __all__ = [
 ]
 
 #: Seconds of front-end work a model may hold (see the module docstring): the daemon's latency
-#: budget. Shorter sheds sooner under overload, but refuses healthy closed-loop clients whose
-#: requests simply take longer than it (N clients at latency L complete N/L per second, so
-#: the limit N*delay/L is under N once L passes the delay) and bursts after a quiet spell.
+#: budget. Shorter sheds sooner under overload (a closed loop of up to CLIENTS more than the
+#: concurrency answered steadily is held whatever it is).
 DEFAULT_QUEUE_DELAY = 1.0
 #: The front-end limit never falls below this many requests in flight, nor below what the
 #: model's replicas take at once (AdmissionControl's ``capacity``): a limit under a full batch
@@ -101,15 +109,11 @@ LAG_LIMIT = 0.01
 #: 20-40 ms tick), a collection or a load, not an overload: at 1 the daemon refused some of a
 #: burst of 64 concurrent clients at a fresh start while its host was busy.
 LAG_SUSTAIN = 3
-#: Keeping up: the in-flight cap grows by this share of its floor per tick, up to no cap.
-#: (Growing by a quarter of the floor per tick, 1,600 requests/s for a floor of 64, let the cap
-#: double between two lagging ticks at 3x capacity: the 200s' p50 swung from 64 to 160 ms.)
+#: Keeping up: the in-flight cap grows by this share of its floor per tick, up to no cap
+#: (faster let it double between two lagging ticks at 3x capacity).
 LAG_INCREASE = 0.05
-#: ... and never below what the model finishes in this many seconds (the latency of what it
-#: holds under overload). Measured here (``benchmarks/overload.py``, ``benchmarks/
-#: http_throughput.py --clients 128 256``): 0.1 kept the 200s' p99 at 3x capacity at 230 ms;
-#: 0.03 refused 665 of a closed loop of 256 clients at capacity (answered in ~60 ms) for
-#: nothing; 0.07 gives 149 ms and refuses none of them.
+#: ... and an overloaded model holds what it finishes in this many seconds (the latency of
+#: what it holds; ``benchmarks/overload.py`` measured 0.1 and 0.03 against it).
 LAG_HOLD = 0.07
 #: Overload (see the module docstring): arrivals over completions in a window past this ratio.
 #: A closed loop's are about equal (each answer brings the next request); 1.5xC is 1.5.
@@ -119,6 +123,13 @@ OVERLOAD_RATIO = 1.2
 OVERLOAD_SUSTAIN = 2
 #: ... and then the front-end limit holds at least this many seconds of the model's work.
 OVERLOAD_HOLD = 0.05
+#: A closed loop's clients starting together: the loop-lag and overload limits admit this many
+#: requests in flight above the concurrency answered steadily (``ModelAdmission.steady``), and
+#: arrivals count as an overload only once they exceed completions by more than this. A closed
+#: loop's arrivals outrun its completions only while its clients join (each client has one
+#: request in flight), so up to this many clients starting at once are never refused; an open
+#: loop's excess keeps growing, and passes it.
+CLIENTS = 256
 #: Refusal reasons (the ``reason`` label).
 OVERLOADED = "overloaded"
 QUEUE_FULL = "queue_full"
@@ -134,6 +145,9 @@ class ModelAdmission:
         "_busy_since",
         "_completions",
         "_crowded",
+        "_excess",
+        "_peak",
+        "_refusals",
         "_window_start",
         "body",
         "clock",
@@ -151,6 +165,7 @@ class ModelAdmission:
         "response",
         "runner_limit",
         "runner_until",
+        "steady",
     )
 
     def __init__(self, name: str, control: AdmissionControl) -> None:
@@ -166,6 +181,13 @@ class ModelAdmission:
         self._completions = 0
         self._arrivals = 0  # requests decided in this window, refused ones too
         self._crowded = 0  # windows in a row with more arrivals than completions
+        self._excess = 0  # arrivals over completions in those windows
+        self._peak = 0  # the most in flight in this window
+        self._refusals = 0  # refused in this window
+        #: The concurrency answered steadily: the most in flight in the latest window that
+        #: refused nothing and whose arrivals did not outrun its completions (a closed loop's
+        #: clients). The loop-lag and overload limits hold at least this much more.
+        self.steady = 0
         #: The overload limit holds (see the module docstring).
         self.overloaded = False
         self._busy = 0.0
@@ -201,20 +223,32 @@ class ModelAdmission:
             return None
         n = self.inflight
         if n >= self.limit or n >= self.lag_cap:
+            self._refusals += 1
             return OVERLOADED
         if n >= self.runner_limit:
             if self.clock() < self.runner_until:
+                self._refusals += 1
                 return QUEUE_FULL
             self.runner_limit = float("inf")
         return None
 
     def loop_behind(self) -> None:
-        """The event loop is behind: hold what the model finishes in :data:`LAG_HOLD` seconds
-        (a loop busy with clients served that fast is at capacity, not overloaded), and never
-        less than the floor. At once, not step by step: at the onset of an overload the
-        front-end limit holds a second's work, and shrinking it by 0.7 per tick let 6,000
-        requests/s in for the first 0.3 s, answered in 150-230 ms, the p99 of a 30 s run."""
-        self.lag_cap = max(self.floor, self.rate * LAG_HOLD)
+        """The event loop is behind. Overloaded (an open loop): hold what the model finishes
+        in :data:`LAG_HOLD` seconds, never less than the floor, at once, not step by step.
+        Otherwise arrivals follow answers (a closed loop, however busy the host): hold the
+        concurrency answered steadily plus that, or plus :data:`CLIENTS` joining at once.
+        Nothing is held before a rate is measured (what the model finishes is unknown)."""
+        if self.rate == 0.0:
+            return
+        hold = self.rate * LAG_HOLD
+        if not self.overloaded:
+            hold = max(self.steady + hold, self.closed_loop())
+        self.lag_cap = max(self.floor, hold)
+
+    def closed_loop(self) -> int:
+        """What a closed loop may hold: the concurrency answered steadily, :data:`CLIENTS`
+        joining at once, and a full batch per replica."""
+        return self.steady + CLIENTS + self.floor
 
     def loop_keeps_up(self) -> None:
         """The event loop keeps up: raise the cap by :data:`LAG_INCREASE` of the floor (gone
@@ -229,6 +263,8 @@ class ModelAdmission:
         if self.inflight == 0:
             self._busy_since = self.clock()
         self.inflight += 1
+        if self.inflight > self._peak:
+            self._peak = self.inflight
 
     def withdraw(self) -> None:
         """Undo an :meth:`enter` for a request that never went further (admitted from its head,
@@ -260,14 +296,27 @@ class ModelAdmission:
             self.rate = measured if self.rate == 0.0 else 0.5 * (self.rate + measured)
             if capacity is not None:  # a reload may have changed the batch size or replicas
                 self.floor = max(MIN_LIMIT, capacity(self.name))
-            crowded = self._arrivals > OVERLOAD_RATIO * self._completions
-            self._crowded = self._crowded + 1 if crowded else 0
-            self.overloaded = self._crowded >= OVERLOAD_SUSTAIN
-            hold = queue_delay
+            grew = self._arrivals - self._completions  # refused ones are arrivals too
+            if self._arrivals > OVERLOAD_RATIO * self._completions:
+                self._crowded += 1
+                self._excess += grew
+            else:
+                self._crowded = self._excess = 0
+            if grew <= 0 and not self._refusals:  # answers kept pace, nobody refused
+                self.steady = self._peak
+            # An open loop past capacity, not clients joining (their excess is their number).
+            self.overloaded = (
+                queue_delay < float("inf")
+                and self._crowded >= OVERLOAD_SUSTAIN
+                and self._excess > CLIENTS
+            )
             if self.overloaded:  # the queue would never drain: hold one round's service time
                 hold = min(queue_delay, max(OVERLOAD_HOLD, self.floor / self.rate))
-            self.limit = max(self.floor, self.rate * hold)
-        self._completions = self._arrivals = 0
+                self.limit = max(self.floor, self.rate * hold)
+            else:  # arrivals follow answers: a closed loop's clients are held however slow
+                self.limit = max(self.closed_loop(), self.rate * queue_delay)
+        self._completions = self._arrivals = self._refusals = 0
+        self._peak = self.inflight
         self._busy = 0.0
         self._busy_since = now
         self._window_start = now
@@ -276,7 +325,8 @@ class ModelAdmission:
 class AdmissionControl:
     """Front-end admission for every model of one server (see the module docstring).
 
-    ``queue_delay`` None turns the front-end limit off (the runner's limit still applies).
+    ``queue_delay`` None turns every front-end limit off (the front-end, overload and
+    loop-lag limits); the runner's limit (its own refusals) still applies.
     Metrics go to ``registry`` (the daemon's own), or a private one. ``clock``: seconds, the
     time base of the rate and the latch (the same as the rate-limited log's). ``capacity``:
     requests a model's replicas take at once (0 if unknown), the floor of its limit.
@@ -324,6 +374,8 @@ class AdmissionControl:
         """One reading of the event loop's lag, in seconds (see :class:`LoopLag`): behind
         after :data:`LAG_SUSTAIN` late readings in a row, and on each late one while a cap
         holds."""
+        if self.queue_delay == float("inf"):
+            return  # every front-end limit is off
         if lag > LAG_LIMIT:
             self._late += 1
             sustained = self._late >= LAG_SUSTAIN
