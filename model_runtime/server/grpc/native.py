@@ -137,9 +137,6 @@ class GrpcApp:
             return
         except GrpcAbort as exc:
             await state.end(exc.code, exc.details)
-        except asyncio.CancelledError:
-            if not state.cancelled:
-                raise
         except Exception as exc:  # a handler's bug: that call's status, the server serves on
             log.error("grpc_call_failed", exc_info=exc)
             await state.end(grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc).__name__}: {exc}")
@@ -178,7 +175,7 @@ class GrpcApp:
         if handler.request_streaming:
             await self._stream(handler, reader, context, deadline, state)
         else:
-            await self._unary(handler, reader, context, deadline, state, receive)
+            await self._unary(handler, reader, context, deadline, state)
 
     def _handler(self, path: bytes) -> tuple[Any, str]:
         if path.startswith(SERVICE_PATH):
@@ -201,23 +198,17 @@ class GrpcApp:
         context: NativeContext,
         deadline: float | None,
         state: _Answer,
-        receive: Receive,
     ) -> None:
         data = await reader.next()
         if data is None:
             raise GrpcAbort(grpc.StatusCode.INTERNAL, "the call has no request message")
         request = _decode(handler, data)
-        # The client may reset the stream or leave while the call is computed: that cancels it.
-        task = asyncio.current_task()
-        assert task is not None
-        watch = asyncio.ensure_future(_watch(receive, task, state))
-        try:
-            if deadline is None:
-                answer = await handler.unary_unary(request, context)
-            else:
-                answer = await _before(deadline, handler.unary_unary(request, context))
-        finally:
-            watch.cancel()
+        # A client that resets the stream or leaves while the call is computed cancels it:
+        # h2corn cancels the call's task then (no watcher of ours is needed).
+        if deadline is None:
+            answer = await handler.unary_unary(request, context)
+        else:
+            answer = await _before(deadline, handler.unary_unary(request, context))
         body = frame(handler.response_serializer(answer))
         await state.send(
             {"type": "http.response.start", "status": 200, "headers": _START_HEADERS,
@@ -262,12 +253,11 @@ class GrpcApp:
 class _Answer:
     """One call's side of the stream: what was sent, and its end with a status."""
 
-    __slots__ = ("_send", "cancelled", "started")
+    __slots__ = ("_send", "started")
 
     def __init__(self, send: Send) -> None:
         self._send = send
         self.started = False
-        self.cancelled = False
 
     async def send(self, event: dict[str, Any]) -> None:
         """Send ``event`` on the stream.
@@ -302,14 +292,6 @@ def _admit(budget: CallBudget, peer: str, size: int) -> Callable[[], None]:
     if why is not None:
         raise GrpcAbort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
     return functools.partial(budget.drop_message, size)
-
-
-async def _watch(receive: Receive, task: asyncio.Task[Any], state: _Answer) -> None:
-    """Cancel ``task`` when its client resets the stream or leaves."""
-    event = await receive()
-    if event["type"] == "http.disconnect":
-        state.cancelled = True
-        task.cancel()
 
 
 async def _before(deadline: float, work: Awaitable[Any]) -> Any:
