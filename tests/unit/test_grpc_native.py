@@ -18,6 +18,7 @@ import pytest
 from model_runtime.server.grpc.budget import CallBudget
 from model_runtime.server.grpc.framing import GrpcAbort, MessageReader, frame, parse_timeout
 from model_runtime.server.grpc.h2server import start_h2_listener
+from model_runtime.server.grpc.health import HEALTH_PATH, HealthCheckRequest, HealthCheckResponse
 from model_runtime.server.grpc.native import GrpcApp
 from model_runtime.server.security.restrict import GRPC_KEY_PREFIX, Restrictions
 from model_runtime.server.triton import grpc_service_pb2 as pb
@@ -90,12 +91,17 @@ class Call:
 
 
 def run(
-    app: GrpcApp, method: bytes, call: Call, headers: list[tuple[bytes, bytes]] | None = None
+    app: GrpcApp,
+    method: bytes,
+    call: Call,
+    headers: list[tuple[bytes, bytes]] | None = None,
+    *,
+    path: bytes | None = None,
 ) -> Call:
     scope = {
         "type": "http",
         "path": "",
-        "raw_path": PATH + method,
+        "raw_path": PATH + method if path is None else path,
         "headers": [(b"content-type", b"application/grpc"), *(headers or [])],
         "client": ("127.0.0.1", 5000),
     }
@@ -282,3 +288,40 @@ def test_messages_are_read_whole_and_in_order_however_the_body_is_cut(cuts: list
         return [await reader.next() for _ in range(5)]
 
     assert asyncio.run(read()) == [b"first", b"", b"third!", b"x" * 50, None]
+
+
+def _health_app(ready: bool, **kw: Any) -> GrpcApp:
+    async def server_ready(request: Any, context: Any) -> Any:
+        return pb.ServerReadyResponse(ready=ready)
+
+    handlers = {
+        **HANDLERS,
+        "ServerReady": grpc.unary_unary_rpc_method_handler(
+            server_ready, pb.ServerReadyRequest.FromString, pb.ServerReadyResponse.SerializeToString
+        ),
+    }
+    return GrpcApp(handlers, max_message_size=1 << 20, **kw)
+
+
+@pytest.mark.parametrize(("ready", "status"), [(True, 1), (False, 2)])
+def test_the_health_service_answers_the_server_readiness(ready: bool, status: int) -> None:
+    check = frame(HealthCheckRequest(service="any").SerializeToString())
+    call = run(_health_app(ready), b"", Call([check]), path=HEALTH_PATH + b"Check")
+    assert call.status() == (0, "")
+    assert HealthCheckResponse.FromString(call.messages()[0]).status == status  # SERVING: 1
+
+    watch = run(_health_app(ready), b"", Call([check]), path=HEALTH_PATH + b"Watch")
+    assert watch.status()[0] == grpc.StatusCode.UNIMPLEMENTED.value[0]
+
+
+def test_the_health_service_is_in_the_health_group() -> None:
+    restricted = _health_app(
+        True,
+        restrictions=Restrictions.parse(["health:who=me"], kind="protocol", prefix=GRPC_KEY_PREFIX),
+    )
+    check = frame(HealthCheckRequest().SerializeToString())
+    call = run(restricted, b"", Call([check]), path=HEALTH_PATH + b"Check")
+    assert call.status()[0] == grpc.StatusCode.UNAVAILABLE.value[0]
+    header = [(GRPC_KEY_PREFIX.encode() + b"who", b"me")]
+    call = run(restricted, b"", Call([check]), header, path=HEALTH_PATH + b"Check")
+    assert HealthCheckResponse.FromString(call.messages()[0]).status == 1

@@ -13,7 +13,8 @@ What a call gets, as on grpc.aio: ``grpc-timeout`` bounds it (DEADLINE_EXCEEDED 
 client that resets its stream or leaves cancels it; restricted groups
 (:mod:`~model_runtime.server.security.restrict`) are refused UNAVAILABLE before the handler
 runs; ``gzip``/``deflate`` requests are inflated; an unknown method, or one whose name is not
-UTF-8, is UNIMPLEMENTED for that call only; Triton's methods this server lacks say why.
+UTF-8, is UNIMPLEMENTED for that call only; Triton's methods this server lacks say why. gRPC's
+health service answers ``grpc.health.v1.Health/Check`` (:mod:`.health`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from model_runtime.server.grpc.framing import (
     parse_timeout,
     status_trailers,
 )
+from model_runtime.server.grpc.health import HEALTH_PATH, health_check_handler
 from model_runtime.server.grpc.service import UNSUPPORTED_METHODS
 from model_runtime.server.security.restrict import (
     RestrictionCounter,
@@ -120,6 +122,8 @@ class GrpcApp:
         budget: CallBudget | None = None,
     ) -> None:
         self._handlers = handlers
+        ready = handlers.get("ServerReady")
+        self._health = None if ready is None else health_check_handler(ready)
         self._budget = budget
         self._max = max_message_size
         self._restrictions = restrictions if restrictions else None
@@ -189,6 +193,8 @@ class GrpcApp:
             why = UNSUPPORTED_METHODS.get(name)
             if why is not None:
                 raise GrpcAbort(grpc.StatusCode.UNIMPLEMENTED, why)
+        elif path == HEALTH_PATH + b"Check" and self._health is not None:
+            return self._health, "ServerReady"  # its API group (health) is ServerReady's
         raise GrpcAbort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
 
     async def _unary(
