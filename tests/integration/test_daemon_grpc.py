@@ -21,6 +21,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from model_runtime.demo import DEMO_ONNX_PATH
+from model_runtime.server.grpc.health import HealthCheckRequest, HealthCheckResponse
 from tests.integration.test_daemon_repository import add_const
 from tests.integration.test_daemon_support import (
     Daemon,
@@ -89,6 +90,17 @@ def test_health_and_metadata(client: grpcclient.InferenceServerClient) -> None:
         "logits": ["-1", "10"],
         "probabilities": ["-1", "10"],
     }
+
+
+def test_the_grpc_health_service_says_serving(daemon: Daemon) -> None:
+    """What Kubernetes' gRPC probe and grpc_health_probe call, as Triton serves it."""
+    with grpc.insecure_channel(f"127.0.0.1:{daemon.grpc_port}") as channel:
+        check = channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=HealthCheckRequest.SerializeToString,
+            response_deserializer=HealthCheckResponse.FromString,
+        )
+        assert check(HealthCheckRequest(service=""), timeout=10).status == 1  # SERVING
 
 
 def test_model_config_is_tritons_message(client: grpcclient.InferenceServerClient) -> None:

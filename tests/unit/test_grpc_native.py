@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import itertools
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -15,6 +17,8 @@ import pytest
 
 from model_runtime.server.grpc.budget import CallBudget
 from model_runtime.server.grpc.framing import GrpcAbort, MessageReader, frame, parse_timeout
+from model_runtime.server.grpc.h2server import start_h2_listener
+from model_runtime.server.grpc.health import HEALTH_PATH, HealthCheckRequest, HealthCheckResponse
 from model_runtime.server.grpc.native import GrpcApp
 from model_runtime.server.security.restrict import GRPC_KEY_PREFIX, Restrictions
 from model_runtime.server.triton import grpc_service_pb2 as pb
@@ -87,12 +91,17 @@ class Call:
 
 
 def run(
-    app: GrpcApp, method: bytes, call: Call, headers: list[tuple[bytes, bytes]] | None = None
+    app: GrpcApp,
+    method: bytes,
+    call: Call,
+    headers: list[tuple[bytes, bytes]] | None = None,
+    *,
+    path: bytes | None = None,
 ) -> Call:
     scope = {
         "type": "http",
         "path": "",
-        "raw_path": PATH + method,
+        "raw_path": PATH + method if path is None else path,
         "headers": [(b"content-type", b"application/grpc"), *(headers or [])],
         "client": ("127.0.0.1", 5000),
     }
@@ -176,11 +185,54 @@ def test_the_deadline_ends_the_call() -> None:
     assert call.status() == (grpc.StatusCode.DEADLINE_EXCEEDED.value[0], "Deadline Exceeded")
 
 
-def test_a_client_that_resets_its_stream_cancels_the_call() -> None:
-    began = time.monotonic()
-    call = run(app(), b"ModelInfer", Call([frame(request("wait"))], disconnect=True))
-    assert call.sent == []  # cancelled while computed; nothing to say to a client gone
-    assert time.monotonic() - began < 2.5  # at once, not at the test's 5 s bound
+@pytest.mark.parametrize("leave", ["reset", "close"])
+def test_a_client_that_resets_its_stream_or_leaves_cancels_the_call(leave: str) -> None:
+    """Through h2corn on loopback, a grpcio client: the call being computed is cancelled as
+    soon as its client resets the stream (``cancel()``) or closes the connection."""
+    started = threading.Event()
+    cancelled = asyncio.Event()
+
+    async def wait(request: Any, context: Any) -> Any:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        raise AssertionError("unreachable")
+
+    handlers = {
+        "ModelInfer": grpc.unary_unary_rpc_method_handler(
+            wait, pb.ModelInferRequest.FromString, pb.ModelInferResponse.SerializeToString
+        )
+    }
+
+    def client(port: int) -> None:
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        call = channel.unary_unary(
+            PATH.decode() + "ModelInfer",
+            request_serializer=pb.ModelInferRequest.SerializeToString,
+            response_deserializer=pb.ModelInferResponse.FromString,
+        ).future(pb.ModelInferRequest(model_name="m"))
+        assert started.wait(5)
+        if leave == "reset":
+            call.cancel()
+        channel.close()
+
+    async def main() -> float:
+        listener, port = await start_h2_listener(
+            handlers, "127.0.0.1", 0, max_message_size=1 << 20, idle_timeout=30,
+            max_streams=8, write_timeout=5, max_connections=8,
+        )  # fmt: skip
+        try:
+            await asyncio.to_thread(client, port)
+            began = time.monotonic()
+            await cancelled.wait()
+            return time.monotonic() - began
+        finally:
+            await listener.stop(0)
+
+    assert asyncio.run(asyncio.wait_for(main(), 8)) < 2.0  # at once, not at the bound
 
 
 def test_restricted_groups_need_their_header() -> None:
@@ -220,3 +272,56 @@ def test_a_stream_that_ends_inside_a_message_is_an_error() -> None:
 
     with pytest.raises(GrpcAbort, match="ended in a message"):
         asyncio.run(read())
+
+
+@pytest.mark.parametrize("cuts", [[], [3], [9], [12, 13], list(range(1, 40, 7))])
+def test_messages_are_read_whole_and_in_order_however_the_body_is_cut(cuts: list[int]) -> None:
+    zipped = gzip.compress(b"x" * 50)
+    wire = frame(b"first") + frame(b"") + frame(b"third!")
+    wire += b"\1" + len(zipped).to_bytes(4, "big") + zipped  # a compressed message
+    bounds = [0, *cuts, len(wire)]
+    chunks = [wire[a:b] for a, b in itertools.pairwise(bounds)]
+
+    async def read() -> list[bytes | None]:
+        call = Call(chunks, disconnect=True)
+        reader = MessageReader(call.receive, 100, "gzip")
+        return [await reader.next() for _ in range(5)]
+
+    assert asyncio.run(read()) == [b"first", b"", b"third!", b"x" * 50, None]
+
+
+def _health_app(ready: bool, **kw: Any) -> GrpcApp:
+    async def server_ready(request: Any, context: Any) -> Any:
+        return pb.ServerReadyResponse(ready=ready)
+
+    handlers = {
+        **HANDLERS,
+        "ServerReady": grpc.unary_unary_rpc_method_handler(
+            server_ready, pb.ServerReadyRequest.FromString, pb.ServerReadyResponse.SerializeToString
+        ),
+    }
+    return GrpcApp(handlers, max_message_size=1 << 20, **kw)
+
+
+@pytest.mark.parametrize(("ready", "status"), [(True, 1), (False, 2)])
+def test_the_health_service_answers_the_server_readiness(ready: bool, status: int) -> None:
+    check = frame(HealthCheckRequest(service="any").SerializeToString())
+    call = run(_health_app(ready), b"", Call([check]), path=HEALTH_PATH + b"Check")
+    assert call.status() == (0, "")
+    assert HealthCheckResponse.FromString(call.messages()[0]).status == status  # SERVING: 1
+
+    watch = run(_health_app(ready), b"", Call([check]), path=HEALTH_PATH + b"Watch")
+    assert watch.status()[0] == grpc.StatusCode.UNIMPLEMENTED.value[0]
+
+
+def test_the_health_service_is_in_the_health_group() -> None:
+    restricted = _health_app(
+        True,
+        restrictions=Restrictions.parse(["health:who=me"], kind="protocol", prefix=GRPC_KEY_PREFIX),
+    )
+    check = frame(HealthCheckRequest().SerializeToString())
+    call = run(restricted, b"", Call([check]), path=HEALTH_PATH + b"Check")
+    assert call.status()[0] == grpc.StatusCode.UNAVAILABLE.value[0]
+    header = [(GRPC_KEY_PREFIX.encode() + b"who", b"me")]
+    call = run(restricted, b"", Call([check]), header, path=HEALTH_PATH + b"Check")
+    assert HealthCheckResponse.FromString(call.messages()[0]).status == 1

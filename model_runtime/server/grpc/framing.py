@@ -114,6 +114,19 @@ class MessageReader:
         self._buf = bytearray()
         self._ended = False
 
+    async def _chunk(self) -> bytes:
+        """The next body chunk of the request stream (the stream must not have ended).
+
+        Raises:
+            CallEnded: the client reset the stream or left.
+        """
+        event = await self._receive()
+        if event["type"] != "http.request":
+            raise CallEnded()
+        self._ended = not event.get("more_body", False)
+        body: bytes = event.get("body", b"")
+        return body
+
     async def _more(self) -> bool:
         """Read the next chunk into the buffer; False at the end of the request stream.
 
@@ -122,11 +135,7 @@ class MessageReader:
         """
         if self._ended:
             return False
-        event = await self._receive()
-        if event["type"] != "http.request":
-            raise CallEnded()
-        self._buf += event.get("body", b"")
-        self._ended = not event.get("more_body", False)
+        self._buf += await self._chunk()
         return True
 
     async def next(self) -> bytes | None:
@@ -139,6 +148,17 @@ class MessageReader:
             CallEnded: the client reset the stream or left.
         """
         buf = self._buf
+        if not buf and not self._ended:
+            # The common case, a chunk that holds whole messages: sliced, not buffered.
+            chunk = await self._chunk()
+            if len(chunk) >= 5:
+                end = 5 + int.from_bytes(chunk[1:5], "big")
+                if end - 5 <= self._max and len(chunk) >= end:
+                    if len(chunk) > end:
+                        buf += chunk[end:]
+                    payload = chunk[5:end]
+                    return payload if chunk[0] == 0 else self._inflate(payload)
+            buf += chunk
         while len(buf) < 5:
             if not await self._more():
                 if buf:

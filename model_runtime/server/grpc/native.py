@@ -13,7 +13,8 @@ What a call gets, as on grpc.aio: ``grpc-timeout`` bounds it (DEADLINE_EXCEEDED 
 client that resets its stream or leaves cancels it; restricted groups
 (:mod:`~model_runtime.server.security.restrict`) are refused UNAVAILABLE before the handler
 runs; ``gzip``/``deflate`` requests are inflated; an unknown method, or one whose name is not
-UTF-8, is UNIMPLEMENTED for that call only; Triton's methods this server lacks say why.
+UTF-8, is UNIMPLEMENTED for that call only; Triton's methods this server lacks say why. gRPC's
+health service answers ``grpc.health.v1.Health/Check`` (:mod:`.health`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from model_runtime.server.grpc.framing import (
     parse_timeout,
     status_trailers,
 )
+from model_runtime.server.grpc.health import HEALTH_PATH, health_check_handler
 from model_runtime.server.grpc.service import UNSUPPORTED_METHODS
 from model_runtime.server.security.restrict import (
     RestrictionCounter,
@@ -120,6 +122,8 @@ class GrpcApp:
         budget: CallBudget | None = None,
     ) -> None:
         self._handlers = handlers
+        ready = handlers.get("ServerReady")
+        self._health = None if ready is None else health_check_handler(ready)
         self._budget = budget
         self._max = max_message_size
         self._restrictions = restrictions if restrictions else None
@@ -137,9 +141,6 @@ class GrpcApp:
             return
         except GrpcAbort as exc:
             await state.end(exc.code, exc.details)
-        except asyncio.CancelledError:
-            if not state.cancelled:
-                raise
         except Exception as exc:  # a handler's bug: that call's status, the server serves on
             log.error("grpc_call_failed", exc_info=exc)
             await state.end(grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc).__name__}: {exc}")
@@ -178,7 +179,7 @@ class GrpcApp:
         if handler.request_streaming:
             await self._stream(handler, reader, context, deadline, state)
         else:
-            await self._unary(handler, reader, context, deadline, state, receive)
+            await self._unary(handler, reader, context, deadline, state)
 
     def _handler(self, path: bytes) -> tuple[Any, str]:
         if path.startswith(SERVICE_PATH):
@@ -192,6 +193,8 @@ class GrpcApp:
             why = UNSUPPORTED_METHODS.get(name)
             if why is not None:
                 raise GrpcAbort(grpc.StatusCode.UNIMPLEMENTED, why)
+        elif path == HEALTH_PATH + b"Check" and self._health is not None:
+            return self._health, "ServerReady"  # its API group (health) is ServerReady's
         raise GrpcAbort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
 
     async def _unary(
@@ -201,23 +204,17 @@ class GrpcApp:
         context: NativeContext,
         deadline: float | None,
         state: _Answer,
-        receive: Receive,
     ) -> None:
         data = await reader.next()
         if data is None:
             raise GrpcAbort(grpc.StatusCode.INTERNAL, "the call has no request message")
         request = _decode(handler, data)
-        # The client may reset the stream or leave while the call is computed: that cancels it.
-        task = asyncio.current_task()
-        assert task is not None
-        watch = asyncio.ensure_future(_watch(receive, task, state))
-        try:
-            if deadline is None:
-                answer = await handler.unary_unary(request, context)
-            else:
-                answer = await _before(deadline, handler.unary_unary(request, context))
-        finally:
-            watch.cancel()
+        # A client that resets the stream or leaves while the call is computed cancels it:
+        # h2corn cancels the call's task then (no watcher of ours is needed).
+        if deadline is None:
+            answer = await handler.unary_unary(request, context)
+        else:
+            answer = await _before(deadline, handler.unary_unary(request, context))
         body = frame(handler.response_serializer(answer))
         await state.send(
             {"type": "http.response.start", "status": 200, "headers": _START_HEADERS,
@@ -262,12 +259,11 @@ class GrpcApp:
 class _Answer:
     """One call's side of the stream: what was sent, and its end with a status."""
 
-    __slots__ = ("_send", "cancelled", "started")
+    __slots__ = ("_send", "started")
 
     def __init__(self, send: Send) -> None:
         self._send = send
         self.started = False
-        self.cancelled = False
 
     async def send(self, event: dict[str, Any]) -> None:
         """Send ``event`` on the stream.
@@ -302,14 +298,6 @@ def _admit(budget: CallBudget, peer: str, size: int) -> Callable[[], None]:
     if why is not None:
         raise GrpcAbort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
     return functools.partial(budget.drop_message, size)
-
-
-async def _watch(receive: Receive, task: asyncio.Task[Any], state: _Answer) -> None:
-    """Cancel ``task`` when its client resets the stream or leaves."""
-    event = await receive()
-    if event["type"] == "http.disconnect":
-        state.cancelled = True
-        task.cancel()
 
 
 async def _before(deadline: float, work: Awaitable[Any]) -> Any:
