@@ -53,7 +53,7 @@ from model_runtime.server.tensors.raw import parse_raw_request
 from model_runtime.server.tensors.request import InferRequest
 from model_runtime.server.tensors.shm import SharedMemoryRegistry
 from model_runtime.server.tensors.shm_io import decode_in_thread
-from model_runtime.server.triton.config import DEFAULT_SETTINGS
+from model_runtime.server.triton.settings import DEFAULT_SETTINGS
 
 __all__ = [
     "THREAD_PARSE_BYTES",

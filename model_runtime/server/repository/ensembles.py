@@ -16,8 +16,8 @@ from model_runtime.server.repository.entries import ModelEntry, ModelState
 from model_runtime.server.repository.versions import StartedVersion
 from model_runtime.server.tensors.request import TensorSpec
 from model_runtime.server.triton import model_config_pb2 as pb
-from model_runtime.server.triton.config import ModelSettings
 from model_runtime.server.triton.ensemble import EnsembleStep, check_against
+from model_runtime.server.triton.settings import ModelSettings
 
 __all__ = ["composing_not_ready", "ensemble_users", "start_ensemble_version"]
 

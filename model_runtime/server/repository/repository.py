@@ -51,9 +51,10 @@ from model_runtime.server.serving import (
     RunnerLike,
     default_factory,
 )
-from model_runtime.server.triton.config import ModelSettings, parse_override
+from model_runtime.server.triton.config import parse_override
 from model_runtime.server.triton.fields import check_complete
 from model_runtime.server.triton.layout import fingerprint as _fingerprint, plan_model
+from model_runtime.server.triton.settings import ModelSettings
 
 __all__ = ["ModelRepository"]
 
