@@ -39,7 +39,8 @@ from model_runtime.server.inference.python_calls import (
 )
 from model_runtime.server.observability.metrics import DaemonMetrics
 from model_runtime.server.observability.ratelog import RateLimitedLog
-from model_runtime.server.observability.trace import RequestTrace, Tracer
+from model_runtime.server.observability.trace import Tracer
+from model_runtime.server.observability.trace_record import RequestTrace
 from model_runtime.server.repository.entries import ModelEntry, ModelState
 from model_runtime.server.repository.python import PythonHooks
 from model_runtime.server.repository.repository import ModelRepository
