@@ -32,7 +32,8 @@ from actors.queues.actor import Queue
 from actors.queues.config import QueueConfig
 from actors.queues.messages import Drain, FailAll
 from actors.queues.request import Request
-from actors.session.actor import SaveVariables, SessionActor, SessionPolicy
+from actors.session.actor import SaveVariables, SessionActor
+from actors.session.runs import SessionPolicy
 from actors.session.state import ReplicaState, ReplicaStatus
 from actors.supervision import Backoff, ChildSpec, Restart, Strategy, Supervisor
 from actors.watchdog import Watchdog, WatchTarget

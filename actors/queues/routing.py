@@ -1,4 +1,5 @@
-"""Outputs back to callers: split a completed batch's rows to its requests, or fail them.
+"""Outputs back to callers: split a completed batch's rows to its requests, or fail them; stamp
+the times of traced requests.
 
 Each function returns what it closed, ``(samples, requests)``, so the queue can keep its
 pending figures without a call per request. A request is closed exactly once: when it is
@@ -17,7 +18,7 @@ from actors.queues.batch import Batch
 from actors.queues.pool import Layout, rows_view
 from actors.queues.request import Request
 
-__all__ = ["fail_batch", "fail_requests", "route_outputs"]
+__all__ = ["fail_batch", "fail_requests", "route_outputs", "stamp"]
 
 _T_SUBMIT = attrgetter("t_submit")
 
@@ -239,3 +240,12 @@ def fail_requests(failures: Iterable[tuple[Request, BaseException]]) -> tuple[in
             closed_samples += req.samples
             closed += 1
     return closed_samples, closed
+
+
+def stamp(batch: Batch, t_start: float, t_end: float, t_out: float) -> None:
+    """Hand the traced requests of ``batch`` its times (only while tracing is on)."""
+    requests = batch.plain if batch.plain is not None else [s[0] for s in batch.segments]
+    for req in requests:
+        trace = req.trace
+        if trace is not None:
+            trace.computed(req._t_packed, t_start, t_end, t_out)

@@ -41,102 +41,36 @@ variables, the replica's health) lives in :class:`ReplicaState`, owned by the re
 
 from __future__ import annotations
 
-import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import numpy as np
-from anyio.streams.memory import MemoryObjectReceiveStream
 
-from actors.actor import Actor, ActorRef
-from actors.clock import Clock, move_on_after
 from actors.device.actor import Device
-from actors.device.messages import Reset, RunMain, RunSave
+from actors.device.messages import RunSave
 from actors.queues.actor import Queue
 from actors.queues.batch import Batch
-from actors.queues.messages import Complete, Fail, Settle
-from actors.queues.pool import Layout
-from actors.queues.request import Request
-from actors.queues.timer import FlushTimer
-from actors.session import bisect
-from actors.session.state import ReplicaState, ReplicaStatus
+from actors.queues.messages import Complete, Fail
+from actors.session.recovery import Recovery, is_resettable
+from actors.session.runs import Outputs
+from actors.session.state import ReplicaStatus
 from model_runtime.errors import (
     ActorStoppedError,
     ApplicationRuntimeError,
     DeviceStateError,
     ExecutionTimeoutError,
     InputValidationError,
-    RecoverableRuntimeError,
-    RecoveryAction,
     RuntimeFailure,
-    UnrecoverableRuntimeError,
 )
-from model_runtime.executable.model import DYNAMIC_CHECK_SIZES
 
-__all__ = ["SaveVariables", "SessionActor", "SessionPolicy", "is_resettable"]
-
-Outputs = list[dict[str, np.ndarray]]
-
-
-@dataclass(frozen=True, slots=True)
-class SessionPolicy:
-    """How a session reacts to device failures."""
-
-    auto_reset: bool = False
-    max_retries: int = 2
-    #: Seconds a main run may take before it is a hang; None: derived from observed runs.
-    execution_timeout: float | None = None
-    reset_timeout: float = 30.0
-    #: Faults in a row, each after a recovery that saw no successful batch, before the
-    #: replica leaves service.
-    max_failed_recoveries: int = 3
-    #: Out of service: first probe after this many seconds, doubling up to ``probe_cap``.
-    probe_initial: float = 1.0
-    probe_cap: float = 10.0
-    #: The derived execution deadline is never under this many seconds.
-    deadline_floor: float = 1.0
-    #: Batches handed to the device at once (1: strictly one after another).
-    pipeline_depth: int = 2
+__all__ = ["SaveVariables", "SessionActor"]
 
 
 @dataclass(frozen=True, slots=True)
 class SaveVariables:
     """Ask: run the save programs; answers {variable name: array} (also kept for resets)."""
-
-
-@dataclass(slots=True)
-class _RunTimes:
-    """Recent main-run durations, to derive the hang deadline when none is configured."""
-
-    samples: deque[float] = field(default_factory=lambda: deque(maxlen=64))
-    #: the largest of ``samples`` (kept as they come and go: no scan per run)
-    slowest: float = 0.0
-
-    def add(self, seconds: float) -> None:
-        samples = self.samples
-        evicted = samples[0] if len(samples) == samples.maxlen else None
-        samples.append(seconds)
-        if seconds >= self.slowest:
-            self.slowest = seconds
-        elif evicted == self.slowest:
-            self.slowest = max(samples)
-
-    def deadline(self, floor: float, first: float) -> float:
-        # A hang is "no progress", not "slower than usual": 20x the slowest recent run,
-        # never under the floor. Before any run (the warm-up itself) the reset timeout.
-        if not self.samples:
-            return first
-        return max(floor, 20.0 * self.slowest)
-
-
-def is_resettable(exc: BaseException) -> bool:
-    """The seed's auto_reset rule: application errors and IPU_RESET recoverable errors."""
-    if isinstance(exc, RecoverableRuntimeError):
-        return exc.recovery_action is RecoveryAction.IPU_RESET
-    return isinstance(exc, ApplicationRuntimeError)
 
 
 class _Poisoned(Exception):
@@ -147,52 +81,10 @@ class _Poisoned(Exception):
         self.cause = cause
 
 
-class SessionActor(Actor[object]):
+class SessionActor(Recovery):
     """Runs one replica's batches on its device; see the module docstring."""
 
-    def __init__(
-        self,
-        *,
-        replica: int,
-        device: ActorRef[Any],
-        queue: ActorRef[Any],
-        ready: MemoryObjectReceiveStream[Batch],
-        layout: Layout,
-        state: ReplicaState,
-        policy: SessionPolicy,
-        clock: Clock | None = None,
-        on_status: Callable[[int, ReplicaStatus], None] | None = None,
-        on_progress: Callable[[], None] | None = None,
-        reattach: Callable[[], Awaitable[None]] | None = None,
-        stateful: bool = False,
-    ) -> None:
-        super().__init__(f"session-{replica}", clock=clock)
-        self.log = self.log.bind(replica=replica)
-        self.replica = replica
-        self._device = device
-        self._queue = queue
-        self._ready = ready
-        self._layout = layout
-        self._state = state
-        self._policy = policy
-        self._times = _RunTimes()
-        self._on_status = on_status
-        self._on_progress = on_progress
-        self._reattach = reattach
-        self._stateful = stateful
-        #: Resets happen one at a time; the generation counts them (see _recover).
-        self._reset_lock = anyio.Lock()
-        self._generation = 0
-        self._on_device = 0  # main runs asked of the device and not answered
-        self._progressed = False  # a batch succeeded in this incarnation
-        self._device_free_at = 0.0  # when the device last finished a batch (clock time)
-        self._out = anyio.Event()  # set when the replica leaves service
-        #: runs on the device -> (deadline, seconds), watched by _hang_timer once it runs
-        self._runs: dict[asyncio.Future[Outputs], tuple[float, float]] = {}
-        self._hang_timer = FlushTimer(self.clock, self._next_hang, self._on_hang)
-        self._watching = False
-
-    # -- lifecycle ---------------------------------------------------------------------------
+    # -- lifecycle --------------------------------------------------------------------------------
 
     async def on_start(self) -> None:
         state = self._state
@@ -210,7 +102,7 @@ class SessionActor(Actor[object]):
                 return variables
         return await super().handle(message)
 
-    # -- the batch loop ----------------------------------------------------------------------
+    # -- the batch loop ---------------------------------------------------------------------------
 
     async def background(self) -> None:
         state = self._state
@@ -384,356 +276,3 @@ class SessionActor(Actor[object]):
                 return
             self._succeed(batch, outputs, t_start)
             return
-
-    async def _run_main(
-        self,
-        inputs: Sequence[Mapping[str, np.ndarray]],
-        probe: bool = False,
-        into: tuple[dict[str, np.ndarray], ...] | None = None,
-    ) -> Outputs:
-        """One main run on the device, bounded by the execution deadline (clock time).
-
-        Raises:
-            ExecutionTimeoutError: the run passed its deadline (it may still be running).
-            ActorStoppedError: the Device actor stopped.
-            DeviceStateError, RuntimeFailure, InputValidationError: from the device.
-        """
-        deadline = self._deadline()
-        state = self._state
-        now = self.clock.monotonic()
-        if self._on_device == 0:
-            state.hung_after = now + deadline
-        self._on_device += 1
-        try:
-            device = self._device.actor
-            if not isinstance(device, Device):  # a stand-in device: through its mailbox
-                async with move_on_after(self.clock, deadline) as scope:
-                    outputs: Outputs = await self._device.ask(RunMain(tuple(inputs), probe, into))
-                if scope.cancelled_caught:
-                    raise self._past_deadline(deadline)
-                return outputs
-            future = device.run_main_nowait(tuple(inputs), probe, into)
-            if future.done():  # it ran inline, on this loop: no hang to watch
-                return future.result()
-            if not self._watching:  # the warm-up, before the deadline timer runs
-                async with move_on_after(self.clock, deadline) as scope:
-                    return await future
-                raise self._past_deadline(deadline)
-            self._runs[future] = (now + deadline, deadline)
-            if len(self._runs) == 1:
-                self._hang_timer.kick()
-            try:
-                return await future
-            finally:
-                self._runs.pop(future, None)
-        finally:
-            self._on_device -= 1
-            # The next run in the device's queue starts now.
-            state.hung_after = self.clock.monotonic() + deadline if self._on_device else _INF
-
-    def _past_deadline(self, deadline: float) -> ExecutionTimeoutError:
-        return ExecutionTimeoutError(
-            f"replica {self.replica}: the main program ran past its deadline ({deadline:.3g} s)"
-        )
-
-    def _next_hang(self) -> float:
-        """When the first run on the device passes its deadline (``inf``: nothing runs)."""
-        runs = self._runs
-        if not runs:
-            return _INF
-        return min(at for at, _ in runs.values())
-
-    def _on_hang(self) -> None:
-        """Runs past their deadline fail with :class:`ExecutionTimeoutError` (the device goes
-        on with them until the reset that the failure leads to aborts them)."""
-        now = self.clock.monotonic()
-        for future, (at, seconds) in list(self._runs.items()):
-            if at <= now:
-                del self._runs[future]
-                if not future.done():
-                    future.set_exception(self._past_deadline(seconds))
-
-    def _executed_size(self, batch: Batch) -> int:
-        """The batch size ``batch`` ran at: its rows along the row axis (a bucket, or B)."""
-        spec = self._layout.inputs[0]
-        if spec.axis is None or not batch.inputs:
-            return self._layout.B
-        return int(batch.inputs[0][spec.name].shape[spec.axis])
-
-    def _succeeded(self, t_start: float, rows: int | None = None) -> None:
-        state = self._state
-        t_end = self.clock.monotonic()
-        self._times.add(t_end - t_start)
-        self._measure(t_end - t_start, rows)
-        if state.fault_at is not None:
-            state.recovery_times.append(t_end - state.fault_at)
-            state.fault_at = None
-        if state.recovering or not self._progressed:
-            # The first good batch of this incarnation, or since a fault: restarts and
-            # resets so far were recoveries, not failures.
-            self._progressed = True
-            state.recovering = False
-            state.failed_recoveries = 0
-            state.probe_delay = 0.0
-            if self._on_progress is not None:
-                self._on_progress()
-        state.runs += 1
-
-    def _measure(self, seconds: float, rows: int | None = None) -> None:
-        """Fold one run's duration into the replica's measured seconds per sample (``rows``:
-        the batch's real rows; a whole batch when not given)."""
-        per_sample = seconds / (rows or self._layout.capacity)
-        state = self._state
-        if state.seconds_per_sample <= 0.0:
-            state.seconds_per_sample = per_sample
-        else:  # a moving average over about the last 32 batches
-            state.seconds_per_sample += (per_sample - state.seconds_per_sample) / 32.0
-
-    def _finish(self, batch: Batch, answer: Complete | Settle | Fail) -> None:
-        queue = self._queue.actor
-        if isinstance(queue, Queue):
-            queue.answer_nowait(answer)
-        else:
-            self._queue.tell(answer)
-        self._state.inflight.pop(batch.id, None)
-
-    def _deadline(self) -> float:
-        if self._policy.execution_timeout is not None:
-            return self._policy.execution_timeout
-        return self._times.deadline(self._policy.deadline_floor, self._policy.reset_timeout)
-
-    # -- data errors ---------------------------------------------------------------------------
-
-    async def _bisect(self, batch: Batch, error: BaseException) -> None:
-        """Find the requests whose data makes the run fail; answer everyone (module doc).
-
-        Raises:
-            RuntimeFailure, ExecutionTimeoutError, ActorStoppedError: a device fault during
-                the bisection; the caller handles it as a failure of the whole batch.
-        """
-        t_start = self.clock.monotonic()
-        live = [r for r in batch.requests if not r.future.done()]
-        self.log.warning(
-            "run_rejected_data", error=type(error).__name__, message=str(error), requests=len(live)
-        )
-        base = bisect.copy_inputs(batch)
-        parts: list[tuple[Batch, Sequence[Mapping[str, np.ndarray]]]] = []
-        rejected: list[tuple[Request, BaseException]] = []
-        todo = [*bisect.halves(live)] if len(live) > 1 else [live]
-        while todo:
-            group = todo.pop()
-            if not group:
-                continue
-            if len(live) == 1 and isinstance(error, InputValidationError):
-                outputs: Outputs | None = None  # the whole batch already failed on its own
-            else:
-                outputs = await self._try_group(base, batch, group, error)
-            if outputs is not None:
-                parts.append((bisect.part(batch, group), outputs))
-            elif len(group) > 1:
-                todo.extend(bisect.halves(group))
-            else:
-                rejected.append((group[0], self._rejection(error)))
-        self._state.poisoned += len(rejected)
-        if len(rejected) < len(live):
-            self._succeeded(t_start)
-        self._finish(batch, Settle(batch, parts, rejected, t_start, self.clock.monotonic()))
-
-    async def _try_group(
-        self, base: bisect.Inputs, batch: Batch, group: list[Request], first: BaseException
-    ) -> Outputs | None:
-        """Run ``group``'s rows alone: their outputs, or None when they fail the same way."""
-        inputs = bisect.masked_inputs(base, batch, group, self._layout)
-        # A rejection by the backend (INVALID_ARGUMENT) is about the data for certain; an
-        # application error may be a device fault that happened to strike twice, so a lone
-        # request is convicted only when it fails as many times in a row as a batch is retried.
-        tries = 1 + self._policy.max_retries if len(group) == 1 else 1
-        for _ in range(tries):
-            try:
-                return await self._run_main(inputs)
-            except InputValidationError:
-                return None
-            except ApplicationRuntimeError:
-                if not isinstance(first, ApplicationRuntimeError):
-                    raise
-        return None
-
-    def _rejection(self, error: BaseException) -> InputValidationError:
-        cause = error.__cause__ or error
-        rejection = InputValidationError(
-            f"the model rejected this request's data on replica {self.replica}: {cause}"
-        )
-        rejection.__cause__ = error
-        return rejection
-
-    # -- device faults -----------------------------------------------------------------------
-
-    def _fault(self) -> bool:
-        """Count a fault by the progress rule. False: the replica has left service."""
-        state = self._state
-        if state.fault_at is None:
-            state.fault_at = self.clock.monotonic()
-        state.faults += 1
-        if state.recovering:
-            state.failed_recoveries += 1
-        state.recovering = True
-        if state.failed_recoveries >= self._policy.max_failed_recoveries:
-            self._leave_service(
-                UnrecoverableRuntimeError(
-                    f"replica {self.replica} made no progress through "
-                    f"{state.failed_recoveries} recoveries in a row",
-                    replica=self.replica,
-                )
-            )
-            return False
-        return True
-
-    async def _recover(self, batch: Batch, exc: BaseException, generation: int) -> bool:
-        """Reset the device if the policy says so. True: run the batch again.
-
-        ``generation`` is the reset generation the failed run started in: when another batch's
-        failure has reset the device since, this one is simply retried (one reset per fault).
-        """
-        hang = isinstance(exc, ExecutionTimeoutError)
-        self.log.warning(
-            "run_failed", error=type(exc).__name__, message=str(exc), attempts=batch.attempts
-        )
-        if isinstance(exc, UnrecoverableRuntimeError):
-            self._fault()
-            self._leave_service(exc)
-            return False
-        if not hang and not (self._policy.auto_reset and is_resettable(exc)):
-            return False
-        async with self._reset_lock:
-            if self._state.status is ReplicaStatus.FAILED:
-                return False
-            if generation == self._generation:
-                if not self._fault():
-                    return False
-                try:
-                    await self.reset_device()
-                except ActorStoppedError:
-                    # The device actor died during the reset: its supervisor replaces it and,
-                    # rest_for_one, this session; the batch stays in flight for the next one.
-                    await anyio.sleep_forever()
-                except (RuntimeFailure, ExecutionTimeoutError, DeviceStateError) as reset_exc:
-                    self._leave_service(reset_exc)
-                    return False
-                self._generation += 1
-        if not self._policy.auto_reset:
-            # The seed's auto_reset=False: the error is raised. A hung device serves nobody,
-            # so it was reset all the same, but the batch is not retried.
-            return False
-        batch.attempts += 1
-        if batch.attempts <= self._policy.max_retries:
-            self._state.retries += 1
-            return True
-        return False
-
-    async def reset_device(self) -> None:
-        """Reset the device, restoring the last saved variables; READY again when it is done.
-
-        Raises:
-            RuntimeFailure, ExecutionTimeoutError: the reset itself failed.
-        """
-        self._set_status(ReplicaStatus.RESETTING)
-        self._state.resets += 1
-        self.log.info("device_reset", resets=self._state.resets)
-        await self._device.ask(
-            Reset(self._state.saved_variables), timeout=self._policy.reset_timeout
-        )
-        self._set_status(ReplicaStatus.READY)
-
-    def _leave_service(self, exc: BaseException) -> None:
-        state = self._state
-        if state.status is ReplicaStatus.FAILED:
-            return
-        state.failure = exc
-        state.outages += 1
-        # The backoff goes on growing while the replica flaps (back, then out again without
-        # serving); a served batch resets it.
-        state.probe_delay = state.probe_delay or self._policy.probe_initial
-        self.log.error("replica_out_of_service", error=type(exc).__name__, message=str(exc))
-        self._set_status(ReplicaStatus.FAILED)
-        self._out.set()
-
-    def _out_of_service_error(self) -> BaseException:
-        return self._state.failure or UnrecoverableRuntimeError(
-            f"replica {self.replica} is out of service", replica=self.replica
-        )
-
-    # -- coming back ---------------------------------------------------------------------------
-
-    async def _warm_up(self) -> None:
-        """Run one batch of zeros: proves the device runs the program; seeds the deadline.
-
-        A model with variables is reset afterwards, to the last saved variables (or its
-        initial ones), so the warm-up leaves no trace in its state.
-
-        Raises:
-            RuntimeFailure, ExecutionTimeoutError, InputValidationError, DeviceStateError:
-                the run failed.
-        """
-        layout = self._layout
-        # A dynamic dimension at the size the compiler verified the program with.
-        inputs = [
-            {
-                s.name: np.zeros(
-                    tuple(d if d >= 0 else DYNAMIC_CHECK_SIZES[0] for d in s.shape), s.dtype
-                )
-                for s in layout.inputs
-            }
-            for _ in range(layout.I)
-        ]
-        t_start = self.clock.monotonic()
-        await self._run_main(inputs, probe=True)
-        took = self.clock.monotonic() - t_start
-        self._times.add(took)
-        self._measure(took)
-        if self._stateful:  # the zeros ran through the variables: put them back
-            await self._device.ask(
-                Reset(self._state.saved_variables), timeout=self._policy.reset_timeout
-            )
-
-    async def _probe_until_ready(self) -> None:
-        """Out of service: reset and probe the device with exponential backoff until it runs.
-
-        A device that cannot be reset (broken, detached) is re-attached: ``reattach`` replaces
-        the Device actor and, rest_for_one, this session; the next one goes on probing.
-        """
-        state, policy = self._state, self._policy
-        while True:
-            delay = state.probe_delay or policy.probe_initial
-            await self.clock.sleep(delay)
-            state.probe_delay = min(delay * 2, policy.probe_cap)
-            state.probes += 1
-            state.heartbeat = self.clock.monotonic()
-            try:
-                await self._device.ask(Reset(state.saved_variables), timeout=policy.reset_timeout)
-                await self._warm_up()
-            except ActorStoppedError:
-                # The device actor died: its supervisor replaces it and, rest_for_one, this
-                # session, which goes on probing.
-                await anyio.sleep_forever()
-            except (UnrecoverableRuntimeError, DeviceStateError) as exc:
-                self.log.warning("probe_failed", error=type(exc).__name__, reattach=True)
-                if self._reattach is not None:
-                    await self._reattach()
-                continue
-            except (RuntimeFailure, ExecutionTimeoutError, InputValidationError) as exc:
-                self.log.warning("probe_failed", error=type(exc).__name__, message=str(exc))
-                continue
-            break
-        state.failure = None
-        state.failed_recoveries = 0
-        state.recovering = False
-        self.log.info("replica_back_in_service", probes=state.probes, outages=state.outages)
-        self._set_status(ReplicaStatus.READY)
-
-    def _set_status(self, status: ReplicaStatus) -> None:
-        self._state.set_status(status)
-        if self._on_status is not None:
-            self._on_status(self.replica, status)
-
-
-_INF = float("inf")

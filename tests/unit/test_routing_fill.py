@@ -18,7 +18,7 @@ import numpy as np
 from test_queue_support import make_queue, metadata, request, rows, running, settle
 
 from actors.clock import FakeClock
-from actors.session.actor import _RunTimes
+from actors.session.runs import RunTimes
 from actors.session.state import ReplicaState, ReplicaStatus
 from model_runtime.replicas import ReplicaSet
 
@@ -140,7 +140,7 @@ async def test_queue_reports_saturated_and_the_room_its_open_batch_has() -> None
 
 
 def test_run_times_keep_the_slowest_of_the_recent_runs() -> None:
-    times = _RunTimes()
+    times = RunTimes()
     rng = np.random.default_rng(0)
     for seconds in rng.exponential(1.0, 500):
         times.add(float(seconds))

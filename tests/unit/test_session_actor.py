@@ -43,7 +43,8 @@ from actors.queues.actor import Queue
 from actors.queues.batch import Batch
 from actors.queues.config import QueueConfig
 from actors.queues.request import Request
-from actors.session.actor import SessionActor, SessionPolicy
+from actors.session.actor import SessionActor
+from actors.session.runs import SessionPolicy
 from actors.session.state import ReplicaState, ReplicaStatus
 from actors.supervision import ChildSpec, Strategy, Supervisor, SupervisorEvent
 from model_runtime.compiler import CompileOptions, compile_executable

@@ -23,7 +23,6 @@ from model_runtime.server.tensors.request import InferRequest, RequestedOutput, 
 from model_runtime.server.triton import layout
 from model_runtime.server.triton.boundary import BoundaryRunner
 from model_runtime.server.triton.config import (
-    ModelSettings,
     config_json,
     parse_override,
     parse_pbtxt,
@@ -31,6 +30,7 @@ from model_runtime.server.triton.config import (
 )
 from model_runtime.server.triton.layout import model_batch, plan_model
 from model_runtime.server.triton.served import ServedModel, serve_model
+from model_runtime.server.triton.settings import ModelSettings
 
 pytestmark = pytest.mark.timeout(10)
 

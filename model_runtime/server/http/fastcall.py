@@ -15,7 +15,7 @@ import asyncio
 import contextvars
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import structlog
@@ -24,14 +24,51 @@ from model_runtime.server.answers import status_of
 from model_runtime.server.inference.plane import encodes_in_thread, json_length_of, samples_of
 
 if TYPE_CHECKING:
-    from model_runtime.server.http.fastpath import FastConnection, FastInfer
     from model_runtime.server.inference.admission import ModelAdmission
+    from model_runtime.server.inference.plane import DataPlane
     from model_runtime.server.repository.entries import ModelEntry
     from model_runtime.server.tensors.request import InferRequest
 
-__all__ = ["FastCall"]
+__all__ = ["FastAnswers", "FastCall", "FastConnection"]
 
 log = structlog.get_logger("model_runtime.server.app")  # the data plane's events
+
+
+class FastConnection(Protocol):
+    """What the fast path needs of a connection
+    (:class:`~model_runtime.server.http.connection.GuardedConnection`)."""
+
+    def fast_answer(self, answer: bytes | list[bytes], close: bool = False) -> None: ...
+
+    def fast_done(self) -> None: ...
+
+
+class FastAnswers(Protocol):
+    """What a :class:`FastCall` needs of the fast path that made it
+    (:class:`~model_runtime.server.http.fastpath.FastInfer`): the plane, the answers' bytes,
+    and the request's leaving."""
+
+    @property
+    def plane(self) -> DataPlane: ...
+
+    def hold(self, task: asyncio.Task[None]) -> None: ...
+
+    def ok_answer(self, out: bytes, json_length: int | None, rid: str) -> bytes | list[bytes]: ...
+
+    def error_answer(
+        self, exc: Exception, target: bytes, rid: str
+    ) -> tuple[int, bytes | list[bytes], bool, bool]: ...
+
+    def leave(
+        self,
+        conn: FastConnection,
+        state: ModelAdmission,
+        target: bytes,
+        rid: str,
+        status: int,
+        queue_full: bool,
+        t0: float,
+    ) -> None: ...
 
 
 class FastCall:
@@ -55,7 +92,7 @@ class FastCall:
 
     def __init__(
         self,
-        fast: FastInfer,
+        fast: FastAnswers,
         conn: FastConnection,
         target: bytes,
         rid: str,

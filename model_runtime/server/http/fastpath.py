@@ -27,12 +27,12 @@ import structlog
 
 from model_runtime.server.http.access import REQUEST_ID_HEADER, log as access_log, new_request_id
 from model_runtime.server.http.body import body_timeout
-from model_runtime.server.http.fastcall import FastCall
+from model_runtime.server.http.fastcall import FastCall, FastConnection
 from model_runtime.server.inference.admission import QUEUE_FULL, ModelAdmission
 from model_runtime.server.inference.plane import THREAD_PARSE_BYTES, DataPlane
 from model_runtime.server.tensors.binary import HEADER_LENGTH
 
-__all__ = ["Answering", "FastConnection", "FastInfer"]
+__all__ = ["Answering", "FastInfer"]
 
 _HEADER_LENGTH = HEADER_LENGTH.lower().encode()
 _HEADER_LENGTH_NAME = HEADER_LENGTH.encode()
@@ -48,15 +48,6 @@ class Answering(Protocol):
     """What answers a request taken here: the connection cancels it when its client goes."""
 
     def cancel(self) -> Any: ...
-
-
-class FastConnection(Protocol):
-    """What :class:`FastInfer` needs of a connection
-    (:class:`~model_runtime.server.http.connection.GuardedConnection`)."""
-
-    def fast_answer(self, answer: bytes | list[bytes], close: bool = False) -> None: ...
-
-    def fast_done(self) -> None: ...
 
 
 class _Date:

@@ -39,7 +39,8 @@ from model_runtime.server.inference.python_calls import (
 )
 from model_runtime.server.observability.metrics import DaemonMetrics
 from model_runtime.server.observability.ratelog import RateLimitedLog
-from model_runtime.server.observability.trace import RequestTrace, Tracer
+from model_runtime.server.observability.trace import Tracer
+from model_runtime.server.observability.trace_record import RequestTrace
 from model_runtime.server.repository.entries import ModelEntry, ModelState
 from model_runtime.server.repository.python import PythonHooks
 from model_runtime.server.repository.repository import ModelRepository
@@ -53,7 +54,7 @@ from model_runtime.server.tensors.raw import parse_raw_request
 from model_runtime.server.tensors.request import InferRequest
 from model_runtime.server.tensors.shm import SharedMemoryRegistry
 from model_runtime.server.tensors.shm_io import decode_in_thread
-from model_runtime.server.triton.config import DEFAULT_SETTINGS
+from model_runtime.server.triton.settings import DEFAULT_SETTINGS
 
 __all__ = [
     "THREAD_PARSE_BYTES",

@@ -26,7 +26,7 @@ from model_runtime.server.inference.python_calls import python_context
 from model_runtime.server.repository.entries import ModelEntry
 from model_runtime.server.serving import innermost
 from model_runtime.server.tensors.request import InferRequest
-from model_runtime.server.triton.config import DEFAULT_SETTINGS
+from model_runtime.server.triton.settings import DEFAULT_SETTINGS
 
 __all__ = ["Reply", "is_decoupled", "replies"]
 

@@ -22,145 +22,26 @@ In ``triton`` mode each trace is written to ``trace_file`` in Triton's JSON trac
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from typing import Any, Protocol
-
-import numpy as np
+from dataclasses import replace
+from typing import Any
 
 from actors.queues.tracing import STATE
 from model_runtime.server.answers import Code, HTTPError
 from model_runtime.server.observability.trace_config import LEVELS, TraceConfig
 from model_runtime.server.observability.trace_file import TraceFile
+from model_runtime.server.observability.trace_record import (
+    RequestTrace,
+    ScopeSetting,
+    SettingValues,
+    TraceSink,
+)
 
-__all__ = ["RequestTrace", "TraceSink", "Tracer"]
+__all__ = ["Tracer"]
 
 _FIELDS = ("trace_level", "trace_rate", "trace_count", "log_frequency")
 _U32 = 2**32 - 1
 _I32 = 2**31 - 1
-
-
-class TraceSink(Protocol):
-    """Where finished traces go (a file in ``triton`` mode, spans in ``opentelemetry``)."""
-
-    def emit(self, trace: RequestTrace) -> None: ...
-
-    def close(self) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class _Values:
-    level: tuple[str, ...]
-    rate: int
-    count: int
-    log_frequency: int
-
-
-class _Setting:
-    """One scope's effective setting and its counters (made anew by each update)."""
-
-    __slots__ = ("collected", "count", "forceable", "in_file", "sampled", "values")
-
-    def __init__(self, values: _Values, forceable: bool = False) -> None:
-        self.values = values
-        #: a request with a trace context is traced whatever the rate and count say
-        #: (Triton's OpenTelemetry mode; rate 0: only those)
-        self.forceable = forceable
-        self.count = values.count  # what is left (-1: no limit)
-        self.sampled = 0  # requests seen
-        self.collected = 0
-        self.in_file = 0
-
-    @property
-    def on(self) -> bool:
-        v = self.values
-        return bool(v.level) and ((v.rate > 0 and self.count != 0) or self.forceable)
-
-    def sample(self, force: bool = False) -> bool:
-        """Whether the next request is traced: every ``rate``-th while ``count`` lasts, and
-        (``force``) one that carries a trace context where that is allowed."""
-        v = self.values
-        if not v.level:
-            return False
-        force = force and self.forceable
-        if v.rate == 0 or self.count == 0:
-            return force
-        self.sampled += 1
-        hit = self.sampled % v.rate == 0
-        if hit and self.count > 0:
-            self.count -= 1
-        return hit or force
-
-
-class RequestTrace:
-    """One traced request's facts and timestamps (ns); see the module docstring."""
-
-    __slots__ = (
-        "id",
-        "model",
-        "request_id",
-        "setting",
-        "stamps",
-        "tensor_records",
-        "traceparent",
-        "version",
-    )
-
-    def __init__(
-        self,
-        trace_id: int,
-        model: str,
-        version: str,
-        request_id: str,
-        setting: _Setting,
-        traceparent: str | None,
-    ) -> None:
-        self.id = trace_id
-        self.model = model
-        self.version = version
-        self.request_id = request_id
-        self.setting = setting
-        self.traceparent = traceparent
-        self.stamps: dict[str, int] = {"REQUEST_START": time.monotonic_ns()}
-        #: (activity, tensor name, array) at the ``TENSORS`` level
-        self.tensor_records: list[tuple[str, str, Any]] = []
-
-    def stamp(self, name: str) -> None:
-        """Record timestamp ``name`` now."""
-        self.stamps[name] = time.monotonic_ns()
-
-    def tensors(self, activity: str, arrays: Mapping[str, Any]) -> None:
-        """Record ``arrays`` as ``activity`` (``TENSOR_QUEUE_INPUT``, ``TENSOR_BACKEND_OUTPUT``)
-        when the trace's level has ``TENSORS``."""
-        if "TENSORS" in self.setting.values.level:
-            # copies: an answer's arrays may be views of a batch buffer used again later
-            self.tensor_records += [(activity, n, np.array(a)) for n, a in arrays.items()]
-
-    def computed(self, t_packed: float, t_start: float, t_end: float, t_out: float) -> None:
-        """A batch that held rows of this request answered (clock seconds; a request over
-        several batches: the first start, the last end)."""
-        stamps = self.stamps
-        if "COMPUTE_START" not in stamps:
-            stamps["COMPUTE_START"] = stamps["COMPUTE_INPUT_END"] = int(t_start * 1e9)
-        stamps["COMPUTE_OUTPUT_START"] = int(t_end * 1e9)
-        stamps["COMPUTE_END"] = int(t_out * 1e9)
-
-
-_ORDER = (
-    "REQUEST_START",
-    "QUEUE_START",
-    "COMPUTE_START",
-    "COMPUTE_INPUT_END",
-    "COMPUTE_OUTPUT_START",
-    "COMPUTE_END",
-    "REQUEST_END",
-)
-
-
-def ordered_stamps(trace: RequestTrace) -> list[tuple[str, int]]:
-    """The trace's timestamps in Triton's order (those it has)."""
-    return [(name, trace.stamps[name]) for name in _ORDER if name in trace.stamps]
 
 
 class Tracer:
@@ -169,13 +50,13 @@ class Tracer:
 
     def __init__(self, config: TraceConfig | None = None, sink: TraceSink | None = None) -> None:
         self.config = config or TraceConfig()
-        self._start = _Values(
+        self._start = SettingValues(
             self.config.level, self.config.rate, self.config.count, self.config.log_frequency
         )
         self._global_given: dict[str, Any] = {}
         self._model_given: dict[str, dict[str, Any]] = {}
-        self._global = _Setting(self._start, self.reads_headers)
-        self._models: dict[str, _Setting] = {}
+        self._global = ScopeSetting(self._start, self.reads_headers)
+        self._models: dict[str, ScopeSetting] = {}
         self._ids = itertools.count(1)
         self._file = TraceFile(self.config.file) if self.config.mode == "triton" else None
         self._sink = sink
@@ -219,7 +100,7 @@ class Tracer:
                 doc[key] = str(value)
         return doc
 
-    def _setting(self, model: str | None) -> _Setting:
+    def _setting(self, model: str | None) -> ScopeSetting:
         if model:
             return self._models.get(model, self._global)
         return self._global
@@ -234,7 +115,7 @@ class Tracer:
             else:
                 own[key] = value
         if not model:  # a model's update leaves the global counters as they are
-            self._global = _Setting(
+            self._global = ScopeSetting(
                 self._values(self._start, self._global_given), self.reads_headers
             )
         for name, fields in list(self._model_given.items()):
@@ -243,14 +124,14 @@ class Tracer:
                 self._models.pop(name, None)
             elif name == model or not model:
                 values = self._values(self._global.values, fields)
-                self._models[name] = _Setting(values, self.reads_headers)
+                self._models[name] = ScopeSetting(values, self.reads_headers)
         self._refresh()
         if self._file is not None:
             self._file.flush()  # what the replaced setting held back
         return self.settings(model)
 
     @staticmethod
-    def _values(base: _Values, given: Mapping[str, Any]) -> _Values:
+    def _values(base: SettingValues, given: Mapping[str, Any]) -> SettingValues:
         return replace(
             base,
             level=given.get("trace_level", base.level),

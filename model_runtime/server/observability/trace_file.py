@@ -12,16 +12,14 @@ replaced or the daemon stops, and are then written as one array to ``PATH.<index
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import orjson
 import structlog
 
+from model_runtime.server.observability.trace_record import RequestTrace, ordered_stamps
 from model_runtime.server.tensors.datatypes import datatype_of
-
-if TYPE_CHECKING:
-    from model_runtime.server.observability.trace import RequestTrace
 
 __all__ = ["TraceFile", "trace_objects"]
 
@@ -30,8 +28,6 @@ log = structlog.get_logger(__name__)
 
 def trace_objects(trace: RequestTrace) -> list[dict[str, Any]]:
     """The JSON objects of one trace, in Triton's format."""
-    from model_runtime.server.observability.trace import ordered_stamps
-
     head: dict[str, Any] = {
         "id": trace.id,
         "model_name": trace.model,

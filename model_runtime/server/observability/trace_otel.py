@@ -13,7 +13,6 @@ exporter at ``url``; the daemon's own tracer provider, not the process-global on
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
@@ -23,9 +22,7 @@ from opentelemetry.trace import SpanKind, set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from model_runtime.server.observability.trace_config import TraceConfig
-
-if TYPE_CHECKING:
-    from model_runtime.server.observability.trace import RequestTrace
+from model_runtime.server.observability.trace_record import RequestTrace, ordered_stamps
 
 __all__ = ["OtelSink"]
 
@@ -54,8 +51,6 @@ class OtelSink:
 
     def emit(self, trace: RequestTrace) -> None:
         """Make and end the trace's spans (exported in the background)."""
-        from model_runtime.server.observability.trace import ordered_stamps
-
         at = {name: ns + self._offset for name, ns in ordered_stamps(trace)}
         parent = None
         if trace.traceparent:

@@ -7,7 +7,7 @@ plane supplies."""
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from model_runtime.errors import ConfigurationError, ModelRuntimeError
@@ -16,10 +16,10 @@ from model_runtime.server.repository.entries import ModelEntry, ModelState
 from model_runtime.server.repository.versions import StartedVersion
 from model_runtime.server.tensors.request import TensorSpec
 from model_runtime.server.triton import model_config_pb2 as pb
-from model_runtime.server.triton.config import ModelSettings
 from model_runtime.server.triton.ensemble import EnsembleStep, check_against
+from model_runtime.server.triton.settings import ModelSettings
 
-__all__ = ["composing_not_ready", "start_ensemble_version"]
+__all__ = ["composing_not_ready", "ensemble_users", "start_ensemble_version"]
 
 #: The ensembles whose load is under way in this task, outermost first: a composing model
 #: that is one of them is a circle of ensembles (it would wait for its own lock).
@@ -125,3 +125,14 @@ async def start_ensemble_version(
     runner = EnsembleRunner(ensemble, call, composing, reshapes, batched, decoupled)
     inputs, outputs = _specs(config.input, batched), _specs(config.output, batched)
     return StartedVersion(runner, inputs, outputs, config)  # type: ignore[arg-type]
+
+
+def ensemble_users(entries: Iterable[ModelEntry], model: str) -> list[str]:
+    """The loaded ensembles among ``entries`` that run ``model`` (Triton's
+    ``unload_dependents`` unloads a composing model only when none is left)."""
+    return [
+        e.name
+        for e in entries
+        if e.runner is not None and e.settings is not None and e.settings.ensemble
+        if model in e.settings.ensemble.models
+    ]

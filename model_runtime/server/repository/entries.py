@@ -18,8 +18,8 @@ from model_runtime.errors import InputValidationError
 from model_runtime.sequences import SequenceTable
 from model_runtime.server.serving import ServingRunner
 from model_runtime.server.tensors.request import TensorSpec
-from model_runtime.server.triton.config import ModelSettings
 from model_runtime.server.triton.layout import is_model_dir
+from model_runtime.server.triton.settings import ModelSettings
 
 __all__ = [
     "NAME_PATTERN",

@@ -24,7 +24,8 @@ from model_runtime.server.repository.entries import ModelEntry
 from model_runtime.server.repository.versions import StartedVersion
 from model_runtime.server.tensors.request import TensorSpec
 from model_runtime.server.triton import model_config_pb2 as pb
-from model_runtime.server.triton.config import ModelSettings, config_json, settings_of
+from model_runtime.server.triton.config import config_json, settings_of
+from model_runtime.server.triton.settings import ModelSettings
 
 __all__ = ["PythonHooks", "start_python_version"]
 

@@ -1,15 +1,9 @@
 """The daemon's model repository: named models, each served by its own ModelRunner.
 
-Models come from explicit paths (``NAME=PATH`` or ``PATH``; the name is then the file's stem)
-and from a repository directory of ``NAME.mrx`` / ``NAME.onnx`` files (with an optional
-``NAME.toml`` of per-model settings) and of Triton model directories (``NAME/config.pbtxt``,
-``NAME/<version>/model.onnx``; see :mod:`model_runtime.server.triton.layout`). Per-model
-settings override the server-wide ones; an ``.onnx`` model is compiled on load through the
-executable cache, for its configured batch, else the batch it fixes itself, else the server's.
-Each version a Triton model's version policy selects is served by its own runner: the
-:class:`ModelEntry` of a model is its highest version, the others are in its ``versions``.
-Names from clients (load/unload) are checked against a strict pattern and resolved inside the
-directory: ``../`` and symlinks that lead out are refused.
+Which models there are and where their files are is :class:`ModelCatalogue`'s (names,
+directories, the index); :class:`ModelRepository` adds their runners. Per-model settings
+override the server-wide ones; an ``.onnx`` model is compiled on load through the executable
+cache, for its configured batch, else the batch it fixes itself, else the server's.
 
 Each model loads, fails, reloads and unloads on its own (Triton's per-model availability):
 
@@ -34,27 +28,12 @@ import anyio
 import anyio.abc
 import structlog
 
-from model_runtime.errors import (
-    ConfigurationError,
-    InputValidationError,
-    ModelControlError,
-    ModelLoadError,
-    ModelRuntimeError,
-    UnknownModelError,
-)
+from model_runtime.errors import ModelControlError, ModelLoadError, ModelRuntimeError
 from model_runtime.runner_config import ModelRunnerConfig
-from model_runtime.server import answers
 from model_runtime.server.ensemble import StepCaller
-from model_runtime.server.repository.ensembles import composing_not_ready, start_ensemble_version
-from model_runtime.server.repository.entries import (
-    NAME_PATTERN,
-    SUFFIXES,
-    ControlMode,
-    ModelEntry,
-    ModelState,
-    ModelStats,
-    resolve_in,
-)
+from model_runtime.server.repository.catalogue import ModelCatalogue
+from model_runtime.server.repository.ensembles import ensemble_users, start_ensemble_version
+from model_runtime.server.repository.entries import ControlMode, ModelEntry, ModelState, ModelStats
 from model_runtime.server.repository.lifecycle import (
     close_versions,
     detached,
@@ -72,9 +51,10 @@ from model_runtime.server.serving import (
     RunnerLike,
     default_factory,
 )
-from model_runtime.server.triton.config import ModelSettings, parse_override
+from model_runtime.server.triton.config import parse_override
 from model_runtime.server.triton.fields import check_complete
-from model_runtime.server.triton.layout import fingerprint as _fingerprint, is_model_dir, plan_model
+from model_runtime.server.triton.layout import fingerprint as _fingerprint, plan_model
+from model_runtime.server.triton.settings import ModelSettings
 
 __all__ = ["ModelRepository"]
 
@@ -83,7 +63,7 @@ log = structlog.get_logger(__name__)
 _T = TypeVar("_T")
 
 
-class ModelRepository:
+class ModelRepository(ModelCatalogue):
     """Named models and their runners; loads, reloads, unloads, polls and indexes them.
 
     Use as ``async with ModelRepository(...) as repo``: runners are clients of the runtime's
@@ -112,20 +92,18 @@ class ModelRepository:
         reload_device_wait: float = 10.0,
         auto_complete: bool = True,
     ) -> None:
+        super().__init__(
+            directory=directory,
+            more_directories=more_directories,
+            strict_readiness=strict_readiness,
+        )
         self.config = config
-        self.directory = directory.resolve() if directory is not None else None
-        #: Every repository directory (Triton's repeated ``--model-repository``), first first.
-        self.directories = [d.resolve() for d in (directory, *more_directories) if d is not None]
         self.control_mode = control_mode
-        self.strict_readiness = strict_readiness
         #: Triton's auto-complete: off, a model directory's config must describe the model.
         self.auto_complete = auto_complete
         self.reload_device_wait = reload_device_wait
-        #: True while the daemon loads its models at start: the server is not ready yet.
-        self.starting = False
         self._compile = compile_source
         self._factory = runner_factory or default_factory
-        self._models: dict[str, ModelEntry] = {}
         self._tg: anyio.abc.TaskGroup | None = None
         #: Called with (model, ready) whenever a loaded model's readiness changes.
         self.on_readiness: Callable[[str, bool], None] | None = None
@@ -154,121 +132,6 @@ class ModelRepository:
         if tg is not None:
             tg.cancel_scope.cancel()
             await tg.__aexit__(None, None, None)
-
-    # -- lookup ------------------------------------------------------------------------------
-
-    def add(self, name: str, source: Path, *, in_directory: bool = False) -> ModelEntry:
-        """Register a model by name (not loaded).
-
-        Raises:
-            InputValidationError: the name is already taken by another file.
-        """
-        entry = self._models.get(name)
-        if entry is not None and entry.source != source:
-            raise InputValidationError(f"two models are named {name!r}: {entry.source}, {source}")
-        if entry is None:
-            entry = self._models[name] = ModelEntry(name, source, in_directory=in_directory)
-        return entry
-
-    def scan(self) -> list[str]:
-        """Register every model file of the repository directory; return their names.
-
-        Raises:
-            OSError: the directory cannot be listed.
-        """
-        names = set()
-        paths = [path for directory in self.directories for path in directory.iterdir()]
-        for path in paths:
-            name = path.name if path.is_dir() else path.stem
-            if (path.suffix in SUFFIXES or path.is_dir()) and NAME_PATTERN.fullmatch(name):
-                found = self._resolve(name)
-                if found is not None and name not in self._models:
-                    self.add(name, found, in_directory=True)
-                if name in self._models and found is not None:
-                    names.add(name)
-        return sorted(names)
-
-    def _resolve(self, name: str) -> Path | None:
-        """The file of ``name`` inside the repository directories (``.mrx`` first), else its
-        Triton model directory, or None.
-
-        Raises:
-            ConfigurationError: ``name`` is in two repository directories (Triton refuses it).
-        """
-        found = [f for d in self.directories if (f := resolve_in(d, name)) is not None]
-        if len(found) > 1:
-            raise ConfigurationError(
-                f"model {name!r} is in more than one model repository: {[str(f) for f in found]}"
-            )
-        return found[0] if found else None
-
-    def _source_now(self, entry: ModelEntry) -> Path | None:
-        """The file ``entry`` would load now (a directory model is resolved again), or None."""
-        if entry.in_directory and self.directories:
-            return self._resolve(entry.name)
-        source = entry.source
-        return source if source.is_file() or is_model_dir(source) else None
-
-    def get(self, name: str, version: str | None = None) -> ModelEntry:
-        """The model called ``name`` (its highest version served), or its ``version``.
-
-        Raises:
-            UnknownModelError: no such model, or that version of it is not served (Triton's
-                wording, as a client is answered).
-            ProtocolError: ``version`` is not a version number (Triton's words).
-        """
-        entry = self._models.get(name)
-        if entry is None:
-            raise UnknownModelError(name)
-        if not version:
-            return entry
-        found = entry.version_entry(answers.model_version(version))
-        if found is None:
-            raise UnknownModelError(name, version)
-        return found
-
-    def _models_by_name(self) -> list[ModelEntry]:
-        return [self._models[n] for n in sorted(self._models)]
-
-    def entries(self) -> list[ModelEntry]:
-        """Every known model, by name, and each version served (the others after the
-        model's own entry, ascending)."""
-        out = []
-        for entry in self._models_by_name():
-            out.append(entry)
-            out += [entry.versions[v] for v in sorted(entry.versions, key=int)]
-        return out
-
-    def index(self) -> list[dict[str, str]]:
-        """The repository index (protocol repository extension): every model, its state and
-        the reason (why it is unavailable, or why its last reload failed).
-
-        Raises:
-            OSError: the repository directory cannot be listed.
-        """
-        self.scan()
-        return [
-            {"name": e.name, "version": e.version, "state": e.state.value, "reason": _reason(e)}
-            for e in self.entries()
-        ]
-
-    def not_ready(self, model: str, version: int) -> str | None:
-        """Why version ``version`` (-1: the latest served) of ``model`` cannot take a request
-        now, or None (what an ensemble asks of its composing models)."""
-        return composing_not_ready(self._models.get(model), model, version)
-
-    def not_ready_reason(self) -> str | None:
-        """Why the server is not ready (None: it is), Triton's way: while the models of the
-        start load, not ready; then, with ``strict_readiness``, ready when every model that
-        should be loaded is ready; without it, ready (the server can serve)."""
-        if self.starting:
-            return "the server is loading its models"
-        if not self.strict_readiness:
-            return None
-        bad = [e.name for e in self._models_by_name() if e.wanted and not e.is_ready]
-        if bad:
-            return f"model(s) not ready: {bad} (see POST /v2/repository/index)"
-        return None
 
     # -- the repository API (control modes) ------------------------------------------------------
 
@@ -308,33 +171,10 @@ class ModelRepository:
         await self.unload(name)
         ensemble = settings.ensemble if settings is not None and dependents else None
         for model in ensemble.models if ensemble is not None else ():
-            users = [
-                e.name
-                for e in self._models.values()
-                if e.runner is not None and e.settings is not None and e.settings.ensemble
-                if model in e.settings.ensemble.models
-            ]
-            if model in self._models and not users:
+            if model in self._models and not ensemble_users(self._models.values(), model):
                 await self.unload(model)
 
     # -- load / reload / unload ------------------------------------------------------------------
-
-    def _lookup_for_load(self, name: str) -> ModelEntry:
-        # Triton's rules for a name to load (ValidateModelName), in its words; any other name
-        # is looked up, and one no file of the repository can have is not found.
-        if not name.strip():
-            raise answers.model_name_empty()
-        if name.strip() == ".." or "/" in name:
-            raise answers.model_name_traversal(name)
-        entry = self._models.get(name)
-        if entry is not None:
-            return entry
-        found = None
-        if self.directories and NAME_PATTERN.fullmatch(name) and name not in (".", ".."):
-            found = self._resolve(name)
-        if found is None:
-            raise UnknownModelError(name)
-        return self.add(name, found, in_directory=True)
 
     async def load(self, name: str, config: str | None = None) -> ModelEntry:
         """Load ``name``, or reload it beside the serving version and swap atomically.
@@ -560,12 +400,3 @@ class ModelRepository:
         entry.fingerprint = None
         if entry.in_directory and entry.runner is None and self._models.get(entry.name) is entry:
             del self._models[entry.name]
-
-
-def _reason(entry: ModelEntry) -> str:
-    """``entry``'s reason in the index: why it is not ready when it is loaded but cannot serve
-    (an ensemble whose composing model is not ready), else the one it has."""
-    why = getattr(entry.runner and entry.runner.current, "not_ready_reason", None)
-    if entry.state is ModelState.READY and callable(why):
-        return str(why() or entry.reason)
-    return entry.reason

@@ -20,9 +20,9 @@ from model_runtime.server.repository.entries import ModelEntry
 from model_runtime.server.serving import RunnerFactory, RunnerLike
 from model_runtime.server.tensors.datatypes import datatype_of
 from model_runtime.server.tensors.request import TensorSpec
-from model_runtime.server.triton.config import ModelSettings
 from model_runtime.server.triton.layout import model_batch
 from model_runtime.server.triton.served import executable_batch_sizes, serve_model
+from model_runtime.server.triton.settings import ModelSettings
 
 __all__ = ["StartedVersion", "start_version"]
 

@@ -27,7 +27,7 @@ from model_runtime.errors import ConfigurationError
 from model_runtime.server.serving import RunnerLike, innermost
 from model_runtime.server.tensors.datatypes import dtype_of
 from model_runtime.server.triton import model_config_pb2 as pb
-from model_runtime.server.triton.config import ModelSettings
+from model_runtime.server.triton.settings import ModelSettings
 from model_runtime.server.triton.tensors import DATATYPES
 
 __all__ = ["WARMUP_FOLDER", "warm_up", "warm_up_or_close"]

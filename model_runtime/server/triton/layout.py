@@ -22,13 +22,8 @@ from typing import Any
 
 from model_runtime.errors import ConfigurationError
 from model_runtime.server.triton import model_config_pb2 as pb
-from model_runtime.server.triton.config import (
-    CONFIG_FILE,
-    ModelSettings,
-    parse_pbtxt,
-    parse_toml,
-    settings_of,
-)
+from model_runtime.server.triton.config import CONFIG_FILE, parse_pbtxt, parse_toml, settings_of
+from model_runtime.server.triton.settings import ModelSettings
 
 __all__ = [
     "MAX_LABELS_BYTES",

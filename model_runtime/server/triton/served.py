@@ -18,7 +18,8 @@ from model_runtime.runner_config import ModelRunnerConfig
 from model_runtime.server.tensors.request import TensorSpec
 from model_runtime.server.triton import model_config_pb2 as pb
 from model_runtime.server.triton.boundary import Boundary
-from model_runtime.server.triton.config import BACKEND, PLATFORM, ModelSettings
+from model_runtime.server.triton.config import BACKEND, PLATFORM
+from model_runtime.server.triton.settings import ModelSettings
 from model_runtime.server.triton.tensors import Completed, complete, match
 
 __all__ = ["ServedModel", "build_config", "check_tensors", "executable_batch_sizes", "serve_model"]
