@@ -85,6 +85,14 @@ def test_each_priority_level_takes_its_own_queue_policy(tmp_path: Path) -> None:
     assert s.queue_policy is not None and s.queue_policy.of(top).max_queue_size == 2
 
 
+def test_a_stateful_models_steps_are_not_refused_for_time(tmp_path: Path) -> None:
+    """The server's latency budget refuses a request whose queue would take too long; a step
+    of a sequence is never refused so (it would break the client's session mid-sequence)."""
+    s = parse_pbtxt(write(tmp_path, "max_batch_size: 4 sequence_batching { }"), "m")
+    base = ModelRunnerConfig(timeout=0.002, latency_budget=1.0)
+    assert s.runner_config(base).latency_budget is None
+
+
 def test_without_settings_the_server_defaults_stay(tmp_path: Path) -> None:
     s = parse_pbtxt(write(tmp_path, ""), "m")
     base = ModelRunnerConfig(timeout=0.002, latency_budget=1.0, replication_factor=2)

@@ -140,6 +140,11 @@ class ModelSettings:
             config = replace(config, queue_policy=self.queue_policy)
             if self.queue_policy.bounded:  # bounds per level, instead of the latency budget
                 config = replace(config, latency_budget=None)
+        if self.sequence is not None:
+            # A stateful model's steps are never refused for time (its sequence slots bound
+            # its work; a step refused mid-sequence would break the client's session), as the
+            # front end's admission exempts them.
+            config = replace(config, latency_budget=None)
         config.validate()
         return config
 
