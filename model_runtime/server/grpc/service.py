@@ -47,8 +47,9 @@ from model_runtime.server.grpc.codec import (
 )
 from model_runtime.server.grpc.streaming import error_answer, stream_answers
 from model_runtime.server.inference import control
+from model_runtime.server.inference.accounting import THREAD_PARSE_BYTES, samples_of
 from model_runtime.server.inference.admission import OVERLOADED, QUEUE_FULL
-from model_runtime.server.inference.plane import DataPlane, samples_of
+from model_runtime.server.inference.plane import DataPlane
 from model_runtime.server.observability.stats import model_statistics
 from model_runtime.server.repository.entries import ModelEntry, ModelState
 from model_runtime.server.tensors.request import InferRequest
@@ -63,8 +64,6 @@ __all__ = [
 
 log = structlog.get_logger(__name__)
 
-#: Requests bigger than this are decoded off the event loop (as over HTTP).
-_THREAD_PARSE_BYTES = 1 << 20
 #: Refusals under overload: logged as rate-limited summaries elsewhere, never one per call.
 _SUMMARISED = frozenset({QUEUE_FULL, OVERLOADED})
 _R = TypeVar("_R")
@@ -271,7 +270,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
             )
 
         regions = self.plane.shared_memory
-        big = not inline and sum(map(len, request.raw_input_contents)) > _THREAD_PARSE_BYTES
+        big = not inline and sum(map(len, request.raw_input_contents)) > THREAD_PARSE_BYTES
         parsed = await decode_in_thread(parse) if big else parse()
         try:
             # The caller's gRPC deadline bounds the request as its `timeout` parameter does.

@@ -1,8 +1,8 @@
 """One infer request answered at the protocol level by callbacks, without a task.
 
 :class:`FastCall` takes a request whose body is in hand for a plain model
-(:meth:`DataPlane.plain_runner`): decoded and queued as its head is read
-(:meth:`DataPlane.submit`), answered from its future's done callback (encoded, written,
+(:func:`plain_runner`): decoded and queued as its head is read
+(:func:`submit`), answered from its future's done callback (encoded, written,
 counted as :meth:`DataPlane.answer_infer` counts it, its admission left, its access log line).
 Every answer is written on a later turn of the loop than the one that read the request, as a
 task's would be. ``cancel()`` (the client went away) drops it: its rows never run, no answer
@@ -20,8 +20,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 import anyio
 import structlog
 
+from model_runtime.runner import ModelRunner
+from model_runtime.runner_requests import expire_request
 from model_runtime.server.answers import status_of
-from model_runtime.server.inference.plane import encodes_in_thread, json_length_of, samples_of
+from model_runtime.server.inference.accounting import (
+    encodes_in_thread,
+    json_length_of,
+    samples_of,
+)
+from model_runtime.server.serving import ServingRunner
+from model_runtime.server.tensors.parameters import not_a_sequence_model
+from model_runtime.server.triton.settings import DEFAULT_SETTINGS
 
 if TYPE_CHECKING:
     from model_runtime.server.inference.admission import ModelAdmission
@@ -29,9 +38,51 @@ if TYPE_CHECKING:
     from model_runtime.server.repository.entries import ModelEntry
     from model_runtime.server.tensors.request import InferRequest
 
-__all__ = ["FastAnswers", "FastCall", "FastConnection"]
+__all__ = ["FastAnswers", "FastCall", "FastConnection", "plain_runner", "submit"]
 
 log = structlog.get_logger("model_runtime.server.app")  # the data plane's events
+
+
+def plain_runner(plane: DataPlane, entry: ModelEntry, runner: Any) -> ModelRunner | None:
+    """The :class:`ModelRunner` that serves ``entry`` through ``runner`` when
+    :meth:`submit` may take its requests (not a stateful model, no other make of runner
+    or wrapper between, no trace being taken, not answered from the response cache);
+    else None (await :meth:`execute`)."""
+    inner = runner.current if type(runner) is ServingRunner else runner
+    if type(inner) is not ModelRunner or plane.tracer.active:
+        return None
+    settings = entry.settings
+    if settings is not None and (
+        settings.sequence is not None
+        or (plane.cache is not None and settings.config.response_cache.enable)
+    ):
+        return None
+    return inner
+
+
+def submit(
+    plane: DataPlane, entry: ModelEntry, inner: ModelRunner, parsed: InferRequest
+) -> tuple[asyncio.Future[dict[str, Any]], asyncio.TimerHandle | None]:
+    """:meth:`DataPlane.execute` without a coroutine, on the runner :func:`plain_runner` gave:
+    the request is queued now. Returns the future of its outputs (cancel it: its rows
+    never run) and the timer that fails it with :class:`RequestTimeoutError` past its
+    deadline (cancel the timer once the future is done).
+
+    Raises:
+        ModelRuntimeError: what ``DataPlane.execute`` raises at once (refusals, bad inputs).
+    """
+    settings = entry.settings or DEFAULT_SETTINGS
+    if parsed.sequence is not None:
+        raise not_a_sequence_model(parsed.sequence, entry.name)
+    opts = plane.options
+    priority = settings.priority(parsed.priority, opts.priority_levels, opts.default_priority_level)
+    timeout, waits, delay = settings.deadline(opts.request_timeout, parsed.timeout, priority)
+    pending = inner.execute_async(parsed.inputs, None, None, None, priority, waits, delay)
+    future = pending if isinstance(pending, asyncio.Future) else asyncio.ensure_future(pending)
+    if timeout is None:
+        return future, None
+    # The runner's own expiry (its error and words), one timer per request as its own.
+    return future, asyncio.get_running_loop().call_later(timeout, expire_request, future, timeout)
 
 
 class FastConnection(Protocol):
@@ -119,7 +170,7 @@ class FastCall:
         loop = asyncio.get_running_loop()
         try:
             entry = plane.entry(*where)
-            inner = plane.plain_runner(entry, plane.serving_runner(entry))
+            inner = plain_runner(plane, entry, plane.serving_runner(entry))
         except Exception as exc:
             loop.call_soon(self._fail, exc)
             return True
@@ -129,7 +180,7 @@ class FastCall:
         self._entry = entry
         try:
             parsed = self._parsed = plane.decode(entry, json_length_of(header_length), body)
-            self._future, self._timer = plane.submit(entry, inner, parsed)
+            self._future, self._timer = submit(plane, entry, inner, parsed)
         except Exception as exc:
             self._finish(status_of(exc)[1], 0)
             loop.call_soon(self._fail, exc)

@@ -28,8 +28,9 @@ import structlog
 from model_runtime.server.http.access import REQUEST_ID_HEADER, log as access_log, new_request_id
 from model_runtime.server.http.body import body_timeout
 from model_runtime.server.http.fastcall import FastCall, FastConnection
+from model_runtime.server.inference.accounting import THREAD_PARSE_BYTES
 from model_runtime.server.inference.admission import QUEUE_FULL, ModelAdmission
-from model_runtime.server.inference.plane import THREAD_PARSE_BYTES, DataPlane
+from model_runtime.server.inference.plane import DataPlane
 from model_runtime.server.tensors.binary import HEADER_LENGTH
 
 __all__ = ["Answering", "FastInfer"]

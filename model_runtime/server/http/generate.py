@@ -24,6 +24,7 @@ from model_runtime.errors import QueueFullError
 from model_runtime.python_backend.runner import PythonModelRunner
 from model_runtime.server.answers import HTTPError, status_of
 from model_runtime.server.http.body import read_body, refuse_head
+from model_runtime.server.inference.accounting import THREAD_PARSE_BYTES
 from model_runtime.server.inference.admission import OVERLOADED
 from model_runtime.server.inference.generate import (
     GENERATE_ONE,
@@ -41,7 +42,6 @@ from model_runtime.server.tensors.shm_io import decode_in_thread
 __all__ = ["SSE_CONTENT_TYPE", "GenerateRoutes"]
 
 SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
-_THREAD_PARSE_BYTES = 1 << 20
 
 
 class GenerateRoutes:
@@ -73,7 +73,7 @@ class GenerateRoutes:
             return generate_request(body, entry, options.max_body_size, python=python)
 
         # As infer bodies: decoding past ~1 MiB goes off the event loop.
-        parsed = await decode_in_thread(parse) if len(body) > _THREAD_PARSE_BYTES else parse()
+        parsed = await decode_in_thread(parse) if len(body) > THREAD_PARSE_BYTES else parse()
         return parsed, replies(plane, entry, runner, parsed)
 
     async def _admitted(self, request: web.Request, streaming: bool) -> web.StreamResponse:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -25,12 +25,17 @@ from actors.queues.tracing import CURRENT as CURRENT_TRACE
 from model_runtime.errors import ModelRuntimeError, RequestTimeoutError
 from model_runtime.python_backend.runner import PythonModelRunner
 from model_runtime.runner import ModelRunner
-from model_runtime.runner_requests import expire_request
 from model_runtime.sequences import SequenceStep
 from model_runtime.server.answers import HTTPError, status_of
 from model_runtime.server.ensemble import EnsembleRunner
+from model_runtime.server.inference.accounting import (
+    THREAD_PARSE_BYTES,
+    encodes_in_thread,
+    json_length_of,
+    samples_of,
+)
 from model_runtime.server.inference.admission import DEFAULT_QUEUE_DELAY, AdmissionControl
-from model_runtime.server.inference.cache import CachedOutputs, ResponseCache, request_key
+from model_runtime.server.inference.cache import ResponseCache, request_key
 from model_runtime.server.inference.ensembles import EnsembleSteps
 from model_runtime.server.inference.python_calls import (
     PythonModelCalls,
@@ -45,8 +50,7 @@ from model_runtime.server.repository.entries import ModelEntry, ModelState
 from model_runtime.server.repository.python import PythonHooks
 from model_runtime.server.repository.repository import ModelRepository
 from model_runtime.server.security.restrict import RestrictionCounter
-from model_runtime.server.serving import ServingRunner, innermost
-from model_runtime.server.tensors.binary import HEADER_LENGTH
+from model_runtime.server.serving import innermost
 from model_runtime.server.tensors.codec import parse_infer_request
 from model_runtime.server.tensors.encode import encode_infer_response
 from model_runtime.server.tensors.parameters import not_a_sequence_model
@@ -57,18 +61,12 @@ from model_runtime.server.tensors.shm_io import decode_in_thread
 from model_runtime.server.triton.settings import DEFAULT_SETTINGS
 
 __all__ = [
-    "THREAD_PARSE_BYTES",
     "DataPlane",
     "ServerOptions",
-    "encodes_in_thread",
-    "json_length_of",
-    "samples_of",
 ]
 
 log = structlog.get_logger("model_runtime.server.app")  # the logger its events always had
 
-#: A body larger than this is decoded off the event loop (below, the hop costs more).
-THREAD_PARSE_BYTES = 1 << 20
 #: Refusals that leave a body unread: the connection closes after the answer.
 _UNREAD = frozenset({"too_large", "body_timeout", "bad_encoding"})
 
@@ -105,46 +103,6 @@ class ServerOptions:
     default_priority_level: int | None = None
     retry_after: int = 1
     admission_delay: float | None = DEFAULT_QUEUE_DELAY
-
-
-def json_length_of(header: str | None) -> int | None:
-    """The ``Inference-Header-Content-Length`` header's value (None: not given).
-
-    Raises:
-        HTTPError: 400, not an integer.
-    """
-    try:
-        return None if header is None else int(header)
-    except ValueError:
-        raise HTTPError(400, f"{HEADER_LENGTH} must be an integer", "bad_request") from None
-
-
-def encodes_in_thread(results: Mapping[str, Any]) -> bool:
-    """Whether outputs this large are encoded off the event loop."""
-    return bool(sum(a.nbytes for a in results.values()) > THREAD_PARSE_BYTES // 4)
-
-
-#: Whether a model's inputs have a batch axis, by ``id`` of its inputs (the object kept
-#: with it, so an id is not reused while its entry is here).
-_BATCHED: dict[int, tuple[object, bool]] = {}
-
-
-def samples_of(entry: ModelEntry, inputs: Mapping[str, Any], outputs: Any = None) -> int:
-    """The inferences a request of ``inputs`` is, as Triton counts them (``inference_count``):
-    its batch for a model with a batch axis, else 1; 0 when its ``outputs`` came from the
-    response cache (the model did not run)."""
-    if isinstance(outputs, CachedOutputs):
-        return 0
-    specs = entry.inputs
-    known = _BATCHED.get(id(specs))
-    if known is None or known[0] is not specs:
-        if len(_BATCHED) >= 1024:
-            _BATCHED.clear()
-        known = _BATCHED[id(specs)] = (specs, any(spec.has_batch_axis for spec in specs))
-    if not known[1]:
-        return 1
-    first = next(iter(inputs.values()), None)
-    return int(first.shape[0]) if first is not None and first.ndim else 1
 
 
 class DataPlane:
@@ -407,50 +365,6 @@ class DataPlane:
         (None: all JSON)."""
         return encode_infer_response(
             entry.name, entry.version, parsed, results, entry.datatypes, specs=entry.outputs
-        )
-
-    def plain_runner(self, entry: ModelEntry, runner: Any) -> ModelRunner | None:
-        """The :class:`ModelRunner` that serves ``entry`` through ``runner`` when
-        :meth:`submit` may take its requests (not a stateful model, no other make of runner
-        or wrapper between, no trace being taken, not answered from the response cache);
-        else None (await :meth:`execute`)."""
-        inner = runner.current if type(runner) is ServingRunner else runner
-        if type(inner) is not ModelRunner or self.tracer.active:
-            return None
-        settings = entry.settings
-        if settings is not None and (
-            settings.sequence is not None
-            or (self.cache is not None and settings.config.response_cache.enable)
-        ):
-            return None
-        return inner
-
-    def submit(
-        self, entry: ModelEntry, inner: ModelRunner, parsed: InferRequest
-    ) -> tuple[asyncio.Future[dict[str, Any]], asyncio.TimerHandle | None]:
-        """:meth:`execute` without a coroutine, on the runner :meth:`plain_runner` gave:
-        the request is queued now. Returns the future of its outputs (cancel it: its rows
-        never run) and the timer that fails it with :class:`RequestTimeoutError` past its
-        deadline (cancel the timer once the future is done).
-
-        Raises:
-            ModelRuntimeError: what ``execute`` raises at once (refusals, bad inputs).
-        """
-        settings = entry.settings or DEFAULT_SETTINGS
-        if parsed.sequence is not None:
-            raise not_a_sequence_model(parsed.sequence, entry.name)
-        opts = self.options
-        priority = settings.priority(
-            parsed.priority, opts.priority_levels, opts.default_priority_level
-        )
-        timeout, waits, delay = settings.deadline(opts.request_timeout, parsed.timeout, priority)
-        pending = inner.execute_async(parsed.inputs, None, None, None, priority, waits, delay)
-        future = pending if isinstance(pending, asyncio.Future) else asyncio.ensure_future(pending)
-        if timeout is None:
-            return future, None
-        # The runner's own expiry (its error and words), one timer per request as its own.
-        return future, asyncio.get_running_loop().call_later(
-            timeout, expire_request, future, timeout
         )
 
     async def execute(
