@@ -16,7 +16,7 @@ from onnx import TensorProto, helper
 
 from tests.models import OPSET, save
 
-__all__ = ["TRITON_TYPES", "identity_model", "write_identity", "zero_model_name"]
+__all__ = ["PYTHON_IDENTITY", "TRITON_TYPES", "identity_model", "write_identity", "zero_model_name"]
 
 #: numpy dtype -> (ONNX element type, Triton config type).
 TRITON_TYPES: dict[np.dtype[np.generic], tuple[int, str]] = {
@@ -27,6 +27,23 @@ TRITON_TYPES: dict[np.dtype[np.generic], tuple[int, str]] = {
     np.dtype(np.int64): (TensorProto.INT64, "TYPE_INT64"),
     np.dtype(object): (TensorProto.STRING, "TYPE_STRING"),
 }
+
+
+#: Triton's python ``*_identity`` model (``simple_identity``, ``string_identity``): INPUT0 back
+#: as OUTPUT0, any datatype and shape.
+PYTHON_IDENTITY = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            in_0 = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+            out = pb_utils.Tensor("OUTPUT0", in_0.as_numpy())
+            responses.append(pb_utils.InferenceResponse([out]))
+        return responses
+"""
 
 
 def zero_model_name(prefix: str, io_cnt: int, dtype: np.dtype[np.generic] | type) -> str:

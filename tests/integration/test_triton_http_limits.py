@@ -24,26 +24,12 @@ from tests.integration.test_daemon_support import (
     stop_daemon,
     wait_for,
 )
-from tests.triton_qa_models import write_identity
+from tests.triton_qa_models import PYTHON_IDENTITY, write_identity
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
 MIB = 1 << 20
 LIMIT = 64 * MIB  # the default --http-max-input-size, Triton's and ours
-
-SIMPLE_IDENTITY = """
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            in_0 = pb_utils.get_input_tensor_by_name(request, "INPUT0")
-            out = pb_utils.Tensor("OUTPUT0", in_0.as_numpy())
-            responses.append(pb_utils.InferenceResponse([out]))
-        return responses
-"""
 
 SIMPLE_IDENTITY_CONFIG = """
 backend: "python"
@@ -60,7 +46,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     repo = tmp / "models"
     write_identity(repo, "onnx", 1, np.float32, [-1], 8)
     (repo / "simple_identity" / "1").mkdir(parents=True)
-    (repo / "simple_identity" / "1" / "model.py").write_text(SIMPLE_IDENTITY)
+    (repo / "simple_identity" / "1" / "model.py").write_text(PYTHON_IDENTITY)
     (repo / "simple_identity" / "config.pbtxt").write_text(SIMPLE_IDENTITY_CONFIG)
     d = start_daemon(tmp, "--model-repository", str(repo), wait_ready=False)
     try:

@@ -25,22 +25,9 @@ from tests.integration.test_daemon_support import (
     stop_daemon,
     wait_for,
 )
+from tests.triton_qa_models import PYTHON_IDENTITY
 
 pytestmark = pytest.mark.timeout(120)
-
-STRING_IDENTITY = """
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            in_0 = pb_utils.get_input_tensor_by_name(request, "INPUT0")
-            out = pb_utils.Tensor("OUTPUT0", in_0.as_numpy())
-            responses.append(pb_utils.InferenceResponse([out]))
-        return responses
-"""
 
 CONFIG = """
 backend: "python"
@@ -68,7 +55,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     tmp = tmp_path_factory.mktemp("string_io")
     repo = tmp / "models"
     (repo / "string_identity" / "1").mkdir(parents=True)
-    (repo / "string_identity" / "1" / "model.py").write_text(STRING_IDENTITY)
+    (repo / "string_identity" / "1" / "model.py").write_text(PYTHON_IDENTITY)
     (repo / "string_identity" / "config.pbtxt").write_text(CONFIG)
     d = start_daemon(tmp, "--model-repository", str(repo), wait_ready=False)
     try:
