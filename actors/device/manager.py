@@ -38,19 +38,17 @@ Where the seed takes a ``popef::Model``, these calls take an
 from __future__ import annotations
 
 import math
-import os
-import threading
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import overload
 
 import structlog
 
 from actors.clock import Clock, SystemClock
+from actors.device.attachment import HOLDINGS, AttachedDevice, releaser
 from actors.device.inventory import SMALL_IPU_TILES, DeviceSpec, ipu_model_spec, load_inventory
-from actors.device.locks import DeviceLock, LockHolder, default_lock_dir, read_holder
+from actors.device.locks import LockHolder, default_lock_dir, read_holder
 from actors.device.wait import DeviceConstraints, DeviceWaitConfig, DeviceWaitStrategy
 from model_runtime.errors import ConfigurationError, DeviceNotFoundError, DeviceUnavailableError
 from model_runtime.executable import Executable, Target
@@ -58,152 +56,6 @@ from model_runtime.executable import Executable, Target
 __all__ = ["AttachedDevice", "DeviceInfo", "DeviceManager"]
 
 log = structlog.get_logger(__name__)
-
-
-@dataclass(slots=True)
-class _Hold:
-    """This process's hold on one device: its OS lock and the attachments that share it."""
-
-    lock: DeviceLock
-    shareable: bool
-    users: int = 1
-
-
-class _Holdings:
-    """Every device lock this process holds, by (lock directory, device id), counted.
-
-    Process-wide (one instance, :data:`_HOLDINGS`) so that several :class:`DeviceManager`
-    instances of one process (a runner's, a session's, the daemon's) share a device as one.
-    Thread-safe: attachments are made from event loops and released from any thread.
-    """
-
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        self._held: dict[tuple[str, int], _Hold] = {}
-
-    @staticmethod
-    def key(lock_dir: Path, device_id: int) -> tuple[str, int]:
-        return (os.path.abspath(lock_dir), device_id)
-
-    def attachments(self, key: tuple[str, int]) -> int:
-        """How many attachments this process has on the device now."""
-        hold = self._held.get(key)
-        return 0 if hold is None else hold.users
-
-    def try_attach(self, lock_dir: Path, spec: DeviceSpec) -> _Hold | None:
-        """One more attachment of ``spec``: shared if this process holds it and it is
-        shareable, else the OS lock is taken now; ``None`` if it is not to be had.
-
-        Raises:
-            ConfigurationError / DeviceError: as :meth:`DeviceLock.try_acquire`.
-        """
-        key = self.key(lock_dir, spec.id)
-        with self._guard:
-            hold = self._held.get(key)
-            if hold is not None:
-                if not hold.shareable:
-                    return None
-                hold.users += 1
-                return hold
-            lock = DeviceLock.try_acquire(lock_dir, spec.id)
-            if lock is None:
-                return None
-            hold = self._held[key] = _Hold(lock, spec.shareable)
-            return hold
-
-    def release(self, key: tuple[str, int], hold: _Hold) -> int:
-        """One attachment fewer; the last one gives the OS lock back. The attachments left."""
-        with self._guard:
-            if self._held.get(key) is not hold:  # forgotten after a fork: not ours to release
-                return 0
-            hold.users -= 1
-            if hold.users > 0:
-                return hold.users
-            del self._held[key]
-        hold.lock.release()
-        return 0
-
-    def forget(self) -> None:
-        """In a forked child: it holds nothing of its own (the parent's locks stay the parent's)."""
-        self._guard = threading.Lock()
-        self._held = {}
-
-
-_HOLDINGS = _Holdings()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_HOLDINGS.forget)
-
-
-@dataclass(eq=False)
-class AttachedDevice:
-    """One attachment of a device by this process: its spec and lock (``None`` for a created
-    ipu-model). A shared cpu device has one :class:`AttachedDevice` per attachment, all with
-    the same lock, which the last detach releases.
-
-    Detach with :meth:`detach` (idempotent, per attachment) or use it as an (async) context
-    manager.
-    """
-
-    spec: DeviceSpec
-    lock: DeviceLock | None = None
-    options: Mapping[str, str] = field(default_factory=dict)
-    _attached: bool = True
-    #: Gives this attachment back to the process-wide count (None: release ``lock`` directly).
-    _release: Callable[[], int] | None = field(default=None, repr=False)
-
-    @property
-    def id(self) -> int:
-        return self.spec.id
-
-    @property
-    def is_attached(self) -> bool:
-        return self._attached
-
-    def ipu_version(self) -> int:
-        """The device's IPU architecture version, or ``-1`` if unknown (seed: ``ipuVersion``).
-
-        An ipu-model device answers its version (e.g. 2); a cpu device is not an IPU and has no
-        known IPU architecture, so it answers ``-1`` (see the module docstring).
-
-        Raises:
-            nothing.
-        """
-        return self.spec.ipu_version if self.spec.kind == "ipu-model" else -1
-
-    def detach(self) -> None:
-        """Give this attachment back; the last attachment of the device in this process
-        releases its lock, so that other processes may attach it. Idempotent: a second call
-        on the same attachment does nothing (it never releases another attachment's share).
-
-        Raises:
-            nothing.
-        """
-        if not self._attached:
-            return
-        self._attached = False
-        left = 0
-        if self._release is not None:
-            left = self._release()
-        elif self.lock is not None:
-            self.lock.release()
-        log.info("device.detached", device=self.spec.id, kind=self.spec.kind, attachments=left)
-
-    def __enter__(self) -> AttachedDevice:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.detach()
-
-    async def __aenter__(self) -> AttachedDevice:
-        return self
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.detach()
-
-    def __repr__(self) -> str:
-        return f"AttachedDevice({self.spec.describe()}, attached={self._attached})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,7 +130,7 @@ class DeviceManager:
         Raises:
             nothing.
         """
-        return _HOLDINGS.attachments(_HOLDINGS.key(self.lock_dir, device_id))
+        return HOLDINGS.attachments(HOLDINGS.key(self.lock_dir, device_id))
 
     # -- attach ----------------------------------------------------------------------------
 
@@ -571,9 +423,9 @@ class DeviceManager:
         while True:
             attempts += 1
             for spec in self._by_load(candidates):
-                hold = _HOLDINGS.try_attach(self.lock_dir, spec)
+                hold = HOLDINGS.try_attach(self.lock_dir, spec)
                 if hold is not None:
-                    key = _HOLDINGS.key(self.lock_dir, spec.id)
+                    key = HOLDINGS.key(self.lock_dir, spec.id)
                     log.info(
                         "device.attached",
                         device=spec.id,
@@ -582,7 +434,7 @@ class DeviceManager:
                         attachments=hold.users,
                     )
                     return AttachedDevice(
-                        spec, hold.lock, dict(options or {}), _release=_releaser(key, hold)
+                        spec, hold.lock, dict(options or {}), _release=releaser(key, hold)
                     )
             now = self.clock.monotonic()
             if strategy is DeviceWaitStrategy.NO_WAIT or now >= deadline:
@@ -601,10 +453,6 @@ class DeviceManager:
     def _by_load(self, candidates: Sequence[DeviceSpec]) -> list[DeviceSpec]:
         """Least-loaded first: fewest attachments in this process, then lowest id."""
         return sorted(candidates, key=lambda s: (self.attachments(s.id), s.id))
-
-
-def _releaser(key: tuple[str, int], hold: _Hold) -> Callable[[], int]:
-    return lambda: _HOLDINGS.release(key, hold)
 
 
 def _misfit(spec: DeviceSpec, target: Target) -> str:
