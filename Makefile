@@ -131,6 +131,7 @@ bench: $(STAMP)
 	-$(BIN)/python benchmarks/triton_peer.py --seconds $(TRITON_SECONDS)
 	-$(BIN)/python benchmarks/front_end_split.py --seconds 2
 	-$(BIN)/python benchmarks/grpc_transport.py --seconds 2
+	-$(BIN)/python benchmarks/grpc_transport.py --compare tls --seconds 2
 	-$(BIN)/python benchmarks/memory.py
 	-$(BIN)/python benchmarks/sequences.py
 	-$(BIN)/python benchmarks/python_models.py --seconds $(PYTHON_MODELS_SECONDS)

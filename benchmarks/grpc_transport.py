@@ -1,14 +1,17 @@
-"""Issue 46 item 1: the daemon's gRPC on its two transports, ``--grpc-transport native``
-(h2corn) against ``aio`` (grpcio's asyncio server), driven by perf_analyzer over gRPC.
+"""Issue 46: the daemon's gRPC on its two transports, ``--grpc-transport native`` (h2corn)
+against ``aio`` (grpcio's asyncio server), and native over TLS (``--grpc-use-ssl``) against
+native in plaintext, driven by perf_analyzer over gRPC.
 
-Two daemons of this checkout serve the demo model (one per transport, devices and device
-locks of their own); for each concurrency the two are measured one after the other, ``--pairs``
+Each compared side is a daemon of this checkout serving the demo model (devices and device
+locks of its own); for each concurrency the two are measured one after the other, ``--pairs``
 times, alternating which goes first, so that a busy host costs both alike. Per run: perf_analyzer's
 throughput and p99, and the daemon's CPU per inference (``/proc/PID/stat`` user + system time
-over the successes its statistics count). Prints a table of medians with native/aio ratios and
-writes ``benchmarks/results/grpc_transport.json``.
+over the successes its statistics count). Prints a table of medians with the ratio of the second
+to the first and writes ``benchmarks/results/grpc_transport.json`` (``grpc_tls.json`` for
+``--compare tls``).
 
-    python benchmarks/grpc_transport.py [--seconds 2] [--pairs 2] [--concurrency 1 16 64]
+    python benchmarks/grpc_transport.py [--compare transports|tls] [--seconds 2] [--pairs 2]
+        [--concurrency 1 16 64]
 """
 
 from __future__ import annotations
@@ -34,35 +37,98 @@ from model_runtime.demo import DEMO_ONNX_PATH  # noqa: E402
 from tests import perf_analyzer  # noqa: E402
 
 MODEL = "digits"
-TRANSPORTS = ("aio", "native")
+#: What ``--compare`` sets against what: the two sides, first the reference.
+COMPARISONS = {"transports": ("aio", "native"), "tls": ("plain", "tls")}
 
 
 @dataclass
 class Daemon:
-    transport: str
+    transport: str  #: the side's name: aio, native, plain, tls
     pid: int
     http: str
     grpc: str
+    client_args: tuple[str, ...] = ()  #: perf_analyzer's extra arguments for this side
+
+
+def tls_files(directory: Path) -> dict[str, Path]:
+    """A CA and a server certificate for 127.0.0.1 and localhost, as PEM files."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    def name(cn: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    certs = {}
+    for who, subject_key, ca in (("ca", ca_key, True), ("server", key, False)):
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(name(f"bench {who}"))
+            .issuer_name(name("bench ca"))
+            .public_key(subject_key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if not ca:
+            alt = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            builder = builder.add_extension(x509.SubjectAlternativeName(alt), critical=False)
+        certs[who] = builder.sign(ca_key, hashes.SHA256())
+    directory.mkdir(parents=True, exist_ok=True)
+    files = {who: directory / f"{who}.pem" for who in ("ca", "server")}
+    for who, path in files.items():
+        path.write_bytes(certs[who].public_bytes(serialization.Encoding.PEM))
+    files["key"] = directory / "server.key"
+    files["key"].write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return files
+
+
+def side_args(side: str, workdir: Path) -> tuple[list[str], tuple[str, ...]]:
+    """The daemon's and perf_analyzer's extra arguments for ``side``."""
+    if side in ("aio", "native"):
+        return ["--grpc-transport", side], ()
+    if side == "plain":
+        return ["--grpc-transport", "native"], ()
+    pki = tls_files(workdir / "pki")
+    daemon_args = ["--grpc-transport", "native", "--grpc-use-ssl", "--grpc-server-cert",
+                   str(pki["server"]), "--grpc-server-key", str(pki["key"])]  # fmt: skip
+    return daemon_args, (
+        "--ssl-grpc-use-ssl", "--ssl-grpc-root-certifications-file", str(pki["ca"]),
+    )  # fmt: skip
 
 
 @contextmanager
-def daemon(transport: str, workdir: Path, devices: str) -> Iterator[Daemon]:
-    """This checkout's daemon serving the demo model with gRPC on ``transport``."""
+def daemon(side: str, workdir: Path, devices: str) -> Iterator[Daemon]:
+    """This checkout's daemon serving the demo model, its gRPC as ``side`` has it."""
     http_port, grpc_port = servers.free_port(), servers.free_port()
     workdir.mkdir(parents=True, exist_ok=True)
+    daemon_args, client_args = side_args(side, workdir)
     shutil.copy(DEMO_ONNX_PATH, workdir / f"{MODEL}.onnx")
     cmd = [
         sys.executable, "-m", "model_runtime.server", "--port", str(http_port),
         "--grpc-port", str(grpc_port), "--metrics-port", "0", "--no-access-log",
-        "--log-format", "json", "--grpc-transport", transport,
+        "--log-format", "json", *daemon_args,
         "--executable-cache", str(workdir / "cache"), f"{MODEL}={workdir / f'{MODEL}.onnx'}",
     ]  # fmt: skip
     env = {"MODEL_RUNTIME_DEVICES": devices, "MODEL_RUNTIME_DIR": str(workdir / "run"),
            "PYTHONUNBUFFERED": "1"}  # fmt: skip
     base = f"http://127.0.0.1:{http_port}"
     ready = f"{base}/v2/models/{MODEL}/ready"
-    with servers.serve(f"daemon ({transport})", cmd, env, ready, workdir / "daemon.log") as proc:
-        yield Daemon(transport, proc.pid, base, f"127.0.0.1:{grpc_port}")
+    with servers.serve(f"daemon ({side})", cmd, env, ready, workdir / "daemon.log") as proc:
+        yield Daemon(side, proc.pid, base, f"127.0.0.1:{grpc_port}", client_args)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -83,7 +149,8 @@ def measure(d: Daemon, concurrency: int, seconds: float) -> dict[str, float] | N
     try:
         r = perf_analyzer.run(
             MODEL, d.grpc, protocol="grpc", concurrency=concurrency,
-            measurement_ms=int(seconds * 1000), timeout=300, extra=["-s", "50", "-r", "6"],
+            measurement_ms=int(seconds * 1000), timeout=300,
+            extra=["-s", "50", "-r", "6", *d.client_args],
         )  # fmt: skip
     except perf_analyzer.PerfAnalyzerError as exc:
         print(f"{d.transport} c={concurrency}: {str(exc).splitlines()[0]}")
@@ -103,41 +170,44 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=2, help="alternated runs per point")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--devices", default="cpu:2x1", help="each daemon's devices")
+    parser.add_argument("--compare", choices=sorted(COMPARISONS), default="transports")
     args = parser.parse_args()
+    sides = COMPARISONS[args.compare]
+    first, second = sides
     if perf_analyzer.command() is None:
         print("grpc_transport: perf_analyzer is not installed (make perf-analyzer); skipped")
         return 0
     runs: dict[tuple[str, int], list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="grpc-transport-") as tmp, ExitStack() as stack:
-        daemons = {
-            t: stack.enter_context(daemon(t, Path(tmp) / t, args.devices)) for t in TRANSPORTS
-        }
+        daemons = {t: stack.enter_context(daemon(t, Path(tmp) / t, args.devices)) for t in sides}
         for c in args.concurrency:
             for i in range(args.pairs):
-                order = TRANSPORTS if i % 2 == 0 else TRANSPORTS[::-1]
+                order = sides if i % 2 == 0 else sides[::-1]
                 for t in order:
                     got = measure(daemons[t], c, args.seconds)
                     if got is not None:
                         runs.setdefault((t, c), []).append(got)
     rows = []
-    print(f"{'c':>3} {'aio/s':>8} {'native/s':>9} {'ratio':>6} {'aio p99':>8} {'nat p99':>8} "
-          f"{'aio us/inf':>10} {'nat us/inf':>10}")  # fmt: skip
+    a, b = first[:6], second[:6]
+    print(f"{'c':>3} {a + '/s':>9} {b + '/s':>9} {'ratio':>6} {a + ' p99':>10} {b + ' p99':>10} "
+          f"{a + ' us/inf':>13} {b + ' us/inf':>13}")  # fmt: skip
     for c in args.concurrency:
-        if not all((t, c) in runs for t in TRANSPORTS):
-            print(f"{c:>3} no stable measurement for both transports")
+        if not all((t, c) in runs for t in sides):
+            print(f"{c:>3} no stable measurement for both sides")
             continue
         med = {
             t: {k: statistics.median(r[k] for r in runs[(t, c)]) for k in runs[(t, c)][0]}
-            for t in TRANSPORTS
+            for t in sides
         }
-        ratio = med["native"]["throughput"] / med["aio"]["throughput"]
+        ratio = med[second]["throughput"] / med[first]["throughput"]
         rows.append({"concurrency": c, "median": med, "ratio": ratio,
-                     "runs": {t: runs[(t, c)] for t in TRANSPORTS}})  # fmt: skip
-        print(f"{c:>3} {med['aio']['throughput']:>8.0f} {med['native']['throughput']:>9.0f} "
-              f"{ratio:>6.2f} {med['aio']['p99_us']:>8.0f} {med['native']['p99_us']:>8.0f} "
-              f"{med['aio']['cpu_us_per_infer']:>10.0f} "
-              f"{med['native']['cpu_us_per_infer']:>10.0f}")  # fmt: skip
-    out = REPO / "benchmarks" / "results" / "grpc_transport.json"
+                     "runs": {t: runs[(t, c)] for t in sides}})  # fmt: skip
+        print(f"{c:>3} {med[first]['throughput']:>9.0f} {med[second]['throughput']:>9.0f} "
+              f"{ratio:>6.2f} {med[first]['p99_us']:>10.0f} {med[second]['p99_us']:>10.0f} "
+              f"{med[first]['cpu_us_per_infer']:>13.0f} "
+              f"{med[second]['cpu_us_per_infer']:>13.0f}")  # fmt: skip
+    name = "grpc_transport" if args.compare == "transports" else f"grpc_{args.compare}"
+    out = REPO / "benchmarks" / "results" / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
     print(f"wrote {out.relative_to(REPO)}")
