@@ -32,6 +32,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +56,9 @@ log = structlog.get_logger(__name__)
 
 DEVICES_ENV = "MODEL_RUNTIME_DEVICES"
 LOCK_DIR_ENV = "MODEL_RUNTIME_DIR"
+#: The runner's latency budget on Ray (seconds) unless configured: Serve's proxy has no
+#: admission control, so the runner refuses a queue it would take longer than this to serve.
+RAY_LATENCY_BUDGET = 1.0
 
 
 def replica_devices(assigned: Mapping[str, float], devices: str | None = None) -> str:
@@ -87,6 +91,8 @@ class RuntimeReplica:
         self._lock_dir = lock_dir / self.replica_id
         os.environ[LOCK_DIR_ENV] = str(self._lock_dir)
         structlog.contextvars.bind_contextvars(ray_replica=self.replica_id)
+        if opts.runner.latency_budget is None:  # Serve's proxy has no admission control
+            opts = replace(opts, runner=replace(opts.runner, latency_budget=RAY_LATENCY_BUDGET))
         self.opts = opts
         repo, names = build_repository(opts)
         self.repository: ModelRepository = repo

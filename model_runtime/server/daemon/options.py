@@ -134,7 +134,11 @@ class DaemonOptions:
             timeout=0.002,
             auto_reset=True,
             run_save_programs=True,
-            latency_budget=1.0,  # admission control on: overload is refused, not queued
+            # No runner budget: the front end's admission refuses an open loop past capacity
+            # and never a closed loop (Triton queues those however slow the model); a budget
+            # here refused closed-loop clients of a slow model. On Ray, where the front end
+            # has no admission, the deployment sets one (model_runtime.ray.deployment).
+            latency_budget=None,
         )
     )
 
