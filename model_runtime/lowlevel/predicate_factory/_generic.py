@@ -1,9 +1,10 @@
-"""The predicate builders, generic over the policy enum (both namespaces share them)."""
+"""The predicate builders, generic over the policy enum: :class:`Namespace` is one seed
+namespace (``anchor_callbacks``, ``popef_data_usage``) with its policy type and defaults."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from model_runtime.errors import InputValidationError
 from model_runtime.executable.model import Anchor, ProgramFlow
@@ -15,7 +16,7 @@ from model_runtime.lowlevel.policies import (
 )
 
 P = TypeVar("P", AnchorCallbackPolicy, PopefDataUsagePolicy)
-Pred = Callable[[Anchor], P]
+Pred = Callable[[Anchor], P]  #: a predicate answering policies of type P
 
 
 def _check(policy_type: type[P], *policies: P) -> None:
@@ -53,7 +54,7 @@ def non_scalar(accept: P, reject: P, policy_type: type[P]) -> Callable[[Anchor],
     return lambda anchor: accept if anchor.tensor_info.num_elements > 1 else reject
 
 
-def program_indexes(
+def by_program_indexes(
     programs: Sequence[int] | Sequence[ProgramsWithPolicy[P]],
     accept: P,
     reject: P,
@@ -103,3 +104,91 @@ def combine(
         return accept if test(p(anchor) is accept for p in parts) else reject
 
     return pred
+
+
+class Namespace(Generic[P]):
+    """The seed's nine predicate builders for one policy type, ``accept`` and ``reject`` the
+    defaults. Each builder returns a predicate: anchor -> ``accept_policy`` if the anchor
+    matches, else ``reject_policy``; an anchor is "owned" by the programs in
+    ``Anchor.programs``. Every builder raises :class:`InputValidationError` for a policy of
+    the wrong type."""
+
+    def __init__(self, policy_type: type[P], accept: P, reject: P) -> None:
+        self._type: type[P] = policy_type
+        self.accept: P = accept
+        self.reject: P = reject
+
+    def pred_program_flow_load(
+        self, flow: ProgramFlow, accept_policy: P | None = None, reject_policy: P | None = None
+    ) -> Pred[P]:
+        """Match anchors owned by any load program of ``flow`` (InputValidationError: ``flow``
+        is no ProgramFlow)."""
+        return self._owned(flow, "load", accept_policy, reject_policy)
+
+    def pred_program_flow_main(
+        self, flow: ProgramFlow, accept_policy: P | None = None, reject_policy: P | None = None
+    ) -> Pred[P]:
+        """Match anchors owned by a main program of ``flow`` (InputValidationError: ``flow``
+        is no ProgramFlow)."""
+        return self._owned(flow, "main", accept_policy, reject_policy)
+
+    def pred_program_flow_save(
+        self, flow: ProgramFlow, accept_policy: P | None = None, reject_policy: P | None = None
+    ) -> Pred[P]:
+        """Match anchors owned by any save program of ``flow`` (InputValidationError: ``flow``
+        is no ProgramFlow)."""
+        return self._owned(flow, "save", accept_policy, reject_policy)
+
+    def pred_program_not_assigned(
+        self, accept_policy: P | None = None, reject_policy: P | None = None
+    ) -> Pred[P]:
+        """Match anchors that no program owns."""
+        return not_assigned(*self._pair(accept_policy, reject_policy), self._type)
+
+    def pred_non_scalar_type(
+        self, accept_policy: P | None = None, reject_policy: P | None = None
+    ) -> Pred[P]:
+        """Match anchors that are not scalars (a scalar: a tensor of exactly one element)."""
+        return non_scalar(*self._pair(accept_policy, reject_policy), self._type)
+
+    def pred_program_indexes(
+        self,
+        program_indexes: Sequence[int] | Sequence[ProgramsWithPolicy[P]],
+        accept_policy: P | None = None,
+        reject_policy: P | None = None,
+    ) -> Pred[P]:
+        """Match anchors owned by any of ``program_indexes``.
+
+        Given :class:`ProgramsWithPolicy` groups instead (the seed's second overload), an
+        anchor gets the policy of the first group owning it, else ``reject_policy``
+        (``accept_policy`` is then unused). A mix of ids and groups: InputValidationError.
+        """
+        accept, reject = self._pair(accept_policy, reject_policy)
+        return by_program_indexes(program_indexes, accept, reject, self._type)
+
+    def pred_anchors_policies(
+        self,
+        accepted_anchors_policies: Sequence[AnchorWithPolicy[P]],
+        reject_policy: P | None = None,
+    ) -> Pred[P]:
+        """Give each listed anchor (by name) its policy; every other anchor ``reject_policy``."""
+        reject = self.reject if reject_policy is None else reject_policy
+        return anchors_policies(accepted_anchors_policies, reject, self._type)
+
+    def and_bind(self, accept_policy: P, reject_policy: P, *pred: Pred[P]) -> Pred[P]:
+        """Conjunction: ``accept_policy`` when every predicate answers ``accept_policy`` (no
+        predicate: InputValidationError)."""
+        return combine(accept_policy, reject_policy, pred, self._type, all_=True)
+
+    def or_bind(self, accept_policy: P, reject_policy: P, *pred: Pred[P]) -> Pred[P]:
+        """Disjunction: ``accept_policy`` when any predicate answers ``accept_policy`` (no
+        predicate: InputValidationError)."""
+        return combine(accept_policy, reject_policy, pred, self._type, all_=False)
+
+    def _pair(self, accept: P | None, reject: P | None) -> tuple[P, P]:
+        if accept is None:
+            accept = self.accept
+        return accept, self.reject if reject is None else reject
+
+    def _owned(self, flow: ProgramFlow, part: str, accept: P | None, reject: P | None) -> Pred[P]:
+        return owned_by(flow_programs(flow, part), *self._pair(accept, reject), self._type)

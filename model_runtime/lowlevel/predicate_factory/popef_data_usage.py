@@ -1,21 +1,15 @@
 """Predefined PopEF data usage predicates (seed ``predicate_factory::popef_data_usage``).
 
-Each returns a predicate: anchor -> ``accept_policy`` if the anchor matches, else
-``reject_policy``. An anchor is "owned" by the programs listed in ``Anchor.programs``.
+Each builder returns a predicate: anchor -> ``accept_policy`` if the anchor matches,
+else ``reject_policy`` (defaults: ``USE_USER_DATA``, ``USE_POPEF_DATA_IF_ANY``).
+An anchor is "owned" by the programs listed in ``Anchor.programs``. The builders are one
+:class:`~._generic.Namespace`'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from model_runtime.executable.model import ProgramFlow
-from model_runtime.lowlevel.policies import (
-    AnchorWithPolicy,
-    PopefDataUsagePolicy,
-    PopefDataUsagePredicate,
-    ProgramsWithPolicy,
-)
-from model_runtime.lowlevel.predicate_factory import _generic as g
+from model_runtime.lowlevel.policies import PopefDataUsagePolicy
+from model_runtime.lowlevel.predicate_factory._generic import Namespace
 
 __all__ = [
     "and_bind",
@@ -29,111 +23,16 @@ __all__ = [
     "pred_program_not_assigned",
 ]
 
-_P = PopefDataUsagePolicy
 ACCEPT = PopefDataUsagePolicy.USE_USER_DATA
 REJECT = PopefDataUsagePolicy.USE_POPEF_DATA_IF_ANY
+_NAMESPACE = Namespace(PopefDataUsagePolicy, ACCEPT, REJECT)
 
-
-def pred_program_flow_load(
-    flow: ProgramFlow, accept_policy: _P = ACCEPT, reject_policy: _P = REJECT
-) -> PopefDataUsagePredicate:
-    """Match anchors owned by any load program of ``flow``.
-
-    Raises:
-        InputValidationError: ``flow`` is no ProgramFlow, or a policy of the wrong type.
-    """
-    return g.owned_by(g.flow_programs(flow, "load"), accept_policy, reject_policy, _P)
-
-
-def pred_program_flow_main(
-    flow: ProgramFlow, accept_policy: _P = ACCEPT, reject_policy: _P = REJECT
-) -> PopefDataUsagePredicate:
-    """Match anchors owned by a main program of ``flow``.
-
-    Raises:
-        InputValidationError: ``flow`` is no ProgramFlow, or a policy of the wrong type.
-    """
-    return g.owned_by(g.flow_programs(flow, "main"), accept_policy, reject_policy, _P)
-
-
-def pred_program_flow_save(
-    flow: ProgramFlow, accept_policy: _P = ACCEPT, reject_policy: _P = REJECT
-) -> PopefDataUsagePredicate:
-    """Match anchors owned by any save program of ``flow``.
-
-    Raises:
-        InputValidationError: ``flow`` is no ProgramFlow, or a policy of the wrong type.
-    """
-    return g.owned_by(g.flow_programs(flow, "save"), accept_policy, reject_policy, _P)
-
-
-def pred_program_not_assigned(
-    accept_policy: _P = ACCEPT, reject_policy: _P = REJECT
-) -> PopefDataUsagePredicate:
-    """Match anchors that no program owns.
-
-    Raises:
-        InputValidationError: a policy of the wrong type.
-    """
-    return g.not_assigned(accept_policy, reject_policy, _P)
-
-
-def pred_non_scalar_type(
-    accept_policy: _P = ACCEPT, reject_policy: _P = REJECT
-) -> PopefDataUsagePredicate:
-    """Match anchors that are not scalars (a scalar: a tensor of exactly one element).
-
-    Raises:
-        InputValidationError: a policy of the wrong type.
-    """
-    return g.non_scalar(accept_policy, reject_policy, _P)
-
-
-def pred_program_indexes(
-    program_indexes: Sequence[int] | Sequence[ProgramsWithPolicy[_P]],
-    accept_policy: _P = ACCEPT,
-    reject_policy: _P = REJECT,
-) -> PopefDataUsagePredicate:
-    """Match anchors owned by any of ``program_indexes``.
-
-    Given :class:`ProgramsWithPolicy` groups instead (the seed's second overload), an anchor
-    gets the policy of the first group owning it, else ``reject_policy`` (``accept_policy`` is
-    then unused).
-
-    Raises:
-        InputValidationError: a mix of ids and groups, or a policy of the wrong type.
-    """
-    return g.program_indexes(program_indexes, accept_policy, reject_policy, _P)
-
-
-def pred_anchors_policies(
-    accepted_anchors_policies: Sequence[AnchorWithPolicy[_P]], reject_policy: _P = REJECT
-) -> PopefDataUsagePredicate:
-    """Give each listed anchor (by name) its policy; every other anchor ``reject_policy``.
-
-    Raises:
-        InputValidationError: a policy of the wrong type.
-    """
-    return g.anchors_policies(accepted_anchors_policies, reject_policy, _P)
-
-
-def and_bind(
-    accept_policy: _P, reject_policy: _P, *pred: PopefDataUsagePredicate
-) -> PopefDataUsagePredicate:
-    """Conjunction: ``accept_policy`` when every predicate answers ``accept_policy``.
-
-    Raises:
-        InputValidationError: no predicate, or a policy of the wrong type.
-    """
-    return g.combine(accept_policy, reject_policy, pred, _P, all_=True)
-
-
-def or_bind(
-    accept_policy: _P, reject_policy: _P, *pred: PopefDataUsagePredicate
-) -> PopefDataUsagePredicate:
-    """Disjunction: ``accept_policy`` when any predicate answers ``accept_policy``.
-
-    Raises:
-        InputValidationError: no predicate, or a policy of the wrong type.
-    """
-    return g.combine(accept_policy, reject_policy, pred, _P, all_=False)
+pred_program_flow_load = _NAMESPACE.pred_program_flow_load
+pred_program_flow_main = _NAMESPACE.pred_program_flow_main
+pred_program_flow_save = _NAMESPACE.pred_program_flow_save
+pred_program_not_assigned = _NAMESPACE.pred_program_not_assigned
+pred_non_scalar_type = _NAMESPACE.pred_non_scalar_type
+pred_program_indexes = _NAMESPACE.pred_program_indexes
+pred_anchors_policies = _NAMESPACE.pred_anchors_policies
+and_bind = _NAMESPACE.and_bind
+or_bind = _NAMESPACE.or_bind
