@@ -55,7 +55,11 @@ admits and the request carries its admission to the app's outermost middleware
 (:func:`model_runtime.server.http.admitting.admission_middleware`), which decides for the requests
 the guard did not. gRPC, the same rule:
 ``message = admission.try_admit(model)``; a message means UNAVAILABLE with it, None means
-admitted, and then ``admission.release(model, queue_full=...)`` once answered.
+admitted, and then ``admission.release(model, queue_full=...)`` once answered. A front end
+that counts each connection's requests in flight (gRPC's native transport) passes
+``others=``: a request whose connection has nothing else in flight passes the front-end and
+loop-lag limits by up to :data:`CLIENTS`, so that one connection's flood is refused before a
+connection that waits for its answers.
 """
 
 from __future__ import annotations
@@ -216,13 +220,18 @@ class ModelAdmission:
             reason: control.refused.labels(name, reason) for reason in (OVERLOADED, QUEUE_FULL)
         }
 
-    def refuses(self) -> str | None:
-        """The reason a new request is refused now, or None: admitted. O(1), no allocation."""
+    def refuses(self, alone: bool = False) -> str | None:
+        """The reason a new request is refused now, or None: admitted. O(1), no allocation.
+        ``alone``: its connection has nothing else in flight; such a request may pass the
+        front-end and loop-lag limits by :data:`CLIENTS` (the flood of another connection
+        is refused first)."""
         self._arrivals += 1
         if self.exempt:
             return None
         n = self.inflight
-        if n >= self.limit or n >= self.lag_cap:
+        if (n >= self.limit or n >= self.lag_cap) and (
+            not alone or n >= min(self.limit, self.lag_cap) + CLIENTS
+        ):
             self._refusals += 1
             return OVERLOADED
         if n >= self.runner_limit:
@@ -399,16 +408,19 @@ class AdmissionControl:
 
     # -- gRPC (and any other front end) ------------------------------------------------------
 
-    def try_admit(self, model: str) -> str | None:
+    def try_admit(self, model: str, *, others: int | None = None) -> str | None:
         """Admit one request for ``model``: None, and it counts as in flight until
         :meth:`release`; or the refusal's message (counted and logged as a summary), to be
-        answered at once (gRPC: UNAVAILABLE with the message; HTTP: 503).
+        answered at once (gRPC: UNAVAILABLE with the message; HTTP: 503). ``others``: the
+        requests its connection has in flight besides it, where the front end counts them
+        (None: unknown); with none, it is refused only past the limits by :data:`CLIENTS`
+        (fairness between connections: see :meth:`ModelAdmission.refuses`).
 
         Raises:
             nothing.
         """
         state = self.model(model)
-        reason = state.refuses()
+        reason = state.refuses(others == 0)
         if reason is not None:
             self.refuse(state, reason)
             return state.message
