@@ -222,7 +222,7 @@ class MessageReader:
         """
         buf = self._buf
         # Not zero-filled (bytearray(n) writes every page of it on the event loop first).
-        view = memoryview(np.empty(length, np.uint8))
+        view = np.empty(length, np.uint8).data
         got = len(buf) - 5
         view[:got] = memoryview(buf)[5:]
         buf.clear()

@@ -239,8 +239,20 @@ class GrpcApp:
         )
         if handler.request_streaming:
             await self._stream(handler, reader, context, deadline, state)
-        else:
+        elif conn is None or self._shares is None:
             await self._unary(handler, name, reader, context, deadline, state)
+        else:
+            shares = self._shares
+            if not await shares.turn(conn):
+                raise GrpcAbort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"this connection's calls waited {shares.write_timeout} s for one of its "
+                    f"{shares.max_busy} turns; read the answers of the calls sent",
+                )
+            try:
+                await self._unary(handler, name, reader, context, deadline, state)
+            finally:
+                shares.done(conn)
 
     def _handler(self, path: bytes) -> tuple[Any, str]:
         if path.startswith(SERVICE_PATH):

@@ -237,10 +237,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         entry = plane.entry(request.model_name, request.model_version)
         admission = plane.admission
         # After the lookup: admission state is made for models that exist only (as over HTTP).
-        # The native transport says how many calls the caller's connection has open: one
-        # with nothing else open is not refused for what other connections hold.
+        # The native transport says how many calls the caller's connection has open: a
+        # connection with others open is refused first (admission's fairness).
         calls = getattr(context, "connection_calls", None)
-        refused = admission.try_admit(entry.name, others=None if calls is None else calls() - 1)
+        crowded = calls is not None and calls() > 1
+        refused = admission.try_admit(entry.name, crowded=crowded)
         if refused is not None:
             raise HTTPError(503, refused, OVERLOADED)
         queue_full = False
@@ -267,7 +268,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
             finally:
                 plane.finish_request(entry, reason, t0, samples)
         finally:
-            admission.release(entry.name, queue_full=queue_full)
+            admission.release(entry.name, queue_full=queue_full, crowded=crowded)
 
     async def _infer(
         self, request: Any, context: Any, entry: ModelEntry, runner: Any, inline: bool = False

@@ -6,8 +6,14 @@ keeps that count per connection (its client's address and port), and two rules o
 
 - a connection has at most ``max_streams`` calls open (HTTP/2's ``MAX_CONCURRENT_STREAMS``,
   which the server advertises; counted here too): past it a call is refused at once;
+- at most ``max_busy`` unary calls of a connection are computed at once (from before their
+  message is read until their answer is made; an answer waiting to be written holds none): the
+  others wait their turn, oldest first, for up to ``write_timeout`` (then RESOURCE_EXHAUSTED),
+  so that a burst of one connection's calls reaches the models at the pace they answer it;
 - a refusal (UNAVAILABLE, RESOURCE_EXHAUSTED) of a call whose connection has other calls open
-  that are not refusals themselves is sent once one of those ends, or after ``write_timeout``:
+  that are not refusals themselves is sent once one of those ends, or after half to all of
+  ``write_timeout`` (spread at random, so that refusals held together are not all sent, and
+  their calls resent, at once):
   a client that resends each refused call at once (a flood) gets its refusals at the pace its
   connection's calls end, while a connection with nothing else open is answered at once. A
   connection whose answers are never read therefore costs one call per stream per write timeout,
@@ -17,32 +23,40 @@ keeps that count per connection (its client's address and port), and two rules o
 from __future__ import annotations
 
 import asyncio
+import random
 from collections import deque
 from collections.abc import Hashable
 
-__all__ = ["Connection", "Shares"]
+__all__ = ["MAX_BUSY", "Connection", "Shares"]
+
+#: Unary calls of one connection computed at once (the rest wait their turn).
+MAX_BUSY = 32
 
 
 class Connection:
     """One connection's calls: ``open`` (started, stream not ended), ``refusing`` (refusals
     waiting to be sent) and the refusals waiting, oldest first."""
 
-    __slots__ = ("key", "open", "refusing", "waiting")
+    __slots__ = ("busy", "key", "open", "queued", "refusing", "waiting")
 
     def __init__(self, key: Hashable) -> None:
         self.key = key
         self.open = 0
         self.refusing = 0
         self.waiting: deque[asyncio.Future[None]] = deque()
+        #: Calls being computed, and those waiting their turn (oldest first).
+        self.busy = 0
+        self.queued: deque[asyncio.Future[None]] = deque()
 
 
 class Shares:
     """The open calls of one listener's connections (see the module docstring)."""
 
-    def __init__(self, *, max_streams: int, write_timeout: float) -> None:
-        if max_streams < 1 or write_timeout <= 0:
-            raise ValueError("max_streams and write_timeout must be > 0")
+    def __init__(self, *, max_streams: int, write_timeout: float, max_busy: int = MAX_BUSY) -> None:
+        if max_streams < 1 or write_timeout <= 0 or max_busy < 1:
+            raise ValueError("max_streams, max_busy and write_timeout must be > 0")
         self.max_streams = max_streams
+        self.max_busy = max_busy
         self.write_timeout = write_timeout
         self.connections: dict[Hashable, Connection] = {}
         #: Refusals held back until a call of their connection ended (or the write timeout).
@@ -73,9 +87,42 @@ class Shares:
         if conn.open == 0:
             self.connections.pop(conn.key, None)
 
+    async def turn(self, conn: Connection) -> bool:
+        """Wait until one of ``conn``'s :data:`max_busy` turns is free and take it (True); False
+        when none was within the write timeout. Give it back with :meth:`done`."""
+        if conn.busy < self.max_busy and not conn.queued:
+            conn.busy += 1
+            return True
+        waiter = asyncio.get_running_loop().create_future()
+        conn.queued.append(waiter)
+        try:
+            async with asyncio.timeout(self.write_timeout):
+                await waiter
+        except TimeoutError:
+            return waiter.done() and not waiter.cancelled()  # handed over as it timed out
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.done(conn)  # handed over, then cancelled: pass it on
+            raise
+        finally:
+            if not waiter.done():
+                waiter.cancel()
+        return True
+
+    def done(self, conn: Connection) -> None:
+        """A call of ``conn`` gives its turn back: to the oldest call waiting, if any."""
+        queued = conn.queued
+        while queued:
+            waiter = queued.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the turn passes on, still counted
+                return
+        conn.busy -= 1
+
     async def before_refusal(self, conn: Connection) -> None:
         """Return when a refusal of one of ``conn``'s calls may be sent: at once if its other
-        open calls are all refusals, else once one of them ends or after the write timeout."""
+        open calls are all refusals, else once one of them ends or after half to all of the
+        write timeout."""
         if conn.open - 1 - conn.refusing <= 0:
             return
         waiter = asyncio.get_running_loop().create_future()
@@ -83,7 +130,7 @@ class Shares:
         conn.refusing += 1
         self.held += 1
         try:
-            async with asyncio.timeout(self.write_timeout):
+            async with asyncio.timeout(self.write_timeout * (0.5 + random.random() / 2)):
                 await waiter
         except TimeoutError:
             pass
