@@ -115,8 +115,8 @@ class CallBudget:
         before any of it is buffered (None), or say why it is refused: its connection is
         stalled, or the bytes in flight would pass the budget (no allowance for a connection
         with nothing else in flight here: a big message is its own memory), unless nothing at
-        all is in flight. Counted bytes are given back with :meth:`drop_message` once its call
-        ends."""
+        all is in flight (then up to twice the budget). Counted bytes are given back with
+        :meth:`drop_message` once its call ends."""
         why = self._refusal(self.calls.get(peer, 0), size, peer, computing=False)
         if why is None and self.bytes and self.bytes + size > self.max_bytes:
             self.refused_bytes += 1

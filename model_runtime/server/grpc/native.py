@@ -200,8 +200,12 @@ class GrpcApp:
         finally:
             if state.reader is not None:
                 state.reader.close()
-        if conn is not None:
-            await _stream_end(receive, self._shares)  # counted open until written
+        if conn is not None and self._shares is not None:
+            self._shares.answered(conn)  # counted open and unsent until written
+            try:
+                await _stream_end(receive, self._shares)
+            finally:
+                self._shares.written(conn)
         return refused
 
     async def _call(

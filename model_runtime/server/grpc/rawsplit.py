@@ -39,7 +39,9 @@ def _varint(data: memoryview, at: int) -> tuple[int, int]:
             raise ValueError("varint too long")
 
 
-def split_raw_inputs(message: Any, data: bytes) -> tuple[Any, list[memoryview]] | None:
+def split_raw_inputs(
+    message: Any, data: bytes | bytearray | memoryview
+) -> tuple[Any, list[memoryview]] | None:
     """``data`` (a serialized ``ModelInferRequest``, bytes-like) as ``message`` (an empty one,
     merged into) without its raw input contents, and those contents as views of ``data`` in
     their order; None when ``data`` does not walk as a protobuf message (parse it whole)."""

@@ -7,9 +7,11 @@ keeps that count per connection (its client's address and port), and two rules o
 - a connection has at most ``max_streams`` calls open (HTTP/2's ``MAX_CONCURRENT_STREAMS``,
   which the server advertises; counted here too): past it a call is refused at once;
 - at most ``max_busy`` unary calls of a connection are computed at once (from before their
-  message is read until their answer is made; an answer waiting to be written holds none): the
-  others wait their turn, oldest first, for up to ``write_timeout`` (then RESOURCE_EXHAUSTED),
-  so that a burst of one connection's calls reaches the models at the pace they answer it;
+  message is read until their answer is made), and :data:`UNREAD_BUSY` while ``max_busy`` or
+  more of its answers wait to be written (a client that does not read): the others wait their
+  turn, oldest first, for up to ``write_timeout`` (then RESOURCE_EXHAUSTED), so that a burst of
+  one connection's calls reaches the models at the pace they answer it, and a client that does
+  not read its answers has few computed at once;
 - a refusal (UNAVAILABLE, RESOURCE_EXHAUSTED) of a call whose connection has other calls open
   that are not refusals themselves is sent once one of those ends, or after half to all of
   ``write_timeout`` (spread at random, so that refusals held together are not all sent, and
@@ -27,17 +29,19 @@ import random
 from collections import deque
 from collections.abc import Hashable
 
-__all__ = ["MAX_BUSY", "Connection", "Shares"]
+__all__ = ["MAX_BUSY", "UNREAD_BUSY", "Connection", "Shares"]
 
-#: Unary calls of one connection computed at once (the rest wait their turn).
+#: Unary calls of one connection computed at once (the rest wait their turn) ...
 MAX_BUSY = 32
+#: ... and while ``max_busy`` of its answers or more wait to be written.
+UNREAD_BUSY = 4
 
 
 class Connection:
     """One connection's calls: ``open`` (started, stream not ended), ``refusing`` (refusals
     waiting to be sent) and the refusals waiting, oldest first."""
 
-    __slots__ = ("busy", "key", "open", "queued", "refusing", "waiting")
+    __slots__ = ("busy", "key", "open", "queued", "refusing", "unsent", "waiting")
 
     def __init__(self, key: Hashable) -> None:
         self.key = key
@@ -47,6 +51,8 @@ class Connection:
         #: Calls being computed, and those waiting their turn (oldest first).
         self.busy = 0
         self.queued: deque[asyncio.Future[None]] = deque()
+        #: Calls answered whose streams have not ended (answers not yet written).
+        self.unsent = 0
 
 
 class Shares:
@@ -87,10 +93,22 @@ class Shares:
         if conn.open == 0:
             self.connections.pop(conn.key, None)
 
+    def _turns(self, conn: Connection) -> int:
+        return self.max_busy if conn.unsent < self.max_busy else UNREAD_BUSY
+
+    def answered(self, conn: Connection) -> None:
+        """A call of ``conn`` was answered; its stream has not ended yet (:meth:`written`)."""
+        conn.unsent += 1
+
+    def written(self, conn: Connection) -> None:
+        """The stream of an :meth:`answered` call ended (its answer written, or dropped)."""
+        conn.unsent -= 1
+        self._wake(conn)
+
     async def turn(self, conn: Connection) -> bool:
-        """Wait until one of ``conn``'s :data:`max_busy` turns is free and take it (True); False
-        when none was within the write timeout. Give it back with :meth:`done`."""
-        if conn.busy < self.max_busy and not conn.queued:
+        """Wait until one of ``conn``'s turns is free and take it (True); False when none was
+        within the write timeout. Give it back with :meth:`done`."""
+        if conn.busy < self._turns(conn) and not conn.queued:
             conn.busy += 1
             return True
         waiter = asyncio.get_running_loop().create_future()
@@ -107,17 +125,22 @@ class Shares:
         finally:
             if not waiter.done():
                 waiter.cancel()
+            if waiter.cancelled() and waiter in conn.queued:
+                conn.queued.remove(waiter)
         return True
 
     def done(self, conn: Connection) -> None:
         """A call of ``conn`` gives its turn back: to the oldest call waiting, if any."""
-        queued = conn.queued
-        while queued:
+        conn.busy -= 1
+        self._wake(conn)
+
+    def _wake(self, conn: Connection) -> None:
+        queued, turns = conn.queued, self._turns(conn)
+        while queued and conn.busy < turns:
             waiter = queued.popleft()
             if not waiter.done():
-                waiter.set_result(None)  # the turn passes on, still counted
-                return
-        conn.busy -= 1
+                conn.busy += 1
+                waiter.set_result(None)
 
     async def before_refusal(self, conn: Connection) -> None:
         """Return when a refusal of one of ``conn``'s calls may be sent: at once if its other
@@ -138,3 +161,5 @@ class Shares:
             conn.refusing -= 1
             if not waiter.done():
                 waiter.cancel()
+            if waiter.cancelled() and waiter in conn.waiting:
+                conn.waiting.remove(waiter)
