@@ -41,6 +41,7 @@ def test_a_connections_calls_take_turns_oldest_first() -> None:
         shares = Shares(max_streams=10, write_timeout=5, max_busy=2)
         conn = shares.start("c")
         assert conn is not None
+        conn.reads = True  # a client that reads its answers
         assert await shares.turn(conn) and await shares.turn(conn)
         order: list[int] = []
 
@@ -68,7 +69,9 @@ def test_a_call_that_waits_past_the_write_timeout_for_a_turn_is_refused() -> Non
     async def main() -> None:
         shares = Shares(max_streams=10, write_timeout=0.05, max_busy=1)
         conn = shares.start("c")
-        assert conn is not None and await shares.turn(conn)
+        assert conn is not None
+        conn.reads = True
+        assert await shares.turn(conn)
         assert not await shares.turn(conn)
         assert not conn.queued and conn.busy == 1
 
@@ -192,6 +195,7 @@ def test_a_connection_that_does_not_read_its_answers_has_few_calls_computed_at_o
         shares = Shares(max_streams=100, write_timeout=5, max_busy=8)
         conn = shares.start("c")
         assert conn is not None
+        conn.reads = True
         for _ in range(8):
             shares.answered(conn)  # answers its client has not read
         for _ in range(UNREAD_BUSY):
@@ -199,8 +203,30 @@ def test_a_connection_that_does_not_read_its_answers_has_few_calls_computed_at_o
         late = asyncio.create_task(shares.turn(conn))
         await _settle()
         assert not late.done()  # UNREAD_BUSY turns, not max_busy
-        shares.written(conn)  # one answer is read: the connection's turns are max_busy again
+        shares.written(conn, 0.001)  # an answer is read: the turns are max_busy again
         await _settle()
         assert late.done() and late.result() and conn.busy == UNREAD_BUSY + 1
+
+    asyncio.run(main())
+
+
+def test_a_new_connection_has_few_turns_until_an_answer_of_it_is_written_in_time() -> None:
+    async def main() -> None:
+        shares = Shares(max_streams=100, write_timeout=2, max_busy=8)
+        conn = shares.start("c")
+        assert conn is not None
+        for _ in range(UNREAD_BUSY):
+            assert await asyncio.wait_for(shares.turn(conn), 1)
+        late = asyncio.create_task(shares.turn(conn))
+        await _settle()
+        assert not late.done()
+        shares.answered(conn)
+        shares.written(conn, 1.5)  # ended only near the write timeout: not read
+        await _settle()
+        assert not late.done()
+        shares.answered(conn)
+        shares.written(conn, 0.01)  # written at once: a client that reads
+        await _settle()
+        assert late.done() and conn.busy == UNREAD_BUSY + 1
 
     asyncio.run(main())

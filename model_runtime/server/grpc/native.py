@@ -202,10 +202,12 @@ class GrpcApp:
                 state.reader.close()
         if conn is not None and self._shares is not None:
             self._shares.answered(conn)  # counted open and unsent until written
+            loop = asyncio.get_running_loop()
+            answered = loop.time()
             try:
                 await _stream_end(receive, self._shares)
             finally:
-                self._shares.written(conn)
+                self._shares.written(conn, loop.time() - answered)
         return refused
 
     async def _call(

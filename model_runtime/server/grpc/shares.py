@@ -7,8 +7,10 @@ keeps that count per connection (its client's address and port), and two rules o
 - a connection has at most ``max_streams`` calls open (HTTP/2's ``MAX_CONCURRENT_STREAMS``,
   which the server advertises; counted here too): past it a call is refused at once;
 - at most ``max_busy`` unary calls of a connection are computed at once (from before their
-  message is read until their answer is made), and :data:`UNREAD_BUSY` while ``max_busy`` or
-  more of its answers wait to be written (a client that does not read): the others wait their
+  message is read until their answer is made), and :data:`UNREAD_BUSY` until one of its
+  answers was written within half the write timeout (a new connection starts slowly) and while
+  ``max_busy`` or more of its answers wait to be written (a client that does not read): the
+  others wait their
   turn, oldest first, for up to ``write_timeout`` (then RESOURCE_EXHAUSTED), so that a burst of
   one connection's calls reaches the models at the pace they answer it, and a client that does
   not read its answers has few computed at once;
@@ -41,7 +43,7 @@ class Connection:
     """One connection's calls: ``open`` (started, stream not ended), ``refusing`` (refusals
     waiting to be sent) and the refusals waiting, oldest first."""
 
-    __slots__ = ("busy", "key", "open", "queued", "refusing", "unsent", "waiting")
+    __slots__ = ("busy", "key", "open", "queued", "reads", "refusing", "unsent", "waiting")
 
     def __init__(self, key: Hashable) -> None:
         self.key = key
@@ -53,6 +55,8 @@ class Connection:
         self.queued: deque[asyncio.Future[None]] = deque()
         #: Calls answered whose streams have not ended (answers not yet written).
         self.unsent = 0
+        #: An answer of it was written within half the write timeout.
+        self.reads = False
 
 
 class Shares:
@@ -94,15 +98,18 @@ class Shares:
             self.connections.pop(conn.key, None)
 
     def _turns(self, conn: Connection) -> int:
-        return self.max_busy if conn.unsent < self.max_busy else UNREAD_BUSY
+        return self.max_busy if conn.reads and conn.unsent < self.max_busy else UNREAD_BUSY
 
     def answered(self, conn: Connection) -> None:
         """A call of ``conn`` was answered; its stream has not ended yet (:meth:`written`)."""
         conn.unsent += 1
 
-    def written(self, conn: Connection) -> None:
-        """The stream of an :meth:`answered` call ended (its answer written, or dropped)."""
+    def written(self, conn: Connection, seconds: float) -> None:
+        """The stream of an :meth:`answered` call ended ``seconds`` after its answer (written,
+        or dropped)."""
         conn.unsent -= 1
+        if seconds < self.write_timeout / 2:
+            conn.reads = True
         self._wake(conn)
 
     async def turn(self, conn: Connection) -> bool:
