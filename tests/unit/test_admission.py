@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import math
 import time
 from collections.abc import Sequence
 
@@ -452,3 +453,26 @@ async def test_heads_that_arrive_together_are_each_decided_once_as_they_are_read
     assert entered == 4
     assert runner.guard.early_refused == 6  # every refusal from its head
     assert state.inflight == 0
+
+
+def test_one_connections_flood_is_refused_not_the_connections_that_wait_for_answers() -> None:
+    clock = FakeClock()
+    control = AdmissionControl(clock=clock)
+    _serve(control, clock, 200, 0.001)  # measured: 1,000 requests/s
+    limit = math.ceil(control.model("m").limit)  # admitted below it
+    flood = 0  # requests of connections with others in flight (gRPC's native transport)
+    while control.try_admit("m", crowded=True) is None:
+        flood += 1
+    assert flood == limit
+    # The flood fills the limit; a request whose connection waits for its answers is admitted
+    # (HTTP's, and gRPC's alone on its connection), up to the limit of those in all.
+    for _ in range(limit):
+        assert control.try_admit("m") is None
+    assert control.try_admit("m") is not None
+    assert control.try_admit("m", crowded=True) is not None
+    for _ in range(flood):  # the flood's answers leave: its share is free again
+        control.release("m", crowded=True)
+    assert control.try_admit("m", crowded=True) is not None  # the others still hold the limit
+    for _ in range(limit):
+        control.release("m")
+    assert control.try_admit("m", crowded=True) is None

@@ -82,7 +82,9 @@ class CallBudget:
         async def call(request: Any, context: Any) -> Any:
             peer = context.peer()
             held = self.calls.get(peer, 0)
-            size = CALL_OVERHEAD + request.ByteSize()
+            # The native transport says what to count of the request (ByteSize serializes it).
+            counted = getattr(context, "message_bytes", None)
+            size = CALL_OVERHEAD + (request.ByteSize() if counted is None else counted)
             why = self._refusal(held, size, peer)
             if why is not None:
                 await self._refuse(context, why, peer)
@@ -110,10 +112,18 @@ class CallBudget:
 
     def hold_message(self, peer: str, size: int) -> str | None:
         """Count ``size`` bytes of a message about to be received on ``peer``'s connection,
-        before any of it is buffered (None), or say why it is refused (the rules of a call's
-        bytes). Counted bytes are given back with :meth:`drop_message` once the message is
-        handed to its call (which counts it again)."""
+        before any of it is buffered (None), or say why it is refused: its connection is
+        stalled, or the bytes in flight would pass the budget (no allowance for a connection
+        with nothing else in flight here: a big message is its own memory), unless nothing at
+        all is in flight (then up to twice the budget). Counted bytes are given back with
+        :meth:`drop_message` once its call ends."""
         why = self._refusal(self.calls.get(peer, 0), size, peer, computing=False)
+        if why is None and self.bytes and self.bytes + size > self.max_bytes:
+            self.refused_bytes += 1
+            why = (
+                f"the server holds {self.bytes} bytes of calls in flight (budget "
+                f"{self.max_bytes}); retry later"
+            )
         if why is None:
             self.bytes += size
         else:

@@ -200,8 +200,11 @@ def parse_model_infer_request(
     *,
     model: str = "",
     regions: SharedMemoryRegistry | None = None,
+    raw: Sequence[Any] | None = None,
 ) -> InferRequest:
-    """Decode and check a ``ModelInferRequest`` for a model with ``inputs`` and ``outputs``.
+    """Decode and check a ``ModelInferRequest`` for a model with ``inputs`` and ``outputs``;
+    ``raw``: its raw input contents when they were taken out of it (bytes-like views,
+    :mod:`.rawsplit`), else None (``request.raw_input_contents``).
 
     Shapes are checked only against the data given; whether they fit the model (batch axis,
     per-sample shape) is the runner's check. Raw inputs are read-only views of the message's
@@ -219,7 +222,7 @@ def parse_model_infer_request(
     """
     leases: list[Lease] = []
     try:
-        return _parse(request, inputs, outputs, model, regions, leases)
+        return _parse(request, inputs, outputs, model, regions, leases, raw)
     except BaseException:
         release(leases)
         raise
@@ -232,6 +235,7 @@ def _parse(
     model: str,
     regions: SharedMemoryRegistry | None,
     leases: list[Lease],
+    raw: Sequence[Any] | None = None,
 ) -> InferRequest:
     model_params: dict[str, Any] = {}
     if request.parameters:
@@ -249,7 +253,7 @@ def _parse(
         values = parameter_values(f"input {item.name!r}", item.parameters)
         check_input_parameters(item.name, values, model)
         refs.append(region_parameters(item.name, values))
-    raw_contents = request.raw_input_contents
+    raw_contents = request.raw_input_contents if raw is None else raw
     if raw_contents:  # Triton's first check of each input, before the count (even empty)
         for item, ref in zip(items, refs, strict=True):
             if ref is None and item.HasField("contents"):

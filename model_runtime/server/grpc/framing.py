@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
+import numpy as np
 
 __all__ = [
     "ACCEPT_ENCODING",
@@ -92,10 +93,12 @@ class MessageReader:
 
     ``max_size``: the largest message, compressed or inflated; ``encoding``: the stream's
     ``grpc-encoding`` (None or ``identity``: messages must not be compressed); ``admit``:
-    asked before a message of :data:`ADMIT_FROM` bytes or more is read.
+    asked before a message of :data:`ADMIT_FROM` bytes or more is read. A message read across
+    chunks is copied once, into a buffer of the length its prefix announced; what ``admit``
+    counted for it stays counted until the next message is asked for or :meth:`close`.
     """
 
-    __slots__ = ("_admit", "_buf", "_encoding", "_ended", "_max", "_receive")
+    __slots__ = ("_admit", "_buf", "_encoding", "_ended", "_held", "_max", "_partial", "_receive")
 
     def __init__(
         self, receive: Receive, max_size: int, encoding: str | None, admit: Admit | None = None
@@ -113,6 +116,29 @@ class MessageReader:
         self._encoding = encoding
         self._buf = bytearray()
         self._ended = False
+        self._partial = False
+        self._held: Callable[[], None] | None = None
+
+    @property
+    def ended(self) -> bool:
+        """Whether the client ended its request stream (all of it is read)."""
+        return self._ended
+
+    @property
+    def partial(self) -> bool:
+        """Whether a message was announced and not read whole (its bytes wait unread)."""
+        return self._partial
+
+    @property
+    def counted(self) -> bool:
+        """Whether ``admit`` counted the last message (until the next or :meth:`close`)."""
+        return self._held is not None
+
+    def close(self) -> None:
+        """Give back what ``admit`` counted for the last message (idempotent)."""
+        held, self._held = self._held, None
+        if held is not None:
+            held()
 
     async def _chunk(self) -> bytes:
         """The next body chunk of the request stream (the stream must not have ended).
@@ -147,6 +173,7 @@ class MessageReader:
                 message is compressed without an encoding, or does not inflate.
             CallEnded: the client reset the stream or left.
         """
+        self.close()
         buf = self._buf
         if not buf and not self._ended:
             # The common case, a chunk that holds whole messages: sliced, not buffered.
@@ -172,21 +199,43 @@ class MessageReader:
                 f"Received message larger than max ({length} vs. {self._max})",
             )
         end = 5 + length
-        release = None
-        if self._admit is not None and length >= ADMIT_FROM and len(buf) < end:
-            release = self._admit(length)
-        try:
-            while len(buf) < end:
-                if not await self._more():
-                    raise GrpcAbort(grpc.StatusCode.INTERNAL, "the stream ended in a message")
+        if len(buf) >= end:
             payload = bytes(buf[5:end])
             del buf[:end]
-        finally:
-            if release is not None:
-                release()
+        else:
+            self._partial = True
+            if self._admit is not None and length >= ADMIT_FROM:
+                self._held = self._admit(length)
+            payload = await self._fill(length)
+            self._partial = False
         if flag == 0:
             return payload
         return self._inflate(payload)
+
+    async def _fill(self, length: int) -> bytes:
+        """The message of ``length`` bytes whose prefix (and maybe some bytes) is buffered:
+        each chunk copied once into a buffer of that length (bytes-like: a memoryview).
+
+        Raises:
+            GrpcAbort: INTERNAL, the stream ended inside the message.
+            CallEnded: the client reset the stream or left.
+        """
+        buf = self._buf
+        # Not zero-filled (bytearray(n) writes every page of it on the event loop first).
+        view = np.empty(length, np.uint8).data
+        got = len(buf) - 5
+        view[:got] = memoryview(buf)[5:]
+        buf.clear()
+        while got < length:
+            if self._ended:
+                raise GrpcAbort(grpc.StatusCode.INTERNAL, "the stream ended in a message")
+            chunk = await self._chunk()
+            take = min(len(chunk), length - got)
+            view[got : got + take] = memoryview(chunk)[:take]
+            got += take
+            if take < len(chunk):
+                buf += chunk[take:]
+        return view  # type: ignore[return-value]  # bytes-like, not copied again
 
     def _inflate(self, payload: bytes) -> bytes:
         if self._encoding is None:

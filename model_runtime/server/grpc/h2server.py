@@ -4,9 +4,10 @@ h2corn (Rust: HTTP/2, HPACK, TLS, flow control and their flood limits) hands eac
 :class:`~.native.GrpcApp` as an ASGI call. The listener's limits, as grpc.aio's:
 ``max_connections`` open connections, ``max_streams`` concurrent streams per connection, idle
 connections closed after ``idle_timeout``, an answer held behind a closed flow-control window
-for ``write_timeout`` seconds ends its stream (h2corn's response-stall timeout), and
-:class:`~.budget.CallBudget` over the unary calls. TLS from the daemon's files (mutual TLS:
-a client certificate the root signed is required).
+for ``write_timeout`` seconds ends its stream (h2corn's response-stall timeout),
+:class:`~.budget.CallBudget` over the unary calls, and :class:`~.shares.Shares` (each
+connection's calls open, its refusals held back while others are open). TLS from the
+daemon's files (mutual TLS: a client certificate the root signed is required).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import h2corn
 
 from model_runtime.server.grpc.budget import CallBudget
 from model_runtime.server.grpc.native import GrpcApp
+from model_runtime.server.grpc.shares import Shares
 from model_runtime.server.security.restrict import RestrictionCounter, Restrictions
 from model_runtime.server.security.tls import TLSFiles
 
@@ -85,6 +87,7 @@ async def start_h2_listener(
         restrictions=restrictions,
         counter=counter,
         budget=budget,
+        shares=Shares(max_streams=max_streams, write_timeout=write_timeout),
     )
     bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     sock = _listening_socket(host, port, reuse_port, backlog)

@@ -38,12 +38,16 @@ from model_runtime.server.grpc.framing import (
     status_trailers,
 )
 from model_runtime.server.grpc.health import HEALTH_PATH, health_check_handler
+from model_runtime.server.grpc.rawsplit import split_raw_inputs
 from model_runtime.server.grpc.service import UNSUPPORTED_METHODS
+from model_runtime.server.grpc.shares import Connection, Shares
+from model_runtime.server.inference.accounting import THREAD_PARSE_BYTES
 from model_runtime.server.security.restrict import (
     RestrictionCounter,
     Restrictions,
     grpc_refusal,
 )
+from model_runtime.server.triton import grpc_service_pb2 as pb
 
 __all__ = ["SERVICE_PATH", "GrpcApp", "NativeContext"]
 
@@ -54,12 +58,14 @@ SERVICE_PATH = b"/inference.GRPCInferenceService/"
 _GRPC = b"application/grpc"
 _START_HEADERS = [(b"content-type", _GRPC), (b"grpc-accept-encoding", ACCEPT_ENCODING)]
 _OK = status_trailers(grpc.StatusCode.OK)
+#: The codes of a refusal (held back by :meth:`.shares.Shares.before_refusal`).
+_REFUSALS = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
 
 
 class NativeContext:
     """What a handler may ask of its call (grpc.aio's ``ServicerContext``, the part used)."""
 
-    __slots__ = ("_deadline", "_headers", "_loop", "_peer")
+    __slots__ = ("_conn", "_deadline", "_headers", "_loop", "_peer", "message_bytes", "raw_inputs")
 
     def __init__(
         self,
@@ -67,11 +73,22 @@ class NativeContext:
         headers: list[tuple[bytes, bytes]],
         deadline: float | None,
         loop: asyncio.AbstractEventLoop,
+        conn: Connection | None = None,
     ) -> None:
         self._peer = peer
         self._headers = headers
         self._deadline = deadline
         self._loop = loop
+        self._conn = conn
+        #: The request's bytes the call budget is to count (0: the transport counts them).
+        self.message_bytes = 0
+        #: A big ModelInfer request's raw input contents, as views of the received message
+        #: (its ``raw_input_contents`` is then empty: :mod:`.rawsplit`); None: in the message.
+        self.raw_inputs: list[memoryview] | None = None
+
+    def connection_calls(self) -> int:
+        """The calls open on this call's connection, this one included (1: unknown)."""
+        return 1 if self._conn is None else self._conn.open
 
     def peer(self) -> str:
         """The client's address (``ipv4:HOST:PORT``): one connection's calls share it."""
@@ -109,7 +126,9 @@ class GrpcApp:
 
     ``handlers``: grpc's method handlers by method name; ``restrictions`` and ``counter``:
     the restricted groups and where refusals are counted; ``budget``: where a big message's
-    bytes are counted before it is read (refused RESOURCE_EXHAUSTED past the budget).
+    bytes are counted before it is read (refused RESOURCE_EXHAUSTED past the budget);
+    ``shares``: the calls open by connection (:mod:`.shares`: a cap per connection, refusals
+    held back while a connection has other calls open).
     """
 
     def __init__(
@@ -120,8 +139,10 @@ class GrpcApp:
         restrictions: Restrictions | None = None,
         counter: RestrictionCounter | None = None,
         budget: CallBudget | None = None,
+        shares: Shares | None = None,
     ) -> None:
         self._handlers = handlers
+        self._shares = shares
         ready = handlers.get("ServerReady")
         self._health = None if ready is None else health_check_handler(ready)
         self._budget = budget
@@ -135,17 +156,63 @@ class GrpcApp:
             return
         self.calls += 1
         state = _Answer(send)
-        try:
-            await self._call(scope, receive, state)
-        except CallEnded:
+        shares = self._shares
+        if shares is None:
+            await self._serve(scope, receive, state, None)
             return
+        client = scope.get("client")
+        conn = shares.start(tuple(client) if client else None)
+        if conn is None:
+            await state.end(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"this connection has {shares.max_streams} calls open (its limit)",
+            )
+            return
+        refused = False
+        try:
+            refused = await self._serve(scope, receive, state, conn)
+        finally:
+            shares.end(conn, refused=refused)
+
+    async def _serve(
+        self, scope: dict[str, Any], receive: Receive, state: _Answer, conn: Connection | None
+    ) -> bool:
+        """Serve one call; return whether it was refused."""
+        refused = False
+        try:
+            await self._call(scope, receive, state, conn)
+        except CallEnded:
+            return False
         except GrpcAbort as exc:
+            reader = state.reader
+            if (
+                conn is not None
+                and exc.code in _REFUSALS
+                and self._shares is not None
+                and not (reader is not None and reader.partial)  # its bytes would wait unread
+            ):
+                refused = True
+                await self._shares.before_refusal(conn)
             await state.end(exc.code, exc.details)
         except Exception as exc:  # a handler's bug: that call's status, the server serves on
             log.error("grpc_call_failed", exc_info=exc)
             await state.end(grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc).__name__}: {exc}")
+        finally:
+            if state.reader is not None:
+                state.reader.close()
+        if conn is not None and self._shares is not None:
+            self._shares.answered(conn)  # counted open and unsent until written
+            loop = asyncio.get_running_loop()
+            answered = loop.time()
+            try:
+                await _stream_end(receive, self._shares)
+            finally:
+                self._shares.written(conn, loop.time() - answered)
+        return refused
 
-    async def _call(self, scope: dict[str, Any], receive: Receive, state: _Answer) -> None:
+    async def _call(
+        self, scope: dict[str, Any], receive: Receive, state: _Answer, conn: Connection | None
+    ) -> None:
         headers: list[tuple[bytes, bytes]] = scope["headers"]
         content_type = timeout = encoding = None
         for key, value in headers:
@@ -171,15 +238,27 @@ class GrpcApp:
         deadline = None if seconds is None else loop.time() + seconds
         client = scope.get("client")
         peer = f"ipv4:{client[0]}:{client[1]}" if client else "unknown"
-        context = NativeContext(peer, headers, deadline, loop)
+        context = NativeContext(peer, headers, deadline, loop, conn)
         admit = None if self._budget is None else functools.partial(_admit, self._budget, peer)
-        reader = MessageReader(
+        reader = state.reader = MessageReader(
             receive, self._max, None if encoding is None else encoding.decode("latin-1"), admit
         )
         if handler.request_streaming:
             await self._stream(handler, reader, context, deadline, state)
+        elif conn is None or self._shares is None:
+            await self._unary(handler, name, reader, context, deadline, state)
         else:
-            await self._unary(handler, reader, context, deadline, state)
+            shares = self._shares
+            if not await shares.turn(conn):
+                raise GrpcAbort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"this connection's calls waited {shares.write_timeout} s for one of its "
+                    f"{shares.max_busy} turns; read the answers of the calls sent",
+                )
+            try:
+                await self._unary(handler, name, reader, context, deadline, state)
+            finally:
+                shares.done(conn)
 
     def _handler(self, path: bytes) -> tuple[Any, str]:
         if path.startswith(SERVICE_PATH):
@@ -200,6 +279,7 @@ class GrpcApp:
     async def _unary(
         self,
         handler: Any,
+        name: str,
         reader: MessageReader,
         context: NativeContext,
         deadline: float | None,
@@ -208,7 +288,17 @@ class GrpcApp:
         data = await reader.next()
         if data is None:
             raise GrpcAbort(grpc.StatusCode.INTERNAL, "the call has no request message")
-        request = _decode(handler, data)
+        # Bytes the reader counted stay counted by it until the call ends (reader.close()).
+        context.message_bytes = 0 if reader.counted else len(data)
+        if len(data) < THREAD_PARSE_BYTES:
+            request = _decode(handler, data)
+        else:
+            split = split_raw_inputs(pb.ModelInferRequest(), data) if name == "ModelInfer" else None
+            if split is None:
+                request = await asyncio.to_thread(_decode, handler, data)
+            else:
+                request, context.raw_inputs = split
+        del data
         # A client that resets the stream or leaves while the call is computed cancels it:
         # h2corn cancels the call's task then (no watcher of ours is needed).
         if deadline is None:
@@ -234,7 +324,10 @@ class GrpcApp:
     ) -> None:
         async def requests() -> AsyncIterator[Any]:
             while (data := await reader.next()) is not None:
-                yield _decode(handler, data)
+                if len(data) < THREAD_PARSE_BYTES:
+                    yield _decode(handler, data)
+                else:
+                    yield await asyncio.to_thread(_decode, handler, data)
 
         await state.send(
             {"type": "http.response.start", "status": 200, "headers": _START_HEADERS,
@@ -259,11 +352,12 @@ class GrpcApp:
 class _Answer:
     """One call's side of the stream: what was sent, and its end with a status."""
 
-    __slots__ = ("_send", "started")
+    __slots__ = ("_send", "reader", "started")
 
     def __init__(self, send: Send) -> None:
         self._send = send
         self.started = False
+        self.reader: MessageReader | None = None
 
     async def send(self, event: dict[str, Any]) -> None:
         """Send ``event`` on the stream.
@@ -291,6 +385,21 @@ class _Answer:
             await self.send({"type": "http.response.trailers", "headers": trailers})
         except CallEnded:
             return
+
+
+async def _stream_end(receive: Receive, shares: Shares | None) -> None:
+    """Return when the call's stream ends (its answer written, or the stream reset or ended by
+    the write timeout: h2corn's ``http.disconnect``), within the write timeout and a second;
+    at once if its client is still sending (what it sends is not read)."""
+    limit = 1.0 + (shares.write_timeout if shares is not None else 0.0)
+    try:
+        async with asyncio.timeout(limit):
+            while True:
+                event = await receive()
+                if event["type"] != "http.request" or event.get("body"):
+                    return
+    except TimeoutError:
+        return
 
 
 def _admit(budget: CallBudget, peer: str, size: int) -> Callable[[], None]:

@@ -27,6 +27,7 @@ import asyncio
 import base64
 import functools
 import time
+import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import asdict
@@ -81,6 +82,10 @@ def _answers(method: Handler[_R]) -> Handler[_R]:
         except Exception as exc:
             message = _logged(exc, method.__name__)
             code = grpc.StatusCode[grpc_code_of(exc, status_of(exc)[0])]
+            # The finished frames' locals (the request's bytes among them) go now: a
+            # traceback through a worker thread's future is a cycle that would keep them
+            # until the cyclic collector runs.
+            traceback.clear_frames(exc.__traceback__)
         # Outside the except block: abort raises to end the call, with no chained context.
         await context.abort(code, message)
         raise AssertionError("context.abort returned")  # pragma: no cover
@@ -232,7 +237,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         entry = plane.entry(request.model_name, request.model_version)
         admission = plane.admission
         # After the lookup: admission state is made for models that exist only (as over HTTP).
-        refused = admission.try_admit(entry.name)
+        # The native transport says how many calls the caller's connection has open: a
+        # connection with others open is refused first (admission's fairness).
+        calls = getattr(context, "connection_calls", None)
+        crowded = calls is not None and calls() > 1
+        refused = admission.try_admit(entry.name, crowded=crowded)
         if refused is not None:
             raise HTTPError(503, refused, OVERLOADED)
         queue_full = False
@@ -259,18 +268,21 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
             finally:
                 plane.finish_request(entry, reason, t0, samples)
         finally:
-            admission.release(entry.name, queue_full=queue_full)
+            admission.release(entry.name, queue_full=queue_full, crowded=crowded)
 
     async def _infer(
         self, request: Any, context: Any, entry: ModelEntry, runner: Any, inline: bool = False
     ) -> tuple[Any, int]:
         def parse() -> InferRequest:
             return parse_model_infer_request(
-                request, entry.inputs, entry.outputs, model=entry.name, regions=regions
+                request, entry.inputs, entry.outputs, model=entry.name, regions=regions, raw=raw
             )
 
         regions = self.plane.shared_memory
-        big = not inline and sum(map(len, request.raw_input_contents)) > THREAD_PARSE_BYTES
+        # Views of a big message's raw contents, when the native transport took them out.
+        raw = getattr(context, "raw_inputs", None)
+        contents = request.raw_input_contents if raw is None else raw
+        big = not inline and sum(map(len, contents)) > THREAD_PARSE_BYTES
         parsed = await decode_in_thread(parse) if big else parse()
         try:
             # The caller's gRPC deadline bounds the request as its `timeout` parameter does.

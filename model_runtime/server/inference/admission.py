@@ -55,7 +55,12 @@ admits and the request carries its admission to the app's outermost middleware
 (:func:`model_runtime.server.http.admitting.admission_middleware`), which decides for the requests
 the guard did not. gRPC, the same rule:
 ``message = admission.try_admit(model)``; a message means UNAVAILABLE with it, None means
-admitted, and then ``admission.release(model, queue_full=...)`` once answered.
+admitted, and then ``admission.release(model, queue_full=...)`` once answered. A front end
+that counts each connection's requests in flight (gRPC's native transport) passes
+``crowded=True`` for a request whose connection has others in flight: such requests are held
+to the limits counting every request in flight, the others counting the requests that are not
+crowded, so that one connection's flood is refused, not the connections that wait for their
+answers.
 """
 
 from __future__ import annotations
@@ -151,6 +156,7 @@ class ModelAdmission:
         "_window_start",
         "body",
         "clock",
+        "crowded",
         "exempt",
         "floor",
         "headers",
@@ -172,6 +178,8 @@ class ModelAdmission:
         self.name = name
         self.clock = control.clock
         self.inflight = 0
+        #: Of those, requests whose connection had others in flight (:meth:`refuses`).
+        self.crowded = 0
         self.floor = max(MIN_LIMIT, control.capacity(name))
         self.limit = float("inf")  # not measured yet
         self.lag_cap = float("inf")  # the loop keeps up
@@ -216,12 +224,16 @@ class ModelAdmission:
             reason: control.refused.labels(name, reason) for reason in (OVERLOADED, QUEUE_FULL)
         }
 
-    def refuses(self) -> str | None:
-        """The reason a new request is refused now, or None: admitted. O(1), no allocation."""
+    def refuses(self, crowded: bool = False) -> str | None:
+        """The reason a new request is refused now, or None: admitted. O(1), no allocation.
+        ``crowded``: its connection has other requests in flight. The front-end and loop-lag
+        limits hold a crowded request to every request in flight, any other to those that
+        are not crowded (:attr:`crowded` of them are): one connection's flood is refused, and
+        connections that wait for their answers are served (in all, at most twice a limit)."""
         self._arrivals += 1
         if self.exempt:
             return None
-        n = self.inflight
+        n = self.inflight if crowded else self.inflight - self.crowded
         if n >= self.limit or n >= self.lag_cap:
             self._refusals += 1
             return OVERLOADED
@@ -399,26 +411,33 @@ class AdmissionControl:
 
     # -- gRPC (and any other front end) ------------------------------------------------------
 
-    def try_admit(self, model: str) -> str | None:
+    def try_admit(self, model: str, *, crowded: bool = False) -> str | None:
         """Admit one request for ``model``: None, and it counts as in flight until
         :meth:`release`; or the refusal's message (counted and logged as a summary), to be
-        answered at once (gRPC: UNAVAILABLE with the message; HTTP: 503).
+        answered at once (gRPC: UNAVAILABLE with the message; HTTP: 503). ``crowded``: its
+        connection has other requests in flight, where the front end counts them (fairness
+        between connections: see :meth:`ModelAdmission.refuses`); give the same to
+        :meth:`release`.
 
         Raises:
             nothing.
         """
         state = self.model(model)
-        reason = state.refuses()
+        reason = state.refuses(crowded)
         if reason is not None:
             self.refuse(state, reason)
             return state.message
         state.enter()
+        state.crowded += crowded
         return None
 
-    def release(self, model: str, *, queue_full: bool = False) -> None:
+    def release(self, model: str, *, queue_full: bool = False, crowded: bool = False) -> None:
         """An admitted request of ``model`` was answered; ``queue_full``: the runner refused
-        it (``QueueFullError``), so its in-flight count becomes the limit for a while."""
-        self.model(model).leave(queue_full, self.queue_delay, self.capacity)
+        it (``QueueFullError``), so its in-flight count becomes the limit for a while;
+        ``crowded``: what :meth:`try_admit` was told."""
+        state = self.model(model)
+        state.crowded -= crowded
+        state.leave(queue_full, self.queue_delay, self.capacity)
 
     # -- HTTP ------------------------------------------------------------------------------------
 

@@ -151,6 +151,10 @@ async def decode_in_thread(decode: Callable[[], _D]) -> _D:
     except asyncio.CancelledError:
         task.add_done_callback(_release_result)
         raise
+    finally:
+        # The task holds decode's exception, whose traceback holds this frame: without this,
+        # a cycle that keeps the request's bytes until the cyclic collector runs.
+        del task
 
 
 def _release_result(task: asyncio.Future[_D]) -> None:
