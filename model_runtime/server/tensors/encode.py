@@ -145,7 +145,7 @@ def _framed(
     for out, (before, dtype, binary) in zip(request.outputs, parts, strict=True):
         pieces.append(before)
         arr = results[out.name]
-        if arr.dtype is not dtype or not arr.flags.c_contiguous:
+        if arr.dtype != dtype or not arr.flags.c_contiguous:
             arr = np.ascontiguousarray(arr, dtype=dtype)
         flat = arr.reshape(-1)
         if binary:
