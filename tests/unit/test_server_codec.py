@@ -1009,6 +1009,7 @@ def test_kept_frames_write_what_the_whole_document_writes(
     ]
     if np.dtype(dtype).kind == "f":
         arrays.append(np.array([[1.5, np.nan, -np.inf]], dtype=dtype))
+        arrays.append(np.array([3e38, 3e38, -0.0], dtype=dtype))  # a sum past the largest
     for arr in arrays:
         other = np.arange(4, dtype=np.int32).reshape(2, 2)
         outputs = (RequestedOutput("y", binary), RequestedOutput("z", not binary))

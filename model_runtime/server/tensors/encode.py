@@ -151,10 +151,10 @@ def _framed(
         if binary:
             chunks.append(flat.data.cast("B"))
             continue
-        if flat.dtype.kind == "f" and not math.isfinite(flat.sum()):
-            pieces.append(_nonfinite_text(flat))
-        else:
-            pieces.append(orjson.dumps(flat, option=_NUMPY))
+        text = orjson.dumps(flat, option=_NUMPY)
+        if b"null" in text and flat.dtype.kind == "f":  # orjson's NaN and infinities
+            text = _nonfinite_text(flat)
+        pieces.append(text)
     pieces.append(end)
     header = b"".join(pieces)
     if not chunks:

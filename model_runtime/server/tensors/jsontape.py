@@ -46,6 +46,7 @@ _OF_KIND: dict[str, tuple[Literal["d", "i", "u"], np.dtype[Any]]] = {
 _BUFFER = {name: _OF_KIND[t.kind] for name, t in DATATYPES.items() if t.kind in _OF_KIND}
 #: Integers up to this are doubles exactly.
 _EXACT = float(2**53)
+_MIN, _MAX = np.minimum.reduce, np.maximum.reduce  # values.min(), .max() without their wrappers
 _BOM = b"\xef\xbb\xbf"
 #: An object of the protocol has a handful of keys; one with more goes the plain way (each
 #: key is looked up by a walk over them all: many keys would cost their square).
@@ -80,7 +81,7 @@ class Numbers:
             else:
                 info = np.iinfo(dtype)
                 low, high = info.min, info.max
-            if values.min() < low or values.max() > high:
+            if _MIN(values) < low or _MAX(values) > high:
                 raise Retry
         return values.astype(dtype, copy=False)
 
