@@ -128,3 +128,37 @@ def test_a_models_model_metrics_sets_its_first_response_buckets(tmp_path: Path) 
     h = 'nv_inference_first_response_histogram_ms_bucket{model="m",version="1",le="%s"} '
     assert [metric(out, h % le) for le in ("1", "2", "4", "8", "+Inf")] == [1, 1, 2, 2, 3]
     assert 'le="100"' not in out  # not Triton's default buckets
+
+
+def test_requests_count_as_the_metrics_own_methods_count_them() -> None:
+    """Successes, samples and durations (on a bucket's bound, between, past the last) read
+    the same in the exposition as prometheus_client's own inc/observe make them."""
+    from unittest.mock import patch
+
+    from prometheus_client import generate_latest
+
+    def run(metrics: DaemonMetrics) -> list[str]:
+        for seconds in (0.0, 0.0005, 0.0007, 0.001, 0.3, 10.0, 12.5, 0.0005):
+            metrics.observe("m", None, seconds, 3)
+        metrics.observe("m", "timeout", 0.2, 0)
+        text = generate_latest(metrics.registry).decode()
+        return [
+            line
+            for line in text.splitlines()
+            if line.startswith(("model_runtime_request", "model_runtime_inferences"))
+            and "_created" not in line
+        ]
+
+    fast = run(DaemonMetrics(cpu=False))
+    public = DaemonMetrics(cpu=False)
+    with patch.object(
+        public,
+        "_success_counts",
+        lambda model: (
+            public.requests.labels(model, "success", "").inc,
+            public.inferences.labels(model).inc,
+            public.duration.labels(model).observe,
+        ),
+    ):
+        assert run(public) == fast
+    assert any('le="0.0005"' in line and line.endswith(" 3.0") for line in fast)

@@ -988,3 +988,35 @@ def test_framing_past_the_plans_limit_is_never_kept() -> None:
     assert not plans._PLANS
     _decoded(_json_body("1,2", "3,4"))
     assert plans._PLANS  # a short one is
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "FP16", "FP64", "INT8", "INT64", "UINT16", "BOOL"])
+@pytest.mark.parametrize("binary", [False, True])
+@pytest.mark.parametrize("rid", [None, 'req "7"'])
+def test_kept_frames_write_what_the_whole_document_writes(
+    datatype: str, binary: bool, rid: str | None
+) -> None:
+    """A response made from its kept frame is byte for byte the document made whole, the
+    second time as the first, for any values (NaN too) and a non-contiguous array."""
+    from model_runtime.server.tensors import encode
+
+    dtype = DATATYPES[datatype]
+    arrays = [
+        np.arange(6).reshape(2, 3).astype(dtype),
+        np.arange(12).reshape(3, 4).astype(dtype).T,  # not contiguous
+        np.zeros((0, 3), dtype=dtype),
+        np.array(1, dtype=dtype),
+    ]
+    if np.dtype(dtype).kind == "f":
+        arrays.append(np.array([[1.5, np.nan, -np.inf]], dtype=dtype))
+        arrays.append(np.array([3e38, 3e38, -0.0], dtype=dtype))  # a sum past the largest
+    for arr in arrays:
+        other = np.arange(4, dtype=np.int32).reshape(2, 2)
+        outputs = (RequestedOutput("y", binary), RequestedOutput("z", not binary))
+        req = InferRequest(rid, {}, outputs, {}, None, 0)
+        results = {"y": arr, "z": other}
+        types = {"y": datatype, "z": "INT32"}
+        with patch.object(encode, "_framed", return_value=None):
+            whole = encode_infer_response("m", "2", req, results, types)
+        assert encode_infer_response("m", "2", req, results, types) == whole
+        assert encode_infer_response("m", "2", req, results, types) == whole

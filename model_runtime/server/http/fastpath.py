@@ -43,6 +43,13 @@ _IDENTITY = b"identity"
 _PHRASES = {s.value: s.phrase.encode() for s in HTTPStatus}
 #: A written answer larger than this goes out as two buffers (head, body), not one copy.
 _JOIN_BELOW = 64 << 10
+#: The heads of 200 answers (``FastInfer._head``'s), to be given the body's length, the
+#: request id (with its ``Inference-Header-Content-Length``, for binary data) and the date.
+_OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/%s\r\nContent-Length: %%d\r\n%s: %%s\r\n"
+_OK_JSON = _OK % (b"json", _REQUEST_ID_NAME) + b"Date: %s\r\n\r\n"
+_OK_BINARY = (
+    _OK % (b"octet-stream", _REQUEST_ID_NAME) + _HEADER_LENGTH_NAME + b": %d\r\nDate: %s\r\n\r\n"
+)
 
 
 class Answering(Protocol):
@@ -176,10 +183,9 @@ class FastInfer:
     def ok_answer(self, out: bytes, json_length: int | None, rid: str) -> bytes | list[bytes]:
         """The 200 answer of body ``out`` (``json_length``: its JSON part's; None: all JSON)."""
         if json_length is None:
-            head = self._head(200, b"application/json", len(out), rid)
+            head = _OK_JSON % (len(out), rid.encode(), self._date())
         else:
-            extra = b"%s: %d\r\n" % (_HEADER_LENGTH_NAME, json_length)
-            head = self._head(200, b"application/octet-stream", len(out), rid, extra)
+            head = _OK_BINARY % (len(out), rid.encode(), json_length, self._date())
         return head + out if len(out) < _JOIN_BELOW else [head, out]
 
     def error_answer(

@@ -32,7 +32,10 @@ def json_length_of(header: str | None) -> int | None:
 
 def encodes_in_thread(results: Mapping[str, Any]) -> bool:
     """Whether outputs this large are encoded off the event loop."""
-    return bool(sum(a.nbytes for a in results.values()) > THREAD_PARSE_BYTES // 4)
+    size = 0
+    for a in results.values():
+        size += a.nbytes
+    return size > THREAD_PARSE_BYTES // 4
 
 
 #: Whether a model's inputs have a batch axis, by ``id`` of its inputs (the object kept

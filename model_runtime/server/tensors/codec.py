@@ -204,18 +204,19 @@ def _parse(
     shm: _Shm,
 ) -> InferRequest:
     end = _header_end(body, header_length)
-    binary = memoryview(body)[end:]
     layout: plans.Layout = []
     if header_length is None:
         key = plans.json_key(body)
-        if key is None:
-            return _parse_json(body, end, binary, inputs, outputs, model, shm, None, whole=True)
-        planned = plans.json_request(model, key, body, inputs, outputs)
+        planned = None if key is None else plans.json_request(model, key, body, inputs, outputs)
         if planned is not None:
             return planned
+        binary = memoryview(body)[end:]
+        if key is None:
+            return _parse_json(body, end, binary, inputs, outputs, model, shm, None, whole=True)
         parsed = _parse_json(body, end, binary, inputs, outputs, model, shm, layout, whole=True)
         plans.remember_json(model, key, inputs, outputs, parsed, layout)
         return parsed
+    binary = memoryview(body)[end:]
     header = bytes(body[:end])
     planned = plans.binary_request(model, header, inputs, outputs, binary)
     if planned is not None:

@@ -4,7 +4,9 @@ Responses are written by orjson straight from the arrays (no lists of Python num
 and FP32 values are written as the float64 numbers they equal, as Triton writes them. An
 output requested with ``classification`` comes back as BYTES (:mod:`.classification`).
 Outputs asked for as binary data follow the JSON header, in the order of the outputs; outputs
-asked for in a shared memory region are written there (:mod:`.shm_io`).
+asked for in a shared memory region are written there (:mod:`.shm_io`). The JSON around the
+data of plain outputs (no classification, no region, no BYTES) is made once per framing (model,
+version, outputs asked, their datatypes and shapes) and kept (:data:`_MAX_FRAMES`).
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ def encode_infer_response(
         SharedMemoryOutputSizeError: an output is larger than its part of its region.
         SharedMemoryShrunkError: an output's region shrank (its client cut the object).
     """
+    framed = _framed(model_name, model_version, request, results, datatypes)
+    if framed is not None:
+        return framed
     doc: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
     if request.id is not None:
         doc["id"] = request.id
@@ -101,6 +106,100 @@ def encode_infer_response(
     if not chunks:
         return header, None
     return b"".join([header, *chunks]), len(header)
+
+
+#: The JSON frames kept, by framing; emptied when full.
+_FRAMES: dict[tuple[Any, ...], tuple[bytes, tuple[tuple[bytes, Any, bool], ...], bytes]] = {}
+_MAX_FRAMES = 256
+_DATA_AT = "\x00model-runtime-data"
+
+
+def _framed(
+    model_name: str,
+    model_version: str,
+    request: InferRequest,
+    results: Mapping[str, np.ndarray],
+    datatypes: Mapping[str, str],
+) -> tuple[bytes, int | None] | None:
+    """:func:`encode_infer_response` of plain outputs from their kept frame, the same bytes;
+    None: not plain outputs (the document is made whole)."""
+    key: list[Any] = [model_name, model_version]
+    for out in request.outputs:
+        if out.class_count or out.region is not None:
+            return None
+        arr = results[out.name]
+        key += (out.name, out.binary, datatypes[out.name], arr.shape)
+    frame = _FRAMES.get(k := tuple(key))
+    if frame is None:
+        frame = _frame(model_name, model_version, request, results, datatypes)
+        if frame is None:
+            return None
+        if len(_FRAMES) >= _MAX_FRAMES:
+            _FRAMES.clear()
+        _FRAMES[k] = frame
+    head, parts, end = frame
+    pieces: list[bytes | memoryview] = [head]
+    if request.id is not None:
+        pieces += (b',"id":', orjson.dumps(request.id))
+    chunks: list[bytes | memoryview] = []
+    for out, (before, dtype, binary) in zip(request.outputs, parts, strict=True):
+        pieces.append(before)
+        arr = results[out.name]
+        if arr.dtype != dtype or not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr, dtype=dtype)
+        flat = arr.reshape(-1)
+        if binary:
+            chunks.append(flat.data.cast("B"))
+            continue
+        text = orjson.dumps(flat, option=_NUMPY)
+        if b"null" in text and flat.dtype.kind == "f":  # orjson's NaN and infinities
+            text = _nonfinite_text(flat)
+        pieces.append(text)
+    pieces.append(end)
+    header = b"".join(pieces)
+    if not chunks:
+        return header, None
+    return b"".join([header, *chunks]), len(header)
+
+
+def _frame(
+    model_name: str,
+    model_version: str,
+    request: InferRequest,
+    results: Mapping[str, np.ndarray],
+    datatypes: Mapping[str, str],
+) -> tuple[bytes, tuple[tuple[bytes, Any, bool], ...], bytes] | None:
+    """The frame of plain outputs: the document's text up to its id, then before each
+    output's data (with the dtype it is written as, and whether it is binary data), and its
+    end. None: an output that is not plain."""
+    tensors: list[dict[str, Any]] = []
+    kinds: list[tuple[Any, bool]] = []
+    for k, out in enumerate(request.outputs):
+        datatype = datatypes[out.name]
+        if datatype == BYTES:
+            return None
+        shape = list(results[out.name].shape)
+        entry: dict[str, Any] = {"name": out.name, "datatype": datatype, "shape": shape}
+        if out.binary:
+            dtype = DATATYPES[datatype]
+            entry["parameters"] = {"binary_data_size": math.prod(shape) * dtype.itemsize}
+        else:
+            dtype = _JSON_AS.get(datatype, DATATYPES[datatype].newbyteorder("="))
+            entry["data"] = f"{_DATA_AT}{k}"
+        tensors.append(entry)
+        kinds.append((np.dtype(dtype), out.binary))
+    head = orjson.dumps({"model_name": model_name, "model_version": model_version})[:-1]
+    text = b',"outputs":' + orjson.dumps(tensors) + b"}"
+    parts: list[tuple[bytes, Any, bool]] = []
+    pos = 0
+    for k, (dtype, binary) in enumerate(kinds):
+        before = b""
+        if not binary:
+            mark = orjson.dumps(f"{_DATA_AT}{k}")
+            at = text.index(mark, pos)
+            before, pos = text[pos:at], at + len(mark)
+        parts.append((before, dtype, binary))
+    return head, tuple(parts), text[pos:]
 
 
 def _json_strings(name: str, arr: np.ndarray) -> list[str]:

@@ -136,10 +136,9 @@ def json_request(
     if len(spans) != len(plan.layout):
         return None
     arrays: dict[str, np.ndarray] = {}
-    view = memoryview(body)
     for (_, name, datatype, shape, count), (lo, hi) in zip(plan.layout, spans, strict=True):
         try:
-            numbers = jsontape.numbers(view[lo - 1 : hi + 1], datatype)
+            numbers = jsontape.numbers(body[lo - 1 : hi + 1], datatype)
             if numbers is None:
                 return None
             arrays[name] = numbers.array(datatype, count).reshape(shape)
