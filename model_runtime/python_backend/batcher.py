@@ -71,7 +71,8 @@ class Item:
         loop = asyncio.get_running_loop()
         self.request = request
         self.future: asyncio.Future[PyResponse] | None = None if stream else loop.create_future()
-        self.dispatched: asyncio.Future[Call] = loop.create_future()
+        #: a stream's: resolved with its call once sent (None for a request of one answer)
+        self.dispatched: asyncio.Future[Call] | None = loop.create_future() if stream else None
         self.call: Call | None = None
         self.instance: InstanceProcess | None = None
         self.slot = 0
@@ -175,7 +176,11 @@ class Batcher:
                 item.future.exception()
             else:
                 item.future.set_result(outcome)
-        elif isinstance(outcome, BaseException) and not item.dispatched.done():
+        elif (
+            isinstance(outcome, BaseException)
+            and item.dispatched is not None
+            and not item.dispatched.done()
+        ):
             item.dispatched.set_exception(outcome)  # a stream's caller waits on this
             item.dispatched.exception()
         self.done(item)
@@ -197,7 +202,8 @@ class Batcher:
             )
         item.call = None
         item.instance = None
-        item.dispatched = asyncio.get_running_loop().create_future()
+        if item.dispatched is not None:
+            item.dispatched = asyncio.get_running_loop().create_future()
         self._queue.appendleft(item)
         self.poke()
         return None
@@ -308,7 +314,8 @@ class Batcher:
         for batch, calls in zip(batches, sent, strict=True):
             for item, call in zip(batch, calls, strict=True):
                 item.call, item.instance, item.slot, item.sent = call, instance, slot, now
-                item.dispatched.set_result(call)
+                if item.dispatched is not None:
+                    item.dispatched.set_result(call)
                 if call.future is not None:
                     call.then = functools.partial(self._on_answer, item)
         return True

@@ -252,22 +252,31 @@ class PythonModelRunner:
         item = self._enqueue(inputs, context, False)
         future = item.future
         assert future is not None
+        # One timer on the future (cheaper than asyncio.timeout's scope per request).
+        timer = None
+        if timeout is not None:
+            timer = asyncio.get_running_loop().call_later(timeout, self._expire, item, timeout)
         try:
             # No shield: a caller that leaves cancels the future, which the batcher ignores.
-            if timeout is None:
-                return await future
-            async with asyncio.timeout(timeout):
-                response = await future
-        except TimeoutError:
-            self._batcher.abandon(item)
-            raise RequestTimeoutError(
-                f"Request timeout expired: model '{self.config.name}' gave no answer within "
-                f"{timeout} s"
-            ) from None
+            return await future
         except asyncio.CancelledError:
             self._batcher.abandon(item)
             raise
-        return response
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def _expire(self, item: Item, timeout: float) -> None:
+        future = item.future
+        if future is None or future.done():
+            return
+        self._batcher.abandon(item)
+        future.set_exception(
+            RequestTimeoutError(
+                f"Request timeout expired: model '{self.config.name}' gave no answer within "
+                f"{timeout} s"
+            )
+        )
 
     async def stream(
         self,
@@ -291,6 +300,7 @@ class PythonModelRunner:
         try:
             async with asyncio.timeout(timeout):
                 while True:
+                    assert item.dispatched is not None
                     call = await item.dispatched
                     assert call.queue is not None
                     got = await call.queue.get()
