@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+from typing import Any
 
 import structlog
 
@@ -64,13 +65,15 @@ class Item:
 
     __slots__ = (
         "answered", "call", "dispatched", "enqueued", "future", "instance", "kills", "request",
-        "responses", "sent", "slot", "trace",
+        "responses", "sent", "slot", "trace", "unwrap",
     )  # fmt: skip
 
     def __init__(self, request: PyRequest, stream: bool, now: float) -> None:
         loop = asyncio.get_running_loop()
         self.request = request
-        self.future: asyncio.Future[PyResponse] | None = None if stream else loop.create_future()
+        #: the answer (None for a stream): its PyResponse, or (``unwrap``) its outputs
+        self.future: asyncio.Future[Any] | None = None if stream else loop.create_future()
+        self.unwrap = False
         #: a stream's: resolved with its call once sent (None for a request of one answer)
         self.dispatched: asyncio.Future[Call] | None = loop.create_future() if stream else None
         self.call: Call | None = None
@@ -175,7 +178,7 @@ class Batcher:
                 item.future.set_exception(outcome.error)
                 item.future.exception()
             else:
-                item.future.set_result(outcome)
+                item.future.set_result(outcome.outputs if item.unwrap else outcome)
         elif (
             isinstance(outcome, BaseException)
             and item.dispatched is not None

@@ -23,6 +23,7 @@ from model_runtime.errors import (
     ModelLoadError,
     PoisonRequestError,
     PythonModelError,
+    RequestTimeoutError,
     RunnerStoppedError,
 )
 from model_runtime.python_backend.autocomplete import auto_complete_config
@@ -69,6 +70,36 @@ async def test_add_sub_through_the_runner(tmp_path: Path) -> None:
     assert runner.replica_status() == [ReplicaStatus.STOPPED]
     with pytest.raises(RunnerStoppedError):
         await runner.execute(_pair(1.0))
+
+
+async def test_submit_queues_at_once_and_its_future_gives_the_outputs(tmp_path: Path) -> None:
+    runner = _runner(tmp_path, "add_sub")
+    await runner.start()
+    try:
+        future = runner.submit(_pair(2.0), RequestContext(requested_outputs=["OUTPUT1"]))
+        out = await future
+        assert list(out) == ["OUTPUT1"]
+        np.testing.assert_array_equal(out["OUTPUT1"], np.full(4, 1.0))
+        with pytest.raises(InputValidationError, match="input 'INPUT1' is missing"):
+            runner.submit({"INPUT0": np.ones(4, np.float32)})  # refused before it is queued
+    finally:
+        await runner.close()
+
+
+async def test_a_submitted_request_past_its_timeout_is_dropped_and_the_model_told(
+    tmp_path: Path,
+) -> None:
+    # The model waits (up to 20 s) until its request is cancelled: told at the timeout, it
+    # ends, and the runner closes at once (nothing held, no drain to wait out).
+    runner = _runner(tmp_path, "cancellable")
+    await runner.start()
+    try:
+        with pytest.raises(RequestTimeoutError, match=r"gave no answer within 0\.2 s"):
+            await runner.submit({"INPUT0": np.ones(1, np.float32)}, timeout=0.2)
+    finally:
+        t0 = time.monotonic()
+        await runner.close()
+    assert time.monotonic() - t0 < 10
 
 
 @pytest.mark.parametrize(
