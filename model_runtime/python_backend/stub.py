@@ -430,7 +430,7 @@ class Stub:
                 if time.perf_counter() - started > HOLD_S:
                     self.flush()
                     started = time.perf_counter()
-                if not deferred and self._readable_now():
+                if not deferred:
                     self.pump(0.0)  # frames that came meanwhile join this round
         finally:
             self._holding = False
@@ -452,9 +452,6 @@ class Stub:
             header["r"].extend(batch["r"])
             header.setdefault("bs", [header["b"]]).append(batch["b"])
             rows += more
-
-    def _readable_now(self) -> bool:
-        return bool(select.select([self._sock], [], [], 0)[0])
 
     def serve(self) -> None:
         """Serve until the model is finalized: sync models here, async ones on the loop."""

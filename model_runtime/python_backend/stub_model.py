@@ -135,18 +135,17 @@ class ModelHost:
 
     def _requests(self, header: dict[str, Any]) -> list[pb_utils.InferenceRequest]:
         requests = []
+        model = header.get("m", "")
+        given = pb_utils.InferenceRequest.given
+        requested = self.requested
         for item in header["r"]:
-            request = pb_utils.InferenceRequest(
-                model_name=header.get("m", ""),
-                inputs=item["T"],
-                requested_output_names=item.get("o") or (),
-                request_id=item.get("rq", ""),
-                correlation_id=item.get("c", 0),
-                flags=item.get("f", 0),
-                parameters=item.get("p"),
-            )
-            request._key = key = item["k"]
-            self.requested[key] = frozenset(item["o"]) if item.get("o") else None
+            key = item["k"]
+            wanted = item.get("o")
+            request = given(
+                key, model, item["T"], [str(n) for n in wanted] if wanted else [],
+                item.get("rq", ""), item.get("c", 0), item.get("f", 0), item.get("p"),
+            )  # fmt: skip
+            requested[key] = frozenset(wanted) if wanted else None
             requests.append(request)
         return requests
 
