@@ -7,6 +7,11 @@ one batch at a time per instance, and a busy one holds up to :data:`PIPELINE` fu
 queued behind it, or :data:`PIPELINE_SINGLE` for a model without batching; an async one runs
 up to :data:`ASYNC_BATCHES`); with dynamic
 batching the first request of a batch waits up to ``max_queue_delay_microseconds`` for company.
+A sync instance of a model that batches (``max_batch_size`` > 0, not decoupled) also takes
+partial batches while busy, up to :data:`PIPELINE` x ``max_batch_size`` requests: the instance
+merges the batches waiting for it into one ``execute`` of up to ``max_batch_size`` requests
+(:mod:`.stub`), so it never idles waiting for the daemon to send the next batch. Requests
+that arrive during one turn of the event loop leave together, in one batch, at its end.
 The requests an instance held when it died go back to the head of the queue, each alone in its
 batch from then on, so that a second death names the one that caused it: that request is poison
 and gets :class:`PoisonRequestError`; the others are answered.
@@ -17,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+from typing import Any
 
 import structlog
 
@@ -59,14 +65,17 @@ class Item:
 
     __slots__ = (
         "answered", "call", "dispatched", "enqueued", "future", "instance", "kills", "request",
-        "responses", "sent", "slot", "trace",
+        "responses", "sent", "slot", "trace", "unwrap",
     )  # fmt: skip
 
     def __init__(self, request: PyRequest, stream: bool, now: float) -> None:
         loop = asyncio.get_running_loop()
         self.request = request
-        self.future: asyncio.Future[PyResponse] | None = None if stream else loop.create_future()
-        self.dispatched: asyncio.Future[Call] = loop.create_future()
+        #: the answer (None for a stream): its PyResponse, or (``unwrap``) its outputs
+        self.future: asyncio.Future[Any] | None = None if stream else loop.create_future()
+        self.unwrap = False
+        #: a stream's: resolved with its call once sent (None for a request of one answer)
+        self.dispatched: asyncio.Future[Call] | None = loop.create_future() if stream else None
         self.call: Call | None = None
         self.instance: InstanceProcess | None = None
         self.slot = 0
@@ -95,25 +104,32 @@ class Batcher:
         self.counts = [[0, 0.0, 0.0, 0.0] for _ in range(config.instance_count)]
         self._delay = config.max_queue_delay_s if config.max_batch_size else 0.0
         self._pipeline = pipeline(config.max_batch_size)
+        #: requests a busy sync instance of a batching model may hold (its merged batches)
+        self._eager = PIPELINE * config.max_batch_size if not config.decoupled else 0
+        self._scheduled = False
         #: set when the model unloads: what a request held past the drain is answered with
         self.stopped: BaseException | None = None
 
     def poke(self) -> None:
-        """Something changed (an instance has room, or serves again): look at the queue."""
-        self._wake.set()
+        """Something changed (a request came, an instance has room, or serves again): look
+        at the queue, at the end of this turn of the event loop (no batching delay: in a
+        callback, not a task), with what else came in the turn."""
+        if self._delay:
+            self._wake.set()
+        elif not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._dispatch_soon)
+
+    def _dispatch_soon(self) -> None:
+        self._scheduled = False
+        self._dispatch()
 
     def enqueue(self, request: PyRequest, stream: bool) -> Item:
-        """Take a request. With nobody queued ahead of it, no batching delay and an instance
-        with room, it is sent at once, without a turn of the dispatcher."""
+        """Take a request: it leaves with the others of this turn of the event loop."""
         item = Item(request, stream, self._clock.monotonic())
         self.inflight += 1
-        if not self._queue and not self._delay:
-            picked = self._pick()
-            if picked is not None:
-                self._send(*picked, [item])
-                return item
         self._queue.append(item)
-        self._wake.set()
+        self.poke()
         return item
 
     def fail_queued(self, exc: BaseException) -> None:
@@ -162,8 +178,12 @@ class Batcher:
                 item.future.set_exception(outcome.error)
                 item.future.exception()
             else:
-                item.future.set_result(outcome)
-        elif isinstance(outcome, BaseException) and not item.dispatched.done():
+                item.future.set_result(outcome.outputs if item.unwrap else outcome)
+        elif (
+            isinstance(outcome, BaseException)
+            and item.dispatched is not None
+            and not item.dispatched.done()
+        ):
             item.dispatched.set_exception(outcome)  # a stream's caller waits on this
             item.dispatched.exception()
         self.done(item)
@@ -185,9 +205,10 @@ class Batcher:
             )
         item.call = None
         item.instance = None
-        item.dispatched = asyncio.get_running_loop().create_future()
+        if item.dispatched is not None:
+            item.dispatched = asyncio.get_running_loop().create_future()
         self._queue.appendleft(item)
-        self._wake.set()
+        self.poke()
         return None
 
     def _on_answer(self, item: Item, future: asyncio.Future[PyResponse]) -> None:
@@ -211,9 +232,13 @@ class Batcher:
 
     def _room(self, inst: InstanceProcess, full: bool) -> int:
         """Batches ``inst`` may take now: an idle sync instance one, a busy one more only when
-        they are full (a partial batch waits to grow); an async instance many."""
+        they are full (a partial batch waits to grow) or when it merges them (a model that
+        batches: up to its held requests' cap); an async instance many. A request that was
+        in a crash goes only to an idle instance."""
         if inst.is_async:
             return ASYNC_BATCHES - inst.executing
+        if self._eager and not self._queue[0].kills:
+            return 1 if inst.held < self._eager else 0
         return (self._pipeline if full else 1) - inst.executing
 
     def _pick(self) -> tuple[int, InstanceProcess] | None:
@@ -239,48 +264,61 @@ class Batcher:
         return batch
 
     async def run(self) -> None:
-        delay = self._delay
+        """Dispatch for a model with a batching delay (without one, :meth:`poke` does)."""
         while True:
             await self._wake.wait()
             self._wake.clear()
-            while self._queue:
-                picked = self._pick()
-                if picked is None:
-                    break  # woken again when an instance has room
-                limit = max(1, self.config.max_batch_size)
-                if delay and len(self._queue) < limit and not self._queue[0].kills:
-                    wait = self._queue[0].enqueued + delay - self._clock.monotonic()
-                    if wait > 0:
-                        await self._clock.sleep(wait)
-                        continue
-                slot, instance = picked
-                batches = [self._take()]
-                room = self._room(instance, True) - 1
-                while room > 0 and self._queue and self._full():
-                    batches.append(self._take())  # full batches more: one frame for them all
-                    room -= 1
-                self._send(slot, instance, *batches)
+            while (wait := self._dispatch()) is not None:
+                await self._clock.sleep(wait)
 
-    def _send(self, slot: int, instance: InstanceProcess, *batches: list[Item]) -> None:
+    def _dispatch(self) -> float | None:
+        """Send what may leave now; the seconds the head of the queue still waits for company
+        (None: it waits for an instance with room, or nothing is queued)."""
+        delay = self._delay
+        while self._queue:
+            picked = self._pick()
+            if picked is None:
+                return None  # poked again when an instance has room
+            limit = max(1, self.config.max_batch_size)
+            if delay and len(self._queue) < limit and not self._queue[0].kills:
+                wait = self._queue[0].enqueued + delay - self._clock.monotonic()
+                if wait > 0:
+                    return wait
+            slot, instance = picked
+            batches = [self._take()]
+            room = self._room(instance, True) - 1 if self._queue else 0
+            while room > 0 and self._queue and self._full():
+                batches.append(self._take())  # full batches more: one frame for them all
+                room -= 1
+            if not self._send(slot, instance, *batches):
+                return None
+        return None
+
+    def _send(self, slot: int, instance: InstanceProcess, *batches: list[Item]) -> bool:
+        """Hand ``batches`` to ``instance``; False if it is gone (they are queued again, and
+        looked at again on the next turn)."""
         try:
             sent = instance.submit_many(
                 [[item.request for item in batch] for batch in batches],
                 stream=self.config.decoupled,
+                alone=[bool(batch[0].kills) for batch in batches],
             )
         except InstanceCrashedError:
             for batch in reversed(batches):
                 self._queue.extendleft(reversed(batch))  # it never reached the process
-            self._wake.set()
-            return
+            self.poke()
+            return False
         except (ValueError, ModelRuntimeError) as exc:
             for batch in batches:
                 for item in batch:
                     self.settle(item, InputValidationError(f"the request cannot be sent: {exc}"))
-            return
+            return True
         now = self._clock.monotonic()
         for batch, calls in zip(batches, sent, strict=True):
             for item, call in zip(batch, calls, strict=True):
                 item.call, item.instance, item.slot, item.sent = call, instance, slot, now
-                item.dispatched.set_result(call)
+                if item.dispatched is not None:
+                    item.dispatched.set_result(call)
                 if call.future is not None:
                     call.then = functools.partial(self._on_answer, item)
+        return True

@@ -255,17 +255,23 @@ class InstanceProcess:
         return self.submit_many([requests], stream=stream)[0]
 
     def submit_many(
-        self, batches: Sequence[Sequence[PyRequest]], *, stream: bool = False
+        self,
+        batches: Sequence[Sequence[PyRequest]],
+        *,
+        stream: bool = False,
+        alone: Sequence[bool] = (),
     ) -> list[list[Call]]:
-        """Send batches in one frame (the model runs them one after the other, each its own
-        ``execute``); the calls of each, in order. Raises: as :meth:`submit`."""
+        """Send batches in one frame; the calls of each, in order. The model runs them one
+        after the other; an instance of a model that batches merges batches that wait for it
+        into one ``execute`` (up to ``max_batch_size`` rows), except those ``alone`` says
+        (requests that were in a crash: each its own ``execute``). Raises: as :meth:`submit`."""
         if not self.alive or self._channel is None or self._arena is None:
             raise self.death or InstanceCrashedError(f"the python instance {describe_exit(None)}")
         enc = Encoder(self._arena)
         out: list[list[Call]] = []
         ids: list[int] = []
         wire = []
-        for requests in batches:
+        for n, requests in enumerate(batches):
             batch = self._keys = self._keys + 1
             calls: list[Call] = []
             items = []
@@ -286,7 +292,10 @@ class InstanceProcess:
                     item["p"] = json.dumps(dict(request.parameters))
                 items.append(item)
                 calls.append(Call(key, batch, stream))
-            wire.append({"b": batch, "r": items})
+            entry: dict[str, Any] = {"b": batch, "r": items}
+            if n < len(alone) and alone[n]:
+                entry["a"] = 1  # not merged with other batches
+            wire.append(entry)
             out.append(calls)
             ids.append(batch)
         idle = not self._held

@@ -218,6 +218,40 @@ class ResponseIterator:
 class InferenceRequest:
     """A request: given to ``execute``, or built by a model to call another model (BLS)."""
 
+    __slots__ = (
+        "_correlation_id", "_flags", "_inputs", "_key", "_model_name", "_model_version",
+        "_parameters", "_request_id", "_requested", "_timeout",
+    )  # fmt: skip
+
+    @classmethod
+    def given(
+        cls,
+        key: int,
+        model_name: str,
+        inputs: list[Tensor],
+        requested: list[str],
+        request_id: str,
+        correlation_id: int | str,
+        flags: int,
+        parameters: str | None,
+    ) -> InferenceRequest:
+        """A request the instance hands ``execute`` (its tensors made by the instance).
+
+        Raises:
+            TritonModelException: ``parameters`` (JSON text) that are not Triton's."""
+        request = cls.__new__(cls)
+        request._model_name = model_name
+        request._inputs = inputs
+        request._requested = requested
+        request._request_id = request_id
+        request._correlation_id = correlation_id
+        request._model_version = -1
+        request._flags = flags
+        request._timeout = 0
+        request._parameters = _parameters(parameters, "request") if parameters else "{}"
+        request._key = key
+        return request
+
     def __init__(
         self,
         model_name: str = "",

@@ -13,6 +13,7 @@ the instances. The model is ready while one instance serves.
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -243,6 +244,42 @@ class PythonModelRunner:
                     np.copyto(buffer, response.outputs[name].reshape(buffer.shape))
         return response.outputs
 
+    def submit(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        context: RequestContext | None = None,
+        timeout: float | None = None,
+    ) -> asyncio.Future[dict[str, np.ndarray]]:
+        """:meth:`execute` without a coroutine: the request is queued now; the future of its
+        outputs. Cancelling the future drops the request (the model is told); past
+        ``timeout`` seconds it fails with :class:`RequestTimeoutError`.
+
+        Raises:
+            InputValidationError: inputs that do not fit the config, or a decoupled model.
+            RunnerStoppedError: closed or closing.
+        """
+        if self.config.decoupled:
+            raise InputValidationError(
+                f"model '{self.config.name}' is decoupled: its responses come as a stream"
+            )
+        item = self._enqueue(inputs, context, False)
+        item.unwrap = True
+        future = item.future
+        assert future is not None
+        timer = None
+        if timeout is not None:
+            timer = asyncio.get_running_loop().call_later(timeout, self._expire, item, timeout)
+        future.add_done_callback(functools.partial(self._ended, item, timer))
+        return future
+
+    def _ended(
+        self, item: Item, timer: asyncio.TimerHandle | None, future: asyncio.Future[Any]
+    ) -> None:
+        if timer is not None:
+            timer.cancel()
+        if not item.answered:  # cancelled by its caller
+            self._batcher.abandon(item)
+
     async def _one(
         self,
         inputs: Mapping[str, np.ndarray],
@@ -252,22 +289,32 @@ class PythonModelRunner:
         item = self._enqueue(inputs, context, False)
         future = item.future
         assert future is not None
+        # One timer on the future (cheaper than asyncio.timeout's scope per request).
+        timer = None
+        if timeout is not None:
+            timer = asyncio.get_running_loop().call_later(timeout, self._expire, item, timeout)
         try:
             # No shield: a caller that leaves cancels the future, which the batcher ignores.
-            if timeout is None:
-                return await future
-            async with asyncio.timeout(timeout):
-                response = await future
-        except TimeoutError:
-            self._batcher.abandon(item)
-            raise RequestTimeoutError(
-                f"Request timeout expired: model '{self.config.name}' gave no answer within "
-                f"{timeout} s"
-            ) from None
+            response: PyResponse = await future
+            return response
         except asyncio.CancelledError:
             self._batcher.abandon(item)
             raise
-        return response
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def _expire(self, item: Item, timeout: float) -> None:
+        future = item.future
+        if future is None or future.done():
+            return
+        self._batcher.abandon(item)
+        future.set_exception(
+            RequestTimeoutError(
+                f"Request timeout expired: model '{self.config.name}' gave no answer within "
+                f"{timeout} s"
+            )
+        )
 
     async def stream(
         self,
@@ -291,6 +338,7 @@ class PythonModelRunner:
         try:
             async with asyncio.timeout(timeout):
                 while True:
+                    assert item.dispatched is not None
                     call = await item.dispatched
                     assert call.queue is not None
                     got = await call.queue.get()

@@ -63,11 +63,28 @@ from model_runtime.python_backend.wire import (
     parse_header,
 )
 
-__all__ = ["Stub", "encode_response", "main"]
+__all__ = ["Stub", "encode_response", "main", "mergeable_rows"]
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 #: seconds the ends of batches run one after another may be held to go in one frame
 HOLD_S = 0.0005
+#: segments one sendmsg takes (Linux's UIO_MAXIOV)
+_IOV_MAX = 1024
+
+
+def mergeable_rows(batch: dict[str, Any]) -> int | None:
+    """The rows of an exec batch (each request's batch dimension), or None if it may not be
+    merged with others (sent alone, or a request of a sequence)."""
+    if batch.get("a"):
+        return None
+    rows = 0
+    for item in batch["r"]:
+        if "c" in item:
+            return None
+        tensors = item["T"]
+        shape = tensors[0].shape() if tensors else None
+        rows += shape[0] if shape else 1
+    return rows
 
 
 def _error_pair(error: pb_utils.TritonError) -> list[Any]:
@@ -133,21 +150,30 @@ class Stub:
         self.host = ModelHost(self)
         self._async = False
         #: ends of batches (responses, batch id) held back while the main thread runs more
-        self._held: list[tuple[list[tuple[int, Any, int]], int]] = []
+        self._held: list[tuple[list[tuple[int, Any, int]], list[int]]] = []
         self._holding = False
         self._main = threading.get_ident()
 
     # -- writing ----------------------------------------------------------------------------
 
-    def _sendall(self, data: bytes | memoryview) -> None:
-        view = memoryview(data)
-        while view:
+    def _sendall(self, segments: list[bytes | memoryview]) -> None:
+        """Write a frame's segments: one ``sendmsg`` when the socket takes them all."""
+        views = [memoryview(part).cast("B") for part in segments if len(part)]
+        while views:
             try:
-                view = view[self._sock.send(view) :]
+                sent = self._sock.sendmsg(views[:_IOV_MAX])
             except BlockingIOError:
                 select.select([], [self._sock], [])
+                continue
             except OSError:
                 os._exit(0)  # the daemon is gone
+            while sent:
+                n = len(views[0])
+                if sent < n:
+                    views[0] = views[0][sent:]
+                    break
+                sent -= n
+                del views[0]
 
     def write(self, header: dict[str, Any], build: Any = None) -> None:
         """Send one frame (after the held ends of batches); ``build(encoder, header)`` places
@@ -161,12 +187,9 @@ class Stub:
         enc = Encoder(self._arena)
         if build is not None:
             build(enc, header)
-        segments = enc.finish(header, self._arena.sender.head)
-        self._sendall(bytes(segments[0]) + bytes(segments[1]))
-        for part in segments[2:]:
-            self._sendall(part)
+        self._sendall(enc.finish(header, self._arena.sender.head))
 
-    def respond(self, items: list[tuple[int, Any, int]], done: int | None = None) -> None:
+    def respond(self, items: list[tuple[int, Any, int]], done: list[int] | None = None) -> None:
         """Send responses ``(key, response, flags)`` (and the end of batch ``done``). The end
         of a batch that the main thread ran while more batches wait for it is held, and sent
         with theirs in one frame (:meth:`flush`, or before any other frame)."""
@@ -177,7 +200,7 @@ class Stub:
         with self._lock:
             if self._held:
                 self._flush()
-            self._write(self._responses(items, [] if done is None else [done]), self._build)
+            self._write(self._responses(items, done or []), self._build)
 
     def flush(self) -> None:
         """Send the ends of batches held back (one frame)."""
@@ -187,7 +210,7 @@ class Stub:
 
     def _flush(self) -> None:
         items = [item for held, _ in self._held for item in held]
-        done = [d for _, d in self._held]
+        done = [d for _, ds in self._held for d in ds]
         self._held.clear()
         self._write(self._responses(items, done), self._build)
 
@@ -395,21 +418,40 @@ class Stub:
         started = time.perf_counter()
         try:
             while deferred:
-                self._handle(deferred.popleft())
+                header = deferred.popleft()
+                if header["t"] == "exec" and self.host.merge_rows:
+                    self._merge(header)
+                self._handle(header)
+                if header.get("a"):
+                    self.flush()  # a request that was in a crash: its answer leaves at once
                 if not self._async and self.host.is_async:
                     self._async = True  # the model's execute is async: the loop takes over
                     return
                 if time.perf_counter() - started > HOLD_S:
                     self.flush()
                     started = time.perf_counter()
-                if not deferred and self._readable_now():
+                if not deferred:
                     self.pump(0.0)  # frames that came meanwhile join this round
         finally:
             self._holding = False
             self.flush()
 
-    def _readable_now(self) -> bool:
-        return bool(select.select([self._sock], [], [], 0)[0])
+    def _merge(self, header: dict[str, Any]) -> None:
+        """Join the batches queued behind exec ``header`` to it while their rows fit the
+        model's ``max_batch_size`` (Triton's dynamic batcher: one ``execute`` for what
+        waits). Batches sent ``alone``, and requests of sequences, are not merged."""
+        rows = mergeable_rows(header)
+        if rows is None:
+            return
+        deferred = self._deferred
+        while deferred and deferred[0]["t"] == "exec":
+            more = mergeable_rows(deferred[0])
+            if more is None or rows + more > self.host.merge_rows:
+                break
+            batch = deferred.popleft()
+            header["r"].extend(batch["r"])
+            header.setdefault("bs", [header["b"]]).append(batch["b"])
+            rows += more
 
     def serve(self) -> None:
         """Serve until the model is finalized: sync models here, async ones on the loop."""

@@ -28,7 +28,7 @@ _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 class _Wire(Protocol):
     def write(self, header: dict[str, Any], build: Any = None) -> None: ...
-    def respond(self, items: list[tuple[int, Any, int]], done: int | None = None) -> None: ...
+    def respond(self, items: list[tuple[int, Any, int]], done: list[int] | None = None) -> None: ...
 
 
 def _describe(exc: BaseException) -> str:
@@ -56,6 +56,9 @@ class ModelHost:
         self.model: Any = None
         self.decoupled = False
         self.is_async = False
+        #: rows an ``execute`` of merged batches may hold (0: batches are not merged: a model
+        #: without batching, decoupled, async, or with sequence batching)
+        self.merge_rows = 0
         #: request key -> requested output names (None: all); present while a request is open
         self.requested: dict[int, frozenset[str] | None] = {}
 
@@ -118,6 +121,8 @@ class ModelHost:
                 if not callable(getattr(model, "execute", None)):
                     raise TypeError("TritonPythonModel has no execute(requests) method")
                 self.is_async = inspect.iscoroutinefunction(model.execute)
+                if not (self.decoupled or self.is_async or "sequence_batching" in config):
+                    self.merge_rows = max(0, int(config.get("max_batch_size") or 0))
         except BaseException as exc:
             self._wire.write({"t": "init_err", "stage": stage, "m": _describe(exc)})
             self._done()
@@ -130,24 +135,23 @@ class ModelHost:
 
     def _requests(self, header: dict[str, Any]) -> list[pb_utils.InferenceRequest]:
         requests = []
+        model = header.get("m", "")
+        given = pb_utils.InferenceRequest.given
+        requested = self.requested
         for item in header["r"]:
-            request = pb_utils.InferenceRequest(
-                model_name=header.get("m", ""),
-                inputs=item["T"],
-                requested_output_names=item.get("o") or (),
-                request_id=item.get("rq", ""),
-                correlation_id=item.get("c", 0),
-                flags=item.get("f", 0),
-                parameters=item.get("p"),
-            )
-            request._key = key = item["k"]
-            self.requested[key] = frozenset(item["o"]) if item.get("o") else None
+            key = item["k"]
+            wanted = item.get("o")
+            request = given(
+                key, model, item["T"], [str(n) for n in wanted] if wanted else [],
+                item.get("rq", ""), item.get("c", 0), item.get("f", 0), item.get("p"),
+            )  # fmt: skip
+            requested[key] = frozenset(wanted) if wanted else None
             requests.append(request)
         return requests
 
     def _execute(self, header: dict[str, Any]) -> Coroutine[Any, Any, None] | None:
         requests = self._requests(header)
-        batch = header["b"]
+        batch: list[int] = header.get("bs") or [header["b"]]
         if self.is_async:
             return self._execute_async(batch, requests)
         try:
@@ -158,7 +162,9 @@ class ModelHost:
             self._finish(batch, requests, result, None)
         return None
 
-    async def _execute_async(self, batch: int, requests: list[pb_utils.InferenceRequest]) -> None:
+    async def _execute_async(
+        self, batch: list[int], requests: list[pb_utils.InferenceRequest]
+    ) -> None:
         try:
             result = await self.model.execute(requests)
         except BaseException as exc:
@@ -168,7 +174,7 @@ class ModelHost:
 
     def _finish(
         self,
-        batch: int,
+        batch: list[int],
         requests: list[pb_utils.InferenceRequest],
         result: Any,
         exc: BaseException | None,

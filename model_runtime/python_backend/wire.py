@@ -75,8 +75,11 @@ def _raw(array: np.ndarray) -> tuple[str, memoryview]:
     datatype = triton_of(array.dtype)
     if datatype == "BYTES":
         return datatype, memoryview(serialize_bytes(array))
-    contiguous = np.ascontiguousarray(array)
-    return datatype, memoryview(contiguous.reshape(-1).view(np.uint8).data)
+    contiguous = array if array.flags.c_contiguous else np.ascontiguousarray(array)
+    try:
+        return datatype, contiguous.data.cast("B")
+    except (TypeError, ValueError):  # a buffer format memoryview cannot cast
+        return datatype, memoryview(contiguous.reshape(-1).view(np.uint8).data)
 
 
 class Encoder:

@@ -23,6 +23,7 @@ from model_runtime.errors import (
     ModelLoadError,
     PoisonRequestError,
     PythonModelError,
+    RequestTimeoutError,
     RunnerStoppedError,
 )
 from model_runtime.python_backend.autocomplete import auto_complete_config
@@ -71,6 +72,36 @@ async def test_add_sub_through_the_runner(tmp_path: Path) -> None:
         await runner.execute(_pair(1.0))
 
 
+async def test_submit_queues_at_once_and_its_future_gives_the_outputs(tmp_path: Path) -> None:
+    runner = _runner(tmp_path, "add_sub")
+    await runner.start()
+    try:
+        future = runner.submit(_pair(2.0), RequestContext(requested_outputs=["OUTPUT1"]))
+        out = await future
+        assert list(out) == ["OUTPUT1"]
+        np.testing.assert_array_equal(out["OUTPUT1"], np.full(4, 1.0))
+        with pytest.raises(InputValidationError, match="input 'INPUT1' is missing"):
+            runner.submit({"INPUT0": np.ones(4, np.float32)})  # refused before it is queued
+    finally:
+        await runner.close()
+
+
+async def test_a_submitted_request_past_its_timeout_is_dropped_and_the_model_told(
+    tmp_path: Path,
+) -> None:
+    # The model waits (up to 20 s) until its request is cancelled: told at the timeout, it
+    # ends, and the runner closes at once (nothing held, no drain to wait out).
+    runner = _runner(tmp_path, "cancellable")
+    await runner.start()
+    try:
+        with pytest.raises(RequestTimeoutError, match=r"gave no answer within 0\.2 s"):
+            await runner.submit({"INPUT0": np.ones(1, np.float32)}, timeout=0.2)
+    finally:
+        t0 = time.monotonic()
+        await runner.close()
+    assert time.monotonic() - t0 < 10
+
+
 @pytest.mark.parametrize(
     ("inputs", "words"),
     [
@@ -110,6 +141,66 @@ async def test_the_batcher_hands_execute_up_to_max_batch_size_requests(tmp_path:
 
         await asyncio.gather(*(one(i) for i in range(11)))
         assert max(sizes) == 8 and sum(1 for s in sizes if s > 1) >= 8
+    finally:
+        await runner.close()
+
+
+GATED = """
+import os, time
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.gate = os.path.join(args["model_repository"], "gate")
+        self.waits = os.path.join(args["model_repository"], "waits")
+
+    def execute(self, requests):
+        x = pb_utils.get_input_tensor_by_name(requests[0], "INPUT0").as_numpy()
+        deadline = time.monotonic() + 20
+        if x.reshape(-1)[0] == 100:
+            open(self.waits, "w").close()
+        while x.reshape(-1)[0] == 100 and not os.path.exists(self.gate):
+            assert time.monotonic() < deadline, "the test never opened the gate"
+            time.sleep(0.002)
+        return [pb_utils.InferenceResponse(
+            output_tensors=[pb_utils.Tensor(
+                "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())],
+            parameters={"batch": len(requests)}) for r in requests]
+"""
+
+
+async def test_a_busy_instance_runs_the_batches_that_waited_in_one_execute(
+    tmp_path: Path,
+) -> None:
+    # Triton's dynamic batcher hands a busy instance's next execute what queued meanwhile: here
+    # three requests sent one by one (three frames) while the model's execute of a first one
+    # waits at a gate; they run in executes of at most max_batch_size (2) requests.
+    write_model(tmp_path, "gated", source=GATED)
+    runner = PythonModelRunner(config("gated", max_batch_size=2), tmp_path / "gated", 1)
+    await runner.start()
+    instance = runner.pool.slots[0].instance
+    assert instance is not None
+    try:
+
+        async def one(x: float) -> int:
+            (response,) = [
+                r async for r in runner.stream({"INPUT0": np.full((1, 1), x, np.float32)})
+            ]
+            assert response.error is None and response.outputs["OUTPUT0"][0, 0] == x
+            return int(response.parameters["batch"])
+
+        tasks = [asyncio.create_task(one(100.0))]
+        deadline = time.monotonic() + 20
+        while not (tmp_path / "gated" / "waits").exists():
+            assert time.monotonic() < deadline, "the first request never reached the model"
+            await asyncio.sleep(0.002)
+        for held, x in enumerate([1.0, 2.0, 3.0], 2):
+            tasks.append(asyncio.create_task(one(x)))
+            while instance.held < held:  # noqa: ASYNC110 - sent at the end of a turn
+                await asyncio.sleep(0)  # each request in a frame of its own
+        (tmp_path / "gated" / "gate").touch()
+        assert await asyncio.gather(*tasks) == [1, 2, 2, 1]
     finally:
         await runner.close()
 

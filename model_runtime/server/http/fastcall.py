@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import anyio
 import structlog
 
+from model_runtime.python_backend.runner import PythonModelRunner
 from model_runtime.runner import ModelRunner
 from model_runtime.runner_requests import expire_request
 from model_runtime.server.answers import status_of
@@ -28,6 +29,7 @@ from model_runtime.server.inference.accounting import (
     json_length_of,
     samples_of,
 )
+from model_runtime.server.inference.python_calls import python_context
 from model_runtime.server.serving import ServingRunner
 from model_runtime.server.tensors.parameters import not_a_sequence_model
 from model_runtime.server.triton.settings import DEFAULT_SETTINGS
@@ -43,15 +45,26 @@ __all__ = ["FastAnswers", "FastCall", "FastConnection", "plain_runner", "submit"
 log = structlog.get_logger("model_runtime.server.app")  # the data plane's events
 
 
-def plain_runner(plane: DataPlane, entry: ModelEntry, runner: Any) -> ModelRunner | None:
-    """The :class:`ModelRunner` that serves ``entry`` through ``runner`` when
-    :meth:`submit` may take its requests (not a stateful model, no other make of runner
-    or wrapper between, no trace being taken, not answered from the response cache);
-    else None (await :meth:`execute`)."""
+def plain_runner(
+    plane: DataPlane, entry: ModelEntry, runner: Any
+) -> ModelRunner | PythonModelRunner | None:
+    """The :class:`ModelRunner` (or python model's runner) that serves ``entry`` through
+    ``runner`` when :meth:`submit` may take its requests (not a stateful or decoupled model,
+    no other make of runner or wrapper between, no trace being taken, not answered from the
+    response cache); else None (await :meth:`execute`)."""
     inner = runner.current if type(runner) is ServingRunner else runner
-    if type(inner) is not ModelRunner or plane.tracer.active:
+    if plane.tracer.active:
         return None
     settings = entry.settings
+    if type(inner) is PythonModelRunner:
+        if settings is not None and (
+            settings.decoupled
+            or (plane.cache is not None and settings.config.response_cache.enable)
+        ):
+            return None
+        return inner
+    if type(inner) is not ModelRunner:
+        return None
     if settings is not None and (
         settings.sequence is not None
         or (plane.cache is not None and settings.config.response_cache.enable)
@@ -61,7 +74,10 @@ def plain_runner(plane: DataPlane, entry: ModelEntry, runner: Any) -> ModelRunne
 
 
 def submit(
-    plane: DataPlane, entry: ModelEntry, inner: ModelRunner, parsed: InferRequest
+    plane: DataPlane,
+    entry: ModelEntry,
+    inner: ModelRunner | PythonModelRunner,
+    parsed: InferRequest,
 ) -> tuple[asyncio.Future[dict[str, Any]], asyncio.TimerHandle | None]:
     """:meth:`DataPlane.execute` without a coroutine, on the runner :func:`plain_runner` gave:
     the request is queued now. Returns the future of its outputs (cancel it: its rows
@@ -72,11 +88,14 @@ def submit(
         ModelRuntimeError: what ``DataPlane.execute`` raises at once (refusals, bad inputs).
     """
     settings = entry.settings or DEFAULT_SETTINGS
-    if parsed.sequence is not None:
-        raise not_a_sequence_model(parsed.sequence, entry.name)
     opts = plane.options
     priority = settings.priority(parsed.priority, opts.priority_levels, opts.default_priority_level)
     timeout, waits, delay = settings.deadline(opts.request_timeout, parsed.timeout, priority)
+    if type(inner) is PythonModelRunner:  # Triton's request, as its model.py sees it
+        return inner.submit(parsed.inputs, python_context(parsed), timeout), None
+    assert isinstance(inner, ModelRunner)
+    if parsed.sequence is not None:
+        raise not_a_sequence_model(parsed.sequence, entry.name)
     pending = inner.execute_async(parsed.inputs, None, None, None, priority, waits, delay)
     future = pending if isinstance(pending, asyncio.Future) else asyncio.ensure_future(pending)
     if timeout is None:
