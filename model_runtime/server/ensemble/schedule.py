@@ -46,6 +46,22 @@ def needed_steps(config: EnsembleConfig, wanted: Sequence[str]) -> list[Ensemble
     return [s for s in config.steps if s.index in chosen]
 
 
+#: :func:`needed_steps` of an (ensemble, wanted outputs), by the config's ``id`` (the config
+#: kept with it, so an id is not reused while its plan is here).
+_PLANS: dict[tuple[int, tuple[str, ...]], tuple[EnsembleConfig, tuple[EnsembleStep, ...]]] = {}
+
+
+def _plan(config: EnsembleConfig, wanted: Sequence[str]) -> tuple[EnsembleStep, ...]:
+    """:func:`needed_steps`, worked out once per ensemble config and outputs asked for."""
+    key = (id(config), tuple(wanted))
+    known = _PLANS.get(key)
+    if known is None or known[0] is not config:
+        if len(_PLANS) >= 1024:
+            _PLANS.clear()
+        known = _PLANS[key] = (config, tuple(needed_steps(config, wanted)))
+    return known[1]
+
+
 def step_failed(ensemble: str, step: EnsembleStep, exc: BaseException) -> HTTPError:
     """The answer to an ensemble request whose ``step`` failed with ``exc``: the status the
     step's own failure has, Triton's prefix, and the step and model named."""
@@ -73,7 +89,7 @@ async def run_steps(
     deadline = None if timeout is None else time.monotonic() + timeout
     tensors: dict[str, Any] = dict(inputs)
     absent: set[str] = {t for t in config.inputs if t not in tensors}
-    waiting = needed_steps(config, wanted)
+    waiting = list(_plan(config, wanted))
     await _run_ready(config, tensors, absent, waiting, call, deadline, frozenset())
     return {t: tensors[t] for t in wanted if t in tensors}
 
@@ -100,7 +116,7 @@ async def stream_steps(
     deadline = None if timeout is None else time.monotonic() + timeout
     tensors: dict[str, Any] = dict(inputs)
     absent: set[str] = {t for t in config.inputs if t not in tensors}
-    waiting = needed_steps(config, wanted)
+    waiting = list(_plan(config, wanted))
     async for done in _branch(config, tensors, absent, waiting, call, stream, decoupled, deadline):
         out = {t: done[t] for t in wanted if t in done}
         if out:
@@ -178,6 +194,7 @@ async def _run_ready(
     running: dict[asyncio.Task[Mapping[str, Any]], EnsembleStep] = {}
     try:
         while waiting or running:
+            ready: list[tuple[EnsembleStep, dict[str, Any]]] = []
             for step in list(waiting):
                 if step.index in held or not _ready(step, tensors, absent):
                     continue
@@ -186,6 +203,19 @@ async def _run_ready(
                 if not given:  # everything it reads was left out: so is what it writes
                     absent.update(step.outputs.values())
                     continue
+                ready.append((step, given))
+            if len(ready) == 1 and not running:
+                # The only step that can run: awaited here, in this task (a chain of steps,
+                # the common case, runs in one coroutine, no task nor wait per step).
+                step, given = ready[0]
+                left = _left(config.name, step, deadline)
+                try:
+                    outputs = await call(step, given, left)
+                except Exception as exc:
+                    raise step_failed(config.name, step, exc) from exc
+                _write(step, outputs, tensors, absent)
+                continue
+            for step, given in ready:
                 left = _left(config.name, step, deadline)
                 running[asyncio.ensure_future(call(step, given, left))] = step
             if not running:
@@ -197,16 +227,24 @@ async def _run_ready(
                     outputs = task.result()
                 except Exception as exc:
                     raise step_failed(config.name, step, exc) from exc
-                for model_output, tensor in step.outputs.items():
-                    if model_output in outputs:
-                        tensors[tensor] = outputs[model_output]
-                    else:
-                        absent.add(tensor)
+                _write(step, outputs, tensors, absent)
     finally:
         for task in running:
             task.cancel()
         if running:
             await asyncio.gather(*running, return_exceptions=True)
+
+
+def _write(
+    step: EnsembleStep, outputs: Mapping[str, Any], tensors: dict[str, Any], absent: set[str]
+) -> None:
+    """The ensemble tensors ``step`` writes, from its model's ``outputs`` (one it did not
+    give is absent)."""
+    for model_output, tensor in step.outputs.items():
+        if model_output in outputs:
+            tensors[tensor] = outputs[model_output]
+        else:
+            absent.add(tensor)
 
 
 def _expired(name: str) -> ExecutionTimeoutError:

@@ -40,6 +40,9 @@ class EnsembleSteps:
 
     def __init__(self, plane: _Plane) -> None:
         self._plane = plane
+        #: each step's requested outputs (all its model's outputs it maps), by the step's
+        #: ``id`` (the step kept with them, so an id is not reused while they are here)
+        self._wanted: dict[int, tuple[EnsembleStep, tuple[RequestedOutput, ...]]] = {}
 
     async def __call__(
         self,
@@ -107,7 +110,12 @@ class EnsembleSteps:
         plane = self._plane
         entry = plane.entry(step.model, None if step.version < 0 else str(step.version))
         runner = plane.serving_runner(entry)
-        wanted = tuple(RequestedOutput(name, True) for name in step.outputs)
+        wanted = self._wanted.get(id(step))
+        if wanted is None or wanted[0] is not step:
+            if len(self._wanted) >= 4096:
+                self._wanted.clear()
+            outputs = tuple(RequestedOutput(name, True) for name in step.outputs)
+            wanted = self._wanted[id(step)] = (step, outputs)
         settings = entry.settings
         # The sequence controls reach the steps that read them: a stateful model's, a python
         # model's (its correlation id and flags), a nested ensemble's; a stateless ONNX step
@@ -118,7 +126,7 @@ class EnsembleSteps:
         parsed = InferRequest(
             request.id,
             inputs,
-            wanted,
+            wanted[1],
             parameters=request.parameters,
             priority=request.priority,
             sequence=request.sequence if keeps else None,
