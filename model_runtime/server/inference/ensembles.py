@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
+from actors.queues.tracing import CURRENT as CURRENT_TRACE
 from model_runtime.server.answers import HTTPError, status_of
 from model_runtime.server.inference.streaming import replies
 from model_runtime.server.repository.entries import ModelEntry
@@ -62,6 +63,9 @@ class EnsembleSteps:
         """
         plane = self._plane
         entry, runner, parsed = self._step_request(step, inputs, request)
+        # A step may run in the ensemble request's own task (a chain does): the trace a
+        # traced step starts is its own, and the ensemble request's is its again after.
+        outer = CURRENT_TRACE.get()
         plane.enter_request(entry.name, entry.version)
         t0 = time.perf_counter()
         reason: str | None = "internal"
@@ -74,6 +78,8 @@ class EnsembleSteps:
             raise
         finally:
             plane.finish_request(entry, reason, t0, plane.samples_of(entry, inputs))
+            if CURRENT_TRACE.get() is not outer:
+                CURRENT_TRACE.set(outer)
 
     async def stream(
         self,
