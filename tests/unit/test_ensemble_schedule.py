@@ -110,6 +110,17 @@ async def test_a_chain_of_steps_runs_in_the_requests_own_task() -> None:
     with pytest.raises(HTTPError) as info:
         await run_steps(FORK, {"IN": np.zeros(1)}, ["OUT2"], call)
     assert str(info.value) == "in ensemble 'e', step 3 (model 'd'): input 'x' has the wrong shape"
+    # a chain over an input left out: what depends only on it is skipped, as in any graph
+    chain = EnsembleConfig(
+        "e",
+        (step(1, "b", {"x": "T"}, {"y": "OUT"}), step(0, "a", {"x": "OPT"}, {"y": "T"})),
+        ("OPT",),
+        ("OUT",),
+    )
+    tasks.clear()
+    assert await run_steps(chain, {}, ["OUT"], call) == {} and tasks == []
+    out = await run_steps(chain, {"OPT": np.zeros(1)}, ["OUT"], call)
+    np.testing.assert_array_equal(out["OUT"], np.zeros(1) + 1 + 2)  # a, then b
 
 
 async def test_steps_nobody_needs_are_not_run() -> None:
