@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from model_runtime.demo import DEMO_ONNX_PATH
+from tests.ensemble_models import write_add_sub_ensemble
 from tests.integration.test_daemon_support import (
     MODEL,
     REPO_ROOT,
@@ -52,6 +53,7 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, P
     trace_file = tmp / "trace.json"
     repo = tmp / "models"  # a python model beside the demo's ONNX one
     shutil.copytree(REPO_ROOT / "tests" / "repositories" / "python" / "add_sub", repo / "add_sub")
+    write_add_sub_ensemble(repo)  # and an ensemble over an ONNX model
     d = start_daemon(
         tmp,
         f"--trace-config=triton,file={trace_file}",
@@ -210,6 +212,28 @@ def test_a_python_models_requests_are_traced(traced: tuple[Daemon, Path]) -> Non
     assert list(trace["stamps"]) == ORDER  # computed: sent to its instance -> answered
     times = [trace["stamps"][n] for n in ORDER]
     assert times == sorted(times)
+
+
+def test_an_ensemble_request_and_each_of_its_steps_are_traced(
+    traced: tuple[Daemon, Path],
+) -> None:
+    d, path = traced
+    for wanted in (["OUTPUT0"], ["OUTPUT0", "OUTPUT1"]):  # one step; two at once
+        before = set(_traces(path))
+        doc = {
+            "inputs": [
+                {"name": n, "datatype": "INT32", "shape": [1, 16], "data": list(range(16))}
+                for n in ("INPUT0", "INPUT1")
+            ],
+            "outputs": [{"name": n} for n in wanted],
+        }
+        assert d.post("/v2/models/ensemble_add_sub/infer", doc)[0] == 200
+        new = [t for i, t in _traces(path).items() if i not in before]
+        models = sorted(t["model_name"] for t in new)
+        assert models == ["ensemble_add_sub"] + ["simple"] * len(wanted), new
+        for trace in new:
+            stamps = list(trace["stamps"])
+            assert stamps[0] == "REQUEST_START" and stamps[-1] == "REQUEST_END", trace
 
 
 class _Collector(BaseHTTPRequestHandler):

@@ -93,6 +93,36 @@ async def test_tensors_pass_by_reference() -> None:
     assert set(out) == {"OUT1"}
 
 
+async def test_a_chain_of_steps_runs_in_the_requests_own_task() -> None:
+    # each step of a chain (one step can run at a time) is awaited by the request itself:
+    # no task per step; a failing one is still named
+    tasks: list[asyncio.Task[Any] | None] = []
+    calls = Calls()
+
+    async def call(s: EnsembleStep, inputs: dict[str, Any], left: float | None) -> Any:
+        tasks.append(asyncio.current_task())
+        return await calls(s, inputs, left)
+
+    out = await run_steps(FORK, {"IN": np.zeros(1)}, ["OUT2"], call)
+    assert tasks == [asyncio.current_task()] * 2 and calls.started == ["b", "d"]
+    np.testing.assert_array_equal(out["OUT2"], np.zeros(1) + 2 + 4)
+    calls.fail["d"] = InputValidationError("input 'x' has the wrong shape")
+    with pytest.raises(HTTPError) as info:
+        await run_steps(FORK, {"IN": np.zeros(1)}, ["OUT2"], call)
+    assert str(info.value) == "in ensemble 'e', step 3 (model 'd'): input 'x' has the wrong shape"
+    # a chain over an input left out: what depends only on it is skipped, as in any graph
+    chain = EnsembleConfig(
+        "e",
+        (step(1, "b", {"x": "T"}, {"y": "OUT"}), step(0, "a", {"x": "OPT"}, {"y": "T"})),
+        ("OPT",),
+        ("OUT",),
+    )
+    tasks.clear()
+    assert await run_steps(chain, {}, ["OUT"], call) == {} and tasks == []
+    out = await run_steps(chain, {"OPT": np.zeros(1)}, ["OUT"], call)
+    np.testing.assert_array_equal(out["OUT"], np.zeros(1) + 1 + 2)  # a, then b
+
+
 async def test_steps_nobody_needs_are_not_run() -> None:
     calls = Calls()
     await run_steps(FORK, {"IN": np.zeros(1)}, ["OUT2"], calls)

@@ -46,6 +46,45 @@ def needed_steps(config: EnsembleConfig, wanted: Sequence[str]) -> list[Ensemble
     return [s for s in config.steps if s.index in chosen]
 
 
+def _chain(config: EnsembleConfig, steps: Sequence[EnsembleStep]) -> tuple[EnsembleStep, ...]:
+    """``steps`` in the order they run when they can only run one at a time (each one, after
+    the first, reads what the one before it writes), else () (some could run at once)."""
+    have = set(config.inputs)
+    left = list(steps)
+    order: list[EnsembleStep] = []
+    while left:
+        ready = [s for s in left if have.issuperset(s.inputs.values())]
+        if len(ready) != 1:
+            return ()
+        order.append(ready[0])
+        left.remove(ready[0])
+        have.update(ready[0].outputs.values())
+    return tuple(order)
+
+
+#: (the steps needed, and the same as a chain or ()) of an (ensemble, wanted outputs), by the
+#: config's ``id`` (the config kept with them, so an id is not reused while they are here)
+_PLANS: dict[
+    tuple[int, tuple[str, ...]],
+    tuple[EnsembleConfig, tuple[EnsembleStep, ...], tuple[EnsembleStep, ...]],
+] = {}
+
+
+def _plan(
+    config: EnsembleConfig, wanted: Sequence[str]
+) -> tuple[tuple[EnsembleStep, ...], tuple[EnsembleStep, ...]]:
+    """:func:`needed_steps` and :func:`_chain` of them, worked out once per ensemble config
+    and outputs asked for."""
+    key = (id(config), tuple(wanted))
+    known = _PLANS.get(key)
+    if known is None or known[0] is not config:
+        if len(_PLANS) >= 1024:
+            _PLANS.clear()
+        steps = tuple(needed_steps(config, wanted))
+        known = _PLANS[key] = (config, steps, _chain(config, steps))
+    return known[1], known[2]
+
+
 def step_failed(ensemble: str, step: EnsembleStep, exc: BaseException) -> HTTPError:
     """The answer to an ensemble request whose ``step`` failed with ``exc``: the status the
     step's own failure has, Triton's prefix, and the step and model named."""
@@ -73,8 +112,21 @@ async def run_steps(
     deadline = None if timeout is None else time.monotonic() + timeout
     tensors: dict[str, Any] = dict(inputs)
     absent: set[str] = {t for t in config.inputs if t not in tensors}
-    waiting = needed_steps(config, wanted)
-    await _run_ready(config, tensors, absent, waiting, call, deadline, frozenset())
+    steps, chain = _plan(config, wanted)
+    if chain:  # one step at a time: each awaited in turn, in this task
+        for step in chain:
+            given = {m: tensors[t] for m, t in step.inputs.items() if t in tensors}
+            if not given:  # everything it reads was left out: so is what it writes
+                absent.update(step.outputs.values())
+                continue
+            left = _left(config.name, step, deadline)
+            try:
+                outputs = await call(step, given, left)
+            except Exception as exc:
+                raise step_failed(config.name, step, exc) from exc
+            _write(step, outputs, tensors, absent)
+    else:
+        await _run_ready(config, tensors, absent, list(steps), call, deadline, frozenset())
     return {t: tensors[t] for t in wanted if t in tensors}
 
 
@@ -100,7 +152,7 @@ async def stream_steps(
     deadline = None if timeout is None else time.monotonic() + timeout
     tensors: dict[str, Any] = dict(inputs)
     absent: set[str] = {t for t in config.inputs if t not in tensors}
-    waiting = needed_steps(config, wanted)
+    waiting = list(_plan(config, wanted)[0])
     async for done in _branch(config, tensors, absent, waiting, call, stream, decoupled, deadline):
         out = {t: done[t] for t in wanted if t in done}
         if out:
@@ -178,6 +230,7 @@ async def _run_ready(
     running: dict[asyncio.Task[Mapping[str, Any]], EnsembleStep] = {}
     try:
         while waiting or running:
+            ready: list[tuple[EnsembleStep, dict[str, Any]]] = []
             for step in list(waiting):
                 if step.index in held or not _ready(step, tensors, absent):
                     continue
@@ -186,6 +239,19 @@ async def _run_ready(
                 if not given:  # everything it reads was left out: so is what it writes
                     absent.update(step.outputs.values())
                     continue
+                ready.append((step, given))
+            if len(ready) == 1 and not running:
+                # The only step that can run: awaited here, in this task (a chain of steps,
+                # the common case, runs in one coroutine, no task nor wait per step).
+                step, given = ready[0]
+                left = _left(config.name, step, deadline)
+                try:
+                    outputs = await call(step, given, left)
+                except Exception as exc:
+                    raise step_failed(config.name, step, exc) from exc
+                _write(step, outputs, tensors, absent)
+                continue
+            for step, given in ready:
                 left = _left(config.name, step, deadline)
                 running[asyncio.ensure_future(call(step, given, left))] = step
             if not running:
@@ -197,16 +263,24 @@ async def _run_ready(
                     outputs = task.result()
                 except Exception as exc:
                     raise step_failed(config.name, step, exc) from exc
-                for model_output, tensor in step.outputs.items():
-                    if model_output in outputs:
-                        tensors[tensor] = outputs[model_output]
-                    else:
-                        absent.add(tensor)
+                _write(step, outputs, tensors, absent)
     finally:
         for task in running:
             task.cancel()
         if running:
             await asyncio.gather(*running, return_exceptions=True)
+
+
+def _write(
+    step: EnsembleStep, outputs: Mapping[str, Any], tensors: dict[str, Any], absent: set[str]
+) -> None:
+    """The ensemble tensors ``step`` writes, from its model's ``outputs`` (one it did not
+    give is absent)."""
+    for model_output, tensor in step.outputs.items():
+        if model_output in outputs:
+            tensors[tensor] = outputs[model_output]
+        else:
+            absent.add(tensor)
 
 
 def _expired(name: str) -> ExecutionTimeoutError:

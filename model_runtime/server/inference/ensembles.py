@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
+from actors.queues.tracing import CURRENT as CURRENT_TRACE
 from model_runtime.server.answers import HTTPError, status_of
 from model_runtime.server.inference.streaming import replies
 from model_runtime.server.repository.entries import ModelEntry
@@ -40,6 +41,9 @@ class EnsembleSteps:
 
     def __init__(self, plane: _Plane) -> None:
         self._plane = plane
+        #: each step's requested outputs (all its model's outputs it maps), by the step's
+        #: ``id`` (the step kept with them, so an id is not reused while they are here)
+        self._wanted: dict[int, tuple[EnsembleStep, tuple[RequestedOutput, ...]]] = {}
 
     async def __call__(
         self,
@@ -59,6 +63,9 @@ class EnsembleSteps:
         """
         plane = self._plane
         entry, runner, parsed = self._step_request(step, inputs, request)
+        # A step may run in the ensemble request's own task (a chain does): the trace a
+        # traced step starts is its own, and the ensemble request's is its again after.
+        outer = CURRENT_TRACE.get()
         plane.enter_request(entry.name, entry.version)
         t0 = time.perf_counter()
         reason: str | None = "internal"
@@ -71,6 +78,8 @@ class EnsembleSteps:
             raise
         finally:
             plane.finish_request(entry, reason, t0, plane.samples_of(entry, inputs))
+            if CURRENT_TRACE.get() is not outer:
+                CURRENT_TRACE.set(outer)
 
     async def stream(
         self,
@@ -107,7 +116,12 @@ class EnsembleSteps:
         plane = self._plane
         entry = plane.entry(step.model, None if step.version < 0 else str(step.version))
         runner = plane.serving_runner(entry)
-        wanted = tuple(RequestedOutput(name, True) for name in step.outputs)
+        wanted = self._wanted.get(id(step))
+        if wanted is None or wanted[0] is not step:
+            if len(self._wanted) >= 4096:
+                self._wanted.clear()
+            outputs = tuple(RequestedOutput(name, True) for name in step.outputs)
+            wanted = self._wanted[id(step)] = (step, outputs)
         settings = entry.settings
         # The sequence controls reach the steps that read them: a stateful model's, a python
         # model's (its correlation id and flags), a nested ensemble's; a stateless ONNX step
@@ -118,7 +132,7 @@ class EnsembleSteps:
         parsed = InferRequest(
             request.id,
             inputs,
-            wanted,
+            wanted[1],
             parameters=request.parameters,
             priority=request.priority,
             sequence=request.sequence if keeps else None,
