@@ -490,11 +490,14 @@ async def test_latency_budget_refuses_what_the_replicas_cannot_serve_in_time(
             np.testing.assert_allclose(got["logits"], want, rtol=1e-4, atol=1e-5)
 
 
-def test_the_daemon_turns_admission_control_on_by_default() -> None:
+def test_the_daemon_leaves_admission_to_its_front_end_by_default() -> None:
+    """The daemon's admission is its front end's (which never refuses a closed loop); its
+    runners get no latency budget, as the library's default (on Ray the deployment sets one)."""
     from model_runtime.server import build_parser, options_from_args
 
     opts = options_from_args(build_parser().parse_args([]))
-    assert opts.runner.latency_budget == 1.0
+    assert opts.admission_delay == 1.0
+    assert opts.runner.latency_budget is None
     assert ModelRunnerConfig().latency_budget is None  # the library's default: off
 
 
