@@ -123,15 +123,13 @@ def test_continuation_flood(daemon: Daemon, seconds: float) -> None:
 
 
 @pytest.mark.long
-@pytest.mark.xfail(
-    reason="the attack's replacement calls are an inference flood: admission refuses the other "
-    "client's calls too (no fairness between connections yet); measured 2026-11-28"
-)
 def test_window_never_opened(daemon: Daemon, seconds: float) -> None:
     """20 connections with a zero window, each keeping 256 ModelInfer calls open (a call the
     server ends is sent again), never reading an answer. In place once 1,000 answers wait
-    unread: the server refuses much of the rest at once (budget, admission), and ends answers
-    stalled past the write timeout, so the attack cannot hold grpc.aio's 4,000."""
+    unread. Each connection's share holds (``server/grpc/shares.py``): few of its calls are
+    computed at once, its refusals are sent as its calls end (not at once, which would make its
+    resent calls a flood), answers stalled past the write timeout end their streams, and
+    admission refuses the crowded connections' calls, not the well-behaved client's."""
     message = infer_message()
 
     def attack(stop: threading.Event, in_place: threading.Event) -> None:

@@ -4,8 +4,9 @@ answer. Their answers wait on them;
 they must not hold the slots other clients need: once every call is answered (or refused) and
 its answer waits, the well-behaved client is served as before (real daemon, default settings).
 Scaled down from the issue's 24 x 256 held 40 s to 20 x 256 (past grpc's old limit of 4,096
-calls in flight) held 3 s. (While the burst of calls is accepted, one at a time by grpc.aio,
-the client waits behind it: the "onset" phase, not judged here.)"""
+calls in flight) held 3 s. (While the burst of calls is accepted the client waits behind it:
+the "onset" phase, not judged here; on the native transport a connection that has not had an
+answer written gets few calls computed at once, so the burst reaches the models slowly.)"""
 
 from __future__ import annotations
 
@@ -42,9 +43,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
 
 @pytest.mark.parametrize(
     ("connections", "seconds"),
-    # Both in `make attack` (--long) only: while grpc.aio accepts the attacker's burst of calls
-    # its loop can stall the other client for seconds (the unmet "onset" of issue 41, measured
-    # 1 in 4 runs of tests/attack on the 2-core host), which would make `make test` flaky.
+    # Both in `make attack` (--long) only: each holds the attack for 3 x 3 s and 3 x 40 s, past
+    # `make test`'s time.
     [
         pytest.param(20, 3.0, marks=pytest.mark.long),
         pytest.param(24, 40.0, marks=pytest.mark.long),  # the issue's size
