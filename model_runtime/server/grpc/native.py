@@ -54,6 +54,10 @@ SERVICE_PATH = b"/inference.GRPCInferenceService/"
 _GRPC = b"application/grpc"
 _START_HEADERS = [(b"content-type", _GRPC), (b"grpc-accept-encoding", ACCEPT_ENCODING)]
 _OK = status_trailers(grpc.StatusCode.OK)
+#: The messages every answered unary call sends but its body (h2corn does not keep them).
+_START = {"type": "http.response.start", "status": 200, "headers": _START_HEADERS,
+          "trailers": True}  # fmt: skip
+_END = {"type": "http.response.trailers", "headers": _OK}
 
 
 class NativeContext:
@@ -215,14 +219,16 @@ class GrpcApp:
             answer = await handler.unary_unary(request, context)
         else:
             answer = await _before(deadline, handler.unary_unary(request, context))
-        body = frame(handler.response_serializer(answer))
-        await state.send(
-            {"type": "http.response.start", "status": 200, "headers": _START_HEADERS,
-             "trailers": True}
-        )  # fmt: skip
+        serialize = handler.response_serializer
+        body = frame(answer if serialize is None else serialize(answer))
+        send = state.raw_send
         state.started = True
-        await state.send({"type": "http.response.body", "body": body})
-        await state.send({"type": "http.response.trailers", "headers": _OK})
+        try:  # three sends, one frame of the wrappers (this is the hot path)
+            await send(_START)
+            await send({"type": "http.response.body", "body": body})
+            await send(_END)
+        except Exception as exc:
+            raise CallEnded() from exc
 
     async def _stream(
         self,
@@ -259,10 +265,10 @@ class GrpcApp:
 class _Answer:
     """One call's side of the stream: what was sent, and its end with a status."""
 
-    __slots__ = ("_send", "started")
+    __slots__ = ("raw_send", "started")
 
     def __init__(self, send: Send) -> None:
-        self._send = send
+        self.raw_send = send
         self.started = False
 
     async def send(self, event: dict[str, Any]) -> None:
@@ -273,7 +279,7 @@ class _Answer:
                 it: an answer stalled behind flow control past the write timeout).
         """
         try:
-            await self._send(event)
+            await self.raw_send(event)
         except Exception as exc:
             raise CallEnded() from exc
 
@@ -309,8 +315,11 @@ async def _before(deadline: float, work: Awaitable[Any]) -> Any:
 
 
 def _decode(handler: Any, data: bytes) -> Any:
+    deserialize = handler.request_deserializer
+    if deserialize is None:  # a handler of the wire's bytes
+        return data
     try:
-        return handler.request_deserializer(data)
+        return deserialize(data)
     except Exception:
         raise GrpcAbort(grpc.StatusCode.INTERNAL, "Exception deserializing request!") from None
 
