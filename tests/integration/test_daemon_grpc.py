@@ -164,6 +164,20 @@ def test_bad_requests_are_invalid_argument_and_the_server_serves_on(
     assert daemon.get("/v2/health/ready")[0] == 200  # HTTP serves on too
 
 
+def test_a_request_that_is_not_a_message_is_internal_and_the_server_serves_on(
+    client: grpcclient.InferenceServerClient, daemon: Daemon
+) -> None:
+    with grpc.insecure_channel(f"127.0.0.1:{daemon.grpc_port}") as channel:
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        with pytest.raises(grpc.RpcError) as info:
+            infer(b"\xff\xff\xff", timeout=10)  # a truncated field: no protobuf message
+    assert info.value.code() == grpc.StatusCode.INTERNAL
+    assert info.value.details() == "Exception deserializing request!"  # grpcio's words
+    pixels, logits = samples()
+    result = client.infer(MODEL, [_pixels_input(pixels)])
+    np.testing.assert_allclose(result.as_numpy("logits"), logits, atol=ATOL)
+
+
 def test_unknown_models_get_tritons_codes_and_words(
     client: grpcclient.InferenceServerClient, daemon: Daemon
 ) -> None:

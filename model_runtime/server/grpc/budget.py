@@ -42,6 +42,11 @@ CALL_OVERHEAD = 4096
 Unary = Callable[[Any, Any], Awaitable[Any]]
 
 
+def _byte_size(message: Any) -> int:
+    size: int = message.ByteSize()
+    return size
+
+
 class CallBudget:
     """The per-connection and per-server holdings of one gRPC listener (see the module)."""
 
@@ -76,15 +81,17 @@ class CallBudget:
         self._log = RateLimitedLog("grpc_calls_refused_budget")
         self._timeout_log = RateLimitedLog("grpc_answers_not_written_in_time")
 
-    def wrap(self, behaviour: Unary) -> Unary:
-        """``behaviour`` (a unary handler ``(request, context) -> answer``) under the budget."""
+    def wrap(self, behaviour: Unary, size_of: Callable[[Any], int] = _byte_size) -> Unary:
+        """``behaviour`` (a unary handler ``(request, context) -> answer``) under the budget.
+        ``size_of``: the bytes of a request or answer (a message's ``ByteSize``; ``len`` for
+        a handler of serialized messages)."""
 
         async def call(request: Any, context: Any) -> Any:
             peer = context.peer()
             held = self.calls.get(peer, 0)
-            # The native transport says what to count of the request (ByteSize serializes it).
+            # The native transport says what to count of the request (its message's bytes).
             counted = getattr(context, "message_bytes", None)
-            size = CALL_OVERHEAD + (request.ByteSize() if counted is None else counted)
+            size = CALL_OVERHEAD + (size_of(request) if counted is None else counted)
             why = self._refusal(held, size, peer)
             if why is not None:
                 await self._refuse(context, why, peer)
@@ -99,7 +106,7 @@ class CallBudget:
                 answer = await behaviour(request, context)
             finally:
                 self.computing -= 1
-            answer_size = answer.ByteSize()
+            answer_size = size_of(answer)
             why = self._refusal(self.calls[peer] - 1, answer_size, peer, computing=False)
             if why is not None:
                 await self._refuse(context, why, peer)

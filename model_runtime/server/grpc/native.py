@@ -60,6 +60,10 @@ _START_HEADERS = [(b"content-type", _GRPC), (b"grpc-accept-encoding", ACCEPT_ENC
 _OK = status_trailers(grpc.StatusCode.OK)
 #: The codes of a refusal (held back by :meth:`.shares.Shares.before_refusal`).
 _REFUSALS = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+#: The messages every answered unary call sends but its body (h2corn does not keep them).
+_START = {"type": "http.response.start", "status": 200, "headers": _START_HEADERS,
+          "trailers": True}  # fmt: skip
+_END = {"type": "http.response.trailers", "headers": _OK}
 
 
 class NativeContext:
@@ -305,14 +309,16 @@ class GrpcApp:
             answer = await handler.unary_unary(request, context)
         else:
             answer = await _before(deadline, handler.unary_unary(request, context))
-        body = frame(handler.response_serializer(answer))
-        await state.send(
-            {"type": "http.response.start", "status": 200, "headers": _START_HEADERS,
-             "trailers": True}
-        )  # fmt: skip
+        serialize = handler.response_serializer
+        body = frame(answer if serialize is None else serialize(answer))
+        send = state.raw_send
         state.started = True
-        await state.send({"type": "http.response.body", "body": body})
-        await state.send({"type": "http.response.trailers", "headers": _OK})
+        try:  # three sends, one frame of the wrappers (this is the hot path)
+            await send(_START)
+            await send({"type": "http.response.body", "body": body})
+            await send(_END)
+        except Exception as exc:
+            raise CallEnded() from exc
 
     async def _stream(
         self,
@@ -352,10 +358,10 @@ class GrpcApp:
 class _Answer:
     """One call's side of the stream: what was sent, and its end with a status."""
 
-    __slots__ = ("_send", "reader", "started")
+    __slots__ = ("raw_send", "reader", "started")
 
     def __init__(self, send: Send) -> None:
-        self._send = send
+        self.raw_send = send
         self.started = False
         self.reader: MessageReader | None = None
 
@@ -367,7 +373,7 @@ class _Answer:
                 it: an answer stalled behind flow control past the write timeout).
         """
         try:
-            await self._send(event)
+            await self.raw_send(event)
         except Exception as exc:
             raise CallEnded() from exc
 
@@ -418,8 +424,11 @@ async def _before(deadline: float, work: Awaitable[Any]) -> Any:
 
 
 def _decode(handler: Any, data: bytes) -> Any:
+    deserialize = handler.request_deserializer
+    if deserialize is None:  # a handler of the wire's bytes
+        return data
     try:
-        return handler.request_deserializer(data)
+        return deserialize(data)
     except Exception:
         raise GrpcAbort(grpc.StatusCode.INTERNAL, "Exception deserializing request!") from None
 

@@ -178,9 +178,15 @@ async def start_native_grpc_server(
     """
     limits = limits or GrpcLimits()
     budget = budget or call_budget(limits)
-    _, handlers, _ = service_handlers(InferenceServicer(plane))
+    servicer = InferenceServicer(plane)
+    _, handlers, _ = service_handlers(servicer)
+    handlers = {name: _budgeted(handler, budget) for name, handler in handlers.items()}
+    # The hot method on the wire's bytes: parsed once, serialized once, sized by length.
+    handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
+        budget.wrap(servicer.model_infer_wire, len)
+    )
     listener, bound = await start_h2_listener(
-        {name: _budgeted(handler, budget) for name, handler in handlers.items()},
+        handlers,
         host,
         port,
         max_message_size=limits.max_message_size,

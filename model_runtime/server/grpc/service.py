@@ -180,6 +180,24 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         (UNAVAILABLE) before it is decoded while its model is over its admission limit."""
         return await self._model_infer(request, context)
 
+    async def model_infer_wire(self, data: bytes | Any, context: Any) -> bytes:
+        """:meth:`ModelInfer` from and to the wire's bytes (a serialized ``ModelInferRequest``
+        in, its answer serialized out), for a transport that frames messages itself: the
+        answer is serialized once, and its size is its length. Bytes that do not parse end
+        the call INTERNAL, as grpc's own deserializer does. A big request the transport
+        parsed already (its tensors views of the message: ``context.raw_inputs``) comes as
+        the ``ModelInferRequest``."""
+        if not isinstance(data, bytes | bytearray | memoryview):
+            request = data
+        else:
+            try:
+                request = pb.ModelInferRequest.FromString(data)
+            except Exception:
+                await context.abort(grpc.StatusCode.INTERNAL, "Exception deserializing request!")
+        answer = await self.ModelInfer(request, context)
+        wire: bytes = answer.SerializeToString()
+        return wire
+
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> Any:
         """Triton's streaming inference: requests in, their responses out as they finish (the
         steps of one sequence in their order: :mod:`model_runtime.sequences`; a stream's
