@@ -142,8 +142,11 @@ class Stream:
 
 
 async def _infer(request: Any, context: Any) -> Any:
-    if request.model_name == "busy":
+    if request.model_name == "busy":  # admission sheds it, as the servicer does
+        context.mark_shed()
         await context.abort(grpc.StatusCode.UNAVAILABLE, "over its admission limit")
+    if request.model_name == "late":  # a queue policy's answer: sent when due
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "Request timeout expired")
     return pb.ModelInferResponse(model_name=request.model_name)
 
 
@@ -179,6 +182,10 @@ def test_through_the_app_an_unread_answer_holds_back_its_connections_refusals() 
         await asyncio.wait_for(alone_task, 1)
         assert alone.status() == grpc.StatusCode.UNAVAILABLE.value[0]  # at once
         assert refused.status() is None  # held back while the unread answer waits
+        late, late_task = call("late", ("127.0.0.1", 1))
+        late.closed.set()
+        await asyncio.wait_for(late_task, 1)
+        assert late.status() == grpc.StatusCode.UNAVAILABLE.value[0]  # not shed: at once
         unread.closed.set()
         await asyncio.wait_for(answered, 1)
         await _settle()

@@ -58,8 +58,6 @@ SERVICE_PATH = b"/inference.GRPCInferenceService/"
 _GRPC = b"application/grpc"
 _START_HEADERS = [(b"content-type", _GRPC), (b"grpc-accept-encoding", ACCEPT_ENCODING)]
 _OK = status_trailers(grpc.StatusCode.OK)
-#: The codes of a refusal (held back by :meth:`.shares.Shares.before_refusal`).
-_REFUSALS = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
 #: The messages every answered unary call sends but its body (h2corn does not keep them).
 _START = {"type": "http.response.start", "status": 200, "headers": _START_HEADERS,
           "trailers": True}  # fmt: skip
@@ -69,7 +67,16 @@ _END = {"type": "http.response.trailers", "headers": _OK}
 class NativeContext:
     """What a handler may ask of its call (grpc.aio's ``ServicerContext``, the part used)."""
 
-    __slots__ = ("_conn", "_deadline", "_headers", "_loop", "_peer", "message_bytes", "raw_inputs")
+    __slots__ = (
+        "_conn",
+        "_deadline",
+        "_headers",
+        "_loop",
+        "_peer",
+        "message_bytes",
+        "raw_inputs",
+        "shed",
+    )
 
     def __init__(
         self,
@@ -89,6 +96,13 @@ class NativeContext:
         #: A big ModelInfer request's raw input contents, as views of the received message
         #: (its ``raw_input_contents`` is then empty: :mod:`.rawsplit`); None: in the message.
         self.raw_inputs: list[memoryview] | None = None
+        #: The call was refused by admission (load shed): its refusal may be held back.
+        self.shed = False
+
+    def mark_shed(self) -> None:
+        """Admission refused this call to shed load (not a queue policy's answer, which is
+        sent when due)."""
+        self.shed = True
 
     def connection_calls(self) -> int:
         """The calls open on this call's connection, this one included (1: unknown)."""
@@ -191,7 +205,10 @@ class GrpcApp:
             reader = state.reader
             if (
                 conn is not None
-                and exc.code in _REFUSALS
+                and (
+                    exc.code is grpc.StatusCode.RESOURCE_EXHAUSTED  # a budget's refusal
+                    or (state.context is not None and state.context.shed)
+                )
                 and self._shares is not None
                 and not (reader is not None and reader.partial)  # its bytes would wait unread
             ):
@@ -242,7 +259,7 @@ class GrpcApp:
         deadline = None if seconds is None else loop.time() + seconds
         client = scope.get("client")
         peer = f"ipv4:{client[0]}:{client[1]}" if client else "unknown"
-        context = NativeContext(peer, headers, deadline, loop, conn)
+        context = state.context = NativeContext(peer, headers, deadline, loop, conn)
         admit = None if self._budget is None else functools.partial(_admit, self._budget, peer)
         reader = state.reader = MessageReader(
             receive, self._max, None if encoding is None else encoding.decode("latin-1"), admit
@@ -358,12 +375,13 @@ class GrpcApp:
 class _Answer:
     """One call's side of the stream: what was sent, and its end with a status."""
 
-    __slots__ = ("raw_send", "reader", "started")
+    __slots__ = ("context", "raw_send", "reader", "started")
 
     def __init__(self, send: Send) -> None:
         self.raw_send = send
         self.started = False
         self.reader: MessageReader | None = None
+        self.context: NativeContext | None = None
 
     async def send(self, event: dict[str, Any]) -> None:
         """Send ``event`` on the stream.

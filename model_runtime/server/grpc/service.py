@@ -261,6 +261,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         crowded = calls is not None and calls() > 1
         refused = admission.try_admit(entry.name, crowded=crowded)
         if refused is not None:
+            shed = getattr(context, "mark_shed", None)
+            if shed is not None:  # the native transport may hold a shed call's refusal back
+                shed()
             raise HTTPError(503, refused, OVERLOADED)
         queue_full = False
         try:

@@ -14,7 +14,9 @@ keeps that count per connection (its client's address and port), and two rules o
   turn, oldest first, for up to ``write_timeout`` (then RESOURCE_EXHAUSTED), so that a burst of
   one connection's calls reaches the models at the pace they answer it, and a client that does
   not read its answers has few computed at once;
-- a refusal (UNAVAILABLE, RESOURCE_EXHAUSTED) of a call whose connection has other calls open
+- a refusal that sheds load (admission's UNAVAILABLE, a budget's RESOURCE_EXHAUSTED; not a
+  queue policy's timeout, which is answered when due, as Triton does) of a call whose
+  connection has other calls open
   that are not refusals themselves is sent once one of those ends, or after half to all of
   ``write_timeout`` (spread at random, so that refusals held together are not all sent, and
   their calls resent, at once):
