@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.peers import servers  # noqa: E402
 from model_runtime.demo import DEMO_ONNX_PATH  # noqa: E402
 from tests import perf_analyzer  # noqa: E402
+from tests.pki import write_pki  # noqa: E402
 
 MODEL = "digits"
 #: What ``--compare`` sets against what: the two sides, first the reference.
@@ -50,61 +51,15 @@ class Daemon:
     client_args: tuple[str, ...] = ()  #: perf_analyzer's extra arguments for this side
 
 
-def tls_files(directory: Path) -> dict[str, Path]:
-    """A CA and a server certificate for 127.0.0.1 and localhost, as PEM files."""
-    import datetime
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    def name(cn: str) -> x509.Name:
-        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
-    certs = {}
-    for who, subject_key, ca in (("ca", ca_key, True), ("server", key, False)):
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(name(f"bench {who}"))
-            .issuer_name(name("bench ca"))
-            .public_key(subject_key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-        )
-        if not ca:
-            alt = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            builder = builder.add_extension(x509.SubjectAlternativeName(alt), critical=False)
-        certs[who] = builder.sign(ca_key, hashes.SHA256())
-    directory.mkdir(parents=True, exist_ok=True)
-    files = {who: directory / f"{who}.pem" for who in ("ca", "server")}
-    for who, path in files.items():
-        path.write_bytes(certs[who].public_bytes(serialization.Encoding.PEM))
-    files["key"] = directory / "server.key"
-    files["key"].write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return files
-
-
 def side_args(side: str, workdir: Path) -> tuple[list[str], tuple[str, ...]]:
     """The daemon's and perf_analyzer's extra arguments for ``side``."""
     if side in ("aio", "native"):
         return ["--grpc-transport", side], ()
     if side == "plain":
         return ["--grpc-transport", "native"], ()
-    pki = tls_files(workdir / "pki")
+    pki = write_pki(workdir / "pki")
     daemon_args = ["--grpc-transport", "native", "--grpc-use-ssl", "--grpc-server-cert",
-                   str(pki["server"]), "--grpc-server-key", str(pki["key"])]  # fmt: skip
+                   str(pki["server"]), "--grpc-server-key", str(pki["server_key"])]  # fmt: skip
     return daemon_args, (
         "--ssl-grpc-use-ssl", "--ssl-grpc-root-certifications-file", str(pki["ca"]),
     )  # fmt: skip

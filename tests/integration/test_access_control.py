@@ -3,8 +3,6 @@ tritonclient, TLS and mutual TLS for gRPC, HTTPS, and the refusal to start expos
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import ssl
 import subprocess
 import sys
@@ -18,10 +16,6 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from test_daemon_support import (
     MODEL,
     REPO_ROOT,
@@ -36,6 +30,7 @@ from test_daemon_support import (
 from tritonclient.utils import InferenceServerException
 
 from model_runtime.demo import DEMO_ONNX_PATH
+from tests.pki import write_pki
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
@@ -166,54 +161,10 @@ def test_an_exposed_daemon_with_an_open_repository_api_does_not_start(tmp_path: 
 # -- TLS -----------------------------------------------------------------------------------------
 
 
-def _name(cn: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-
-def _cert(subject: str, key: Any, issuer: str, issuer_key: Any, *, ca: bool = False) -> Any:
-    now = datetime.datetime.now(datetime.UTC)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(_name(subject))
-        .issuer_name(_name(issuer))
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-    )
-    if not ca:
-        alt = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-        builder = builder.add_extension(x509.SubjectAlternativeName(alt), critical=False)
-    return builder.sign(issuer_key, hashes.SHA256())
-
-
-def _pem(path: Path, cert: Any = None, key: Any = None) -> Path:
-    if cert is not None:
-        path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    else:
-        path.write_bytes(
-            key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
-            )
-        )
-    return path
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A CA, a server certificate for 127.0.0.1/localhost and a client certificate, as PEM."""
-    d = tmp_path_factory.mktemp("pki")
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = _cert("test ca", ca_key, "test ca", ca_key, ca=True)
-    files = {"ca": _pem(d / "ca.pem", ca)}
-    for who in ("server", "client", "other"):
-        key = ec.generate_private_key(ec.SECP256R1())
-        files[f"{who}_key"] = _pem(d / f"{who}.key", key=key)
-        files[who] = _pem(d / f"{who}.pem", _cert(who, key, "test ca", ca_key))
-    return files
+    return write_pki(tmp_path_factory.mktemp("pki"), ("server", "client", "other"))
 
 
 def _start_tls(tmp_path: Path, *args: str) -> Daemon:
