@@ -91,6 +91,16 @@ class Backoff:
         if min(self.initial, self.cap, self.reset_after) < 0 or self.factor < 1:
             raise ValueError(f"invalid {self}: durations must be >= 0 and factor >= 1")
 
+    def step(self, delay: float, ran: float | None) -> tuple[float, float]:
+        """``(wait now, the next delay)`` for a child whose backoff stands at ``delay``.
+
+        ``ran`` is how long its last incarnation ran (``None``: its start failed); a run of at
+        least ``reset_after`` makes this restart a first one again, at once.
+        """
+        if ran is not None and ran >= self.reset_after:
+            delay = 0.0
+        return delay, min(self.cap, self.initial if delay == 0 else delay * self.factor)
+
 
 @dataclass(frozen=True, slots=True)
 class SupervisorEvent:

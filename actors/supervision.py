@@ -28,15 +28,15 @@ import asyncio
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import anyio
 import anyio.abc
 import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from actors.actor import ActorRef, Envelope, Stop
+from actors.actor import Envelope
 from actors.child_spec import (
     Backoff,
     Child,
@@ -48,7 +48,8 @@ from actors.child_spec import (
     Strategy,
     SupervisorEvent,
 )
-from actors.clock import Clock, SystemClock, move_on_after
+from actors.clock import Clock, SystemClock
+from actors.incarnation import Incarnation
 from model_runtime.errors import ActorError, ActorStoppedError, SupervisorEscalationError
 
 __all__ = [
@@ -69,18 +70,6 @@ _log = structlog.get_logger(__name__)
 _DEFAULT_BACKOFF = Backoff()  # frozen: one shared default is safe
 
 
-@runtime_checkable
-class _Stoppable(Protocol):
-    async def stop(self) -> None: ...
-
-
-def _unwrap(exc: BaseException) -> BaseException:
-    """The one real failure inside nested single-exception groups (an actor's task group)."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
-
-
 def _drain(recv: MemoryObjectReceiveStream[Envelope]) -> list[Envelope]:
     with recv:
         return [recv.receive_nowait() for _ in range(recv.statistics().current_buffer_used)]
@@ -90,39 +79,12 @@ def _drain(recv: MemoryObjectReceiveStream[Envelope]) -> list[Envelope]:
 
 
 @dataclass(eq=False, slots=True)
-class _Run:
-    """One incarnation of a child: its task's cancel scope, its ref, whether it has ended."""
-
-    child: Child
-    ref: Any = None
-    started: bool = False
-    began: float = 0.0  #: when it reported started (the clock's time)
-    ended: float = math.inf  #: when its task ended
-    stopping: bool = False
-    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
-    done: anyio.Event = field(default_factory=anyio.Event)
-
-
-@dataclass(eq=False, slots=True)
 class _Slot:
     spec: ChildSpec
-    run: _Run | None = None
+    run: Incarnation | None = None
     state: ChildState = "stopped"
     restarts: int = 0
     delay: float = 0.0  #: the backoff before its next consecutive restart (0: at once)
-
-
-class _Relay:
-    """Passes ``started(ref)`` on to the starter and records it on the run."""
-
-    def __init__(self, outer: anyio.abc.TaskStatus[Any], run: _Run) -> None:
-        self._outer = outer
-        self._run = run
-
-    def started(self, value: Any = None) -> None:
-        self._run.ref = value
-        self._run.started = True
-        self._outer.started(value)
 
 
 class _GiveUp(Exception):  # restarts passed the intensity; never leaves this module
@@ -134,7 +96,7 @@ class _GiveUp(Exception):  # restarts passed the intensity; never leaves this mo
 @dataclass(frozen=True, slots=True)
 class _Exited:
     slot: _Slot
-    run: _Run
+    run: Incarnation
     reason: BaseException | None
 
 
@@ -378,7 +340,7 @@ class Supervisor:
                 envelope.fail(exc)
         return None
 
-    async def _on_exit(self, slot: _Slot, run: _Run, reason: BaseException | None) -> None:
+    async def _on_exit(self, slot: _Slot, run: Incarnation, reason: BaseException | None) -> None:
         if slot.run is not run:
             return  # an incarnation we already replaced or stopped
         slot.run = None
@@ -461,10 +423,7 @@ class Supervisor:
         backoff = self.backoff
         if backoff is None:
             return
-        if ran is not None and ran >= backoff.reset_after:
-            slot.delay = 0.0  # it ran stably: this restart is a first one again
-        delay = slot.delay
-        slot.delay = min(backoff.cap, backoff.initial if delay == 0 else delay * backoff.factor)
+        delay, slot.delay = backoff.step(slot.delay, ran)
         if delay <= 0 or self._stopping:
             return
         _log.info("child_backoff", supervisor=self.name, child=slot.spec.id, delay=delay)
@@ -495,8 +454,10 @@ class Supervisor:
 
     async def _start(self, slot: _Slot, kind: EventKind) -> None:
         assert self._tg is not None
-        run = _Run(slot.spec.start())
-        await self._tg.start(self._host, slot, run)
+        run = Incarnation(slot.spec.start())
+        await self._tg.start(
+            run.host, self._clock, self._on_exited(slot, run), self._child_log(slot)
+        )
         run.began = self._clock.monotonic()
         slot.run = run
         slot.state = "running"
@@ -504,48 +465,19 @@ class Supervisor:
             slot.restarts += 1
         self._emit(kind, slot.spec.id, None, restarts=slot.restarts)
 
-    async def _host(
-        self, slot: _Slot, run: _Run, *, task_status: anyio.abc.TaskStatus[Any]
-    ) -> None:
-        """The child's task: runs it in its own cancel scope and reports how it exited."""
-        reason: BaseException | None = None
-        try:
-            with run.scope:
-                try:
-                    await run.child.run(task_status=_Relay(task_status, run))
-                except Exception as exc:
-                    if not run.started:
-                        raise  # a failed start goes to the starter, through tg.start()
-                    reason = _unwrap(exc)
-        finally:
-            run.ended = self._clock.monotonic()
-            run.done.set()
-        if run.stopping:
-            if reason is not None:
-                _log.warning("child_stop_failed", supervisor=self.name, child=slot.spec.id)
-        elif self._send is not None and not self._stopping:
-            self._send.send_nowait(Envelope(_Exited(slot, run, reason)))
+    def _on_exited(self, slot: _Slot, run: Incarnation) -> Callable[[BaseException | None], None]:
+        def exited(reason: BaseException | None) -> None:
+            if self._send is not None and not self._stopping:
+                self._send.send_nowait(Envelope(_Exited(slot, run, reason)))
+
+        return exited
 
     async def _stop_child(self, slot: _Slot) -> None:
         """Stop the slot's child: gracefully within its shutdown time, else cancel it."""
         run, slot.run = slot.run, None
         if run is None:
             return
-        run.stopping = True
-        if not run.done.is_set():
-            async with move_on_after(self._clock, slot.spec.shutdown):
-                try:
-                    if isinstance(run.child, _Stoppable):
-                        await run.child.stop()
-                    elif isinstance(run.ref, ActorRef):
-                        await run.ref.ask(Stop())
-                except Exception:  # e.g. it stopped already: waiting below is what counts
-                    pass
-                await run.done.wait()
-            if not run.done.is_set():
-                _log.warning("child_killed", supervisor=self.name, child=slot.spec.id)
-                run.scope.cancel()
-                await run.done.wait()
+        await run.stop(self._clock, slot.spec.shutdown, self._child_log(slot))
         self._emit("child_stopped", slot.spec.id, None)
 
     async def _stop_all(self) -> None:
@@ -561,6 +493,9 @@ class Supervisor:
             if slot.spec.id == child_id:
                 return slot
         raise KeyError(f"supervisor {self.name} has no child {child_id!r}")
+
+    def _child_log(self, slot: _Slot) -> Any:
+        return _log.bind(supervisor=self.name, child=slot.spec.id)
 
     def _check_new_id(self, child_id: str) -> None:
         if any(s.spec.id == child_id for s in self._slots):
