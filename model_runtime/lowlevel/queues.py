@@ -45,12 +45,8 @@ from model_runtime.lowlevel.queue_base import (
     _OutEntry,
     _Queue,
 )
-from model_runtime.lowlevel.ring import (
-    PENDING,
-    Pending,
-    RingMemoryPool,
-    Waiters,
-)
+from model_runtime.lowlevel.ring import RingMemoryPool
+from model_runtime.lowlevel.waiters import PENDING, Pending, Waiters
 
 __all__ = [
     "InputData",
