@@ -50,11 +50,11 @@ from loadgen import (  # noqa: E402
     TIMEOUT_KIND,
     UNSENT,
     WRONG,
-    Client,
     Record,
     request_bytes,
     schedule,
 )
+from loadgen_pool import Client  # noqa: E402
 from overload_report import LATE, markdown  # noqa: E402
 from test_daemon_support import running  # noqa: E402
 
