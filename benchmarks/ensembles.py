@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import python_models
 from benchmarks.peers import servers, triton_server
+from benchmarks.peers.runs import busy_processes, pa_version, warm
 from benchmarks.peers.triton_server import Running
-from benchmarks.triton_peer import _pa_version, busy_processes
 from tests import perf_analyzer
 from tests.ensemble_models import CLASSIFIER_WEIGHTS, PIPELINE
 from tests.models import OPSET, save
@@ -160,7 +160,7 @@ def main() -> None:
         "perf_analyzer": {
             "flags": f"-b 1, --measurement-interval {int(args.seconds * 1000)}, "
             f"-s {args.stability}, -r {args.max_trials}, random input data",
-            "version": _pa_version(),
+            "version": pa_version(),
         },
         "host_busy_before": busy_processes(),
         "servers": {},
@@ -192,7 +192,7 @@ def main() -> None:
         else:
             for protocol in args.protocols:
                 for srv in live.values():
-                    python_models._warm(srv, PIPELINE, protocol)
+                    warm(srv, PIPELINE, protocol)
                 for c in args.clients:
                     for pair in range(args.pairs):
                         for name in live:

@@ -37,7 +37,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import triton_peer
-from benchmarks.peers import servers, triton_server
+from benchmarks.peers import runs, servers, triton_server
 from benchmarks.peers.triton_server import Running
 from tests.models import make_mlp, save
 
@@ -81,7 +81,7 @@ def main() -> None:
     doc: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "cores": len(os.sched_getaffinity(0)),
-        "host_busy_before": triton_peer.busy_processes(),
+        "host_busy_before": runs.busy_processes(),
         "runs": [],
         "rows": [],
     }
@@ -102,11 +102,13 @@ def main() -> None:
         }  # fmt: skip
         for protocol in args.protocols:
             for srv in live.values():
-                triton_peer._warm(srv, protocol)
+                runs.warm(srv, triton_peer.MODEL_NAME, protocol)
             for c in args.clients:
                 for pair in range(args.pairs):
                     for name in SERVERS:
-                        r = triton_peer.measure_pa(live[name], protocol, c, args)
+                        r = runs.perf_analyzer_run(
+                            live[name], triton_peer.MODEL_NAME, protocol, c, args
+                        )
                         run = {"server": name, "protocol": protocol, "clients": c, "pair": pair}
                         doc["runs"].append(run | r)
                         figure = "FAILED" if r.get("per_s") is None else f"{r['per_s']:.0f}/s"

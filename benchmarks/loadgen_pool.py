@@ -13,7 +13,8 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
-from loadgen import Record, _Gen
+
+from benchmarks.loadgen import Record, _Gen
 
 __all__ = ["Client"]
 

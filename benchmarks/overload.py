@@ -41,8 +41,9 @@ import orjson
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from loadgen import (  # noqa: E402
+from test_daemon_support import running  # noqa: E402
+
+from benchmarks.loadgen import (  # noqa: E402
     OK,
     REFUSED,
     RESET,
@@ -54,10 +55,8 @@ from loadgen import (  # noqa: E402
     request_bytes,
     schedule,
 )
-from loadgen_pool import Client  # noqa: E402
-from overload_report import LATE, markdown  # noqa: E402
-from test_daemon_support import running  # noqa: E402
-
+from benchmarks.loadgen_pool import Client  # noqa: E402
+from benchmarks.overload_report import LATE, markdown  # noqa: E402
 from model_runtime.server.security.fdlimit import raise_open_file_limit  # noqa: E402
 from tests.models import make_mlp, save  # noqa: E402
 

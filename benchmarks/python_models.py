@@ -43,8 +43,16 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.peers import servers, triton_server
+from benchmarks.peers.runs import (
+    busy_processes,
+    group_cpu_s,
+    host_busy_s,
+    pa_version,
+    perf_analyzer_run,
+    process_cpu_s,
+    warm,
+)
 from benchmarks.peers.triton_server import Running
-from benchmarks.triton_peer import _pa_version, busy_processes, group_cpu_s, host_busy_s
 from tests import perf_analyzer
 from tests.models import make_mlp, save
 
@@ -52,7 +60,6 @@ RESULTS = Path(__file__).parent / "results" / "python_models.json"
 ADD_SUB = servers.REPO / "tests" / "repositories" / "python" / "add_sub"
 MODELS = ("add_sub", "ort_batch")
 SERVERS = ("ours", "triton")
-WARMUP_REQUESTS = 2000
 
 
 def write_repository(root: Path, work: Path) -> Path:
@@ -126,42 +133,14 @@ def triton(repo: Path, workdir: Path) -> Iterator[Running]:
         )  # fmt: skip
 
 
-def measure(
-    srv: Running, model: str, protocol: str, c: int, args: argparse.Namespace
-) -> dict[str, Any]:
-    """One perf_analyzer run (tried again once if it fails): its figures, or the error."""
-    url = srv.http if protocol == "http" else srv.grpc
-    failed: dict[str, Any] = {}
-    for attempt in (1, 2):
-        try:
-            r = perf_analyzer.run(
-                model, url, protocol=protocol, concurrency=c,
-                measurement_ms=int(args.seconds * 1000),
-                extra=["-s", str(args.stability), "-r", str(args.max_trials)],
-                timeout=20 + 5 * args.seconds * args.max_trials,
-            )  # fmt: skip
-        except perf_analyzer.PerfAnalyzerError as exc:
-            err = exc.stderr.strip() or exc.stdout.strip()
-            failed = {
-                "per_s": None,
-                "error": f"perf_analyzer {exc.reason}: {err.splitlines()[:1]}",
-                "command": list(exc.argv),
-                "attempts": attempt,
-            }
-            continue
-        return {
-            "per_s": r.throughput, "p50_us": r.p50_us, "p99_us": r.p99_us,
-            "command": list(r.argv), "attempts": attempt,
-        }  # fmt: skip
-    return failed
-
-
 def record(doc: dict[str, Any], live: dict[str, Running], name: str, **point: Any) -> None:
     """Measure ``name`` at ``point``, with the CPU seconds of both servers around it."""
     pid = live[name].proc.pid
     before, lead0 = group_cpu_s(pid), process_cpu_s(pid)
     host0, t0 = host_busy_s(), time.monotonic()
-    result = measure(live[name], point["model"], point["protocol"], point["clients"], doc["_args"])
+    result = perf_analyzer_run(
+        live[name], point["model"], point["protocol"], point["clients"], doc["_args"]
+    )
     wall = time.monotonic() - t0
     run = {"server": name, **point, **result, "wall_s": round(wall, 2)}
     run["server_cpu_s"] = round(group_cpu_s(pid) - before, 2)
@@ -176,15 +155,6 @@ def record(doc: dict[str, Any], live: dict[str, Running], name: str, **point: An
         f"{run['host_busy_s']} s, wall {run['wall_s']} s)",
         flush=True,
     )
-
-
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (all its threads), 0 if it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -218,17 +188,6 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row["errors"] = [r["error"] for r in at if r.get("error")]
         rows.append(row)
     return rows
-
-
-def _warm(srv: Running, model: str, protocol: str) -> None:
-    url = srv.http if protocol == "http" else srv.grpc
-    try:
-        perf_analyzer.run(
-            model, url, protocol=protocol, concurrency=16, measurement_ms=500,
-            extra=["--request-count", str(WARMUP_REQUESTS)], timeout=60,
-        )  # fmt: skip
-    except perf_analyzer.PerfAnalyzerError:
-        pass  # a warm-up only: the measured runs say what fails
 
 
 def _write(doc: dict[str, Any]) -> None:
@@ -266,7 +225,7 @@ def main() -> None:
         "perf_analyzer": {
             "flags": f"-b 1, --measurement-interval {int(args.seconds * 1000)}, "
             f"-s {args.stability}, -r {args.max_trials}, random input data",
-            "version": _pa_version(),
+            "version": pa_version(),
         },
         "host_busy_before": busy_processes(),
         "servers": {},
@@ -303,7 +262,7 @@ def main() -> None:
             for model in args.models:
                 for protocol in args.protocols:
                     for srv in live.values():
-                        _warm(srv, model, protocol)
+                        warm(srv, model, protocol)
                     for c in args.clients:
                         for pair in range(args.pairs):
                             for name in live:

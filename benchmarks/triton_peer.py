@@ -39,7 +39,6 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -54,9 +53,18 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.loadgen import OK, Client, request_bytes
+from benchmarks.loadgen import OK, request_bytes
+from benchmarks.loadgen_pool import Client
 from benchmarks.peers import servers, triton_server
 from benchmarks.peers.ort_session import make_session
+from benchmarks.peers.runs import (
+    busy_processes,
+    group_cpu_s,
+    host_busy_s,
+    pa_version,
+    perf_analyzer_run,
+    warm,
+)
 from benchmarks.peers.triton_server import Running
 from tests import perf_analyzer
 from tests.models import make_mlp, save
@@ -65,9 +73,7 @@ RESULTS = Path(__file__).parent / "results" / "triton_peer.json"
 MODEL_NAME, INPUT, OUTPUT, WIDTH, CLASSES = "mlp", "x", "logits", 784, 10
 BATCH = 32
 ROWS = 64  # distinct samples for our load generator
-WARMUP_REQUESTS = 2000  # per server and protocol, before its first measured run
 SERVERS = ("ours", "triton")
-_TICK = os.sysconf("SC_CLK_TCK")
 
 
 @contextmanager
@@ -111,101 +117,6 @@ def ours(
             command=tuple(cmd),
             extra={"env": env},
         )
-
-
-def group_cpu_s(pgid: int) -> float:
-    """User + system CPU seconds of the live processes of process group ``pgid``."""
-    total = 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:
-            total += int(fields[11]) + int(fields[12])
-    return total / _TICK
-
-
-def host_busy_s() -> float:
-    """CPU seconds this machine has been busy (all cores, /proc/stat), since boot."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    # user nice system idle iowait irq softirq steal ...: all but idle and iowait
-    return (sum(fields[:8]) - fields[3] - fields[4]) / _TICK
-
-
-def busy_processes(seconds: float = 1.0, threshold: float = 5.0) -> list[dict[str, Any]]:
-    """Processes of this machine using more than ``threshold`` % of a core over ``seconds``
-    (other test runs, builds): the host was not quiet if any are listed."""
-
-    def sample() -> dict[int, tuple[int, bytes]]:
-        out = {}
-        for entry in os.scandir("/proc"):
-            if entry.name.isdigit():
-                try:
-                    stat = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()
-                    cmd = Path(f"/proc/{entry.name}/cmdline").read_bytes()
-                except OSError:
-                    continue
-                out[int(entry.name)] = (int(stat[11]) + int(stat[12]), cmd)
-        return out
-
-    a = sample()
-    time.sleep(seconds)
-    b = sample()
-    busy = []
-    for pid, (ticks, cmd) in b.items():
-        pct = 100 * (ticks - a.get(pid, (ticks, b""))[0]) / _TICK / seconds
-        if pct > threshold and pid != os.getpid():
-            text = cmd.replace(b"\0", b" ").decode(errors="replace").strip()[:160]
-            busy.append({"pid": pid, "cpu_pct": round(pct), "cmd": text})
-    return busy
-
-
-def measure_pa(srv: Running, protocol: str, c: int, args: argparse.Namespace) -> dict[str, Any]:
-    """One perf_analyzer run, tried again once (same flags) if it fails: its figures, or the
-    last error. On two cores shared with the tool, a run can miss the stability rule."""
-    url = srv.http if protocol == "http" else srv.grpc
-    failed: dict[str, Any] = {}
-    for attempt in (1, 2):
-        try:
-            r = perf_analyzer.run(
-                MODEL_NAME,
-                url,
-                protocol=protocol,
-                concurrency=c,
-                measurement_ms=int(args.seconds * 1000),
-                extra=["-s", str(args.stability), "-r", str(args.max_trials)],
-                # A run takes 3..max-trials windows; against Triton's HTTP at c=64 perf_analyzer
-                # was seen pausing 4-24 s between windows (then > 150 s in all): bounded here.
-                timeout=20 + 5 * args.seconds * args.max_trials,
-            )
-        except perf_analyzer.PerfAnalyzerError as exc:
-            err, out = exc.stderr.strip(), exc.stdout.strip()
-            said = err.splitlines()[0] if err else f"its output ends: {out.splitlines()[-1:]}"
-            status = "" if exc.returncode is None else f" (exit {exc.returncode})"
-            failed = {
-                "per_s": None,
-                "error": f"perf_analyzer {exc.reason}{status}: {said}",
-                "output": str(exc)[-3000:],
-                "command": list(exc.argv),
-                "attempts": attempt,
-            }
-            continue
-        return {
-            "per_s": r.throughput,
-            "p50_us": r.p50_us,
-            "p99_us": r.p99_us,
-            "command": list(r.argv),
-            "attempts": attempt,
-            "first_error": failed.get("error"),
-            "first_output": failed.get("output"),
-            "server_side": {k: r.row.get(k) for k in ("Server Queue", "Server Compute Infer")},
-        }
-    return failed
 
 
 def measure_loadgen(client: Client, c: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -315,13 +226,14 @@ def perf_analyzer_phase(
     ours then Triton."""
     for protocol in args.protocols:
         for srv in live.values():
-            _warm(srv, protocol)
+            warm(srv, MODEL_NAME, protocol)
         for c in args.clients:
             for pair in range(args.pairs):
                 for name in live:
                     _record(
                         doc, live, name,
-                        lambda n=name, p=protocol, c=c: measure_pa(live[n], p, c, args),
+                        lambda n=name, p=protocol, c=c: perf_analyzer_run(
+                            live[n], MODEL_NAME, p, c, args),
                         tool="perf_analyzer", protocol=protocol, clients=c, pair=pair,
                     )  # fmt: skip
             _write(doc)
@@ -382,7 +294,7 @@ def main() -> None:
         "perf_analyzer": {
             "flags": f"-b 1 (default), --measurement-interval {int(args.seconds * 1000)}, "
             f"-s {args.stability}, -r {args.max_trials}, random input data (default)",
-            "version": _pa_version(),
+            "version": pa_version(),
         },
         "loadgen": {
             "protocol": "HTTP/1.1 JSON only (benchmarks/loadgen.py has no gRPC)",
@@ -444,35 +356,6 @@ def main() -> None:
     _write(doc)
     print_table(doc["rows"])
     print(f"wrote {RESULTS} ({doc['elapsed_s']:.0f} s)")
-
-
-def _pa_version() -> str:
-    prefix = perf_analyzer.command()
-    if prefix is None:
-        return "not installed"
-    out = subprocess.run(
-        [*prefix, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        timeout=60,
-    )  # fmt: skip
-    return f"{out.stdout.strip()} (perf-analyzer wheel {_wheel_version()})"
-
-
-def _wheel_version() -> str:
-    home = servers.PEER_VENVS / "perf_analyzer" / "wheel"
-    found = sorted(home.glob("perf_analyzer-*.dist-info"))
-    return found[-1].name.split("-")[1].removesuffix(".dist") if found else "?"
-
-
-def _warm(srv: Running, protocol: str) -> None:
-    """``WARMUP_REQUESTS`` requests at c=16 from perf_analyzer, not recorded."""
-    url = srv.http if protocol == "http" else srv.grpc
-    try:
-        perf_analyzer.run(
-            MODEL_NAME, url, protocol=protocol, concurrency=16, measurement_ms=500,
-            extra=["--request-count", str(WARMUP_REQUESTS)], timeout=60,
-        )  # fmt: skip
-    except perf_analyzer.PerfAnalyzerError:
-        pass  # a warm-up only: the measured runs say what fails
 
 
 def _json_body(row: np.ndarray) -> bytes:
