@@ -282,3 +282,28 @@ async def test_a_failing_branch_ends_the_stream_and_cancels_the_others() -> None
     assert info.value.status == 400
     assert "step 1 (model 'plus'): row 2 is bad" in str(info.value)
     assert calls.started == ["plus"] and calls.cancelled == ["plus"]
+
+
+async def test_a_stream_left_by_its_caller_cancels_the_branches_still_running() -> None:
+    calls = Calls()
+    calls.gates["plus"] = asyncio.Event()  # never set
+    both_wait = asyncio.Event()
+
+    async def stream(s: EnsembleStep, inputs: dict[str, Any], left: float | None) -> Any:
+        yield {"y": np.array([0])}  # a response whose branch does not wait
+        async for out in rows(s, inputs, left):
+            yield out
+
+    async def plus(s: EnsembleStep, inputs: dict[str, Any], left: float | None) -> Any:
+        if int(inputs["x"][0]) == 0:
+            return {"y": inputs["x"]}
+        if len(calls.started) == 1:
+            both_wait.set()
+        return await calls(s, inputs, left)
+
+    outs = stream_steps(SPLIT, {"IN": np.array([[1], [2]])}, ["OUT"], plus, stream, frozenset({0}))
+    got = await asyncio.wait_for(anext(outs), 5)
+    assert got["OUT"].tolist() == [0]
+    await asyncio.wait_for(both_wait.wait(), 5)  # the two other branches wait in plus
+    await outs.aclose()  # the caller leaves
+    assert sorted(calls.cancelled) == ["plus", "plus"]
