@@ -4,13 +4,20 @@ models' configs once they are loaded (their tensors, datatypes and shapes)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from google.protobuf import text_format
 
 from model_runtime.errors import ConfigurationError
 from model_runtime.server.triton import model_config_pb2 as pb
 from model_runtime.server.triton.config import settings_of
-from model_runtime.server.triton.ensemble import EnsembleStep, check_against
+from model_runtime.server.triton.ensemble import (
+    EnsembleConfig,
+    EnsembleStep,
+    check_against,
+    check_decoupled_flow,
+)
 
 IO = """
 max_batch_size: 8
@@ -205,3 +212,69 @@ def test_an_optional_input_may_be_left_unmapped() -> None:
         "output [ { name: 'y' data_type: TYPE_FP32 dims: [ 4 ] } ]"
     )
     check(ensemble(*CHAIN), {"a": FP32_4, "b": optional})
+
+
+def flow(*steps: tuple[str, dict[str, str], dict[str, str]], outputs: tuple[str, ...]) -> Any:
+    """An ensemble over IN of ``steps`` (model, inputs, outputs), in order."""
+    made = tuple(EnsembleStep(i, m, -1, ins, outs) for i, (m, ins, outs) in enumerate(steps))
+    return EnsembleConfig("e", made, ("IN",), outputs)
+
+
+#: stream (decoupled) -> post, and a decoupled step after it: one decoupled step upstream of each
+DECOUPLED_CHAIN = flow(
+    ("stream", {"x": "IN"}, {"y": "A"}),
+    ("post", {"x": "A"}, {"y": "B"}),
+    ("again", {"x": "B"}, {"y": "C", "z": "D"}),
+    ("last", {"x": "C", "z": "D"}, {"y": "OUT"}),
+    outputs=("OUT",),
+)
+
+
+def test_a_chain_of_decoupled_steps_passes() -> None:
+    check_decoupled_flow(DECOUPLED_CHAIN, frozenset({0, 2}))
+    check_decoupled_flow(DECOUPLED_CHAIN, frozenset({0}))
+    check_decoupled_flow(DECOUPLED_CHAIN, frozenset())
+
+
+@pytest.mark.parametrize(
+    ("config", "decoupled", "text"),
+    [
+        (
+            flow(
+                ("one", {"x": "IN"}, {"y": "A"}),
+                ("two", {"x": "IN"}, {"y": "B"}),
+                ("join", {"a": "A", "b": "B"}, {"y": "OUT"}),
+                outputs=("OUT",),
+            ),
+            {0, 1},
+            "in ensemble e, step 2 of model 'join' receives inputs originated from different "
+            "decoupled models: 'A' from step 0 (model 'one'), 'B' from step 1 (model 'two')",
+        ),
+        (
+            flow(
+                ("one", {"x": "IN"}, {"y": "A"}),
+                ("join", {"a": "A", "b": "IN"}, {"y": "OUT"}),
+                outputs=("OUT",),
+            ),
+            {0},
+            "step 1 of model 'join' receives inputs originated from different decoupled "
+            "models: 'A' from step 0 (model 'one'), 'IN' from the ensemble's inputs",
+        ),
+        (
+            flow(
+                ("one", {"x": "IN"}, {"y": "A"}),
+                ("two", {"x": "IN"}, {"y": "B"}),
+                outputs=("A", "B"),
+            ),
+            {1},
+            "in ensemble e, the ensemble's outputs are originated from different decoupled "
+            "models: 'A' from the ensemble's inputs, 'B' from step 1 (model 'two')",
+        ),
+    ],
+)
+def test_a_step_fed_from_two_decoupled_sources_is_refused(
+    config: EnsembleConfig, decoupled: set[int], text: str
+) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        check_decoupled_flow(config, frozenset(decoupled))
+    assert text in str(info.value)

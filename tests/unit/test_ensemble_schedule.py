@@ -197,3 +197,113 @@ async def test_what_follows_a_decoupled_step_runs_once_per_response() -> None:
     ]
     assert got == [[3], [4], [5]]  # each part + 2 (step 1's index + 1)
     assert calls.started == ["plus", "plus", "plus"]
+
+
+#: IN -> split (decoupled: one response per row) -> PART -> plus -> OUT
+SPLIT = EnsembleConfig(
+    "e",
+    (step(0, "split", {"x": "IN"}, {"y": "PART"}), step(1, "plus", {"x": "PART"}, {"y": "OUT"})),
+    ("IN",),
+    ("OUT",),
+)
+
+
+async def rows(s: EnsembleStep, inputs: dict[str, Any], left: float | None) -> AsyncIterator[Any]:
+    for row in inputs["x"]:
+        yield {"y": row}
+
+
+async def collect(
+    config: EnsembleConfig, calls: Any, stream: Any, decoupled: set[int]
+) -> list[Any]:
+    outs = stream_steps(
+        config, {"IN": np.array([[1], [2]])}, ["OUT"], calls, stream, frozenset(decoupled)
+    )
+    return [out["OUT"].tolist() async for out in outs]
+
+
+async def test_the_branches_of_a_decoupled_steps_responses_run_at_once() -> None:
+    came: dict[int, asyncio.Event] = {1: asyncio.Event(), 2: asyncio.Event()}
+
+    async def plus(s: EnsembleStep, inputs: dict[str, Any], left: float | None) -> Any:
+        value = int(inputs["x"][0])
+        came[value].set()
+        if value == 1:  # the first response's branch goes on only once the second's came
+            await came[2].wait()
+        return {"y": inputs["x"] + 2}
+
+    got = await asyncio.wait_for(collect(SPLIT, plus, rows, {0}), 5)
+    assert got == [[4], [3]]  # each as its branch ends: the second's first
+
+
+async def test_a_decoupled_step_after_a_decoupled_step_streams_for_each_response_at_once() -> None:
+    """split -> again (decoupled too): again's streams for split's two responses run at once,
+    and each of their responses flows out as it comes."""
+    config = EnsembleConfig(
+        "e",
+        (
+            step(0, "split", {"x": "IN"}, {"y": "PART"}),
+            step(1, "again", {"x": "PART"}, {"y": "OUT"}),
+        ),
+        ("IN",),
+        ("OUT",),
+    )
+    second = asyncio.Event()
+
+    async def stream(s: EnsembleStep, inputs: dict[str, Any], left: float | None) -> Any:
+        if s.model == "split":
+            async for out in rows(s, inputs, left):
+                yield out
+            return
+        value = int(inputs["x"][0])
+        yield {"y": inputs["x"] * 10}
+        if value == 1:  # its second response only once the stream for 2 has begun
+            await second.wait()
+        else:
+            second.set()
+        yield {"y": inputs["x"] * 100}
+
+    got = await asyncio.wait_for(collect(config, Calls(), stream, {0, 1}), 5)
+    assert got == [[10], [20], [200], [100]]
+
+
+async def test_a_failing_branch_ends_the_stream_and_cancels_the_others() -> None:
+    calls = Calls()
+    calls.gates["plus"] = asyncio.Event()  # never set: only a cancellation ends the wait
+    failing = InputValidationError("row 2 is bad")
+
+    async def plus(s: EnsembleStep, inputs: dict[str, Any], left: float | None) -> Any:
+        if int(inputs["x"][0]) == 2:
+            raise failing
+        return await calls(s, inputs, left)
+
+    with pytest.raises(HTTPError) as info:
+        await asyncio.wait_for(collect(SPLIT, plus, rows, {0}), 5)
+    assert info.value.status == 400
+    assert "step 1 (model 'plus'): row 2 is bad" in str(info.value)
+    assert calls.started == ["plus"] and calls.cancelled == ["plus"]
+
+
+async def test_a_stream_left_by_its_caller_cancels_the_branches_still_running() -> None:
+    calls = Calls()
+    calls.gates["plus"] = asyncio.Event()  # never set
+    both_wait = asyncio.Event()
+
+    async def stream(s: EnsembleStep, inputs: dict[str, Any], left: float | None) -> Any:
+        yield {"y": np.array([0])}  # a response whose branch does not wait
+        async for out in rows(s, inputs, left):
+            yield out
+
+    async def plus(s: EnsembleStep, inputs: dict[str, Any], left: float | None) -> Any:
+        if int(inputs["x"][0]) == 0:
+            return {"y": inputs["x"]}
+        if len(calls.started) == 1:
+            both_wait.set()
+        return await calls(s, inputs, left)
+
+    outs = stream_steps(SPLIT, {"IN": np.array([[1], [2]])}, ["OUT"], plus, stream, frozenset({0}))
+    got = await asyncio.wait_for(anext(outs), 5)
+    assert got["OUT"].tolist() == [0]
+    await asyncio.wait_for(both_wait.wait(), 5)  # the two other branches wait in plus
+    await outs.aclose()  # the caller leaves
+    assert sorted(calls.cancelled) == ["plus", "plus"]

@@ -6,7 +6,7 @@ pruning); a step all of whose tensors are absent (optional ensemble inputs left 
 and what it would write is absent too. The first step to fail ends the request: the others are
 cancelled and the error names the step and its model in Triton's words. An ensemble with a
 decoupled step streams (:func:`stream_steps`): what depends on that step runs once per response
-it gives."""
+it gives, each response's branch at once."""
 
 from __future__ import annotations
 
@@ -140,59 +140,90 @@ async def stream_steps(
     timeout: float | None = None,
 ) -> AsyncIterator[dict[str, Any]]:
     """The responses of an ensemble with decoupled steps (their indices: ``decoupled``, each
-    run through ``stream``, the others through ``call``), as :func:`run_steps` runs them: each
-    response of a decoupled step runs what depends on it once more, and each run that ends
-    with a ``wanted`` tensor written since the split is one response (Triton's decoupled
-    ensemble). Without a decoupled step needed, one response.
+    run through ``stream``, the others through ``call``), as :func:`run_steps` runs them, as
+    Triton's ensemble scheduler does: each response of a decoupled step starts what depends on
+    it at once, as a branch of its own, while the step streams on and the branches of its
+    other responses run (decoupled steps ready at once stream at once, too); each branch that
+    ends with a ``wanted`` tensor written is one response, yielded as it ends (not in the
+    order of the branches). Without a decoupled step needed, one response.
 
     Raises:
-        HTTPError: a step failed (:func:`step_failed`): the stream ends.
+        HTTPError: a step failed (:func:`step_failed`): the stream ends, what still runs is
+            cancelled.
         ExecutionTimeoutError: the deadline passed before a step could start.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
-    tensors: dict[str, Any] = dict(inputs)
-    absent: set[str] = {t for t in config.inputs if t not in tensors}
+    absent: set[str] = {t for t in config.inputs if t not in inputs}
     waiting = list(_plan(config, wanted)[0])
-    async for done in _branch(config, tensors, absent, waiting, call, stream, decoupled, deadline):
-        out = {t: done[t] for t in wanted if t in done}
-        if out:
-            yield out
+    #: what the branches end with, in the order they end: tensors, an error, or None (all
+    #: branches have ended)
+    ended: asyncio.Queue[dict[str, Any] | BaseException | None] = asyncio.Queue()
+    live: set[asyncio.Future[None]] = set()
 
+    def finished(task: asyncio.Future[None]) -> None:
+        live.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            ended.put_nowait(exc)
+        elif not live:
+            ended.put_nowait(None)
 
-async def _branch(
-    config: EnsembleConfig,
-    tensors: dict[str, Any],
-    absent: set[str],
-    waiting: list[EnsembleStep],
-    call: StepCall,
-    stream: StepStream,
-    decoupled: frozenset[int],
-    deadline: float | None,
-) -> AsyncIterator[dict[str, Any]]:
-    """Run what can run but the decoupled steps; then one decoupled step that can run, each of
-    its responses a branch of its own; a branch with nothing left to split is one result."""
-    await _run_ready(config, tensors, absent, waiting, call, deadline, decoupled)
-    split = next((s for s in waiting if _ready(s, tensors, absent)), None)
-    if split is None:
-        yield tensors
-        return
-    waiting.remove(split)
-    given = {m: tensors[t] for m, t in split.inputs.items() if t in tensors}
+    def start(coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        live.add(task)
+        task.add_done_callback(finished)
+
+    async def branch(
+        tensors: dict[str, Any], absent: set[str], waiting: list[EnsembleStep]
+    ) -> None:
+        """Run what can run but the decoupled steps; then every decoupled step that can run,
+        at once; a branch with nothing left to split has ended."""
+        await _run_ready(config, tensors, absent, waiting, call, deadline, decoupled)
+        splits = [s for s in waiting if _ready(s, tensors, absent)]
+        if not splits:
+            ended.put_nowait(tensors)
+            return
+        rest = [s for s in waiting if s not in splits]
+        if len(splits) == 1:
+            await split(splits[0], tensors, absent, rest)
+        else:
+            await asyncio.gather(*(split(s, tensors, absent, rest) for s in splits))
+
+    async def split(
+        step: EnsembleStep, tensors: dict[str, Any], absent: set[str], rest: list[EnsembleStep]
+    ) -> None:
+        """Stream ``step``: each of its responses starts a branch of what is ``rest``."""
+        given = {m: tensors[t] for m, t in step.inputs.items() if t in tensors}
+        responses = stream(step, given, _left(config.name, step, deadline))
+        try:
+            async for outputs in responses:
+                child = dict(tensors)
+                for model_output, tensor in step.outputs.items():
+                    if model_output in outputs:
+                        child[tensor] = outputs[model_output]
+                start(branch(child, set(absent), list(rest)))
+        except Exception as exc:
+            raise step_failed(config.name, step, exc) from exc
+        finally:
+            close = getattr(responses, "aclose", None)
+            if close is not None:
+                await close()
+
+    start(branch(dict(inputs), absent, waiting))
     try:
-        async for outputs in stream(split, given, _left(config.name, split, deadline)):
-            child = dict(tensors)
-            for model_output, tensor in split.outputs.items():
-                if model_output in outputs:
-                    child[tensor] = outputs[model_output]
-            rest = list(waiting)
-            async for done in _branch(
-                config, child, set(absent), rest, call, stream, decoupled, deadline
-            ):
-                yield done
-    except HTTPError:
-        raise
-    except Exception as exc:
-        raise step_failed(config.name, split, exc) from exc
+        while (done := await ended.get()) is not None:
+            if isinstance(done, BaseException):
+                raise done
+            out = {t: done[t] for t in wanted if t in done}
+            if out:
+                yield out
+    finally:
+        for task in live:
+            task.cancel()
+        if live:
+            await asyncio.gather(*live, return_exceptions=True)
 
 
 def _ready(step: EnsembleStep, tensors: Mapping[str, Any], absent: set[str]) -> bool:

@@ -1,8 +1,9 @@
 """Starting one version of an ensemble (``platform: "ensemble"``): its composing models loaded
 first (Triton loads an ensemble's dependencies with it), its steps checked against their
-served configs (:func:`~model_runtime.server.triton.ensemble.check_against`), and its
-:class:`~model_runtime.server.ensemble.EnsembleRunner` built over the step caller the data
-plane supplies."""
+served configs (:func:`~model_runtime.server.triton.ensemble.check_against`, and Triton's
+rule on decoupled steps: :func:`~model_runtime.server.triton.ensemble.check_decoupled_flow`),
+and its :class:`~model_runtime.server.ensemble.EnsembleRunner` built over the step caller the
+data plane supplies."""
 
 from __future__ import annotations
 
@@ -16,7 +17,11 @@ from model_runtime.server.repository.entries import ModelEntry, ModelState
 from model_runtime.server.repository.versions import StartedVersion
 from model_runtime.server.tensors.request import TensorSpec
 from model_runtime.server.triton import model_config_pb2 as pb
-from model_runtime.server.triton.ensemble import EnsembleStep, check_against
+from model_runtime.server.triton.ensemble import (
+    EnsembleStep,
+    check_against,
+    check_decoupled_flow,
+)
 from model_runtime.server.triton.settings import ModelSettings
 
 __all__ = ["composing_not_ready", "ensemble_users", "start_ensemble_version"]
@@ -74,7 +79,8 @@ async def start_ensemble_version(
 
     Raises:
         ConfigurationError: a composing model failed to load, is a circle of ensembles, lacks
-            the version a step names, or its tensors do not fit the steps (Triton's words).
+            the version a step names, its tensors do not fit the steps, or a step takes
+            tensors from two decoupled steps (Triton's words).
         ModelRuntimeError: no step caller (the repository is not served by a data plane).
     """
     ensemble = settings.ensemble
@@ -115,6 +121,7 @@ async def start_ensemble_version(
     decoupled = frozenset(
         s.index for s in ensemble.steps if served(s).model_transaction_policy.decoupled
     )
+    check_decoupled_flow(ensemble, decoupled)
     config.model_transaction_policy.decoupled = bool(decoupled)
     batched = config.max_batch_size > 0
     reshapes = {

@@ -3,8 +3,9 @@ its steps read from the ``ModelConfig`` and checked on their own, as Triton chec
 reads the config (every step names a model and maps inputs and outputs, each ensemble input is
 used, each ensemble output written by some step, no tensor written twice, no step waits on
 itself), in Triton's words. The checks against the composing models' own configs (their
-tensors, datatypes and shapes) are :func:`check_against`'s, made once those models are loaded;
-running the steps is :mod:`model_runtime.server.ensemble`'s.
+tensors, datatypes and shapes) are :func:`check_against`'s, and those of the flow from their
+decoupled steps :func:`check_decoupled_flow`'s, made once those models are loaded; running the
+steps is :mod:`model_runtime.server.ensemble`'s.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ __all__ = [
     "EnsembleConfig",
     "EnsembleStep",
     "check_against",
+    "check_decoupled_flow",
     "ensemble_config",
 ]
 
@@ -246,3 +248,55 @@ def check_against(
                 )
             dtype, dims, _ = outs[model_output]
             agree(tensor, dtype, dims, model)
+
+
+def check_decoupled_flow(ensemble: EnsembleConfig, decoupled: frozenset[int]) -> None:
+    """Refuse what Triton's ``ValidateEnsembleConfig`` refuses of an ensemble whose steps
+    ``decoupled`` (indices) are decoupled: each tensor comes from the responses of one
+    decoupled step at most (the nearest one upstream; none for the ensemble's inputs), and a
+    step, like the ensemble's outputs, takes all its tensors from the same one (the responses
+    of two streams, or of a stream and the request, have no pairing).
+
+    Raises:
+        ConfigurationError: a step, or the outputs, would mix them (Triton's words, the step
+            and the decoupled steps named).
+    """
+    name = ensemble.name
+    origin: dict[str, EnsembleStep | None] = {t: None for t in ensemble.inputs}
+
+    def mixed(tensors: Mapping[str, str]) -> str | None:
+        """Where each of ``tensors`` comes from, when not all from the same place."""
+        known = sorted({t for t in tensors.values() if t in origin})
+        if len({id(origin[t]) for t in known}) < 2:
+            return None
+        return ", ".join(f"'{t}' from {_source(origin[t])}" for t in known)
+
+    pending = list(ensemble.steps)
+    progress = True
+    while pending and progress:
+        progress = False
+        for step in list(pending):
+            if not all(t in origin for t in step.inputs.values()):
+                continue
+            pending.remove(step)
+            progress = True
+            why = mixed(step.inputs)
+            if why is not None:
+                raise ConfigurationError(
+                    f"in ensemble {name}, step {step.index} of model '{step.model}' receives "
+                    f"inputs originated from different decoupled models: {why}"
+                )
+            ups = [origin[t] for t in step.inputs.values()]
+            up = step if step.index in decoupled else (ups[0] if ups else None)
+            for tensor in step.outputs.values():
+                origin[tensor] = up
+    why = mixed({t: t for t in ensemble.outputs})
+    if why is not None:
+        raise ConfigurationError(
+            f"in ensemble {name}, the ensemble's outputs are originated from different "
+            f"decoupled models: {why}"
+        )
+
+
+def _source(step: EnsembleStep | None) -> str:
+    return "the ensemble's inputs" if step is None else f"step {step.index} (model '{step.model}')"
