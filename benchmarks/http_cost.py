@@ -180,7 +180,7 @@ STAGES = [
 ]
 
 _STAGED = """
-import importlib, inspect, json, runpy, signal, sys, time
+import gc, importlib, inspect, json, runpy, signal, sys, time
 clock = time.thread_time_ns
 spent = {{}}
 
@@ -202,6 +202,15 @@ def wrap(module, cls, name):
 
 for stage in {stages!r}:
     wrap(*stage)
+
+collecting = spent["gc.collect"] = [0, 0]  # the cyclic collector's, whoever triggers it
+def collector(phase, info):
+    if phase == "start":
+        collecting.append(clock())
+    elif len(collecting) > 2:
+        collecting[0] += clock() - collecting.pop()
+        collecting[1] += 1
+gc.callbacks.append(collector)
 
 def dump(*_):
     with open({out!r}, "w") as f:
