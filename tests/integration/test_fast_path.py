@@ -221,3 +221,32 @@ def test_a_client_that_leaves_mid_request_cancels_it_and_costs_others_nothing(
     assert answer[0] == 200
     (out,) = [o for o in json.loads(answer[2])["outputs"] if o["name"] == "logits"]
     np.testing.assert_allclose(np.array(out["data"]), logits[0], atol=ATOL)
+
+
+def test_a_bad_request_among_good_ones_in_one_read_fails_alone(daemon: Daemon) -> None:
+    """Requests of one read, some of them bad (malformed JSON, a wrong datatype, an unknown
+    model, a header length past the body): each bad one gets its own error, each good one its
+    outputs, in order, and the connection serves on."""
+    pixels, logits = samples()
+    binary, binary_header = _binary_infer(pixels[3:4])
+    target = f"/v2/models/{MODEL}/infer"
+    int8 = _json_infer(pixels[:1]).replace(b"FP32", b"INT8")
+    wanted = [
+        (200, _request(target, _json_infer(pixels[0:1]), "X-Request-ID: a")),
+        (400, _request(target, b'{"inputs": [', "X-Request-ID: b")),
+        (200, _request(target, binary, binary_header, "X-Request-ID: c")),
+        (400, _request(target, int8, "X-Request-ID: d")),
+        (400, _request("/v2/models/nope/infer", _json_infer(pixels[:1]), "X-Request-ID: e")),
+        (400, _request(target, binary, "Inference-Header-Content-Length: x", "X-Request-ID: f")),
+        (200, _request(target, _json_infer(pixels[2:3]), "X-Request-ID: g")),
+    ]  # fmt: skip
+    answers = _exchange(daemon, *[r for _, r in wanted], *[r for _, r in wanted])
+    assert [(a[0], a[1]["x-request-id"]) for a in answers] == 2 * [
+        (status, rid) for (status, _), rid in zip(wanted, "abcdefg", strict=True)
+    ]
+    for status, _, body in answers:
+        if status != 200:
+            assert json.loads(body)["error"]  # each failure says why
+    for i, row in ((0, 0), (6, 2), (7, 0), (13, 2)):  # the good JSON ones, both rounds
+        (out,) = [o for o in json.loads(answers[i][2])["outputs"] if o["name"] == "logits"]
+        np.testing.assert_allclose(np.array(out["data"]), logits[row], atol=ATOL)

@@ -1020,3 +1020,26 @@ def test_kept_frames_write_what_the_whole_document_writes(
             whole = encode_infer_response("m", "2", req, results, types)
         assert encode_infer_response("m", "2", req, results, types) == whole
         assert encode_infer_response("m", "2", req, results, types) == whole
+
+
+def test_a_repeated_request_is_framed_for_its_own_shape_model_and_datatypes() -> None:
+    """The same requested outputs (a planned request's are shared) answered for another
+    shape, model, version or datatypes get that one's document, not the last one's frame."""
+    from model_runtime.server.tensors import encode
+
+    outputs = (RequestedOutput("y", False),)
+    req = InferRequest(None, {}, outputs, {}, None, 0)
+    fp32, int32 = {"y": "FP32"}, {"y": "INT32"}
+    cases = [
+        ("m", "1", np.ones((1, 3), np.float32), fp32),
+        ("m", "1", np.ones((2, 3), np.float32), fp32),
+        ("n", "1", np.ones((2, 3), np.float32), fp32),
+        ("n", "2", np.ones((2, 3), np.float32), fp32),
+        ("n", "2", np.ones((2, 3), np.int32), int32),
+        ("n", "2", np.ones((2, 3), np.float32), fp32),
+    ]
+    for _ in range(2):
+        for model, version, arr, types in cases:
+            with patch.object(encode, "_framed", return_value=None):
+                whole = encode_infer_response(model, version, req, {"y": arr}, types)
+            assert encode_infer_response(model, version, req, {"y": arr}, types) == whole

@@ -186,12 +186,11 @@ class FastCall:
         follows by callbacks. False: its model is not plain (nothing was done: a task
         answers it)."""
         plane = self._fast.plane
-        loop = asyncio.get_running_loop()
         try:
             entry = plane.entry(*where)
             inner = plain_runner(plane, entry, plane.serving_runner(entry))
         except Exception as exc:
-            loop.call_soon(self._fail, exc)
+            asyncio.get_running_loop().call_soon(self._fail, exc)
             return True
         if inner is None:
             return False
@@ -202,7 +201,7 @@ class FastCall:
             self._future, self._timer = submit(plane, entry, inner, parsed)
         except Exception as exc:
             self._finish(status_of(exc)[1], 0)
-            loop.call_soon(self._fail, exc)
+            asyncio.get_running_loop().call_soon(self._fail, exc)
             return True
         self._future.add_done_callback(self._ran)
         return True

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from aiohttp.web_protocol import RequestHandler
 
@@ -17,7 +17,7 @@ from model_runtime.server.http.held import HeldBytes
 
 if TYPE_CHECKING:
     from model_runtime.server.http.fastpath import Answering
-    from model_runtime.server.http.guard import Admitted, ConnectionGuard, Guarded
+    from model_runtime.server.http.guard import Admitted, ConnectionGuard
     from model_runtime.server.inference.admission import ModelAdmission
 
 __all__ = ["ProtocolLevelAnswers"]
@@ -97,7 +97,7 @@ class ProtocolLevelAnswers:
             self._withdraw()
             guard.budget_log(limit=guard.budget.limit)
             return self._refuse(guard.budget_refusal, len(data) - pos, head)
-        admitted = cast("ModelAdmission", self._admitted)  # what at_head gives (the daemon's)
+        admitted: ModelAdmission = self._admitted  # type: ignore[assignment]  # at_head's
         # The rest of a body on its way: the request awaits it (fill_body).
         due: asyncio.Future[bytearray] | None = None if whole else self._loop.create_future()
         body = data[start:end] if due is None else due
@@ -117,7 +117,7 @@ class ProtocolLevelAnswers:
         # aiohttp saw no request: its keep-alive close must not fire while this one runs.
         inner: Any = self._inner
         inner._next_keepalive_close_time = _NEVER
-        self._guard.idle.pop(cast("Guarded", self), None)  # it is the connection
+        self._guard.idle.pop(self, None)  # type: ignore[call-overload]  # (the connection)
         if not whole:
             self._body = bytearray(memoryview(data)[start:])
             self._body_size = length

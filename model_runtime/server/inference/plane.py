@@ -492,8 +492,9 @@ class DataPlane:
         """Count an inference request in flight (the drain waits for it), any front end; a
         request the tracer samples is traced from here (``traceparent``: its W3C trace
         context) until :meth:`finish_request`, in this task's context."""
+        if not self._inflight:  # (set again only once none is in flight)
+            self._idle.clear()
         self._inflight += 1
-        self._idle.clear()
         self.metrics.request_started(model, version)
         if self.tracer.active:
             CURRENT_TRACE.set(self.tracer.start(model, version, traceparent=traceparent))

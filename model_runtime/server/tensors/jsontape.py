@@ -21,6 +21,7 @@ memory is bounded slice by slice.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -117,13 +118,24 @@ def numbers(text: bytes | bytearray | memoryview, datatype: str) -> Numbers | No
     if buffer is None:
         return None
     of_type, dtype = buffer
+    parser = _parsers.__dict__.get("parser")
+    if parser is None:
+        parser = _parsers.parser = simdjson.Parser()
     try:
-        value = simdjson.Parser().parse(bytes(text))
+        # The array is copied out before this returns: no proxy of it outlives the parse, so
+        # the thread's parser is used again (a parser per array costs its allocation).
+        value = parser.parse(bytes(text))
         if not isinstance(value, simdjson.Array):
             return None
         return Numbers(np.frombuffer(value.as_buffer(of_type=of_type), dtype))
     except _NOT_PARSED:
         return None
+    finally:
+        value = None
+
+
+#: Each thread's parser for :func:`numbers` (pysimdjson's parser is not thread-safe).
+_parsers = threading.local()
 
 
 class _Misread(ValueError):
