@@ -8,6 +8,13 @@ appends the outcome to a list that the loop delivers in one callback, scheduled 
 is pending: at most one cross-thread wake-up per job, and fewer when jobs finish while the loop
 is busy. Futures are plain asyncio futures, resolved on the loop.
 
+A worker needs the GIL back after every job to hand over its outcome, and with CPython's default
+switch interval (5 ms) a busy event loop keeps it from the worker: each time the loop polls it
+lets the GIL go and takes it back before the woken worker can, which restarts the worker's
+wait, so a device that finished its run idles until the loop runs out of work. The first
+worker therefore lowers the interpreter's switch interval from that default to
+:data:`SWITCH_INTERVAL` (:func:`claim_switch_interval`; a value someone chose is kept).
+
 A worker stuck in a job that ignores termination is abandoned (:meth:`Worker.abandon`): its
 queued jobs are cancelled, and its thread (a daemon thread) answers the stuck job, if it ever
 returns, and exits.
@@ -17,12 +24,18 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Worker"]
+__all__ = ["SWITCH_INTERVAL", "Worker", "claim_switch_interval"]
+
+#: Seconds: the interpreter switch interval device workers run under (module docstring): a
+#: thread waiting for the GIL asks for it after this long. CPython's default is 5 ms.
+SWITCH_INTERVAL = 1e-4
+_CPYTHON_DEFAULT = 0.005
 
 #: Called on the loop with a job's result and error before its future is resolved, even when
 #: that future was cancelled meanwhile (book-keeping that must happen once per job); returns
@@ -32,6 +45,13 @@ _Job = tuple["asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...], Hook | 
 #: (future, hook, result, error, the job's hop to the thread, when it ended; NaN: not measured)
 _Outcome = tuple["asyncio.Future[Any]", Hook | None, Any, BaseException | None, float, float]
 _NAN = float("nan")
+
+
+def claim_switch_interval() -> None:
+    """Lower the interpreter's switch interval to :data:`SWITCH_INTERVAL` if it is still
+    CPython's default (module docstring); any other value is left as it is."""
+    if sys.getswitchinterval() == _CPYTHON_DEFAULT:
+        sys.setswitchinterval(SWITCH_INTERVAL)
 
 
 class Worker:
@@ -50,6 +70,7 @@ class Worker:
 
     def __init__(self, name: str, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self._loop = loop or asyncio.get_running_loop()
+        claim_switch_interval()
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._done: list[_Outcome] = []
         self._lock = threading.Lock()

@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 
 import pytest
 
-from actors.device.worker import Worker
+from actors.device.worker import SWITCH_INTERVAL, Worker
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -48,3 +49,20 @@ async def test_jobs_run_in_order_and_their_errors_reach_their_callers() -> None:
             await failing
     finally:
         worker.shutdown()
+
+
+def test_device_workers_lower_the_default_switch_interval_and_keep_a_chosen_one() -> None:
+    # With CPython's default (5 ms) a busy loop keeps the GIL from a worker whose run ended
+    # (see worker.py); a value someone set is theirs.
+    before = sys.getswitchinterval()
+    try:
+        for chosen, expected in ((0.005, SWITCH_INTERVAL), (0.002, 0.002)):
+            sys.setswitchinterval(chosen)
+
+            async def start_one() -> None:
+                Worker("test-worker").shutdown()
+
+            asyncio.run(start_one())
+            assert sys.getswitchinterval() == pytest.approx(expected)
+    finally:
+        sys.setswitchinterval(before)
