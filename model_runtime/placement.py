@@ -33,6 +33,9 @@ class Placement:
     #: takes requests until they fill it (see pick()).
     _filling: int = -1
     _room: int = 0
+    #: The replica picked last whose idle device has a flush due this loop turn
+    #: (``Queue.collecting``; -1: none): it takes requests while that lasts (see pick()).
+    _collecting: int = -1
 
     def pick(
         self, replica_id: int | None, avoid: int = 0, now: float | None = None, samples: int = 1
@@ -46,7 +49,9 @@ class Placement:
         until they fill its open batch (the room it had, :meth:`Queue.open_room`, counted
         down here: no call into the queue): batches fill one at a time instead of all at once
         at 1/R the rate, and a request costs a few comparisons instead of a scan of the
-        replicas.
+        replicas. Likewise, while the replica picked last is collecting (its device idle, a
+        flush due this loop turn that takes every row queued before it: the callers its last
+        batch answered queueing again), it takes the request without a scan.
 
         Raises:
             InputValidationError: ``replica_id`` is out of range.
@@ -66,6 +71,16 @@ class Placement:
                     self._room = room
                     return r
                 self._filling = -1
+            r = self._collecting
+            if r >= 0:  # (callers woken by one batch's answers: a call and two comparisons)
+                state = states[r]
+                if (
+                    self.queues[r].collecting()
+                    and state.status is _READY
+                    and (self._clock.monotonic() if now is None else now) < state.hung_after
+                ):
+                    return r
+                self._collecting = -1
             if len(states) == 1 and states[0].status is _READY:
                 return 0
         n = len(states)
@@ -109,6 +124,8 @@ class Placement:
                 + (f"; last failure: {failure}" if failure else "")
             ) from failure
         self._next = best + 1 if best + 1 < n else 0
+        if not avoid and queues[best].collecting():
+            self._collecting = best
         if busy and not avoid:
             room = queues[best].open_room() - samples
             if room > 0:  # (this request leaves room in its open batch for the next ones)

@@ -87,7 +87,7 @@ class ReplicaSet(Placement):
         #: is the last child of its replica's rest-for-one supervisor, so any restart in the
         #: replica makes a new one, once).
         self._sessions_made = [0] * len(devices)
-        self._next, self._filling, self._room = 0, -1, 0  # placement's (.placement)
+        self._next, self._filling, self._room, self._collecting = 0, -1, 0, -1  # .placement's
         # The model's supervisor replaces a replica subtree that gave up (restarts without
         # progress) after a backoff that grows to the probe cap, and counts a child's run as
         # stable only after a minute: paced like that, even every replica failing forever
