@@ -13,7 +13,8 @@ switch interval (5 ms) a busy event loop keeps it from the worker: each time the
 lets the GIL go and takes it back before the woken worker can, which restarts the worker's
 wait, so a device that finished its run idles until the loop runs out of work. The first
 worker therefore lowers the interpreter's switch interval from that default to
-:data:`SWITCH_INTERVAL` (:func:`claim_switch_interval`; a value someone chose is kept).
+:data:`SWITCH_INTERVAL` (:func:`claim_switch_interval`; a value someone chose is kept), or to
+``MODEL_RUNTIME_SWITCH_INTERVAL`` seconds when that is set (``0``: leave the interval alone).
 
 A worker stuck in a job that ignores termination is abandoned (:meth:`Worker.abandon`): its
 queued jobs are cancelled, and its thread (a daemon thread) answers the stuck job, if it ever
@@ -23,18 +24,24 @@ returns, and exits.
 from __future__ import annotations
 
 import asyncio
+import os
 import queue
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["SWITCH_INTERVAL", "Worker", "claim_switch_interval"]
+from model_runtime.errors import ConfigurationError
+
+__all__ = ["SWITCH_ENV", "SWITCH_INTERVAL", "Worker", "claim_switch_interval"]
 
 #: Seconds: the interpreter switch interval device workers run under (module docstring): a
 #: thread waiting for the GIL asks for it after this long. CPython's default is 5 ms.
 SWITCH_INTERVAL = 1e-4
+#: Environment variable: the switch interval in seconds instead (read at each claim); 0: the
+#: interpreter's own, untouched.
+SWITCH_ENV = "MODEL_RUNTIME_SWITCH_INTERVAL"
 _CPYTHON_DEFAULT = 0.005
 
 #: Called on the loop with a job's result and error before its future is resolved, even when
@@ -47,10 +54,28 @@ _Outcome = tuple["asyncio.Future[Any]", Hook | None, Any, BaseException | None, 
 _NAN = float("nan")
 
 
-def claim_switch_interval() -> None:
+def claim_switch_interval(environ: Mapping[str, str] | None = None) -> None:
     """Lower the interpreter's switch interval to :data:`SWITCH_INTERVAL` if it is still
-    CPython's default (module docstring); any other value is left as it is."""
-    if sys.getswitchinterval() == _CPYTHON_DEFAULT:
+    CPython's default (module docstring); any other value is left as it is. With
+    :data:`SWITCH_ENV` set: that many seconds, whatever the interval was (0: untouched).
+
+    Raises:
+        ConfigurationError: :data:`SWITCH_ENV` is not a number of seconds >= 0.
+    """
+    text = (os.environ if environ is None else environ).get(SWITCH_ENV, "").strip()
+    if text:
+        try:
+            seconds = float(text)
+        except ValueError:
+            seconds = -1.0
+        if not 0.0 <= seconds < 1.0:  # (nan fails too)
+            raise ConfigurationError(
+                f"{SWITCH_ENV}={text!r}: expected seconds, at least 0 and under 1 (0: leave "
+                "the interpreter's switch interval alone)"
+            )
+        if seconds > 0.0:
+            sys.setswitchinterval(seconds)
+    elif sys.getswitchinterval() == _CPYTHON_DEFAULT:
         sys.setswitchinterval(SWITCH_INTERVAL)
 
 
