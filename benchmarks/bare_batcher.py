@@ -9,7 +9,10 @@ executable's main program. Back on the loop each future gets its caller's row of
 One sealer for every device, so a second device adds throughput instead of splitting the
 callers into two half-full batchers. (Stacking and splitting on the worker instead holds the
 GIL beside the run: 63k samples/s instead of 80k for the MLP at 1x1 on the 2-core machine.)
-No validation, retries, admission or fault handling: what the host allows, nothing more.
+Its worker threads run under the runtime's device workers' interpreter switch interval
+(:func:`~actors.device.worker.claim_switch_interval`: with the default, a busy loop keeps
+the GIL from a worker whose run has ended). No validation, retries, admission or fault
+handling: what the host allows, nothing more.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import numpy as np
 
 from actors.device.backends.cpu import CpuBackend
 from actors.device.inventory import DeviceSpec
+from actors.device.worker import claim_switch_interval
 from model_runtime.executable import Executable
 
 Row = dict[str, np.ndarray]
@@ -45,6 +49,7 @@ class BareBatcher:
     def __init__(
         self, exe: Executable, threads: int, devices: int = 1, flush_s: float = 0.002
     ) -> None:
+        claim_switch_interval()  # as the runtime's device workers do: same interpreter
         meta = exe.metadata
         self._batch, self._iterations = meta.batch_size, meta.device_iterations
         self._size = self._batch * self._iterations  # rows per main run

@@ -1,4 +1,4 @@
-"""The replicas of one runner: their devices, their supervisor tree, and who takes a request.
+"""The replicas of one runner: their devices and their supervisor tree.
 
 :class:`ReplicaSet` builds the tree the :class:`~model_runtime.runner.ModelRunner` runs::
 
@@ -11,12 +11,14 @@
 
 and keeps what outlives the actors: each replica's :class:`ReplicaState`, its current Queue
 (read on the hot path without messaging), and the attached devices. A replica that goes out of
-service hands its unanswered requests to the others (:meth:`ReplicaSet.on_status`).
+service hands its unanswered requests to the others (:meth:`ReplicaSet.on_status`). Who takes
+a request is :mod:`model_runtime.placement`'s. A device runs a short batch inline on the loop
+only while no other replica's device is busy (``Device.runs_inline``): the loop it would stall
+serves them too.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -38,12 +40,11 @@ from actors.session.state import ReplicaState, ReplicaStatus
 from actors.supervision import Backoff, ChildSpec, Restart, Strategy, Supervisor
 from actors.watchdog import Watchdog, WatchTarget
 from model_runtime.errors import (
-    InputValidationError,
     ModelRuntimeError,
-    ModelUnavailableError,
     RunnerStoppedError,
 )
 from model_runtime.executable import Executable
+from model_runtime.placement import Placement
 from model_runtime.runner_config import ModelRunnerConfig
 
 __all__ = ["ReplicaSet"]
@@ -51,12 +52,11 @@ __all__ = ["ReplicaSet"]
 #: Seconds over which a replica's restarts count toward its supervisor's intensity; progress
 #: (a successful batch) forgives them earlier.
 _RESTART_PERIOD = 60.0
-_READY = ReplicaStatus.READY  # read per request: a module global, not an enum lookup
 
 log = structlog.get_logger(__name__)
 
 
-class ReplicaSet:
+class ReplicaSet(Placement):
     """R replicas of one executable on R attached devices (see the module docstring)."""
 
     def __init__(
@@ -87,12 +87,7 @@ class ReplicaSet:
         #: is the last child of its replica's rest-for-one supervisor, so any restart in the
         #: replica makes a new one, once).
         self._sessions_made = [0] * len(devices)
-        self._next = 0
-        #: The replica filling its open batch while every replica in service was busy (-1:
-        #: none), and the rows that batch has room for after the requests given to it: it
-        #: takes requests until they fill it (see pick()).
-        self._filling = -1
-        self._room = 0
+        self._next, self._filling, self._room, self._collecting = 0, -1, 0, -1  # .placement's
         # The model's supervisor replaces a replica subtree that gave up (restarts without
         # progress) after a backoff that grows to the probe cap, and counts a child's run as
         # stable only after a minute: paced like that, even every replica failing forever
@@ -174,6 +169,7 @@ class ReplicaSet:
                 executable=self._exe,
                 frozen_inputs=cfg.frozen_inputs or None,
                 variables=state.saved_variables,
+                inline_allowed=None if len(self.devices) == 1 else lambda: self._others_idle(r),
             )
             return device
 
@@ -222,6 +218,14 @@ class ReplicaSet:
         # hands its requests to the other replicas as it stops.
         return ChildSpec(f"replica-{r}", make_replica, restart=Restart.PERMANENT)
 
+    def _others_idle(self, r: int) -> bool:
+        """No other replica's device is busy: only then may a run of replica ``r`` hold the
+        loop (``Device.runs_inline``), which would stall what the loop does for the others."""
+        for i, device in enumerate(self.device_actors):
+            if i != r and device is not None and device.busy:
+                return False
+        return True
+
     def _watchdog_spec(self) -> ChildSpec:
         cfg = self._config
         # Hangs inside a run are the session's (its execution deadline); the watchdog is the
@@ -269,7 +273,7 @@ class ReplicaSet:
         assert isinstance(child, Supervisor)
         return child
 
-    # -- who takes a request ---------------------------------------------------------------
+    # -- what the replicas run ---------------------------------------------------------------
 
     def memory(self) -> tuple[int, list[dict[str, int]]]:
         """Bytes of the shared sessions the replicas run (each counted once), and what each
@@ -296,101 +300,7 @@ class ReplicaSet:
             sessions[id(session)] = session
         return list(sessions.values())
 
-    def pick(
-        self, replica_id: int | None, avoid: int = 0, now: float | None = None, samples: int = 1
-    ) -> int:
-        """The replica for a request of ``samples`` rows: ``replica_id``, or the least-loaded
-        READY one not in the bitmask ``avoid`` (replicas that failed the request already);
-        ``now``: the clock's time, if the caller has just read it.
-
-        When every replica in service is busy (all its batch buffers in use, so nothing it is
-        given now runs before one of its batches ends), the one picked keeps taking requests
-        until they fill its open batch (the room it had, :meth:`Queue.open_room`, counted
-        down here: no call into the queue): batches fill one at a time instead of all at once
-        at 1/R the rate, and a request costs a few comparisons instead of a scan of the
-        replicas.
-
-        Raises:
-            InputValidationError: ``replica_id`` is out of range.
-            ModelUnavailableError: no replica is in service (``__cause__``: the last failure).
-        """
-        states = self.states
-        if replica_id is None and not avoid:
-            r = self._filling
-            if r >= 0:  # (the common case under load: a few comparisons per request)
-                room = self._room - samples
-                state = states[r]
-                if (
-                    room >= 0
-                    and state.status is _READY
-                    and (self._clock.monotonic() if now is None else now) < state.hung_after
-                ):
-                    self._room = room
-                    return r
-                self._filling = -1
-            if len(states) == 1 and states[0].status is _READY:
-                return 0
-        n = len(states)
-        if replica_id is not None:
-            if not 0 <= replica_id < n:
-                raise InputValidationError(f"replica_id {replica_id} is out of range [0, {n})")
-            return replica_id
-        ready = _READY
-        # Least loaded ready replica; ties go round-robin from after the last one picked.
-        best = -1
-        best_load = math.inf
-        queues = self.queues
-        start = self._next
-        if now is None:
-            now = self._clock.monotonic()
-        busy = True
-        for i in range(n):
-            r = start + i
-            if r >= n:
-                r -= n
-            # A replica whose run is past its deadline is not ready: its hang is being reset.
-            state = states[r]
-            if state.status is ready and not avoid >> r & 1 and now < state.hung_after:
-                queue = queues[r]
-                busy = busy and queue.saturated()
-                load = queue.placement()
-                if load < best_load:
-                    best, best_load = r, load
-        if best < 0:
-            # Nobody is ready: a replica that is resetting or starting queues the request
-            # until it is (bounded by the reset timeout); FAILED ones never take work.
-            for r in range(n):
-                if not avoid >> r & 1 and states[r].status in (
-                    ReplicaStatus.RESETTING,
-                    ReplicaStatus.STARTING,
-                ):
-                    return r
-            failure = next((s.failure for s in states if s.failure is not None), None)
-            raise ModelUnavailableError(
-                f"no replica is in service ({n} out of service, each re-probed)"
-                + (f"; last failure: {failure}" if failure else "")
-            ) from failure
-        self._next = best + 1 if best + 1 < n else 0
-        if busy and not avoid:
-            room = queues[best].open_room() - samples
-            if room > 0:  # (this request leaves room in its open batch for the next ones)
-                self._filling, self._room = best, room
-        return best
-
-    def backlog_seconds(self, extra_samples: int) -> float:
-        """Seconds the replicas in service would take to finish what is queued now plus
-        ``extra_samples``, at their measured rates (0 when nothing is measured yet)."""
-        rate = 0.0
-        waiting = extra_samples
-        for state, queue in zip(self.states, self.queues, strict=True):
-            waiting += queue.pending_samples
-            if state.status is ReplicaStatus.READY and state.seconds_per_sample > 0.0:
-                rate += 1.0 / state.seconds_per_sample
-        return waiting / rate if rate > 0.0 else 0.0
-
-    def waiting_requests(self) -> int:
-        """Requests waiting to be packed, over every replica's queue."""
-        return sum(q.waiting_requests for q in self.queues)
+    # -- out of service and back ----------------------------------------------------------------
 
     def on_status(self, r: int, status: ReplicaStatus) -> None:
         """A replica out of service hands its unanswered requests to the others; one back in

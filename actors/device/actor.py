@@ -71,7 +71,8 @@ __all__ = ["INLINE_BELOW", "INLINE_HOPS", "Device", "DeviceCrash"]
 #: the 2-core machine the hop there and back costs 80 µs empty and ~160 µs with a run (the
 #: woken worker runs it on cold caches: MLP batch 1, 86 µs inline, 245 µs through the worker),
 #: so such a run holds the loop for less than it would delay its caller. Under load the device
-#: is never idle and nothing runs inline; heavier runs never block the loop.
+#: is never idle and nothing runs inline; heavier runs never block the loop; nor does a run
+#: while another device of the runner is busy (``inline_allowed``: the loop serves it too).
 INLINE_BELOW = 250e-6
 #: ... or up to this many of the worker's measured hops (``Worker.hop_seconds``), on a host
 #: slower than that one (the hop slows with the run), but never over 4 x ``INLINE_BELOW``.
@@ -117,6 +118,7 @@ class Device(DeferringActor[DeviceMessage]):
         executable: Executable | None = None,
         frozen_inputs: Mapping[str, np.ndarray] | None = None,
         variables: Mapping[str, np.ndarray] | None = None,
+        inline_allowed: Callable[[], bool] | None = None,
     ) -> None:
         super().__init__(name or f"device-{replica}", clock=clock)
         self.device = device
@@ -141,6 +143,9 @@ class Device(DeferringActor[DeviceMessage]):
         #: Main runs on this many rows or fewer... see run_main_nowait: rows -> EWMA seconds
         self._run_seconds: dict[int, float] = {}
         self._initial = (executable, frozen_inputs, variables) if executable is not None else None
+        #: Whether a run may hold the loop now beside the other devices of its runner (None:
+        #: this device alone decides; see runs_inline).
+        self._inline_allowed = inline_allowed
 
     # -- status ----------------------------------------------------------------------------
 
@@ -317,6 +322,11 @@ class Device(DeferringActor[DeviceMessage]):
         self._check_loaded()
         return self._run_inline(batches)
 
+    @property
+    def busy(self) -> bool:
+        """A job (a run, a load, a reset...) was asked of this device and has not ended."""
+        return bool(self._jobs)
+
     def runs_inline(self, batches: Sequence[Mapping[str, np.ndarray]]) -> bool:
         """Whether a plain main run of ``batches`` (no probe, no output buffers) would run
         here, on the loop, if asked now: the device is idle, the run is one row and measured
@@ -328,6 +338,7 @@ class Device(DeferringActor[DeviceMessage]):
             and len(batches) == 1
             and self._rows(batches[0]) == 1
             and self._run_seconds.get(1, _INF) < self._inline_below()
+            and (self._inline_allowed is None or self._inline_allowed())
         )
 
     def _inline_below(self) -> float:

@@ -8,6 +8,14 @@ appends the outcome to a list that the loop delivers in one callback, scheduled 
 is pending: at most one cross-thread wake-up per job, and fewer when jobs finish while the loop
 is busy. Futures are plain asyncio futures, resolved on the loop.
 
+A worker needs the GIL back after every job to hand over its outcome, and with CPython's default
+switch interval (5 ms) a busy event loop keeps it from the worker: each time the loop polls it
+lets the GIL go and takes it back before the woken worker can, which restarts the worker's
+wait, so a device that finished its run idles until the loop runs out of work. The first
+worker therefore lowers the interpreter's switch interval from that default to
+:data:`SWITCH_INTERVAL` (:func:`claim_switch_interval`; a value someone chose is kept), or to
+``MODEL_RUNTIME_SWITCH_INTERVAL`` seconds when that is set (``0``: leave the interval alone).
+
 A worker stuck in a job that ignores termination is abandoned (:meth:`Worker.abandon`): its
 queued jobs are cancelled, and its thread (a daemon thread) answers the stuck job, if it ever
 returns, and exits.
@@ -16,13 +24,25 @@ returns, and exits.
 from __future__ import annotations
 
 import asyncio
+import os
 import queue
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["Worker"]
+from model_runtime.errors import ConfigurationError
+
+__all__ = ["SWITCH_ENV", "SWITCH_INTERVAL", "Worker", "claim_switch_interval"]
+
+#: Seconds: the interpreter switch interval device workers run under (module docstring): a
+#: thread waiting for the GIL asks for it after this long. CPython's default is 5 ms.
+SWITCH_INTERVAL = 1e-4
+#: Environment variable: the switch interval in seconds instead (read at each claim); 0: the
+#: interpreter's own, untouched.
+SWITCH_ENV = "MODEL_RUNTIME_SWITCH_INTERVAL"
+_CPYTHON_DEFAULT = 0.005
 
 #: Called on the loop with a job's result and error before its future is resolved, even when
 #: that future was cancelled meanwhile (book-keeping that must happen once per job); returns
@@ -32,6 +52,31 @@ _Job = tuple["asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...], Hook | 
 #: (future, hook, result, error, the job's hop to the thread, when it ended; NaN: not measured)
 _Outcome = tuple["asyncio.Future[Any]", Hook | None, Any, BaseException | None, float, float]
 _NAN = float("nan")
+
+
+def claim_switch_interval(environ: Mapping[str, str] | None = None) -> None:
+    """Lower the interpreter's switch interval to :data:`SWITCH_INTERVAL` if it is still
+    CPython's default (module docstring); any other value is left as it is. With
+    :data:`SWITCH_ENV` set: that many seconds, whatever the interval was (0: untouched).
+
+    Raises:
+        ConfigurationError: :data:`SWITCH_ENV` is not a number of seconds >= 0.
+    """
+    text = (os.environ if environ is None else environ).get(SWITCH_ENV, "").strip()
+    if text:
+        try:
+            seconds = float(text)
+        except ValueError:
+            seconds = -1.0
+        if not 0.0 <= seconds < 1.0:  # (nan fails too)
+            raise ConfigurationError(
+                f"{SWITCH_ENV}={text!r}: expected seconds, at least 0 and under 1 (0: leave "
+                "the interpreter's switch interval alone)"
+            )
+        if seconds > 0.0:
+            sys.setswitchinterval(seconds)
+    elif sys.getswitchinterval() == _CPYTHON_DEFAULT:
+        sys.setswitchinterval(SWITCH_INTERVAL)
 
 
 class Worker:
@@ -50,6 +95,7 @@ class Worker:
 
     def __init__(self, name: str, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self._loop = loop or asyncio.get_running_loop()
+        claim_switch_interval()
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._done: list[_Outcome] = []
         self._lock = threading.Lock()

@@ -87,6 +87,11 @@ class Queue(Sealer):
         """Every batch buffer is in use: rows queued now wait until a batch ends."""
         return len(self._outstanding) >= self._max_outstanding
 
+    def collecting(self) -> bool:
+        """The device is idle and a flush is due this loop turn: rows queued now ride in the
+        batch it seals (the callers of the last batch queueing again)."""
+        return self._idle_flush_due
+
     def open_room(self) -> int:
         """Rows that complete the open partial batch (a whole batch's when the waiting rows
         are a whole number of batches): rows queued now, up to that many, ride in a batch

@@ -35,6 +35,7 @@ LAYERS: list[tuple[str, ...]] = [
         "model_runtime.runner_requests",
         "model_runtime.queue_policy",
         "model_runtime.replicas",
+        "model_runtime.placement",
         "model_runtime.sequences",
         "model_runtime.stats",
         "model_runtime.lowlevel",
