@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +34,7 @@ from actors.actor import Envelope
 from actors.clock import Clock
 from actors.device._deferred import DeferringActor
 from actors.device.backends import Backend, RunAborted, make_backend
-from actors.device.faults import FaultInjector, FaultKind, FaultPlan, FaultRule
+from actors.device.faults import FaultInjector, FaultPlan
 from actors.device.manager import AttachedDevice
 from actors.device.messages import (
     Detach,
@@ -44,24 +43,21 @@ from actors.device.messages import (
     DeviceStatus,
     GetStatus,
     LoadExecutable,
-    ProgramResult,
     Reset,
     RunMain,
     RunPrograms,
     RunSave,
     Unload,
 )
+from actors.device.work import DeviceCrash, DeviceWork, rows_of
 from actors.device.worker import Worker
 from model_runtime.errors import (
     ActorStoppedError,
-    ApplicationRuntimeError,
     DeviceStateError,
-    RecoverableRuntimeError,
     RuntimeFailure,
     UnrecoverableRuntimeError,
 )
 from model_runtime.executable import Executable
-from model_runtime.executable.model import ProgramKind
 
 __all__ = ["INLINE_BELOW", "INLINE_HOPS", "Device", "DeviceCrash"]
 
@@ -78,10 +74,6 @@ INLINE_BELOW = 250e-6
 #: slower than that one (the hop slows with the run), but never over 4 x ``INLINE_BELOW``.
 INLINE_HOPS = 3.0
 _INF = float("inf")
-
-
-class DeviceCrash(RuntimeError):
-    """The fault plan's ``crash``: the Device actor dies of an unexpected exception."""
 
 
 @dataclass(slots=True, eq=False)
@@ -123,29 +115,35 @@ class Device(DeferringActor[DeviceMessage]):
         super().__init__(name or f"device-{replica}", clock=clock)
         self.device = device
         self.replica = replica
-        self.backend: Backend = backend if backend is not None else make_backend(device.spec)
         self.fault_plan = fault_plan
         self.abort_grace = abort_grace
         self.detach_on_stop = detach_on_stop
         self.log = self.log.bind(device=device.spec.id, replica=replica)
         # One injector per replica outlives its Device actors (``at=N`` fires once).
-        self._faults = fault_injector or (fault_plan.for_replica(replica) if fault_plan else None)
+        faults = fault_injector or (fault_plan.for_replica(replica) if fault_plan else None)
+        self._work = DeviceWork(
+            backend if backend is not None else make_backend(device.spec),
+            faults,
+            replica,
+            self._what,
+        )
         self._executor: Worker | None = None
         self._jobs: deque[_Job] = deque()
         self._abort = threading.Event()
-        self._generation = 0
         self._loaded = False
         self._resetting = False
-        self._broken: str | None = None
         self._load_args: tuple[Any, Mapping[str, np.ndarray] | None] | None = None
         self.runs_completed = 0
         self.last_progress = 0.0
-        #: Main runs on this many rows or fewer... see run_main_nowait: rows -> EWMA seconds
-        self._run_seconds: dict[int, float] = {}
         self._initial = (executable, frozen_inputs, variables) if executable is not None else None
         #: Whether a run may hold the loop now beside the other devices of its runner (None:
         #: this device alone decides; see runs_inline).
         self._inline_allowed = inline_allowed
+
+    @property
+    def backend(self) -> Backend:
+        """The device's backend (replaced by a fresh one when a stuck worker is abandoned)."""
+        return self._work.backend
 
     # -- status ----------------------------------------------------------------------------
 
@@ -153,7 +151,7 @@ class Device(DeferringActor[DeviceMessage]):
     def state(self) -> DeviceState:
         if not self.device.is_attached:
             return "detached"
-        if self._broken is not None:
+        if self._work.broken is not None:
             return "broken"
         if self._resetting:
             return "resetting"
@@ -170,7 +168,7 @@ class Device(DeferringActor[DeviceMessage]):
             runs_completed=self.runs_completed,
             last_progress=self.last_progress,
             run_started_at=self._jobs[0].started_at if self._jobs else None,
-            error=self._broken,
+            error=self._work.broken,
         )
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -183,7 +181,7 @@ class Device(DeferringActor[DeviceMessage]):
             executable, frozen, variables = self._initial
             self._load_args = (executable, frozen)
             self._loaded = True
-            job = self._submit("load", self._work_load, executable, frozen, variables)
+            job = self._submit("load", self._work.load, executable, frozen, variables)
             await self._await_job(job)
         self.log.info("device.started", kind=self.device.spec.kind, loaded=self._loaded)
 
@@ -201,7 +199,7 @@ class Device(DeferringActor[DeviceMessage]):
             # asyncio.wait, not await: a cancelled future must not raise CancelledError here,
             # where anyio would take it for a cancellation of the supervisor's scope.
             # Failed, not cancelled: a cancelled future would cancel the task awaiting it.
-            self._generation += 1
+            self._work.generation += 1
             for job in self._jobs:
                 if not job.future.done():
                     job.future.set_exception(stopped)
@@ -236,25 +234,25 @@ class Device(DeferringActor[DeviceMessage]):
                     self._check_usable()
                     self._load_args = (executable, frozen)
                     self._loaded = True
-                    job = self._submit("load", self._work_load, executable, frozen)
+                    job = self._submit("load", self._work.load, executable, frozen)
                     self._reply_when_done(envelope, job)
                 case RunMain(batches, probe, into):
                     self._check_loaded()
-                    job = self._submit("main", self._work_main, batches, probe, into)
+                    job = self._submit("main", self._work.main, batches, probe, into)
                     self._reply_when_done(envelope, job)
                 case RunSave():
                     self._check_loaded()
-                    job = self._submit("save", self._work_save)
+                    job = self._submit("save", self._work.save)
                     self._reply_when_done(envelope, job)
                 case RunPrograms(program_ids, batches):
                     self._check_loaded()
-                    job = self._submit("programs", self._work_programs, program_ids, batches)
+                    job = self._submit("programs", self._work.programs, program_ids, batches)
                     self._reply_when_done(envelope, job)
                 case Unload():
                     self._check_usable()
                     self._loaded = False
                     self._load_args = None
-                    job = self._submit("unload", lambda g, a: self.backend.unload())
+                    job = self._submit("unload", self._work.unload)
                     self._reply_when_done(envelope, job)
                 case _:
                     await super()._dispatch(envelope)
@@ -269,9 +267,9 @@ class Device(DeferringActor[DeviceMessage]):
     def _check_usable(self) -> None:
         if not self.device.is_attached:
             raise DeviceStateError(f"{self._what()} is detached")
-        if self._broken is not None:
+        if self._work.broken is not None:
             raise UnrecoverableRuntimeError(
-                f"{self._what()} is broken: {self._broken}", replica=self.replica
+                f"{self._what()} is broken: {self._work.broken}", replica=self.replica
             )
         if self._resetting:
             raise DeviceStateError(f"{self._what()} is resetting")
@@ -304,7 +302,7 @@ class Device(DeferringActor[DeviceMessage]):
         self._check_loaded()
         if not probe and into is None and self.runs_inline(batches):
             return self._run_inline(batches)
-        return self._submit("main", self._work_main, batches, probe, into).future
+        return self._submit("main", self._work.main, batches, probe, into).future
 
     def run_inline_nowait(
         self, batches: Sequence[Mapping[str, np.ndarray]]
@@ -334,10 +332,10 @@ class Device(DeferringActor[DeviceMessage]):
         fault plan is in force."""
         return (
             not self._jobs
-            and self._faults is None
+            and self._work.faults is None
             and len(batches) == 1
-            and self._rows(batches[0]) == 1
-            and self._run_seconds.get(1, _INF) < self._inline_below()
+            and rows_of(batches[0]) == 1
+            and self._work.run_seconds.get(1, _INF) < self._inline_below()
             and (self._inline_allowed is None or self._inline_allowed())
         )
 
@@ -359,7 +357,7 @@ class Device(DeferringActor[DeviceMessage]):
         job.future = future
         self._jobs.append(job)
         try:
-            result = self._work_main(self._generation, self._abort, batches)
+            result = self._work.main(self._work.generation, self._abort, batches)
         except Exception as exc:
             error = self._delivered(job, exc)
             assert error is not None
@@ -369,19 +367,13 @@ class Device(DeferringActor[DeviceMessage]):
             future.set_result(result)
         return future
 
-    @staticmethod
-    def _rows(batch: Mapping[str, np.ndarray]) -> int:
-        for array in batch.values():
-            return int(array.shape[0]) if array.ndim else 0
-        return 0
-
     # -- jobs (submitted in mailbox order, settled as the worker delivers them) ------------
 
     def _submit(self, kind: str, fn: Callable[..., Any], *args: Any) -> _Job:
         assert self._executor is not None
         job = _Job(kind, None if self._jobs else self.clock.monotonic())
         job.future = self._executor.submit(
-            fn, self._generation, self._abort, *args, hook=lambda r, e: self._delivered(job, e)
+            fn, self._work.generation, self._abort, *args, hook=lambda r, e: self._delivered(job, e)
         )
         self._jobs.append(job)
         return job
@@ -453,111 +445,11 @@ class Device(DeferringActor[DeviceMessage]):
         if was_head and self._jobs:
             self._jobs[0].started_at = now
 
-    # -- worker-thread side ----------------------------------------------------------------
-
-    def _guard(self, generation: int) -> None:
-        if generation != self._generation:
-            raise RunAborted(f"{self._what()}: run aborted by a reset")
-        if self._broken is not None:
-            raise UnrecoverableRuntimeError(
-                f"{self._what()} is broken: {self._broken}", replica=self.replica
-            )
-
-    def _work_load(
-        self,
-        generation: int,
-        abort: threading.Event,
-        executable: Executable,
-        frozen: Mapping[str, np.ndarray] | None,
-        variables: Mapping[str, np.ndarray] | None = None,
-    ) -> None:
-        self._guard(generation)
-        self.backend.load(executable, frozen)
-        if variables:
-            self.backend.restore_variables(variables)
-
-    def _work_main(
-        self,
-        generation: int,
-        abort: threading.Event,
-        batches: Sequence[Mapping[str, np.ndarray]],
-        probe: bool = False,
-        into: Sequence[Mapping[str, np.ndarray]] | None = None,
-    ) -> list[dict[str, np.ndarray]]:
-        self._guard(generation)
-        if self._faults is not None and not probe:
-            rule = self._faults.next_run()
-            if rule is not None:
-                self._inject(rule, abort)
-        t0 = time.perf_counter()
-        if into is None:
-            outputs = self.backend.run_main(batches)
-        else:
-            outputs = self.backend.run_main(batches, into)
-        if len(batches) == 1:  # how long a run of this many rows takes (for run_main_nowait)
-            rows = self._rows(batches[0])
-            took = time.perf_counter() - t0
-            before = self._run_seconds.get(rows)
-            self._run_seconds[rows] = took if before is None else before + (took - before) / 8
-        return outputs
-
-    def _work_save(self, generation: int, abort: threading.Event) -> dict[str, np.ndarray]:
-        self._guard(generation)
-        return self.backend.run_save()
-
-    def _work_programs(
-        self,
-        generation: int,
-        abort: threading.Event,
-        program_ids: Sequence[int],
-        batches: Sequence[Mapping[str, np.ndarray]],
-    ) -> list[ProgramResult]:
-        exe = self.backend.executable
-        if exe is None:
-            raise DeviceStateError(f"{self._what()}: no executable loaded")
-        results: list[ProgramResult] = []
-        for pid in program_ids:
-            try:
-                kind = exe.metadata.program(pid).kind
-            except KeyError:
-                raise DeviceStateError(
-                    f"{self._what()}: the executable has no program {pid}"
-                ) from None
-            if kind is ProgramKind.LOAD:
-                self._guard(generation)
-                self.backend.run_load()
-                results.append(None)
-            elif kind is ProgramKind.MAIN:
-                results.append(self._work_main(generation, abort, batches))
-            else:
-                results.append(self._work_save(generation, abort))
-        return results
-
-    def _inject(self, rule: FaultRule, abort: threading.Event) -> None:
-        it = self._faults.iteration if self._faults is not None else 0
-        where = f"{self._what()}: injected {rule.kind.value} fault at run {it}"
-        match rule.kind:
-            case FaultKind.RECOVERABLE:
-                raise RecoverableRuntimeError(where, rule.action, replica=self.replica)
-            case FaultKind.APP_ERROR:
-                raise ApplicationRuntimeError(where, replica=self.replica)
-            case FaultKind.FATAL:
-                self._broken = where
-                raise UnrecoverableRuntimeError(where, replica=self.replica)
-            case FaultKind.HANG:
-                abort.wait()
-                raise RunAborted(f"{where}: released by a reset")
-            case FaultKind.SLOW:
-                if abort.wait(rule.seconds):
-                    raise RunAborted(f"{where}: aborted by a reset")
-            case FaultKind.CRASH:
-                raise DeviceCrash(where)
-
     # -- reset / detach --------------------------------------------------------------------
 
     async def _abort_in_flight(self) -> None:
         """Abort every job in flight or queued; replace the worker if it does not come back."""
-        self._generation += 1
+        self._work.generation += 1
         old, self._abort = self._abort, threading.Event()
         old.set()
         self.backend.terminate()
@@ -570,7 +462,7 @@ class Device(DeferringActor[DeviceMessage]):
             assert self._executor is not None
             self._executor.abandon(RunAborted(f"{self._what()}: run aborted by a reset"))
             self._executor = self._new_executor()
-            self.backend = make_backend(self.device.spec)
+            self._work.backend = make_backend(self.device.spec)
         self._jobs.clear()
 
     async def _reset(self, variables: Mapping[str, np.ndarray] | None) -> None:
@@ -580,16 +472,9 @@ class Device(DeferringActor[DeviceMessage]):
             await self._abort_in_flight()
             assert self._load_args is not None
             executable, frozen = self._load_args
-
-            def work(generation: int, abort: threading.Event) -> None:
-                self._guard(generation)
-                self.backend.load(executable, frozen)
-                if variables:
-                    self.backend.restore_variables(variables)
-
             self._resetting = False  # the reset job is an ordinary job from here on
             self._loaded = True
-            job = self._submit("reset", work)
+            job = self._submit("reset", self._work.load, executable, frozen, variables)
             await self._await_job(job)
         except BaseException:
             self._loaded = False
@@ -603,7 +488,7 @@ class Device(DeferringActor[DeviceMessage]):
         await self._abort_in_flight()
         self._loaded = False
         self._load_args = None
-        job = self._submit("unload", lambda g, a: self.backend.unload())
+        job = self._submit("unload", self._work.unload)
         try:
             await self._await_job(job)
         finally:

@@ -282,7 +282,7 @@ def on_run(actor: Device, n: int) -> bool:
     """The worker thread is in run ``n`` (counted by the fault plan as it starts), not only
     asked for it: a reset that came before the thread took the run would abort it before the
     plan counts it, and the plan's fault would strike the next run instead."""
-    faults = actor._faults
+    faults = actor._work.faults
     return actor.state == "running" and faults is not None and faults.iteration == n
 
 
