@@ -29,8 +29,8 @@ from model_runtime.server.inference.admission import (
     OVERLOAD_HOLD,
     WINDOW,
     AdmissionControl,
-    LoopLag,
 )
+from model_runtime.server.inference.looplag import LoopLag
 
 pytestmark = pytest.mark.timeout(10)
 

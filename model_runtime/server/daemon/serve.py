@@ -51,8 +51,8 @@ from model_runtime.server.http.fastpath import FastInfer
 from model_runtime.server.http.guard import ConnectionLimits
 from model_runtime.server.http.routes import HttpFrontEnd
 from model_runtime.server.http.runner import GuardedAppRunner, runner_of, start_site
-from model_runtime.server.inference.admission import LoopLag
 from model_runtime.server.inference.cache import ResponseCache
+from model_runtime.server.inference.looplag import LoopLag
 from model_runtime.server.inference.plane import DataPlane, ServerOptions
 from model_runtime.server.observability.logging_ext import (
     LOG_SETTINGS,

@@ -29,7 +29,7 @@ loop falls seconds behind. :class:`AdmissionControl` therefore bounds what the f
 - **the loop's limit**: the front-end limit bounds what is held, not what the event loop can
   afford to take. Past the loop's capacity, requests (refused ones too) wait unread in socket
   buffers, a backlog no limit above sees, and everyone's latency grows with it. So the loop's
-  lag is measured (:class:`LoopLag`: how late a timer due every :data:`LAG_TICK` seconds
+  lag is measured (:class:`~.looplag.LoopLag`: how late a timer due every :data:`LAG_TICK` seconds
   fires); while it is over :data:`LAG_LIMIT` (from :data:`LAG_SUSTAIN` ticks in a row on),
   an overloaded model's in-flight cap is what it finishes in :data:`LAG_HOLD` seconds (never
   under its floor). A model that is not overloaded is held to the concurrency answered
@@ -65,7 +65,6 @@ answers.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 
@@ -89,7 +88,6 @@ __all__ = [
     "OVERLOAD_SUSTAIN",
     "WINDOW",
     "AdmissionControl",
-    "LoopLag",
     "ModelAdmission",
 ]
 
@@ -485,37 +483,3 @@ class AdmissionControl:
             return self.models.get(parts[0].decode())
         except UnicodeDecodeError:
             return None
-
-
-class LoopLag:
-    """Measures the running event loop's lag for ``control``: a timer due every
-    :data:`LAG_TICK` seconds reports how late it fired (:meth:`AdmissionControl.loop_lag`).
-    ``start()`` on the loop, ``stop()`` when done; one timer handle, no task."""
-
-    def __init__(self, control: AdmissionControl, tick: float = LAG_TICK) -> None:
-        self.control = control
-        self.tick = tick
-        self._handle: asyncio.TimerHandle | None = None
-        self._due = 0.0
-
-    def start(self) -> None:
-        """Start ticking on the running loop.
-
-        Raises:
-            RuntimeError: no running event loop.
-        """
-        loop = asyncio.get_running_loop()
-        self._due = loop.time() + self.tick
-        self._handle = loop.call_at(self._due, self._tick, loop)
-
-    def stop(self) -> None:
-        """Stop ticking."""
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-
-    def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
-        now = loop.time()
-        self.control.loop_lag(now - self._due)
-        self._due = now + self.tick
-        self._handle = loop.call_at(self._due, self._tick, loop)
