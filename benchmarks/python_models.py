@@ -85,7 +85,8 @@ def ours(repo: Path, workdir: Path) -> Iterator[Running]:
     workdir.mkdir(parents=True, exist_ok=True)
     cmd = [
         sys.executable, "-m", "model_runtime.server", "--host", "127.0.0.1",
-        "--port", str(http), "--grpc-port", str(grpc), "--no-access-log", "--log-format", "json",
+        "--port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(servers.free_port()),
+        "--no-access-log", "--log-format", "json",
         "--executable-cache", str(workdir / "cache"), "--model-repository", str(repo),
     ]  # fmt: skip
     env = {"MODEL_RUNTIME_DIR": str(workdir / "run"), "PYTHONUNBUFFERED": "1"}

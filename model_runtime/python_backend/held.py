@@ -51,6 +51,31 @@ def _error(pair: Any) -> PythonModelError:
     return PythonModelError(str(pair))
 
 
+def _stacked(
+    descs: Any, payload: memoryview, decode: Callable[[Any, memoryview], dict[str, np.ndarray]]
+) -> dict[str, np.ndarray] | WireError:
+    """A frame's stacked tensors (each with the same rows), or why they are broken."""
+    try:
+        arrays = decode(descs, payload)
+        counts = {a.shape[0] if a.ndim else -1 for a in arrays.values()}
+        if len(counts) > 1 or -1 in counts:
+            raise WireError("the stacked tensors do not have one row count")
+    except WireError as exc:
+        return exc
+    return arrays
+
+
+def _row(together: dict[str, np.ndarray] | WireError | None, row: Any) -> dict[str, np.ndarray]:
+    """Raises: WireError: no stacked tensors, or no such row."""
+    if together is None or isinstance(together, WireError):
+        raise together or WireError("a row of stacked tensors the frame does not have")
+    for array in together.values():
+        if type(row) is not int or not 0 <= row < array.shape[0]:
+            raise WireError(f"row {row!r} of stacked tensors of {array.shape[0]} rows")
+        break
+    return {name: array[row, ...] for name, array in together.items()}
+
+
 class Held:
     """The calls of one instance, by key, and its batches in flight."""
 
@@ -82,15 +107,22 @@ class Held:
         payload: memoryview,
         decode: Callable[[Any, memoryview], dict[str, np.ndarray]],
     ) -> None:
-        """Deliver a ``resp`` frame's items (tensors copied out by ``decode``), then end the
-        batches it names ``done`` (one id, or a list of them)."""
+        """Deliver a ``resp`` frame's items (tensors copied out by ``decode``; an item with a
+        row ``s`` has that row of the frame's stacked tensors ``S``), then end the batches it
+        names ``done`` (one id, or a list of them)."""
+        together: dict[str, np.ndarray] | WireError | None = None
+        if "S" in header:
+            together = _stacked(header["S"], payload, decode)
         for item in header["items"]:
             call = self._calls.get(item["k"])
             if call is None:
                 continue  # answered already (a late response from a model thread)
             final = bool(item.get("fl", 0) & _FINAL)
             try:
-                outputs = decode(item.get("T", []), payload)
+                if "s" in item:
+                    outputs = _row(together, item["s"])
+                else:
+                    outputs = decode(item.get("T", []), payload)
                 error = _error(item["e"]) if item.get("e") else None
             except WireError as exc:
                 outputs, error = {}, PythonModelError(f"the model's response is broken: {exc}")

@@ -36,6 +36,7 @@ from model_runtime.python_backend.channel import Channel
 from model_runtime.python_backend.held import Call, Held
 from model_runtime.python_backend.messages import ControlHook, InferHook, PyRequest, PyResponse
 from model_runtime.python_backend.metrics import CustomMetrics
+from model_runtime.python_backend.stacking import stackable, stacked
 from model_runtime.python_backend.wire import Encoder, decode_tensors
 
 __all__ = ["InstanceProcess", "InstanceSpec", "describe_exit"]
@@ -274,11 +275,18 @@ class InstanceProcess:
         for n, requests in enumerate(batches):
             batch = self._keys = self._keys + 1
             calls: list[Call] = []
-            items = []
-            for request in requests:
+            items: list[dict[str, Any]] = []
+            entry: dict[str, Any] = {"b": batch, "r": items}
+            named = [list(request.inputs.items()) for request in requests]
+            together = stackable(named)
+            if together:  # one tensor per input for the batch, a row per request
+                entry["S"] = enc.tensors(stacked(named))
+            for request, inputs in zip(requests, named, strict=True):
                 self._keys += 1
                 key = self._keys
-                item: dict[str, Any] = {"k": key, "T": enc.tensors(request.inputs.items())}
+                item: dict[str, Any] = {"k": key}
+                if not together:
+                    item["T"] = enc.tensors(inputs)
                 # what a request leaves at its default does not cross (the instance's default)
                 if request.request_id:
                     item["rq"] = request.request_id
@@ -292,7 +300,6 @@ class InstanceProcess:
                     item["p"] = json.dumps(dict(request.parameters))
                 items.append(item)
                 calls.append(Call(key, batch, stream))
-            entry: dict[str, Any] = {"b": batch, "r": items}
             if n < len(alone) and alone[n]:
                 entry["a"] = 1  # not merged with other batches
             wire.append(entry)

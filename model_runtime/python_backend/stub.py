@@ -51,11 +51,11 @@ import time
 from concurrent.futures import Future
 from typing import Any
 
-import numpy as np
-
 from model_runtime.python_backend import pb_bridge, pb_utils
 from model_runtime.python_backend.arena import ChildArena
+from model_runtime.python_backend.stacking import check_rows, row_of
 from model_runtime.python_backend.stub_model import ModelHost
+from model_runtime.python_backend.stub_responses import encode_responses
 from model_runtime.python_backend.wire import (
     FRAME,
     Encoder,
@@ -63,7 +63,7 @@ from model_runtime.python_backend.wire import (
     parse_header,
 )
 
-__all__ = ["Stub", "encode_response", "main", "mergeable_rows"]
+__all__ = ["Stub", "main", "mergeable_rows"]
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 #: seconds the ends of batches run one after another may be held to go in one frame
@@ -85,51 +85,6 @@ def mergeable_rows(batch: dict[str, Any]) -> int | None:
         shape = tensors[0].shape() if tensors else None
         rows += shape[0] if shape else 1
     return rows
-
-
-def _error_pair(error: pb_utils.TritonError) -> list[Any]:
-    return [pb_utils.TritonError.CODE_NAMES[error.code()], error.message()]
-
-
-def encode_response(
-    enc: Encoder,
-    response: pb_utils.InferenceResponse | None,
-    requested: frozenset[str] | None,
-) -> dict[str, Any]:
-    """The wire form of a response (its tensors placed by ``enc``); a response that cannot be
-    sent (not an ``InferenceResponse``, outputs that are not ``Tensor``) becomes an error."""
-    if response is None:
-        return {}
-    if not isinstance(response, pb_utils.InferenceResponse):
-        return {
-            "e": [
-                "INTERNAL",
-                f"expected a pb_utils.InferenceResponse, got a {type(response).__name__}",
-            ]
-        }
-    error = response.error()
-    if error is not None:
-        if not isinstance(error, pb_utils.TritonError):
-            return {"e": ["INTERNAL", str(error)]}
-        return {"e": _error_pair(error), "p": response.parameters()}
-    named: list[tuple[str, np.ndarray]] = []
-    for i, tensor in enumerate(response.output_tensors()):
-        if not isinstance(tensor, pb_utils.Tensor):
-            return {
-                "e": [
-                    "INTERNAL",
-                    f"output {i} of the response is a "
-                    f"{type(tensor).__name__}, not a pb_utils.Tensor",
-                ]
-            }
-        if requested is None or tensor.name() in requested:
-            named.append((tensor.name(), tensor.as_numpy()))
-    try:
-        descs = enc.tensors(named)
-    except ValueError as exc:
-        return {"e": ["INVALID_ARG", f"an output cannot be sent: {exc}"]}
-    params = response.parameters()
-    return {"T": descs} if params == "{}" else {"T": descs, "p": params}
 
 
 class Stub:
@@ -221,16 +176,13 @@ class Stub:
         return header
 
     def _build(self, enc: Encoder, header: dict[str, Any]) -> None:
-        requested = self.host.requested
-        out = []
-        for key, response, flags in header.pop("_items"):
-            item = encode_response(enc, response, requested.get(key))
-            item["k"] = key
-            item["fl"] = flags
-            out.append(item)
+        items = header.pop("_items")
+        header["items"], together = encode_responses(enc, items, self.host.requested)
+        if together is not None:
+            header["S"] = together
+        for key, _, flags in items:
             if flags & _FINAL:
                 self.host.closed(key)
-        header["items"] = out
 
     # -- the Bridge of triton_python_backend_utils -------------------------------------------
 
@@ -341,13 +293,27 @@ class Stub:
             for (n, a), d in zip(named, descs, strict=True)
         ]
 
+    def _unstack(self, batch: dict[str, Any], payload: bytes) -> None:
+        """Each request of a batch sent stacked gets its row of the batch's tensors."""
+        items = batch["r"]
+        stacked = self._tensors({"T": batch.pop("S")}, payload)
+        check_rows([(t.name(), t.as_numpy()) for t in stacked], len(items))
+        for i, item in enumerate(items):
+            item["T"] = [
+                pb_utils.Tensor(t.name(), row_of(t.as_numpy(), i), t.triton_dtype())
+                for t in stacked
+            ]
+
     def _dispatch(self, header: dict[str, Any], payload: bytes) -> None:
         kind = header["t"]
         if kind == "exec":  # batches, each its own execute
             model = header.get("m", "")
             for batch in header["B"]:
-                for item in batch["r"]:
-                    item["T"] = self._tensors(item, payload)
+                if "S" in batch:
+                    self._unstack(batch, payload)
+                else:
+                    for item in batch["r"]:
+                        item["T"] = self._tensors(item, payload)
                 batch["t"], batch["m"] = "exec", model
                 self._queue_for_model(batch)
             self._arena.consumed(header.get("h", 0))

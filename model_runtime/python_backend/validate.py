@@ -33,6 +33,27 @@ def _datatype(array: np.ndarray) -> str:
 def check_inputs(config: PythonModelConfig, inputs: Mapping[str, np.ndarray]) -> None:
     """Raises: InputValidationError: an input the model does not have, one it needs that is
     missing, of another data type or shape, or batch sizes that differ or pass the maximum."""
+    tensors = config.inputs
+    if len(inputs) == len(tensors):  # the common case, at a glance: every input as configured
+        mbs = config.max_batch_size
+        batch = None
+        for tensor in tensors:
+            array = inputs.get(tensor.name)
+            if type(array) is not np.ndarray or array.dtype != tensor.dtype:
+                break
+            shape = array.shape
+            if mbs:
+                if not shape or not 1 <= shape[0] <= mbs or batch not in (None, shape[0]):
+                    break
+                batch, shape = shape[0], shape[1:]
+            if shape != tensor.dims:
+                break  # or dims of any size (-1): looked at below
+        else:
+            return
+    _check_inputs(config, inputs)
+
+
+def _check_inputs(config: PythonModelConfig, inputs: Mapping[str, np.ndarray]) -> None:
     model = config.name
     known = {t.name: t for t in config.inputs}
     for name in inputs:
@@ -72,10 +93,11 @@ def check_inputs(config: PythonModelConfig, inputs: Mapping[str, np.ndarray]) ->
 
 def check_outputs(config: PythonModelConfig, response: PyResponse) -> PyResponse:
     """The response, or an error response if an output is not of the config's data type."""
-    known = {t.name: t for t in config.outputs}
     for name, array in response.outputs.items():
-        tensor = known.get(name)
-        if tensor is not None and _datatype(array) != tensor.datatype:
+        tensor = next((t for t in config.outputs if t.name == name), None)
+        if tensor is None or array.dtype == tensor.dtype:
+            continue
+        if _datatype(array) != tensor.datatype:
             error = PythonModelError(
                 f"the model returned output '{name}' as {_datatype(array)}, but its config "
                 f"says TYPE_{tensor.datatype}",

@@ -47,7 +47,7 @@ from model_runtime.server.grpc.codec import (
     parse_model_infer_request,
 )
 from model_runtime.server.grpc.streaming import error_answer, stream_answers
-from model_runtime.server.inference import control
+from model_runtime.server.inference import control, direct
 from model_runtime.server.inference.accounting import THREAD_PARSE_BYTES, samples_of
 from model_runtime.server.inference.admission import OVERLOADED, QUEUE_FULL
 from model_runtime.server.inference.plane import DataPlane
@@ -307,7 +307,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         parsed = await decode_in_thread(parse) if big else parse()
         try:
             # The caller's gRPC deadline bounds the request as its `timeout` parameter does.
-            results = await self.plane.execute(entry, runner, parsed, context.time_remaining())
+            results = await direct.run(self.plane, entry, runner, parsed, context.time_remaining())
             response = encode_model_infer_response(
                 entry.name, entry.version, parsed, results, entry.datatypes, specs=entry.outputs
             )

@@ -1,12 +1,12 @@
 """One infer request answered at the protocol level by callbacks, without a task.
 
 :class:`FastCall` takes a request whose body is in hand for a plain model
-(:func:`plain_runner`): decoded and queued as its head is read
-(:func:`submit`), answered from its future's done callback (encoded, written,
-counted as :meth:`DataPlane.answer_infer` counts it, its admission left, its access log line).
-Every answer is written on a later turn of the loop than the one that read the request, as a
-task's would be. ``cancel()`` (the client went away) drops it: its rows never run, no answer
-is written, and the access log says 499.
+(:func:`~model_runtime.server.inference.direct.plain_runner`): decoded and queued as its head
+is read (:func:`~model_runtime.server.inference.direct.submit`), answered from its future's
+done callback (encoded, written, counted as :meth:`DataPlane.answer_infer` counts it, its
+admission left, its access log line). Every answer is written on a later turn of the loop than
+the one that read the request, as a task's would be. ``cancel()`` (the client went away) drops
+it: its rows never run, no answer is written, and the access log says 499.
 """
 
 from __future__ import annotations
@@ -20,19 +20,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 import anyio
 import structlog
 
-from model_runtime.python_backend.runner import PythonModelRunner
-from model_runtime.runner import ModelRunner
-from model_runtime.runner_requests import expire_request
 from model_runtime.server.answers import status_of
 from model_runtime.server.inference.accounting import (
     encodes_in_thread,
     json_length_of,
     samples_of,
 )
-from model_runtime.server.inference.python_calls import python_context
-from model_runtime.server.serving import ServingRunner
-from model_runtime.server.tensors.parameters import not_a_sequence_model
-from model_runtime.server.triton.settings import DEFAULT_SETTINGS
+from model_runtime.server.inference.direct import plain_runner, submit
 
 if TYPE_CHECKING:
     from model_runtime.server.inference.admission import ModelAdmission
@@ -40,68 +34,9 @@ if TYPE_CHECKING:
     from model_runtime.server.repository.entries import ModelEntry
     from model_runtime.server.tensors.request import InferRequest
 
-__all__ = ["FastAnswers", "FastCall", "FastConnection", "plain_runner", "submit"]
+__all__ = ["FastAnswers", "FastCall", "FastConnection"]
 
 log = structlog.get_logger("model_runtime.server.app")  # the data plane's events
-
-
-def plain_runner(
-    plane: DataPlane, entry: ModelEntry, runner: Any
-) -> ModelRunner | PythonModelRunner | None:
-    """The :class:`ModelRunner` (or python model's runner) that serves ``entry`` through
-    ``runner`` when :meth:`submit` may take its requests (not a stateful or decoupled model,
-    no other make of runner or wrapper between, no trace being taken, not answered from the
-    response cache); else None (await :meth:`execute`)."""
-    inner = runner.current if type(runner) is ServingRunner else runner
-    if plane.tracer.active:
-        return None
-    settings = entry.settings
-    if type(inner) is PythonModelRunner:
-        if settings is not None and (
-            settings.decoupled
-            or (plane.cache is not None and settings.config.response_cache.enable)
-        ):
-            return None
-        return inner
-    if type(inner) is not ModelRunner:
-        return None
-    if settings is not None and (
-        settings.sequence is not None
-        or (plane.cache is not None and settings.config.response_cache.enable)
-    ):
-        return None
-    return inner
-
-
-def submit(
-    plane: DataPlane,
-    entry: ModelEntry,
-    inner: ModelRunner | PythonModelRunner,
-    parsed: InferRequest,
-) -> tuple[asyncio.Future[dict[str, Any]], asyncio.TimerHandle | None]:
-    """:meth:`DataPlane.execute` without a coroutine, on the runner :func:`plain_runner` gave:
-    the request is queued now. Returns the future of its outputs (cancel it: its rows
-    never run) and the timer that fails it with :class:`RequestTimeoutError` past its
-    deadline (cancel the timer once the future is done).
-
-    Raises:
-        ModelRuntimeError: what ``DataPlane.execute`` raises at once (refusals, bad inputs).
-    """
-    settings = entry.settings or DEFAULT_SETTINGS
-    opts = plane.options
-    priority = settings.priority(parsed.priority, opts.priority_levels, opts.default_priority_level)
-    timeout, waits, delay = settings.deadline(opts.request_timeout, parsed.timeout, priority)
-    if type(inner) is PythonModelRunner:  # Triton's request, as its model.py sees it
-        return inner.submit(parsed.inputs, python_context(parsed), timeout), None
-    assert isinstance(inner, ModelRunner)
-    if parsed.sequence is not None:
-        raise not_a_sequence_model(parsed.sequence, entry.name)
-    pending = inner.execute_async(parsed.inputs, None, None, None, priority, waits, delay)
-    future = pending if isinstance(pending, asyncio.Future) else asyncio.ensure_future(pending)
-    if timeout is None:
-        return future, None
-    # The runner's own expiry (its error and words), one timer per request as its own.
-    return future, asyncio.get_running_loop().call_later(timeout, expire_request, future, timeout)
 
 
 class FastConnection(Protocol):
