@@ -30,6 +30,8 @@ from model_runtime.server.grpc.nghttp2 import ffi, lib
 
 __all__ = ["MAX_HEADER_LIST", "H2Protocol", "ProtocolLimits"]
 
+unpack = ffi.unpack
+
 log = structlog.get_logger(__name__)
 
 App = Callable[[dict[str, Any], Any, Any], Coroutine[Any, Any, None]]
@@ -38,6 +40,8 @@ MAX_HEADER_LIST = 64 << 10
 #: Each stream's receive window, and the connection's: what a client may send unread.
 STREAM_WINDOW = 1 << 20
 CONNECTION_WINDOW = 8 << 20
+#: Streams a client may reset at once, and a second after (more: its connection is ended).
+RESET_BURST, RESET_RATE = 100, 33
 #: A streaming answer's unsent bytes past this make its ``send`` wait for the client to read.
 HIGH_WATER = 1 << 20
 _DISCONNECT = {"type": "http.disconnect"}
@@ -246,8 +250,13 @@ class H2Protocol(asyncio.Protocol):
                 if stream.closed:
                     continue
                 path = stream.path
+                try:
+                    text = path.decode()
+                except UnicodeDecodeError:  # not a path any method has: its stream only ends
+                    self.reset(stream.id, ng.PROTOCOL_ERROR)
+                    continue
                 scope = {"type": "http", "client": client, "headers": stream.headers,
-                         "raw_path": path, "path": path.decode("latin-1")}  # fmt: skip
+                         "raw_path": path, "path": text}  # fmt: skip
                 task = stream.task = create(app(scope, stream.receive, stream.send))
                 task.add_done_callback(stream_done(stream))
         self.flush()
@@ -445,33 +454,36 @@ _conn: H2Protocol | None = None
 
 
 def _on_begin_headers(session: Any, frame: Any, user_data: Any) -> int:
+    global _hs
     conn = _conn
     assert conn is not None
     stream_id = frame.hd.stream_id
-    if stream_id not in conn.streams:
-        conn.streams[stream_id] = _Stream(conn, stream_id)
+    if stream_id in conn.streams:
+        _hs = None  # the request's trailers: not read
+    else:
+        _hs = conn.streams[stream_id] = _Stream(conn, stream_id)
     return 0
+
+
+#: The stream whose header block is being received (None: one not read).
+_hs: _Stream | None = None
 
 
 def _on_header(
     session: Any, frame: Any, name: Any, namelen: int, value: Any, valuelen: int, flags: int,
     user_data: Any,
 ) -> int:  # fmt: skip
-    conn = _conn
-    assert conn is not None
-    stream = conn.streams.get(frame.hd.stream_id)
+    stream = _hs
     if stream is None:
         return 0
     stream.header_bytes += namelen + valuelen + 32
     if stream.header_bytes > MAX_HEADER_LIST:
         return ng.ERR_TEMPORAL_CALLBACK_FAILURE  # this stream is reset, the others go on
-    if stream.task is not None:
-        return 0  # the request's trailers: not read
-    key = ffi.buffer(name, namelen)[:]
-    if key == b":path":
-        stream.path = ffi.buffer(value, valuelen)[:]
-    elif not key.startswith(b":"):
-        stream.headers.append((key, ffi.buffer(value, valuelen)[:]))
+    key = unpack(name, namelen)
+    if key[0] != 58:  # not a pseudo-header (":")
+        stream.headers.append((key, unpack(value, valuelen)))
+    elif key == b":path":
+        stream.path = unpack(value, valuelen)
     return 0
 
 
@@ -584,6 +596,10 @@ def _option() -> Any:
     lib.nghttp2_option_set_max_outbound_ack(option, 1000)  # PING/SETTINGS floods
     lib.nghttp2_option_set_max_settings(option, 32)
     lib.nghttp2_option_set_max_deflate_dynamic_table_size(option, 4096)
+    # Rapid reset: a connection whose client resets more than RESET_BURST streams, past
+    # RESET_RATE a second, is ended (GOAWAY ENHANCE_YOUR_CALM).
+    lib.nghttp2_option_set_stream_reset_rate_limit(option, RESET_BURST, RESET_RATE)
+    lib.nghttp2_option_set_max_continuations(option, 8)  # CONTINUATION floods
     return option
 
 

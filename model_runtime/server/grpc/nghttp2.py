@@ -63,8 +63,8 @@ typedef struct {
 typedef int (*nghttp2_on_begin_headers_callback)(
     nghttp2_session *session, const nghttp2_frame *frame, void *user_data);
 typedef int (*nghttp2_on_header_callback)(
-    nghttp2_session *session, const nghttp2_frame *frame, const uint8_t *name, size_t namelen,
-    const uint8_t *value, size_t valuelen, uint8_t flags, void *user_data);
+    nghttp2_session *session, const nghttp2_frame *frame, const char *name, size_t namelen,
+    const char *value, size_t valuelen, uint8_t flags, void *user_data);
 typedef int (*nghttp2_on_frame_recv_callback)(
     nghttp2_session *session, const nghttp2_frame *frame, void *user_data);
 typedef int (*nghttp2_on_data_chunk_recv_callback)(
@@ -92,6 +92,9 @@ void nghttp2_option_set_no_auto_window_update(nghttp2_option *option, int val);
 void nghttp2_option_set_max_outbound_ack(nghttp2_option *option, size_t val);
 void nghttp2_option_set_max_settings(nghttp2_option *option, size_t val);
 void nghttp2_option_set_max_deflate_dynamic_table_size(nghttp2_option *option, size_t val);
+void nghttp2_option_set_stream_reset_rate_limit(nghttp2_option *option, uint64_t burst,
+    uint64_t rate);
+void nghttp2_option_set_max_continuations(nghttp2_option *option, size_t val);
 
 int nghttp2_session_server_new2(nghttp2_session **session_ptr,
     const nghttp2_session_callbacks *callbacks, void *user_data, const nghttp2_option *option);
@@ -138,6 +141,7 @@ SETTINGS_MAX_CONCURRENT_STREAMS = 0x3
 SETTINGS_INITIAL_WINDOW_SIZE = 0x4
 SETTINGS_MAX_HEADER_LIST_SIZE = 0x6
 NO_ERROR = 0x0
+PROTOCOL_ERROR = 0x1
 INTERNAL_ERROR = 0x2
 CANCEL = 0x8
 ENHANCE_YOUR_CALM = 0xB
