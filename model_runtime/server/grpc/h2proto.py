@@ -26,11 +26,12 @@ from typing import Any, cast
 import structlog
 
 from model_runtime.server.grpc import nghttp2 as ng
+from model_runtime.server.grpc.native import STREAM_EXTENSION
 from model_runtime.server.grpc.nghttp2 import ffi, lib
 
 __all__ = ["MAX_HEADER_LIST", "H2Protocol", "ProtocolLimits"]
 
-unpack = ffi.unpack
+unpack = ffi._backend.unpack  # ffi.unpack without its Python wrapper (per header)
 
 log = structlog.get_logger(__name__)
 
@@ -81,10 +82,10 @@ def _nv_array(pairs: list[tuple[bytes, bytes]]) -> tuple[Any, int, list[Any]]:
 class _Stream:
     """One call: its request as received, its answer as sent."""
 
-    __slots__ = ("chunks", "closed", "conn", "drained", "end_told", "ended", "expect_trailers",
-                 "finished", "finished_at", "header_bytes", "headers", "id", "out", "out_len",
-                 "path", "start", "status", "submitted", "task", "trailers", "unconsumed",
-                 "waiter")  # fmt: skip
+    __slots__ = ("chunks", "closed", "conn", "drained", "end_told", "ended", "ended_call",
+                 "expect_trailers", "finished", "finished_at", "header_bytes", "headers", "id",
+                 "out", "out_len", "path", "start", "status", "submitted", "task", "trailers",
+                 "unconsumed", "waiter")  # fmt: skip
 
     def __init__(self, conn: H2Protocol, stream_id: int) -> None:
         self.conn = conn
@@ -105,6 +106,7 @@ class _Stream:
         self.finished_at = 0.0
         self.trailers: list[tuple[bytes, bytes]] | None = None
         self.drained: asyncio.Future[None] | None = None
+        self.ended_call: Callable[[], None] | None = None
 
     def wake(self) -> None:
         waiter = self.waiter
@@ -157,6 +159,26 @@ class _Stream:
             self.expect_trailers = bool(event.get("trailers"))
         elif kind == "http.response.trailers":
             self._finish(event["headers"])
+
+    def answer(
+        self, headers: list[tuple[bytes, bytes]], body: bytes, trailers: list[tuple[bytes, bytes]]
+    ) -> bool:
+        """Send a whole answer (200, ``headers``, ``body``, ``trailers``); False: the stream
+        is closed (:class:`~.native.StreamExtension`)."""
+        if self.closed or self.conn.session is None:
+            return False
+        self.start = headers
+        self.out.append(body)
+        self.out_len += len(body)
+        self._finish(trailers)
+        return True
+
+    def on_end(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the stream has ended (at once if it has)."""
+        if self.closed:
+            callback()
+        else:
+            self.ended_call = callback
 
     def _finish(self, trailers: list[tuple[bytes, bytes]] | None) -> None:
         if self.finished:
@@ -256,7 +278,8 @@ class H2Protocol(asyncio.Protocol):
                     self.reset(stream.id, ng.PROTOCOL_ERROR)
                     continue
                 scope = {"type": "http", "client": client, "headers": stream.headers,
-                         "raw_path": path, "path": text}  # fmt: skip
+                         "raw_path": path, "path": text,
+                         "extensions": {STREAM_EXTENSION: stream}}  # fmt: skip
                 task = stream.task = create(app(scope, stream.receive, stream.send))
                 task.add_done_callback(stream_done(stream))
         self.flush()
@@ -405,6 +428,10 @@ class H2Protocol(asyncio.Protocol):
         drained = stream.drained
         if drained is not None and not drained.done():
             drained.set_result(None)
+        ended_call = stream.ended_call
+        if ended_call is not None:
+            stream.ended_call = None
+            ended_call()
         task = stream.task
         if task is not None and not stream.finished and not task.done():
             task.cancel()  # the client reset the stream or left: the call is cancelled
