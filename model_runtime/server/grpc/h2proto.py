@@ -19,13 +19,11 @@ capped), CONTINUATION floods.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any, cast
 
-import structlog
-
 from model_runtime.server.grpc import nghttp2 as ng
+from model_runtime.server.grpc.h2stream import HIGH_WATER, H2Stream, headers_nv, trailers_nv
 from model_runtime.server.grpc.native import STREAM_EXTENSION
 from model_runtime.server.grpc.nghttp2 import ffi, lib
 
@@ -33,7 +31,6 @@ __all__ = ["MAX_HEADER_LIST", "H2Protocol", "ProtocolLimits"]
 
 unpack = ffi._backend.unpack  # ffi.unpack without its Python wrapper (per header)
 
-log = structlog.get_logger(__name__)
 
 App = Callable[[dict[str, Any], Any, Any], Coroutine[Any, Any, None]]
 #: A stream's header block (names and values) past this many bytes resets the stream.
@@ -43,9 +40,6 @@ STREAM_WINDOW = 1 << 20
 CONNECTION_WINDOW = 8 << 20
 #: Streams a client may reset at once, and a second after (more: its connection is ended).
 RESET_BURST, RESET_RATE = 100, 33
-#: A streaming answer's unsent bytes past this make its ``send`` wait for the client to read.
-HIGH_WATER = 1 << 20
-_DISCONNECT = {"type": "http.disconnect"}
 
 
 class ProtocolLimits:
@@ -66,159 +60,20 @@ class ProtocolLimits:
         self.connections: set[H2Protocol] = set()
 
 
-def _nv_array(pairs: list[tuple[bytes, bytes]]) -> tuple[Any, int, list[Any]]:
-    """An ``nghttp2_nv`` array of ``pairs``, its length, and the buffers it points into (keep
-    them alive while it is used)."""
-    arr = ffi.new("nghttp2_nv[]", len(pairs))
-    keep = [arr]
-    for i, (name, value) in enumerate(pairs):
-        n, v = ffi.new("uint8_t[]", name), ffi.new("uint8_t[]", value)
-        keep += (n, v)
-        nv = arr[i]
-        nv.name, nv.namelen, nv.value, nv.valuelen = n, len(name), v, len(value)
-    return arr, len(pairs), keep
-
-
-class _Stream:
-    """One call: its request as received, its answer as sent."""
-
-    __slots__ = ("chunks", "closed", "conn", "drained", "end_told", "ended", "ended_call",
-                 "expect_trailers", "finished", "finished_at", "header_bytes", "headers", "id",
-                 "out", "out_len", "path", "start", "status", "submitted", "task", "trailers",
-                 "unconsumed", "waiter")  # fmt: skip
-
-    def __init__(self, conn: H2Protocol, stream_id: int) -> None:
-        self.conn = conn
-        self.id = stream_id
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.header_bytes = 0
-        self.path = b""
-        self.chunks: deque[bytes] = deque()
-        self.unconsumed = 0
-        self.ended = self.end_told = self.closed = False
-        self.waiter: asyncio.Future[None] | None = None
-        self.task: asyncio.Task[None] | None = None
-        self.status = 200
-        self.start: list[tuple[bytes, bytes]] | None = None
-        self.out: deque[bytes] = deque()
-        self.out_len = 0
-        self.submitted = self.finished = self.expect_trailers = False
-        self.finished_at = 0.0
-        self.trailers: list[tuple[bytes, bytes]] | None = None
-        self.drained: asyncio.Future[None] | None = None
-        self.ended_call: Callable[[], None] | None = None
-
-    def wake(self) -> None:
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def receive(self) -> dict[str, Any]:
-        """The next chunk of the request body (ASGI ``http.request``), or ``http.disconnect``
-        once the stream ended."""
-        while True:
-            chunks = self.chunks
-            if chunks:
-                chunk = chunks.popleft()
-                self.conn.consume(self, len(chunk))
-                more = bool(chunks) or not self.ended
-                self.end_told = not more
-                return {"type": "http.request", "body": chunk, "more_body": more}
-            if self.closed:
-                return _DISCONNECT
-            if self.ended and not self.end_told:
-                self.end_told = True
-                return {"type": "http.request", "body": b"", "more_body": False}
-            self.waiter = self.conn.loop.create_future()
-            await self.waiter
-
-    async def send(self, event: dict[str, Any]) -> None:
-        """Send an ASGI response event on the stream.
-
-        Raises:
-            ConnectionError: the stream or its connection is closed.
-        """
-        conn = self.conn
-        if self.closed or conn.session is None:
-            raise ConnectionError("the stream is closed")
-        kind = event["type"]
-        if kind == "http.response.body":
-            body = event.get("body", b"")
-            if body:
-                self.out.append(body)
-                self.out_len += len(body)
-            if not event.get("more_body", False) and not self.expect_trailers:
-                self._finish(None)
-            elif body:
-                conn.submit(self)
-            if self.out_len > HIGH_WATER:
-                await self._drain()
-        elif kind == "http.response.start":
-            self.status = event["status"]
-            self.start = event["headers"]
-            self.expect_trailers = bool(event.get("trailers"))
-        elif kind == "http.response.trailers":
-            self._finish(event["headers"])
-
-    def answer(
-        self, headers: list[tuple[bytes, bytes]], body: bytes, trailers: list[tuple[bytes, bytes]]
-    ) -> bool:
-        """Send a whole answer (200, ``headers``, ``body``, ``trailers``); False: the stream
-        is closed (:class:`~.native.StreamExtension`)."""
-        if self.closed or self.conn.session is None:
-            return False
-        self.start = headers
-        self.out.append(body)
-        self.out_len += len(body)
-        self._finish(trailers)
-        return True
-
-    def on_end(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` once the stream has ended (at once if it has)."""
-        if self.closed:
-            callback()
-        else:
-            self.ended_call = callback
-
-    def _finish(self, trailers: list[tuple[bytes, bytes]] | None) -> None:
-        if self.finished:
-            return
-        self.finished = True
-        self.trailers = trailers
-        self.finished_at = self.conn.loop.time()
-        self.conn.submit(self)
-
-    async def _drain(self) -> None:
-        """Wait until the client read enough of this stream's answer.
-
-        Raises:
-            ConnectionError: it did not within the write timeout (the stream is reset).
-        """
-        conn = self.conn
-        self.drained = conn.loop.create_future()
-        try:
-            async with asyncio.timeout(conn.limits.write_timeout):
-                await self.drained
-        except TimeoutError:
-            conn.reset(self.id, ng.CANCEL)
-            raise ConnectionError("the client did not read the answer in time") from None
-        if self.closed:
-            raise ConnectionError("the stream is closed")
-
-
 class H2Protocol(asyncio.Protocol):
     """One client connection (see the module docstring)."""
 
     def __init__(self, limits: ProtocolLimits) -> None:
         self.limits = limits
+        self.write_timeout = limits.write_timeout
         self.loop = asyncio.get_running_loop()
         self.session: Any = None
-        self.streams: dict[int, _Stream] = {}
+        self.streams: dict[int, H2Stream] = {}
         self.transport: asyncio.Transport | None = None
         self.peer: tuple[str, int] | None = None
-        self._ready: list[_Stream] = []
+        self._ready: list[H2Stream] = []
         #: Streams whose answer is ended while their client is still sending.
-        self._stop_sending: list[_Stream] = []
+        self._stop_sending: list[H2Stream] = []
         self._flushing = False
         self._paused = False
         self._last = self.loop.time()
@@ -281,7 +136,7 @@ class H2Protocol(asyncio.Protocol):
                          "raw_path": path, "path": text,
                          "extensions": {STREAM_EXTENSION: stream}}  # fmt: skip
                 task = stream.task = create(app(scope, stream.receive, stream.send))
-                task.add_done_callback(stream_done(stream))
+                task.add_done_callback(stream.task_done)
         self.flush()
 
     def eof_received(self) -> bool | None:
@@ -307,14 +162,14 @@ class H2Protocol(asyncio.Protocol):
 
     # -- what the streams call --
 
-    def consume(self, stream: _Stream, size: int) -> None:
+    def consume(self, stream: H2Stream, size: int) -> None:
         """The app took ``size`` bytes of ``stream``'s body: give their window back."""
         stream.unconsumed -= size
         if self.session is not None and not stream.closed:
             lib.nghttp2_session_consume(self.session, stream.id, size)
             self.want_flush()
 
-    def submit(self, stream: _Stream) -> None:
+    def submit(self, stream: H2Stream) -> None:
         """``stream`` has more of its answer to send."""
         session = self.session
         if session is None or stream.closed:
@@ -328,17 +183,17 @@ class H2Protocol(asyncio.Protocol):
                 and stream.trailers is not None
                 and any(k == b"grpc-status" for k, _ in start)
             ):  # gRPC's trailers-only answer: one HEADERS that ends the stream
-                nva, count, _keep = _headers(stream.status, start)
+                nva, count, _keep = headers_nv(stream.status, start)
                 lib.nghttp2_submit_response(session, stream.id, nva, count, ffi.NULL)
                 self._after_end(stream)
             else:
-                nva, count, _keep = _headers(stream.status, start)
+                nva, count, _keep = headers_nv(stream.status, start)
                 lib.nghttp2_submit_response(session, stream.id, nva, count, _PROVIDER)
         else:
             lib.nghttp2_session_resume_data(session, stream.id)
         self.want_flush()
 
-    def _after_end(self, stream: _Stream) -> None:
+    def _after_end(self, stream: H2Stream) -> None:
         """Our side of ``stream`` is ended; a client still sending is told to stop once the
         end is written (a reset submitted earlier would drop the answer)."""
         if not stream.ended:
@@ -418,7 +273,7 @@ class H2Protocol(asyncio.Protocol):
 
     # -- nghttp2's callbacks (through the module's functions below) --
 
-    def _on_close(self, stream: _Stream) -> None:
+    def _on_close(self, stream: H2Stream) -> None:
         stream.closed = True
         if stream.unconsumed and self.session is not None:
             lib.nghttp2_session_consume_connection(self.session, stream.unconsumed)
@@ -438,43 +293,6 @@ class H2Protocol(asyncio.Protocol):
         self._last = self.loop.time()
 
 
-def stream_done(stream: _Stream) -> Callable[[asyncio.Task[None]], None]:
-    def done(task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.error("grpc_stream_failed", exc_info=task.exception())
-        if not stream.closed and not stream.finished:
-            stream.conn.reset(stream.id, ng.INTERNAL_ERROR)
-
-    return done
-
-
-def _headers(status: int, pairs: list[tuple[bytes, bytes]]) -> tuple[Any, int, list[Any]]:
-    if status == 200:
-        cached = _CACHE.get((id(pairs), True))
-        if cached is not None and cached[0] is pairs:
-            return cached[1]
-    return _nv_array([(b":status", str(status).encode()), *pairs])
-
-
-def _trailer_nv(pairs: list[tuple[bytes, bytes]]) -> tuple[Any, int, list[Any]]:
-    cached = _CACHE.get((id(pairs), False))
-    if cached is not None and cached[0] is pairs:
-        return cached[1]
-    return _nv_array(pairs)
-
-
-#: nv arrays of header lists that live as long as the process (the hot path's constants):
-#: by the list's id, with the list (an id is only reused once its list is gone).
-_CACHE: dict[tuple[int, bool], tuple[list[tuple[bytes, bytes]], tuple[Any, int, list[Any]]]] = {}
-
-
-def cache_headers(pairs: list[tuple[bytes, bytes]], *, status: bool) -> None:
-    """Build the nv array of ``pairs`` (response headers after ``:status 200`` if ``status``,
-    else trailers) once: ``pairs`` must live as long as the process, unchanged."""
-    listed = [(b":status", b"200"), *pairs] if status else pairs
-    _CACHE[id(pairs), status] = (pairs, _nv_array(listed))
-
-
 # The connection whose session nghttp2 is calling back into (set before each mem_recv/send:
 # the event loop runs one at a time).
 _conn: H2Protocol | None = None
@@ -488,12 +306,12 @@ def _on_begin_headers(session: Any, frame: Any, user_data: Any) -> int:
     if stream_id in conn.streams:
         _hs = None  # the request's trailers: not read
     else:
-        _hs = conn.streams[stream_id] = _Stream(conn, stream_id)
+        _hs = conn.streams[stream_id] = H2Stream(conn, stream_id)
     return 0
 
 
 #: The stream whose header block is being received (None: one not read).
-_hs: _Stream | None = None
+_hs: H2Stream | None = None
 
 
 def _on_header(
@@ -523,7 +341,7 @@ def _on_frame_recv(session: Any, frame: Any, user_data: Any) -> int:
         stream = conn.streams.get(hd.stream_id)
         if stream is None:
             return 0
-        if kind == ng.HEADERS and stream.task is None and stream not in conn._ready:
+        if kind == ng.HEADERS and stream is _hs:  # a request's headers (not its trailers)
             conn._ready.append(stream)
         if hd.flags & ng.FLAG_END_STREAM:
             stream.ended = True
@@ -586,7 +404,7 @@ def _read_answer(
             data_flags[0] = ng.DATA_FLAG_EOF
         else:
             data_flags[0] = ng.DATA_FLAG_EOF | ng.DATA_FLAG_NO_END_STREAM
-            nva, count, _keep = _trailer_nv(trailers)
+            nva, count, _keep = trailers_nv(trailers)
             lib.nghttp2_submit_trailer(session, stream_id, nva, count)
         conn._after_end(stream)
     elif sent == 0:

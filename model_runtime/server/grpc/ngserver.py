@@ -15,8 +15,9 @@ from typing import Any
 
 from model_runtime.server.grpc import native
 from model_runtime.server.grpc.budget import CallBudget
-from model_runtime.server.grpc.h2proto import H2Protocol, ProtocolLimits, cache_headers
+from model_runtime.server.grpc.h2proto import H2Protocol, ProtocolLimits
 from model_runtime.server.grpc.h2server import _listening_socket
+from model_runtime.server.grpc.h2stream import cache_headers
 from model_runtime.server.grpc.native import GrpcApp
 from model_runtime.server.grpc.shares import Shares
 from model_runtime.server.security.restrict import RestrictionCounter, Restrictions
