@@ -4,8 +4,9 @@
 ``nghttp2_session_mem_recv`` whole; the calls whose headers it completed are then started, each
 as a task of the ASGI app (:class:`~.native.GrpcApp`, the contract h2corn gives it: ``receive``
 yields the request body's chunks then ``http.disconnect`` once the stream ends; ``send`` takes
-``http.response.start``/``body``/``trailers``). What the calls and the session have to send is
-written once per loop turn (``nghttp2_session_mem_send`` drained into one ``transport.write``).
+``http.response.start``/``body``/``trailers``). A unary answer is written as soon as it is
+made (``nghttp2_session_mem_send`` drained into one ``transport.write``); the rest the calls and
+the session have to send, once per loop turn.
 
 Promises: flow control follows the app's reads (a chunk's window is given back when the app
 takes it, so a message the app refuses is never buffered past one window); a stream the client

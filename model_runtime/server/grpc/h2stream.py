@@ -40,6 +40,9 @@ class StreamOwner(Protocol):
     def reset(self, stream_id: int, code: int) -> None:
         """Reset a stream."""
 
+    def flush(self) -> None:
+        """Write what the session has to send."""
+
 
 def _nv_array(pairs: list[tuple[bytes, bytes]]) -> tuple[Any, int, list[Any]]:
     """An ``nghttp2_nv`` array of ``pairs``, its length, and the buffers it points into (keep
@@ -145,14 +148,15 @@ class H2Stream:
     def answer(
         self, headers: list[tuple[bytes, bytes]], body: bytes, trailers: list[tuple[bytes, bytes]]
     ) -> bool:
-        """Send a whole answer (200, ``headers``, ``body``, ``trailers``); False: the stream
-        is closed (:class:`~.native.StreamExtension`)."""
+        """Send a whole answer (200, ``headers``, ``body``, ``trailers``), written at once;
+        False: the stream is closed (:class:`~.native.StreamExtension`)."""
         if self.closed or self.conn.session is None:
             return False
         self.start = headers
         self.out.append(body)
         self.out_len += len(body)
         self._finish(trailers)
+        self.conn.flush()  # written now, not after the loop's other ready callbacks
         return True
 
     def on_end(self, callback: Callable[[], None]) -> None:
