@@ -7,7 +7,9 @@ rounds, order alternated), so that a busy host costs each alike:
 * ``app``: :class:`~model_runtime.server.grpc.native.GrpcApp` on h2corn with handlers that
   decode the request and answer a canned message (our framing and protobuf, no data plane);
 * ``base``: gRPC of a daemon of another checkout (``--base DIR``: its code first on the path);
-* ``asgi``: the floor, an ASGI app on h2corn that reads the body and sends canned bytes.
+* ``nghttp2``: gRPC of a second daemon of this checkout on ``--grpc-transport nghttp2``;
+* ``asgi``: the floor, an ASGI app on h2corn that reads the body and sends canned bytes;
+* ``ngapp``: ``app`` on the nghttp2 transport (:mod:`~model_runtime.server.grpc.h2proto`).
 
 CPU per call: the server process's user + system time over the calls it served in the run
 (the daemon's model statistics; the others count their calls in shared memory).
@@ -19,6 +21,7 @@ CPU per call: the server process's user + system time over the calls it served i
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import multiprocessing as mp
 import os
@@ -42,7 +45,7 @@ from model_runtime.demo import DEMO_ONNX_PATH  # noqa: E402
 from tests import perf_analyzer  # noqa: E402
 
 MODEL = "digits"
-MODES = ("http", "grpc", "app", "asgi", "base")
+MODES = ("http", "grpc", "app", "asgi", "base", "nghttp2", "ngapp")
 SERVICE = "/inference.GRPCInferenceService/"
 
 
@@ -52,7 +55,9 @@ def cpu_seconds(pid: int) -> float:
 
 
 @contextmanager
-def daemon(workdir: Path, devices: str, base: str | None = None) -> Iterator[tuple[int, str, str]]:
+def daemon(
+    workdir: Path, devices: str, base: str | None = None, *args: str
+) -> Iterator[tuple[int, str, str]]:
     http_port, grpc_port = servers.free_port(), servers.free_port()
     workdir.mkdir(parents=True, exist_ok=True)
     shutil.copy(DEMO_ONNX_PATH, workdir / f"{MODEL}.onnx")
@@ -60,7 +65,7 @@ def daemon(workdir: Path, devices: str, base: str | None = None) -> Iterator[tup
         sys.executable, "-m", "model_runtime.server", "--port", str(http_port),
         "--grpc-port", str(grpc_port), "--metrics-port", "0", "--no-access-log",
         "--log-format", "json", "--executable-cache", str(workdir / "cache"),
-        f"{MODEL}={workdir / f'{MODEL}.onnx'}",
+        f"{MODEL}={workdir / f'{MODEL}.onnx'}", *args,
     ]  # fmt: skip
     env = {"MODEL_RUNTIME_DEVICES": devices, "MODEL_RUNTIME_DIR": str(workdir / "run"),
            "PYTHONUNBUFFERED": "1"}  # fmt: skip
@@ -168,6 +173,17 @@ def _serve(mode: str, port: int, answers: dict[str, bytes], calls: Any) -> None:
         app = GrpcApp({n: handler(n) for n in answers}, max_message_size=64 << 20)
 
     async def main() -> None:
+        if mode == "ngapp":
+            from model_runtime.server.grpc import ngserver  # noqa: F401  (its header tables)
+            from model_runtime.server.grpc.h2proto import H2Protocol, ProtocolLimits
+
+            limits = ProtocolLimits(
+                app, max_streams=256, idle_timeout=75.0, write_timeout=10.0,
+                max_connections=1024,
+            )  # fmt: skip
+            loop = asyncio.get_running_loop()
+            server = await loop.create_server(lambda: H2Protocol(limits), "127.0.0.1", port)
+            await server.serve_forever()
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", port))
@@ -266,8 +282,17 @@ def main() -> int:
                 return served(bhttp)
 
             targets["base"] = (bpid, bgrpc, "grpc", base_successes)
+        if "nghttp2" in args.modes:
+            npid, nhttp, ngrpc = stack.enter_context(
+                daemon(Path(tmp) / "n", args.devices, None, "--grpc-transport", "nghttp2")
+            )
+
+            def ng_successes(nhttp: str = nhttp) -> tuple[int, int]:
+                return served(nhttp)
+
+            targets["nghttp2"] = (npid, ngrpc, "grpc", ng_successes)
         answers = canned(grpc_url)
-        for mode in ("app", "asgi"):
+        for mode in ("app", "asgi", "ngapp"):
             if mode in args.modes:
                 epid, url, calls = stack.enter_context(empty_server(mode, answers))
                 targets[mode] = (epid, url, "grpc", lambda calls=calls: (calls.value, calls.value))

@@ -6,6 +6,7 @@ issue 41's bounds, and after it as before. Short here; full size with --long."""
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 import threading
@@ -42,7 +43,9 @@ SHORT, LONG = 1.0, 10.0
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    d = start_daemon(tmp_path_factory.mktemp("native_floods"), "--grpc-transport", "native")
+    # A native transport: h2corn, or nghttp2 where the environment chooses it.
+    native = "nghttp2" if os.environ.get("MODEL_RUNTIME_GRPC_TRANSPORT") == "nghttp2" else "native"
+    d = start_daemon(tmp_path_factory.mktemp("native_floods"), "--grpc-transport", native)
     yield d
     stop_daemon(d)
 

@@ -74,7 +74,8 @@ class DaemonOptions:
     port: int = 8000
     #: The gRPC listener's port (on ``host``, like HTTP); 0 picks a free one.
     grpc_port: int = 8001
-    #: The gRPC transport: ``native`` (h2corn) or ``aio`` (grpcio's asyncio server); the
+    #: The gRPC transport: ``native`` (h2corn), ``nghttp2`` (libnghttp2 on the event loop) or
+    #: ``aio`` (grpcio's asyncio server); the
     #: environment's ``MODEL_RUNTIME_GRPC_TRANSPORT`` is the default the command line overrides.
     grpc_transport: str = field(
         default_factory=lambda: os.environ.get("MODEL_RUNTIME_GRPC_TRANSPORT") or "native"
@@ -155,8 +156,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
       help="HTTP port to bind (default 8000; 0 picks a free one)")  # fmt: skip
     a("--grpc-port", type=int,
       help="gRPC port (Triton's GRPCInferenceService) on --host (8001; 0: a free one)")  # fmt: skip
-    a("--grpc-transport", choices=("native", "aio"),
-      help="gRPC's HTTP/2 transport: native (h2corn) or aio (grpcio's asyncio server); "
+    a("--grpc-transport", choices=("native", "nghttp2", "aio"),
+      help="gRPC's HTTP/2 transport: native (h2corn), nghttp2 (libnghttp2 on the event loop) "
+      "or aio (grpcio's asyncio server); "
       "default native, or $MODEL_RUNTIME_GRPC_TRANSPORT")  # fmt: skip
     a("--replicas", type=int, help="replicas per model (default 1)")
     a("--batch-size", type=int, help="batch size .onnx models are compiled for (default 8)")
@@ -404,9 +406,9 @@ def options_from_args(args: argparse.Namespace) -> DaemonOptions:
         raise ConfigurationError(f"batch size must be >= 1, got {opts.batch_size}")
     if opts.max_body_size < 1:
         raise ConfigurationError(f"max body size must be >= 1, got {opts.max_body_size}")
-    if opts.grpc_transport not in ("native", "aio"):
+    if opts.grpc_transport not in ("native", "nghttp2", "aio"):
         raise ConfigurationError(
-            f"gRPC transport must be native or aio, got {opts.grpc_transport!r}"
+            f"gRPC transport must be native, nghttp2 or aio, got {opts.grpc_transport!r}"
         )
     return opts
 

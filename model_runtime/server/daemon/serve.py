@@ -380,11 +380,12 @@ def _grpc_starter(
     budget: CallBudget,
 ) -> Callable[[int], Awaitable[tuple[Any, int]]]:
     """How the gRPC listener starts on a port: on the transport ``opts.grpc_transport`` names
-    (``native``: h2corn, ``aio``: grpcio's asyncio server)."""
-    if opts.grpc_transport == "native":
+    (``native``: h2corn, ``nghttp2``: libnghttp2, ``aio``: grpcio's asyncio server)."""
+    if opts.grpc_transport in ("native", "nghttp2"):
         return lambda port: start_native_grpc_server(
             plane, opts.host, port, limits, restrictions=restrictions, tls=tls,
             reuse_port=opts.reuse_port, budget=budget, backlog=opts.backlog,
+            transport=opts.grpc_transport,
         )  # fmt: skip
     credentials = None if tls is None else grpc_credentials(tls)
     return lambda port: start_grpc_server(

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 import grpc
 import structlog
@@ -49,7 +49,7 @@ from model_runtime.server.security.restrict import (
 )
 from model_runtime.server.triton import grpc_service_pb2 as pb
 
-__all__ = ["SERVICE_PATH", "GrpcApp", "NativeContext"]
+__all__ = ["SERVICE_PATH", "STREAM_EXTENSION", "GrpcApp", "NativeContext", "StreamExtension"]
 
 log = structlog.get_logger(__name__)
 
@@ -136,6 +136,25 @@ class NativeContext:
 
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+#: The scope's ``extensions`` key of a transport's :class:`StreamExtension`.
+STREAM_EXTENSION = "model_runtime.grpc_stream"
+
+
+class StreamExtension(Protocol):
+    """What a transport may offer a call besides ASGI's events (:mod:`.h2proto` does): a
+    unary answer in one step, and word of the stream's end without waiting for it."""
+
+    def answer(
+        self, headers: list[tuple[bytes, bytes]], body: bytes, trailers: list[tuple[bytes, bytes]]
+    ) -> bool:
+        """Send the whole answer; False: the stream is closed."""
+
+    def on_end(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the stream has ended (at once if it has), within the write
+        timeout of its answer."""
+
+
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 
 
@@ -173,7 +192,8 @@ class GrpcApp:
         if scope["type"] != "http":
             return
         self.calls += 1
-        state = _Answer(send)
+        extensions = scope.get("extensions")
+        state = _Answer(send, extensions.get(STREAM_EXTENSION) if extensions else None)
         shares = self._shares
         if shares is None:
             await self._serve(scope, receive, state, None)
@@ -190,7 +210,8 @@ class GrpcApp:
         try:
             refused = await self._serve(scope, receive, state, conn)
         finally:
-            shares.end(conn, refused=refused)
+            if not state.handed:
+                shares.end(conn, refused=refused)
 
     async def _serve(
         self, scope: dict[str, Any], receive: Receive, state: _Answer, conn: Connection | None
@@ -225,11 +246,22 @@ class GrpcApp:
             self._shares.answered(conn)  # counted open and unsent until written
             loop = asyncio.get_running_loop()
             answered = loop.time()
+            if state.stream is not None:  # the transport says when the stream ends
+                state.handed = True
+                state.stream.on_end(
+                    functools.partial(self._ended, self._shares, conn, loop, answered, refused)
+                )
+                return refused
             try:
                 await _stream_end(receive, self._shares)
             finally:
                 self._shares.written(conn, loop.time() - answered)
         return refused
+
+    @staticmethod
+    def _ended(shares: Shares, conn: Connection, loop: Any, answered: float, refused: bool) -> None:
+        shares.written(conn, loop.time() - answered)
+        shares.end(conn, refused=refused)
 
     async def _call(
         self, scope: dict[str, Any], receive: Receive, state: _Answer, conn: Connection | None
@@ -330,6 +362,10 @@ class GrpcApp:
         body = frame(answer if serialize is None else serialize(answer))
         send = state.raw_send
         state.started = True
+        if state.stream is not None:
+            if not state.stream.answer(_START_HEADERS, body, _OK):
+                raise CallEnded()
+            return
         try:  # three sends, one frame of the wrappers (this is the hot path)
             await send(_START)
             await send({"type": "http.response.body", "body": body})
@@ -375,10 +411,13 @@ class GrpcApp:
 class _Answer:
     """One call's side of the stream: what was sent, and its end with a status."""
 
-    __slots__ = ("context", "raw_send", "reader", "started")
+    __slots__ = ("context", "handed", "raw_send", "reader", "started", "stream")
 
-    def __init__(self, send: Send) -> None:
+    def __init__(self, send: Send, stream: StreamExtension | None = None) -> None:
         self.raw_send = send
+        self.stream = stream
+        #: The stream's end is the transport's to report (``stream.on_end``).
+        self.handed = False
         self.started = False
         self.reader: MessageReader | None = None
         self.context: NativeContext | None = None

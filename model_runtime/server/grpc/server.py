@@ -20,6 +20,7 @@ import grpc
 from model_runtime.server.grpc.budget import CallBudget, quiet_unwritten_answers
 from model_runtime.server.grpc.guard import install_method_guard
 from model_runtime.server.grpc.h2server import H2Listener, start_h2_listener
+from model_runtime.server.grpc.ngserver import NgListener, start_nghttp2_listener
 from model_runtime.server.grpc.service import InferenceServicer, UnsupportedMethods
 from model_runtime.server.inference.plane import DataPlane
 from model_runtime.server.security.fdlimit import FD_RESERVE
@@ -38,8 +39,9 @@ __all__ = [
     "start_native_grpc_server",
 ]
 
-#: The gRPC transports: ``native`` (h2corn, :mod:`.h2server`) and ``aio`` (grpcio's asyncio).
-TRANSPORTS = ("native", "aio")
+#: The gRPC transports: ``native`` (h2corn, :mod:`.h2server`), ``nghttp2`` (libnghttp2 on the
+#: event loop, :mod:`.ngserver`) and ``aio`` (grpcio's asyncio).
+TRANSPORTS = ("native", "nghttp2", "aio")
 
 
 #: The methods registered with grpc.aio (see :func:`start_grpc_server`): the per-request one.
@@ -168,10 +170,11 @@ async def start_native_grpc_server(
     reuse_port: bool = False,
     budget: CallBudget | None = None,
     backlog: int = 2048,
-) -> tuple[H2Listener, int]:
-    """:func:`start_grpc_server`'s service, limits and budget on the native transport
-    (:mod:`.h2server`): every method on one port. ``tls``: the listener's TLS files (None:
-    plaintext).
+    transport: str = "native",
+) -> tuple[H2Listener | NgListener, int]:
+    """:func:`start_grpc_server`'s service, limits and budget on a native transport
+    (``transport``: ``native``, h2corn, :mod:`.h2server`; ``nghttp2``, :mod:`.ngserver`):
+    every method on one port. ``tls``: the listener's TLS files (None: plaintext).
 
     Raises:
         OSError: the address cannot be bound.
@@ -185,7 +188,8 @@ async def start_native_grpc_server(
     handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
         budget.wrap(servicer.model_infer_wire, len)
     )
-    listener, bound = await start_h2_listener(
+    start = start_nghttp2_listener if transport == "nghttp2" else start_h2_listener
+    listener, bound = await start(
         handlers,
         host,
         port,

@@ -1,0 +1,148 @@
+"""The system's libnghttp2 (HTTP/2 framing, HPACK, flow control, flood limits), through cffi.
+
+ABI mode: the declarations below are the part of ``nghttp2/nghttp2.h`` (1.52) the gRPC
+transport (:mod:`.h2proto`) calls; the library is opened at import (Debian's
+``libnghttp2-14``, which carries the rapid-reset and CONTINUATION-flood fixes). No compiler
+step: only the shared library must be installed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cffi  # type: ignore[import-untyped]
+
+__all__ = ["DATA_FLAG_EOF", "DATA_FLAG_NO_END_STREAM", "ERR_DEFERRED", "ffi", "lib"]
+
+ffi: Any = cffi.FFI()
+ffi.cdef(
+    """
+typedef struct nghttp2_session nghttp2_session;
+typedef struct nghttp2_session_callbacks nghttp2_session_callbacks;
+typedef struct nghttp2_option nghttp2_option;
+
+typedef struct {
+  uint8_t *name;
+  uint8_t *value;
+  size_t namelen;
+  size_t valuelen;
+  uint8_t flags;
+} nghttp2_nv;
+
+typedef struct {
+  size_t length;
+  int32_t stream_id;
+  uint8_t type;
+  uint8_t flags;
+  uint8_t reserved;
+} nghttp2_frame_hd;
+
+typedef union {
+  nghttp2_frame_hd hd;
+} nghttp2_frame;
+
+typedef struct {
+  int32_t settings_id;
+  uint32_t value;
+} nghttp2_settings_entry;
+
+typedef union {
+  int fd;
+  void *ptr;
+} nghttp2_data_source;
+
+typedef ssize_t (*nghttp2_data_source_read_callback)(
+    nghttp2_session *session, int32_t stream_id, uint8_t *buf, size_t length,
+    uint32_t *data_flags, nghttp2_data_source *source, void *user_data);
+
+typedef struct {
+  nghttp2_data_source source;
+  nghttp2_data_source_read_callback read_callback;
+} nghttp2_data_provider;
+
+typedef int (*nghttp2_on_begin_headers_callback)(
+    nghttp2_session *session, const nghttp2_frame *frame, void *user_data);
+typedef int (*nghttp2_on_header_callback)(
+    nghttp2_session *session, const nghttp2_frame *frame, const char *name, size_t namelen,
+    const char *value, size_t valuelen, uint8_t flags, void *user_data);
+typedef int (*nghttp2_on_frame_recv_callback)(
+    nghttp2_session *session, const nghttp2_frame *frame, void *user_data);
+typedef int (*nghttp2_on_data_chunk_recv_callback)(
+    nghttp2_session *session, uint8_t flags, int32_t stream_id, const uint8_t *data,
+    size_t len, void *user_data);
+typedef int (*nghttp2_on_stream_close_callback)(
+    nghttp2_session *session, int32_t stream_id, uint32_t error_code, void *user_data);
+
+int nghttp2_session_callbacks_new(nghttp2_session_callbacks **callbacks_ptr);
+void nghttp2_session_callbacks_del(nghttp2_session_callbacks *callbacks);
+void nghttp2_session_callbacks_set_on_begin_headers_callback(
+    nghttp2_session_callbacks *cbs, nghttp2_on_begin_headers_callback cb);
+void nghttp2_session_callbacks_set_on_header_callback(
+    nghttp2_session_callbacks *cbs, nghttp2_on_header_callback cb);
+void nghttp2_session_callbacks_set_on_frame_recv_callback(
+    nghttp2_session_callbacks *cbs, nghttp2_on_frame_recv_callback cb);
+void nghttp2_session_callbacks_set_on_data_chunk_recv_callback(
+    nghttp2_session_callbacks *cbs, nghttp2_on_data_chunk_recv_callback cb);
+void nghttp2_session_callbacks_set_on_stream_close_callback(
+    nghttp2_session_callbacks *cbs, nghttp2_on_stream_close_callback cb);
+
+int nghttp2_option_new(nghttp2_option **option_ptr);
+void nghttp2_option_del(nghttp2_option *option);
+void nghttp2_option_set_no_auto_window_update(nghttp2_option *option, int val);
+void nghttp2_option_set_max_outbound_ack(nghttp2_option *option, size_t val);
+void nghttp2_option_set_max_settings(nghttp2_option *option, size_t val);
+void nghttp2_option_set_max_deflate_dynamic_table_size(nghttp2_option *option, size_t val);
+void nghttp2_option_set_stream_reset_rate_limit(nghttp2_option *option, uint64_t burst,
+    uint64_t rate);
+void nghttp2_option_set_max_continuations(nghttp2_option *option, size_t val);
+
+int nghttp2_session_server_new2(nghttp2_session **session_ptr,
+    const nghttp2_session_callbacks *callbacks, void *user_data, const nghttp2_option *option);
+void nghttp2_session_del(nghttp2_session *session);
+ssize_t nghttp2_session_mem_recv(nghttp2_session *session, const uint8_t *in, size_t inlen);
+ssize_t nghttp2_session_mem_send(nghttp2_session *session, const uint8_t **data_ptr);
+int nghttp2_session_want_read(nghttp2_session *session);
+int nghttp2_session_want_write(nghttp2_session *session);
+int nghttp2_session_consume(nghttp2_session *session, int32_t stream_id, size_t size);
+int nghttp2_session_consume_connection(nghttp2_session *session, size_t size);
+int nghttp2_session_resume_data(nghttp2_session *session, int32_t stream_id);
+int nghttp2_session_set_local_window_size(nghttp2_session *session, uint8_t flags,
+    int32_t stream_id, int32_t window_size);
+int32_t nghttp2_session_get_last_proc_stream_id(nghttp2_session *session);
+int nghttp2_session_terminate_session(nghttp2_session *session, uint32_t error_code);
+
+int nghttp2_submit_settings(nghttp2_session *session, uint8_t flags,
+    const nghttp2_settings_entry *iv, size_t niv);
+int nghttp2_submit_response(nghttp2_session *session, int32_t stream_id,
+    const nghttp2_nv *nva, size_t nvlen, const nghttp2_data_provider *data_prd);
+int nghttp2_submit_trailer(nghttp2_session *session, int32_t stream_id,
+    const nghttp2_nv *nva, size_t nvlen);
+int nghttp2_submit_rst_stream(nghttp2_session *session, uint8_t flags, int32_t stream_id,
+    uint32_t error_code);
+int nghttp2_submit_goaway(nghttp2_session *session, uint8_t flags, int32_t last_stream_id,
+    uint32_t error_code, const uint8_t *opaque_data, size_t opaque_data_len);
+int nghttp2_submit_shutdown_notice(nghttp2_session *session);
+const char *nghttp2_strerror(int lib_error_code);
+"""
+)
+
+lib: Any = ffi.dlopen("libnghttp2.so.14")
+
+# Frame types, flags, settings and errors (nghttp2.h's enums).
+DATA, HEADERS = 0x0, 0x1
+FLAG_END_STREAM = 0x1
+DATA_FLAG_EOF = 0x1
+DATA_FLAG_NO_END_STREAM = 0x2
+ERR_DEFERRED = -508
+ERR_TEMPORAL_CALLBACK_FAILURE = -521
+ERR_CALLBACK_FAILURE = -902
+SETTINGS_HEADER_TABLE_SIZE = 0x1
+SETTINGS_MAX_CONCURRENT_STREAMS = 0x3
+SETTINGS_INITIAL_WINDOW_SIZE = 0x4
+SETTINGS_MAX_HEADER_LIST_SIZE = 0x6
+NO_ERROR = 0x0
+PROTOCOL_ERROR = 0x1
+INTERNAL_ERROR = 0x2
+CANCEL = 0x8
+ENHANCE_YOUR_CALM = 0xB
+NV_FLAG_NO_COPY = 0x2 | 0x4  # the name and value outlive the submission (kept by the caller)

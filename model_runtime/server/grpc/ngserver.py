@@ -1,0 +1,120 @@
+"""The gRPC listener on libnghttp2 (:mod:`.h2proto`), on the daemon's event loop.
+
+The same service and limits as the h2corn listener (:mod:`.h2server`): :class:`~.native.GrpcApp`
+serves every method; ``max_connections`` open connections (a connection past it is closed at
+once), ``max_streams`` concurrent streams per connection (SETTINGS_MAX_CONCURRENT_STREAMS),
+idle connections closed after ``idle_timeout``, an answer held behind a closed flow-control
+window past ``write_timeout`` resets its stream. TLS from the daemon's files (ALPN ``h2``;
+mutual TLS: a client certificate the root signed is required).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from model_runtime.server.grpc import native
+from model_runtime.server.grpc.budget import CallBudget
+from model_runtime.server.grpc.h2proto import H2Protocol, ProtocolLimits
+from model_runtime.server.grpc.h2server import _listening_socket
+from model_runtime.server.grpc.h2stream import cache_headers
+from model_runtime.server.grpc.native import GrpcApp
+from model_runtime.server.grpc.shares import Shares
+from model_runtime.server.security.restrict import RestrictionCounter, Restrictions
+from model_runtime.server.security.tls import TLSFiles, ssl_context
+
+__all__ = ["NgListener", "start_nghttp2_listener"]
+
+cache_headers(native._START_HEADERS, status=True)
+cache_headers(native._OK, status=False)
+
+
+class NgListener:
+    """A started nghttp2 listener: the daemon's :class:`~..daemon.listeners.Listening`."""
+
+    def __init__(self, server: asyncio.base_events.Server, limits: ProtocolLimits,
+                 app: GrpcApp) -> None:  # fmt: skip
+        self._server = server
+        self._limits = limits
+        self._stopped = asyncio.get_running_loop().create_future()
+        self.app = app
+        self.budget: CallBudget | None = None
+
+    async def wait_for_termination(self) -> None:
+        """Return when the listener is stopped."""
+        await asyncio.shield(self._stopped)
+
+    async def stop(self, grace: float | None) -> None:
+        """Stop accepting; each connection is told (GOAWAY), its calls in flight get ``grace``
+        seconds, then the connections close."""
+        if self._stopped.done():
+            return
+        self._server.close()
+        connections = list(self._limits.connections)
+        for conn in connections:
+            conn.goaway()
+        tasks = [
+            s.task for c in connections for s in c.streams.values()
+            if s.task is not None and not s.task.done()
+        ]  # fmt: skip
+        if tasks and grace:
+            await asyncio.wait(tasks, timeout=grace)
+        for conn in list(self._limits.connections):
+            conn.flush()
+            if conn.transport is not None:
+                conn.transport.close()
+        self._stopped.set_result(None)
+
+
+async def start_nghttp2_listener(
+    handlers: dict[str, Any],
+    host: str,
+    port: int,
+    *,
+    max_message_size: int,
+    idle_timeout: float,
+    max_streams: int,
+    write_timeout: float,
+    max_connections: int,
+    restrictions: Restrictions | None = None,
+    counter: RestrictionCounter | None = None,
+    tls: TLSFiles | None = None,
+    reuse_port: bool = False,
+    backlog: int = 2048,
+    budget: CallBudget | None = None,
+) -> tuple[NgListener, int]:
+    """Serve ``handlers`` (grpc's method handlers by name) on ``host:port`` (0: a free one);
+    return the listener and its bound port (the arguments of
+    :func:`~.h2server.start_h2_listener`).
+
+    Raises:
+        OSError: the address cannot be bound, or the TLS files cannot be used.
+    """
+    app = GrpcApp(
+        handlers,
+        max_message_size=max_message_size,
+        restrictions=restrictions,
+        counter=counter,
+        budget=budget,
+        shares=Shares(max_streams=max_streams, write_timeout=write_timeout),
+    )
+    limits = ProtocolLimits(
+        app, max_streams=max_streams, idle_timeout=idle_timeout, write_timeout=write_timeout,
+        max_connections=max_connections,
+    )  # fmt: skip
+    context = None
+    if tls is not None:
+        try:
+            context = ssl_context(tls)
+        except Exception as exc:
+            raise OSError(f"cannot serve gRPC over TLS: {exc}") from exc
+        context.set_alpn_protocols(["h2"])
+    sock = _listening_socket(host, port, reuse_port, backlog)
+    try:
+        server = await asyncio.get_running_loop().create_server(
+            lambda: H2Protocol(limits), sock=sock, ssl=context, backlog=backlog
+        )
+    except Exception:
+        sock.close()
+        raise
+    return NgListener(server, limits, app), int(sock.getsockname()[1])
