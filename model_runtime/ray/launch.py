@@ -28,8 +28,8 @@ from ray import serve
 
 from model_runtime.errors import ConfigurationError, ModelRuntimeError
 from model_runtime.ray.deployment import RuntimeReplica
+from model_runtime.server.daemon.logs import configure_logging
 from model_runtime.server.daemon.options import DaemonOptions, options_from_args
-from model_runtime.server.daemon.serve import configure_logging
 
 __all__ = [
     "APP_NAME",

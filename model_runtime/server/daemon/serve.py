@@ -16,22 +16,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import anyio
-import orjson
 import structlog
 
 from model_runtime.errors import ConfigurationError, ModelRuntimeError
 from model_runtime.server.daemon.heap import GEN0_THRESHOLD, settle_heap
 from model_runtime.server.daemon.listeners import SupervisedListener
+from model_runtime.server.daemon.logs import configure_logging, log_writer
 from model_runtime.server.daemon.options import (
     DaemonOptions,
     add_serve_arguments,
@@ -54,12 +53,6 @@ from model_runtime.server.http.runner import GuardedAppRunner, runner_of, start_
 from model_runtime.server.inference.cache import ResponseCache
 from model_runtime.server.inference.looplag import LoopLag
 from model_runtime.server.inference.plane import DataPlane, ServerOptions
-from model_runtime.server.observability.logging_ext import (
-    LOG_SETTINGS,
-    SwitchableRenderer,
-    logger_class,
-)
-from model_runtime.server.observability.logwriter import BatchedLogWriter
 from model_runtime.server.observability.metrics import DaemonMetrics
 from model_runtime.server.observability.trace import Tracer
 from model_runtime.server.repository.entries import ControlMode, parse_model_arg
@@ -71,62 +64,6 @@ from model_runtime.server.security.tls import TLSFiles, grpc_credentials, ssl_co
 __all__ = ["configure_logging", "main", "run_daemon", "serve", "serve_main"]
 
 log = structlog.get_logger(__name__)
-#: The log output :func:`configure_logging` made (None: printed); batches while serving.
-_log_writer: BatchedLogWriter | None = None
-
-
-def configure_logging(
-    level: str = "info",
-    fmt: str = "auto",
-    file: Path | None = None,
-    switches: Mapping[str, int] | None = None,
-    format_name: str | None = None,
-) -> None:
-    """Configure structlog once for the process: contextvars first, JSON off a terminal;
-    into ``file`` (appended) instead of stderr when given; ``switches``: Triton's log flags
-    (``info``/``warning``/``error`` -> on, ``verbose`` -> level), over ``level``;
-    ``format_name``: Triton's name of ``fmt`` (``default``, ``ISO8601``), as reported.
-
-    Raises:
-        ConfigurationError: ``file`` cannot be opened.
-    """
-    # Lines in batches (see logwriter); a stderr replaced by text (a test's capture): printed.
-    stream = getattr(sys.stderr, "buffer", None)
-    if file is not None:
-        try:  # held by the log writer for the process's life
-            stream = open(file, "ab")  # noqa: SIM115
-        except OSError as exc:
-            raise ConfigurationError(f"--log-file {file}: {exc.strerror or exc}") from exc
-    json_logs = fmt == "json" or (fmt == "auto" and (file is not None or not sys.stderr.isatty()))
-    factory: Callable[..., Any] = structlog.PrintLoggerFactory(file=sys.stderr)
-    json_renderer: structlog.typing.Processor = structlog.processors.JSONRenderer()
-    global _log_writer
-    _log_writer = None
-    if stream is not None:
-        writer = _log_writer = BatchedLogWriter(stream)
-        factory = lambda *_: writer  # noqa: E731 -- one writer for every logger
-        # bytes, in C (what it cannot encode: its repr, as json.dumps's)
-        json_renderer = structlog.processors.JSONRenderer(
-            serializer=orjson.dumps, option=orjson.OPT_NON_STR_KEYS
-        )
-    # The logging extension switches severities and the renderer while the daemon serves.
-    renderer = SwitchableRenderer(json_renderer, structlog.dev.ConsoleRenderer(), json_logs)
-    structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.StackInfoRenderer(),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
-        wrapper_class=logger_class(),
-        logger_factory=factory,
-        cache_logger_on_first_use=True,
-    )
-    log_file = "" if file is None else str(file)
-    LOG_SETTINGS.configure(level, format_name or fmt, log_file, renderer, switches)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 
 
 def _compiler(opts: DaemonOptions) -> Callable[..., Path]:
@@ -277,8 +214,9 @@ async def serve(opts: DaemonOptions) -> int:
     status = 0
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    if _log_writer is not None:
-        _log_writer.batch_on(loop)  # access lines in batches while serving
+    writer = log_writer()
+    if writer is not None:
+        writer.batch_on(loop)  # access lines in batches while serving
     lag = LoopLag(plane.admission)  # sheds while the loop falls behind
     lag.start()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -365,8 +303,8 @@ async def serve(opts: DaemonOptions) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         plane.tracer.close()  # the traces that wait are written or exported
-        if _log_writer is not None:
-            _log_writer.batch_on(None)
+        if writer is not None:
+            writer.batch_on(None)
     log.info("daemon_stopped", status=status)
     return status
 
