@@ -46,9 +46,9 @@ from actors.device import DeviceManager
 async def main() -> None:
     for _ in sys.stdin:
         device = await DeviceManager().try_get_device()
-        print("got" if device is not None else "held", flush=True)
         if device is not None:
-            device.detach()
+            device.detach()  # let go before answering: "got" means it is free again
+        print("got" if device is not None else "held", flush=True)
 
 asyncio.run(main())
 """
