@@ -19,6 +19,7 @@ from typing import Any
 import h2corn
 
 from model_runtime.server.grpc.budget import CallBudget
+from model_runtime.server.grpc.listensock import listening_socket
 from model_runtime.server.grpc.native import GrpcApp
 from model_runtime.server.grpc.shares import Shares
 from model_runtime.server.security.restrict import RestrictionCounter, Restrictions
@@ -90,7 +91,7 @@ async def start_h2_listener(
         shares=Shares(max_streams=max_streams, write_timeout=write_timeout),
     )
     bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    sock = _listening_socket(host, port, reuse_port, backlog)
+    sock = listening_socket(host, port, reuse_port, backlog)
     config = h2corn.Config(
         bind=(f"fd://{sock.fileno()}",),
         grpc=True,
@@ -116,32 +117,6 @@ async def start_h2_listener(
         sock.close()
         raise OSError(f"cannot serve gRPC on {bind}: {exc}") from exc
     return H2Listener(server, task, app, sock), int(sock.getsockname()[1])
-
-
-def _listening_socket(host: str, port: int, reuse_port: bool, backlog: int) -> socket.socket:
-    """A listening TCP socket on ``host:port`` whose connections have Nagle's algorithm off
-    (Linux's accepted sockets inherit TCP_NODELAY): an answer's frames go out as written, not
-    held until the client acknowledges the previous segment. (h2corn 2.0 also sets TCP_NODELAY
-    and TCP_QUICKACK on each connection it accepts; this keeps it so whatever its version.)
-
-    Raises:
-        OSError: the address cannot be bound.
-    """
-    family, kind, proto, _, address = socket.getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if reuse_port:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.bind(address)
-        sock.listen(backlog)
-    except OSError:
-        sock.close()
-        raise
-    return sock
 
 
 def _tls_options(tls: TLSFiles | None) -> dict[str, Any]:

@@ -16,8 +16,8 @@ from typing import Any
 from model_runtime.server.grpc import native
 from model_runtime.server.grpc.budget import CallBudget
 from model_runtime.server.grpc.h2proto import H2Protocol, ProtocolLimits
-from model_runtime.server.grpc.h2server import _listening_socket
 from model_runtime.server.grpc.h2stream import cache_headers
+from model_runtime.server.grpc.listensock import listening_socket
 from model_runtime.server.grpc.native import GrpcApp
 from model_runtime.server.grpc.shares import Shares
 from model_runtime.server.security.restrict import RestrictionCounter, Restrictions
@@ -109,7 +109,7 @@ async def start_nghttp2_listener(
         except Exception as exc:
             raise OSError(f"cannot serve gRPC over TLS: {exc}") from exc
         context.set_alpn_protocols(["h2"])
-    sock = _listening_socket(host, port, reuse_port, backlog)
+    sock = listening_socket(host, port, reuse_port, backlog)
     try:
         server = await asyncio.get_running_loop().create_server(
             lambda: H2Protocol(limits), sock=sock, ssl=context, backlog=backlog
