@@ -96,11 +96,13 @@ class EnsembleRunner:
         """
         if self._closed:
             raise RunnerStoppedError(f"ensemble '{self.config.name}' is unloaded")
-        wanted = [o.name for o in request.outputs] or list(self.config.outputs)
+        asked = request.outputs
+        wanted = tuple(o.name for o in asked) if asked else self.config.outputs
         name = self.config.name
+        caller = self._call
 
         def call(step: EnsembleStep, inputs: dict[str, Any], left: float | None) -> Any:
-            return self._call(name, step, inputs, request, left)
+            return caller(name, step, inputs, request, left)
 
         self._inflight += 1
         self._idle.clear()

@@ -62,26 +62,34 @@ def _chain(config: EnsembleConfig, steps: Sequence[EnsembleStep]) -> tuple[Ensem
     return tuple(order)
 
 
-#: (the steps needed, and the same as a chain or ()) of an (ensemble, wanted outputs), by the
-#: config's ``id`` (the config kept with them, so an id is not reused while they are here)
+#: One step of a chain: the step, its (model input, ensemble tensor) pairs and its (model
+#: output, ensemble tensor) pairs.
+_Link = tuple[EnsembleStep, tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]
+
+#: (the steps needed, and the same as a chain of links or ()) of an (ensemble, wanted
+#: outputs), by the config's ``id`` (the config kept with them, so an id is not reused while
+#: they are here)
 _PLANS: dict[
     tuple[int, tuple[str, ...]],
-    tuple[EnsembleConfig, tuple[EnsembleStep, ...], tuple[EnsembleStep, ...]],
+    tuple[EnsembleConfig, tuple[EnsembleStep, ...], tuple[_Link, ...]],
 ] = {}
 
 
 def _plan(
     config: EnsembleConfig, wanted: Sequence[str]
-) -> tuple[tuple[EnsembleStep, ...], tuple[EnsembleStep, ...]]:
+) -> tuple[tuple[EnsembleStep, ...], tuple[_Link, ...]]:
     """:func:`needed_steps` and :func:`_chain` of them, worked out once per ensemble config
     and outputs asked for."""
-    key = (id(config), tuple(wanted))
+    key = (id(config), wanted if type(wanted) is tuple else tuple(wanted))
     known = _PLANS.get(key)
     if known is None or known[0] is not config:
         if len(_PLANS) >= 1024:
             _PLANS.clear()
         steps = tuple(needed_steps(config, wanted))
-        known = _PLANS[key] = (config, steps, _chain(config, steps))
+        links = tuple(
+            (s, tuple(s.inputs.items()), tuple(s.outputs.items())) for s in _chain(config, steps)
+        )
+        known = _PLANS[key] = (config, steps, links)
     return known[1], known[2]
 
 
@@ -111,21 +119,23 @@ async def run_steps(
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     tensors: dict[str, Any] = dict(inputs)
-    absent: set[str] = {t for t in config.inputs if t not in tensors}
     steps, chain = _plan(config, wanted)
     if chain:  # one step at a time: each awaited in turn, in this task
-        for step in chain:
-            given = {m: tensors[t] for m, t in step.inputs.items() if t in tensors}
+        # (a tensor nobody wrote is simply not in ``tensors``: each step reads what is there)
+        for step, reads, writes in chain:
+            given = {m: tensors[t] for m, t in reads if t in tensors}
             if not given:  # everything it reads was left out: so is what it writes
-                absent.update(step.outputs.values())
                 continue
-            left = _left(config.name, step, deadline)
+            left = None if deadline is None else _left(config.name, step, deadline)
             try:
                 outputs = await call(step, given, left)
             except Exception as exc:
                 raise step_failed(config.name, step, exc) from exc
-            _write(step, outputs, tensors, absent)
+            for model_output, tensor in writes:
+                if model_output in outputs:
+                    tensors[tensor] = outputs[model_output]
     else:
+        absent: set[str] = {t for t in config.inputs if t not in tensors}
         await _run_ready(config, tensors, absent, list(steps), call, deadline, frozenset())
     return {t: tensors[t] for t in wanted if t in tensors}
 
