@@ -61,15 +61,14 @@ from model_runtime.executable import Executable
 
 __all__ = ["INLINE_BELOW", "INLINE_HOPS", "Device", "DeviceCrash"]
 
-#: A main run of a batch whose size was measured (moving average per number of rows) under
-#: this many seconds, asked of an idle device without a fault plan, runs on the event loop
-#: instead of the worker thread. On the 2-core machine the hop there and back costs 80 µs
-#: empty and ~160 µs with a run (the woken worker runs it on cold caches: MLP batch 1, 86 µs
-#: inline, 245 µs through the worker), so such a run holds the loop for less than it would
-#: delay its callers (a small model's batches of a few rows, as an ensemble's classifier
-#: step gets, cost the loop less inline than their hop). A batch size not measured yet goes
-#: to the worker (which measures it); heavier runs never block the loop; nor does a run while
-#: another device of the runner is busy (``inline_allowed``: the loop serves it too).
+#: A main run of one row measured (moving average) under this many seconds, asked of an idle
+#: device without a fault plan, runs on the event loop instead of the worker thread (a lone
+#: request; bigger batches mean other callers, and replicas whose runs must overlap). On
+#: the 2-core machine the hop there and back costs 80 µs empty and ~160 µs with a run (the
+#: woken worker runs it on cold caches: MLP batch 1, 86 µs inline, 245 µs through the worker),
+#: so such a run holds the loop for less than it would delay its caller. Under load the device
+#: is never idle and nothing runs inline; heavier runs never block the loop; nor does a run
+#: while another device of the runner is busy (``inline_allowed``: the loop serves it too).
 INLINE_BELOW = 250e-6
 #: ... or up to this many of the worker's measured hops (``Worker.hop_seconds``), on a host
 #: slower than that one (the hop slows with the run), but never over 4 x ``INLINE_BELOW``.
@@ -328,14 +327,15 @@ class Device(DeferringActor[DeviceMessage]):
 
     def runs_inline(self, batches: Sequence[Mapping[str, np.ndarray]]) -> bool:
         """Whether a plain main run of ``batches`` (no probe, no output buffers) would run
-        here, on the loop, if asked now: the device is idle, the run is one batch whose number
-        of rows was measured shorter than the inline limit (:data:`INLINE_BELOW`,
-        :data:`INLINE_HOPS`), and no fault plan is in force."""
+        here, on the loop, if asked now: the device is idle, the run is one row and measured
+        shorter than the inline limit (:data:`INLINE_BELOW`, :data:`INLINE_HOPS`), and no
+        fault plan is in force."""
         return (
             not self._jobs
             and self._work.faults is None
             and len(batches) == 1
-            and self._work.run_seconds.get(rows_of(batches[0]), _INF) < self._inline_below()
+            and rows_of(batches[0]) == 1
+            and self._work.run_seconds.get(1, _INF) < self._inline_below()
             and (self._inline_allowed is None or self._inline_allowed())
         )
 
