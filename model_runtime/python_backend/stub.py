@@ -180,9 +180,12 @@ class Stub:
         header["items"], together = encode_responses(enc, items, self.host.requested)
         if together is not None:
             header["S"] = together
+        cancelled = self._cancelled
         for key, _, flags in items:
             if flags & _FINAL:
                 self.host.closed(key)
+                if cancelled:
+                    cancelled.discard(key)
 
     # -- the Bridge of triton_python_backend_utils -------------------------------------------
 
@@ -293,25 +296,27 @@ class Stub:
             for (n, a), d in zip(named, descs, strict=True)
         ]
 
-    def _unstack(self, batch: dict[str, Any], payload: bytes) -> None:
-        """Each request of a batch sent stacked gets its row of the batch's tensors."""
-        items = batch["r"]
-        stacked = self._tensors({"T": batch.pop("S")}, payload)
-        check_rows([(t.name(), t.as_numpy()) for t in stacked], len(items))
+    def _unstack(self, descs: Any, items: list[dict[str, Any]], payload: bytes) -> None:
+        """Each request of ``items`` (a batch's, or a frame's) sent stacked gets its row of
+        the stacked tensors ``descs``."""
+        named = decode_tensors(descs, payload, self._arena)
+        check_rows(named, len(items))
+        given = pb_utils.Tensor.given
+        types = [d[1].removeprefix("TYPE_") for d in descs]
+        stacked = [(n, a, t) for (n, a), t in zip(named, types, strict=True)]
         for i, item in enumerate(items):
-            item["T"] = [
-                pb_utils.Tensor(t.name(), row_of(t.as_numpy(), i), t.triton_dtype())
-                for t in stacked
-            ]
+            item["T"] = [given(name, row_of(array, i), dt) for name, array, dt in stacked]
 
     def _dispatch(self, header: dict[str, Any], payload: bytes) -> None:
         kind = header["t"]
         if kind == "exec":  # batches, each its own execute
             model = header.get("m", "")
+            if "S" in header:  # every request of the frame stacked together
+                self._unstack(header["S"], [i for b in header["B"] for i in b["r"]], payload)
             for batch in header["B"]:
                 if "S" in batch:
-                    self._unstack(batch, payload)
-                else:
+                    self._unstack(batch.pop("S"), batch["r"], payload)
+                elif "S" not in header:
                     for item in batch["r"]:
                         item["T"] = self._tensors(item, payload)
                 batch["t"], batch["m"] = "exec", model
@@ -368,6 +373,8 @@ class Stub:
     # -- the main thread ---------------------------------------------------------------------
 
     def _handle(self, header: dict[str, Any]) -> None:
+        if self._cancelled and header["t"] == "exec" and not self._uncancelled(header):
+            return
         coro = self.host.handle(header)
         if coro is None:
             return
@@ -375,6 +382,26 @@ class Stub:
             self.loop.create_task(coro)
         else:
             self.loop.run_until_complete(coro)
+
+    def _uncancelled(self, header: dict[str, Any]) -> bool:
+        """Answer the requests of exec ``header`` that were cancelled before their execute
+        (the model never sees them, as Triton's scheduler drops a cancelled request); whether
+        any is left to run."""
+        cancelled = self._cancelled
+        kept = [item for item in header["r"] if item["k"] not in cancelled]
+        if len(kept) == len(header["r"]):
+            return True
+        error = pb_utils.TritonError(
+            "the request was cancelled before the model ran it", pb_utils.TritonError.CANCELLED
+        )
+        dropped = [
+            (item["k"], pb_utils.InferenceResponse(error=error), _FINAL)
+            for item in header["r"]
+            if item["k"] in cancelled
+        ]
+        header["r"] = kept
+        self.respond(dropped, None if kept else header.get("bs") or [header["b"]])
+        return bool(kept)
 
     def _drain(self) -> None:
         """Run the batches that came, holding the ends of those that finish in quick
@@ -395,6 +422,7 @@ class Stub:
                     return
                 if time.perf_counter() - started > HOLD_S:
                     self.flush()
+                    self.pump(0.0)  # cancellations that came meanwhile, before the next runs
                     started = time.perf_counter()
                 if not deferred:
                     self.pump(0.0)  # frames that came meanwhile join this round
