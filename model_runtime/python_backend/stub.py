@@ -54,6 +54,7 @@ from typing import Any
 from model_runtime.python_backend import pb_bridge, pb_utils
 from model_runtime.python_backend.arena import ChildArena
 from model_runtime.python_backend.stacking import check_rows, row_of
+from model_runtime.python_backend.stub_batches import merge, take_cancelled
 from model_runtime.python_backend.stub_model import ModelHost
 from model_runtime.python_backend.stub_responses import encode_responses
 from model_runtime.python_backend.wire import (
@@ -63,28 +64,13 @@ from model_runtime.python_backend.wire import (
     parse_header,
 )
 
-__all__ = ["Stub", "main", "mergeable_rows"]
+__all__ = ["Stub", "main"]
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 #: seconds the ends of batches run one after another may be held to go in one frame
 HOLD_S = 0.0005
 #: segments one sendmsg takes (Linux's UIO_MAXIOV)
 _IOV_MAX = 1024
-
-
-def mergeable_rows(batch: dict[str, Any]) -> int | None:
-    """The rows of an exec batch (each request's batch dimension), or None if it may not be
-    merged with others (sent alone, or a request of a sequence)."""
-    if batch.get("a"):
-        return None
-    rows = 0
-    for item in batch["r"]:
-        if "c" in item:
-            return None
-        tensors = item["T"]
-        shape = tensors[0].shape() if tensors else None
-        rows += shape[0] if shape else 1
-    return rows
 
 
 class Stub:
@@ -384,24 +370,20 @@ class Stub:
             self.loop.run_until_complete(coro)
 
     def _uncancelled(self, header: dict[str, Any]) -> bool:
-        """Answer the requests of exec ``header`` that were cancelled before their execute
-        (the model never sees them, as Triton's scheduler drops a cancelled request); whether
-        any is left to run."""
-        cancelled = self._cancelled
-        kept = [item for item in header["r"] if item["k"] not in cancelled]
-        if len(kept) == len(header["r"]):
+        """Answer the requests of exec ``header`` cancelled before their execute (CANCELLED);
+        whether any is left to run."""
+        dropped = take_cancelled(header, self._cancelled)
+        if not dropped:
             return True
         error = pb_utils.TritonError(
             "the request was cancelled before the model ran it", pb_utils.TritonError.CANCELLED
         )
-        dropped = [
-            (item["k"], pb_utils.InferenceResponse(error=error), _FINAL)
-            for item in header["r"]
-            if item["k"] in cancelled
-        ]
-        header["r"] = kept
-        self.respond(dropped, None if kept else header.get("bs") or [header["b"]])
-        return bool(kept)
+        kept = bool(header["r"])
+        self.respond(
+            [(k, pb_utils.InferenceResponse(error=error), _FINAL) for k in dropped],
+            None if kept else header.get("bs") or [header["b"]],
+        )
+        return kept
 
     def _drain(self) -> None:
         """Run the batches that came, holding the ends of those that finish in quick
@@ -413,7 +395,7 @@ class Stub:
             while deferred:
                 header = deferred.popleft()
                 if header["t"] == "exec" and self.host.merge_rows:
-                    self._merge(header)
+                    merge(header, deferred, self.host.merge_rows)
                 self._handle(header)
                 if header.get("a"):
                     self.flush()  # a request that was in a crash: its answer leaves at once
@@ -429,23 +411,6 @@ class Stub:
         finally:
             self._holding = False
             self.flush()
-
-    def _merge(self, header: dict[str, Any]) -> None:
-        """Join the batches queued behind exec ``header`` to it while their rows fit the
-        model's ``max_batch_size`` (Triton's dynamic batcher: one ``execute`` for what
-        waits). Batches sent ``alone``, and requests of sequences, are not merged."""
-        rows = mergeable_rows(header)
-        if rows is None:
-            return
-        deferred = self._deferred
-        while deferred and deferred[0]["t"] == "exec":
-            more = mergeable_rows(deferred[0])
-            if more is None or rows + more > self.host.merge_rows:
-                break
-            batch = deferred.popleft()
-            header["r"].extend(batch["r"])
-            header.setdefault("bs", [header["b"]]).append(batch["b"])
-            rows += more
 
     def serve(self) -> None:
         """Serve until the model is finalized: sync models here, async ones on the loop."""

@@ -133,7 +133,7 @@ def test_what_an_instance_may_merge_into_one_execute() -> None:
     # the rows of an exec batch count against max_batch_size; a batch sent alone (requests
     # that were in a crash) or one with a sequence's request is never merged with others
     from model_runtime.python_backend import pb_utils
-    from model_runtime.python_backend.stub import mergeable_rows
+    from model_runtime.python_backend.stub_batches import mergeable_rows
 
     three = [pb_utils.Tensor("X", np.zeros((3, 2), np.float32))]
     assert mergeable_rows({"b": 1, "r": [{"k": 2, "T": three}, {"k": 3, "T": three}]}) == 6
