@@ -49,9 +49,9 @@ ASYNC_BATCHES = 64
 #: full batches a busy instance with a sync ``execute`` may hold queued: they cross in one
 #: frame, run back to back, and their answers come back together
 PIPELINE = 4
-#: ... and for a model without batching (``max_batch_size: 0``, one request a batch): enough
-#: to carry the requests of many clients in one frame, as a model that batches carries them
-PIPELINE_SINGLE = 16
+#: ... and for a model without batching (``max_batch_size: 0``, one request a batch): what 64
+#: closed-loop clients hold in flight, so a busy instance never idles waiting for the next frame
+PIPELINE_SINGLE = 64
 
 
 def pipeline(max_batch_size: int) -> int:

@@ -269,17 +269,23 @@ class InstanceProcess:
         if not self.alive or self._channel is None or self._arena is None:
             raise self.death or InstanceCrashedError(f"the python instance {describe_exit(None)}")
         enc = Encoder(self._arena)
+        header: dict[str, Any] = {"t": "exec", "m": self.spec.model_name}
         out: list[list[Call]] = []
         ids: list[int] = []
         wire = []
+        by_batch = [[list(request.inputs.items()) for request in rs] for rs in batches]
+        # The whole frame's requests agree: one tensor per input for them all, a row each.
+        framed = len(batches) > 1 and stackable([n for named in by_batch for n in named])
+        if framed:
+            header["S"] = enc.tensors(stacked([n for named in by_batch for n in named]))
         for n, requests in enumerate(batches):
             batch = self._keys = self._keys + 1
             calls: list[Call] = []
             items: list[dict[str, Any]] = []
             entry: dict[str, Any] = {"b": batch, "r": items}
-            named = [list(request.inputs.items()) for request in requests]
-            together = stackable(named)
-            if together:  # one tensor per input for the batch, a row per request
+            named = by_batch[n]
+            together = framed or stackable(named)
+            if together and not framed:  # one tensor per input for the batch, a row each
                 entry["S"] = enc.tensors(stacked(named))
             for request, inputs in zip(requests, named, strict=True):
                 self._keys += 1
@@ -310,7 +316,7 @@ class InstanceProcess:
             self._held.add(batch, calls)
         if idle:
             self.last_progress = self.clock.monotonic()  # idle until now: the clock starts here
-        header = {"t": "exec", "m": self.spec.model_name, "B": wire}
+        header["B"] = wire
         self._channel.write(enc.finish(header, self._arena.sender.head))
         return out
 

@@ -54,6 +54,7 @@ from typing import Any
 from model_runtime.python_backend import pb_bridge, pb_utils
 from model_runtime.python_backend.arena import ChildArena
 from model_runtime.python_backend.stacking import check_rows, row_of
+from model_runtime.python_backend.stub_batches import merge, take_cancelled
 from model_runtime.python_backend.stub_model import ModelHost
 from model_runtime.python_backend.stub_responses import encode_responses
 from model_runtime.python_backend.wire import (
@@ -63,28 +64,13 @@ from model_runtime.python_backend.wire import (
     parse_header,
 )
 
-__all__ = ["Stub", "main", "mergeable_rows"]
+__all__ = ["Stub", "main"]
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 #: seconds the ends of batches run one after another may be held to go in one frame
 HOLD_S = 0.0005
 #: segments one sendmsg takes (Linux's UIO_MAXIOV)
 _IOV_MAX = 1024
-
-
-def mergeable_rows(batch: dict[str, Any]) -> int | None:
-    """The rows of an exec batch (each request's batch dimension), or None if it may not be
-    merged with others (sent alone, or a request of a sequence)."""
-    if batch.get("a"):
-        return None
-    rows = 0
-    for item in batch["r"]:
-        if "c" in item:
-            return None
-        tensors = item["T"]
-        shape = tensors[0].shape() if tensors else None
-        rows += shape[0] if shape else 1
-    return rows
 
 
 class Stub:
@@ -180,9 +166,12 @@ class Stub:
         header["items"], together = encode_responses(enc, items, self.host.requested)
         if together is not None:
             header["S"] = together
+        cancelled = self._cancelled
         for key, _, flags in items:
             if flags & _FINAL:
                 self.host.closed(key)
+                if cancelled:
+                    cancelled.discard(key)
 
     # -- the Bridge of triton_python_backend_utils -------------------------------------------
 
@@ -293,25 +282,27 @@ class Stub:
             for (n, a), d in zip(named, descs, strict=True)
         ]
 
-    def _unstack(self, batch: dict[str, Any], payload: bytes) -> None:
-        """Each request of a batch sent stacked gets its row of the batch's tensors."""
-        items = batch["r"]
-        stacked = self._tensors({"T": batch.pop("S")}, payload)
-        check_rows([(t.name(), t.as_numpy()) for t in stacked], len(items))
+    def _unstack(self, descs: Any, items: list[dict[str, Any]], payload: bytes) -> None:
+        """Each request of ``items`` (a batch's, or a frame's) sent stacked gets its row of
+        the stacked tensors ``descs``."""
+        named = decode_tensors(descs, payload, self._arena)
+        check_rows(named, len(items))
+        given = pb_utils.Tensor.given
+        types = [d[1].removeprefix("TYPE_") for d in descs]
+        stacked = [(n, a, t) for (n, a), t in zip(named, types, strict=True)]
         for i, item in enumerate(items):
-            item["T"] = [
-                pb_utils.Tensor(t.name(), row_of(t.as_numpy(), i), t.triton_dtype())
-                for t in stacked
-            ]
+            item["T"] = [given(name, row_of(array, i), dt) for name, array, dt in stacked]
 
     def _dispatch(self, header: dict[str, Any], payload: bytes) -> None:
         kind = header["t"]
         if kind == "exec":  # batches, each its own execute
             model = header.get("m", "")
+            if "S" in header:  # every request of the frame stacked together
+                self._unstack(header["S"], [i for b in header["B"] for i in b["r"]], payload)
             for batch in header["B"]:
                 if "S" in batch:
-                    self._unstack(batch, payload)
-                else:
+                    self._unstack(batch.pop("S"), batch["r"], payload)
+                elif "S" not in header:
                     for item in batch["r"]:
                         item["T"] = self._tensors(item, payload)
                 batch["t"], batch["m"] = "exec", model
@@ -368,6 +359,8 @@ class Stub:
     # -- the main thread ---------------------------------------------------------------------
 
     def _handle(self, header: dict[str, Any]) -> None:
+        if self._cancelled and header["t"] == "exec" and not self._uncancelled(header):
+            return
         coro = self.host.handle(header)
         if coro is None:
             return
@@ -375,6 +368,22 @@ class Stub:
             self.loop.create_task(coro)
         else:
             self.loop.run_until_complete(coro)
+
+    def _uncancelled(self, header: dict[str, Any]) -> bool:
+        """Answer the requests of exec ``header`` cancelled before their execute (CANCELLED);
+        whether any is left to run."""
+        dropped = take_cancelled(header, self._cancelled)
+        if not dropped:
+            return True
+        error = pb_utils.TritonError(
+            "the request was cancelled before the model ran it", pb_utils.TritonError.CANCELLED
+        )
+        kept = bool(header["r"])
+        self.respond(
+            [(k, pb_utils.InferenceResponse(error=error), _FINAL) for k in dropped],
+            None if kept else header.get("bs") or [header["b"]],
+        )
+        return kept
 
     def _drain(self) -> None:
         """Run the batches that came, holding the ends of those that finish in quick
@@ -386,7 +395,7 @@ class Stub:
             while deferred:
                 header = deferred.popleft()
                 if header["t"] == "exec" and self.host.merge_rows:
-                    self._merge(header)
+                    merge(header, deferred, self.host.merge_rows)
                 self._handle(header)
                 if header.get("a"):
                     self.flush()  # a request that was in a crash: its answer leaves at once
@@ -395,29 +404,13 @@ class Stub:
                     return
                 if time.perf_counter() - started > HOLD_S:
                     self.flush()
+                    self.pump(0.0)  # cancellations that came meanwhile, before the next runs
                     started = time.perf_counter()
                 if not deferred:
                     self.pump(0.0)  # frames that came meanwhile join this round
         finally:
             self._holding = False
             self.flush()
-
-    def _merge(self, header: dict[str, Any]) -> None:
-        """Join the batches queued behind exec ``header`` to it while their rows fit the
-        model's ``max_batch_size`` (Triton's dynamic batcher: one ``execute`` for what
-        waits). Batches sent ``alone``, and requests of sequences, are not merged."""
-        rows = mergeable_rows(header)
-        if rows is None:
-            return
-        deferred = self._deferred
-        while deferred and deferred[0]["t"] == "exec":
-            more = mergeable_rows(deferred[0])
-            if more is None or rows + more > self.host.merge_rows:
-                break
-            batch = deferred.popleft()
-            header["r"].extend(batch["r"])
-            header.setdefault("bs", [header["b"]]).append(batch["b"])
-            rows += more
 
     def serve(self) -> None:
         """Serve until the model is finalized: sync models here, async ones on the loop."""

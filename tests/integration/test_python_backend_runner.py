@@ -423,13 +423,13 @@ async def test_model_ready_asks_the_models_is_ready(tmp_path: Path) -> None:
     assert not await runner.model_ready()
 
 
-@pytest.mark.parametrize(("max_batch_size", "instances", "held"), [(0, 1, 17), (32, 2, 288)])
+@pytest.mark.parametrize(("max_batch_size", "instances", "held"), [(0, 1, 65), (32, 2, 288)])
 async def test_capacity_is_what_the_instances_hold_when_busy(
     tmp_path: Path, max_batch_size: int, instances: int, held: int
 ) -> None:
     # The daemon's admission floor (DataPlane._capacity): a floor under a full batch per
     # instance would refuse 64 closed-loop clients of a model that batches 32 on a busy host.
     runner = _runner(tmp_path, "add_sub", max_batch_size=max_batch_size, instances=instances)
-    # PIPELINE (4) full batches per instance, or PIPELINE_SINGLE (16) requests without
+    # PIPELINE (4) full batches per instance, or PIPELINE_SINGLE (64) requests without
     # batching; and one batch filling
     assert runner.capacity == held

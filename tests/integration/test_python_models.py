@@ -41,6 +41,41 @@ A = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
 B = np.array([0.5, 1.0, 1.5, -2.0], np.float32)
 
 
+#: sleeps SECONDS (after touching the file its parameter "started" names, if any), then
+#: answers how many requests it has run
+SLOW_MODEL = """
+import json
+import pathlib
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.runs = 0
+
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            self.runs += 1
+            seconds = pb_utils.get_input_tensor_by_name(request, "SECONDS").as_numpy()
+            started = json.loads(request.parameters()).get("started")
+            if started:
+                pathlib.Path(started).touch()
+            time.sleep(float(seconds[0]))
+            runs = np.array([self.runs], np.int32)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("RUNS", runs)]))
+        return out
+"""
+SLOW_CONFIG = (
+    'backend: "python"\nmax_batch_size: 0\n'
+    'input [ { name: "SECONDS" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+    'output [ { name: "RUNS" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+    "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
+)
+
+
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     repo = tmp_path_factory.mktemp("python") / "models"
@@ -55,6 +90,9 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] },'
         ' { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
     )
+    (repo / "slow" / "1").mkdir(parents=True)
+    (repo / "slow" / "config.pbtxt").write_text(SLOW_CONFIG)
+    (repo / "slow" / "1" / "model.py").write_text(SLOW_MODEL)
     config, model = readme_model()  # the README's example, as written
     (repo / "double" / "1").mkdir(parents=True)
     (repo / "double" / "config.pbtxt").write_text(config)
@@ -193,6 +231,47 @@ def test_a_decoupled_model_streams_over_grpc_its_errors_in_place(daemon: Daemon)
     assert once.get_response().id == "o"  # type: ignore[attr-defined]
     assert once.get_response().parameters["triton_final_response"].bool_param  # type: ignore[attr-defined]
     np.testing.assert_array_equal(once.as_numpy("OUTPUT0"), A + B)  # type: ignore[attr-defined]
+
+
+def _sleep(seconds: float) -> list[object]:
+    tensor = grpcclient.InferInput("SECONDS", [1], "FP32")
+    tensor.set_data_from_numpy(np.array([seconds], np.float32))
+    return [tensor]
+
+
+def test_a_grpc_deadline_on_a_slow_python_model_is_deadline_exceeded(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    """A gRPC ModelInfer with a client deadline (grpc-timeout, tritonclient's client_timeout)
+    to a python model busy with another request ends at its deadline with Triton's
+    DEADLINE_EXCEEDED "Deadline Exceeded"; the model never runs it (as Triton drops a cancelled
+    request before the model gets it) and serves the others: the busy one, then the next."""
+    url = f"127.0.0.1:{daemon.grpc_port}"
+    busy: list[object] = []
+    started = tmp_path / "started"
+
+    def hold() -> None:
+        with grpcclient.InferenceServerClient(url) as other:
+            result = other.infer("slow", _sleep(1.5), parameters={"started": str(started)})
+            busy.append(result.as_numpy("RUNS")[0])
+
+    with grpcclient.InferenceServerClient(url) as client:
+        first = int(client.infer("slow", _sleep(0.0)).as_numpy("RUNS")[0])
+        holder = threading.Thread(target=hold)
+        holder.start()
+        wait_for(started.exists, 10, "the slow request to start")
+        t0 = time.monotonic()
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer("slow", _sleep(0.0), client_timeout=0.3)
+        waited = time.monotonic() - t0
+        holder.join(30)
+        assert caught.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+        assert caught.value.message() == "Deadline Exceeded"
+        assert waited < 1.2  # at its deadline, not when the busy request ends
+        assert busy == [first + 1]
+        after = int(client.infer("slow", _sleep(0.0)).as_numpy("RUNS")[0])
+        assert after == first + 2  # the request past its deadline never ran
+        assert client.is_model_ready("slow")
 
 
 def _instances(daemon: Daemon) -> list[int]:

@@ -4,6 +4,7 @@ full, and nothing a child writes there can crash or fool the daemon."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 import pytest
@@ -133,10 +134,38 @@ def test_what_an_instance_may_merge_into_one_execute() -> None:
     # the rows of an exec batch count against max_batch_size; a batch sent alone (requests
     # that were in a crash) or one with a sequence's request is never merged with others
     from model_runtime.python_backend import pb_utils
-    from model_runtime.python_backend.stub import mergeable_rows
+    from model_runtime.python_backend.stub_batches import mergeable_rows
 
     three = [pb_utils.Tensor("X", np.zeros((3, 2), np.float32))]
     assert mergeable_rows({"b": 1, "r": [{"k": 2, "T": three}, {"k": 3, "T": three}]}) == 6
     assert mergeable_rows({"b": 1, "r": [{"k": 2, "T": []}]}) == 1
     assert mergeable_rows({"b": 1, "a": 1, "r": [{"k": 2, "T": three}]}) is None
     assert mergeable_rows({"b": 1, "r": [{"k": 2, "T": three, "c": 7}]}) is None
+
+
+def test_a_busy_instance_fills_an_execute_request_by_request() -> None:
+    # As Triton's dynamic batcher: the batches that wait fill one execute up to max_batch_size
+    # rows; a batch that fits only in part gives its leading requests and waits with the rest
+    # (its end comes once they ran); one sent alone stops the merge
+    import collections
+
+    from model_runtime.python_backend import pb_utils
+    from model_runtime.python_backend.stub_batches import merge
+
+    def batch(b: int, *keys: int, **extra: int) -> dict[str, Any]:
+        one = [pb_utils.Tensor("X", np.zeros((1, 2), np.float32))]
+        return {"t": "exec", "b": b, "r": [{"k": k, "T": one} for k in keys], **extra}
+
+    head = batch(1, 10, 11)
+    waiting = collections.deque([batch(2, 20), batch(3, 30, 31, 32), batch(4, 40)])
+    merge(head, waiting, 5)
+    assert [item["k"] for item in head["r"]] == [10, 11, 20, 30, 31]
+    assert head["bs"] == [1, 2]  # batch 3 ends with its last request, in the next execute
+    assert [(b["b"], [item["k"] for item in b["r"]]) for b in waiting] == [(3, [32]), (4, [40])]
+    nxt = waiting.popleft()
+    merge(nxt, waiting, 5)
+    assert [item["k"] for item in nxt["r"]] == [32, 40] and nxt["bs"] == [3, 4]
+    alone = collections.deque([batch(6, 60, a=1)])
+    head = batch(5, 50)
+    merge(head, alone, 5)
+    assert [item["k"] for item in head["r"]] == [50] and len(alone) == 1
