@@ -71,6 +71,8 @@ _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 HOLD_S = 0.0005
 #: segments one sendmsg takes (Linux's UIO_MAXIOV)
 _IOV_MAX = 1024
+#: cancellations kept before those of finished requests are dropped (see _forget_finished_cancels)
+_CANCELLED_KEPT = 1024
 
 
 class Stub:
@@ -323,8 +325,18 @@ class Stub:
                 future.set_result(header.get("v"))
         elif kind == "cancel":
             self._cancelled.update(header["k"])
+            if len(self._cancelled) > _CANCELLED_KEPT:
+                self._forget_finished_cancels()
         else:
             self._queue_for_model(header)
+
+    def _forget_finished_cancels(self) -> None:
+        """Drop the cancellations of requests already finished: a cancel that crossed its
+        request's final response on the wire would otherwise stay in the set for good."""
+        live = set(self.host.requested)
+        for waiting in self._deferred:
+            live.update(item["k"] for item in waiting.get("r", ()))
+        self._cancelled &= live
 
     def _queue_for_model(self, header: dict[str, Any]) -> None:
         if self._async:

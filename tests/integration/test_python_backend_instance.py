@@ -321,6 +321,32 @@ async def test_a_cancelled_request_is_seen_by_the_model(tmp_path: Path, name: st
         await instance.stop()
 
 
+def _rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        line = next(line for line in status if line.startswith("VmRSS:"))
+    return int(line.split()[1]) * 1024
+
+
+async def test_cancels_that_cross_their_final_response_are_not_kept(tmp_path: Path) -> None:
+    """A cancel can cross its request's final response on the wire; over a long run such
+    cancels (a million here) must not pile up in the instance."""
+    instance = await _started(_spec(tmp_path, "add_sub"))
+    try:
+        await instance.execute([_add_sub(1.0)])
+        assert instance.pid is not None
+        before = _rss_bytes(instance.pid)
+        stale = 10**9  # keys never given to a request: finished long ago, as far as it knows
+        for _ in range(20):
+            instance.send({"t": "cancel", "k": list(range(stale, stale + 50_000))})
+            stale += 50_000
+        (answer,) = await instance.execute([_add_sub(2.0)])  # after every cancel frame
+        assert answer.error is None
+        grown = _rss_bytes(instance.pid) - before
+        assert grown < 16 * 2**20, f"the instance grew {grown / 2**20:.0f} MiB"
+    finally:
+        await instance.stop()
+
+
 def _interpreter_with_numpy() -> str | None:
     """The daemon's base interpreter (not its venv), if it has numpy: it lacks the daemon's
     own packages (structlog, ...), which the instance process must not need."""
