@@ -25,13 +25,15 @@ typecheck: $(STAMP)
 # be made (no network) those tests skip and say why, and the rest run.
 #
 # The suite runs on PYTEST_WORKERS workers (one per core by default: `make test
-# PYTEST_WORKERS=0` runs it in this process), each file on one worker; then the tests marked
-# `serial` (tests/conftest.py: they measure speed) run alone. pytest's exit status 5 is "no test
-# selected", for a PYTEST_ARGS that names none of one kind.
+# PYTEST_WORKERS=0` runs it in this process), each file on one worker, the longest files first
+# (tests/conftest.py's LONGEST_FIRST; --no-loadscope-reorder keeps that order); then the tests
+# marked `serial` (tests/conftest.py: they measure speed) run alone. pytest's exit status 5 is
+# "no test selected", for a PYTEST_ARGS that names none of one kind.
 PYTEST_WORKERS ?= auto
 pytest: $(STAMP)
 	-@$(MAKE) --no-print-directory perf-analyzer
-	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not serial" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not serial" \
+	  $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	$(BIN)/pytest -m serial $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 # The documentation site (mkdocs.yml, docs/) into site/; strict: a warning (a broken link or

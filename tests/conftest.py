@@ -41,11 +41,43 @@ SERIAL = (
 )
 
 
+#: The modules that take longest, slowest first (``--durations``): ``make test`` hands whole
+#: modules to its workers in collection order (``--dist loadfile --no-loadscope-reorder``), so
+#: these start at once and never leave one worker running a long module while the others have
+#: nothing left to do. The rest follow by their number of tests, most first.
+LONGEST_FIRST = (
+    # A loopback Ray cluster of three nodes and Serve, started once for the module.
+    "tests/integration/test_ray_serve.py",
+    "tests/unit/test_server_codec.py",
+    "tests/integration/test_light_models.py",
+    "tests/integration/test_sequence_flows.py",
+    "tests/integration/test_daemon_lifecycle.py",
+    "tests/faults/test_fault_injection.py",
+    "tests/integration/test_closed_loop_slow_model.py",
+    "tests/unit/test_server_connections.py",
+    "tests/integration/test_daemon_repository.py",
+    "tests/integration/test_access_control.py",
+    "tests/integration/test_reuse_port.py",
+)
+
+
+def _longest_first(root: Path, items: list[pytest.Item]) -> None:
+    """Sort ``items`` in place, module by module (see :data:`LONGEST_FIRST`); the tests of a
+    module keep their order."""
+    paths = {id(item): item.path.relative_to(root).as_posix() for item in items}
+    sizes: dict[str, int] = {}
+    for path in paths.values():
+        sizes[path] = sizes.get(path, 0) + 1
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: (rank.get(paths[id(item)], len(rank)), -sizes[paths[id(item)]]))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = config.rootpath
     for item in items:
         if item.path.relative_to(root).as_posix().startswith(SERIAL):
             item.add_marker(pytest.mark.serial)
+    _longest_first(root, items)
     if config.getoption("--long"):
         return
     skip = pytest.mark.skip(reason="soak run: pass --long")

@@ -102,7 +102,11 @@ async def test_a_closed_http_site_comes_back_on_its_port_and_grpc_says_not_ready
         listener = SupervisedListener(start, changed, name="HTTP")
         port = await listener.start(0)
         try:
-            async with aiohttp.ClientSession() as session:
+            # One connection per request: a closed site ends once its last connection is
+            # gone, and a keep-alive one in the client's pool would hold that off for the
+            # pool's 15 s.
+            connector = aiohttp.TCPConnector(force_close=True)
+            async with aiohttp.ClientSession(connector=connector) as session:
                 url = f"http://127.0.0.1:{port}/v2/health/ready"
                 assert (await session.get(url)).status == 200
                 site = listener.server.site
