@@ -13,19 +13,25 @@ takes it, so a message the app refuses is never buffered past one window); a str
 resets, or a connection it closes, cancels the call's task; an answer that waits behind a
 closed window past ``write_timeout`` resets its stream; a connection without calls for
 ``idle_timeout`` is closed (GOAWAY first); a header block past :data:`MAX_HEADER_LIST` resets
-its stream. nghttp2's own limits stay on: rapid reset, PING/SETTINGS floods (outbound ACKs
-capped), CONTINUATION floods.
+its stream. Rapid reset (CVE-2023-44487): a client's resets of streams it opened less than
+:data:`RESET_GRACE` before are counted in a token bucket (:data:`RESET_BURST`, refilled at
+:data:`RESET_RATE` a second); past it the connection is ended (GOAWAY ENHANCE_YOUR_CALM). A
+reset of an older stream costs nothing: such a stream held one of the connection's
+``max_streams`` for that long, so the concurrency limit bounds them, and a client that cancels
+many calls at once (its deadline passed) keeps its connection. nghttp2's own limits stay on:
+its reset limit (a backstop far above ours), PING/SETTINGS floods (outbound ACKs capped),
+CONTINUATION floods.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from model_runtime.server.grpc import nghttp2 as ng
+from model_runtime.server.grpc.call import STREAM_EXTENSION
 from model_runtime.server.grpc.h2stream import HIGH_WATER, H2Stream, headers_nv, trailers_nv
-from model_runtime.server.grpc.native import STREAM_EXTENSION
 from model_runtime.server.grpc.nghttp2 import ffi, lib
 
 __all__ = ["MAX_HEADER_LIST", "H2Protocol", "ProtocolLimits"]
@@ -34,26 +40,42 @@ unpack = ffi._backend.unpack  # ffi.unpack without its Python wrapper (per heade
 
 
 App = Callable[[dict[str, Any], Any, Any], Coroutine[Any, Any, None]]
+
+
+class FastCalls(Protocol):
+    """Calls the transport may hand over without a task (:class:`~.unary.UnaryInfer`)."""
+
+    path: bytes
+
+    def start(self, conn: H2Protocol, stream: H2Stream) -> bool:
+        """Take the call of ``stream`` (its method's ``:path`` is :attr:`path`, its request
+        ended within this read); False: nothing was done (the app serves it)."""
+
+
 #: A stream's header block (names and values) past this many bytes resets the stream.
 MAX_HEADER_LIST = 64 << 10
 #: Each stream's receive window, and the connection's: what a client may send unread.
 STREAM_WINDOW = 1 << 20
 CONNECTION_WINDOW = 8 << 20
-#: Streams a client may reset at once, and a second after (more: its connection is ended).
-RESET_BURST, RESET_RATE = 100, 33
+#: Resets of young streams a client may send at once, and a second after (more: its
+#: connection is ended); a stream is young until it has been open RESET_GRACE seconds.
+RESET_BURST, RESET_RATE, RESET_GRACE = 100, 33.0, 0.1
+#: nghttp2's own reset limit (every reset counts): a backstop behind ours.
+NGHTTP2_RESET_BURST, NGHTTP2_RESET_RATE = 10_000, 1_000
 
 
 class ProtocolLimits:
     """What every connection of a listener shares: the app, its limits, the open connections."""
 
-    __slots__ = ("app", "connections", "idle_timeout", "max_connections", "max_streams",
-                 "write_timeout")  # fmt: skip
+    __slots__ = ("app", "connections", "fast", "idle_timeout", "max_connections",
+                 "max_streams", "write_timeout")  # fmt: skip
 
     def __init__(
         self, app: App, *, max_streams: int, idle_timeout: float, write_timeout: float,
-        max_connections: int,
+        max_connections: int, fast: FastCalls | None = None,
     ) -> None:  # fmt: skip
         self.app = app
+        self.fast = fast
         self.max_streams = max_streams
         self.idle_timeout = idle_timeout
         self.write_timeout = write_timeout
@@ -72,6 +94,8 @@ class H2Protocol(asyncio.Protocol):
         self.streams: dict[int, H2Stream] = {}
         self.transport: asyncio.Transport | None = None
         self.peer: tuple[str, int] | None = None
+        #: The peer as gRPC names it (``ipv4:HOST:PORT``).
+        self.grpc_peer = "unknown"
         self._ready: list[H2Stream] = []
         #: Streams whose answer is ended while their client is still sending.
         self._stop_sending: list[H2Stream] = []
@@ -80,6 +104,10 @@ class H2Protocol(asyncio.Protocol):
         self._last = self.loop.time()
         self._timer: asyncio.TimerHandle | None = None
         self._out = ffi.new("uint8_t **")
+        #: The reset bucket's tokens (:data:`RESET_BURST` at most), as of ``_refilled``.
+        self._resets = float(RESET_BURST)
+        self._refilled = self._last
+        self._calm = False
 
     # -- asyncio.Protocol --
 
@@ -91,7 +119,9 @@ class H2Protocol(asyncio.Protocol):
             return
         limits.connections.add(self)
         peer = transport.get_extra_info("peername")
-        self.peer = (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) else None
+        if isinstance(peer, tuple):
+            self.peer = (str(peer[0]), int(peer[1]))
+            self.grpc_peer = f"ipv4:{peer[0]}:{peer[1]}"
         holder = ffi.new("nghttp2_session **")
         if lib.nghttp2_session_server_new2(holder, _CALLBACKS, ffi.NULL, _OPTION) != 0:
             transport.abort()
@@ -121,11 +151,23 @@ class H2Protocol(asyncio.Protocol):
         if read < 0:
             self._close()
             return
+        if self._calm:  # rapid reset: no new streams, then the connection ends
+            self._calm = False
+            self._ready.clear()
+            lib.nghttp2_session_terminate_session(session, ng.ENHANCE_YOUR_CALM)
         if self._ready:
             ready, self._ready = self._ready, []
             app, client, create = self.limits.app, self.peer, self.loop.create_task
+            fast = self.limits.fast
             for stream in ready:
                 if stream.closed:
+                    continue
+                if (
+                    fast is not None
+                    and stream.ended
+                    and stream.path == fast.path
+                    and fast.start(self, stream)
+                ):
                     continue
                 path = stream.path
                 try:
@@ -251,6 +293,20 @@ class H2Protocol(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def reset_received(self, stream: H2Stream | None) -> None:
+        """The client reset ``stream`` (None: one not open): a young one costs a token of the
+        reset bucket; the connection is ended once it is empty."""
+        now = self._last
+        if stream is not None and now - stream.opened >= RESET_GRACE:
+            return
+        tokens = min(float(RESET_BURST), self._resets + (now - self._refilled) * RESET_RATE)
+        self._refilled = now
+        if tokens < 1.0:
+            self._calm = True
+            self._resets = 0.0
+            return
+        self._resets = tokens - 1.0
+
     # -- timers: the write timeout of answers, the idle timeout of the connection --
 
     def _arm(self) -> None:
@@ -307,7 +363,7 @@ def _on_begin_headers(session: Any, frame: Any, user_data: Any) -> int:
     if stream_id in conn.streams:
         _hs = None  # the request's trailers: not read
     else:
-        _hs = conn.streams[stream_id] = H2Stream(conn, stream_id)
+        _hs = conn.streams[stream_id] = H2Stream(conn, stream_id, conn._last)
     return 0
 
 
@@ -347,6 +403,8 @@ def _on_frame_recv(session: Any, frame: Any, user_data: Any) -> int:
         if hd.flags & ng.FLAG_END_STREAM:
             stream.ended = True
             stream.wake()
+    elif kind == ng.RST_STREAM:
+        conn.reset_received(conn.streams.get(hd.stream_id))
     return 0
 
 
@@ -442,9 +500,9 @@ def _option() -> Any:
     lib.nghttp2_option_set_max_outbound_ack(option, 1000)  # PING/SETTINGS floods
     lib.nghttp2_option_set_max_settings(option, 32)
     lib.nghttp2_option_set_max_deflate_dynamic_table_size(option, 4096)
-    # Rapid reset: a connection whose client resets more than RESET_BURST streams, past
-    # RESET_RATE a second, is ended (GOAWAY ENHANCE_YOUR_CALM).
-    lib.nghttp2_option_set_stream_reset_rate_limit(option, RESET_BURST, RESET_RATE)
+    # Rapid reset: counted by the connection (H2Protocol.reset_received); nghttp2's count of
+    # every reset is a backstop far above it.
+    lib.nghttp2_option_set_stream_reset_rate_limit(option, NGHTTP2_RESET_BURST, NGHTTP2_RESET_RATE)
     lib.nghttp2_option_set_max_continuations(option, 8)  # CONTINUATION floods
     return option
 

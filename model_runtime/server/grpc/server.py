@@ -188,7 +188,12 @@ async def start_native_grpc_server(
     handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
         budget.wrap(servicer.model_infer_wire, len)
     )
-    start = start_nghttp2_listener if transport == "nghttp2" else start_h2_listener
+    native: dict[str, Any] = {}
+    if transport == "nghttp2":
+        start: Any = start_nghttp2_listener
+        native["plane"] = plane  # ModelInfer by callbacks where it can
+    else:
+        start = start_h2_listener
     listener, bound = await start(
         handlers,
         host,
@@ -204,6 +209,7 @@ async def start_native_grpc_server(
         reuse_port=reuse_port,
         backlog=backlog,
         budget=budget,
+        **native,
     )
     listener.budget = budget
     return listener, bound
