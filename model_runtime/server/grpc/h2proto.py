@@ -46,10 +46,13 @@ class FastCalls(Protocol):
     """Calls the transport may hand over without a task (:class:`~.unary.UnaryInfer`)."""
 
     path: bytes
+    #: A call of :attr:`path` whose request has not ended waits for its end (unstarted)
+    #: while it has sent at most this many bytes.
+    max_wait: int
 
     def start(self, conn: H2Protocol, stream: H2Stream) -> bool:
         """Take the call of ``stream`` (its method's ``:path`` is :attr:`path`, its request
-        ended within this read); False: nothing was done (the app serves it)."""
+        ended); False: nothing was done (the app serves it)."""
 
 
 #: A stream's header block (names and values) past this many bytes resets the stream.
@@ -60,6 +63,9 @@ CONNECTION_WINDOW = 8 << 20
 #: Resets of young streams a client may send at once, and a second after (more: its
 #: connection is ended); a stream is young until it has been open RESET_GRACE seconds.
 RESET_BURST, RESET_RATE, RESET_GRACE = 100, 33.0, 0.1
+#: A stream's ``wait``: its call not started; waiting for the end of its request (a fast
+#: call's); no longer (too big: the app's); started.
+WAITING, TOO_BIG, STARTED = 1, 2, 3
 #: nghttp2's own reset limit (every reset counts): a backstop behind ours.
 NGHTTP2_RESET_BURST, NGHTTP2_RESET_RATE = 10_000, 1_000
 
@@ -160,15 +166,17 @@ class H2Protocol(asyncio.Protocol):
             app, client, create = self.limits.app, self.peer, self.loop.create_task
             fast = self.limits.fast
             for stream in ready:
-                if stream.closed:
+                if stream.closed or stream.wait == STARTED:
                     continue
-                if (
-                    fast is not None
-                    and stream.ended
-                    and stream.path == fast.path
-                    and fast.start(self, stream)
-                ):
-                    continue
+                if fast is not None and stream.path == fast.path:
+                    if stream.ended:
+                        if fast.start(self, stream):
+                            stream.wait = STARTED
+                            continue
+                    elif stream.wait == 0 and stream.unconsumed <= fast.max_wait:
+                        stream.wait = WAITING  # ready again once it ends (or sends more)
+                        continue
+                stream.wait = STARTED
                 path = stream.path
                 try:
                     text = path.decode()
@@ -211,6 +219,14 @@ class H2Protocol(asyncio.Protocol):
         if self.session is not None and not stream.closed:
             lib.nghttp2_session_consume(self.session, stream.id, size)
             self.want_flush()
+
+    def taken(self, stream: H2Stream) -> None:
+        """The whole request of ``stream`` (ended) was taken during this read: its bytes'
+        window is given back to the connection (sent with the read's flush)."""
+        size, stream.unconsumed = stream.unconsumed, 0
+        stream.chunks.clear()
+        if size and self.session is not None:
+            lib.nghttp2_session_consume_connection(self.session, size)
 
     def submit(self, stream: H2Stream) -> None:
         """``stream`` has more of its answer to send."""
@@ -403,6 +419,8 @@ def _on_frame_recv(session: Any, frame: Any, user_data: Any) -> int:
         if hd.flags & ng.FLAG_END_STREAM:
             stream.ended = True
             stream.wake()
+            if stream.wait == WAITING:
+                conn._ready.append(stream)
     elif kind == ng.RST_STREAM:
         conn.reset_received(conn.streams.get(hd.stream_id))
     return 0
@@ -420,6 +438,11 @@ def _on_data_chunk(
     stream.chunks.append(ffi.buffer(data, size)[:])
     stream.unconsumed += size
     stream.wake()
+    if stream.wait == WAITING:
+        fast = conn.limits.fast
+        if fast is not None and stream.unconsumed > fast.max_wait:
+            stream.wait = TOO_BIG  # the app reads it as it comes
+            conn._ready.append(stream)
     return 0
 
 

@@ -66,13 +66,15 @@ class H2Stream:
     __slots__ = ("chunks", "closed", "conn", "drained", "end_told", "ended", "ended_call",
                  "expect_trailers", "finished", "finished_at", "header_bytes", "headers", "id",
                  "opened", "out", "out_len", "path", "start", "status", "submitted", "task",
-                 "trailers", "unconsumed", "waiter")  # fmt: skip
+                 "trailers", "unconsumed", "wait", "waiter")  # fmt: skip
 
     def __init__(self, conn: StreamOwner, stream_id: int, opened: float = 0.0) -> None:
         self.conn = conn
         self.id = stream_id
         #: When its headers came (the loop's clock, as of the read that brought them).
         self.opened = opened
+        #: Where its call is: not started (0), or :data:`~.h2proto.STARTED` and the like.
+        self.wait = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.header_bytes = 0
         self.path = b""

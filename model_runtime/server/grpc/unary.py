@@ -1,6 +1,7 @@
 """``ModelInfer`` answered by callbacks on the nghttp2 transport (:mod:`.h2proto`), no task.
 
-:class:`UnaryInfer` takes a call whose whole request arrived in the read that opened it, for a
+:class:`UnaryInfer` takes a call whose whole request has arrived (the transport holds a call
+whose first :data:`WAIT_BYTES` did not end its request unstarted until it ends), for a
 plain model (:func:`~model_runtime.server.inference.direct.plain_runner`): the message is
 parsed (protobuf's C parser), checked and queued on its model's runner as the read is handled
 (:func:`~model_runtime.server.inference.direct.submit`), and answered from its future's done
@@ -54,6 +55,8 @@ __all__ = ["UnaryInfer"]
 log = structlog.get_logger("model_runtime.server.grpc.service")  # the servicer's events
 
 _PARSE = pb.ModelInferRequest.FromString
+#: The most of a request that waits for its end before the app takes its call.
+WAIT_BYTES = 16 << 10
 _CONTENT_TYPE = b"content-type"
 _TIMEOUT = b"grpc-timeout"
 _ENCODING = b"grpc-encoding"
@@ -78,10 +81,13 @@ class UnaryInfer:
         self.budget = budget
         self.restrictions = restrictions if restrictions else None
         self.max = min(max_message_size, THREAD_PARSE_BYTES - 1)
+        # A call whose request spans reads waits unstarted (its bytes unread, its window not
+        # given back) only while small: 256 such streams cannot fill a connection's window.
+        self.max_wait = min(self.max + 5, WAIT_BYTES)
 
     def start(self, conn: H2Protocol, stream: H2Stream) -> bool:
-        """Take the call of ``stream`` (its request ended in this read); False: nothing was
-        done, counted or answered (the app serves it)."""
+        """Take the call of ``stream`` (its request ended); False: nothing was done, counted or
+        answered (the app serves it)."""
         timeout = None
         for key, value in stream.headers:
             if key == _CONTENT_TYPE:
@@ -137,8 +143,7 @@ class UnaryInfer:
             shares.end(share)
             return False
         # Taken: the request's window is given back, the call answers from here on.
-        chunks.clear()
-        conn.consume(stream, stream.unconsumed)
+        conn.taken(stream)
         deadline = None if seconds is None else conn.loop.time() + seconds
         call = _Call(self, conn, stream, share, peer, held, deadline)
         stream.ended_call = call.closed
