@@ -130,6 +130,19 @@ class CallBudget:
         self.computing += 1
         return True
 
+    def enter(self, peer: str, size: int) -> str | None:
+        """:meth:`try_enter`, or why the call is refused (counted and logged as :meth:`wrap`
+        counts a refusal; nothing else counted)."""
+        held = self.calls.get(peer, 0)
+        why = self._refusal(held, size, peer)
+        if why is not None:
+            self._log(reason=why, peer=peer)
+            return why
+        self.calls[peer] = held + 1
+        self.bytes += size
+        self.computing += 1
+        return None
+
     def computed(self, peer: str, answer_size: int) -> str | None:
         """A call :meth:`try_enter` counted has its answer (``answer_size`` bytes, counted
         from now), or failed (0); why the answer is refused instead (its bytes not counted)."""

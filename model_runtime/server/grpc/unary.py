@@ -23,14 +23,16 @@ as :meth:`~.service.InferenceServicer.ModelInfer` counts them.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
 import structlog
 
 from model_runtime.errors import QueueFullError, RequestTimeoutError
-from model_runtime.server.answers import status_of
+from model_runtime.server.answers import HTTPError, status_of
 from model_runtime.server.grpc.budget import CALL_OVERHEAD, CallBudget
 from model_runtime.server.grpc.call import GRPC, OK, SERVICE_PATH, START_HEADERS, header_of
 from model_runtime.server.grpc.codec import encode_model_infer_response, parse_model_infer_request
@@ -113,7 +115,7 @@ class UnaryInfer:
         ):
             return False
         try:
-            seconds = parse_timeout(timeout)
+            seconds = None if timeout is None else parse_timeout(timeout)
             request = _PARSE(memoryview(body)[5:])
         except Exception:  # (GrpcAbort among them) the app answers it
             return False
@@ -132,13 +134,11 @@ class UnaryInfer:
         share = shares.start(conn.peer)
         if share is None:
             return False
-        if not shares.try_turn(share):
-            shares.end(share)
-            return False
         peer = conn.grpc_peer
         held = CALL_OVERHEAD + size
         budget = self.budget
-        if budget is not None and not budget.try_enter(peer, held):
+        turn = shares.try_turn(share)
+        if turn and budget is not None and not budget.try_enter(peer, held):
             shares.done(share)
             shares.end(share)
             return False
@@ -147,16 +147,20 @@ class UnaryInfer:
         deadline = None if seconds is None else conn.loop.time() + seconds
         call = _Call(self, conn, stream, share, peer, held, deadline)
         stream.ended_call = call.closed
-        call.begin(entry, inner, request, seconds)
+        if turn:
+            call.turn = call.entered = True
+            call.begin(entry, inner, request, seconds)
+        else:  # its connection's turns are taken: it waits for one, oldest first
+            call.wait_turn(functools.partial(call.turned, entry, request))
         return True
 
 
 class _Call:
     """One call taken by :class:`UnaryInfer`, from its request to its stream's end."""
 
-    __slots__ = ("answered_at", "computing", "conn", "crowded", "deadline", "entry", "held",
-                 "left", "owner", "parsed", "peer", "queue_full", "refused", "sent", "share",
-                 "stream", "t0", "timer")  # fmt: skip
+    __slots__ = ("answered_at", "computing", "conn", "crowded", "deadline", "entered", "entry",
+                 "held", "left", "owner", "parsed", "peer", "queue_full", "refused", "sent",
+                 "share", "stream", "t0", "timed_out", "timer", "turn")  # fmt: skip
 
     def __init__(
         self,
@@ -176,8 +180,11 @@ class _Call:
         self.held = held
         self.deadline = deadline
         self.crowded = share.open > 1
-        #: Holds its connection's turn and counts as computed in the budget.
+        #: Holds one of its connection's turns; counted in the budget (as computed, until
+        #: ``computing`` is over).
+        self.turn = self.entered = False
         self.computing = True
+        self.timed_out = False
         #: Its answer was submitted; its stream ended (counted out of share and budget).
         self.sent = self.left = False
         self.refused = self.queue_full = False
@@ -185,6 +192,62 @@ class _Call:
         self.parsed: InferRequest | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.t0 = self.answered_at = 0.0
+
+    def wait_turn(self, then: Callable[[asyncio.Future[None]], None]) -> None:
+        """Wait for one of the connection's turns (:meth:`Shares.turn`'s rules, no task):
+        ``then`` is called with the waiter once it is handed over, timed out, or cancelled."""
+        loop = self.conn.loop
+        waiter: asyncio.Future[None] = loop.create_future()
+        self.share.queued.append(waiter)
+        self.stream.task = waiter  # cancelled if the stream closes first
+        self.timer = loop.call_later(self.owner.shares.write_timeout, self._turn_late, waiter)
+        waiter.add_done_callback(then)
+
+    def _turn_late(self, waiter: asyncio.Future[None]) -> None:
+        if not waiter.done():
+            self.timed_out = True
+            waiter.cancel()
+
+    def turned(self, entry: ModelEntry, request: Any, waiter: asyncio.Future[None]) -> None:
+        """The wait for a turn ended: go on with the call, or refuse it, or (its client left)
+        nothing."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if waiter.cancelled():
+            if waiter in self.share.queued:
+                self.share.queued.remove(waiter)
+            if self.timed_out and not self.left:
+                shares = self.owner.shares
+                self.refuse(
+                    f"this connection's calls waited {shares.write_timeout} s for one of its "
+                    f"{shares.max_busy} turns; read the answers of the calls sent",
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                )
+            return
+        self.turn = True  # (handed over: counted by Shares)
+        if self.left:
+            self.computed(0)
+            return
+        budget = self.owner.budget
+        if budget is not None:
+            why = budget.enter(self.peer, self.held)
+            if why is not None:
+                self.refuse(why, grpc.StatusCode.RESOURCE_EXHAUSTED)
+                return
+            self.entered = True
+        plane = self.owner.plane
+        try:
+            runner = plane.serving_runner(entry)  # (it may have changed while the call waited)
+            inner = direct.plain_runner(plane, entry, runner)
+            if inner is None:
+                raise HTTPError(503, f"model {entry.name!r} changed; retry", "not_ready")
+        except Exception as exc:
+            self.fail(exc)
+            return
+        deadline = self.deadline
+        seconds = None if deadline is None else max(0.0, deadline - self.conn.loop.time())
+        self.begin(entry, inner, request, seconds)
 
     def begin(self, entry: ModelEntry, inner: Any, request: Any, seconds: float | None) -> None:
         """Admit, decode and queue the request; its answer follows by callbacks."""
@@ -263,20 +326,21 @@ class _Call:
         self.computed(0)
         self.send_status(code, message)
 
-    def refuse(self, message: str) -> None:
-        """Admission refused the call (load shed): UNAVAILABLE, held back while its connection
-        has other calls open that are not refusals (:meth:`Shares.before_refusal`)."""
+    def refuse(self, message: str, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE) -> None:
+        """Shed the call (admission's UNAVAILABLE, a budget's RESOURCE_EXHAUSTED): its refusal
+        is held back while its connection has other calls open that are not refusals
+        (:meth:`Shares.before_refusal`)."""
         self.computed(0)
         self.refused = True
         share = self.share
         if share.open - 1 - share.refusing <= 0:
-            self.send_status(grpc.StatusCode.UNAVAILABLE, message)
+            self.send_status(code, message)
             return
-        self.stream.task = self.conn.loop.create_task(self._refuse_later(message))
+        self.stream.task = self.conn.loop.create_task(self._refuse_later(message, code))
 
-    async def _refuse_later(self, message: str) -> None:
+    async def _refuse_later(self, message: str, code: grpc.StatusCode) -> None:
         await self.owner.shares.before_refusal(self.share)
-        self.send_status(grpc.StatusCode.UNAVAILABLE, message)
+        self.send_status(code, message)
 
     def finish(self, reason: str | None, samples: int) -> None:
         """The request is no longer in flight: statistics, metrics, admission, regions."""
@@ -296,9 +360,11 @@ class _Call:
             return None
         self.computing = False
         owner = self.owner
-        owner.shares.done(self.share)
+        if self.turn:
+            self.turn = False
+            owner.shares.done(self.share)
         budget = owner.budget
-        if budget is None or self.left:
+        if budget is None or self.left or not self.entered:
             return None
         why = budget.computed(self.peer, answer_size)
         if why is None:
@@ -341,7 +407,7 @@ class _Call:
             task = self.stream.task
             if task is not None and not task.done():
                 task.cancel()  # its callback counts it
-        if budget is not None:
+        if budget is not None and self.entered:
             if self.computing:  # (the budget counts it computed until its callback runs)
                 budget.computed(self.peer, 0)
             budget.leave(self.peer, self.held)
