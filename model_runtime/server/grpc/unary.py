@@ -11,13 +11,15 @@ written with the other answers of that turn of the loop.
 It keeps what :class:`~.native.GrpcApp` gives a call, or leaves the call to it: a call it does
 not take (another method or encoding, a restricted group's refusal, a model that is not plain,
 bytes that do not parse, a message past the size limit or big enough to parse off the loop, a
-connection or server at a limit of its :class:`~.shares.Shares` or :class:`~.budget.CallBudget`)
-goes the app's way untouched, which answers it. For those it takes: Triton's status codes and
-texts (:func:`~.service.failure_status`), ``grpc-timeout`` (DEADLINE_EXCEEDED past it), a client
-that resets the stream or leaves cancels the request (its rows never run), admission as over
-the app (a shed call's refusal held back while its connection has other calls open), the call
-counted by its connection's share and the budget until its stream ends, statistics and metrics
-as :meth:`~.service.InferenceServicer.ModelInfer` counts them.
+connection at its stream limit, the budget of :class:`~.budget.CallBudget` passed) goes the
+app's way untouched, which answers it. For those it takes: Triton's status codes and texts
+(:func:`~.service.failure_status`), ``grpc-timeout`` (DEADLINE_EXCEEDED past it), a client
+that resets the stream or leaves cancels the request (its rows never run), the connection's
+turns (:class:`~.shares.Shares`: a call waits for one by callback, refused RESOURCE_EXHAUSTED
+past the write timeout), admission as over the app (a shed call's refusal held back while its
+connection has other calls open), the call counted by its connection's share and the budget
+until its stream ends, statistics and metrics as
+:meth:`~.service.InferenceServicer.ModelInfer` counts them.
 """
 
 from __future__ import annotations
