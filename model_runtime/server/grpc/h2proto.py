@@ -27,45 +27,26 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
-from model_runtime.server.grpc import nghttp2 as ng
+from model_runtime.server.grpc import h2callbacks as callbacks, nghttp2 as ng
 from model_runtime.server.grpc.call import STREAM_EXTENSION
-from model_runtime.server.grpc.h2stream import HIGH_WATER, H2Stream, headers_nv, trailers_nv
+from model_runtime.server.grpc.h2callbacks import MAX_HEADER_LIST, STARTED, WAITING, FastCalls
+from model_runtime.server.grpc.h2stream import H2Stream, headers_nv
 from model_runtime.server.grpc.nghttp2 import ffi, lib
 
 __all__ = ["MAX_HEADER_LIST", "H2Protocol", "ProtocolLimits"]
-
-unpack = ffi._backend.unpack  # ffi.unpack without its Python wrapper (per header)
 
 
 App = Callable[[dict[str, Any], Any, Any], Coroutine[Any, Any, None]]
 
 
-class FastCalls(Protocol):
-    """Calls the transport may hand over without a task (:class:`~.unary.UnaryInfer`)."""
-
-    path: bytes
-    #: A call of :attr:`path` whose request has not ended waits for its end (unstarted)
-    #: while it has sent at most this many bytes.
-    max_wait: int
-
-    def start(self, conn: H2Protocol, stream: H2Stream) -> bool:
-        """Take the call of ``stream`` (its method's ``:path`` is :attr:`path`, its request
-        ended); False: nothing was done (the app serves it)."""
-
-
-#: A stream's header block (names and values) past this many bytes resets the stream.
-MAX_HEADER_LIST = 64 << 10
 #: Each stream's receive window, and the connection's: what a client may send unread.
 STREAM_WINDOW = 1 << 20
 CONNECTION_WINDOW = 8 << 20
 #: Resets of young streams a client may send at once, and a second after (more: its
 #: connection is ended); a stream is young until it has been open RESET_GRACE seconds.
 RESET_BURST, RESET_RATE, RESET_GRACE = 100, 33.0, 0.1
-#: A stream's ``wait``: its call not started; waiting for the end of its request (a fast
-#: call's); no longer (too big: the app's); started.
-WAITING, TOO_BIG, STARTED = 1, 2, 3
 #: nghttp2's own reset limit (every reset counts): a backstop behind ours.
 NGHTTP2_RESET_BURST, NGHTTP2_RESET_RATE = 10_000, 1_000
 
@@ -100,19 +81,20 @@ class H2Protocol(asyncio.Protocol):
         self.streams: dict[int, H2Stream] = {}
         self.transport: asyncio.Transport | None = None
         self.peer: tuple[str, int] | None = None
+        self.fast = limits.fast
         #: The peer as gRPC names it (``ipv4:HOST:PORT``).
         self.grpc_peer = "unknown"
-        self._ready: list[H2Stream] = []
+        self.ready: list[H2Stream] = []
         #: Streams whose answer is ended while their client is still sending.
         self._stop_sending: list[H2Stream] = []
         self._flushing = False
         self._paused = False
-        self._last = self.loop.time()
+        self.last = self.loop.time()
         self._timer: asyncio.TimerHandle | None = None
         self._out = ffi.new("uint8_t **")
         #: The reset bucket's tokens (:data:`RESET_BURST` at most), as of ``_refilled``.
         self._resets = float(RESET_BURST)
-        self._refilled = self._last
+        self._refilled = self.last
         self._calm = False
 
     # -- asyncio.Protocol --
@@ -129,7 +111,7 @@ class H2Protocol(asyncio.Protocol):
             self.peer = (str(peer[0]), int(peer[1]))
             self.grpc_peer = f"ipv4:{peer[0]}:{peer[1]}"
         holder = ffi.new("nghttp2_session **")
-        if lib.nghttp2_session_server_new2(holder, _CALLBACKS, ffi.NULL, _OPTION) != 0:
+        if lib.nghttp2_session_server_new2(holder, callbacks.CALLBACKS, ffi.NULL, OPTION) != 0:
             transport.abort()
             return
         self.session = holder[0]
@@ -150,19 +132,17 @@ class H2Protocol(asyncio.Protocol):
         session = self.session
         if session is None:
             return
-        self._last = self.loop.time()
-        global _conn
-        _conn = self
+        self.last = self.loop.time()
+        callbacks.current = self
         read = lib.nghttp2_session_mem_recv(session, data, len(data))
         if read < 0:
             self._close()
             return
-        if self._calm:  # rapid reset: no new streams, then the connection ends
+        if self._calm:  # rapid reset: the calls of this read are not started either
             self._calm = False
-            self._ready.clear()
-            lib.nghttp2_session_terminate_session(session, ng.ENHANCE_YOUR_CALM)
-        if self._ready:
-            ready, self._ready = self._ready, []
+            self.ready.clear()
+        if self.ready:
+            ready, self.ready = self.ready, []
             app, client, create = self.limits.app, self.peer, self.loop.create_task
             fast = self.limits.fast
             for stream in ready:
@@ -199,7 +179,7 @@ class H2Protocol(asyncio.Protocol):
             self._timer.cancel()
         streams, self.streams = self.streams, {}
         for stream in streams.values():
-            self._on_close(stream)
+            self.on_close(stream)
         session, self.session = self.session, None
         if session is not None:
             lib.nghttp2_session_del(session)
@@ -244,15 +224,15 @@ class H2Protocol(asyncio.Protocol):
             ):  # gRPC's trailers-only answer: one HEADERS that ends the stream
                 nva, count, _keep = headers_nv(stream.status, start)
                 lib.nghttp2_submit_response(session, stream.id, nva, count, ffi.NULL)
-                self._after_end(stream)
+                self.after_end(stream)
             else:
                 nva, count, _keep = headers_nv(stream.status, start)
-                lib.nghttp2_submit_response(session, stream.id, nva, count, _PROVIDER)
+                lib.nghttp2_submit_response(session, stream.id, nva, count, callbacks.PROVIDER)
         else:
             lib.nghttp2_session_resume_data(session, stream.id)
         self.want_flush()
 
-    def _after_end(self, stream: H2Stream) -> None:
+    def after_end(self, stream: H2Stream) -> None:
         """Our side of ``stream`` is ended; a client still sending is told to stop once the
         end is written (a reset submitted earlier would drop the answer)."""
         if not stream.ended:
@@ -275,8 +255,7 @@ class H2Protocol(asyncio.Protocol):
         session, transport = self.session, self.transport
         if session is None or transport is None or self._paused:
             return
-        global _conn
-        _conn = self
+        callbacks.current = self
         out = self._out
         pieces = []
         while True:
@@ -312,12 +291,16 @@ class H2Protocol(asyncio.Protocol):
     def reset_received(self, stream: H2Stream | None) -> None:
         """The client reset ``stream`` (None: one not open): a young one costs a token of the
         reset bucket; the connection is ended once it is empty."""
-        now = self._last
+        now = self.last
         if stream is not None and now - stream.opened >= RESET_GRACE:
             return
         tokens = min(float(RESET_BURST), self._resets + (now - self._refilled) * RESET_RATE)
         self._refilled = now
         if tokens < 1.0:
+            if not self._calm and self.session is not None:
+                # Ended now, from within nghttp2's callback: the rest of the read's header
+                # blocks are ignored by nghttp2 (no callbacks), then the connection closes.
+                lib.nghttp2_session_terminate_session(self.session, ng.ENHANCE_YOUR_CALM)
             self._calm = True
             self._resets = 0.0
             return
@@ -338,7 +321,7 @@ class H2Protocol(asyncio.Protocol):
         for stream in list(self.streams.values()):
             if stream.finished and now - stream.finished_at > limits.write_timeout:
                 self.reset(stream.id, ng.CANCEL)
-        if not self.streams and now - self._last > limits.idle_timeout:
+        if not self.streams and now - self.last > limits.idle_timeout:
             self.goaway()
             self._close()
             return
@@ -346,7 +329,7 @@ class H2Protocol(asyncio.Protocol):
 
     # -- nghttp2's callbacks (through the module's functions below) --
 
-    def _on_close(self, stream: H2Stream) -> None:
+    def on_close(self, stream: H2Stream) -> None:
         stream.closed = True
         if stream.unconsumed and self.session is not None:
             lib.nghttp2_session_consume_connection(self.session, stream.unconsumed)
@@ -363,156 +346,7 @@ class H2Protocol(asyncio.Protocol):
         task = stream.task
         if task is not None and not stream.finished and not task.done():
             task.cancel()  # the client reset the stream or left: the call is cancelled
-        self._last = self.loop.time()
-
-
-# The connection whose session nghttp2 is calling back into (set before each mem_recv/send:
-# the event loop runs one at a time).
-_conn: H2Protocol | None = None
-
-
-def _on_begin_headers(session: Any, frame: Any, user_data: Any) -> int:
-    global _hs
-    conn = _conn
-    assert conn is not None
-    stream_id = frame.hd.stream_id
-    if stream_id in conn.streams:
-        _hs = None  # the request's trailers: not read
-    else:
-        _hs = conn.streams[stream_id] = H2Stream(conn, stream_id, conn._last)
-    return 0
-
-
-#: The stream whose header block is being received (None: one not read).
-_hs: H2Stream | None = None
-
-
-def _on_header(
-    session: Any, frame: Any, name: Any, namelen: int, value: Any, valuelen: int, flags: int,
-    user_data: Any,
-) -> int:  # fmt: skip
-    stream = _hs
-    if stream is None:
-        return 0
-    stream.header_bytes += namelen + valuelen + 32
-    if stream.header_bytes > MAX_HEADER_LIST:
-        return ng.ERR_TEMPORAL_CALLBACK_FAILURE  # this stream is reset, the others go on
-    key = unpack(name, namelen)
-    if key[0] != 58:  # not a pseudo-header (":")
-        stream.headers.append((key, unpack(value, valuelen)))
-    elif key == b":path":
-        stream.path = unpack(value, valuelen)
-    return 0
-
-
-def _on_frame_recv(session: Any, frame: Any, user_data: Any) -> int:
-    conn = _conn
-    assert conn is not None
-    hd = frame.hd
-    kind = hd.type
-    if kind == ng.HEADERS or kind == ng.DATA:
-        stream = conn.streams.get(hd.stream_id)
-        if stream is None:
-            return 0
-        if kind == ng.HEADERS and stream is _hs:  # a request's headers (not its trailers)
-            conn._ready.append(stream)
-        if hd.flags & ng.FLAG_END_STREAM:
-            stream.ended = True
-            stream.wake()
-            if stream.wait == WAITING:
-                conn._ready.append(stream)
-    elif kind == ng.RST_STREAM:
-        conn.reset_received(conn.streams.get(hd.stream_id))
-    return 0
-
-
-def _on_data_chunk(
-    session: Any, flags: int, stream_id: int, data: Any, size: int, user_data: Any
-) -> int:
-    conn = _conn
-    assert conn is not None
-    stream = conn.streams.get(stream_id)
-    if stream is None:
-        lib.nghttp2_session_consume_connection(session, size)
-        return 0
-    stream.chunks.append(ffi.buffer(data, size)[:])
-    stream.unconsumed += size
-    stream.wake()
-    if stream.wait == WAITING:
-        fast = conn.limits.fast
-        if fast is not None and stream.unconsumed > fast.max_wait:
-            stream.wait = TOO_BIG  # the app reads it as it comes
-            conn._ready.append(stream)
-    return 0
-
-
-def _on_stream_close(session: Any, stream_id: int, error_code: int, user_data: Any) -> int:
-    conn = _conn
-    assert conn is not None
-    stream = conn.streams.pop(stream_id, None)
-    if stream is not None:
-        conn._on_close(stream)
-    return 0
-
-
-def _read_answer(
-    session: Any, stream_id: int, buf: Any, length: int, data_flags: Any, source: Any,
-    user_data: Any,
-) -> int:  # fmt: skip
-    conn = _conn
-    assert conn is not None
-    stream = conn.streams.get(stream_id)
-    if stream is None:
-        return ng.ERR_CALLBACK_FAILURE
-    out = stream.out
-    sent = 0
-    while out and sent < length:
-        chunk = out[0]
-        take = min(len(chunk), length - sent)
-        if take == len(chunk):
-            out.popleft()
-            ffi.memmove(buf + sent, chunk, take)
-        else:
-            ffi.memmove(buf + sent, memoryview(chunk)[:take], take)
-            out[0] = chunk[take:]
-        sent += take
-    stream.out_len -= sent
-    drained = stream.drained
-    if drained is not None and not drained.done() and stream.out_len <= HIGH_WATER // 2:
-        drained.set_result(None)
-    if not out and stream.finished:
-        trailers = stream.trailers
-        if trailers is None:
-            data_flags[0] = ng.DATA_FLAG_EOF
-        else:
-            data_flags[0] = ng.DATA_FLAG_EOF | ng.DATA_FLAG_NO_END_STREAM
-            nva, count, _keep = trailers_nv(trailers)
-            lib.nghttp2_submit_trailer(session, stream_id, nva, count)
-        conn._after_end(stream)
-    elif sent == 0:
-        return ng.ERR_DEFERRED
-    return sent
-
-
-def _callbacks() -> Any:
-    holder = ffi.new("nghttp2_session_callbacks **")
-    lib.nghttp2_session_callbacks_new(holder)
-    cbs = holder[0]
-    for setter, kind, function in (
-        ("on_begin_headers", "nghttp2_on_begin_headers_callback", _on_begin_headers),
-        ("on_header", "nghttp2_on_header_callback", _on_header),
-        ("on_frame_recv", "nghttp2_on_frame_recv_callback", _on_frame_recv),
-        ("on_data_chunk_recv", "nghttp2_on_data_chunk_recv_callback", _on_data_chunk),
-        ("on_stream_close", "nghttp2_on_stream_close_callback", _on_stream_close),
-    ):
-        callback = ffi.callback(kind, function)
-        _KEEP.append(callback)
-        getattr(lib, f"nghttp2_session_callbacks_set_{setter}_callback")(cbs, callback)
-    return cbs
-
-
-#: The C callbacks (alive as long as the process).
-_KEEP: list[Any] = []
+        self.last = self.loop.time()
 
 
 def _option() -> Any:
@@ -530,8 +364,4 @@ def _option() -> Any:
     return option
 
 
-_CALLBACKS = _callbacks()
-_OPTION = _option()
-_PROVIDER = ffi.new("nghttp2_data_provider *")
-_KEEP.append(ffi.callback("nghttp2_data_source_read_callback", _read_answer))
-_PROVIDER.read_callback = _KEEP[-1]
+OPTION = _option()
