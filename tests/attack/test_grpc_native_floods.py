@@ -1,8 +1,9 @@
-"""HTTP/2 abuse against the native gRPC transport (``--grpc-transport native``, otherwise the
-defaults), the way servers are attacked: rapid reset (CVE-2023-44487), PING, SETTINGS and
-CONTINUATION floods, and connections that never open their flow-control window while holding
-every stream they may. During each, the well-behaved client (HTTP and gRPC) is served within
-issue 41's bounds, and after it as before. Short here; full size with --long."""
+"""HTTP/2 abuse against the native gRPC transport (nghttp2, or h2corn where
+``MODEL_RUNTIME_GRPC_TRANSPORT=native``; otherwise the defaults), the way servers are
+attacked: rapid reset (CVE-2023-44487), PING, SETTINGS and CONTINUATION floods, and
+connections that never open their flow-control window while holding every stream they may.
+During each, the well-behaved client (HTTP and gRPC) is served within issue 41's bounds, and
+after it as before. Short here; full size with --long."""
 
 from __future__ import annotations
 
@@ -43,8 +44,8 @@ SHORT, LONG = 1.0, 10.0
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    # A native transport: h2corn, or nghttp2 where the environment chooses it.
-    native = "nghttp2" if os.environ.get("MODEL_RUNTIME_GRPC_TRANSPORT") == "nghttp2" else "native"
+    # A native transport: nghttp2 (the default), or h2corn where the environment chooses it.
+    native = "native" if os.environ.get("MODEL_RUNTIME_GRPC_TRANSPORT") == "native" else "nghttp2"
     d = start_daemon(tmp_path_factory.mktemp("native_floods"), "--grpc-transport", native)
     yield d
     stop_daemon(d)

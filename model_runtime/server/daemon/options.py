@@ -74,11 +74,11 @@ class DaemonOptions:
     port: int = 8000
     #: The gRPC listener's port (on ``host``, like HTTP); 0 picks a free one.
     grpc_port: int = 8001
-    #: The gRPC transport: ``native`` (h2corn), ``nghttp2`` (libnghttp2 on the event loop) or
+    #: The gRPC transport: ``nghttp2`` (libnghttp2 on the event loop), ``native`` (h2corn) or
     #: ``aio`` (grpcio's asyncio server); the
     #: environment's ``MODEL_RUNTIME_GRPC_TRANSPORT`` is the default the command line overrides.
     grpc_transport: str = field(
-        default_factory=lambda: os.environ.get("MODEL_RUNTIME_GRPC_TRANSPORT") or "native"
+        default_factory=lambda: os.environ.get("MODEL_RUNTIME_GRPC_TRANSPORT") or "nghttp2"
     )
     batch_size: int = 8
     max_body_size: int = 64 << 20
@@ -156,10 +156,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
       help="HTTP port to bind (default 8000; 0 picks a free one)")  # fmt: skip
     a("--grpc-port", type=int,
       help="gRPC port (Triton's GRPCInferenceService) on --host (8001; 0: a free one)")  # fmt: skip
-    a("--grpc-transport", choices=("native", "nghttp2", "aio"),
-      help="gRPC's HTTP/2 transport: native (h2corn), nghttp2 (libnghttp2 on the event loop) "
-      "or aio (grpcio's asyncio server); "
-      "default native, or $MODEL_RUNTIME_GRPC_TRANSPORT")  # fmt: skip
+    a("--grpc-transport", choices=("nghttp2", "native", "aio"),
+      help="gRPC's HTTP/2 transport: nghttp2 (the system's libnghttp2 on the event loop; "
+      "ModelInfer answered without a task per call), native (h2corn) or aio (grpcio's "
+      "asyncio server); default nghttp2, or $MODEL_RUNTIME_GRPC_TRANSPORT")  # fmt: skip
     a("--replicas", type=int, help="replicas per model (default 1)")
     a("--batch-size", type=int, help="batch size .onnx models are compiled for (default 8)")
     a("--config", metavar="FILE", help="TOML config file ([server], [runner], [compile])")

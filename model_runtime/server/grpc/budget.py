@@ -69,10 +69,10 @@ class CallBudget:
         self.bytes = 0
         self.computing = 0
         #: Calls answered and not yet written: their task -> (connection, write deadline).
-        self.unsent: dict[asyncio.Task[Any], tuple[str, float]] = {}
+        self.unsent: dict[Any, tuple[str, float]] = {}
         #: Connections with answers past their write deadline -> how many.
         self.stalled: dict[str, int] = {}
-        self._late: set[asyncio.Task[Any]] = set()
+        self._late: set[Any] = set()
         self.refused_calls = 0
         self.refused_bytes = 0
         self.refused_stalled = 0
@@ -117,6 +117,48 @@ class CallBudget:
 
         return call
 
+    def try_enter(self, peer: str, size: int) -> bool:
+        """What :meth:`wrap`'s call counts as it starts, for a transport that answers a call
+        by callbacks (:mod:`.unary`): False, nothing counted (nor the refusal: the call goes
+        the wrapped way, which refuses it), when the call would be refused. Then
+        :meth:`computed` once its answer is made, :meth:`leave` once its stream ends."""
+        held = self.calls.get(peer, 0)
+        if self._refusal(held, size, peer, count=False) is not None:
+            return False
+        self.calls[peer] = held + 1
+        self.bytes += size
+        self.computing += 1
+        return True
+
+    def enter(self, peer: str, size: int) -> str | None:
+        """:meth:`try_enter`, or why the call is refused (counted and logged as :meth:`wrap`
+        counts a refusal; nothing else counted)."""
+        held = self.calls.get(peer, 0)
+        why = self._refusal(held, size, peer)
+        if why is not None:
+            self._log(reason=why, peer=peer)
+            return why
+        self.calls[peer] = held + 1
+        self.bytes += size
+        self.computing += 1
+        return None
+
+    def computed(self, peer: str, answer_size: int) -> str | None:
+        """A call :meth:`try_enter` counted has its answer (``answer_size`` bytes, counted
+        from now), or failed (0); why the answer is refused instead (its bytes not counted)."""
+        self.computing -= 1
+        if answer_size:
+            why = self._refusal(self.calls[peer] - 1, answer_size, peer, computing=False)
+            if why is not None:
+                self._log(reason=why, peer=peer)
+                return why
+            self.bytes += answer_size
+        return None
+
+    def leave(self, peer: str, size: int) -> None:
+        """A call :meth:`try_enter` counted ended (``size``: all it counted)."""
+        self._release(peer, size)
+
     def hold_message(self, peer: str, size: int) -> str | None:
         """Count ``size`` bytes of a message about to be received on ``peer``'s connection,
         before any of it is buffered (None), or say why it is refused: its connection is
@@ -145,19 +187,21 @@ class CallBudget:
         self._log(reason=why, peer=peer)
         await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
 
-    def _refusal(self, others: int, size: int, peer: str, *, computing: bool = True) -> str | None:
+    def _refusal(
+        self, others: int, size: int, peer: str, *, computing: bool = True, count: bool = True
+    ) -> str | None:
         if peer in self.stalled:
-            self.refused_stalled += 1
+            self.refused_stalled += count
             return (
                 f"this connection has not read an answer in {self.write_timeout} s; "
                 "read the answers of the calls sent"
             )
         if computing and self.computing >= self.max_calls:
-            self.refused_calls += 1
+            self.refused_calls += count
             return f"Concurrent RPC limit exceeded ({self.max_calls} calls being computed)"
         total = self.bytes + size
         if total > self.max_bytes and (others or total > 2 * self.max_bytes):
-            self.refused_bytes += 1
+            self.refused_bytes += count
             return (
                 f"the server holds {self.bytes} bytes of calls in flight (budget "
                 f"{self.max_bytes}); retry later"
@@ -176,16 +220,22 @@ class CallBudget:
         return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
 
     def _hold(self, task: asyncio.Task[Any], peer: str) -> None:
-        self.unsent[task] = (peer, self._now() + self.write_timeout)
-        task.add_done_callback(self._written)
+        self.hold_unsent(task, peer)
+        task.add_done_callback(self.written)
+
+    def hold_unsent(self, key: Any, peer: str) -> None:
+        """The answer of ``key`` (a call: hashable) is made and not yet written: its
+        connection is stalled if it is not :meth:`written` within the write timeout."""
+        self.unsent[key] = (peer, self._now() + self.write_timeout)
         if self._sweep is None:
             loop = asyncio.get_running_loop()
             self._sweep = loop.call_later(self.write_timeout / 4, self.sweep)
 
-    def _written(self, task: asyncio.Task[Any]) -> None:
-        peer, _ = self.unsent.pop(task)
-        if task in self._late:
-            self._late.discard(task)
+    def written(self, key: Any) -> None:
+        """The answer :meth:`hold_unsent` held is written (or dropped)."""
+        peer, _ = self.unsent.pop(key)
+        if key in self._late:
+            self._late.discard(key)
             left = self.stalled[peer] - 1
             if left:
                 self.stalled[peer] = left

@@ -1,6 +1,6 @@
 """One HTTP/2 stream of the nghttp2 gRPC transport (:mod:`.h2proto`): a call's request as
 received and its answer as sent, with the ASGI ``receive``/``send`` GrpcApp is driven by and the
-:class:`~.native.StreamExtension` shortcut; and the ``nghttp2_nv`` header arrays answers need.
+:class:`~.call.StreamExtension` shortcut; and the ``nghttp2_nv`` header arrays answers need.
 """
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ class StreamOwner(Protocol):
     def flush(self) -> None:
         """Write what the session has to send."""
 
+    def want_flush(self) -> None:
+        """Write what the session has to send, once this turn of the loop is done."""
+
 
 def _nv_array(pairs: list[tuple[bytes, bytes]]) -> tuple[Any, int, list[Any]]:
     """An ``nghttp2_nv`` array of ``pairs``, its length, and the buffers it points into (keep
@@ -62,12 +65,16 @@ class H2Stream:
 
     __slots__ = ("chunks", "closed", "conn", "drained", "end_told", "ended", "ended_call",
                  "expect_trailers", "finished", "finished_at", "header_bytes", "headers", "id",
-                 "out", "out_len", "path", "start", "status", "submitted", "task", "trailers",
-                 "unconsumed", "waiter")  # fmt: skip
+                 "opened", "out", "out_len", "path", "start", "status", "submitted", "task",
+                 "trailers", "unconsumed", "wait", "waiter")  # fmt: skip
 
-    def __init__(self, conn: StreamOwner, stream_id: int) -> None:
+    def __init__(self, conn: StreamOwner, stream_id: int, opened: float = 0.0) -> None:
         self.conn = conn
         self.id = stream_id
+        #: When its headers came (the loop's clock, as of the read that brought them).
+        self.opened = opened
+        #: Where its call is: not started (0), or :data:`~.h2proto.STARTED` and the like.
+        self.wait = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.header_bytes = 0
         self.path = b""
@@ -75,7 +82,9 @@ class H2Stream:
         self.unconsumed = 0
         self.ended = self.end_told = self.closed = False
         self.waiter: asyncio.Future[None] | None = None
-        self.task: asyncio.Task[None] | None = None
+        #: The call's task, or the future of its outputs (:mod:`.unary`): cancelled when the
+        #: stream closes unanswered.
+        self.task: asyncio.Future[Any] | None = None
         self.status = 200
         self.start: list[tuple[bytes, bytes]] | None = None
         self.out: deque[bytes] = deque()
@@ -146,17 +155,27 @@ class H2Stream:
             self.conn.reset(self.id, ng.INTERNAL_ERROR)
 
     def answer(
-        self, headers: list[tuple[bytes, bytes]], body: bytes, trailers: list[tuple[bytes, bytes]]
+        self,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        trailers: list[tuple[bytes, bytes]],
+        now: bool = True,
     ) -> bool:
-        """Send a whole answer (200, ``headers``, ``body``, ``trailers``), written at once;
-        False: the stream is closed (:class:`~.native.StreamExtension`)."""
+        """Send a whole answer (200, ``headers``, ``body``, ``trailers``), written at once
+        (``now``; else with the other answers of this turn of the loop); False: the stream is
+        closed (:class:`~.call.StreamExtension`). An empty ``body`` with ``grpc-status``
+        among ``headers`` is gRPC's trailers-only answer (one HEADERS frame)."""
         if self.closed or self.conn.session is None:
             return False
         self.start = headers
-        self.out.append(body)
-        self.out_len += len(body)
+        if body:
+            self.out.append(body)
+            self.out_len += len(body)
         self._finish(trailers)
-        self.conn.flush()  # written now, not after the loop's other ready callbacks
+        if now:
+            self.conn.flush()  # written now, not after the loop's other ready callbacks
+        else:
+            self.conn.want_flush()
         return True
 
     def on_end(self, callback: Callable[[], None]) -> None:

@@ -6,7 +6,7 @@ handlers grpc.aio is given (``service_handlers`` of the servicer, unary ones und
 method from ``:path``, the request message(s) read with :class:`~.framing.MessageReader` (a
 message past ``max_message_size`` is refused RESOURCE_EXHAUSTED before it is buffered),
 answers framed as gRPC messages and the status sent as trailers. For the handlers,
-:class:`NativeContext` stands in for grpc.aio's context (``abort``, ``time_remaining``,
+:class:`~.call.NativeContext` stands in for grpc.aio's context (``abort``, ``time_remaining``,
 ``peer``, ``invocation_metadata``).
 
 What a call gets, as on grpc.aio: ``grpc-timeout`` bounds it (DEADLINE_EXCEEDED past it); a
@@ -14,7 +14,8 @@ client that resets its stream or leaves cancels it; restricted groups
 (:mod:`~model_runtime.server.security.restrict`) are refused UNAVAILABLE before the handler
 runs; ``gzip``/``deflate`` requests are inflated; an unknown method, or one whose name is not
 UTF-8, is UNIMPLEMENTED for that call only; Triton's methods this server lacks say why. gRPC's
-health service answers ``grpc.health.v1.Health/Check`` (:mod:`.health`).
+health service answers ``grpc.health.v1.Health/Check`` (:mod:`.health`). What a call is to
+its handler and its transport: :mod:`.call`.
 """
 
 from __future__ import annotations
@@ -22,14 +23,24 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, NoReturn, Protocol
+from typing import Any
 
 import grpc
 import structlog
 
 from model_runtime.server.grpc.budget import CallBudget
+from model_runtime.server.grpc.call import (
+    GRPC,
+    OK,
+    SERVICE_PATH,
+    START_HEADERS,
+    STREAM_EXTENSION,
+    NativeContext,
+    Send,
+    StreamExtension,
+    header_of,
+)
 from model_runtime.server.grpc.framing import (
-    ACCEPT_ENCODING,
     CallEnded,
     GrpcAbort,
     MessageReader,
@@ -49,111 +60,14 @@ from model_runtime.server.security.restrict import (
 )
 from model_runtime.server.triton import grpc_service_pb2 as pb
 
-__all__ = ["SERVICE_PATH", "STREAM_EXTENSION", "GrpcApp", "NativeContext", "StreamExtension"]
+__all__ = ["GrpcApp"]
 
 log = structlog.get_logger(__name__)
 
-#: The ``:path`` prefix of Triton's service.
-SERVICE_PATH = b"/inference.GRPCInferenceService/"
-_GRPC = b"application/grpc"
-_START_HEADERS = [(b"content-type", _GRPC), (b"grpc-accept-encoding", ACCEPT_ENCODING)]
-_OK = status_trailers(grpc.StatusCode.OK)
 #: The messages every answered unary call sends but its body (h2corn does not keep them).
-_START = {"type": "http.response.start", "status": 200, "headers": _START_HEADERS,
+_START = {"type": "http.response.start", "status": 200, "headers": START_HEADERS,
           "trailers": True}  # fmt: skip
-_END = {"type": "http.response.trailers", "headers": _OK}
-
-
-class NativeContext:
-    """What a handler may ask of its call (grpc.aio's ``ServicerContext``, the part used)."""
-
-    __slots__ = (
-        "_conn",
-        "_deadline",
-        "_headers",
-        "_loop",
-        "_peer",
-        "message_bytes",
-        "raw_inputs",
-        "shed",
-    )
-
-    def __init__(
-        self,
-        peer: str,
-        headers: list[tuple[bytes, bytes]],
-        deadline: float | None,
-        loop: asyncio.AbstractEventLoop,
-        conn: Connection | None = None,
-    ) -> None:
-        self._peer = peer
-        self._headers = headers
-        self._deadline = deadline
-        self._loop = loop
-        self._conn = conn
-        #: The request's bytes the call budget is to count (0: the transport counts them).
-        self.message_bytes = 0
-        #: A big ModelInfer request's raw input contents, as views of the received message
-        #: (its ``raw_input_contents`` is then empty: :mod:`.rawsplit`); None: in the message.
-        self.raw_inputs: list[memoryview] | None = None
-        #: The call was refused by admission (load shed): its refusal may be held back.
-        self.shed = False
-
-    def mark_shed(self) -> None:
-        """Admission refused this call to shed load (not a queue policy's answer, which is
-        sent when due)."""
-        self.shed = True
-
-    def connection_calls(self) -> int:
-        """The calls open on this call's connection, this one included (1: unknown)."""
-        return 1 if self._conn is None else self._conn.open
-
-    def peer(self) -> str:
-        """The client's address (``ipv4:HOST:PORT``): one connection's calls share it."""
-        return self._peer
-
-    def time_remaining(self) -> float | None:
-        """Seconds left before the call's deadline (None: no deadline)."""
-        if self._deadline is None:
-            return None
-        return max(0.0, self._deadline - self._loop.time())
-
-    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-        """The call's metadata (its headers but HTTP/2's and gRPC's own)."""
-        return tuple(
-            (k.decode("latin-1"), v.decode("latin-1"))
-            for k, v in self._headers
-            if not k.startswith((b":", b"grpc-")) and k not in (b"content-type", b"te")
-        )
-
-    async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn:
-        """End the call with ``code`` and ``details``.
-
-        Raises:
-            GrpcAbort: always (the transport answers it).
-        """
-        raise GrpcAbort(code, details)
-
-
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-
-#: The scope's ``extensions`` key of a transport's :class:`StreamExtension`.
-STREAM_EXTENSION = "model_runtime.grpc_stream"
-
-
-class StreamExtension(Protocol):
-    """What a transport may offer a call besides ASGI's events (:mod:`.h2proto` does): a
-    unary answer in one step, and word of the stream's end without waiting for it."""
-
-    def answer(
-        self, headers: list[tuple[bytes, bytes]], body: bytes, trailers: list[tuple[bytes, bytes]]
-    ) -> bool:
-        """Send the whole answer; False: the stream is closed."""
-
-    def on_end(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` once the stream has ended (at once if it has), within the write
-        timeout of its answer."""
-
+_END = {"type": "http.response.trailers", "headers": OK}
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 
@@ -275,13 +189,13 @@ class GrpcApp:
                 timeout = value
             elif key == b"grpc-encoding":
                 encoding = value
-        if content_type is None or not content_type.startswith(_GRPC):
+        if content_type is None or not content_type.startswith(GRPC):
             await state.send({"type": "http.response.start", "status": 415, "headers": []})
             await state.send({"type": "http.response.body", "body": b""})
             return
         handler, name = self._handler(scope.get("raw_path") or scope["path"].encode())
         if self._restrictions is not None:
-            refused = grpc_refusal(self._restrictions, name, _header_of(headers))
+            refused = grpc_refusal(self._restrictions, name, header_of(headers))
             if refused is not None:
                 message, group = refused
                 self._counter.refused("grpc", group)
@@ -363,7 +277,7 @@ class GrpcApp:
         send = state.raw_send
         state.started = True
         if state.stream is not None:
-            if not state.stream.answer(_START_HEADERS, body, _OK):
+            if not state.stream.answer(START_HEADERS, body, OK):
                 raise CallEnded()
             return
         try:  # three sends, one frame of the wrappers (this is the hot path)
@@ -389,7 +303,7 @@ class GrpcApp:
                     yield await asyncio.to_thread(_decode, handler, data)
 
         await state.send(
-            {"type": "http.response.start", "status": 200, "headers": _START_HEADERS,
+            {"type": "http.response.start", "status": 200, "headers": START_HEADERS,
              "trailers": True}
         )  # fmt: skip
         state.started = True
@@ -405,7 +319,7 @@ class GrpcApp:
         else:
             await _before(deadline, answer_all())
         await state.send({"type": "http.response.body", "body": b""})
-        await state.send({"type": "http.response.trailers", "headers": _OK})
+        await state.send({"type": "http.response.trailers", "headers": OK})
 
 
 class _Answer:
@@ -441,7 +355,7 @@ class _Answer:
             if not self.started:
                 await self.send(
                     {"type": "http.response.start", "status": 200,
-                     "headers": [(b"content-type", _GRPC), *trailers], "trailers": True}
+                     "headers": [(b"content-type", GRPC), *trailers], "trailers": True}
                 )  # fmt: skip
                 self.started = True
             await self.send({"type": "http.response.body", "body": b""})
@@ -488,14 +402,3 @@ def _decode(handler: Any, data: bytes) -> Any:
         return deserialize(data)
     except Exception:
         raise GrpcAbort(grpc.StatusCode.INTERNAL, "Exception deserializing request!") from None
-
-
-def _header_of(headers: list[tuple[bytes, bytes]]) -> Callable[[str], str | None]:
-    def get(name: str) -> str | None:
-        key = name.encode("latin-1")
-        for k, v in headers:
-            if k == key:
-                return v.decode("latin-1")
-        return None
-
-    return get

@@ -129,7 +129,7 @@ const char *nghttp2_strerror(int lib_error_code);
 lib: Any = ffi.dlopen("libnghttp2.so.14")
 
 # Frame types, flags, settings and errors (nghttp2.h's enums).
-DATA, HEADERS = 0x0, 0x1
+DATA, HEADERS, RST_STREAM = 0x0, 0x1, 0x3
 FLAG_END_STREAM = 0x1
 DATA_FLAG_EOF = 0x1
 DATA_FLAG_NO_END_STREAM = 0x2

@@ -13,20 +13,22 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from model_runtime.server.grpc import native
 from model_runtime.server.grpc.budget import CallBudget
+from model_runtime.server.grpc.call import OK, START_HEADERS
 from model_runtime.server.grpc.h2proto import H2Protocol, ProtocolLimits
 from model_runtime.server.grpc.h2stream import cache_headers
 from model_runtime.server.grpc.listensock import listening_socket
 from model_runtime.server.grpc.native import GrpcApp
 from model_runtime.server.grpc.shares import Shares
+from model_runtime.server.grpc.unary import UnaryInfer
+from model_runtime.server.inference.plane import DataPlane
 from model_runtime.server.security.restrict import RestrictionCounter, Restrictions
 from model_runtime.server.security.tls import TLSFiles, ssl_context
 
 __all__ = ["NgListener", "start_nghttp2_listener"]
 
-cache_headers(native._START_HEADERS, status=True)
-cache_headers(native._OK, status=False)
+cache_headers(START_HEADERS, status=True)
+cache_headers(OK, status=False)
 
 
 class NgListener:
@@ -82,25 +84,35 @@ async def start_nghttp2_listener(
     reuse_port: bool = False,
     backlog: int = 2048,
     budget: CallBudget | None = None,
+    plane: DataPlane | None = None,
 ) -> tuple[NgListener, int]:
     """Serve ``handlers`` (grpc's method handlers by name) on ``host:port`` (0: a free one);
     return the listener and its bound port (the arguments of
-    :func:`~.h2server.start_h2_listener`).
+    :func:`~.h2server.start_h2_listener`). ``plane``: where ``ModelInfer`` calls whose request
+    comes in one read are answered by callbacks (:class:`~.unary.UnaryInfer`; None: the app
+    serves every call).
 
     Raises:
         OSError: the address cannot be bound, or the TLS files cannot be used.
     """
+    shares = Shares(max_streams=max_streams, write_timeout=write_timeout)
     app = GrpcApp(
         handlers,
         max_message_size=max_message_size,
         restrictions=restrictions,
         counter=counter,
         budget=budget,
-        shares=Shares(max_streams=max_streams, write_timeout=write_timeout),
+        shares=shares,
     )
+    fast = None
+    if plane is not None:
+        fast = UnaryInfer(
+            plane, max_message_size=max_message_size, shares=shares, budget=budget,
+            restrictions=restrictions,
+        )  # fmt: skip
     limits = ProtocolLimits(
         app, max_streams=max_streams, idle_timeout=idle_timeout, write_timeout=write_timeout,
-        max_connections=max_connections,
+        max_connections=max_connections, fast=fast,
     )  # fmt: skip
     context = None
     if tls is not None:

@@ -39,9 +39,9 @@ __all__ = [
     "start_native_grpc_server",
 ]
 
-#: The gRPC transports: ``native`` (h2corn, :mod:`.h2server`), ``nghttp2`` (libnghttp2 on the
-#: event loop, :mod:`.ngserver`) and ``aio`` (grpcio's asyncio).
-TRANSPORTS = ("native", "nghttp2", "aio")
+#: The gRPC transports: ``nghttp2`` (libnghttp2 on the event loop, :mod:`.ngserver`: the
+#: daemon's default), ``native`` (h2corn, :mod:`.h2server`) and ``aio`` (grpcio's asyncio).
+TRANSPORTS = ("nghttp2", "native", "aio")
 
 
 #: The methods registered with grpc.aio (see :func:`start_grpc_server`): the per-request one.
@@ -170,11 +170,12 @@ async def start_native_grpc_server(
     reuse_port: bool = False,
     budget: CallBudget | None = None,
     backlog: int = 2048,
-    transport: str = "native",
+    transport: str = "nghttp2",
 ) -> tuple[H2Listener | NgListener, int]:
     """:func:`start_grpc_server`'s service, limits and budget on a native transport
-    (``transport``: ``native``, h2corn, :mod:`.h2server`; ``nghttp2``, :mod:`.ngserver`):
-    every method on one port. ``tls``: the listener's TLS files (None: plaintext).
+    (``transport``: ``nghttp2``, :mod:`.ngserver`, with ``ModelInfer`` by callbacks,
+    :mod:`.unary`; ``native``, h2corn, :mod:`.h2server`): every method on one port.
+    ``tls``: the listener's TLS files (None: plaintext).
 
     Raises:
         OSError: the address cannot be bound.
@@ -188,7 +189,12 @@ async def start_native_grpc_server(
     handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
         budget.wrap(servicer.model_infer_wire, len)
     )
-    start = start_nghttp2_listener if transport == "nghttp2" else start_h2_listener
+    native: dict[str, Any] = {}
+    if transport == "nghttp2":
+        start: Any = start_nghttp2_listener
+        native["plane"] = plane  # ModelInfer by callbacks where it can
+    else:
+        start = start_h2_listener
     listener, bound = await start(
         handlers,
         host,
@@ -204,6 +210,7 @@ async def start_native_grpc_server(
         reuse_port=reuse_port,
         backlog=backlog,
         budget=budget,
+        **native,
     )
     listener.budget = budget
     return listener, bound

@@ -61,6 +61,7 @@ __all__ = [
     "UNSUPPORTED_METHODS",
     "InferenceServicer",
     "UnsupportedMethods",
+    "failure_status",
 ]
 
 log = structlog.get_logger(__name__)
@@ -80,8 +81,7 @@ def _answers(method: Handler[_R]) -> Handler[_R]:
         try:
             return await method(self, request, context)
         except Exception as exc:
-            message = _logged(exc, method.__name__)
-            code = grpc.StatusCode[grpc_code_of(exc, status_of(exc)[0])]
+            code, message = failure_status(exc, method.__name__)
             # The finished frames' locals (the request's bytes among them) go now: a
             # traceback through a worker thread's future is a cycle that would keep them
             # until the cyclic collector runs.
@@ -91,6 +91,12 @@ def _answers(method: Handler[_R]) -> Handler[_R]:
         raise AssertionError("context.abort returned")  # pragma: no cover
 
     return handler
+
+
+def failure_status(exc: Exception, method: str) -> tuple[grpc.StatusCode, str]:
+    """The gRPC code and message that answer ``exc`` in ``method``, logged as the HTTP front
+    end logs a failure of its status."""
+    return grpc.StatusCode[grpc_code_of(exc, status_of(exc)[0])], _logged(exc, method)
 
 
 def _logged(exc: Exception, method: str) -> str:

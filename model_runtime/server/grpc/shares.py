@@ -114,11 +114,18 @@ class Shares:
             conn.reads = True
         self._wake(conn)
 
+    def try_turn(self, conn: Connection) -> bool:
+        """Take one of ``conn``'s turns if one is free now, with no call waiting (True);
+        else take nothing (False: wait with :meth:`turn`)."""
+        if conn.busy < self._turns(conn) and not conn.queued:
+            conn.busy += 1
+            return True
+        return False
+
     async def turn(self, conn: Connection) -> bool:
         """Wait until one of ``conn``'s turns is free and take it (True); False when none was
         within the write timeout. Give it back with :meth:`done`."""
-        if conn.busy < self._turns(conn) and not conn.queued:
-            conn.busy += 1
+        if self.try_turn(conn):
             return True
         waiter = asyncio.get_running_loop().create_future()
         conn.queued.append(waiter)

@@ -1,0 +1,217 @@
+"""nghttp2's callbacks into Python for the gRPC transport's connections (:mod:`.h2proto`).
+
+nghttp2 calls these while a connection hands it a read (``nghttp2_session_mem_recv``) or asks
+it what to send (``nghttp2_session_mem_send``); the connection sets :data:`current` first (the
+event loop runs one at a time). They keep each stream's request as it comes (headers, body
+chunks, its end), tell the connection of the calls whose headers are complete
+(:attr:`CallbackOwner.ready`) and of resets and closed streams, and feed answers' bytes and
+trailers to nghttp2 from each stream's queue.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from model_runtime.server.grpc import nghttp2 as ng
+from model_runtime.server.grpc.h2stream import HIGH_WATER, H2Stream, StreamOwner, trailers_nv
+from model_runtime.server.grpc.nghttp2 import ffi, lib
+
+__all__ = ["CALLBACKS", "MAX_HEADER_LIST", "PROVIDER", "STARTED", "TOO_BIG", "WAITING",
+           "CallbackOwner", "FastCalls", "current"]  # fmt: skip
+
+unpack = ffi._backend.unpack  # ffi.unpack without its Python wrapper (per header)
+#: A stream's header block (names and values) past this many bytes resets the stream.
+MAX_HEADER_LIST = 64 << 10
+#: A stream's ``wait``: its call not started; waiting for the end of its request (a fast
+#: call's); no longer (too big: the app's); started.
+WAITING, TOO_BIG, STARTED = 1, 2, 3
+
+
+class FastCalls(Protocol):
+    """Calls the transport may hand over without a task (:class:`~.unary.UnaryInfer`)."""
+
+    path: bytes
+    #: A call of :attr:`path` whose request has not ended waits for its end (unstarted)
+    #: while it has sent at most this many bytes.
+    max_wait: int
+
+    def start(self, conn: Any, stream: H2Stream) -> bool:
+        """Take the call of ``stream`` (its method's ``:path`` is :attr:`path`, its request
+        ended); False: nothing was done (the app serves it)."""
+
+
+class CallbackOwner(StreamOwner, Protocol):
+    """What the callbacks need of a connection (:class:`~.h2proto.H2Protocol`)."""
+
+    streams: dict[int, H2Stream]
+    #: Streams whose call may start now (headers complete), in the order they came.
+    ready: list[H2Stream]
+    #: When its last read came (the loop's clock).
+    last: float
+
+    #: Calls the transport may take without a task (None: none).
+    fast: FastCalls | None
+
+    def on_close(self, stream: H2Stream) -> None:
+        """``stream`` is closed (ended both ways, or reset)."""
+
+    def after_end(self, stream: H2Stream) -> None:
+        """Our side of ``stream`` is ended."""
+
+    def reset_received(self, stream: H2Stream | None) -> None:
+        """The client reset ``stream`` (None: one not open)."""
+
+
+# The connection whose session nghttp2 is calling back into (set before each mem_recv/send:
+# the event loop runs one at a time).
+current: CallbackOwner | None = None
+
+
+def _on_begin_headers(session: Any, frame: Any, user_data: Any) -> int:
+    global _hs
+    conn = current
+    assert conn is not None
+    stream_id = frame.hd.stream_id
+    if stream_id in conn.streams:
+        _hs = None  # the request's trailers: not read
+    else:
+        _hs = conn.streams[stream_id] = H2Stream(conn, stream_id, conn.last)
+    return 0
+
+
+#: The stream whose header block is being received (None: one not read).
+_hs: H2Stream | None = None
+
+
+def _on_header(
+    session: Any, frame: Any, name: Any, namelen: int, value: Any, valuelen: int, flags: int,
+    user_data: Any,
+) -> int:  # fmt: skip
+    stream = _hs
+    if stream is None:
+        return 0
+    stream.header_bytes += namelen + valuelen + 32
+    if stream.header_bytes > MAX_HEADER_LIST:
+        return ng.ERR_TEMPORAL_CALLBACK_FAILURE  # this stream is reset, the others go on
+    key = unpack(name, namelen)
+    if key[0] != 58:  # not a pseudo-header (":")
+        stream.headers.append((key, unpack(value, valuelen)))
+    elif key == b":path":
+        stream.path = unpack(value, valuelen)
+    return 0
+
+
+def _on_frame_recv(session: Any, frame: Any, user_data: Any) -> int:
+    conn = current
+    assert conn is not None
+    hd = frame.hd
+    kind = hd.type
+    if kind == ng.HEADERS or kind == ng.DATA:
+        stream = conn.streams.get(hd.stream_id)
+        if stream is None:
+            return 0
+        if kind == ng.HEADERS and stream is _hs:  # a request's headers (not its trailers)
+            conn.ready.append(stream)
+        if hd.flags & ng.FLAG_END_STREAM:
+            stream.ended = True
+            stream.wake()
+            if stream.wait == WAITING:
+                conn.ready.append(stream)
+    elif kind == ng.RST_STREAM:
+        conn.reset_received(conn.streams.get(hd.stream_id))
+    return 0
+
+
+def _on_data_chunk(
+    session: Any, flags: int, stream_id: int, data: Any, size: int, user_data: Any
+) -> int:
+    conn = current
+    assert conn is not None
+    stream = conn.streams.get(stream_id)
+    if stream is None:
+        lib.nghttp2_session_consume_connection(session, size)
+        return 0
+    stream.chunks.append(ffi.buffer(data, size)[:])
+    stream.unconsumed += size
+    stream.wake()
+    if stream.wait == WAITING:
+        fast = conn.fast
+        if fast is not None and stream.unconsumed > fast.max_wait:
+            stream.wait = TOO_BIG  # the app reads it as it comes
+            conn.ready.append(stream)
+    return 0
+
+
+def _on_stream_close(session: Any, stream_id: int, error_code: int, user_data: Any) -> int:
+    conn = current
+    assert conn is not None
+    stream = conn.streams.pop(stream_id, None)
+    if stream is not None:
+        conn.on_close(stream)
+    return 0
+
+
+def _read_answer(
+    session: Any, stream_id: int, buf: Any, length: int, data_flags: Any, source: Any,
+    user_data: Any,
+) -> int:  # fmt: skip
+    conn = current
+    assert conn is not None
+    stream = conn.streams.get(stream_id)
+    if stream is None:
+        return ng.ERR_CALLBACK_FAILURE
+    out = stream.out
+    sent = 0
+    while out and sent < length:
+        chunk = out[0]
+        take = min(len(chunk), length - sent)
+        if take == len(chunk):
+            out.popleft()
+            ffi.memmove(buf + sent, chunk, take)
+        else:
+            ffi.memmove(buf + sent, memoryview(chunk)[:take], take)
+            out[0] = chunk[take:]
+        sent += take
+    stream.out_len -= sent
+    drained = stream.drained
+    if drained is not None and not drained.done() and stream.out_len <= HIGH_WATER // 2:
+        drained.set_result(None)
+    if not out and stream.finished:
+        trailers = stream.trailers
+        if trailers is None:
+            data_flags[0] = ng.DATA_FLAG_EOF
+        else:
+            data_flags[0] = ng.DATA_FLAG_EOF | ng.DATA_FLAG_NO_END_STREAM
+            nva, count, _keep = trailers_nv(trailers)
+            lib.nghttp2_submit_trailer(session, stream_id, nva, count)
+        conn.after_end(stream)
+    elif sent == 0:
+        return ng.ERR_DEFERRED
+    return sent
+
+
+def _callbacks() -> Any:
+    holder = ffi.new("nghttp2_session_callbacks **")
+    lib.nghttp2_session_callbacks_new(holder)
+    cbs = holder[0]
+    for setter, kind, function in (
+        ("on_begin_headers", "nghttp2_on_begin_headers_callback", _on_begin_headers),
+        ("on_header", "nghttp2_on_header_callback", _on_header),
+        ("on_frame_recv", "nghttp2_on_frame_recv_callback", _on_frame_recv),
+        ("on_data_chunk_recv", "nghttp2_on_data_chunk_recv_callback", _on_data_chunk),
+        ("on_stream_close", "nghttp2_on_stream_close_callback", _on_stream_close),
+    ):
+        callback = ffi.callback(kind, function)
+        _KEEP.append(callback)
+        getattr(lib, f"nghttp2_session_callbacks_set_{setter}_callback")(cbs, callback)
+    return cbs
+
+
+#: The C callbacks (alive as long as the process).
+_KEEP: list[Any] = []
+
+
+CALLBACKS = _callbacks()
+PROVIDER = ffi.new("nghttp2_data_provider *")
+_KEEP.append(ffi.callback("nghttp2_data_source_read_callback", _read_answer))
+PROVIDER.read_callback = _KEEP[-1]
