@@ -154,3 +154,16 @@ def test_client_shared_memory_is_on_unless_turned_off(tmp_path: Path) -> None:
     assert not options_from_args(build_parser().parse_args(["--config", str(cfg)])).allow_client_shm
     on = build_parser().parse_args(["--config", str(cfg), "--allow-client-shm"])
     assert options_from_args(on).allow_client_shm
+
+
+def test_grpc_serves_on_h2corn_where_libnghttp2_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """nghttp2 is the default only where the system library loads; asked for by name on a
+    system without it, the daemon refuses to start and says what to install."""
+    from model_runtime.server.grpc import nghttp2
+
+    monkeypatch.delenv("MODEL_RUNTIME_GRPC_TRANSPORT", raising=False)
+    assert options_from_args(build_parser().parse_args([])).grpc_transport == "nghttp2"
+    monkeypatch.setattr(nghttp2, "MISSING", "libnghttp2.so.14 cannot be loaded (test)")
+    assert options_from_args(build_parser().parse_args([])).grpc_transport == "native"
+    with pytest.raises(ConfigurationError, match="libnghttp2"):
+        options_from_args(build_parser().parse_args(["--grpc-transport", "nghttp2"]))

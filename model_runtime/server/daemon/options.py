@@ -29,6 +29,7 @@ from model_runtime.server.daemon.tritonflags import (
     read_triton_flags,
     truth,
 )
+from model_runtime.server.grpc import nghttp2
 from model_runtime.server.security import tls as security
 from model_runtime.server.security.restrict import GROUPS, GRPC_KEY_PREFIX, Restrictions
 from model_runtime.server.security.tls import TLSFiles
@@ -56,6 +57,14 @@ _RUNNER_FIELDS = {
 }
 
 
+def default_grpc_transport() -> str:
+    """``$MODEL_RUNTIME_GRPC_TRANSPORT``, else nghttp2 where the system has libnghttp2, else
+    native (h2corn)."""
+    return os.environ.get("MODEL_RUNTIME_GRPC_TRANSPORT") or (
+        "nghttp2" if nghttp2.MISSING is None else "native"
+    )
+
+
 def default_cache_dir() -> Path:
     """Where ``.onnx`` models are compiled to unless told otherwise (XDG cache)."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
@@ -77,9 +86,7 @@ class DaemonOptions:
     #: The gRPC transport: ``nghttp2`` (libnghttp2 on the event loop), ``native`` (h2corn) or
     #: ``aio`` (grpcio's asyncio server); the
     #: environment's ``MODEL_RUNTIME_GRPC_TRANSPORT`` is the default the command line overrides.
-    grpc_transport: str = field(
-        default_factory=lambda: os.environ.get("MODEL_RUNTIME_GRPC_TRANSPORT") or "nghttp2"
-    )
+    grpc_transport: str = field(default_factory=lambda: default_grpc_transport())
     batch_size: int = 8
     max_body_size: int = 64 << 20
     request_timeout: float | None = 60.0
@@ -159,7 +166,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     a("--grpc-transport", choices=("nghttp2", "native", "aio"),
       help="gRPC's HTTP/2 transport: nghttp2 (the system's libnghttp2 on the event loop; "
       "ModelInfer answered without a task per call), native (h2corn) or aio (grpcio's "
-      "asyncio server); default nghttp2, or $MODEL_RUNTIME_GRPC_TRANSPORT")  # fmt: skip
+      "asyncio server); default $MODEL_RUNTIME_GRPC_TRANSPORT, else nghttp2 where libnghttp2 "
+      "is installed, else native")  # fmt: skip
     a("--replicas", type=int, help="replicas per model (default 1)")
     a("--batch-size", type=int, help="batch size .onnx models are compiled for (default 8)")
     a("--config", metavar="FILE", help="TOML config file ([server], [runner], [compile])")
@@ -410,6 +418,8 @@ def options_from_args(args: argparse.Namespace) -> DaemonOptions:
         raise ConfigurationError(
             f"gRPC transport must be native, nghttp2 or aio, got {opts.grpc_transport!r}"
         )
+    if opts.grpc_transport == "nghttp2" and nghttp2.MISSING is not None:
+        raise ConfigurationError(f"gRPC transport nghttp2: {nghttp2.MISSING}")
     return opts
 
 

@@ -38,6 +38,7 @@ from model_runtime.server.daemon.options import (
     options_from_args,
     tls_files,
 )
+from model_runtime.server.grpc import nghttp2
 from model_runtime.server.grpc.budget import CallBudget
 from model_runtime.server.grpc.server import (
     GrpcLimits,
@@ -263,6 +264,7 @@ async def serve(opts: DaemonOptions) -> int:
                 port=port,
                 grpc_port=grpc_port,
                 grpc_transport=opts.grpc_transport,
+                libnghttp2=nghttp2.MISSING or "loaded",
                 metrics_port=metrics_port,
                 models=names,
                 model_control_mode=repo.control_mode.value,

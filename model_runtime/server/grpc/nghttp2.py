@@ -3,7 +3,7 @@
 ABI mode: the declarations below are the part of ``nghttp2/nghttp2.h`` (1.52) the gRPC
 transport (:mod:`.h2proto`) calls; the library is opened at import (Debian's
 ``libnghttp2-14``, which carries the rapid-reset and CONTINUATION-flood fixes). No compiler
-step: only the shared library must be installed.
+step: only the shared library must be installed; where it is not, :data:`MISSING` says why.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 import cffi  # type: ignore[import-untyped]
 
-__all__ = ["DATA_FLAG_EOF", "DATA_FLAG_NO_END_STREAM", "ERR_DEFERRED", "ffi", "lib"]
+__all__ = ["DATA_FLAG_EOF", "DATA_FLAG_NO_END_STREAM", "ERR_DEFERRED", "MISSING", "ffi", "lib"]
 
 ffi: Any = cffi.FFI()
 ffi.cdef(
@@ -126,7 +126,13 @@ const char *nghttp2_strerror(int lib_error_code);
 """
 )
 
-lib: Any = ffi.dlopen("libnghttp2.so.14")
+#: why the library cannot be used (None: it can); the daemon then serves gRPC on h2corn
+MISSING: str | None = None
+try:
+    lib: Any = ffi.dlopen("libnghttp2.so.14")
+except OSError as exc:  # a system without Debian's libnghttp2-14 (or its equivalent)
+    lib = None
+    MISSING = f"libnghttp2.so.14 cannot be loaded ({exc}); install libnghttp2-14"
 
 # Frame types, flags, settings and errors (nghttp2.h's enums).
 DATA, HEADERS, RST_STREAM = 0x0, 0x1, 0x3
