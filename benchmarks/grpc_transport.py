@@ -1,6 +1,6 @@
 """Issue 46: the daemon's gRPC on its two transports, ``--grpc-transport native`` (h2corn)
-against ``aio`` (grpcio's asyncio server), and native over TLS (``--grpc-use-ssl``) against
-native in plaintext, driven by perf_analyzer over gRPC.
+against ``aio`` (grpcio's asyncio server), and the default transport (nghttp2) over TLS
+(``--grpc-use-ssl``) against it in plaintext, driven by perf_analyzer over gRPC.
 
 Each compared side is a daemon of this checkout serving the demo model (devices and device
 locks of its own); for each concurrency the two are measured one after the other, ``--pairs``
@@ -56,9 +56,9 @@ def side_args(side: str, workdir: Path) -> tuple[list[str], tuple[str, ...]]:
     if side in ("aio", "native"):
         return ["--grpc-transport", side], ()
     if side == "plain":
-        return ["--grpc-transport", "native"], ()
+        return [], ()
     pki = write_pki(workdir / "pki")
-    daemon_args = ["--grpc-transport", "native", "--grpc-use-ssl", "--grpc-server-cert",
+    daemon_args = ["--grpc-use-ssl", "--grpc-server-cert",
                    str(pki["server"]), "--grpc-server-key", str(pki["server_key"])]  # fmt: skip
     return daemon_args, (
         "--ssl-grpc-use-ssl", "--ssl-grpc-root-certifications-file", str(pki["ca"]),
