@@ -167,3 +167,29 @@ def test_grpc_serves_on_h2corn_where_libnghttp2_is_missing(monkeypatch: pytest.M
     assert options_from_args(build_parser().parse_args([])).grpc_transport == "native"
     with pytest.raises(ConfigurationError, match="libnghttp2"):
         options_from_args(build_parser().parse_args(["--grpc-transport", "nghttp2"]))
+
+
+def test_a_system_without_libnghttp2_still_serves_grpc() -> None:
+    """The daemon's modules import without the library, and its gRPC default is h2corn."""
+    import subprocess
+    import sys
+
+    hide = (
+        "import cffi\n"
+        "dlopen = cffi.FFI.dlopen\n"
+        "def refuse(self, name, *args):\n"
+        "    if 'nghttp2' in str(name):\n"
+        "        raise OSError(f'cannot open shared object file {name}')\n"
+        "    return dlopen(self, name, *args)\n"
+        "cffi.FFI.dlopen = refuse\n"
+        "import os\n"
+        "os.environ.pop('MODEL_RUNTIME_GRPC_TRANSPORT', None)\n"
+        "from model_runtime.server.daemon import serve\n"
+        "from model_runtime.server import build_parser, options_from_args\n"
+        "print(options_from_args(build_parser().parse_args([])).grpc_transport)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", hide], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["native"]

@@ -211,7 +211,7 @@ def _callbacks() -> Any:
 _KEEP: list[Any] = []
 
 
-CALLBACKS = _callbacks()
+CALLBACKS = _callbacks() if lib is not None else None  # None: no libnghttp2 (ng.MISSING)
 PROVIDER = ffi.new("nghttp2_data_provider *")
 _KEEP.append(ffi.callback("nghttp2_data_source_read_callback", _read_answer))
 PROVIDER.read_callback = _KEEP[-1]

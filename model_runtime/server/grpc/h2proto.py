@@ -364,4 +364,4 @@ def _option() -> Any:
     return option
 
 
-OPTION = _option()
+OPTION = _option() if lib is not None else None  # None: no libnghttp2 (nghttp2.MISSING)
