@@ -73,10 +73,11 @@ def h2_connect(port: int, *, initial: bytes = b"") -> socket.socket:
     return sock
 
 
-def frames_seen(sock: socket.socket, seconds: float) -> list[tuple[int, int]]:
-    """(type, stream) of each frame the server sends within ``seconds`` or until it closes."""
+def _frames(sock: socket.socket, seconds: float) -> Iterator[tuple[int, int, bytes]]:
+    """(type, stream, payload) of each frame the server sends within ``seconds`` or until it
+    closes."""
     sock.settimeout(0.1)
-    buf, seen, ends = b"", [], time.monotonic() + seconds
+    buf, ends = b"", time.monotonic() + seconds
     while time.monotonic() < ends:
         try:
             chunk = sock.recv(65536)
@@ -91,9 +92,21 @@ def frames_seen(sock: socket.socket, seconds: float) -> list[tuple[int, int]]:
             length = int.from_bytes(buf[:3], "big")
             if len(buf) < 9 + length:
                 break
-            seen.append((buf[3], int.from_bytes(buf[5:9], "big") & 0x7FFFFFFF))
+            yield buf[3], int.from_bytes(buf[5:9], "big") & 0x7FFFFFFF, buf[9 : 9 + length]
             buf = buf[9 + length :]
-    return seen
+
+
+def frames_seen(sock: socket.socket, seconds: float) -> list[tuple[int, int]]:
+    """(type, stream) of each frame the server sends within ``seconds`` or until it closes."""
+    return [(kind, stream) for kind, stream, _ in _frames(sock, seconds)]
+
+
+def goaway_code(sock: socket.socket, seconds: float) -> int | None:
+    """The error code of the first GOAWAY the server sends within ``seconds`` (None: none)."""
+    for kind, _, payload in _frames(sock, seconds):
+        if kind == GOAWAY:
+            return int.from_bytes(payload[4:8], "big")
+    return None
 
 
 class WellBehaved:

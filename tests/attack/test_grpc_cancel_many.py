@@ -20,6 +20,7 @@ from tests.attack.grpc_wire import (
     RST_STREAM,
     frame,
     frames_seen,
+    goaway_code,
     grpc_headers,
     h2_connect,
     infer_message,
@@ -73,21 +74,7 @@ def test_calls_reset_as_they_open_end_the_connection(daemon: Daemon) -> None:
     ids, opened = _opened(1)
     sock = h2_connect(daemon.grpc_port, initial=opened + _resets(ids))
     try:
-        sock.settimeout(3.0)
-        buf = b""
-        code = None
-        while code is None:
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            buf += chunk
-            while len(buf) >= 9:
-                length = int.from_bytes(buf[:3], "big")
-                if len(buf) < 9 + length:
-                    break
-                if buf[3] == GOAWAY:
-                    code = int.from_bytes(buf[9 + 4 : 9 + 8], "big")
-                buf = buf[9 + length :]
+        code = goaway_code(sock, 3.0)
     finally:
         sock.close()
     assert code == ENHANCE_YOUR_CALM
