@@ -579,7 +579,13 @@ async def test_a_hang_is_reset_once_the_clock_passes_the_derived_deadline(
         state, clock = rep.state, rep.clock
         x = tiny_rows(4)
         future = rep.submit("x", x)
-        await until(rep, lambda: state.hung_after < math.inf, "the run is on the device")
+        # Started by the device's thread (counted by the fault plan), not only handed to it:
+        # a reset before its thread takes the run up would leave it to hang after the reset.
+        await until(
+            rep,
+            lambda: state.hung_after < math.inf and rep.injector.iteration >= 1,
+            "the run is on the device",
+        )
         await settled()
         assert state.hung_after == 1.0 and clock.next_deadline() == 1.0
         assert state.is_ready_at(0.9) and not state.is_ready_at(1.0)
