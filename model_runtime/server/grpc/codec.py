@@ -24,6 +24,7 @@ inputs not in shared memory), such an output an empty one.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -162,6 +163,41 @@ def _from_contents(name: str, datatype: str, contents: Any, count: int) -> np.nd
     return wire.astype(dtype, copy=False)
 
 
+#: Per tuple of specs (by identity, the tuple held so its id stays its own): their names ->
+#: specs, and the outputs of a request that names none. A model's specs live as long as it.
+_BY_NAME: dict[int, tuple[Sequence[TensorSpec], dict[str, TensorSpec]]] = {}
+_ALL_OUTPUTS: dict[int, tuple[Sequence[TensorSpec], tuple[RequestedOutput, ...]]] = {}
+_MEMO_MAX = 256
+
+
+def _by_name(specs: Sequence[TensorSpec]) -> dict[str, TensorSpec]:
+    held = _BY_NAME.get(id(specs))
+    if held is not None and held[0] is specs:
+        return held[1]
+    if len(_BY_NAME) >= _MEMO_MAX:
+        _BY_NAME.clear()
+    names = {s.name: s for s in specs}
+    _BY_NAME[id(specs)] = (specs, names)
+    return names
+
+
+@functools.lru_cache(maxsize=1024)
+def _plain_output(name: str) -> RequestedOutput:
+    """The output ``name`` as the tensor, raw (frozen: one object serves every request)."""
+    return RequestedOutput(name, True)
+
+
+def _all_outputs(outputs: Sequence[TensorSpec]) -> tuple[RequestedOutput, ...]:
+    held = _ALL_OUTPUTS.get(id(outputs))
+    if held is not None and held[0] is outputs:
+        return held[1]
+    if len(_ALL_OUTPUTS) >= _MEMO_MAX:
+        _ALL_OUTPUTS.clear()
+    every = tuple(_plain_output(s.name) for s in outputs)
+    _ALL_OUTPUTS[id(outputs)] = (outputs, every)
+    return every
+
+
 def _requested_outputs(
     raw: Sequence[Any],
     outputs: Sequence[TensorSpec],
@@ -171,17 +207,19 @@ def _requested_outputs(
     leases: list[Lease],
 ) -> tuple[RequestedOutput, ...]:
     if not raw:
-        return tuple(RequestedOutput(s.name, True) for s in outputs)
-    known = {s.name for s in outputs}
+        return _all_outputs(outputs)
+    known = _by_name(outputs)
     chosen: list[RequestedOutput] = []
+    seen: set[str] = set()
     for item in raw:
         name = item.name
         if name not in known:
             raise answers.unknown_output(name, model)
-        if any(o.name == name for o in chosen):
+        if name in seen:
             raise answers.duplicate_output(name, request_id)
+        seen.add(name)
         if not item.parameters:  # the common case: the tensor, raw (what the checks give)
-            chosen.append(RequestedOutput(name, True))
+            chosen.append(_plain_output(name))
             continue
         where = f"output {name!r}"
         params = output_parameters(name, parameter_values(where, item.parameters), True, model)
@@ -228,6 +266,14 @@ def parse_model_infer_request(
         raise
 
 
+def _typed(item: Any) -> bool:
+    """Whether input ``item`` holds values in any typed contents field."""
+    if not item.HasField("contents"):
+        return False
+    contents = item.contents
+    return any(len(getattr(contents, f)) for f in _ALL_FIELDS)
+
+
 def _parse(
     request: Any,
     inputs: Sequence[TensorSpec],
@@ -238,21 +284,20 @@ def _parse(
     raw: Sequence[Any] | None = None,
 ) -> InferRequest:
     model_params: dict[str, Any] = {}
-    if request.parameters:
-        raw_params = parameter_values("request", request.parameters)
+    given = request.parameters
+    if given:
+        raw_params = parameter_values("request", given)
         params = request_parameters(raw_params, model, grpc=True)
         model_params = model_parameters(raw_params)
     else:
         params = _NO_PARAMETERS
-    items = request.inputs
-    refs: list[RegionRef | None] = []
-    for item in items:
-        if not item.parameters:  # no parameters: nothing to check, no region
-            refs.append(None)
-            continue
-        values = parameter_values(f"input {item.name!r}", item.parameters)
-        check_input_parameters(item.name, values, model)
-        refs.append(region_parameters(item.name, values))
+    items = list(request.inputs)  # (each element's wrapper made once)
+    refs: list[RegionRef | None] = [None] * len(items)
+    for i, item in enumerate(items):
+        if item.parameters:  # no parameters: nothing to check, no region
+            values = parameter_values(f"input {item.name!r}", item.parameters)
+            check_input_parameters(item.name, values, model)
+            refs[i] = region_parameters(item.name, values)
     raw_contents = request.raw_input_contents if raw is None else raw
     if raw_contents:  # Triton's first check of each input, before the count (even empty)
         for item, ref in zip(items, refs, strict=True):
@@ -266,7 +311,8 @@ def _parse(
             f"raw_input_contents has {len(raw_contents)} entries for {wanted} {which}: give one "
             "per input, in the order of the inputs"
         )
-    specs = {s.name: s for s in inputs}
+    specs = _by_name(inputs)
+    request_id = request.id
     arrays: dict[str, np.ndarray] = {}
     index = 0
     for item, ref in zip(items, refs, strict=True):
@@ -275,33 +321,30 @@ def _parse(
         if spec is None:
             raise _fail(f"unknown input {name!r} (the model has {sorted(specs)})")
         if name in arrays:
-            raise answers.duplicate_input(name, request.id)
+            raise answers.duplicate_input(name, request_id)
         datatype = check_datatype(name, item.datatype, spec, model)
         shape = check_shape(name, list(item.shape))
         count = element_count(name, shape, datatype)
-        typed = item.HasField("contents") and any(
-            len(getattr(item.contents, f)) for f in _ALL_FIELDS
-        )
         if ref is not None:
-            if typed:
+            if _typed(item):
                 raise data_beside_region(name, model, "'content'")
             flat = read_input(regions, leases, name, datatype, ref, count, model)
         elif raw_contents:  # (typed contents beside them were refused above)
-            flat = _from_raw(name, datatype, raw_contents[index], count, model, request.id)
+            flat = _from_raw(name, datatype, raw_contents[index], count, model, request_id)
             index += 1
-        elif typed or count == 0:
+        elif count == 0 or _typed(item):
             flat = _from_contents(name, datatype, item.contents, count)
         else:
             raise _fail(f"input {name!r}: no data (neither contents nor raw_input_contents)")
         arrays[name] = flat.reshape(shape)
     if len(arrays) != len(specs):  # (every key of arrays is one of specs)
-        short = answers.input_count(model, inputs, list(arrays), request.id or None)
+        short = answers.input_count(model, inputs, list(arrays), request_id or None)
         if short is not None:
             raise short
     return InferRequest(
-        request.id or None,
+        request_id or None,
         arrays,
-        _requested_outputs(request.outputs, outputs, model, request.id, regions, leases),
+        _requested_outputs(request.outputs, outputs, model, request_id, regions, leases),
         model_params,
         params.timeout,
         params.priority,
