@@ -61,7 +61,12 @@ from model_runtime.server.tensors.shm_io import (
 )
 from model_runtime.server.triton import grpc_service_pb2 as pb
 
-__all__ = ["encode_model_infer_response", "parameter_values", "parse_model_infer_request"]
+__all__ = [
+    "encode_model_infer_response",
+    "output_payload",
+    "parameter_values",
+    "parse_model_infer_request",
+]
 
 #: Datatype -> the typed contents field that carries it (FP16 and BYTES have none we take).
 _FIELDS = {
@@ -353,6 +358,31 @@ def _parse(
     )
 
 
+def output_payload(
+    out: RequestedOutput, arr: np.ndarray, datatype: str, specs: Sequence[TensorSpec] = ()
+) -> tuple[str, tuple[int, ...], bytes]:
+    """Requested output ``out`` of value ``arr`` as a response carries it: its datatype, its
+    shape and its raw contents (empty when it went into its shared memory region).
+
+    Raises:
+        SharedMemoryOutputSizeError: an output is larger than its part of its region.
+        SharedMemoryShrunkError: an output's region shrank (its client cut the object).
+    """
+    if out.region is not None:
+        write_output(out.region, out.name, arr, datatype)
+        return datatype, arr.shape, b""
+    if out.class_count:
+        spec = next((s for s in specs if s.name == out.name), None)
+        batched = arr.ndim >= 2 if spec is None else spec.has_batch_axis
+        names = None if spec is None else spec.labels
+        arr = classify(arr, out.class_count, batched=batched, labels=names)
+        return BYTES, arr.shape, bytes_to_binary(arr)
+    if datatype == BYTES:
+        return datatype, arr.shape, bytes_to_binary(arr)
+    dtype = DATATYPES[datatype]
+    return datatype, arr.shape, (arr if arr.dtype == dtype else arr.astype(dtype)).tobytes()
+
+
 def encode_model_infer_response(
     model_name: str,
     model_version: str,
@@ -377,22 +407,9 @@ def encode_model_infer_response(
     raw: list[bytes] = []
     outputs = response.outputs
     for out in request.outputs:
-        arr = results[out.name]
-        datatype = datatypes[out.name]
-        if out.region is not None:
-            write_output(out.region, out.name, arr, datatype)
-            raw.append(b"")
-        elif out.class_count:
-            spec = next((s for s in specs if s.name == out.name), None)
-            batched = arr.ndim >= 2 if spec is None else spec.has_batch_axis
-            names = None if spec is None else spec.labels
-            arr = classify(arr, out.class_count, batched=batched, labels=names)
-            datatype = BYTES
-            raw.append(bytes_to_binary(arr))
-        elif datatype == BYTES:
-            raw.append(bytes_to_binary(arr))
-        else:
-            raw.append(np.ascontiguousarray(arr, dtype=DATATYPES[datatype]).tobytes())
-        outputs.add(name=out.name, datatype=datatype, shape=arr.shape)
+        name = out.name
+        datatype, shape, data = output_payload(out, results[name], datatypes[name], specs)
+        raw.append(data)
+        outputs.add(name=name, datatype=datatype, shape=shape)
     response.raw_output_contents.extend(raw)
     return response

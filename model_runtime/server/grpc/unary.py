@@ -37,8 +37,9 @@ from model_runtime.errors import QueueFullError, RequestTimeoutError
 from model_runtime.server.answers import HTTPError, status_of
 from model_runtime.server.grpc.budget import CALL_OVERHEAD, CallBudget
 from model_runtime.server.grpc.call import GRPC, OK, SERVICE_PATH, START_HEADERS, header_of
-from model_runtime.server.grpc.codec import encode_model_infer_response, parse_model_infer_request
+from model_runtime.server.grpc.codec import parse_model_infer_request
 from model_runtime.server.grpc.framing import parse_timeout, status_trailers
+from model_runtime.server.grpc.response_wire import model_infer_response_bytes
 from model_runtime.server.grpc.service import failure_status
 from model_runtime.server.grpc.shares import Connection, Shares
 from model_runtime.server.inference import direct
@@ -297,10 +298,9 @@ class _Call:
         assert entry is not None and parsed is not None
         results = future.result()
         try:
-            response = encode_model_infer_response(
+            wire = model_infer_response_bytes(
                 entry.name, entry.version, parsed, results, entry.datatypes, specs=entry.outputs
             )
-            wire = response.SerializeToString()
         except Exception as e:
             self.fail(e)
             return
