@@ -24,6 +24,7 @@ from model_runtime.server.grpc.codec import (
     encode_model_infer_response,
     parse_model_infer_request,
 )
+from model_runtime.server.grpc.request_plan import read_model_infer_request
 from model_runtime.server.grpc.response_wire import model_infer_response_bytes
 from model_runtime.server.tensors.request import InferRequest, TensorSpec
 from model_runtime.server.triton import grpc_service_pb2 as pb
@@ -70,7 +71,7 @@ def main() -> None:
         data = view(request_bytes(kind))
 
         def parse(data: memoryview = data) -> InferRequest:
-            req = pb.ModelInferRequest.FromString(data)
+            req = read_model_infer_request(data)
             return parse_model_infer_request(
                 req, INPUTS, OUTPUTS, model=req.model_name, regions=None
             )

@@ -32,6 +32,7 @@ import numpy as np
 
 from model_runtime.errors import ProtocolError
 from model_runtime.server import answers
+from model_runtime.server.grpc.request_plan import Plan, WireRequest, keep_plan
 from model_runtime.server.tensors.binary import bytes_from_binary
 from model_runtime.server.tensors.classification import bytes_to_binary, classify
 from model_runtime.server.tensors.datatypes import BYTES, DATATYPES
@@ -119,7 +120,7 @@ def parameter_values(where: str, params: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _from_raw(
-    name: str, datatype: str, raw: bytes, count: int, model: str, request_id: str
+    name: str, datatype: str, raw: bytes | memoryview, count: int, model: str, request_id: str
 ) -> np.ndarray:
     if datatype == BYTES:
         return bytes_from_binary(name, raw, count, model, request_id or None)
@@ -263,12 +264,40 @@ def parse_model_infer_request(
         SharedMemoryError: a region that is not registered, offset and size outside it, or
             an object its client shrank (SharedMemoryShrunkError).
     """
+    if type(request) is WireRequest:
+        plan = request.plan(inputs, outputs)
+        if plan is not None:
+            return _planned(request, plan, model)
+        parsed = parse_model_infer_request(
+            request.message(), inputs, outputs, model=model, regions=regions, raw=request.raws
+        )
+        keep_plan(request, inputs, outputs, parsed)
+        return parsed
     leases: list[Lease] = []
     try:
         return _parse(request, inputs, outputs, model, regions, leases, raw)
     except BaseException:
         release(leases)
         raise
+
+
+def _planned(request: WireRequest, plan: Plan, model: str) -> InferRequest:
+    """A request of a kept plan: only its raw contents are checked (as :func:`_parse`
+    checks them, in the same order)."""
+    request_id = request.id
+    arrays: dict[str, np.ndarray] = {}
+    for (name, datatype, shape, count), data in zip(plan.inputs, request.raws, strict=True):
+        arrays[name] = _from_raw(name, datatype, data, count, model, request_id).reshape(shape)
+    return InferRequest(
+        request_id or None,
+        arrays,
+        plan.outputs,
+        dict(plan.model_parameters) if plan.model_parameters else {},
+        plan.timeout,
+        plan.priority,
+        plan.sequence,
+        [],
+    )
 
 
 def _typed(item: Any) -> bool:
