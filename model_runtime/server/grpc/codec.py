@@ -246,9 +246,11 @@ def parse_model_infer_request(
     regions: SharedMemoryRegistry | None = None,
     raw: Sequence[Any] | None = None,
 ) -> InferRequest:
-    """Decode and check a ``ModelInferRequest`` for a model with ``inputs`` and ``outputs``;
-    ``raw``: its raw input contents when they were taken out of it (bytes-like views,
-    :mod:`.rawsplit`), else None (``request.raw_input_contents``).
+    """Decode and check a ``ModelInferRequest`` (protobuf's message, or a
+    :class:`~.request_plan.WireRequest`: then from its key's plan for this model when there
+    is one) for a model with ``inputs`` and ``outputs``; ``raw``: its raw input contents when
+    they were taken out of it (bytes-like views, :mod:`.rawsplit`), else None
+    (``request.raw_input_contents``).
 
     Shapes are checked only against the data given; whether they fit the model (batch axis,
     per-sample shape) is the runner's check. Raw inputs are read-only views of the message's
