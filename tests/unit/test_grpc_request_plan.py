@@ -121,7 +121,7 @@ def _messages(draw: Any) -> tuple[bytes, bytes, int]:
         raws = [draw(_tensor_data(datatype, shape)) for datatype, shape in kinds[:raw_count]]
         fields = b"".join(_RAW + _varint(len(raw)) + raw for raw in raws)
         data = one.SerializeToString()
-        form = draw(st.integers(0, 19))
+        form = draw(st.integers(0, 11))
         if form == 0:  # a second id field, after the first
             data = b"\x1a\x02r9" + data + fields
         elif form == 1:  # raw contents first (protobuf reads fields in any order)
@@ -182,8 +182,8 @@ def _ours(data: bytes, model: int) -> Any:
     return _outcome(parse)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(pair=_messages(), models=st.lists(st.integers(0, 1), max_size=3))
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pair=_messages(), models=st.lists(st.integers(0, 1), max_size=2))
 def test_a_kept_plan_decodes_as_protobuf_and_the_checks_do(
     pair: tuple[bytes, bytes, int], models: list[int]
 ) -> None:
@@ -213,7 +213,7 @@ def test_the_common_request_is_read_from_a_plan_once_seen() -> None:
     assert again.plan(*MODELS[1]) is None  # another model's: its own checks first
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=200), st.integers(0, 1))
 def test_any_bytes_raise_only_typed_errors(data: bytes, model: int) -> None:
     inputs, outputs = MODELS[model]
@@ -226,3 +226,21 @@ def test_any_bytes_raise_only_typed_errors(data: bytes, model: int) -> None:
             parse_model_infer_request(request, inputs, outputs, model="m")
         except ModelRuntimeError:
             pass
+
+
+def test_a_field_after_the_raw_contents_is_no_repeat() -> None:
+    """A message that is a seen one plus a field after its raw contents is parsed as itself:
+    here one more requested output."""
+    inputs = (TensorSpec("pixels", "FP32", (-1, 1)),)
+    outputs = (TensorSpec("logits", "FP32", (-1, 1)), TensorSpec("label", "INT64", (-1,)))
+    req = pb.ModelInferRequest(model_name="trailer")
+    req.inputs.add(name="pixels", datatype="FP32", shape=(1, 1))
+    req.outputs.add(name="logits")
+    req.raw_input_contents.append(b"\0\0\0\0")
+    data = req.SerializeToString()
+    for message in (data, data, data + b"\x32\x07\x0a\x05label"):
+        parsed = parse_model_infer_request(
+            read_model_infer_request(message), inputs, outputs, model="m"
+        )
+        expected = pb.ModelInferRequest.FromString(message).outputs
+        assert [o.name for o in parsed.outputs] == [o.name for o in expected]

@@ -44,7 +44,7 @@ def _output(draw: Any) -> tuple[str, str, np.ndarray, int]:
     return kind, kind, np.array(values, dtype=DATATYPES[source]).reshape(shape), 0
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     model=_TEXT,
     version=_TEXT,
@@ -78,3 +78,17 @@ def test_a_missing_output_is_a_key_error_as_protobufs_encoder_raises() -> None:
     request = InferRequest(None, {}, (RequestedOutput("y", True),))
     with pytest.raises(KeyError):
         model_infer_response_bytes("m", "1", request, {}, {"y": "FP32"})
+
+
+def test_long_names_and_big_outputs_are_protobufs() -> None:
+    """Lengths of two and three varint bytes (names, headers, raw contents)."""
+    names = ("y" * 300, "é" * 70)
+    request = InferRequest("i" * 200, {}, tuple(RequestedOutput(n, True) for n in names))
+    results: dict[str, np.ndarray] = {
+        names[0]: np.ones((40, 10)),
+        names[1]: np.arange(20000, dtype=np.int32),
+    }
+    datatypes = {names[0]: "FP64", names[1]: "INT32"}
+    expected = encode_model_infer_response("m" * 130, "1", request, results, datatypes)
+    wire = model_infer_response_bytes("m" * 130, "1", request, results, datatypes)
+    assert wire == expected.SerializeToString()
