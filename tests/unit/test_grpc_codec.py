@@ -265,3 +265,38 @@ def test_custom_request_parameters_are_the_models() -> None:
     parsed = _parse(req)
     assert parsed.parameters == {"bogus": True, "temperature": 0.5}
     assert parsed.timeout == 1.0
+
+
+def test_perf_analyzers_request_asks_nothing_of_the_server() -> None:
+    """perf_analyzer's request: only Triton's own parameter, both outputs named; the answer
+    is the defaults, and a model's parameter beside it still reaches the model."""
+    req = _request()
+    req.parameters["triton_enable_empty_final_response"].bool_param = True
+    req.outputs.add(name="label")
+    req.outputs.add(name="logits")
+    parsed = _parse(req)
+    assert (parsed.timeout, parsed.priority, parsed.sequence, parsed.parameters) == (
+        None, 0, None, {},
+    )  # fmt: skip
+    assert parsed.outputs == (RequestedOutput("label", True), RequestedOutput("logits", True))
+    req.parameters["temperature"].double_param = 0.5
+    assert _parse(req).parameters == {"temperature": 0.5}
+
+
+def test_each_model_gets_its_own_tensors() -> None:
+    """Requests for models alternate; each is checked against its own model's inputs and
+    outputs, never another's (of the same length, or equal)."""
+    other_outputs = (TensorSpec("score", "FP32", (-1, 1)), TensorSpec("rank", "INT64", (-1,)))
+    other_inputs = (INPUTS[0], TensorSpec("extra", "BOOL", (-1, 2)))
+    named = _request()
+    named.outputs.add(name="logits")
+    for _ in range(3):
+        for outs in (OUTPUTS, other_outputs, tuple(OUTPUTS)):
+            parsed = parse_model_infer_request(_request(), INPUTS, outs, model="m")
+            assert [o.name for o in parsed.outputs] == [s.name for s in outs]
+        with pytest.raises(ProtocolError, match="unexpected inference output 'logits'"):
+            parse_model_infer_request(named, INPUTS, other_outputs, model="m")
+        assert [o.name for o in _parse(named).outputs] == ["logits"]
+        with pytest.raises(ProtocolError, match="unknown input 'mask'"):
+            parse_model_infer_request(_request(), other_inputs, OUTPUTS, model="m")
+        assert _parse(_request()).inputs.keys() == {"pixels", "mask"}

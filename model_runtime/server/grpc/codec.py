@@ -24,6 +24,7 @@ inputs not in shared memory), such an output an empty one.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -31,6 +32,7 @@ import numpy as np
 
 from model_runtime.errors import ProtocolError
 from model_runtime.server import answers
+from model_runtime.server.grpc.request_plan import Plan, WireRequest, keep_plan
 from model_runtime.server.tensors.binary import bytes_from_binary
 from model_runtime.server.tensors.classification import bytes_to_binary, classify
 from model_runtime.server.tensors.datatypes import BYTES, DATATYPES
@@ -60,7 +62,12 @@ from model_runtime.server.tensors.shm_io import (
 )
 from model_runtime.server.triton import grpc_service_pb2 as pb
 
-__all__ = ["encode_model_infer_response", "parameter_values", "parse_model_infer_request"]
+__all__ = [
+    "encode_model_infer_response",
+    "output_payload",
+    "parameter_values",
+    "parse_model_infer_request",
+]
 
 #: Datatype -> the typed contents field that carries it (FP16 and BYTES have none we take).
 _FIELDS = {
@@ -113,7 +120,7 @@ def parameter_values(where: str, params: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _from_raw(
-    name: str, datatype: str, raw: bytes, count: int, model: str, request_id: str
+    name: str, datatype: str, raw: bytes | memoryview, count: int, model: str, request_id: str
 ) -> np.ndarray:
     if datatype == BYTES:
         return bytes_from_binary(name, raw, count, model, request_id or None)
@@ -162,6 +169,41 @@ def _from_contents(name: str, datatype: str, contents: Any, count: int) -> np.nd
     return wire.astype(dtype, copy=False)
 
 
+#: Per tuple of specs (by identity, the tuple held so its id stays its own): their names ->
+#: specs, and the outputs of a request that names none. A model's specs live as long as it.
+_BY_NAME: dict[int, tuple[Sequence[TensorSpec], dict[str, TensorSpec]]] = {}
+_ALL_OUTPUTS: dict[int, tuple[Sequence[TensorSpec], tuple[RequestedOutput, ...]]] = {}
+_MEMO_MAX = 256
+
+
+def _by_name(specs: Sequence[TensorSpec]) -> dict[str, TensorSpec]:
+    held = _BY_NAME.get(id(specs))
+    if held is not None and held[0] is specs:
+        return held[1]
+    if len(_BY_NAME) >= _MEMO_MAX:
+        _BY_NAME.clear()
+    names = {s.name: s for s in specs}
+    _BY_NAME[id(specs)] = (specs, names)
+    return names
+
+
+@functools.lru_cache(maxsize=1024)
+def _plain_output(name: str) -> RequestedOutput:
+    """The output ``name`` as the tensor, raw (frozen: one object serves every request)."""
+    return RequestedOutput(name, True)
+
+
+def _all_outputs(outputs: Sequence[TensorSpec]) -> tuple[RequestedOutput, ...]:
+    held = _ALL_OUTPUTS.get(id(outputs))
+    if held is not None and held[0] is outputs:
+        return held[1]
+    if len(_ALL_OUTPUTS) >= _MEMO_MAX:
+        _ALL_OUTPUTS.clear()
+    every = tuple(_plain_output(s.name) for s in outputs)
+    _ALL_OUTPUTS[id(outputs)] = (outputs, every)
+    return every
+
+
 def _requested_outputs(
     raw: Sequence[Any],
     outputs: Sequence[TensorSpec],
@@ -171,17 +213,19 @@ def _requested_outputs(
     leases: list[Lease],
 ) -> tuple[RequestedOutput, ...]:
     if not raw:
-        return tuple(RequestedOutput(s.name, True) for s in outputs)
-    known = {s.name for s in outputs}
+        return _all_outputs(outputs)
+    known = _by_name(outputs)
     chosen: list[RequestedOutput] = []
+    seen: set[str] = set()
     for item in raw:
         name = item.name
         if name not in known:
             raise answers.unknown_output(name, model)
-        if any(o.name == name for o in chosen):
+        if name in seen:
             raise answers.duplicate_output(name, request_id)
+        seen.add(name)
         if not item.parameters:  # the common case: the tensor, raw (what the checks give)
-            chosen.append(RequestedOutput(name, True))
+            chosen.append(_plain_output(name))
             continue
         where = f"output {name!r}"
         params = output_parameters(name, parameter_values(where, item.parameters), True, model)
@@ -202,9 +246,11 @@ def parse_model_infer_request(
     regions: SharedMemoryRegistry | None = None,
     raw: Sequence[Any] | None = None,
 ) -> InferRequest:
-    """Decode and check a ``ModelInferRequest`` for a model with ``inputs`` and ``outputs``;
-    ``raw``: its raw input contents when they were taken out of it (bytes-like views,
-    :mod:`.rawsplit`), else None (``request.raw_input_contents``).
+    """Decode and check a ``ModelInferRequest`` (protobuf's message, or a
+    :class:`~.request_plan.WireRequest`: then from its key's plan for this model when there
+    is one) for a model with ``inputs`` and ``outputs``; ``raw``: its raw input contents when
+    they were taken out of it (bytes-like views, :mod:`.rawsplit`), else None
+    (``request.raw_input_contents``).
 
     Shapes are checked only against the data given; whether they fit the model (batch axis,
     per-sample shape) is the runner's check. Raw inputs are read-only views of the message's
@@ -220,12 +266,48 @@ def parse_model_infer_request(
         SharedMemoryError: a region that is not registered, offset and size outside it, or
             an object its client shrank (SharedMemoryShrunkError).
     """
+    if type(request) is WireRequest:
+        plan = request.plan(inputs, outputs)
+        if plan is not None:
+            return _planned(request, plan, model)
+        parsed = parse_model_infer_request(
+            request.message(), inputs, outputs, model=model, regions=regions, raw=request.raws
+        )
+        keep_plan(request, inputs, outputs, parsed)
+        return parsed
     leases: list[Lease] = []
     try:
         return _parse(request, inputs, outputs, model, regions, leases, raw)
     except BaseException:
         release(leases)
         raise
+
+
+def _planned(request: WireRequest, plan: Plan, model: str) -> InferRequest:
+    """A request of a kept plan: only its raw contents are checked (as :func:`_parse`
+    checks them, in the same order)."""
+    request_id = request.id
+    arrays: dict[str, np.ndarray] = {}
+    for (name, datatype, shape, count), data in zip(plan.inputs, request.raws, strict=True):
+        arrays[name] = _from_raw(name, datatype, data, count, model, request_id).reshape(shape)
+    return InferRequest(
+        request_id or None,
+        arrays,
+        plan.outputs,
+        dict(plan.model_parameters) if plan.model_parameters else {},
+        plan.timeout,
+        plan.priority,
+        plan.sequence,
+        [],
+    )
+
+
+def _typed(item: Any) -> bool:
+    """Whether input ``item`` holds values in any typed contents field."""
+    if not item.HasField("contents"):
+        return False
+    contents = item.contents
+    return any(len(getattr(contents, f)) for f in _ALL_FIELDS)
 
 
 def _parse(
@@ -238,21 +320,20 @@ def _parse(
     raw: Sequence[Any] | None = None,
 ) -> InferRequest:
     model_params: dict[str, Any] = {}
-    if request.parameters:
-        raw_params = parameter_values("request", request.parameters)
+    given = request.parameters
+    if given:
+        raw_params = parameter_values("request", given)
         params = request_parameters(raw_params, model, grpc=True)
         model_params = model_parameters(raw_params)
     else:
         params = _NO_PARAMETERS
-    items = request.inputs
-    refs: list[RegionRef | None] = []
-    for item in items:
-        if not item.parameters:  # no parameters: nothing to check, no region
-            refs.append(None)
-            continue
-        values = parameter_values(f"input {item.name!r}", item.parameters)
-        check_input_parameters(item.name, values, model)
-        refs.append(region_parameters(item.name, values))
+    items = list(request.inputs)  # (each element's wrapper made once)
+    refs: list[RegionRef | None] = [None] * len(items)
+    for i, item in enumerate(items):
+        if item.parameters:  # no parameters: nothing to check, no region
+            values = parameter_values(f"input {item.name!r}", item.parameters)
+            check_input_parameters(item.name, values, model)
+            refs[i] = region_parameters(item.name, values)
     raw_contents = request.raw_input_contents if raw is None else raw
     if raw_contents:  # Triton's first check of each input, before the count (even empty)
         for item, ref in zip(items, refs, strict=True):
@@ -266,7 +347,8 @@ def _parse(
             f"raw_input_contents has {len(raw_contents)} entries for {wanted} {which}: give one "
             "per input, in the order of the inputs"
         )
-    specs = {s.name: s for s in inputs}
+    specs = _by_name(inputs)
+    request_id = request.id
     arrays: dict[str, np.ndarray] = {}
     index = 0
     for item, ref in zip(items, refs, strict=True):
@@ -275,39 +357,61 @@ def _parse(
         if spec is None:
             raise _fail(f"unknown input {name!r} (the model has {sorted(specs)})")
         if name in arrays:
-            raise answers.duplicate_input(name, request.id)
+            raise answers.duplicate_input(name, request_id)
         datatype = check_datatype(name, item.datatype, spec, model)
         shape = check_shape(name, list(item.shape))
         count = element_count(name, shape, datatype)
-        typed = item.HasField("contents") and any(
-            len(getattr(item.contents, f)) for f in _ALL_FIELDS
-        )
         if ref is not None:
-            if typed:
+            if _typed(item):
                 raise data_beside_region(name, model, "'content'")
             flat = read_input(regions, leases, name, datatype, ref, count, model)
         elif raw_contents:  # (typed contents beside them were refused above)
-            flat = _from_raw(name, datatype, raw_contents[index], count, model, request.id)
+            flat = _from_raw(name, datatype, raw_contents[index], count, model, request_id)
             index += 1
-        elif typed or count == 0:
+        elif count == 0 or _typed(item):
             flat = _from_contents(name, datatype, item.contents, count)
         else:
             raise _fail(f"input {name!r}: no data (neither contents nor raw_input_contents)")
         arrays[name] = flat.reshape(shape)
     if len(arrays) != len(specs):  # (every key of arrays is one of specs)
-        short = answers.input_count(model, inputs, list(arrays), request.id or None)
+        short = answers.input_count(model, inputs, list(arrays), request_id or None)
         if short is not None:
             raise short
     return InferRequest(
-        request.id or None,
+        request_id or None,
         arrays,
-        _requested_outputs(request.outputs, outputs, model, request.id, regions, leases),
+        _requested_outputs(request.outputs, outputs, model, request_id, regions, leases),
         model_params,
         params.timeout,
         params.priority,
         params.sequence,
         leases,
     )
+
+
+def output_payload(
+    out: RequestedOutput, arr: np.ndarray, datatype: str, specs: Sequence[TensorSpec] = ()
+) -> tuple[str, tuple[int, ...], bytes]:
+    """Requested output ``out`` of value ``arr`` as a response carries it: its datatype, its
+    shape and its raw contents (empty when it went into its shared memory region).
+
+    Raises:
+        SharedMemoryOutputSizeError: an output is larger than its part of its region.
+        SharedMemoryShrunkError: an output's region shrank (its client cut the object).
+    """
+    if out.region is not None:
+        write_output(out.region, out.name, arr, datatype)
+        return datatype, arr.shape, b""
+    if out.class_count:
+        spec = next((s for s in specs if s.name == out.name), None)
+        batched = arr.ndim >= 2 if spec is None else spec.has_batch_axis
+        names = None if spec is None else spec.labels
+        arr = classify(arr, out.class_count, batched=batched, labels=names)
+        return BYTES, arr.shape, bytes_to_binary(arr)
+    if datatype == BYTES:
+        return datatype, arr.shape, bytes_to_binary(arr)
+    dtype = DATATYPES[datatype]
+    return datatype, arr.shape, (arr if arr.dtype == dtype else arr.astype(dtype)).tobytes()
 
 
 def encode_model_infer_response(
@@ -334,22 +438,9 @@ def encode_model_infer_response(
     raw: list[bytes] = []
     outputs = response.outputs
     for out in request.outputs:
-        arr = results[out.name]
-        datatype = datatypes[out.name]
-        if out.region is not None:
-            write_output(out.region, out.name, arr, datatype)
-            raw.append(b"")
-        elif out.class_count:
-            spec = next((s for s in specs if s.name == out.name), None)
-            batched = arr.ndim >= 2 if spec is None else spec.has_batch_axis
-            names = None if spec is None else spec.labels
-            arr = classify(arr, out.class_count, batched=batched, labels=names)
-            datatype = BYTES
-            raw.append(bytes_to_binary(arr))
-        elif datatype == BYTES:
-            raw.append(bytes_to_binary(arr))
-        else:
-            raw.append(np.ascontiguousarray(arr, dtype=DATATYPES[datatype]).tobytes())
-        outputs.add(name=out.name, datatype=datatype, shape=arr.shape)
+        name = out.name
+        datatype, shape, data = output_payload(out, results[name], datatypes[name], specs)
+        raw.append(data)
+        outputs.add(name=name, datatype=datatype, shape=shape)
     response.raw_output_contents.extend(raw)
     return response

@@ -37,15 +37,16 @@ from model_runtime.errors import QueueFullError, RequestTimeoutError
 from model_runtime.server.answers import HTTPError, status_of
 from model_runtime.server.grpc.budget import CALL_OVERHEAD, CallBudget
 from model_runtime.server.grpc.call import GRPC, OK, SERVICE_PATH, START_HEADERS, header_of
-from model_runtime.server.grpc.codec import encode_model_infer_response, parse_model_infer_request
+from model_runtime.server.grpc.codec import parse_model_infer_request
 from model_runtime.server.grpc.framing import parse_timeout, status_trailers
+from model_runtime.server.grpc.request_plan import read_model_infer_request
+from model_runtime.server.grpc.response_wire import model_infer_response_bytes
 from model_runtime.server.grpc.service import failure_status
 from model_runtime.server.grpc.shares import Connection, Shares
 from model_runtime.server.inference import direct
 from model_runtime.server.inference.accounting import THREAD_PARSE_BYTES, samples_of
 from model_runtime.server.repository.entries import ModelState
 from model_runtime.server.security.restrict import Restrictions, grpc_refusal
-from model_runtime.server.triton import grpc_service_pb2 as pb
 
 if TYPE_CHECKING:
     from model_runtime.server.grpc.h2proto import H2Protocol
@@ -58,7 +59,6 @@ __all__ = ["UnaryInfer"]
 
 log = structlog.get_logger("model_runtime.server.grpc.service")  # the servicer's events
 
-_PARSE = pb.ModelInferRequest.FromString
 #: The most of a request that waits for its end before the app takes its call.
 WAIT_BYTES = 16 << 10
 _CONTENT_TYPE = b"content-type"
@@ -118,7 +118,7 @@ class UnaryInfer:
             return False
         try:
             seconds = None if timeout is None else parse_timeout(timeout)
-            request = _PARSE(memoryview(body)[5:])
+            request = read_model_infer_request(memoryview(body)[5:])
         except Exception:  # (GrpcAbort among them) the app answers it
             return False
         plane = self.plane
@@ -297,10 +297,9 @@ class _Call:
         assert entry is not None and parsed is not None
         results = future.result()
         try:
-            response = encode_model_infer_response(
+            wire = model_infer_response_bytes(
                 entry.name, entry.version, parsed, results, entry.datatypes, specs=entry.outputs
             )
-            wire = response.SerializeToString()
         except Exception as e:
             self.fail(e)
             return

@@ -129,14 +129,19 @@ def request_parameters(
     """
     if not raw:
         return _NO_PARAMETERS
-    reserved = [k for k in raw if k.startswith("triton_")]
-    for key in reserved:
+    others = False
+    for key, value in raw.items():
+        if not key.startswith("triton_"):
+            others = True
+            continue
         if not grpc:
             raise answers.reserved_parameter_http()
         if key not in answers.TRITON_REQUEST_PARAMETERS:
             raise answers.reserved_parameter_grpc()
-        if not isinstance(raw[key], bool):
+        if not isinstance(value, bool):
             raise _fail(f"invalid value type for '{key}' parameter, expected bool_param.")
+    if not others:  # only Triton's own (as perf_analyzer sends): they ask nothing of these
+        return _NO_PARAMETERS
     binary = raw.get("binary_data_output", False)
     if not isinstance(binary, bool):
         raise _fail("binary_data_output must be true or false")
