@@ -20,8 +20,8 @@ in ``--pairs`` rounds (default 3); a round runs every configuration's bare/runti
 so drift of a shared host hits the configurations alike. A point is reported by its round with
 the median runtime/bare ratio; beside the table, each configuration's per-round ratios, its
 runtime over the 1x1 runtime of the same round (how a second device or thread scales), the
-event loop thread's CPU per sample, and the batches each device ran. Prints a table (ratios
-runtime/bare and runtime/raw) and writes JSON.
+event loop thread's CPU per sample, and the batches each device ran (one-row ones apart).
+Prints a table (ratios runtime/bare and runtime/raw) and writes JSON.
 
 Then, per model, a lone caller (issue 13's latency target): plain onnxruntime on the SOURCE
 model at batch 1 (the backend's session options, 1 thread; the floor), against the runtime with
@@ -182,12 +182,16 @@ async def runtime(
     )
     async with ModelRunner(path, config, device_manager=manager) as runner:
         states = runner.replica_states()
-        before = [sum(s.runs_by_size.values()) for s in states]
+        before = [dict(s.runs_by_size) for s in states]
         stats, answer = await drive([runner.execute], one, callers, seconds)
-        # Batches each device ran (warm-up and tail included): how the callers were spread.
-        stats["batches"] = [
-            sum(s.runs_by_size.values()) - b for s, b in zip(states, before, strict=True)
+        # Batches each device ran, and of them one-row batches (warm-up and tail included):
+        # how the callers were spread, and how many runs carried a lone request.
+        runs = [
+            {size: n - b.get(size, 0) for size, n in s.runs_by_size.items()}
+            for s, b in zip(states, before, strict=True)
         ]
+        stats["batches"] = [sum(r.values()) for r in runs]
+        stats["one_row_batches"] = [r.get(1, 0) for r in runs]
         return stats, answer
 
 
@@ -322,6 +326,7 @@ def point_row(
         "runtime_loop_us": statistics.median(r["loop_us"] for r in rts),
         "bare_loop_us": statistics.median(b["loop_us"] for b in bares),
         "runtime_batches": rt["batches"],
+        "runtime_one_row_batches": rt["one_row_batches"],
     }
     if lone_rts is not None and replicas * threads > 1:
         scaling = [
@@ -452,7 +457,8 @@ def main() -> None:
                         f"{fmt(r['pair_ratios'])}, runtime/1x1 runtime per round "
                         f"{fmt(r.get('runtime_over_1x1_pairs', []))}; loop CPU per sample "
                         f"runtime {r['runtime_loop_us']:.1f} us, bare {r['bare_loop_us']:.1f} us; "
-                        f"runtime batches per device {r['runtime_batches']}",
+                        f"runtime batches per device {r['runtime_batches']} (one-row "
+                        f"{r['runtime_one_row_batches']})",
                         flush=True,
                     )
         lone: list[dict[str, Any]] = []
