@@ -18,6 +18,10 @@ from model_runtime.errors import InputValidationError, ModelUnavailableError
 __all__ = ["Placement"]
 
 _READY = ReplicaStatus.READY  # read per request: a module global, not an enum lookup
+#: A replica whose whole batch runs in fewer of its worker's hops than this
+#: (``ReplicaState.batch_hops``) keeps taking requests while it has a free batch buffer, rather
+#: than an idle replica running them alone (see pick()).
+JOIN_HOPS = 10.0
 
 
 class Placement:
@@ -97,6 +101,7 @@ class Placement:
         if now is None:
             now = self._clock.monotonic()
         busy = True
+        join, join_load = -1, math.inf  # a running replica of short batches with room
         for i in range(n):
             r = start + i
             if r >= n:
@@ -105,10 +110,20 @@ class Placement:
             state = states[r]
             if state.status is ready and not avoid >> r & 1 and now < state.hung_after:
                 queue = queues[r]
-                busy = busy and queue.saturated()
+                saturated = queue.saturated()
+                busy = busy and saturated
                 load = queue.placement()
                 if load < best_load:
                     best, best_load = r, load
+                if 0 < load < join_load and not saturated and 0.0 < state.batch_hops < JOIN_HOPS:
+                    join, join_load = r, load
+        if best_load == 0 and join >= 0:
+            # The least loaded is idle with nothing waiting: it would run this request alone.
+            # A device whose whole batch runs in under JOIN_HOPS hops takes it behind its run
+            # instead (in its next batch) until its buffers are all in use: a one-row batch
+            # costs the loop about what that wait saves, and a caller answered alone would be
+            # sealed alone again, every time, on the idle device.
+            best = join
         if best < 0:
             # Nobody is ready: a replica that is resetting or starting queues the request
             # until it is (bounded by the reset timeout); FAILED ones never take work.
