@@ -2,8 +2,8 @@
 
 A base of :class:`~model_runtime.replicas.ReplicaSet` (its ``states``, ``queues`` and clock),
 read on the hot path without messaging: the least-loaded ready replica, filling one open batch
-at a time while every replica is busy; and what the queued work would take
-(:meth:`Placement.backlog_seconds`, admission's price of a request).
+at a time while every replica is busy, an idle one only when a second device pays; and what
+the queued work would take (:meth:`Placement.backlog_seconds`, admission's price of a request).
 """
 
 from __future__ import annotations
@@ -55,7 +55,11 @@ class Placement:
         at 1/R the rate, and a request costs a few comparisons instead of a scan of the
         replicas. Likewise, while the replica picked last is collecting (its device idle, a
         flush due this loop turn that takes every row queued before it: the callers its last
-        batch answered queueing again), it takes the request without a scan.
+        batch answered queueing again), it takes the request without a scan. An idle replica
+        with nothing waiting, which would run the request alone, yields it to a replica whose
+        device is running a batch and has a free buffer, when that device's whole batch runs
+        in under :data:`JOIN_HOPS` of its hand-offs (``ReplicaState.batch_hops``): the request
+        rides in that replica's next batch (a second device only when it pays).
 
         Raises:
             InputValidationError: ``replica_id`` is out of range.
