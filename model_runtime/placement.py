@@ -126,8 +126,12 @@ class Placement:
             # A device whose whole batch runs in under JOIN_HOPS hops takes it behind its run
             # instead (in its next batch) until its buffers are all in use: a one-row batch
             # costs the loop about what that wait saves, and a caller answered alone would be
-            # sealed alone again, every time, on the idle device.
+            # sealed alone again, every time, on the idle device. Like a batch filled while
+            # every replica is busy, the next requests go there without a scan until it is full.
             best = join
+            room = queues[best].open_room() - samples
+            if room > 0 and not avoid:
+                self._filling, self._room = best, room
         if best < 0:
             # Nobody is ready: a replica that is resetting or starting queues the request
             # until it is (bounded by the reset timeout); FAILED ones never take work.

@@ -125,20 +125,24 @@ def test_a_device_of_short_batches_takes_a_lone_request_behind_its_run_until_sat
     # other device idle and ran alone there, every time (a third of the runs one-row, each
     # costing the loop a batch). Replica 0 runs a batch of a few hops: the request waits for
     # its next batch instead; a heavy model's idle device still takes it at once.
-    rs, queues = _replicas(2, FakeClock())
-    queues[0].batches = 1  # running, nothing waiting; replica 1 idle with nothing waiting
-    rs.states[0].batch_hops = 3.0
+    def running_and_idle(hops: float) -> tuple[ReplicaSet, list[_Queue]]:
+        rs, queues = _replicas(2, FakeClock())
+        queues[0].batches = 1  # running, nothing waiting; replica 1 idle, nothing waiting
+        queues[0].room = 3  # its open batch
+        rs.states[0].batch_hops = hops
+        return rs, queues
+
+    rs, queues = running_and_idle(3.0)
     assert rs.pick(None) == 0
-    queues[0].waiting = 1
-    assert rs.pick(None) == 0  # the batch it fills
-    rs.states[0].batch_hops = 50.0  # a run worth many hand-offs: the idle device pays
+    rs.states[0].batch_hops = 50.0  # (a scan would now say replica 1) ...
+    assert [rs.pick(None) for _ in range(2)] == [0, 0]  # ... the rest of its batch: no scan
+    assert rs.pick(None) == 1  # a run worth many hand-offs: the idle device pays
+    rs, queues = running_and_idle(0.0)  # not measured yet: as before
     assert rs.pick(None) == 1
-    rs.states[0].batch_hops = 0.0  # not measured yet: as before
+    rs, queues = running_and_idle(3.0)
+    queues[0].busy = True  # every buffer of replica 0 in use: the idle one
     assert rs.pick(None) == 1
-    rs.states[0].batch_hops = 3.0
-    queues[0].busy = True  # every buffer of replica 0 in use: the idle one now
-    assert rs.pick(None) == 1
-    queues[0].busy = False
+    rs, queues = running_and_idle(3.0)
     queues[1].flush_due = True  # replica 1 collects callers its last batch answered: it
     assert rs.pick(None) == 1  # takes them (they ride in one batch, sealed this loop turn)
 
