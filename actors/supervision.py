@@ -15,6 +15,10 @@ OTP's supervision mechanism (``sup_princ``) on anyio. A :class:`Supervisor` owns
 * a child is never restarted in a tight loop: its restarts back off (:class:`Backoff`), and
   :meth:`Supervisor.forgive` tells the supervisor that the subtree made progress.
 
+How a restart happens (the strategy's group, the backoff, the intensity) is
+:class:`~actors.restarts.Restarts`, the supervisor's base; here are the tree's life, its public
+calls, the supervising loop, and starting and stopping one child.
+
 Stopping a child is graceful first: an actor is asked :class:`~actors.actor.Stop`, a nested
 supervisor is told to :meth:`Supervisor.stop`; past the spec's ``shutdown`` seconds its task is
 cancelled. Every structural change (exits, restarts, the public calls) is made by the
@@ -50,6 +54,7 @@ from actors.child_spec import (
 )
 from actors.clock import Clock, SystemClock
 from actors.incarnation import Incarnation
+from actors.restarts import GiveUp, Restarts, Slot
 from model_runtime.errors import ActorError, ActorStoppedError, SupervisorEscalationError
 
 __all__ = [
@@ -78,24 +83,9 @@ def _drain(recv: MemoryObjectReceiveStream[Envelope]) -> list[Envelope]:
 # -- internals --------------------------------------------------------------------------------
 
 
-@dataclass(eq=False, slots=True)
-class _Slot:
-    spec: ChildSpec
-    run: Incarnation | None = None
-    state: ChildState = "stopped"
-    restarts: int = 0
-    delay: float = 0.0  #: the backoff before its next consecutive restart (0: at once)
-
-
-class _GiveUp(Exception):  # restarts passed the intensity; never leaves this module
-    def __init__(self, child_id: str, cause: BaseException | None) -> None:
-        self.child_id = child_id
-        self.cause = cause
-
-
 @dataclass(frozen=True, slots=True)
 class _Exited:
-    slot: _Slot
+    slot: Slot
     run: Incarnation
     reason: BaseException | None
 
@@ -107,7 +97,7 @@ class _Op:
     spec: ChildSpec | None = None
 
 
-class Supervisor:
+class Supervisor(Restarts):
     """Supervises children by strategy; itself a valid child (its ref is the supervisor).
 
     Restarts count toward the intensity until the subtree shows progress: more than
@@ -146,10 +136,10 @@ class Supervisor:
         self.backoff = backoff
         self._clock: Clock = clock or SystemClock()
         self._on_event = on_event
-        self._slots: list[_Slot] = []
+        self._slots: list[Slot] = []
         for spec in children:
             self._check_new_id(spec.id)
-            self._slots.append(_Slot(spec))
+            self._slots.append(Slot(spec))
         self._restart_times: deque[float] = deque()
         self._tg: anyio.abc.TaskGroup | None = None
         self._send: MemoryObjectSendStream[Envelope] | None = None
@@ -224,21 +214,6 @@ class Supervisor:
             if self._pause is not None:
                 self._pause.cancel()  # ... which may be waiting out a restart's backoff
         await self._finished.wait()
-
-    def forgive(self, child_id: str | None = None) -> None:
-        """The owner reports that the subtree made progress: the restarts so far are forgiven.
-
-        Clears every restart counted toward the intensity (OTP's intensity is per supervisor,
-        not per child) and the backoff of ``child_id`` (of every child when ``None``), so its
-        next restart happens at once. A backoff wait already under way runs to its end.
-
-        Raises:
-            KeyError: no child has that id.
-        """
-        slots = self._slots if child_id is None else [self._slot(child_id)]
-        self._restart_times.clear()
-        for slot in slots:
-            slot.delay = 0.0
 
     def ref(self, child_id: str) -> Any:
         """The current ref of a running child (an ActorRef, or a nested Supervisor).
@@ -324,7 +299,7 @@ class Supervisor:
                         await self._on_exit(slot, run, reason)
                     case _Op() as op:
                         envelope.answer(await self._apply(op))
-            except _GiveUp as give_up:
+            except GiveUp as give_up:
                 escalation = self._escalate(
                     give_up.child_id,
                     give_up.cause,
@@ -340,7 +315,7 @@ class Supervisor:
                 envelope.fail(exc)
         return None
 
-    async def _on_exit(self, slot: _Slot, run: Incarnation, reason: BaseException | None) -> None:
+    async def _on_exit(self, slot: Slot, run: Incarnation, reason: BaseException | None) -> None:
         if slot.run is not run:
             return  # an incarnation we already replaced or stopped
         slot.run = None
@@ -357,7 +332,7 @@ class Supervisor:
         if op.kind == "start":
             assert op.spec is not None
             self._check_new_id(op.child_id)
-            slot = _Slot(op.spec)
+            slot = Slot(op.spec)
             await self._start(slot, "child_started")  # added only once it started
             self._slots.append(slot)
             return self.ref(op.child_id)
@@ -375,84 +350,9 @@ class Supervisor:
                 self._slots.remove(slot)
         return None
 
-    async def _restart(self, slot: _Slot, cause: BaseException | None, ran: float) -> None:
-        """Restart ``slot`` and, by the strategy, its siblings: stop in reverse, start in order.
-
-        ``ran`` is how long the slot's last incarnation ran; between the stop and the start the
-        restart waits out the slot's backoff.
-        """
-        self._count_restart(slot.spec.id, cause)
-        i = self._slots.index(slot)
-        if self.strategy is Strategy.REST_FOR_ONE:
-            # A sibling started earlier that died too, its exit not handled yet, restarts the
-            # group from there: this child would only fail to start against a dead sibling.
-            # (Its exit message, handled later, is then stale and ignored.)
-            i = next((j for j, s in enumerate(self._slots[:i]) if s.run and s.run.done.is_set()), i)
-        group = {
-            Strategy.ONE_FOR_ONE: [slot],
-            Strategy.REST_FOR_ONE: self._slots[i:],
-            Strategy.ONE_FOR_ALL: list(self._slots),
-        }[self.strategy]
-        temporary = Restart.TEMPORARY
-        again = [s for s in group if s is slot or (s.run and s.spec.restart is not temporary)]
-        for s in reversed(group):
-            await self._stop_child(s)
-            s.state = "restarting" if s in again else "stopped"
-        await self._back_off(slot, ran)
-        for s in again:
-            while not self._stopping:
-                try:
-                    await self._start(s, "child_restarted")
-                except Exception as exc:  # a failed start is one more crash of that child
-                    _log.warning("child_start_failed", supervisor=self.name, child=s.spec.id)
-                    self._count_restart(s.spec.id, exc)
-                    await anyio.lowlevel.checkpoint()  # let the rest of the tree move on
-                    await self._back_off(s, None)
-                else:
-                    break
-
-    async def _back_off(self, slot: _Slot, ran: float | None) -> None:
-        """Wait out ``slot``'s backoff before it starts again; ``ran=None``: its start failed.
-
-        The wait runs in a cancel scope that :meth:`stop` cancels (it sets ``_stopping`` first,
-        and everything here runs on one event loop, so a stop either finds the scope and cancels
-        it or comes before and is seen by the check below). The caller then sees ``_stopping``
-        and starts nothing. A cancel scope rather than racing the sleep against an event keeps
-        the wait a plain ``clock.sleep``, with no extra task.
-        """
-        backoff = self.backoff
-        if backoff is None:
-            return
-        delay, slot.delay = backoff.step(slot.delay, ran)
-        if delay <= 0 or self._stopping:
-            return
-        _log.info("child_backoff", supervisor=self.name, child=slot.spec.id, delay=delay)
-        self._pause = anyio.CancelScope()
-        try:
-            with self._pause:
-                await self._clock.sleep(delay)
-        finally:
-            self._pause = None
-
-    def _count_restart(self, child_id: str, cause: BaseException | None) -> None:
-        now = self._clock.monotonic()
-        self._restart_times.append(now)
-        while self._restart_times and self._restart_times[0] <= now - self.period:
-            self._restart_times.popleft()
-        if len(self._restart_times) > self.intensity:
-            raise _GiveUp(child_id, cause)
-
-    def _escalate(
-        self, child_id: str, cause: BaseException | None, why: str
-    ) -> SupervisorEscalationError:
-        error = SupervisorEscalationError(f"supervisor {self.name}: child {child_id} {why}")
-        error.__cause__ = cause
-        self._blame = child_id
-        return error
-
     # -- starting and stopping one child ------------------------------------------------------
 
-    async def _start(self, slot: _Slot, kind: EventKind) -> None:
+    async def _start(self, slot: Slot, kind: EventKind) -> None:
         assert self._tg is not None
         run = Incarnation(slot.spec.start())
         await self._tg.start(
@@ -465,14 +365,14 @@ class Supervisor:
             slot.restarts += 1
         self._emit(kind, slot.spec.id, None, restarts=slot.restarts)
 
-    def _on_exited(self, slot: _Slot, run: Incarnation) -> Callable[[BaseException | None], None]:
+    def _on_exited(self, slot: Slot, run: Incarnation) -> Callable[[BaseException | None], None]:
         def exited(reason: BaseException | None) -> None:
             if self._send is not None and not self._stopping:
                 self._send.send_nowait(Envelope(_Exited(slot, run, reason)))
 
         return exited
 
-    async def _stop_child(self, slot: _Slot) -> None:
+    async def _stop_child(self, slot: Slot) -> None:
         """Stop the slot's child: gracefully within its shutdown time, else cancel it."""
         run, slot.run = slot.run, None
         if run is None:
@@ -488,13 +388,7 @@ class Supervisor:
 
     # -- small helpers ------------------------------------------------------------------------
 
-    def _slot(self, child_id: str) -> _Slot:
-        for slot in self._slots:
-            if slot.spec.id == child_id:
-                return slot
-        raise KeyError(f"supervisor {self.name} has no child {child_id!r}")
-
-    def _child_log(self, slot: _Slot) -> Any:
+    def _child_log(self, slot: Slot) -> Any:
         return _log.bind(supervisor=self.name, child=slot.spec.id)
 
     def _check_new_id(self, child_id: str) -> None:

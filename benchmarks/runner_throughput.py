@@ -15,9 +15,13 @@ Configurations are written REPLICASxTHREADS: 1x1 always; 1x2 and 2x1 where the m
 cores. bare and runtime get the same load: C concurrent callers each sending single-sample
 requests back to back for ``--seconds``, or longer: at least 5 rounds of the callers (every
 caller answered 5 times at the rate of a warm-up burst; raw: 50 batches per device), at most
-30 s; a request counts if it is answered within the window. Each MLP point is measured in
-``--pairs`` alternating bare/runtime pairs (default 3) and reported by the pair with the median
-ratio. Prints a table (ratios runtime/bare and runtime/raw) and writes JSON.
+30 s; a request counts if it is answered within the window. Each MLP caller count is measured
+in ``--pairs`` rounds (default 3); a round runs every configuration's bare/runtime pair in turn,
+so drift of a shared host hits the configurations alike. A point is reported by its round with
+the median runtime/bare ratio; beside the table, each configuration's per-round ratios, its
+runtime over the 1x1 runtime of the same round (how a second device or thread scales), the
+event loop thread's CPU per sample, and the batches each device ran (one-row ones apart).
+Prints a table (ratios runtime/bare and runtime/raw) and writes JSON.
 
 Then, per model, a lone caller (issue 13's latency target): plain onnxruntime on the SOURCE
 model at batch 1 (the backend's session options, 1 thread; the floor), against the runtime with
@@ -124,12 +128,13 @@ MAX_SECONDS = 30.0
 
 async def drive(
     executes: Sequence[Execute], one: Row, callers: int, seconds: float
-) -> tuple[dict[str, float], Row]:
+) -> tuple[dict[str, Any], Row]:
     """The load generator: ``callers`` concurrent callers, each sending ``one`` (a single
     sample) back to back for ``seconds`` (longer when that is under :data:`ROUNDS` rounds at
     the rate of a warm-up burst); caller k sends through ``executes[k % len]``. Returns
     samples/s (requests answered within the window, over the window), latency (of those),
-    the window, and one answer."""
+    the window, the event loop thread's CPU per answered sample (``loop_us``), and one
+    answer."""
     answer = await executes[0](one)
     for execute in executes:
         for _ in range(20):
@@ -143,6 +148,7 @@ async def drive(
     latencies: list[float] = []
     t0 = time.perf_counter()
     stop = t0 + seconds
+    cpu0 = time.thread_time()  # the event loop's thread: callers, batching, answers
 
     async def caller(execute: Execute) -> None:
         while (t := time.perf_counter()) < stop:
@@ -153,7 +159,9 @@ async def drive(
     async with anyio.create_task_group() as tg:
         for k in range(callers):
             tg.start_soon(caller, executes[k % len(executes)])
-    stats = {
+    loop_cpu = time.thread_time() - cpu0
+    stats: dict[str, Any] = {
+        "loop_us": loop_cpu / max(1, len(latencies)) * 1e6,
         "samples_per_s": len(latencies) / seconds,
         "p50_us": statistics.median(latencies) * 1e6,
         "p99_us": float(np.percentile(latencies, 99)) * 1e6,
@@ -164,7 +172,7 @@ async def drive(
 
 async def runtime(
     path: Path, one: Row, callers: int, seconds: float, replicas: int, threads: int, timeout: float
-) -> tuple[dict[str, float], Row]:
+) -> tuple[dict[str, Any], Row]:
     """The runtime on ``replicas`` devices of ``threads`` threads, one replica each."""
     manager = DeviceManager(
         inventory=[DeviceSpec(id=i, kind="cpu", threads=threads) for i in range(replicas)]
@@ -173,7 +181,18 @@ async def runtime(
         replication_factor=replicas, batching_dim=0, timeout=timeout, max_retries=0
     )
     async with ModelRunner(path, config, device_manager=manager) as runner:
-        return await drive([runner.execute], one, callers, seconds)
+        states = runner.replica_states()
+        before = [dict(s.runs_by_size) for s in states]
+        stats, answer = await drive([runner.execute], one, callers, seconds)
+        # Batches each device ran, and of them one-row batches (warm-up and tail included):
+        # how the callers were spread, and how many runs carried a lone request.
+        runs = [
+            {size: n - b.get(size, 0) for size, n in s.runs_by_size.items()}
+            for s, b in zip(states, before, strict=True)
+        ]
+        stats["batches"] = [sum(r.values()) for r in runs]
+        stats["one_row_batches"] = [r.get(1, 0) for r in runs]
+        return stats, answer
 
 
 async def bare(
@@ -184,7 +203,7 @@ async def bare(
     replicas: int,
     threads: int,
     flush: float,
-) -> tuple[dict[str, float], Row]:
+) -> tuple[dict[str, Any], Row]:
     """One bare batcher sealing for ``replicas`` devices of ``threads`` threads each."""
     async with BareBatcher(exe, threads, replicas, flush_s=flush) as batcher:
         return await drive([batcher.infer], one, callers, seconds)
@@ -265,6 +284,59 @@ def same(a: Row, b: Row) -> bool:
     return a.keys() == b.keys() and all(np.allclose(a[k], b[k], rtol=1e-4, atol=1e-5) for k in a)
 
 
+def fmt(values: Sequence[float]) -> str:
+    return "[" + " ".join(f"{v:.2f}" for v in values) + "]"
+
+
+def point_row(
+    name: str,
+    replicas: int,
+    threads: int,
+    callers: int,
+    raw: dict[str, float],
+    bares: list[dict[str, Any]],
+    rts: list[dict[str, Any]],
+    lone_rts: list[dict[str, Any]] | None,
+) -> dict[str, Any]:
+    """One table row: the round whose runtime/bare ratio is the median stands for the point
+    (its rates and latencies); ``lone_rts``: the 1x1 runtime's rounds, for runtime/1x1."""
+    ratios = [r["samples_per_s"] / b["samples_per_s"] for b, r in zip(bares, rts, strict=True)]
+    k = sorted(range(len(ratios)), key=ratios.__getitem__)[len(ratios) // 2]
+    bw, rt = bares[k], rts[k]
+    row: dict[str, Any] = {
+        "model": name,
+        "config": f"{replicas}x{threads}",
+        "replicas": replicas,
+        "threads": threads,
+        "callers": callers,
+        "raw_samples_per_s": raw["samples_per_s"],
+        "raw_batch_p50_us": raw["p50_us"],
+        "bare_samples_per_s": bw["samples_per_s"],
+        "bare_p50_us": bw["p50_us"],
+        "bare_p99_us": bw["p99_us"],
+        "runtime_samples_per_s": rt["samples_per_s"],
+        "runtime_p50_us": rt["p50_us"],
+        "runtime_p99_us": rt["p99_us"],
+        "bare_seconds": bw["seconds"],
+        "runtime_seconds": rt["seconds"],
+        "runtime_over_bare": ratios[k],
+        "pair_ratios": ratios,
+        "runtime_over_raw": rt["samples_per_s"] / raw["samples_per_s"],
+        "bare_over_raw": bw["samples_per_s"] / raw["samples_per_s"],
+        "runtime_loop_us": statistics.median(r["loop_us"] for r in rts),
+        "bare_loop_us": statistics.median(b["loop_us"] for b in bares),
+        "runtime_batches": rt["batches"],
+        "runtime_one_row_batches": rt["one_row_batches"],
+    }
+    if lone_rts is not None and replicas * threads > 1:
+        scaling = [
+            r["samples_per_s"] / one["samples_per_s"] for one, r in zip(lone_rts, rts, strict=True)
+        ]
+        row["runtime_over_1x1_pairs"] = scaling
+        row["runtime_over_1x1"] = statistics.median(scaling)
+    return row
+
+
 HEADER = (
     f"{'model':26} {'cfg':>4} {'C':>4} {'raw/s':>9} {'bare/s':>9} {'runtime/s':>9} "
     f"{'rt/bare':>7} {'rt/raw':>6} {'rt p50us':>9} {'rt p99us':>9} {'bare p50us':>10} "
@@ -321,14 +393,15 @@ def main() -> None:
                 a.name: rng.standard_normal((1, *a.shape[1:])).astype(a.dtype)
                 for a in exe.metadata.user_inputs
             }
-            for replicas, threads in configs:
-                cfg = f"{replicas}x{threads}"
-                raw = raw_backend(exe, args.seconds, replicas, threads)
-                pairs = args.pairs if name.startswith("mlp") else 1
-                for c in args.callers:
-                    bares: list[dict[str, float]] = []
-                    rts: list[dict[str, float]] = []
-                    for _ in range(pairs):  # alternating, so drift of the host hits both
+            raws = {cfg: raw_backend(exe, args.seconds, *cfg) for cfg in configs}
+            pairs = args.pairs if name.startswith("mlp") else 1
+            for c in args.callers:
+                # Every configuration once per round, bare then runtime: drift of the shared
+                # host hits each configuration's pair alike, and the configurations alike.
+                bares: dict[tuple[int, int], list[dict[str, Any]]] = {k: [] for k in configs}
+                rts: dict[tuple[int, int], list[dict[str, Any]]] = {k: [] for k in configs}
+                for _ in range(pairs):
+                    for replicas, threads in configs:
                         bw, bare_answer = anyio.run(
                             bare,
                             exe,
@@ -352,44 +425,40 @@ def main() -> None:
                             backend_options=options,
                         )
                         if not same(bare_answer, rt_answer):
-                            print(f"WARNING: {name} {cfg}: bare and runtime answers differ")
-                        bares.append(bw)
-                        rts.append(rt)
-                    ratios = [
-                        r["samples_per_s"] / b["samples_per_s"]
-                        for b, r in zip(bares, rts, strict=True)
-                    ]
-                    # The pair with the median ratio stands for the point (its rates, latency).
-                    k = sorted(range(pairs), key=ratios.__getitem__)[pairs // 2]
-                    bw, rt = bares[k], rts[k]
-                    r = {
-                        "model": name,
-                        "config": cfg,
-                        "replicas": replicas,
-                        "threads": threads,
-                        "callers": c,
-                        "raw_samples_per_s": raw["samples_per_s"],
-                        "raw_batch_p50_us": raw["p50_us"],
-                        "bare_samples_per_s": bw["samples_per_s"],
-                        "bare_p50_us": bw["p50_us"],
-                        "bare_p99_us": bw["p99_us"],
-                        "runtime_samples_per_s": rt["samples_per_s"],
-                        "runtime_p50_us": rt["p50_us"],
-                        "runtime_p99_us": rt["p99_us"],
-                        "bare_seconds": bw["seconds"],
-                        "runtime_seconds": rt["seconds"],
-                        "runtime_over_bare": ratios[k],
-                        "pair_ratios": ratios,
-                        "runtime_over_raw": rt["samples_per_s"] / raw["samples_per_s"],
-                        "bare_over_raw": bw["samples_per_s"] / raw["samples_per_s"],
-                    }
+                            print(
+                                f"WARNING: {name} {replicas}x{threads}: bare and runtime "
+                                "answers differ"
+                            )
+                        bares[replicas, threads].append(bw)
+                        rts[replicas, threads].append(rt)
+                for (replicas, threads), raw in raws.items():
+                    r = point_row(
+                        name,
+                        replicas,
+                        threads,
+                        c,
+                        raw,
+                        bares[replicas, threads],
+                        rts[replicas, threads],
+                        rts.get((1, 1)),
+                    )
                     rows.append(r)
                     print(
-                        f"{name:26} {cfg:>4} {c:>4} {r['raw_samples_per_s']:>9.0f} "
+                        f"{name:26} {r['config']:>4} {c:>4} {r['raw_samples_per_s']:>9.0f} "
                         f"{r['bare_samples_per_s']:>9.0f} {r['runtime_samples_per_s']:>9.0f} "
                         f"{r['runtime_over_bare']:>7.2f} {r['runtime_over_raw']:>6.2f} "
                         f"{r['runtime_p50_us']:>9.0f} {r['runtime_p99_us']:>9.0f} "
                         f"{r['bare_p50_us']:>10.0f} {r['bare_p99_us']:>10.0f}",
+                        flush=True,
+                    )
+                for r in rows[-len(raws) :]:
+                    print(
+                        f"  {r['config']} C={c}: runtime/bare per round "
+                        f"{fmt(r['pair_ratios'])}, runtime/1x1 runtime per round "
+                        f"{fmt(r.get('runtime_over_1x1_pairs', []))}; loop CPU per sample "
+                        f"runtime {r['runtime_loop_us']:.1f} us, bare {r['bare_loop_us']:.1f} us; "
+                        f"runtime batches per device {r['runtime_batches']} (one-row "
+                        f"{r['runtime_one_row_batches']})",
                         flush=True,
                     )
         lone: list[dict[str, Any]] = []

@@ -2,8 +2,8 @@
 
 A base of :class:`~model_runtime.replicas.ReplicaSet` (its ``states``, ``queues`` and clock),
 read on the hot path without messaging: the least-loaded ready replica, filling one open batch
-at a time while every replica is busy; and what the queued work would take
-(:meth:`Placement.backlog_seconds`, admission's price of a request).
+at a time while every replica is busy, an idle one only when a second device pays; and what
+the queued work would take (:meth:`Placement.backlog_seconds`, admission's price of a request).
 """
 
 from __future__ import annotations
@@ -18,6 +18,10 @@ from model_runtime.errors import InputValidationError, ModelUnavailableError
 __all__ = ["Placement"]
 
 _READY = ReplicaStatus.READY  # read per request: a module global, not an enum lookup
+#: A replica whose whole batch runs in fewer of its worker's hops than this
+#: (``ReplicaState.batch_hops``) keeps taking requests while it has a free batch buffer, rather
+#: than an idle replica running them alone (see pick()).
+JOIN_HOPS = 10.0
 
 
 class Placement:
@@ -51,7 +55,11 @@ class Placement:
         at 1/R the rate, and a request costs a few comparisons instead of a scan of the
         replicas. Likewise, while the replica picked last is collecting (its device idle, a
         flush due this loop turn that takes every row queued before it: the callers its last
-        batch answered queueing again), it takes the request without a scan.
+        batch answered queueing again), it takes the request without a scan. An idle replica
+        with nothing waiting, which would run the request alone, yields it to a replica whose
+        device is running a batch and has a free buffer, when that device's whole batch runs
+        in under :data:`JOIN_HOPS` of its hand-offs (``ReplicaState.batch_hops``): the request
+        rides in that replica's next batch (a second device only when it pays).
 
         Raises:
             InputValidationError: ``replica_id`` is out of range.
@@ -97,6 +105,7 @@ class Placement:
         if now is None:
             now = self._clock.monotonic()
         busy = True
+        join, join_load = -1, math.inf  # a running replica of short batches with room
         for i in range(n):
             r = start + i
             if r >= n:
@@ -105,10 +114,24 @@ class Placement:
             state = states[r]
             if state.status is ready and not avoid >> r & 1 and now < state.hung_after:
                 queue = queues[r]
-                busy = busy and queue.saturated()
+                saturated = queue.saturated()
+                busy = busy and saturated
                 load = queue.placement()
                 if load < best_load:
                     best, best_load = r, load
+                if 0 < load < join_load and not saturated and 0.0 < state.batch_hops < JOIN_HOPS:
+                    join, join_load = r, load
+        if best_load == 0 and join >= 0:
+            # The least loaded is idle with nothing waiting: it would run this request alone.
+            # A device whose whole batch runs in under JOIN_HOPS hops takes it behind its run
+            # instead (in its next batch) until its buffers are all in use: a one-row batch
+            # costs the loop about what that wait saves, and a caller answered alone would be
+            # sealed alone again, every time, on the idle device. Like a batch filled while
+            # every replica is busy, the next requests go there without a scan until it is full.
+            best = join
+            room = queues[best].open_room() - samples
+            if room > 0 and not avoid:
+                self._filling, self._room = best, room
         if best < 0:
             # Nobody is ready: a replica that is resetting or starting queues the request
             # until it is (bounded by the reset timeout); FAILED ones never take work.

@@ -320,6 +320,14 @@ class Device(DeferringActor[DeviceMessage]):
         self._check_loaded()
         return self._run_inline(batches)
 
+    def run_hops(self, rows: int) -> float:
+        """A main run of ``rows`` rows on this device in its worker's hops (the measured run
+        over the measured round trip of a job to the idle thread and back: how much a run
+        weighs against handing it over, on this host as loaded now); 0: not measured."""
+        hop = self._executor.hop_seconds if self._executor is not None else 0.0
+        run = self._work.run_seconds.get(rows, 0.0)
+        return run / hop if hop > 0.0 else 0.0
+
     @property
     def busy(self) -> bool:
         """A job (a run, a load, a reset...) was asked of this device and has not ended."""

@@ -214,9 +214,14 @@ class SessionActor(Recovery):
         t_start = max(t_start, self._device_free_at)
         t_end = self._device_free_at = self.clock.monotonic()
         self._succeeded(t_start, batch.valid_rows)
-        sizes = self._state.runs_by_size
+        state = self._state
+        sizes = state.runs_by_size
         size = self._executed_size(batch)
         sizes[size] = sizes.get(size, 0) + 1
+        whole = self._layout.B
+        device = self._device.actor
+        if size * 2 >= whole and isinstance(device, Device):  # (a few rows: a run's fixed cost)
+            state.batch_hops = device.run_hops(size) * whole / size
         self._finish(batch, Complete(batch, outputs, t_start, t_end))
 
     async def _run_batch(self, batch: Batch) -> None:

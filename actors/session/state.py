@@ -63,6 +63,10 @@ class ReplicaState:
     #: Measured seconds of device time per sample (a moving average over recent batches; 0:
     #: not measured yet), what admission control prices a waiting sample at.
     seconds_per_sample: float = 0.0
+    #: One run of a whole batch on the device, in its worker's hops (``Device.run_hops``,
+    #: from runs at least half full, scaled to the whole batch; 0: not measured yet): whether
+    #: another device pays for a request (:mod:`model_runtime.placement`).
+    batch_hops: float = 0.0
     #: Failed runs seen (any kind), and when the current unrecovered one happened.
     faults: int = 0
     #: Last sign of life of the replica's session (clock time), read by the watchdog.

@@ -37,7 +37,7 @@ class _Queue:
     def placement(self) -> int:  # as Queue.placement (2 buffers)
         if self.busy:
             return (2 << 32) + self.waiting
-        return (self.batches << 32) - self.waiting
+        return (self.batches << 32) - self.waiting - self.flush_due
 
     def saturated(self) -> bool:
         return self.busy
@@ -118,6 +118,33 @@ def test_a_filling_replica_that_leaves_service_or_hangs_takes_nothing_more() -> 
     assert rs.pick(None) == 0
     rs.states[0].set_status(ReplicaStatus.FAILED)
     assert rs.pick(None) == 1  # RESETTING still queues when nobody is ready
+
+
+def test_a_device_of_short_batches_takes_a_lone_request_behind_its_run_until_saturated() -> None:
+    # Issue 46, 64 callers on two devices of a light model: a caller answered alone found the
+    # other device idle and ran alone there, every time (a third of the runs one-row, each
+    # costing the loop a batch). Replica 0 runs a batch of a few hops: the request waits for
+    # its next batch instead; a heavy model's idle device still takes it at once.
+    def running_and_idle(hops: float) -> tuple[ReplicaSet, list[_Queue]]:
+        rs, queues = _replicas(2, FakeClock())
+        queues[0].batches = 1  # running, nothing waiting; replica 1 idle, nothing waiting
+        queues[0].room = 3  # its open batch
+        rs.states[0].batch_hops = hops
+        return rs, queues
+
+    rs, queues = running_and_idle(3.0)
+    assert rs.pick(None) == 0
+    rs.states[0].batch_hops = 50.0  # (a scan would now say replica 1) ...
+    assert [rs.pick(None) for _ in range(2)] == [0, 0]  # ... the rest of its batch: no scan
+    assert rs.pick(None) == 1  # a run worth many hand-offs: the idle device pays
+    rs, queues = running_and_idle(0.0)  # not measured yet: as before
+    assert rs.pick(None) == 1
+    rs, queues = running_and_idle(3.0)
+    queues[0].busy = True  # every buffer of replica 0 in use: the idle one
+    assert rs.pick(None) == 1
+    rs, queues = running_and_idle(3.0)
+    queues[1].flush_due = True  # replica 1 collects callers its last batch answered: it
+    assert rs.pick(None) == 1  # takes them (they ride in one batch, sealed this loop turn)
 
 
 def test_the_callers_of_an_idle_replicas_last_batch_go_back_to_it_without_a_scan() -> None:

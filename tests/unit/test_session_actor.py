@@ -59,7 +59,7 @@ from model_runtime.errors import (
 )
 from model_runtime.executable import Executable
 from model_runtime.executable.testing import tiny_tensors
-from tests.models import make_embedding
+from tests.models import make_embedding, make_mlp
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -606,3 +606,23 @@ async def test_a_hang_is_reset_once_the_clock_passes_the_derived_deadline(
         # The reset freed the device: the next batch runs.
         check_tiny(await answer(rep, rep.submit("x", tiny_rows(5))), tiny_rows(5))
         assert rep.restarted == []
+
+
+# -- 7. what placement reads ---------------------------------------------------------------------
+
+
+async def test_a_whole_batch_is_measured_in_hops_from_runs_at_least_half_full() -> None:
+    # model_runtime.placement reads batch_hops to decide whether an idle replica pays for a
+    # request: a one-row run (its bucket) costs a run's fixed cost, not a whole batch's rows,
+    # so it is not scaled up into one.
+    exe = compile_executable(make_mlp(sizes=(8, 4)), CompileOptions(batch_size=8))
+    assert 1 in exe.metadata.run_sizes and 8 in exe.metadata.run_sizes
+    x = np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)
+    async with replica(exe=exe) as rep:
+        device = rep.devices[0]
+        name = exe.metadata.user_inputs[0].name
+        await answer(rep, rep.submit(name, x[:1]))
+        assert rep.state.runs_by_size == {1: 1} and rep.state.batch_hops == 0.0
+        await answer(rep, rep.submit(name, x))
+        assert rep.state.runs_by_size == {1: 1, 8: 1}
+        assert rep.state.batch_hops == device.run_hops(8) > 0.0
