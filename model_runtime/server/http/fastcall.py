@@ -47,6 +47,8 @@ class FastConnection(Protocol):
 
     def fast_done(self) -> None: ...
 
+    def fast_reply(self, answer: bytes | list[bytes]) -> None: ...
+
 
 class FastAnswers(Protocol):
     """What a :class:`FastCall` needs of the fast path that made it
@@ -63,6 +65,17 @@ class FastAnswers(Protocol):
     def error_answer(
         self, exc: Exception, target: bytes, rid: str
     ) -> tuple[int, bytes | list[bytes], bool, bool]: ...
+
+    def answered(
+        self,
+        conn: FastConnection,
+        state: ModelAdmission,
+        target: bytes,
+        rid: str,
+        out: bytes,
+        json_length: int | None,
+        t0: float,
+    ) -> None: ...
 
     def leave(
         self,
@@ -178,11 +191,12 @@ class FastCall:
                 if parsed.leases:
                     parsed.release()  # its shared memory regions
                 self._entry = None
+                self._ended = True
                 fast = self._fast
-                samples = samples_of(entry, parsed.inputs)
-                fast.plane.finish_request(entry, None, self._t0, samples)
-                self._conn.fast_answer(fast.ok_answer(out, json_length, self._rid))
-                self._end(200)
+                fast.plane.finish_request(entry, None, self._t0, samples_of(entry, parsed.inputs))
+                fast.answered(
+                    self._conn, self._state, self._target, self._rid, out, json_length, self._t0
+                )
                 return
         self._release()
         self._finish(status_of(exc)[1], 0)
