@@ -193,7 +193,7 @@ class FastCall:
                 self._entry = None
                 self._ended = True
                 fast = self._fast
-                fast.plane.finish_request(entry, None, self._t0, samples_of(entry, parsed.inputs))
+                fast.plane.finish_ok(entry, self._t0, samples_of(entry, parsed.inputs))
                 fast.answered(
                     self._conn, self._state, self._target, self._rid, out, json_length, self._t0
                 )

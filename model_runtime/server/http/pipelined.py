@@ -192,7 +192,7 @@ class ProtocolLevelAnswers:
         if self._closed or transport is None or transport.is_closing():
             self.fast_done()
             return
-        if type(answer) is bytes:
+        if isinstance(answer, bytes):
             transport.write(answer)
         else:
             transport.writelines(answer)

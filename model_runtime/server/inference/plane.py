@@ -102,6 +102,8 @@ class DataPlane:
         #: Listeners (``"grpc"``, ...) that stopped and are being restarted -> why.
         self.listeners_down: dict[str, str] = {}
         self._inflight = 0
+        # Requests that succeeded this turn of the loop, to record (finish_ok).
+        self._done: list[tuple[ModelEntry, float, int]] = []
         self._idle = asyncio.Event()
         self._idle.set()
         self._queue_full_log = RateLimitedLog("requests_refused_queue_full")
@@ -481,6 +483,37 @@ class DataPlane:
         entry.stats.record(reason is None, int(seconds * 1e9), samples)
         self.metrics.observe(entry.name, reason, seconds, samples, entry.version)
         self.leave_request(entry.name, entry.version)
+
+    def finish_ok(self, entry: ModelEntry, t0: float, samples: int) -> None:
+        """:meth:`finish_request` of a request begun at ``t0`` that succeeded, for a front end
+        answering on the event loop: no longer in flight at once, its statistics and metrics
+        recorded with those of the others that end in this turn of the loop, in one call the
+        loop runs next (before any request it reads later: those see them)."""
+        if self.tracer.watching:
+            self.finish_request(entry, None, t0, samples)
+            return
+        done = self._done
+        if not done:
+            asyncio.get_running_loop().call_soon(self._record_done)
+        done.append((entry, time.perf_counter() - t0, samples))
+        self.leave_request(entry.name, entry.version)
+
+    def _record_done(self) -> None:
+        """Record what :meth:`finish_ok` kept: per model, its statistics and metrics once."""
+        done, self._done = self._done, []
+        i, n = 0, len(done)
+        while i < n:
+            entry = done[i][0]
+            ns = samples = 0
+            seconds: list[float] = []
+            while i < n and done[i][0] is entry:
+                _, s, k = done[i]
+                ns += int(s * 1e9)
+                samples += k
+                seconds.append(s)
+                i += 1
+            entry.stats.record_ok(len(seconds), ns, samples)
+            self.metrics.observe_ok(entry.name, entry.version, seconds, samples)
 
     def leave_request(self, model: str, version: str = "1") -> None:
         """Count an inference request done (see :meth:`enter_request`)."""
