@@ -29,6 +29,7 @@ from model_runtime.server.answers import HTTPError, status_of
 from model_runtime.server.ensemble import EnsembleRunner
 from model_runtime.server.inference.accounting import (
     THREAD_PARSE_BYTES,
+    TurnRecords,
     encodes_in_thread,
     json_length_of,
     samples_of,
@@ -102,8 +103,7 @@ class DataPlane:
         #: Listeners (``"grpc"``, ...) that stopped and are being restarted -> why.
         self.listeners_down: dict[str, str] = {}
         self._inflight = 0
-        # Requests that succeeded this turn of the loop, to record (finish_ok).
-        self._done: list[tuple[ModelEntry, float, int]] = []
+        self._turn = TurnRecords(self.metrics, self.leave_request)  # finish_ok's
         self._idle = asyncio.Event()
         self._idle.set()
         self._queue_full_log = RateLimitedLog("requests_refused_queue_full")
@@ -486,34 +486,12 @@ class DataPlane:
 
     def finish_ok(self, entry: ModelEntry, t0: float, samples: int) -> None:
         """:meth:`finish_request` of a request begun at ``t0`` that succeeded, for a front end
-        answering on the event loop: no longer in flight at once, its statistics and metrics
-        recorded with those of the others that end in this turn of the loop, in one call the
-        loop runs next (before any request it reads later: those see them)."""
+        answering on the event loop: recorded with the others that end in this turn of the
+        loop (:class:`~.accounting.TurnRecords`), in flight until then."""
         if self.tracer.watching:
             self.finish_request(entry, None, t0, samples)
             return
-        done = self._done
-        if not done:
-            asyncio.get_running_loop().call_soon(self._record_done)
-        done.append((entry, time.perf_counter() - t0, samples))
-        self.leave_request(entry.name, entry.version)
-
-    def _record_done(self) -> None:
-        """Record what :meth:`finish_ok` kept: per model, its statistics and metrics once."""
-        done, self._done = self._done, []
-        i, n = 0, len(done)
-        while i < n:
-            entry = done[i][0]
-            ns = samples = 0
-            seconds: list[float] = []
-            while i < n and done[i][0] is entry:
-                _, s, k = done[i]
-                ns += int(s * 1e9)
-                samples += k
-                seconds.append(s)
-                i += 1
-            entry.stats.record_ok(len(seconds), ns, samples)
-            self.metrics.observe_ok(entry.name, entry.version, seconds, samples)
+        self._turn.add(entry, time.perf_counter() - t0, samples)
 
     def leave_request(self, model: str, version: str = "1") -> None:
         """Count an inference request done (see :meth:`enter_request`)."""
