@@ -27,6 +27,7 @@ from model_runtime.server.inference.accounting import (
     samples_of,
 )
 from model_runtime.server.inference.direct import plain_runner, submit
+from model_runtime.server.repository.entries import ModelState
 
 if TYPE_CHECKING:
     from model_runtime.server.inference.admission import ModelAdmission
@@ -136,7 +137,10 @@ class FastCall:
         plane = self._fast.plane
         try:
             entry = plane.entry(*where)
-            inner = plain_runner(plane, entry, plane.serving_runner(entry))
+            runner = entry.runner
+            if plane.draining or runner is None or entry.state is not ModelState.READY:
+                runner = plane.serving_runner(entry)  # its refusal
+            inner = plain_runner(plane, entry, runner)
         except Exception as exc:
             asyncio.get_running_loop().call_soon(self._fail, exc)
             return True
@@ -145,7 +149,8 @@ class FastCall:
         plane.enter_request(entry.name, entry.version)
         self._entry = entry
         try:
-            parsed = self._parsed = plane.decode(entry, json_length_of(header_length), body)
+            json_length = None if header_length is None else json_length_of(header_length)
+            parsed = self._parsed = plane.decode(entry, json_length, body)
             self._future, self._timer = submit(plane, entry, inner, parsed)
         except Exception as exc:
             self._finish(status_of(exc)[1], 0)

@@ -122,7 +122,7 @@ class ProtocolLevelAnswers:
             self._body = bytearray(memoryview(data)[start:])
             self._body_size = length
             self._body_due = due
-        else:  # the rest waits for the answer: held as it is, not copied
+        elif end < len(data):  # the rest waits for the answer: held as it is, not copied
             self._held.put_back(data, end)
         return -1
 
