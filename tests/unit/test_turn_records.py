@@ -20,16 +20,16 @@ TOOK = [(0.0012, 1), (0.0307, 4), (0.25, 2), (1.5e-5, 1)]  # (seconds, samples) 
 
 
 def _exposition(metrics: DaemonMetrics) -> list[str]:
-    """Every sample but the CPU's and the times each series was made."""
+    """Every sample of model ``m`` but the times its series were made."""
     lines = metrics.render().decode().splitlines()
-    return [line for line in lines if "nv_cpu" not in line and "_created{" not in line]
+    return [line for line in lines if 'model="m"' in line and "_created{" not in line]
 
 
 async def test_a_turn_reads_as_each_request_recorded_by_itself() -> None:
     one, each = ModelEntry("m", Path("m")), ModelEntry("m", Path("m"))
     turn_metrics, each_metrics = DaemonMetrics(cpu=False), DaemonMetrics(cpu=False)
     left: list[tuple[str, str]] = []
-    turn = TurnRecords(turn_metrics, lambda model, version: left.append((model, version)))
+    turn = TurnRecords(turn_metrics, lambda m, v, n: left.extend([(m, v)] * n))
     for seconds, samples in TOOK:
         turn.add(one, seconds, samples)
         each.stats.record(True, int(seconds * 1e9), samples)
@@ -38,13 +38,14 @@ async def test_a_turn_reads_as_each_request_recorded_by_itself() -> None:
     await asyncio.sleep(0)
     for field in ("success_count", "success_ns", "inference_count", "fail_count"):
         assert getattr(one.stats, field) == getattr(each.stats, field), field
+    assert len(_exposition(each_metrics)) > 10  # the Triton and our own series of it
     assert _exposition(turn_metrics) == _exposition(each_metrics)
     assert left == [("m", "1")] * len(TOOK)
 
 
 async def test_a_turn_is_recorded_before_what_the_loop_runs_after_it() -> None:
     entry = ModelEntry("m", Path("m"))
-    turn = TurnRecords(DaemonMetrics(cpu=False), lambda model, version: None)
+    turn = TurnRecords(DaemonMetrics(cpu=False), lambda model, version, n: None)
     seen: list[int] = []
     turn.add(entry, 0.001, 1)
     asyncio.get_running_loop().call_soon(lambda: seen.append(entry.stats.success_count))
@@ -62,7 +63,7 @@ def test_requests_leave_even_when_their_recording_fails() -> None:
     left: list[str] = []
 
     async def main() -> None:
-        turn = TurnRecords(_Broken(cpu=False), lambda model, version: left.append(model))
+        turn = TurnRecords(_Broken(cpu=False), lambda m, v, n: left.extend([m] * n))
         turn.add(ModelEntry("a", Path("a")), 0.001, 1)
         turn.add(ModelEntry("b", Path("b")), 0.001, 1)
         with pytest.raises(RuntimeError, match="metrics broke"):

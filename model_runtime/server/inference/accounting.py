@@ -73,11 +73,11 @@ def samples_of(entry: ModelEntry, inputs: Mapping[str, Any], outputs: Any = None
 class TurnRecords:
     """Requests that succeeded in this turn of the event loop, recorded in the statistics and
     metrics once per model, by one call the loop runs next (before any request it reads
-    later: those see them), then no longer in flight (``leave(model, version)``)."""
+    later: those see them), then no longer in flight (``leave(model, version, count)``)."""
 
     __slots__ = ("_done", "_leave", "_metrics")
 
-    def __init__(self, metrics: DaemonMetrics, leave: Callable[[str, str], None]) -> None:
+    def __init__(self, metrics: DaemonMetrics, leave: Callable[[str, str, int], None]) -> None:
         self._metrics = metrics
         self._leave = leave
         self._done: list[tuple[ModelEntry, float, int]] = []
@@ -104,8 +104,11 @@ class TurnRecords:
                     samples += k
                     seconds.append(s)
                     i += 1
-                entry.stats.record_ok(len(seconds), ns, samples)
-                self._metrics.observe_ok(entry.name, entry.version, seconds, samples)
-        finally:  # whatever the metrics did: none stays in flight
-            for entry, _, _ in done:
-                self._leave(entry.name, entry.version)
+                try:
+                    entry.stats.record_ok(len(seconds), ns, samples)
+                    self._metrics.observe_ok(entry.name, entry.version, seconds, samples)
+                finally:  # whatever the metrics did: none stays in flight
+                    self._leave(entry.name, entry.version, len(seconds))
+        finally:  # nor those a failed record left unread
+            for entry, _, _ in done[i:]:
+                self._leave(entry.name, entry.version, 1)

@@ -493,9 +493,9 @@ class DataPlane:
             return
         self._turn.add(entry, time.perf_counter() - t0, samples)
 
-    def leave_request(self, model: str, version: str = "1") -> None:
-        """Count an inference request done (see :meth:`enter_request`)."""
-        self._inflight -= 1
-        self.metrics.request_finished(model, version)
+    def leave_request(self, model: str, version: str = "1", count: int = 1) -> None:
+        """Count an inference request (or ``count`` of them) done (see :meth:`enter_request`)."""
+        self._inflight -= count
+        self.metrics.request_finished(model, version, count)
         if self._inflight == 0:
             self._idle.set()

@@ -281,9 +281,9 @@ class DaemonMetrics:
             n = self._pending_gauges(key)
         pending[key] = n + 1
 
-    def request_finished(self, model: str, version: str = "1") -> None:
-        """Count one request no longer in flight (see :meth:`request_started`)."""
-        self._pending[(model, version)] -= 1
+    def request_finished(self, model: str, version: str = "1", count: int = 1) -> None:
+        """Count one request (or ``count``) no longer in flight (see :meth:`request_started`)."""
+        self._pending[(model, version)] -= count
 
     def _pending_gauges(self, key: tuple[str, str]) -> int:
         """The gauges of ``key``'s requests in flight, read from the counts when scraped (an
