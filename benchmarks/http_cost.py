@@ -11,10 +11,14 @@ in one run, so a reference and a change are measured on the same noisy host side
 
     .venv/bin/python benchmarks/http_cost.py [--requests 20000] [--clients 16]
         [--modes binary json] [--trees /work/main .] [--pairs 3] [--profile OUT] [--stages]
+        [--callgrind]
 
 ``--stages``: the event loop's CPU per request in each stage of :data:`STAGES` (each function
 wrapped to add up its thread CPU time: about 1 µs added per call, nested stages counted in
 their callers too), cheaper and less distorting than ``--profile``'s cProfile.
+``--callgrind``: the daemon runs under valgrind's callgrind (about 40 times slower), counting
+only during the measured requests; the figure is the event loop thread's instructions per
+request, which other processes on the host do not change (CPU time on a shared host does).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -226,11 +231,23 @@ class Daemon:
     """The daemon of one tree, serving the demo model on a free port."""
 
     def __init__(
-        self, tree: Path, workdir: Path, profile: Path | None = None, stages: bool = False
+        self,
+        tree: Path,
+        workdir: Path,
+        profile: Path | None = None,
+        stages: bool = False,
+        callgrind: bool = False,
     ) -> None:
         self.port = _free_port()
         (workdir / "run").mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable]
+        self.callgrind: Path | None = None
+        if callgrind:
+            self.callgrind = workdir / f"callgrind-{self.port}.out"
+            cmd[:0] = [
+                "valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
+                f"--callgrind-out-file={self.callgrind}",
+            ]  # fmt: skip
         self.stages: Path | None = None
         if stages:
             self.stages = workdir / f"stages-{self.port}.json"
@@ -267,15 +284,19 @@ class Daemon:
                 raise RuntimeError(f"daemon of {tree} not ready: see {self.log.name}")
             time.sleep(0.2)
 
-    def load(self, mode: str, clients: int, total: int) -> dict[str, Any]:
-        """Drive ``total`` requests; the daemon's CPU over them."""
+    def load(self, mode: str, clients: int, total: int, count: bool = True) -> dict[str, Any]:
+        """Drive ``total`` requests; the daemon's CPU over them (``count``: callgrind counts
+        them)."""
         pid = self.proc.pid
         cmd = [sys.executable, __file__, "--client", str(self.port), mode, str(clients), str(total)]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         staged0 = self._staged()
+        self._count(count)
         cpu0, loop0 = _cpu(pid), _cpu(pid, pid)
         out = subprocess.run(cmd, env=env, capture_output=True, check=True, text=True)
         cpu1, loop1 = _cpu(pid), _cpu(pid, pid)
+        if count:
+            self._count(False)
         staged1 = self._staged()
         result = json.loads(out.stdout.splitlines()[-1])
         stages = {
@@ -289,6 +310,21 @@ class Daemon:
             "process_us": (cpu1 - cpu0) / total * 1e6,
             "stages": stages,
         }
+
+    def _count(self, on: bool) -> None:
+        """Callgrind counts from now (``on``) or stops counting (without ``--callgrind``:
+        nothing)."""
+        if self.callgrind is not None:
+            flag = "on" if on else "off"
+            cmd = ["callgrind_control", "-i", flag, str(self.proc.pid)]
+            subprocess.run(cmd, check=True, capture_output=True)
+
+    def loop_instructions(self) -> int:
+        """Instructions callgrind counted on the event loop's thread (after :meth:`close`)."""
+        assert self.callgrind is not None
+        text = Path(f"{self.callgrind}-01").read_text(errors="replace")
+        found = re.search(r"^totals: (\d+)", text, re.M)  # (its "summary" line says 0)
+        return int(found.group(1)) if found else 0
 
     def _staged(self) -> dict[str, list[int]]:
         """The stages' CPU (ns) and calls so far (none without ``--stages``)."""
@@ -315,6 +351,24 @@ class Daemon:
         self.log.close()
 
 
+def _callgrind(tree: Path, tmp: Path, mode: str, rnd: int, args: Any) -> dict[str, Any]:
+    """One daemon of ``tree`` under callgrind, one ``mode``: its loop's instructions per
+    request (as ``loop_us``, so the ratios below read them)."""
+    daemon = Daemon(tree, tmp, callgrind=True)
+    try:
+        daemon.load(mode, args.clients, args.warmup, count=False)
+        r = daemon.load(mode, args.clients, args.requests)
+    finally:
+        daemon.close()
+    per_request = daemon.loop_instructions() / args.requests
+    print(
+        f"round {rnd} {tree!s:<22} {mode:<6} c={args.clients} "
+        f"loop {per_request:9.0f} instructions/req (callgrind)  errors {r['errors']}",
+        flush=True,
+    )
+    return {"round": rnd, "tree": str(tree), "mode": mode, **r, "loop_us": per_request}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=20000)
@@ -329,16 +383,26 @@ def main() -> None:
     parser.add_argument(
         "--stages", action="store_true", help="the event loop's CPU per request in each stage"
     )
+    parser.add_argument(
+        "--callgrind",
+        action="store_true",
+        help="run the daemon under callgrind: the event loop's instructions per request "
+        "(one mode per daemon, so each count is that mode's alone)",
+    )
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="http-cost-") as tmp:
         for rnd in range(args.pairs):
             for tree in args.trees:
                 tree = tree.resolve()
+                if args.callgrind:
+                    for mode in args.modes:
+                        rows.append(_callgrind(tree, Path(tmp), mode, rnd, args))
+                    continue
                 daemon = Daemon(tree, Path(tmp), args.profile, args.stages)
                 try:
                     for mode in args.modes:
-                        daemon.load(mode, args.clients, args.warmup)
+                        daemon.load(mode, args.clients, args.warmup, count=False)
                         r = daemon.load(mode, args.clients, args.requests)
                         row = {"round": rnd, "tree": str(tree), "mode": mode, **r}
                         rows.append(row)

@@ -410,7 +410,8 @@ class GuardedConnection(ProtocolLevelAnswers, asyncio.Protocol):
         aiohttp, with the admission it was given (if any) kept for it."""
         guard = self._guard
         assert guard.head_admission is not None
-        self._withdraw()  # an earlier head's that never reached the app (aiohttp refused it)
+        if self._admitted is not None:
+            self._withdraw()  # an earlier head's that never reached the app (aiohttp refused it)
         if head is None:
             return 0
         answer = guard.head_admission(head[0])

@@ -27,6 +27,7 @@ from model_runtime.server.inference.accounting import (
     samples_of,
 )
 from model_runtime.server.inference.direct import plain_runner, submit
+from model_runtime.server.repository.entries import ModelState
 
 if TYPE_CHECKING:
     from model_runtime.server.inference.admission import ModelAdmission
@@ -47,6 +48,8 @@ class FastConnection(Protocol):
 
     def fast_done(self) -> None: ...
 
+    def fast_reply(self, answer: bytes | list[bytes]) -> None: ...
+
 
 class FastAnswers(Protocol):
     """What a :class:`FastCall` needs of the fast path that made it
@@ -63,6 +66,17 @@ class FastAnswers(Protocol):
     def error_answer(
         self, exc: Exception, target: bytes, rid: str
     ) -> tuple[int, bytes | list[bytes], bool, bool]: ...
+
+    def answered(
+        self,
+        conn: FastConnection,
+        state: ModelAdmission,
+        target: bytes,
+        rid: str,
+        out: bytes,
+        json_length: int | None,
+        t0: float,
+    ) -> None: ...
 
     def leave(
         self,
@@ -123,7 +137,10 @@ class FastCall:
         plane = self._fast.plane
         try:
             entry = plane.entry(*where)
-            inner = plain_runner(plane, entry, plane.serving_runner(entry))
+            runner = entry.runner
+            if plane.draining or runner is None or entry.state is not ModelState.READY:
+                runner = plane.serving_runner(entry)  # its refusal
+            inner = plain_runner(plane, entry, runner)
         except Exception as exc:
             asyncio.get_running_loop().call_soon(self._fail, exc)
             return True
@@ -132,7 +149,8 @@ class FastCall:
         plane.enter_request(entry.name, entry.version)
         self._entry = entry
         try:
-            parsed = self._parsed = plane.decode(entry, json_length_of(header_length), body)
+            json_length = None if header_length is None else json_length_of(header_length)
+            parsed = self._parsed = plane.decode(entry, json_length, body)
             self._future, self._timer = submit(plane, entry, inner, parsed)
         except Exception as exc:
             self._finish(status_of(exc)[1], 0)
@@ -178,11 +196,12 @@ class FastCall:
                 if parsed.leases:
                     parsed.release()  # its shared memory regions
                 self._entry = None
+                self._ended = True
                 fast = self._fast
-                samples = samples_of(entry, parsed.inputs)
-                fast.plane.finish_request(entry, None, self._t0, samples)
-                self._conn.fast_answer(fast.ok_answer(out, json_length, self._rid))
-                self._end(200)
+                fast.plane.finish_ok(entry, self._t0, samples_of(entry, parsed.inputs))
+                fast.answered(
+                    self._conn, self._state, self._target, self._rid, out, json_length, self._t0
+                )
                 return
         self._release()
         self._finish(status_of(exc)[1], 0)

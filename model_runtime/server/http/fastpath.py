@@ -235,6 +235,41 @@ class FastInfer:
         finally:
             conn.fast_done()  # whatever the log did: the connection reads on
 
+    def answered(
+        self,
+        conn: FastConnection,
+        state: ModelAdmission,
+        target: bytes,
+        rid: str,
+        out: bytes,
+        json_length: int | None,
+        t0: float,
+    ) -> None:
+        """:meth:`ok_answer` written to ``conn`` and :meth:`leave` with 200, in one call: the
+        common end of a request answered by callbacks."""
+        try:
+            admission = self.plane.admission
+            state.leave(False, admission.queue_delay, admission.capacity)
+            if self.access_log:
+                access_log.info(
+                    "http_request",
+                    method="POST",
+                    path=target.decode("latin-1"),
+                    status=200,
+                    duration_ms=round((time.perf_counter() - t0) * 1e3, 3),
+                    request_id=rid,
+                )
+        except BaseException:
+            conn.fast_answer(self.ok_answer(out, json_length, rid))
+            conn.fast_done()
+            raise
+        date = self._date
+        if json_length is None:
+            head = _OK_JSON % (len(out), rid.encode(), date())
+        else:
+            head = _OK_BINARY % (len(out), rid.encode(), json_length, date())
+        conn.fast_reply(head + out if len(out) < _JOIN_BELOW else [head, out])
+
     def _head(
         self, status: int, content_type: bytes, length: int, rid: str, extra: bytes = b""
     ) -> bytes:

@@ -122,7 +122,7 @@ class ProtocolLevelAnswers:
             self._body = bytearray(memoryview(data)[start:])
             self._body_size = length
             self._body_due = due
-        else:  # the rest waits for the answer: held as it is, not copied
+        elif end < len(data):  # the rest waits for the answer: held as it is, not copied
             self._held.put_back(data, end)
         return -1
 
@@ -185,6 +185,29 @@ class ProtocolLevelAnswers:
             self._closed = True
             transport.close()  # connection_lost follows
 
+    def fast_reply(self, answer: bytes | list[bytes]) -> None:
+        """:meth:`fast_answer` then :meth:`fast_done`, in one call: the common end of a
+        request answered here (its body all read, the connection kept)."""
+        transport = self._transport
+        if self._closed or transport is None or transport.is_closing():
+            self.fast_done()
+            return
+        if isinstance(answer, bytes):
+            transport.write(answer)
+        else:
+            transport.writelines(answer)
+        self._fast = None
+        self._busy = False
+        if self._reserved:
+            self._guard.budget.give(self._reserved)
+            self._reserved = 0
+        if self._body_due is not None:
+            self._after_early_answer()
+            return
+        self._refusal_done()
+        if self._held or self._paused:
+            self._read_held()
+
     def fast_done(self) -> None:
         """The request answered at the protocol level is over: the connection is idle in
         keep-alive, and what arrived meanwhile is read now."""
@@ -196,10 +219,15 @@ class ProtocolLevelAnswers:
         transport = self._transport
         if self._closed or transport is None or transport.is_closing():
             return  # gone (connection_lost may still be queued): nothing held is read
-        if self._body_due is not None:  # answered before its body was all in: skip the rest
-            self._skip = self._body_size - len(self._body)
-            self._body_due, self._body = None, bytearray()
-            self._arm()  # the rest must come within the header timeout, like a refused body
+        if self._body_due is not None:
+            self._after_early_answer()
             return
         self._refusal_done()
         self._read_held()
+
+    def _after_early_answer(self) -> None:
+        """Answered before its body was all in: the rest is skipped as it comes, and must
+        come within the header timeout, like a refused body."""
+        self._skip = self._body_size - len(self._body)
+        self._body_due, self._body = None, bytearray()
+        self._arm()

@@ -1,18 +1,27 @@
 """What an infer request is, counted, for every front end: its samples as Triton counts them
-(``inference_count``), its ``Inference-Header-Content-Length``, and whether it is decoded or
-its answer encoded off the event loop (past :data:`THREAD_PARSE_BYTES`)."""
+(``inference_count``), its ``Inference-Header-Content-Length``, whether it is decoded or its
+answer encoded off the event loop (past :data:`THREAD_PARSE_BYTES`), and the requests that
+succeeded in one turn of the event loop, recorded once (:class:`TurnRecords`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from model_runtime.server.answers import HTTPError
 from model_runtime.server.inference.cache import CachedOutputs
+from model_runtime.server.observability.metrics import DaemonMetrics
 from model_runtime.server.repository.entries import ModelEntry
 from model_runtime.server.tensors.binary import HEADER_LENGTH
 
-__all__ = ["THREAD_PARSE_BYTES", "encodes_in_thread", "json_length_of", "samples_of"]
+__all__ = [
+    "THREAD_PARSE_BYTES",
+    "TurnRecords",
+    "encodes_in_thread",
+    "json_length_of",
+    "samples_of",
+]
 
 #: A body larger than this is decoded off the event loop (below, the hop costs more).
 THREAD_PARSE_BYTES = 1 << 20
@@ -59,3 +68,47 @@ def samples_of(entry: ModelEntry, inputs: Mapping[str, Any], outputs: Any = None
         return 1
     first = next(iter(inputs.values()), None)
     return int(first.shape[0]) if first is not None and first.ndim else 1
+
+
+class TurnRecords:
+    """Requests that succeeded in this turn of the event loop, recorded in the statistics and
+    metrics once per model, by one call the loop runs next (before any request it reads
+    later: those see them), then no longer in flight (``leave(model, version, count)``)."""
+
+    __slots__ = ("_done", "_leave", "_metrics")
+
+    def __init__(self, metrics: DaemonMetrics, leave: Callable[[str, str, int], None]) -> None:
+        self._metrics = metrics
+        self._leave = leave
+        self._done: list[tuple[ModelEntry, float, int]] = []
+
+    def add(self, entry: ModelEntry, seconds: float, samples: int) -> None:
+        """A request of ``entry`` that took ``seconds`` for ``samples`` succeeded."""
+        done = self._done
+        if not done:
+            asyncio.get_running_loop().call_soon(self.record)
+        done.append((entry, seconds, samples))
+
+    def record(self) -> None:
+        """Record what was added since the last call."""
+        done, self._done = self._done, []
+        i, n = 0, len(done)
+        try:
+            while i < n:
+                entry = done[i][0]
+                ns = samples = 0
+                seconds: list[float] = []
+                while i < n and done[i][0] is entry:
+                    _, s, k = done[i]
+                    ns += int(s * 1e9)
+                    samples += k
+                    seconds.append(s)
+                    i += 1
+                try:
+                    entry.stats.record_ok(len(seconds), ns, samples)
+                    self._metrics.observe_ok(entry.name, entry.version, seconds, samples)
+                finally:  # whatever the metrics did: none stays in flight
+                    self._leave(entry.name, entry.version, len(seconds))
+        finally:  # nor those a failed record left unread
+            for entry, _, _ in done[i:]:
+                self._leave(entry.name, entry.version, 1)

@@ -21,9 +21,11 @@ from model_runtime.server.tensors.parameters import not_a_sequence_model
 from model_runtime.server.triton.settings import DEFAULT_SETTINGS
 
 if TYPE_CHECKING:
+    from model_runtime.server.inference.options import ServerOptions
     from model_runtime.server.inference.plane import DataPlane
     from model_runtime.server.repository.entries import ModelEntry
     from model_runtime.server.tensors.request import InferRequest
+    from model_runtime.server.triton.settings import ModelSettings
 
 __all__ = ["plain_runner", "run", "submit"]
 
@@ -74,8 +76,16 @@ def submit(
     """
     settings = entry.settings or DEFAULT_SETTINGS
     opts = plane.options
-    priority = settings.priority(parsed.priority, opts.priority_levels, opts.default_priority_level)
-    timeout, waits, delay = settings.deadline(opts.request_timeout, parsed.timeout, priority)
+    if parsed.priority == 0 and parsed.timeout is None:  # the common case: kept per model
+        plain = _PLAIN.get(id(settings))
+        if plain is None or plain[0] is not settings or plain[1] is not opts:
+            plain = _plain(settings, opts)
+        priority, timeout, waits, delay = plain[2]
+    else:
+        priority = settings.priority(
+            parsed.priority, opts.priority_levels, opts.default_priority_level
+        )
+        timeout, waits, delay = settings.deadline(opts.request_timeout, parsed.timeout, priority)
     if deadline is not None:
         timeout = deadline if timeout is None else min(timeout, deadline)
     if type(inner) is PythonModelRunner:  # Triton's request, as its model.py sees it
@@ -89,6 +99,24 @@ def submit(
         return future, None
     # The runner's own expiry (its error and words), one timer per request as its own.
     return future, asyncio.get_running_loop().call_later(timeout, expire_request, future, timeout)
+
+
+_Plain = tuple[int, float | None, float | None, bool]  # priority, timeout, waits, delay
+#: The priority and deadline of a request that names neither, by its model's settings (the
+#: settings and server options they were made from, both frozen, kept with them).
+_PLAIN: dict[int, tuple[ModelSettings, ServerOptions, _Plain]] = {}
+
+
+def _plain(
+    settings: ModelSettings, opts: ServerOptions
+) -> tuple[ModelSettings, ServerOptions, _Plain]:
+    """What :func:`submit` computes for a request without a priority or a timeout, kept."""
+    priority = settings.priority(0, opts.priority_levels, opts.default_priority_level)
+    timeout, waits, delay = settings.deadline(opts.request_timeout, None, priority)
+    if len(_PLAIN) >= 1024:
+        _PLAIN.clear()
+    kept = _PLAIN[id(settings)] = (settings, opts, (priority, timeout, waits, delay))
+    return kept
 
 
 async def run(

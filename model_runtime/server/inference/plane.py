@@ -29,6 +29,7 @@ from model_runtime.server.answers import HTTPError, status_of
 from model_runtime.server.ensemble import EnsembleRunner
 from model_runtime.server.inference.accounting import (
     THREAD_PARSE_BYTES,
+    TurnRecords,
     encodes_in_thread,
     json_length_of,
     samples_of,
@@ -102,6 +103,7 @@ class DataPlane:
         #: Listeners (``"grpc"``, ...) that stopped and are being restarted -> why.
         self.listeners_down: dict[str, str] = {}
         self._inflight = 0
+        self._turn = TurnRecords(self.metrics, self.leave_request)  # finish_ok's
         self._idle = asyncio.Event()
         self._idle.set()
         self._queue_full_log = RateLimitedLog("requests_refused_queue_full")
@@ -482,9 +484,18 @@ class DataPlane:
         self.metrics.observe(entry.name, reason, seconds, samples, entry.version)
         self.leave_request(entry.name, entry.version)
 
-    def leave_request(self, model: str, version: str = "1") -> None:
-        """Count an inference request done (see :meth:`enter_request`)."""
-        self._inflight -= 1
-        self.metrics.request_finished(model, version)
+    def finish_ok(self, entry: ModelEntry, t0: float, samples: int) -> None:
+        """:meth:`finish_request` of a request begun at ``t0`` that succeeded, for a front end
+        answering on the event loop: recorded with the others that end in this turn of the
+        loop (:class:`~.accounting.TurnRecords`), in flight until then."""
+        if self.tracer.watching:
+            self.finish_request(entry, None, t0, samples)
+            return
+        self._turn.add(entry, time.perf_counter() - t0, samples)
+
+    def leave_request(self, model: str, version: str = "1", count: int = 1) -> None:
+        """Count an inference request (or ``count`` of them) done (see :meth:`enter_request`)."""
+        self._inflight -= count
+        self.metrics.request_finished(model, version, count)
         if self._inflight == 0:
             self._idle.set()

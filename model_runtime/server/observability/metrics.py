@@ -281,9 +281,9 @@ class DaemonMetrics:
             n = self._pending_gauges(key)
         pending[key] = n + 1
 
-    def request_finished(self, model: str, version: str = "1") -> None:
-        """Count one request no longer in flight (see :meth:`request_started`)."""
-        self._pending[(model, version)] -= 1
+    def request_finished(self, model: str, version: str = "1", count: int = 1) -> None:
+        """Count one request (or ``count``) no longer in flight (see :meth:`request_started`)."""
+        self._pending[(model, version)] -= count
 
     def _pending_gauges(self, key: tuple[str, str]) -> int:
         """The gauges of ``key``'s requests in flight, read from the counts when scraped (an
@@ -327,6 +327,32 @@ class DaemonMetrics:
         else:
             self.requests.labels(model, "failure", reason).inc()
         duration(seconds)
+
+    def observe_ok(self, model: str, version: str, seconds: list[float], samples: int) -> None:
+        """Count finished inference requests of ``model`` that succeeded, as :meth:`observe`
+        counts each: ``seconds`` each took, ``samples`` in all."""
+        key = (model, version)
+        t = self.triton.get(key)
+        if t is None:
+            t = self.totals(model, version)
+        t.request_success += len(seconds)
+        t.count += samples
+        for s in seconds:
+            t.request_duration_us += s * 1e6
+        if self._timed:
+            lat = self._latencies(model, version)
+            window = lat.windows["request"]
+            for s in seconds:
+                window.observe(s * 1e6, self._clock())
+                lat.first_response(s * 1e3)
+        children = self._children.get(model)
+        if children is None:
+            children = self._children[model] = self._success_counts(model)
+        ok, inferences, duration = children
+        ok(len(seconds))
+        inferences(samples)
+        for s in seconds:
+            duration(s)
 
     def _success_counts(self, model: str) -> tuple[Any, Any, Any]:
         """What counts a request of ``model`` (its success, samples, duration), as each

@@ -83,6 +83,13 @@ class ModelStats:
             self.fail_ns += duration_ns
         self.last_inference_ms = time.time_ns() // 1_000_000
 
+    def record_ok(self, count: int, duration_ns: int, samples: int) -> None:
+        """Count ``count`` requests that succeeded, in ``duration_ns`` and ``samples`` in all."""
+        self.success_count += count
+        self.success_ns += duration_ns
+        self.inference_count += samples
+        self.last_inference_ms = time.time_ns() // 1_000_000
+
 
 @dataclass(slots=True)
 class ModelEntry:
