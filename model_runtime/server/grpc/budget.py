@@ -229,9 +229,9 @@ class CallBudget:
         task.add_done_callback(self.written)
 
     def hold_unsent(self, key: Any, peer: str, now: float | None = None) -> None:
-        """The answer of ``key`` (a call: hashable) is made and not yet written (``now``: the
-        event loop's time, if the caller has it; a budget's own clock comes first): its connection is stalled if it is
-        not :meth:`written` within the write timeout."""
+        """The answer of ``key`` (a call: hashable) is made and not yet written: its
+        connection is stalled if it is not :meth:`written` within the write timeout.
+        ``now``: the event loop's time, if the caller has it (a budget's own clock first)."""
         if now is None or self._clock is not None:
             now = self._now()
         self.unsent[key] = (peer, now + self.write_timeout)
