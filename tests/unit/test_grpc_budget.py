@@ -132,3 +132,43 @@ async def test_past_the_bytes_budget_a_connection_holding_calls_is_refused(
         assert budget.refused_bytes == 2 and len(budget.unsent) == 2
         assert seen
         writer.close()
+
+
+def test_calls_taken_by_callbacks_are_refused_past_each_limit() -> None:
+    """The nghttp2 transport's ModelInfer by callbacks (``try_enter``, ``computed``): a call is
+    taken only within every limit, and nothing is counted when it is not (it then goes the
+    app's way, which refuses it); an answer past the bytes budget is refused uncounted."""
+    o = CALL_OVERHEAD
+    budget = CallBudget(write_timeout=1.0, max_calls=2, max_bytes=3 * o, clock=Clock())
+    assert budget.try_enter("a", o) and budget.try_enter("a", o)
+    assert not budget.try_enter("b", o)  # two calls being computed: max_calls
+    assert (budget.computing, budget.bytes, budget.calls) == (2, 2 * o, {"a": 2})
+    # An answer that would pass the budget while its connection holds another call: refused.
+    why = budget.computed("a", 2 * o)
+    assert why is not None and "bytes of calls in flight" in why
+    assert (budget.computing, budget.bytes) == (1, 2 * o)
+    assert budget.computed("a", o // 2) is None  # within the budget: counted
+    assert (budget.computing, budget.bytes) == (0, 2 * o + o // 2)
+    assert not budget.try_enter("a", o)  # the bytes, with another call of its own held
+    assert budget.try_enter("b", 2 * o)  # a lone connection: up to twice the budget
+    budget.computed("b", 0)
+    budget.leave("b", 2 * o)
+    budget.leave("a", o)
+    budget.leave("a", o + o // 2)
+    assert (budget.computing, budget.bytes, budget.calls) == (0, 0, {})
+
+
+async def test_a_stalled_connection_is_not_taken_by_callbacks() -> None:
+    """An answer of connection ``s`` not written within the write timeout stalls it: its next
+    call is not taken (the app refuses it), another connection's is."""
+    clock = Clock()
+    budget = CallBudget(write_timeout=1.0, max_calls=8, max_bytes=1 << 20, clock=clock)
+    assert budget.try_enter("s", CALL_OVERHEAD)
+    budget.computed("s", 100)
+    budget.hold_unsent("answer", "s", now=123.0)  # (the budget's own clock counts, not this)
+    clock.now = 1.5
+    budget.sweep()
+    assert not budget.try_enter("s", CALL_OVERHEAD)
+    assert budget.try_enter("t", CALL_OVERHEAD)
+    budget.written("answer")
+    assert budget.try_enter("s", CALL_OVERHEAD)

@@ -19,6 +19,7 @@ from model_runtime.server.grpc.budget import CallBudget
 from model_runtime.server.grpc.framing import GrpcAbort, MessageReader, frame, parse_timeout
 from model_runtime.server.grpc.h2server import start_h2_listener
 from model_runtime.server.grpc.health import HEALTH_PATH, HealthCheckRequest, HealthCheckResponse
+from model_runtime.server.grpc.listensock import ListenerSettings
 from model_runtime.server.grpc.native import GrpcApp
 from model_runtime.server.security.restrict import GRPC_KEY_PREFIX, Restrictions
 from model_runtime.server.triton import grpc_service_pb2 as pb
@@ -220,10 +221,11 @@ def test_a_client_that_resets_its_stream_or_leaves_cancels_the_call(leave: str) 
         channel.close()
 
     async def main() -> float:
-        listener, port = await start_h2_listener(
-            handlers, "127.0.0.1", 0, max_message_size=1 << 20, idle_timeout=30,
-            max_streams=8, write_timeout=5, max_connections=8,
+        settings = ListenerSettings(
+            "127.0.0.1", 0, max_message_size=1 << 20, idle_timeout=30, max_streams=8,
+            write_timeout=5, max_connections=8,
         )  # fmt: skip
+        listener, port = await start_h2_listener(handlers, settings)
         try:
             await asyncio.to_thread(client, port)
             began = time.monotonic()

@@ -19,6 +19,7 @@ import grpc
 import pytest
 
 from model_runtime.server.grpc.framing import frame
+from model_runtime.server.grpc.listensock import ListenerSettings
 from model_runtime.server.grpc.ngserver import NgListener, start_nghttp2_listener
 from model_runtime.server.security.tls import TLSFiles
 from model_runtime.server.triton import grpc_service_pb2 as pb
@@ -82,9 +83,8 @@ class Server:
         tls = TLSFiles(self.pki["server"], self.pki["server_key"], self.pki["ca"], mutual=True)
         for name, limits, files in (("plain", plain, None), ("short", short, None),
                                     ("tls", plain, tls)):  # fmt: skip
-            listener, port = await start_nghttp2_listener(
-                handlers, "127.0.0.1", 0, tls=files, **common, **limits
-            )
+            settings = ListenerSettings("127.0.0.1", 0, tls=files, **common, **limits)
+            listener, port = await start_nghttp2_listener(handlers, settings)
             self.listeners.append(listener)
             self.ports[name] = port
 

@@ -123,7 +123,9 @@ class CallBudget:
         the wrapped way, which refuses it), when the call would be refused. Then
         :meth:`computed` once its answer is made, :meth:`leave` once its stream ends."""
         held = self.calls.get(peer, 0)
-        if self._refusal(held, size, peer, count=False) is not None:
+        if (
+            self.stalled or self.computing >= self.max_calls or self.bytes + size > self.max_bytes
+        ) and self._refusal(held, size, peer, count=False) is not None:  # (else: no refusal)
             return False
         self.calls[peer] = held + 1
         self.bytes += size
@@ -148,6 +150,9 @@ class CallBudget:
         from now), or failed (0); why the answer is refused instead (its bytes not counted)."""
         self.computing -= 1
         if answer_size:
+            if not self.stalled and self.bytes + answer_size <= self.max_bytes:
+                self.bytes += answer_size  # (no refusal possible)
+                return None
             why = self._refusal(self.calls[peer] - 1, answer_size, peer, computing=False)
             if why is not None:
                 self._log(reason=why, peer=peer)
@@ -223,10 +228,13 @@ class CallBudget:
         self.hold_unsent(task, peer)
         task.add_done_callback(self.written)
 
-    def hold_unsent(self, key: Any, peer: str) -> None:
+    def hold_unsent(self, key: Any, peer: str, now: float | None = None) -> None:
         """The answer of ``key`` (a call: hashable) is made and not yet written: its
-        connection is stalled if it is not :meth:`written` within the write timeout."""
-        self.unsent[key] = (peer, self._now() + self.write_timeout)
+        connection is stalled if it is not :meth:`written` within the write timeout.
+        ``now``: the event loop's time, if the caller has it (a budget's own clock first)."""
+        if now is None or self._clock is not None:
+            now = self._now()
+        self.unsent[key] = (peer, now + self.write_timeout)
         if self._sweep is None:
             loop = asyncio.get_running_loop()
             self._sweep = loop.call_later(self.write_timeout / 4, self.sweep)

@@ -71,7 +71,7 @@ def _on_begin_headers(session: Any, frame: Any, user_data: Any) -> int:
     global _hs
     conn = current
     assert conn is not None
-    stream_id = frame.hd.stream_id
+    stream_id = frame.stream_id
     if stream_id in conn.streams:
         _hs = None  # the request's trailers: not read
     else:
@@ -102,23 +102,25 @@ def _on_header(
 
 
 def _on_frame_recv(session: Any, frame: Any, user_data: Any) -> int:
+    kind = frame.type
+    if kind > ng.HEADERS:  # (SETTINGS, PING, WINDOW_UPDATE ...: nghttp2's own)
+        if kind == ng.RST_STREAM:
+            conn = current
+            assert conn is not None
+            conn.reset_received(conn.streams.get(frame.stream_id))
+        return 0
     conn = current
     assert conn is not None
-    hd = frame.hd
-    kind = hd.type
-    if kind == ng.HEADERS or kind == ng.DATA:
-        stream = conn.streams.get(hd.stream_id)
-        if stream is None:
-            return 0
-        if kind == ng.HEADERS and stream is _hs:  # a request's headers (not its trailers)
+    stream = conn.streams.get(frame.stream_id)
+    if stream is None:
+        return 0
+    if kind == ng.HEADERS and stream is _hs:  # a request's headers (not its trailers)
+        conn.ready.append(stream)
+    if frame.flags & ng.FLAG_END_STREAM:
+        stream.ended = True
+        stream.wake()
+        if stream.wait == WAITING:
             conn.ready.append(stream)
-        if hd.flags & ng.FLAG_END_STREAM:
-            stream.ended = True
-            stream.wake()
-            if stream.wait == WAITING:
-                conn.ready.append(stream)
-    elif kind == ng.RST_STREAM:
-        conn.reset_received(conn.streams.get(hd.stream_id))
     return 0
 
 
@@ -131,7 +133,7 @@ def _on_data_chunk(
     if stream is None:
         lib.nghttp2_session_consume_connection(session, size)
         return 0
-    stream.chunks.append(ffi.buffer(data, size)[:])
+    stream.chunks.append(unpack(data, size))
     stream.unconsumed += size
     stream.wake()
     if stream.wait == WAITING:
@@ -162,6 +164,10 @@ def _read_answer(
         return ng.ERR_CALLBACK_FAILURE
     out = stream.out
     sent = 0
+    if len(out) == 1 and len(out[0]) <= length:  # (a unary answer: its one message)
+        chunk = out.popleft()
+        sent = len(chunk)
+        ffi.memmove(buf, chunk, sent)
     while out and sent < length:
         chunk = out[0]
         take = min(len(chunk), length - sent)

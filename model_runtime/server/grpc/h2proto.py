@@ -35,6 +35,8 @@ from model_runtime.server.grpc.h2callbacks import MAX_HEADER_LIST, STARTED, WAIT
 from model_runtime.server.grpc.h2stream import H2Stream, headers_nv
 from model_runtime.server.grpc.nghttp2 import ffi, lib
 
+unpack = ffi._backend.unpack  # ffi.unpack without its Python wrapper
+
 __all__ = ["MAX_HEADER_LIST", "H2Protocol", "ProtocolLimits"]
 
 
@@ -91,7 +93,7 @@ class H2Protocol(asyncio.Protocol):
         self._paused = False
         self.last = self.loop.time()
         self._timer: asyncio.TimerHandle | None = None
-        self._out = ffi.new("uint8_t **")
+        self._out = ffi.new("const char **")
         #: The reset bucket's tokens (:data:`RESET_BURST` at most), as of ``_refilled``.
         self._resets = float(RESET_BURST)
         self._refilled = self.last
@@ -260,7 +262,7 @@ class H2Protocol(asyncio.Protocol):
         pieces = []
         while True:
             while (size := lib.nghttp2_session_mem_send(session, out)) > 0:
-                pieces.append(ffi.buffer(out[0], size)[:])
+                pieces.append(unpack(out[0], size))
             if size < 0:
                 self._close()
                 return

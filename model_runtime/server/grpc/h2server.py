@@ -19,10 +19,9 @@ from typing import Any
 import h2corn
 
 from model_runtime.server.grpc.budget import CallBudget
-from model_runtime.server.grpc.listensock import listening_socket
+from model_runtime.server.grpc.listensock import ListenerSettings, listening_socket
 from model_runtime.server.grpc.native import GrpcApp
 from model_runtime.server.grpc.shares import Shares
-from model_runtime.server.security.restrict import RestrictionCounter, Restrictions
 from model_runtime.server.security.tls import TLSFiles
 
 __all__ = ["H2Listener", "start_h2_listener"]
@@ -59,39 +58,26 @@ class H2Listener:
 
 
 async def start_h2_listener(
-    handlers: dict[str, Any],
-    host: str,
-    port: int,
-    *,
-    max_message_size: int,
-    idle_timeout: float,
-    max_streams: int,
-    write_timeout: float,
-    max_connections: int,
-    restrictions: Restrictions | None = None,
-    counter: RestrictionCounter | None = None,
-    tls: TLSFiles | None = None,
-    reuse_port: bool = False,
-    backlog: int = 2048,
-    budget: CallBudget | None = None,
+    handlers: dict[str, Any], settings: ListenerSettings
 ) -> tuple[H2Listener, int]:
-    """Serve ``handlers`` (grpc's method handlers by name) on ``host:port`` (0: a free one);
-    return the listener and its bound port. ``budget``: counts big messages before they are
-    read.
+    """Serve ``handlers`` (grpc's method handlers by name) as ``settings`` say; return the
+    listener and its bound port.
 
     Raises:
         OSError: the address cannot be bound, or the TLS files cannot be used.
     """
+    s = settings
     app = GrpcApp(
         handlers,
-        max_message_size=max_message_size,
-        restrictions=restrictions,
-        counter=counter,
-        budget=budget,
-        shares=Shares(max_streams=max_streams, write_timeout=write_timeout),
+        max_message_size=s.max_message_size,
+        restrictions=s.restrictions,
+        counter=s.counter,
+        budget=s.budget,
+        shares=Shares(max_streams=s.max_streams, write_timeout=s.write_timeout),
     )
+    host, port = s.host, s.port
     bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    sock = listening_socket(host, port, reuse_port, backlog)
+    sock = listening_socket(host, port, s.reuse_port, s.backlog)
     config = h2corn.Config(
         bind=(f"fd://{sock.fileno()}",),
         grpc=True,
@@ -100,13 +86,13 @@ async def start_h2_listener(
         access_log=False,
         log_format="json",  # its one start-up line in the daemon's encoding
         date_header=False,
-        max_concurrent_streams=max_streams,
-        timeout_keep_alive=idle_timeout,
-        h2_timeout_response_stall=write_timeout,
-        limit_connections=max_connections,
+        max_concurrent_streams=s.max_streams,
+        timeout_keep_alive=s.idle_timeout,
+        h2_timeout_response_stall=s.write_timeout,
+        limit_connections=s.max_connections,
         timeout_graceful_shutdown=1.0,
         runtime_threads=1,
-        **_tls_options(tls),
+        **_tls_options(s.tls),
     )
     server = h2corn.Server(app, config)  # type: ignore[arg-type]  # ASGI's dicts, untyped
     task = asyncio.get_running_loop().create_task(server.serve(), name="grpc-h2corn")

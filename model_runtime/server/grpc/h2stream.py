@@ -47,16 +47,17 @@ class StreamOwner(Protocol):
         """Write what the session has to send, once this turn of the loop is done."""
 
 
-def _nv_array(pairs: list[tuple[bytes, bytes]]) -> tuple[Any, int, list[Any]]:
+def _nv_array(pairs: list[tuple[bytes, bytes]], flags: int = 0) -> tuple[Any, int, list[Any]]:
     """An ``nghttp2_nv`` array of ``pairs``, its length, and the buffers it points into (keep
-    them alive while it is used)."""
+    them alive while it is used; with ``flags`` :data:`~.nghttp2.NV_FLAG_NO_COPY`, as long as
+    nghttp2 may send what it was submitted with)."""
     arr = ffi.new("nghttp2_nv[]", len(pairs))
     keep = [arr]
     for i, (name, value) in enumerate(pairs):
         n, v = ffi.new("uint8_t[]", name), ffi.new("uint8_t[]", value)
         keep += (n, v)
         nv = arr[i]
-        nv.name, nv.namelen, nv.value, nv.valuelen = n, len(name), v, len(value)
+        nv.name, nv.namelen, nv.value, nv.valuelen, nv.flags = n, len(name), v, len(value), flags
     return arr, len(pairs), keep
 
 
@@ -235,4 +236,5 @@ def cache_headers(pairs: list[tuple[bytes, bytes]], *, status: bool) -> None:
     """Build the nv array of ``pairs`` (response headers after ``:status 200`` if ``status``,
     else trailers) once: ``pairs`` must live as long as the process, unchanged."""
     listed = [(b":status", b"200"), *pairs] if status else pairs
-    _CACHE[id(pairs), status] = (pairs, _nv_array(listed))
+    # nghttp2 need not copy them at each submission: they live as long as the process.
+    _CACHE[id(pairs), status] = (pairs, _nv_array(listed, ng.NV_FLAG_NO_COPY))

@@ -1,10 +1,44 @@
-"""The gRPC listeners' socket, shared by both native transports (h2corn, nghttp2)."""
+"""What the gRPC listeners of both native transports (h2corn, nghttp2) share: the settings
+they are started with and their listening socket."""
 
 from __future__ import annotations
 
 import socket
+from dataclasses import dataclass
 
-__all__ = ["listening_socket"]
+from model_runtime.server.grpc.budget import CallBudget
+from model_runtime.server.security.restrict import RestrictionCounter, Restrictions
+from model_runtime.server.security.tls import TLSFiles
+
+__all__ = ["ListenerSettings", "listening_socket"]
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerSettings:
+    """Where a gRPC listener listens and its limits, built once by the daemon's wiring
+    (:func:`~.server.start_native_grpc_server`) for whichever transport serves."""
+
+    host: str
+    #: 0: a free one (the listener says which it bound).
+    port: int
+    #: The largest message a call may send or be answered with, compressed or inflated.
+    max_message_size: int
+    #: A connection without calls for this long is closed.
+    idle_timeout: float
+    #: Concurrent streams per connection (SETTINGS_MAX_CONCURRENT_STREAMS).
+    max_streams: int
+    #: An answer held behind a closed flow-control window this long ends its stream.
+    write_timeout: float
+    #: Open connections (one past it is closed at once).
+    max_connections: int
+    restrictions: Restrictions | None = None
+    counter: RestrictionCounter | None = None
+    #: The listener's TLS files (None: plaintext).
+    tls: TLSFiles | None = None
+    reuse_port: bool = False
+    backlog: int = 2048
+    #: The unary calls' budget (big messages are counted before they are read).
+    budget: CallBudget | None = None
 
 
 def listening_socket(host: str, port: int, reuse_port: bool, backlog: int) -> socket.socket:

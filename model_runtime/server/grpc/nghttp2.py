@@ -60,15 +60,18 @@ typedef struct {
   nghttp2_data_source_read_callback read_callback;
 } nghttp2_data_provider;
 
+// The callbacks' frame is declared as its first member, the header every frame type starts
+// with (a pointer to the union is one to it): the fields read without an intermediate object.
+// Bytes nghttp2 hands over are ``char`` (``ffi.unpack`` makes them ``bytes`` at once).
 typedef int (*nghttp2_on_begin_headers_callback)(
-    nghttp2_session *session, const nghttp2_frame *frame, void *user_data);
+    nghttp2_session *session, const nghttp2_frame_hd *frame, void *user_data);
 typedef int (*nghttp2_on_header_callback)(
-    nghttp2_session *session, const nghttp2_frame *frame, const char *name, size_t namelen,
+    nghttp2_session *session, const nghttp2_frame_hd *frame, const char *name, size_t namelen,
     const char *value, size_t valuelen, uint8_t flags, void *user_data);
 typedef int (*nghttp2_on_frame_recv_callback)(
-    nghttp2_session *session, const nghttp2_frame *frame, void *user_data);
+    nghttp2_session *session, const nghttp2_frame_hd *frame, void *user_data);
 typedef int (*nghttp2_on_data_chunk_recv_callback)(
-    nghttp2_session *session, uint8_t flags, int32_t stream_id, const uint8_t *data,
+    nghttp2_session *session, uint8_t flags, int32_t stream_id, const char *data,
     size_t len, void *user_data);
 typedef int (*nghttp2_on_stream_close_callback)(
     nghttp2_session *session, int32_t stream_id, uint32_t error_code, void *user_data);
@@ -100,7 +103,7 @@ int nghttp2_session_server_new2(nghttp2_session **session_ptr,
     const nghttp2_session_callbacks *callbacks, void *user_data, const nghttp2_option *option);
 void nghttp2_session_del(nghttp2_session *session);
 ssize_t nghttp2_session_mem_recv(nghttp2_session *session, const uint8_t *in, size_t inlen);
-ssize_t nghttp2_session_mem_send(nghttp2_session *session, const uint8_t **data_ptr);
+ssize_t nghttp2_session_mem_send(nghttp2_session *session, const char **data_ptr);
 int nghttp2_session_want_read(nghttp2_session *session);
 int nghttp2_session_want_write(nghttp2_session *session);
 int nghttp2_session_consume(nghttp2_session *session, int32_t stream_id, size_t size);

@@ -17,13 +17,12 @@ from model_runtime.server.grpc.budget import CallBudget
 from model_runtime.server.grpc.call import OK, START_HEADERS
 from model_runtime.server.grpc.h2proto import H2Protocol, ProtocolLimits
 from model_runtime.server.grpc.h2stream import cache_headers
-from model_runtime.server.grpc.listensock import listening_socket
+from model_runtime.server.grpc.listensock import ListenerSettings, listening_socket
 from model_runtime.server.grpc.native import GrpcApp
 from model_runtime.server.grpc.shares import Shares
 from model_runtime.server.grpc.unary import UnaryInfer
 from model_runtime.server.inference.plane import DataPlane
-from model_runtime.server.security.restrict import RestrictionCounter, Restrictions
-from model_runtime.server.security.tls import TLSFiles, ssl_context
+from model_runtime.server.security.tls import ssl_context
 
 __all__ = ["NgListener", "start_nghttp2_listener"]
 
@@ -69,62 +68,47 @@ class NgListener:
 
 
 async def start_nghttp2_listener(
-    handlers: dict[str, Any],
-    host: str,
-    port: int,
-    *,
-    max_message_size: int,
-    idle_timeout: float,
-    max_streams: int,
-    write_timeout: float,
-    max_connections: int,
-    restrictions: Restrictions | None = None,
-    counter: RestrictionCounter | None = None,
-    tls: TLSFiles | None = None,
-    reuse_port: bool = False,
-    backlog: int = 2048,
-    budget: CallBudget | None = None,
-    plane: DataPlane | None = None,
+    handlers: dict[str, Any], settings: ListenerSettings, plane: DataPlane | None = None
 ) -> tuple[NgListener, int]:
-    """Serve ``handlers`` (grpc's method handlers by name) on ``host:port`` (0: a free one);
-    return the listener and its bound port (the arguments of
-    :func:`~.h2server.start_h2_listener`). ``plane``: where ``ModelInfer`` calls whose request
-    comes in one read are answered by callbacks (:class:`~.unary.UnaryInfer`; None: the app
-    serves every call).
+    """Serve ``handlers`` (grpc's method handlers by name) as ``settings`` say; return the
+    listener and its bound port. ``plane``: where ``ModelInfer`` calls whose request comes in
+    one read are answered by callbacks (:class:`~.unary.UnaryInfer`; None: the app serves
+    every call).
 
     Raises:
         OSError: the address cannot be bound, or the TLS files cannot be used.
     """
-    shares = Shares(max_streams=max_streams, write_timeout=write_timeout)
+    s = settings
+    shares = Shares(max_streams=s.max_streams, write_timeout=s.write_timeout)
     app = GrpcApp(
         handlers,
-        max_message_size=max_message_size,
-        restrictions=restrictions,
-        counter=counter,
-        budget=budget,
+        max_message_size=s.max_message_size,
+        restrictions=s.restrictions,
+        counter=s.counter,
+        budget=s.budget,
         shares=shares,
     )
     fast = None
     if plane is not None:
         fast = UnaryInfer(
-            plane, max_message_size=max_message_size, shares=shares, budget=budget,
-            restrictions=restrictions,
+            plane, max_message_size=s.max_message_size, shares=shares, budget=s.budget,
+            restrictions=s.restrictions,
         )  # fmt: skip
     limits = ProtocolLimits(
-        app, max_streams=max_streams, idle_timeout=idle_timeout, write_timeout=write_timeout,
-        max_connections=max_connections, fast=fast,
+        app, max_streams=s.max_streams, idle_timeout=s.idle_timeout,
+        write_timeout=s.write_timeout, max_connections=s.max_connections, fast=fast,
     )  # fmt: skip
     context = None
-    if tls is not None:
+    if s.tls is not None:
         try:
-            context = ssl_context(tls)
+            context = ssl_context(s.tls)
         except Exception as exc:
             raise OSError(f"cannot serve gRPC over TLS: {exc}") from exc
         context.set_alpn_protocols(["h2"])
-    sock = listening_socket(host, port, reuse_port, backlog)
+    sock = listening_socket(s.host, s.port, s.reuse_port, s.backlog)
     try:
         server = await asyncio.get_running_loop().create_server(
-            lambda: H2Protocol(limits), sock=sock, ssl=context, backlog=backlog
+            lambda: H2Protocol(limits), sock=sock, ssl=context, backlog=s.backlog
         )
     except Exception:
         sock.close()

@@ -20,6 +20,7 @@ import grpc
 from model_runtime.server.grpc.budget import CallBudget, quiet_unwritten_answers
 from model_runtime.server.grpc.guard import install_method_guard
 from model_runtime.server.grpc.h2server import H2Listener, start_h2_listener
+from model_runtime.server.grpc.listensock import ListenerSettings
 from model_runtime.server.grpc.ngserver import NgListener, start_nghttp2_listener
 from model_runtime.server.grpc.service import InferenceServicer, UnsupportedMethods
 from model_runtime.server.inference.plane import DataPlane
@@ -189,14 +190,7 @@ async def start_native_grpc_server(
     handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
         budget.wrap(servicer.model_infer_wire, len)
     )
-    native: dict[str, Any] = {}
-    if transport == "nghttp2":
-        start: Any = start_nghttp2_listener
-        native["plane"] = plane  # ModelInfer by callbacks where it can
-    else:
-        start = start_h2_listener
-    listener, bound = await start(
-        handlers,
+    settings = ListenerSettings(
         host,
         port,
         max_message_size=limits.max_message_size,
@@ -210,8 +204,12 @@ async def start_native_grpc_server(
         reuse_port=reuse_port,
         backlog=backlog,
         budget=budget,
-        **native,
     )
+    listener: H2Listener | NgListener
+    if transport == "nghttp2":  # ModelInfer by callbacks where it can
+        listener, bound = await start_nghttp2_listener(handlers, settings, plane)
+    else:
+        listener, bound = await start_h2_listener(handlers, settings)
     listener.budget = budget
     return listener, bound
 

@@ -386,9 +386,9 @@ class _Call:
         self.sent = True
         self.owner.shares.answered(self.share)
         budget = self.owner.budget
+        self.answered_at = now = self.conn.loop.time()
         if budget is not None:
-            budget.hold_unsent(self, self.peer)
-        self.answered_at = self.conn.loop.time()
+            budget.hold_unsent(self, self.peer, now)
         if not self.stream.answer(headers, body, trailers, now=False):
             self.closed()
 
