@@ -126,11 +126,11 @@ class Stub:
                 self._flush()
             self._write(header, build)
 
-    def _write(self, header: dict[str, Any], build: Any) -> None:
+    def _write(self, header: dict[str, Any], build: Any, fast: bool = False) -> None:
         enc = Encoder(self._arena)
         if build is not None:
             build(enc, header)
-        self._sendall(enc.finish(header, self._arena.sender.head))
+        self._sendall(enc.finish(header, self._arena.sender.head, fast=fast))
 
     def respond(self, items: list[tuple[int, Any, int]], done: list[int] | None = None) -> None:
         """Send responses ``(key, response, flags)`` (and the end of batch ``done``). The end
@@ -143,7 +143,7 @@ class Stub:
         with self._lock:
             if self._held:
                 self._flush()
-            self._write(self._responses(items, done or []), self._build)
+            self._write(self._responses(items, done or []), self._build, True)
 
     def flush(self) -> None:
         """Send the ends of batches held back (one frame)."""
@@ -155,7 +155,7 @@ class Stub:
         items = [item for held, _ in self._held for item in held]
         done = [d for _, ds in self._held for d in ds]
         self._held.clear()
-        self._write(self._responses(items, done), self._build)
+        self._write(self._responses(items, done), self._build, True)
 
     def _responses(self, items: list[tuple[int, Any, int]], done: list[int]) -> dict[str, Any]:
         header: dict[str, Any] = {"t": "resp", "_items": items}
