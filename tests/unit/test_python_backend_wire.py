@@ -197,3 +197,20 @@ def test_a_header_orjson_will_not_read_is_read_by_the_json_module() -> None:
     assert out["t"] == "metric" and out["v"] != out["v"] and out["big"] == 2**70
     with pytest.raises(WireError, match="not JSON"):
         parse_header(b'{"t": ')
+
+
+def test_an_interpreter_without_orjson_writes_and_reads_the_same_headers() -> None:
+    """An instance in a model's own environment may lack orjson: the json module does it all."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['orjson'] = None\n"
+        "from model_runtime.python_backend import wire\n"
+        "assert wire._fast_loads is wire.json.loads\n"
+        "h = {'t': 'exec', 'B': [{'b': 1, 'r': [{'k': 2, 'rq': 'id'}]}], 'h': 3}\n"
+        "assert wire.parse_header(wire._fast_dumps(h)) == h\n"
+        "assert wire.parse_header(b'{\"t\":\"metric\",\"v\":NaN}')['t'] == 'metric'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
