@@ -317,7 +317,7 @@ class InstanceProcess:
         if idle:
             self.last_progress = self.clock.monotonic()  # idle until now: the clock starts here
         header["B"] = wire
-        self._channel.write(enc.finish(header, self._arena.sender.head))
+        self._channel.write(enc.finish(header, self._arena.sender.head, fast=True))
         return out
 
     async def execute(self, requests: Sequence[PyRequest]) -> list[PyResponse]:

@@ -30,7 +30,12 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
+# PyRequest and PyResponse are made once per request: not frozen, since a frozen dataclass's
+# __init__ sets each field through object.__setattr__ (3.7 and 2.4 us against 0.5). Nothing
+# changes them once made.
+
+
+@dataclass(slots=True)
 class PyRequest:
     """One inference request for a python model, with what Triton gives ``execute`` of it."""
 
@@ -44,7 +49,7 @@ class PyRequest:
     parameters: Mapping[str, Any] | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PyResponse:
     """One response: outputs, or the model's error for this request. ``final``: no more follow
     (always True for a model that is not decoupled; a decoupled model's last response may be

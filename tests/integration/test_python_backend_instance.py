@@ -58,7 +58,8 @@ async def test_add_sub_answers_each_request_of_a_batch_in_order(tmp_path: Path) 
 async def test_tensors_larger_than_the_ring_travel_inline(tmp_path: Path) -> None:
     instance = await _started(_spec(tmp_path, "add_sub", ring_bytes=4096))
     try:
-        big = np.arange(4 * 10_000, dtype=np.float32).reshape(10_000, 4)
+        # 8 MB frames each way: several reads of the socket make one frame
+        big = np.arange(4 * 250_000, dtype=np.float32).reshape(250_000, 4)
         for _ in range(3):  # the ring refills and wraps between the small ones
             small, large = await instance.execute(
                 [_add_sub(2.0), PyRequest({"INPUT0": big, "INPUT1": big})]

@@ -11,7 +11,7 @@ import pytest
 
 from model_runtime.python_backend.arena import HEADER, ArenaError, ChildArena, ParentArena, Ring
 from model_runtime.python_backend.dtypes import deserialize_bytes, serialize_bytes
-from model_runtime.python_backend.wire import Encoder, WireError, decode_tensors
+from model_runtime.python_backend.wire import Encoder, WireError, decode_tensors, parse_header
 
 
 @pytest.fixture
@@ -169,3 +169,48 @@ def test_a_busy_instance_fills_an_execute_request_by_request() -> None:
     head = batch(5, 50)
     merge(head, alone, 5)
     assert [item["k"] for item in head["r"]] == [50] and len(alone) == 1
+
+
+class _NoRing:
+    def put(self, data: memoryview) -> int | None:
+        return None
+
+
+def _header_of(segments: list[Any]) -> dict[str, Any]:
+    hlen = int.from_bytes(bytes(segments[0])[:4], "little")
+    return parse_header(bytes(segments[1])[:hlen])
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_headers_cross_as_json_whatever_writes_them(fast: bool) -> None:
+    """Request and response frames are written by orjson, the others by the json module: the
+    same header comes out, what orjson cannot write (a lone surrogate) included."""
+    error = ["INTERNAL", "bad \ud800 text"]
+    header = {"t": "resp", "items": [{"k": 1, "e": error}], "c": 2**64 - 1}
+    out = _header_of(Encoder(_NoRing()).finish(dict(header), 7, fast=fast))
+    assert out == {**header, "h": 7}
+
+
+def test_a_header_orjson_will_not_read_is_read_by_the_json_module() -> None:
+    """NaN (a metric's value, written by the json module) and integers over 64 bits."""
+    out = parse_header(b'{"t":"metric","v":NaN,"big":%d}' % 2**70)
+    assert out["t"] == "metric" and out["v"] != out["v"] and out["big"] == 2**70
+    with pytest.raises(WireError, match="not JSON"):
+        parse_header(b'{"t": ')
+
+
+def test_an_interpreter_without_orjson_writes_and_reads_the_same_headers() -> None:
+    """An instance in a model's own environment may lack orjson: the json module does it all."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['orjson'] = None\n"
+        "from model_runtime.python_backend import wire\n"
+        "assert wire._fast_loads is wire.json.loads\n"
+        "h = {'t': 'exec', 'B': [{'b': 1, 'r': [{'k': 2, 'rq': 'id'}]}], 'h': 3}\n"
+        "assert wire.parse_header(wire._fast_dumps(h)) == h\n"
+        "assert wire.parse_header(b'{\"t\":\"metric\",\"v\":NaN}')['t'] == 'metric'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
