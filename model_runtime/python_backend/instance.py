@@ -114,6 +114,7 @@ class InstanceProcess:
         self._tasks: list[asyncio.Task[Any]] = []
         self._stopping = False
         self._reason: str | None = None
+        self._on_executed: Callable[[list[int]], None] = lambda sizes: None
         #: the model's execute is ``async def`` (many batches at once)
         self.is_async = False
         self.calls = CallHandler(self, spec.hooks_infer, spec.hooks_control, spec.metrics)
@@ -141,6 +142,10 @@ class InstanceProcess:
     def on_batch_done(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` whenever a batch's ``execute`` returns or the process dies."""
         self._held.on_batch_done = callback
+
+    def on_executed(self, callback: Callable[[list[int]], None]) -> None:
+        """Call ``callback`` with the batch sizes of the ``execute`` calls that returned."""
+        self._on_executed = callback
 
     def stalled(self, now: float, deadline: float) -> bool:
         """Busy, waiting on nothing of ours, and silent for ``deadline`` seconds."""
@@ -428,6 +433,8 @@ class InstanceProcess:
         kind = header["t"]
         if kind == "resp":
             self._held.responses(header, payload, self.decode)
+            if "x" in header:
+                self._on_executed(header["x"])
         elif kind in ("ready", "init_err"):
             waiter = self._waiters.pop(0, None)
             if waiter is not None and not waiter.done():

@@ -44,7 +44,10 @@ class PoolSettings:
 
 @dataclass(slots=True, eq=False)
 class Slot:
-    """One instance of the model: its current process and its history."""
+    """One instance of the model: its current process and its history; what the daemon's
+    statistics read of it as of a replica's state (``runs``: the ``execute`` calls of its
+    processes, ``runs_by_size`` by batch size; ``changed``: set and renewed at each change of
+    ``status``)."""
 
     index: int
     instance: InstanceProcess | None = None
@@ -52,6 +55,21 @@ class Slot:
     restarts: int = 0
     consecutive: int = 0
     started_at: float = 0.0
+    runs: int = 0
+    runs_by_size: dict[int, int] = field(default_factory=dict)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def set_status(self, status: ReplicaStatus) -> None:
+        self.status = status
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    def executed(self, sizes: list[int]) -> None:
+        """Count ``execute`` calls of these batch sizes."""
+        self.runs += len(sizes)
+        by_size = self.runs_by_size
+        for size in sizes:
+            by_size[size] = by_size.get(size, 0) + 1
 
 
 class InstancePool:
@@ -103,9 +121,10 @@ class InstancePool:
     async def _spawn(self, slot: Slot) -> None:
         instance = InstanceProcess(self._make_spec(slot.index), clock=self._clock)
         instance.on_batch_done(self._on_change)
+        instance.on_executed(slot.executed)
         await instance.start(timeout=self.settings.start_timeout_s)
         slot.instance = instance
-        slot.status = ReplicaStatus.READY
+        slot.set_status(ReplicaStatus.READY)
         slot.started_at = self._clock.monotonic()
         self._on_change()
 
@@ -117,7 +136,7 @@ class InstancePool:
                 await instance.died.wait()
                 if self._closing:
                     return
-                slot.status = ReplicaStatus.FAILED
+                slot.set_status(ReplicaStatus.FAILED)
                 slot.restarts += 1
                 self._on_change()
                 ran = self._clock.monotonic() - slot.started_at
@@ -162,4 +181,4 @@ class InstancePool:
             *(s.instance.stop(grace) for s in self.slots if s.instance is not None)
         )
         for slot in self.slots:
-            slot.status = ReplicaStatus.STOPPED
+            slot.set_status(ReplicaStatus.STOPPED)

@@ -39,7 +39,7 @@ from model_runtime.python_backend.config import PythonModelConfig
 from model_runtime.python_backend.instance import InstanceSpec
 from model_runtime.python_backend.messages import ControlHook, InferHook, PyRequest, PyResponse
 from model_runtime.python_backend.metrics import CustomMetrics
-from model_runtime.python_backend.pool import InstancePool, PoolSettings
+from model_runtime.python_backend.pool import InstancePool, PoolSettings, Slot
 from model_runtime.python_backend.validate import check_inputs, describe
 
 __all__ = ["PythonModelRunner", "RequestContext", "RunnerSettings"]
@@ -181,6 +181,10 @@ class PythonModelRunner:
 
     def replica_status(self) -> list[ReplicaStatus]:
         return [slot.status for slot in self.pool.slots]
+
+    def replica_states(self) -> list[Slot]:
+        """Each instance's state, as a replica's (its runs, restarts and ``changed`` event)."""
+        return list(self.pool.slots)
 
     def get_execute_inputs(self) -> list[DataDesc]:
         return [describe(t, self.config.max_batch_size) for t in self.config.inputs]

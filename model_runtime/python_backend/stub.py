@@ -96,7 +96,7 @@ class Stub:
         self.host = ModelHost(self)
         self._async = False
         #: ends of batches (responses, batch id) held back while the main thread runs more
-        self._held: list[tuple[list[tuple[int, Any, int]], list[int]]] = []
+        self._held: list[tuple[list[tuple[int, Any, int]], list[int], int]] = []
         self._holding = False
         self._main = threading.get_ident()
 
@@ -135,18 +135,21 @@ class Stub:
             build(enc, header)
         self._sendall(enc.finish(header, self._arena.sender.head, fast=fast))
 
-    def respond(self, items: list[tuple[int, Any, int]], done: list[int] | None = None) -> None:
-        """Send responses ``(key, response, flags)`` (and the end of batch ``done``). The end
-        of a batch that the main thread ran while more batches wait for it is held, and sent
-        with theirs in one frame (:meth:`flush`, or before any other frame)."""
+    def respond(
+        self, items: list[tuple[int, Any, int]], done: list[int] | None = None, ran: int = 0
+    ) -> None:
+        """Send responses ``(key, response, flags)`` (and the end of batch ``done``, whose
+        execute had batch size ``ran``). The end of a batch that the main thread ran while more
+        batches wait for it is held, and sent with theirs in one frame (:meth:`flush`, or
+        before any other frame)."""
         if done is not None and self._holding and threading.get_ident() == self._main:
             with self._lock:
-                self._held.append((items, done))
+                self._held.append((items, done, ran))
             return
         with self._lock:
             if self._held:
                 self._flush()
-            self._write(self._responses(items, done or []), self._build, True)
+            self._write(self._responses(items, done or [], [ran] if ran else []), self._build, True)
 
     def flush(self) -> None:
         """Send the ends of batches held back (one frame)."""
@@ -155,15 +158,20 @@ class Stub:
                 self._flush()
 
     def _flush(self) -> None:
-        items = [item for held, _ in self._held for item in held]
-        done = [d for _, ds in self._held for d in ds]
+        items = [item for held, _, _ in self._held for item in held]
+        done = [d for _, ds, _ in self._held for d in ds]
+        ran = [n for _, _, n in self._held if n]
         self._held.clear()
-        self._write(self._responses(items, done), self._build, True)
+        self._write(self._responses(items, done, ran), self._build, True)
 
-    def _responses(self, items: list[tuple[int, Any, int]], done: list[int]) -> dict[str, Any]:
+    def _responses(
+        self, items: list[tuple[int, Any, int]], done: list[int], ran: list[int]
+    ) -> dict[str, Any]:
         header: dict[str, Any] = {"t": "resp", "_items": items}
         if done:
             header["done"] = done
+        if ran:
+            header["x"] = ran  # the batch size of each execute that ended
         return header
 
     def _build(self, enc: Encoder, header: dict[str, Any]) -> None:

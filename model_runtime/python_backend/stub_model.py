@@ -28,7 +28,9 @@ _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 class _Wire(Protocol):
     def write(self, header: dict[str, Any], build: Any = None) -> None: ...
-    def respond(self, items: list[tuple[int, Any, int]], done: list[int] | None = None) -> None: ...
+    def respond(
+        self, items: list[tuple[int, Any, int]], done: list[int] | None = None, ran: int = 0
+    ) -> None: ...
 
 
 def _describe(exc: BaseException) -> str:
@@ -59,6 +61,8 @@ class ModelHost:
         #: rows an ``execute`` of merged batches may hold (0: batches are not merged: a model
         #: without batching, decoupled, async, or with sequence batching)
         self.merge_rows = 0
+        #: the model batches (``max_batch_size`` > 0): an execute's size is its requests' rows
+        self.batching = False
         #: request key -> requested output names (None: all); present while a request is open
         self.requested: dict[int, frozenset[str] | None] = {}
 
@@ -121,6 +125,7 @@ class ModelHost:
                 if not callable(getattr(model, "execute", None)):
                     raise TypeError("TritonPythonModel has no execute(requests) method")
                 self.is_async = inspect.iscoroutinefunction(model.execute)
+                self.batching = int(config.get("max_batch_size") or 0) > 0
                 if not (self.decoupled or self.is_async or "sequence_batching" in config):
                     self.merge_rows = max(0, int(config.get("max_batch_size") or 0))
         except BaseException as exc:
@@ -152,36 +157,52 @@ class ModelHost:
     def _execute(self, header: dict[str, Any]) -> Coroutine[Any, Any, None] | None:
         requests = self._requests(header)
         batch: list[int] = header.get("bs") or [header["b"]]
+        size = self._size(requests)
         if self.is_async:
-            return self._execute_async(batch, requests)
+            return self._execute_async(batch, requests, size)
         try:
             result = self.model.execute(requests)
         except BaseException as exc:
-            self._finish(batch, requests, None, exc)
+            self._finish(batch, requests, size, None, exc)
         else:
-            self._finish(batch, requests, result, None)
+            self._finish(batch, requests, size, result, None)
         return None
 
+    def _size(self, requests: list[pb_utils.InferenceRequest]) -> int:
+        """An execute's batch size as Triton counts it: its requests' rows (the first input's
+        first dimension) for a model that batches, else one per request."""
+        if not self.batching:
+            return len(requests)
+        rows = 0
+        for request in requests:
+            inputs = request.inputs()
+            rows += inputs[0].shape()[0] if inputs and inputs[0].shape() else 1
+        return rows
+
     async def _execute_async(
-        self, batch: list[int], requests: list[pb_utils.InferenceRequest]
+        self, batch: list[int], requests: list[pb_utils.InferenceRequest], size: int
     ) -> None:
         try:
             result = await self.model.execute(requests)
         except BaseException as exc:
-            self._finish(batch, requests, None, exc)
+            self._finish(batch, requests, size, None, exc)
         else:
-            self._finish(batch, requests, result, None)
+            self._finish(batch, requests, size, result, None)
 
     def _finish(
         self,
         batch: list[int],
         requests: list[pb_utils.InferenceRequest],
+        size: int,
         result: Any,
         exc: BaseException | None,
     ) -> None:
-        """Send what ``execute`` returned, or the error every open request of the batch gets."""
+        """Send what ``execute`` returned, or the error every open request of the batch gets,
+        with the end of the batch and the execute's ``size`` (the daemon's statistics)."""
         if exc is None and result is None and self.decoupled:
-            self._wire.respond([], done=batch)  # the model answers later, from where it likes
+            self._wire.respond(
+                [], done=batch, ran=size
+            )  # the model answers later, from where it likes
             return
         problem: str | None = None
         if exc is not None:
@@ -213,7 +234,7 @@ class ModelHost:
                         "not a pb_utils.InferenceResponse"
                     )
                 items.append((key, response, _FINAL))
-        self._wire.respond(items, done=batch)
+        self._wire.respond(items, done=batch, ran=size)
 
     # -- the rest of the life cycle ----------------------------------------------------------
 

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -347,3 +348,32 @@ def test_an_instance_killed_under_load_costs_no_request(twice: Daemon) -> None:
     assert not_ready == []
     assert replaced < 5
     assert len(before) >= 2
+
+
+def _batch_counts(stats: dict[str, Any]) -> dict[int, int]:
+    return {b["batch_size"]: b["compute_infer"]["count"] for b in stats.get("batch_stats", [])}
+
+
+def test_statistics_count_each_execute_of_a_python_model(daemon: Daemon) -> None:
+    """Triton's execution_count is the model's execute calls, batch_stats their batch sizes:
+    a request per execute without batching, its rows with batching (one request here)."""
+    with httpclient.InferenceServerClient(f"127.0.0.1:{daemon.port}") as client:
+
+        def stats(model: str) -> dict[str, Any]:
+            return client.get_inference_statistics(model)["model_stats"][0]  # type: ignore[no-any-return]
+
+        before = {m: stats(m) for m in ("add_sub", "auto_complete")}
+        for _ in range(3):
+            client.infer("add_sub", _inputs(httpclient, A, B))
+        rows = httpclient.InferInput("IN", [3, 2], "INT32")
+        rows.set_data_from_numpy(np.zeros((3, 2), dtype=np.int32))
+        client.infer("auto_complete", [rows])
+        after = {m: stats(m) for m in ("add_sub", "auto_complete")}
+    assert after["add_sub"]["inference_count"] == before["add_sub"]["inference_count"] + 3
+    assert after["add_sub"]["execution_count"] == before["add_sub"]["execution_count"] + 3
+    ones = _batch_counts(after["add_sub"]).get(1, 0) - _batch_counts(before["add_sub"]).get(1, 0)
+    assert ones == 3
+    done = after["auto_complete"]
+    assert done["execution_count"] == before["auto_complete"]["execution_count"] + 1
+    threes = _batch_counts(done).get(3, 0) - _batch_counts(before["auto_complete"]).get(3, 0)
+    assert threes == 1
