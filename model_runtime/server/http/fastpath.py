@@ -224,14 +224,7 @@ class FastInfer:
             admission = self.plane.admission
             state.leave(queue_full, admission.queue_delay, admission.capacity)
             if self.access_log:
-                access_log.info(
-                    "http_request",
-                    method="POST",
-                    path=target.decode("latin-1"),
-                    status=status,
-                    duration_ms=round((time.perf_counter() - t0) * 1e3, 3),
-                    request_id=rid,
-                )
+                _log_request(target, status, t0, rid)
         finally:
             conn.fast_done()  # whatever the log did: the connection reads on
 
@@ -251,14 +244,7 @@ class FastInfer:
             admission = self.plane.admission
             state.leave(False, admission.queue_delay, admission.capacity)
             if self.access_log:
-                access_log.info(
-                    "http_request",
-                    method="POST",
-                    path=target.decode("latin-1"),
-                    status=200,
-                    duration_ms=round((time.perf_counter() - t0) * 1e3, 3),
-                    request_id=rid,
-                )
+                _log_request(target, 200, t0, rid)
         except BaseException:
             conn.fast_answer(self.ok_answer(out, json_length, rid))
             conn.fast_done()
@@ -347,3 +333,15 @@ def _model_version(target: bytes) -> tuple[str, str | None] | None:
         return parts[0].decode(), parts[2].decode()
     except UnicodeDecodeError:
         return None
+
+
+def _log_request(target: bytes, status: int, t0: float, rid: str) -> None:
+    """The access log line of a request answered on the fast path."""
+    access_log.info(
+        "http_request",
+        method="POST",
+        path=target.decode("latin-1"),
+        status=status,
+        duration_ms=round((time.perf_counter() - t0) * 1e3, 3),
+        request_id=rid,
+    )
