@@ -234,6 +234,8 @@ async def test_sigkill_of_an_instance_under_load_loses_no_request(tmp_path: Path
         await asyncio.sleep(0.5)
         victim = runner.pool.slots[0].instance
         assert victim is not None and victim.pid is not None
+        changed = runner.replica_states()[0].changed  # what the daemon's readiness log awaits
+        runs = runner.replica_states()[0].runs
         os.kill(victim.pid, signal.SIGKILL)
         killed_at = time.monotonic()
         while runner.pool.slots[0].status is not ReplicaStatus.READY or (
@@ -259,6 +261,8 @@ async def test_sigkill_of_an_instance_under_load_loses_no_request(tmp_path: Path
     assert not_ready == 0
     assert answered > 50
     assert runner.restarts == 1
+    assert changed.is_set()  # the instance's state changed (FAILED, then READY)
+    assert runner.replica_states()[0].runs > runs  # its executes count on over the restart
 
 
 @pytest.mark.parametrize("max_batch_size", [0, 8])
