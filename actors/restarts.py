@@ -11,6 +11,7 @@ intensity until :meth:`Restarts.forgive`: more than ``intensity`` within ``perio
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass
 
@@ -47,7 +48,7 @@ class GiveUp(Exception):
         self.cause = cause
 
 
-class Restarts:
+class Restarts(ABC):
     """The restart policy of a supervisor (see the module docstring); the supervisor sets the
     attributes below and provides :meth:`_start` and :meth:`_stop_child`."""
 
@@ -63,11 +64,13 @@ class Restarts:
     _pause: anyio.CancelScope | None  # the backoff wait now under way
     _blame: str
 
+    @abstractmethod
     async def _start(self, slot: Slot, kind: EventKind) -> None:
-        raise NotImplementedError
+        """Start ``slot``'s child (the supervisor's own)."""
 
+    @abstractmethod
     async def _stop_child(self, slot: Slot) -> None:
-        raise NotImplementedError
+        """Stop ``slot``'s child (the supervisor's own)."""
 
     def forgive(self, child_id: str | None = None) -> None:
         """The owner reports that the subtree made progress: the restarts so far are forgiven.
