@@ -32,6 +32,7 @@ import numpy as np
 
 from actors.actor import Envelope
 from actors.clock import Clock
+from actors.device import inline
 from actors.device._deferred import DeferringActor
 from actors.device.backends import Backend, RunAborted, make_backend
 from actors.device.faults import FaultInjector, FaultPlan
@@ -59,20 +60,8 @@ from model_runtime.errors import (
 )
 from model_runtime.executable import Executable
 
-__all__ = ["INLINE_BELOW", "INLINE_HOPS", "Device", "DeviceCrash"]
+__all__ = ["Device", "DeviceCrash"]
 
-#: A main run of one row measured (moving average) under this many seconds, asked of an idle
-#: device without a fault plan, runs on the event loop instead of the worker thread (a lone
-#: request; bigger batches mean other callers, and replicas whose runs must overlap). On
-#: the 2-core machine the hop there and back costs 80 µs empty and ~160 µs with a run (the
-#: woken worker runs it on cold caches: MLP batch 1, 86 µs inline, 245 µs through the worker),
-#: so such a run holds the loop for less than it would delay its caller. Under load the device
-#: is never idle and nothing runs inline; heavier runs never block the loop; nor does a run
-#: while another device of the runner is busy (``inline_allowed``: the loop serves it too).
-INLINE_BELOW = 250e-6
-#: ... or up to this many of the worker's measured hops (``Worker.hop_seconds``), on a host
-#: slower than that one (the hop slows with the run), but never over 4 x ``INLINE_BELOW``.
-INLINE_HOPS = 3.0
 _INF = float("inf")
 
 
@@ -336,7 +325,7 @@ class Device(DeferringActor[DeviceMessage]):
     def runs_inline(self, batches: Sequence[Mapping[str, np.ndarray]]) -> bool:
         """Whether a plain main run of ``batches`` (no probe, no output buffers) would run
         here, on the loop, if asked now: the device is idle, the run is one row and measured
-        shorter than the inline limit (:data:`INLINE_BELOW`, :data:`INLINE_HOPS`), and no
+        shorter than the inline limit (:mod:`.inline`), and no
         fault plan is in force."""
         return (
             not self._jobs
@@ -348,9 +337,8 @@ class Device(DeferringActor[DeviceMessage]):
         )
 
     def _inline_below(self) -> float:
-        """How short a run must be to run inline (see :data:`INLINE_BELOW`)."""
-        hop = self._executor.hop_seconds if self._executor is not None else 0.0
-        return min(4 * INLINE_BELOW, max(INLINE_BELOW, INLINE_HOPS * hop))
+        """How short a run must be to run inline (:func:`.inline.inline_below`)."""
+        return inline.inline_below(self._executor.hop_seconds if self._executor else 0.0)
 
     def _run_inline(
         self, batches: Sequence[Mapping[str, np.ndarray]]

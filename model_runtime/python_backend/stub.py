@@ -56,6 +56,7 @@ from model_runtime.python_backend.arena import ChildArena
 from model_runtime.python_backend.stacking import check_rows, row_of
 from model_runtime.python_backend.stub_batches import merge, take_cancelled
 from model_runtime.python_backend.stub_model import ModelHost
+from model_runtime.python_backend.stub_process import PumpedFuture, die_with_parent
 from model_runtime.python_backend.stub_responses import encode_responses
 from model_runtime.python_backend.wire import (
     FRAME,
@@ -215,7 +216,7 @@ class Stub:
         future: Future[Any] = Future()
         self._pending[k] = future
         self._bls(request, k, False)
-        return _Pumped(self, future)
+        return PumpedFuture(self, future)
 
     def bls_stream(self, request: pb_utils.InferenceRequest) -> pb_utils.ResponseIterator:
         k = next(self._ids)
@@ -230,7 +231,7 @@ class Stub:
         future: Future[Any] = Future()
         self._pending[k] = future
         self.write({"t": "call", "k": k, "op": op, "a": args})
-        return _Pumped(self, future).result()
+        return PumpedFuture(self, future).result()
 
     def log(self, level: str, message: str) -> None:
         self.write({"t": "log", "l": level, "m": message})
@@ -455,42 +456,10 @@ class Stub:
         self.pump(0.0)
 
 
-class _Pumped(Future[Any]):
-    """A future whose waiter reads the socket while it waits (its answer comes that way)."""
-
-    def __init__(self, stub: Stub, inner: Future[Any]) -> None:
-        super().__init__()
-        self._stub = stub
-        self._inner = inner
-        inner.add_done_callback(self._copy)
-
-    def _copy(self, inner: Future[Any]) -> None:
-        exc = inner.exception()
-        if exc is not None:
-            self.set_exception(exc)
-        else:
-            self.set_result(inner.result())
-
-    def result(self, timeout: float | None = None) -> Any:
-        while not self.done():
-            self._stub.pump(0.05)
-        return super().result()
-
-
-def _die_with_parent() -> None:
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass  # EOF on the socket still ends us
-
-
 def main(argv: list[str]) -> int:
     """Run an instance until the daemon finalizes it or goes away."""
     sock_fd, shm_fd, ring_bytes = (int(a) for a in argv[:3])
-    _die_with_parent()
+    die_with_parent()
     stub = Stub(socket.socket(fileno=sock_fd), ChildArena(shm_fd, ring_bytes))
     sys.modules["triton_python_backend_utils"] = pb_utils
     pb_bridge.install(stub)

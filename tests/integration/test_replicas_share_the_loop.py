@@ -12,7 +12,7 @@ import anyio
 import numpy as np
 import pytest
 
-from actors.device import actor as device_actor
+from actors.device import inline
 from actors.device.inventory import DeviceSpec
 from actors.device.manager import DeviceManager
 from model_runtime.runner import ModelRunner, ModelRunnerConfig
@@ -34,7 +34,7 @@ async def two_replicas(
 ) -> AsyncIterator[tuple[ModelRunner, Reference]]:
     """Two replicas of a bucketed MLP whose one-row runs go inline whatever this machine's
     speed (the rule, not the measured run time, is the point), each measured once."""
-    monkeypatch.setattr(device_actor, "INLINE_BELOW", 1.0)
+    monkeypatch.setattr(inline, "INLINE_BELOW", 1.0)
     model = make_mlp(sizes=SIZES, seed=5)
     path = compile_to(model, tmp_path, batch_size=8)
     manager = DeviceManager(inventory=[DeviceSpec(id=i, kind="cpu", threads=1) for i in (0, 1)])

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from actors.clock import FakeClock
-from actors.device import actor as device_actor
+from actors.device import inline
 from actors.device.backends.cpu import CpuBackend
 from model_runtime.blocking import BlockingModelRunner
 from model_runtime.errors import (
@@ -529,7 +529,7 @@ async def inline_runner(
     """A runner of the bucketed MLP whose one-row runs go inline whatever this machine's run
     time (the run, not its measured speed, is the point), after one request (its runs are
     measured)."""
-    monkeypatch.setattr(device_actor, "INLINE_BELOW", 1.0)
+    monkeypatch.setattr(inline, "INLINE_BELOW", 1.0)
     path, ref = mlp_buckets
     async with ModelRunner(path, ModelRunnerConfig(batching_dim=0)) as runner:
         await within(runner.execute({"x": rows(1, seed=60)}))
@@ -569,7 +569,7 @@ async def test_a_lone_bad_request_run_in_place_fails_alone(
 ) -> None:
     # The in-place run fails (an id past the table: onnxruntime refuses it); the batch loop
     # takes that outcome and finds the data at fault, like any batch's.
-    monkeypatch.setattr(device_actor, "INLINE_BELOW", 1.0)
+    monkeypatch.setattr(inline, "INLINE_BELOW", 1.0)
     embedding = make_embedding(rows=100)
     path = compile_to(embedding, tmp_path, batch_size=8)
     ref = Reference(embedding)

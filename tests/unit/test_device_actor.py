@@ -33,7 +33,7 @@ from actors.device import (
     RunSave,
     Unload,
 )
-from actors.device.actor import INLINE_BELOW
+from actors.device.inline import INLINE_BELOW
 from model_runtime.errors import (
     ActorStoppedError,
     DeviceStateError,

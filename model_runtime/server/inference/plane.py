@@ -254,12 +254,10 @@ class DataPlane:
         traceparent: str | None = None,
     ) -> tuple[bytes, int | None]:
         """The answer to a REST infer request for ``entry`` (taken by ``runner``): ``body``
-        (or what awaiting ``body()`` gives: called only once the head is read, so a request
-        refused before its body leaves nothing unawaited), with the
-        ``Inference-Header-Content-Length`` header's value, decoded, run and encoded;
-        counted in flight, in the model's statistics and in the metrics. Returns the
-        response body and its JSON part's length (None: all JSON). ``traceparent``: the
-        request's W3C trace context header, continued by a trace of it.
+        (or ``await body()``, called once the head is read), with the
+        ``Inference-Header-Content-Length`` header's value, decoded, run and encoded; counted
+        in flight, in statistics and metrics. Returns the response body and its JSON part's
+        length (None: all JSON). ``traceparent``: a W3C trace context a trace continues.
 
         Raises:
             HTTPError, ModelRuntimeError: what the request's answer is (see

@@ -37,11 +37,9 @@ so what it ran since the last scrape is counted too.
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import (
@@ -54,7 +52,6 @@ from prometheus_client import (
     generate_latest,
 )
 
-from model_runtime.errors import ModelRuntimeError
 from model_runtime.server.observability.collectors import (
     ModelCollector,
     ModelSnapshot,
@@ -71,6 +68,15 @@ from model_runtime.server.observability.families import (
     triton_reason,
 )
 from model_runtime.server.observability.python_models import python_models_text
+from model_runtime.server.observability.runner_reads import (
+    Mark,
+    batch_size,
+    delta,
+    memory_of,
+    read_statistics,
+    replica_counters,
+    runs_by_size,
+)
 from model_runtime.server.observability.totals import (
     BatchTotals,
     TritonTotals,
@@ -89,14 +95,11 @@ __all__ = [
     "DaemonMetrics",
     "TritonTotals",
     "phase_of",
-    "read_statistics",
-    "replica_counters",
 ]
 
 #: The Prometheus text exposition content type.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-_STATS_TIMEOUT = 1.0
 
 #: The runner's request phase (monitoring statistics key stem) behind each Triton duration;
 #: ``output`` is a run's end to its outputs split back to their callers.
@@ -106,76 +109,6 @@ TRITON_PHASES = {
     "compute_infer_duration_us": "computation",
     "compute_output_duration_us": "output",
 }
-
-
-@dataclass(slots=True)
-class _Mark:
-    """What one runner had counted at the last read (its replicas' runs and phase counts)."""
-
-    runner: object
-    runs: dict[int, int] = field(default_factory=dict)
-    counts: dict[tuple[int, str], float] = field(default_factory=dict)
-    #: (replica, executed batch size) -> runs
-    sizes: dict[tuple[int, int], int] = field(default_factory=dict)
-
-
-def _runs_by_size(
-    mark: _Mark, replica: int, state: object, batch: int, executions: int
-) -> dict[int, int]:
-    """The ``executions`` new runs of ``replica`` by the batch size they ran at (its state's
-    ``runs_by_size`` since the last read); runs it does not size go to ``batch``."""
-    sizes = getattr(state, "runs_by_size", None)
-    out: dict[int, int] = {}
-    if isinstance(sizes, dict):
-        for size, n in list(sizes.items()):
-            added = n - mark.sizes.get((replica, size), 0)
-            mark.sizes[(replica, size)] = n
-            if added > 0:
-                out[size] = added
-    rest = executions - sum(out.values())
-    if rest > 0:
-        out[batch] = out.get(batch, 0) + rest
-    return out
-
-
-def _batch_size(runner: object) -> int:
-    """The batch size ``runner`` executes (its executable's; 0 when it does not say)."""
-    try:
-        size = runner.executable.metadata.batch_size  # type: ignore[attr-defined]
-    except (AttributeError, ModelRuntimeError):
-        return 0
-    return size if isinstance(size, int) else 0
-
-
-def _delta(now: float, before: float) -> float:
-    """The increase of a counter since ``before`` (a counter that went back restarted)."""
-    return now - before if now >= before else now
-
-
-def replica_counters(runner: Any, replica: int) -> tuple[int | None, dict[str, int]]:
-    """Device id and counters (runs, resets, restarts, retries) of one replica, when exposed."""
-    states = replica_states(runner)
-    if replica >= len(states):
-        return None, {}
-    state = states[replica]
-    counters = {}
-    for name in ("runs", "resets", "restarts", "retries", "poisoned"):
-        value = getattr(state, name, None)
-        if isinstance(value, int):
-            counters[name] = value
-    device = getattr(state, "device_id", None)
-    return (device if isinstance(device, int) else None), counters
-
-
-def _memory(runner: object) -> dict[str, Any]:
-    """``runner.memory()`` (see ``ModelRunner.memory``), or {} for a runner without it."""
-    fn = getattr(runner, "memory", None)
-    if not callable(fn):
-        return {}
-    try:
-        return dict(fn())
-    except Exception:  # a fact for a scrape: never its failure
-        return {}
 
 
 class DaemonMetrics:
@@ -250,7 +183,7 @@ class DaemonMetrics:
         #: The last read of each runner of a (model, version), by ``id`` of the runner (a mark
         #: holds its runner, so the id is not reused while it lives): during a reload the old
         #: runner and the new one are both read.
-        self._marks: dict[tuple[str, str], dict[int, _Mark]] = {}
+        self._marks: dict[tuple[str, str], dict[int, Mark]] = {}
         self._children: dict[str, tuple[Any, Any, Any]] = {}  # see _success_counts
         #: Requests in flight by (model, version) (:meth:`request_started`).
         self._pending: dict[tuple[str, str], int] = {}
@@ -439,10 +372,10 @@ class DaemonMetrics:
         marks = self._marks.setdefault(key, {})
         mark = marks.get(id(current))
         if mark is None or mark.runner is not current:
-            mark = marks[id(current)] = _Mark(current)  # a new runner counts from zero
+            mark = marks[id(current)] = Mark(current)  # a new runner counts from zero
         totals = self.totals(model, version)
-        batch = _batch_size(current)
-        memory = _memory(current)
+        batch = batch_size(current)
+        memory = memory_of(current)
         replica_memory = memory.pop("replicas", [])
         if memory:
             self.model_memory[key] = memory
@@ -456,7 +389,7 @@ class DaemonMetrics:
             snap.count = await read_statistics(runner.get_monitoring_statistics_total_count, r)
             snaps.append(snap)
             runs = counters.get("runs", 0)
-            executions = int(_delta(runs, mark.runs.get(r, 0)))
+            executions = int(delta(runs, mark.runs.get(r, 0)))
             totals.exec_count += executions
             mark.runs[r] = runs
             mean = {phase_of(k): v for k, v in snap.mean_us.items()}
@@ -464,7 +397,7 @@ class DaemonMetrics:
             if executions:
                 states = replica_states(runner)
                 state = states[r] if r < len(states) else None
-                for size, runs_of in _runs_by_size(mark, r, state, batch, executions).items():
+                for size, runs_of in runs_by_size(mark, r, state, batch, executions).items():
                     b = totals.batches.get(size)
                     if b is None:
                         b = totals.batches[size] = BatchTotals()
@@ -476,7 +409,7 @@ class DaemonMetrics:
                 if phase not in count:
                     continue
                 n = count[phase]
-                added = _delta(n, mark.counts.get((r, phase), 0.0))
+                added = delta(n, mark.counts.get((r, phase), 0.0))
                 mark.counts[(r, phase)] = n
                 setattr(totals, name, getattr(totals, name) + added * mean.get(phase, 0.0))
                 totals.recorded[name] = totals.recorded.get(name, 0) + int(added)
@@ -512,13 +445,3 @@ class DaemonMetrics:
             + ("\n".join(lines) + "\n").encode()
             + python_models_text(self.python_runners)
         )
-
-
-async def read_statistics(fn: Any, replica: int) -> dict[str, float]:
-    """``await fn(replica)`` (a runner statistics method) as floats; empty when unavailable."""
-    try:
-        async with asyncio.timeout(_STATS_TIMEOUT):
-            result: Mapping[str, float] = await fn(replica)
-    except (ModelRuntimeError, TimeoutError):  # a replica stopping, or a stuck actor
-        return {}
-    return {str(k): float(v) for k, v in result.items()}

@@ -21,13 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 from model_runtime.server.ensemble import EnsembleRunner
-from model_runtime.server.observability.metrics import (
-    TRITON_PHASES,
-    DaemonMetrics,
-    phase_of,
-    read_statistics,
-    replica_counters,
-)
+from model_runtime.server.observability.metrics import TRITON_PHASES, DaemonMetrics, phase_of
+from model_runtime.server.observability.runner_reads import read_statistics, replica_counters
 from model_runtime.server.repository.entries import ModelEntry
 from model_runtime.server.serving import innermost
 
