@@ -176,7 +176,8 @@ class ModelHost:
         rows = 0
         for request in requests:
             inputs = request.inputs()
-            rows += inputs[0].shape()[0] if inputs and inputs[0].shape() else 1
+            shape = inputs[0].as_numpy().shape if inputs else ()
+            rows += shape[0] if shape else 1
         return rows
 
     async def _execute_async(
