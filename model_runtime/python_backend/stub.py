@@ -181,9 +181,10 @@ class Stub:
         if together is not None:
             header["S"] = together
         cancelled = self._cancelled
+        open_ = self.host.requested
         for key, _, flags in items:
             if flags & _FINAL:
-                self.host.closed(key)
+                open_.pop(key, None)  # closed: no more responses
                 if cancelled:
                     cancelled.discard(key)
 
