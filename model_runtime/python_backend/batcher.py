@@ -39,7 +39,7 @@ from model_runtime.python_backend.held import Call
 from model_runtime.python_backend.instance import InstanceProcess
 from model_runtime.python_backend.messages import PyRequest, PyResponse
 from model_runtime.python_backend.pool import InstancePool
-from model_runtime.python_backend.validate import check_outputs
+from model_runtime.python_backend.validate import check_outputs, output_dtypes
 
 __all__ = ["ASYNC_BATCHES", "PIPELINE", "PIPELINE_SINGLE", "Batcher", "Item", "pipeline"]
 
@@ -68,8 +68,9 @@ class Item:
         "responses", "sent", "slot", "trace", "unwrap",
     )  # fmt: skip
 
-    def __init__(self, request: PyRequest, stream: bool, now: float) -> None:
-        loop = asyncio.get_running_loop()
+    def __init__(
+        self, request: PyRequest, stream: bool, now: float, loop: asyncio.AbstractEventLoop
+    ) -> None:
         self.request = request
         #: the answer (None for a stream): its PyResponse, or (``unwrap``) its outputs
         self.future: asyncio.Future[Any] | None = None if stream else loop.create_future()
@@ -107,6 +108,9 @@ class Batcher:
         #: requests a busy sync instance of a batching model may hold (its merged batches)
         self._eager = PIPELINE * config.max_batch_size if not config.decoupled else 0
         self._scheduled = False
+        #: the event loop the requests come on (each asks it for its future)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._dtypes = output_dtypes(config)
         #: set when the model unloads: what a request held past the drain is answered with
         self.stopped: BaseException | None = None
 
@@ -118,7 +122,7 @@ class Batcher:
             self._wake.set()
         elif not self._scheduled:
             self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._dispatch_soon)
+            (self._loop or asyncio.get_running_loop()).call_soon(self._dispatch_soon)
 
     def _dispatch_soon(self) -> None:
         self._scheduled = False
@@ -126,7 +130,10 @@ class Batcher:
 
     def enqueue(self, request: PyRequest, stream: bool) -> Item:
         """Take a request: it leaves with the others of this turn of the event loop."""
-        item = Item(request, stream, self._clock.monotonic())
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        item = Item(request, stream, self._clock.monotonic(), loop)
         self.inflight += 1
         self._queue.append(item)
         self.poke()
@@ -223,7 +230,7 @@ class Batcher:
         if exc is not None:
             self.settle(item, exc)
             return
-        self.settle(item, check_outputs(self.config, future.result()))
+        self.settle(item, check_outputs(self.config, future.result(), self._dtypes))
 
     def _full(self) -> bool:
         """The queue holds a full batch (one that waiting could not make larger)."""

@@ -32,10 +32,13 @@ class Call:
 
     __slots__ = ("batch", "future", "key", "last", "queue", "responses", "then")
 
-    def __init__(self, key: int, batch: int, stream: bool) -> None:
+    def __init__(
+        self, key: int, batch: int, stream: bool, loop: asyncio.AbstractEventLoop | None = None
+    ) -> None:
         self.key = key
         self.batch = batch
-        loop = asyncio.get_running_loop()
+        if loop is None:
+            loop = asyncio.get_running_loop()
         self.future: asyncio.Future[PyResponse] | None = None if stream else loop.create_future()
         self.queue: asyncio.Queue[PyResponse | BaseException] | None = (
             asyncio.Queue() if stream else None
@@ -65,15 +68,21 @@ def _stacked(
     return arrays
 
 
-def _row(together: dict[str, np.ndarray] | WireError | None, row: Any) -> dict[str, np.ndarray]:
-    """Raises: WireError: no stacked tensors, or no such row."""
+def _rows(together: dict[str, np.ndarray] | WireError | None) -> tuple[list[Any], int]:
+    """The stacked tensors as (name, array) pairs and their row count.
+
+    Raises: WireError: no stacked tensors (or broken ones)."""
     if together is None or isinstance(together, WireError):
         raise together or WireError("a row of stacked tensors the frame does not have")
-    for array in together.values():
-        if type(row) is not int or not 0 <= row < array.shape[0]:
-            raise WireError(f"row {row!r} of stacked tensors of {array.shape[0]} rows")
-        break
-    return {name: array[row, ...] for name, array in together.items()}
+    pairs = list(together.items())
+    return pairs, pairs[0][1].shape[0] if pairs else 0
+
+
+def _row(pairs: list[Any], count: int, row: Any) -> dict[str, np.ndarray]:
+    """Raises: WireError: no such row."""
+    if type(row) is not int or not 0 <= row < count:
+        raise WireError(f"row {row!r} of stacked tensors of {count} rows")
+    return {name: array[row, ...] for name, array in pairs}
 
 
 class Held:
@@ -113,14 +122,19 @@ class Held:
         together: dict[str, np.ndarray] | WireError | None = None
         if "S" in header:
             together = _stacked(header["S"], payload, decode)
+        pairs: list[Any] | None = None
+        count = 0
+        calls = self._calls
         for item in header["items"]:
-            call = self._calls.get(item["k"])
+            call = calls.get(item["k"])
             if call is None:
                 continue  # answered already (a late response from a model thread)
             final = bool(item.get("fl", 0) & _FINAL)
             try:
                 if "s" in item:
-                    outputs = _row(together, item["s"])
+                    if pairs is None:
+                        pairs, count = _rows(together)
+                    outputs = _row(pairs, count, item["s"])
                 else:
                     outputs = decode(item.get("T", []), payload)
                 error = _error(item["e"]) if item.get("e") else None

@@ -108,6 +108,7 @@ class InstanceProcess:
         self.config: dict[str, Any] = spec.config
         self._arena: ParentArena | None = None
         self._channel: Channel | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._held = Held()
         self._keys = 0
         self._waiters: dict[int, asyncio.Future[Any]] = {}
@@ -180,7 +181,7 @@ class InstanceProcess:
             raise ModelLoadError(name, f"cannot start python {spec.python!r}: {exc}", exc) from exc
         finally:
             child_sock.close()
-        loop = asyncio.get_running_loop()
+        self._loop = loop = asyncio.get_running_loop()
         _, self._channel = await loop.create_unix_connection(
             lambda: Channel(self._frame), sock=parent_sock
         )
@@ -310,7 +311,7 @@ class InstanceProcess:
                 if request.parameters:
                     item["p"] = json.dumps(dict(request.parameters))
                 items.append(item)
-                calls.append(Call(key, batch, stream))
+                calls.append(Call(key, batch, stream, self._loop))
             if n < len(alone) and alone[n]:
                 entry["a"] = 1  # not merged with other batches
             wire.append(entry)

@@ -181,9 +181,10 @@ class Stub:
         if together is not None:
             header["S"] = together
         cancelled = self._cancelled
+        open_ = self.host.requested
         for key, _, flags in items:
             if flags & _FINAL:
-                self.host.closed(key)
+                open_.pop(key, None)  # closed: no more responses
                 if cancelled:
                     cancelled.discard(key)
 
@@ -414,7 +415,9 @@ class Stub:
 
     def _drain(self) -> None:
         """Run the batches that came, holding the ends of those that finish in quick
-        succession to send them in one frame (for at most ``HOLD_S``)."""
+        succession to send them in one frame: held ends leave before the next batch runs
+        unless it (taken to run as long as the last) would still end within ``HOLD_S`` of
+        the first of them."""
         deferred = self._deferred
         self._holding = not self._async
         started = time.perf_counter()
@@ -423,13 +426,15 @@ class Stub:
                 header = deferred.popleft()
                 if header["t"] == "exec" and self.host.merge_rows:
                     merge(header, deferred, self.host.merge_rows)
+                began = time.perf_counter()
                 self._handle(header)
                 if header.get("a"):
                     self.flush()  # a request that was in a crash: its answer leaves at once
                 if not self._async and self.host.is_async:
                     self._async = True  # the model's execute is async: the loop takes over
                     return
-                if time.perf_counter() - started > HOLD_S:
+                now = time.perf_counter()
+                if 2 * now - began - started > HOLD_S:  # (now - started) + (now - began)
                     self.flush()
                     self.pump(0.0)  # cancellations that came meanwhile, before the next runs
                     started = time.perf_counter()

@@ -39,6 +39,8 @@ def merge(header: dict[str, Any], deferred: collections.deque[dict[str, Any]], l
     batch that fits only in part gives its leading requests and stays queued with the rest
     (its end is told once they ran). Batches sent ``alone``, and requests of sequences, are
     not merged."""
+    if not deferred or deferred[0]["t"] != "exec":
+        return  # nothing waits to join it
     rows = mergeable_rows(header)
     if rows is None:
         return

@@ -145,6 +145,10 @@ class ModelHost:
         requested = self.requested
         for item in header["r"]:
             key = item["k"]
+            if len(item) == 2:  # its key and tensors: every other field at its default
+                requests.append(given(key, model, item["T"], [], "", 0, 0, None))
+                requested[key] = None
+                continue
             wanted = item.get("o")
             request = given(
                 key, model, item["T"], [str(n) for n in wanted] if wanted else [],
@@ -176,7 +180,8 @@ class ModelHost:
         rows = 0
         for request in requests:
             inputs = request.inputs()
-            rows += inputs[0].shape()[0] if inputs and inputs[0].shape() else 1
+            shape = inputs[0].as_numpy().shape if inputs else ()
+            rows += shape[0] if shape else 1
         return rows
 
     async def _execute_async(
@@ -219,9 +224,10 @@ class ModelHost:
                 f"{_count(len(requests), 'request')}"
             )
         items: list[tuple[int, Any, int]] = []
+        open_ = self.requested
         for i, request in enumerate(requests):
             key = request._key
-            if not self.is_open(key):
+            if key not in open_:
                 continue  # answered already through its response sender
             if problem is not None:
                 items.append((key, pb_utils.InferenceResponse(error=problem), _FINAL))

@@ -22,6 +22,8 @@ from model_runtime.python_backend.wire import Desc, Encoder
 __all__ = ["encode_response", "encode_responses"]
 
 _Named = list[tuple[str, np.ndarray]]
+_Response = pb_utils.InferenceResponse
+_Tensor = pb_utils.Tensor
 
 
 def _error_pair(error: pb_utils.TritonError) -> list[Any]:
@@ -86,7 +88,21 @@ def encode_responses(
 ) -> tuple[list[dict[str, Any]], list[Desc] | None]:
     """The wire items of responses ``(key, response, flags)`` and the frame's stacked tensors
     (None: each item has its own)."""
-    got = [_outputs_of(response, requested.get(key)) for key, response, _ in items]
+    got: list[dict[str, Any] | tuple[_Named, str]] = []
+    for key, response, _ in items:
+        # the common response, read at once: a plain InferenceResponse of plain Tensors, no
+        # error, every output wanted; anything else is looked at closely by _outputs_of
+        if type(response) is _Response and response._error is None and requested.get(key) is None:
+            plain: _Named | None = []
+            for tensor in response._outputs:
+                if type(tensor) is not _Tensor:
+                    plain = None
+                    break
+                plain.append((tensor._name, tensor._array))  # type: ignore[union-attr]
+            if plain is not None:
+                got.append((plain, response._parameters))
+                continue
+        got.append(_outputs_of(response, requested.get(key)))
     sending = [i for i, g in enumerate(got) if not isinstance(g, dict)]
     together: list[Desc] | None = None
     if len(sending) > 1:

@@ -14,7 +14,7 @@ from model_runtime.python_backend.config import PythonModelConfig, TensorConfig
 from model_runtime.python_backend.dtypes import triton_of
 from model_runtime.python_backend.messages import PyResponse
 
-__all__ = ["check_inputs", "check_outputs", "describe"]
+__all__ = ["check_inputs", "check_outputs", "describe", "output_dtypes"]
 
 
 def _fits(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
@@ -91,12 +91,25 @@ def _check_inputs(config: PythonModelConfig, inputs: Mapping[str, np.ndarray]) -
             )
 
 
-def check_outputs(config: PythonModelConfig, response: PyResponse) -> PyResponse:
-    """The response, or an error response if an output is not of the config's data type."""
+def output_dtypes(config: PythonModelConfig) -> dict[str, np.dtype[Any]]:
+    """Each configured output's numpy dtype, by name (what :func:`check_outputs` looks up)."""
+    return {t.name: t.dtype for t in config.outputs}
+
+
+def check_outputs(
+    config: PythonModelConfig,
+    response: PyResponse,
+    dtypes: Mapping[str, np.dtype[Any]] | None = None,
+) -> PyResponse:
+    """The response, or an error response if an output is not of the config's data type
+    (``dtypes``: :func:`output_dtypes` of ``config``, when the caller keeps it)."""
+    if dtypes is None:
+        dtypes = output_dtypes(config)
     for name, array in response.outputs.items():
-        tensor = next((t for t in config.outputs if t.name == name), None)
-        if tensor is None or array.dtype == tensor.dtype:
+        dtype = dtypes.get(name)
+        if dtype is None or array.dtype == dtype:
             continue
+        tensor = next(t for t in config.outputs if t.name == name)
         if _datatype(array) != tensor.datatype:
             error = PythonModelError(
                 f"the model returned output '{name}' as {_datatype(array)}, but its config "

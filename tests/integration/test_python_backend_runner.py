@@ -437,3 +437,35 @@ async def test_capacity_is_what_the_instances_hold_when_busy(
     # PIPELINE (4) full batches per instance, or PIPELINE_SINGLE (64) requests without
     # batching; and one batch filling
     assert runner.capacity == held
+
+
+TAKES = """
+import time
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        x = pb_utils.get_input_tensor_by_name(requests[0], "INPUT0").as_numpy()
+        end = time.perf_counter() + float(x.reshape(-1)[0])
+        while time.perf_counter() < end:  # busy, as a model computing is
+            pass
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)])]
+"""
+
+
+async def test_an_answer_does_not_wait_for_the_next_batch_to_run(tmp_path: Path) -> None:
+    # The instance holds the end of a batch to send it with the next one's only when that
+    # next one would end soon (quick executes: add_sub at c=64); a batch of 0.3 ms is not
+    # quick, so its answer leaves before the next batch (1 s) runs, not after it.
+    write_model(tmp_path, "takes", source=TAKES)
+    runner = PythonModelRunner(config("takes"), tmp_path / "takes", 1)
+    await runner.start()
+    try:
+        quick = runner.submit({"INPUT0": np.full(1, 0.0003, np.float32)})
+        slow = runner.submit({"INPUT0": np.full(1, 1.0, np.float32)})
+        done, _ = await asyncio.wait([quick, slow], return_when=asyncio.FIRST_COMPLETED)
+        assert quick in done and not slow.done()
+        assert float((await slow)["OUTPUT0"][0]) == 1.0
+    finally:
+        await runner.close()
