@@ -15,7 +15,7 @@ import pytest
 from model_runtime.errors import InputValidationError
 from model_runtime.server.answers import HTTPError
 from model_runtime.server.ensemble import needed_steps, run_steps
-from model_runtime.server.ensemble.schedule import stream_steps
+from model_runtime.server.ensemble.schedule import chain_future, stream_steps
 from model_runtime.server.triton.ensemble import EnsembleConfig, EnsembleStep
 
 pytestmark = pytest.mark.timeout(10)
@@ -121,6 +121,108 @@ async def test_a_chain_of_steps_runs_in_the_requests_own_task() -> None:
     assert await run_steps(chain, {}, ["OUT"], call) == {} and tasks == []
     out = await run_steps(chain, {"OPT": np.zeros(1)}, ["OUT"], call)
     np.testing.assert_array_equal(out["OUT"], np.zeros(1) + 1 + 2)  # a, then b
+
+
+class Queued:
+    """A step submitter: each step's future, resolved (or failed) by the test."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[EnsembleStep, dict[str, Any], float | None]] = []
+        self.futures: list[asyncio.Future[dict[str, Any]]] = []
+        self.refuse: dict[str, Exception] = {}
+
+    def __call__(
+        self, s: EnsembleStep, inputs: dict[str, Any], left: float | None
+    ) -> asyncio.Future[dict[str, Any]]:
+        if s.model in self.refuse:
+            raise self.refuse[s.model]
+        self.steps.append((s, inputs, left))
+        self.futures.append(asyncio.get_running_loop().create_future())
+        return self.futures[-1]
+
+    def answer(self) -> None:
+        """The last step queued gives its input + its index + 1."""
+        s, inputs, _ = self.steps[-1]
+        self.futures[-1].set_result({"y": inputs["x"] + (s.index + 1)})
+
+
+async def turns(n: int = 3) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+async def test_a_chain_queues_each_step_from_the_answer_of_the_one_before() -> None:
+    # no coroutine runs the chain: each step is queued by the done callback of the one
+    # before (the caller's task wakes once, when the request is answered)
+    queued = Queued()
+    x = np.zeros(2, np.float32)
+    done = chain_future(FORK, {"IN": x}, ["OUT2"], queued, timeout=30.0)
+    assert done is not None and [s.model for s, _, _ in queued.steps] == ["b"]
+    assert queued.steps[0][1]["x"] is x  # the request's array itself, no copy
+    queued.answer()
+    await turns()
+    assert [s.model for s, _, _ in queued.steps] == ["b", "d"] and not done.done()
+    assert queued.steps[1][1]["x"] is queued.futures[0].result()["y"]  # by reference
+    first, second = queued.steps[0][2], queued.steps[1][2]
+    assert first is not None and second is not None and 0 < second <= first <= 30.0
+    queued.answer()
+    await turns()
+    assert set(done.result()) == {"OUT2"}
+    np.testing.assert_array_equal(done.result()["OUT2"], x + 2 + 4)
+    # steps that could run at once are no chain: run_steps runs them
+    assert chain_future(FORK, {"IN": x}, ["OUT1", "OUT2"], queued) is None
+
+
+async def test_a_chain_fails_naming_the_step_and_model_and_stops_there() -> None:
+    queued = Queued()
+    done = chain_future(FORK, {"IN": np.zeros(1)}, ["OUT1"], queued)
+    assert done is not None
+    error = InputValidationError("input 'x' has the wrong shape")
+    queued.futures[0].set_exception(error)
+    await turns()
+    with pytest.raises(HTTPError) as info:
+        done.result()
+    assert str(info.value) == "in ensemble 'e', step 0 (model 'a'): input 'x' has the wrong shape"
+    assert info.value.status == 400 and info.value.__cause__ is error
+    assert [s.model for s, _, _ in queued.steps] == ["a"]  # c never queued
+    # refused as it is queued: the same answer
+    queued.refuse["a"] = InputValidationError("no room")
+    done = chain_future(FORK, {"IN": np.zeros(1)}, ["OUT1"], queued)
+    assert done is not None
+    with pytest.raises(HTTPError, match=r"^in ensemble 'e', step 0 \(model 'a'\): no room$"):
+        done.result()
+    # no time left: a 504 before the step is queued
+    done = chain_future(FORK, {"IN": np.zeros(1)}, ["OUT1"], Queued(), timeout=0.0)
+    assert done is not None
+    with pytest.raises(HTTPError) as info:
+        done.result()
+    assert info.value.status == 504 and "deadline" in str(info.value)
+
+
+async def test_a_chain_left_by_its_caller_cancels_the_step_in_flight() -> None:
+    queued = Queued()
+    done = chain_future(FORK, {"IN": np.zeros(1)}, ["OUT1"], queued)
+    assert done is not None
+    queued.answer()
+    await turns()
+    waiter = asyncio.ensure_future(done)
+    await turns()
+    waiter.cancel()  # the client went away
+    await turns()
+    assert queued.futures[0].done() and queued.futures[1].cancelled()
+    assert len(queued.steps) == 2
+
+
+async def test_a_chain_skips_a_step_whose_inputs_were_all_left_out() -> None:
+    chain = EnsembleConfig(
+        "e",
+        (step(1, "b", {"x": "T"}, {"y": "OUT"}), step(0, "a", {"x": "OPT"}, {"y": "T"})),
+        ("OPT",),
+        ("OUT",),
+    )
+    queued = Queued()
+    done = chain_future(chain, {}, ["OUT"], queued)
+    assert done is not None and done.result() == {} and queued.steps == []
 
 
 async def test_steps_nobody_needs_are_not_run() -> None:

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from actors.session.state import ReplicaStatus
 from model_runtime.errors import RunnerStoppedError
 from model_runtime.io import DataDesc
-from model_runtime.server.ensemble.schedule import run_steps, stream_steps
+from model_runtime.server.ensemble.schedule import chain_future, run_steps, stream_steps
 from model_runtime.server.tensors.request import InferRequest
 from model_runtime.server.triton.ensemble import EnsembleConfig, EnsembleStep
 
@@ -31,6 +31,21 @@ class StepCaller(Protocol):
         request: InferRequest,
         timeout: float | None,
     ) -> Mapping[str, Any]: ...
+
+    def submit(
+        self,
+        ensemble: str,
+        step: EnsembleStep,
+        inputs: dict[str, Any],
+        request: InferRequest,
+        timeout: float | None,
+    ) -> asyncio.Future[dict[str, Any]]:
+        """Queue a step now, as :meth:`__call__` runs it: the future of its outputs
+        (cancelling it drops the step).
+
+        Raises:
+            what :meth:`__call__` raises before the step is queued."""
+        ...
 
     def stream(
         self,
@@ -104,13 +119,21 @@ class EnsembleRunner:
         def call(step: EnsembleStep, inputs: dict[str, Any], left: float | None) -> Any:
             return caller(name, step, inputs, request, left)
 
+        def submit(step: EnsembleStep, inputs: dict[str, Any], left: float | None) -> Any:
+            return caller.submit(name, step, inputs, request, left)
+
         self._inflight += 1
         self._idle.clear()
         try:
             inputs = request.inputs
             if self._reshapes:
                 inputs = {n: self._reshape(n, a, 1) for n, a in inputs.items()}
-            outputs = await run_steps(self.config, inputs, wanted, call, timeout)
+            # A chain (the common pipeline) runs by callbacks: this task wakes once, at its end.
+            chained = chain_future(self.config, inputs, wanted, submit, timeout)
+            if chained is not None:
+                outputs = await chained
+            else:
+                outputs = await run_steps(self.config, inputs, wanted, call, timeout)
             if self._reshapes:
                 outputs = {n: self._reshape(n, a, 0) for n, a in outputs.items()}
             return outputs
