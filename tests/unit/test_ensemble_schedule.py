@@ -15,7 +15,7 @@ import pytest
 from model_runtime.errors import InputValidationError
 from model_runtime.server.answers import HTTPError
 from model_runtime.server.ensemble import needed_steps, run_steps
-from model_runtime.server.ensemble.schedule import chain_future, stream_steps
+from model_runtime.server.ensemble.schedule import stream_steps
 from model_runtime.server.triton.ensemble import EnsembleConfig, EnsembleStep
 
 pytestmark = pytest.mark.timeout(10)
@@ -124,7 +124,8 @@ async def test_a_chain_of_steps_runs_in_the_requests_own_task() -> None:
 
 
 class Queued:
-    """A step submitter: each step's future, resolved (or failed) by the test."""
+    """Step calls that queue their step as they are called: the future of each, which the
+    test answers (its input + its index + 1); ``refuse[model]`` is raised as it is called."""
 
     def __init__(self) -> None:
         self.steps: list[tuple[EnsembleStep, dict[str, Any], float | None]] = []
@@ -140,10 +141,13 @@ class Queued:
         self.futures.append(asyncio.get_running_loop().create_future())
         return self.futures[-1]
 
-    def answer(self) -> None:
-        """The last step queued gives its input + its index + 1."""
-        s, inputs, _ = self.steps[-1]
-        self.futures[-1].set_result({"y": inputs["x"] + (s.index + 1)})
+    def answer(self, i: int = -1) -> None:
+        s, inputs, _ = self.steps[i]
+        self.futures[i].set_result({"y": inputs["x"] + (s.index + 1)})
+
+    @property
+    def models(self) -> list[str]:
+        return [s.model for s, _, _ in self.steps]
 
 
 async def turns(n: int = 3) -> None:
@@ -151,78 +155,64 @@ async def turns(n: int = 3) -> None:
         await asyncio.sleep(0)
 
 
-async def test_a_chain_queues_each_step_from_the_answer_of_the_one_before() -> None:
-    # no coroutine runs the chain: each step is queued by the done callback of the one
-    # before (the caller's task wakes once, when the request is answered)
+async def test_steps_queued_as_they_are_called_pass_their_outputs_by_reference() -> None:
+    # a step call may queue its step at once and give the future of its outputs (the data
+    # plane's, for a plain model): the request awaits that future itself
     queued = Queued()
     x = np.zeros(2, np.float32)
-    done = chain_future(FORK, {"IN": x}, ["OUT2"], queued, timeout=30.0)
-    assert done is not None and [s.model for s, _, _ in queued.steps] == ["b"]
-    assert queued.steps[0][1]["x"] is x  # the request's array itself, no copy
+    request = asyncio.ensure_future(run_steps(FORK, {"IN": x}, ["OUT2"], queued, timeout=30.0))
+    await turns()
+    assert queued.models == ["b"] and queued.steps[0][1]["x"] is x
     queued.answer()
     await turns()
-    assert [s.model for s, _, _ in queued.steps] == ["b", "d"] and not done.done()
+    assert queued.models == ["b", "d"] and not request.done()
     assert queued.steps[1][1]["x"] is queued.futures[0].result()["y"]  # by reference
     first, second = queued.steps[0][2], queued.steps[1][2]
     assert first is not None and second is not None and 0 < second <= first <= 30.0
     queued.answer()
+    out = await request
+    assert set(out) == {"OUT2"}
+    np.testing.assert_array_equal(out["OUT2"], x + 2 + 4)
+    # steps that run at once, each queued as it is called
+    request = asyncio.ensure_future(run_steps(FORK, {"IN": x}, ["OUT1", "OUT2"], queued))
     await turns()
-    assert set(done.result()) == {"OUT2"}
-    np.testing.assert_array_equal(done.result()["OUT2"], x + 2 + 4)
-    # steps that could run at once are no chain: run_steps runs them
-    assert chain_future(FORK, {"IN": x}, ["OUT1", "OUT2"], queued) is None
-
-
-async def test_a_chain_fails_naming_the_step_and_model_and_stops_there() -> None:
-    queued = Queued()
-    done = chain_future(FORK, {"IN": np.zeros(1)}, ["OUT1"], queued)
-    assert done is not None
-    error = InputValidationError("input 'x' has the wrong shape")
-    queued.futures[0].set_exception(error)
+    assert queued.models[2:] == ["a", "b"]
+    queued.answer(2)
+    queued.answer(3)
     await turns()
-    with pytest.raises(HTTPError) as info:
-        done.result()
-    assert str(info.value) == "in ensemble 'e', step 0 (model 'a'): input 'x' has the wrong shape"
-    assert info.value.status == 400 and info.value.__cause__ is error
-    assert [s.model for s, _, _ in queued.steps] == ["a"]  # c never queued
-    # refused as it is queued: the same answer
-    queued.refuse["a"] = InputValidationError("no room")
-    done = chain_future(FORK, {"IN": np.zeros(1)}, ["OUT1"], queued)
-    assert done is not None
-    with pytest.raises(HTTPError, match=r"^in ensemble 'e', step 0 \(model 'a'\): no room$"):
-        done.result()
-    # no time left: a 504 before the step is queued
-    done = chain_future(FORK, {"IN": np.zeros(1)}, ["OUT1"], Queued(), timeout=0.0)
-    assert done is not None
-    with pytest.raises(HTTPError) as info:
-        done.result()
-    assert info.value.status == 504 and "deadline" in str(info.value)
+    assert queued.models[4:] == ["c", "d"]
+    queued.answer(4)
+    queued.answer(5)
+    assert set(await request) == {"OUT1", "OUT2"}
 
 
-async def test_a_chain_left_by_its_caller_cancels_the_step_in_flight() -> None:
+@pytest.mark.parametrize(
+    ("wanted", "refused", "index"),
+    [(["OUT1"], "a", 0), (["OUT1", "OUT2"], "b", 1)],
+    ids=["chain", "fork"],
+)
+async def test_a_step_refused_as_it_is_queued_fails_the_request_naming_it(
+    wanted: list[str], refused: str, index: int
+) -> None:
     queued = Queued()
-    done = chain_future(FORK, {"IN": np.zeros(1)}, ["OUT1"], queued)
-    assert done is not None
+    queued.refuse[refused] = InputValidationError("the queue is full")
+    with pytest.raises(HTTPError) as info:
+        await run_steps(FORK, {"IN": np.zeros(1)}, wanted, queued)
+    text = f"in ensemble 'e', step {index} (model '{refused}'): the queue is full"
+    assert str(info.value) == text and info.value.status == 400
+    assert queued.models == ["a"][:index]  # (fork: a was queued before b was refused)
+    assert all(f.cancelled() for f in queued.futures)  # and does not run on
+
+
+async def test_a_request_left_by_its_caller_cancels_the_queued_step_in_flight() -> None:
+    queued = Queued()
+    request = asyncio.ensure_future(run_steps(FORK, {"IN": np.zeros(1)}, ["OUT1"], queued))
+    await turns()
     queued.answer()
     await turns()
-    waiter = asyncio.ensure_future(done)
+    request.cancel()  # the client went away
     await turns()
-    waiter.cancel()  # the client went away
-    await turns()
-    assert queued.futures[0].done() and queued.futures[1].cancelled()
-    assert len(queued.steps) == 2
-
-
-async def test_a_chain_skips_a_step_whose_inputs_were_all_left_out() -> None:
-    chain = EnsembleConfig(
-        "e",
-        (step(1, "b", {"x": "T"}, {"y": "OUT"}), step(0, "a", {"x": "OPT"}, {"y": "T"})),
-        ("OPT",),
-        ("OUT",),
-    )
-    queued = Queued()
-    done = chain_future(chain, {}, ["OUT"], queued)
-    assert done is not None and done.result() == {} and queued.steps == []
+    assert queued.models == ["a", "c"] and queued.futures[1].cancelled()
 
 
 async def test_steps_nobody_needs_are_not_run() -> None:

@@ -6,13 +6,13 @@ gives it, and which is ready only while every model it runs is."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import Any, Protocol
 
 from actors.session.state import ReplicaStatus
 from model_runtime.errors import RunnerStoppedError
 from model_runtime.io import DataDesc
-from model_runtime.server.ensemble.schedule import chain_future, run_steps, stream_steps
+from model_runtime.server.ensemble.schedule import run_steps, stream_steps
 from model_runtime.server.tensors.request import InferRequest
 from model_runtime.server.triton.ensemble import EnsembleConfig, EnsembleStep
 
@@ -39,9 +39,9 @@ class StepCaller(Protocol):
         inputs: dict[str, Any],
         request: InferRequest,
         timeout: float | None,
-    ) -> asyncio.Future[dict[str, Any]]:
-        """Queue a step now, as :meth:`__call__` runs it: the future of its outputs
-        (cancelling it drops the step).
+    ) -> Awaitable[Mapping[str, Any]]:
+        """What :meth:`__call__` does, queued now where the step's model allows (the future
+        of its outputs: cancelling it drops the step), else the coroutine of :meth:`__call__`.
 
         Raises:
             what :meth:`__call__` raises before the step is queued."""
@@ -117,9 +117,6 @@ class EnsembleRunner:
         caller = self._call
 
         def call(step: EnsembleStep, inputs: dict[str, Any], left: float | None) -> Any:
-            return caller(name, step, inputs, request, left)
-
-        def submit(step: EnsembleStep, inputs: dict[str, Any], left: float | None) -> Any:
             return caller.submit(name, step, inputs, request, left)
 
         self._inflight += 1
@@ -128,12 +125,7 @@ class EnsembleRunner:
             inputs = request.inputs
             if self._reshapes:
                 inputs = {n: self._reshape(n, a, 1) for n, a in inputs.items()}
-            # A chain (the common pipeline) runs by callbacks: this task wakes once, at its end.
-            chained = chain_future(self.config, inputs, wanted, submit, timeout)
-            if chained is not None:
-                outputs = await chained
-            else:
-                outputs = await run_steps(self.config, inputs, wanted, call, timeout)
+            outputs = await run_steps(self.config, inputs, wanted, call, timeout)
             if self._reshapes:
                 outputs = {n: self._reshape(n, a, 0) for n, a in outputs.items()}
             return outputs

@@ -19,27 +19,16 @@ from model_runtime.errors import ExecutionTimeoutError
 from model_runtime.server.answers import HTTPError, grpc_code_of, status_of
 from model_runtime.server.triton.ensemble import EnsembleConfig, EnsembleStep
 
-__all__ = [
-    "StepCall",
-    "StepStream",
-    "StepSubmit",
-    "chain_future",
-    "needed_steps",
-    "run_steps",
-    "step_failed",
-    "stream_steps",
-]
+__all__ = ["StepCall", "StepStream", "needed_steps", "run_steps", "step_failed", "stream_steps"]
 
 #: Runs one step: (step, its inputs by model input name, seconds left or None) -> its outputs
-#: by model output name.
+#: by model output name (a coroutine, or the future of a step queued as it is called: cancel
+#: it to drop the step).
 StepCall = Callable[[EnsembleStep, dict[str, Any], float | None], Awaitable[Mapping[str, Any]]]
 #: Runs one decoupled step: as :data:`StepCall`, each of its responses' outputs as they come.
 StepStream = Callable[
     [EnsembleStep, dict[str, Any], float | None], AsyncIterator[Mapping[str, Any]]
 ]
-#: Queues one step now: as :data:`StepCall`, the future of its outputs (cancelling it drops
-#: the step).
-StepSubmit = Callable[[EnsembleStep, dict[str, Any], float | None], asyncio.Future[dict[str, Any]]]
 
 
 def needed_steps(config: EnsembleConfig, wanted: Sequence[str]) -> list[EnsembleStep]:
@@ -150,103 +139,6 @@ async def run_steps(
         absent: set[str] = {t for t in config.inputs if t not in tensors}
         await _run_ready(config, tensors, absent, list(steps), call, deadline, frozenset())
     return {t: tensors[t] for t in wanted if t in tensors}
-
-
-def chain_future(
-    config: EnsembleConfig,
-    inputs: Mapping[str, Any],
-    wanted: Sequence[str],
-    submit: StepSubmit,
-    timeout: float | None = None,
-) -> asyncio.Future[dict[str, Any]] | None:
-    """:func:`run_steps` for an ensemble whose needed steps form a chain (one can run at a
-    time), without a coroutine: the first step is queued now through ``submit`` and each
-    next one from the done callback of the one before, so the caller's task wakes once per
-    request, not once per step. Returns the future of the ``wanted`` tensors written (it
-    fails with what :func:`run_steps` raises; cancelling it cancels the step in flight), or
-    None when the steps are not a chain (use :func:`run_steps`)."""
-    chain = _plan(config, wanted)[1]
-    if not chain:
-        return None
-    run = _ChainRun(config, chain, dict(inputs), wanted, submit, timeout)
-    run.next(0)
-    return run.done
-
-
-class _ChainRun:
-    """One request through a chain of steps, by callbacks (:func:`chain_future`)."""
-
-    __slots__ = ("at", "chain", "config", "deadline", "done", "pending", "submit", "tensors",
-                 "wanted")  # fmt: skip
-
-    def __init__(
-        self,
-        config: EnsembleConfig,
-        chain: tuple[_Link, ...],
-        tensors: dict[str, Any],
-        wanted: Sequence[str],
-        submit: StepSubmit,
-        timeout: float | None,
-    ) -> None:
-        self.config = config
-        self.chain = chain
-        self.tensors = tensors
-        self.wanted = wanted
-        self.submit = submit
-        self.deadline = None if timeout is None else time.monotonic() + timeout
-        self.done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self.done.add_done_callback(self._left_by_caller)
-        #: the step in flight (its index in ``chain``, its future)
-        self.at = 0
-        self.pending: asyncio.Future[dict[str, Any]] | None = None
-
-    def next(self, at: int) -> None:
-        """Queue the first step from ``at`` on that reads something written (a step all of
-        whose tensors were left out is skipped, and so is what it writes); the outputs when
-        none is left."""
-        tensors, chain, done = self.tensors, self.chain, self.done
-        while at < len(chain):
-            step, reads, _ = chain[at]
-            given = {m: tensors[t] for m, t in reads if t in tensors}
-            if not given:
-                at += 1
-                continue
-            try:
-                left = None if self.deadline is None else _left(
-                    self.config.name, step, self.deadline)  # fmt: skip
-                try:
-                    pending = self.submit(step, given, left)
-                except Exception as exc:
-                    raise step_failed(self.config.name, step, exc) from exc
-            except Exception as exc:
-                done.set_exception(exc)
-                return
-            self.at, self.pending = at, pending
-            pending.add_done_callback(self._answered)
-            return
-        done.set_result({t: tensors[t] for t in self.wanted if t in tensors})
-
-    def _answered(self, pending: asyncio.Future[dict[str, Any]]) -> None:
-        if self.done.done():  # the caller left: the step was cancelled
-            return
-        self.pending = None
-        step, _, writes = self.chain[self.at]
-        error = asyncio.CancelledError() if pending.cancelled() else pending.exception()
-        if error is not None:
-            failed = step_failed(self.config.name, step, error)
-            failed.__cause__ = error
-            self.done.set_exception(failed)
-            return
-        outputs = pending.result()
-        tensors = self.tensors
-        for model_output, tensor in writes:
-            if model_output in outputs:
-                tensors[tensor] = outputs[model_output]
-        self.next(self.at + 1)
-
-    def _left_by_caller(self, done: asyncio.Future[dict[str, Any]]) -> None:
-        if done.cancelled() and self.pending is not None:
-            self.pending.cancel()
 
 
 async def stream_steps(
@@ -377,7 +269,7 @@ async def _run_ready(
     Raises:
         HTTPError: a step failed (the others are cancelled).
     """
-    running: dict[asyncio.Task[Mapping[str, Any]], EnsembleStep] = {}
+    running: dict[asyncio.Future[Mapping[str, Any]], EnsembleStep] = {}
     try:
         while waiting or running:
             ready: list[tuple[EnsembleStep, dict[str, Any]]] = []
@@ -403,7 +295,11 @@ async def _run_ready(
                 continue
             for step, given in ready:
                 left = _left(config.name, step, deadline)
-                running[asyncio.ensure_future(call(step, given, left))] = step
+                try:  # (a step may be refused as it is queued, before any await)
+                    pending = asyncio.ensure_future(call(step, given, left))
+                except Exception as exc:
+                    raise step_failed(config.name, step, exc) from exc
+                running[pending] = step
             if not running:
                 break  # what is left waits on tensors nobody writes, or is held
             done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -60,21 +60,20 @@ class EnsembleSteps:
         inputs: dict[str, Any],
         request: InferRequest,
         timeout: float | None,
-    ) -> asyncio.Future[dict[str, Any]]:
-        """Queue ``step`` now, as :meth:`__call__` runs it: the future of its outputs
-        (cancelling it drops the step). A plain model's step is queued on its runner without
-        a coroutine (:func:`~.direct.submit`), counted from the future's done callback; any
-        other runs :meth:`__call__` in a task.
+    ) -> Awaitable[dict[str, Any]]:
+        """Run ``step`` as :meth:`__call__` does; a plain model's step
+        (:func:`~.direct.plain_runner`) is queued on its runner now, without a coroutine
+        (:func:`~.direct.submit`): the future of its outputs (cancelling it drops the step),
+        counted from its done callback. Any other step: the coroutine of :meth:`__call__`.
 
         Raises:
-            as :meth:`__call__`, for what is refused before the step is queued.
+            as :meth:`__call__`, for what is refused as the step is queued.
         """
         plane = self._plane
         entry, runner, parsed = self._step_request(step, inputs, request)
         inner = direct.plain_runner(plane, entry, runner)
         if inner is None:
-            return asyncio.ensure_future(self._run(entry, runner, parsed, inputs, timeout))
-        future: asyncio.Future[dict[str, Any]]
+            return self._run(entry, runner, parsed, inputs, timeout)
         plane.enter_request(entry.name, entry.version)
         t0 = time.perf_counter()
         samples = plane.samples_of(entry, inputs)
