@@ -123,6 +123,98 @@ async def test_a_chain_of_steps_runs_in_the_requests_own_task() -> None:
     np.testing.assert_array_equal(out["OUT"], np.zeros(1) + 1 + 2)  # a, then b
 
 
+class Queued:
+    """Step calls that queue their step as they are called: the future of each, which the
+    test answers (its input + its index + 1); ``refuse[model]`` is raised as it is called."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[EnsembleStep, dict[str, Any], float | None]] = []
+        self.futures: list[asyncio.Future[dict[str, Any]]] = []
+        self.refuse: dict[str, Exception] = {}
+
+    def __call__(
+        self, s: EnsembleStep, inputs: dict[str, Any], left: float | None
+    ) -> asyncio.Future[dict[str, Any]]:
+        if s.model in self.refuse:
+            raise self.refuse[s.model]
+        self.steps.append((s, inputs, left))
+        self.futures.append(asyncio.get_running_loop().create_future())
+        return self.futures[-1]
+
+    def answer(self, i: int = -1) -> None:
+        s, inputs, _ = self.steps[i]
+        self.futures[i].set_result({"y": inputs["x"] + (s.index + 1)})
+
+    @property
+    def models(self) -> list[str]:
+        return [s.model for s, _, _ in self.steps]
+
+
+async def turns(n: int = 3) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+async def test_steps_queued_as_they_are_called_pass_their_outputs_by_reference() -> None:
+    # a step call may queue its step at once and give the future of its outputs (the data
+    # plane's, for a plain model): the request awaits that future itself
+    queued = Queued()
+    x = np.zeros(2, np.float32)
+    request = asyncio.ensure_future(run_steps(FORK, {"IN": x}, ["OUT2"], queued, timeout=30.0))
+    await turns()
+    assert queued.models == ["b"] and queued.steps[0][1]["x"] is x
+    queued.answer()
+    await turns()
+    assert queued.models == ["b", "d"] and not request.done()
+    assert queued.steps[1][1]["x"] is queued.futures[0].result()["y"]  # by reference
+    first, second = queued.steps[0][2], queued.steps[1][2]
+    assert first is not None and second is not None and 0 < second <= first <= 30.0
+    queued.answer()
+    out = await request
+    assert set(out) == {"OUT2"}
+    np.testing.assert_array_equal(out["OUT2"], x + 2 + 4)
+    # steps that run at once, each queued as it is called
+    request = asyncio.ensure_future(run_steps(FORK, {"IN": x}, ["OUT1", "OUT2"], queued))
+    await turns()
+    assert queued.models[2:] == ["a", "b"]
+    queued.answer(2)
+    queued.answer(3)
+    await turns()
+    assert queued.models[4:] == ["c", "d"]
+    queued.answer(4)
+    queued.answer(5)
+    assert set(await request) == {"OUT1", "OUT2"}
+
+
+@pytest.mark.parametrize(
+    ("wanted", "refused", "index"),
+    [(["OUT1"], "a", 0), (["OUT1", "OUT2"], "b", 1)],
+    ids=["chain", "fork"],
+)
+async def test_a_step_refused_as_it_is_queued_fails_the_request_naming_it(
+    wanted: list[str], refused: str, index: int
+) -> None:
+    queued = Queued()
+    queued.refuse[refused] = InputValidationError("the queue is full")
+    with pytest.raises(HTTPError) as info:
+        await run_steps(FORK, {"IN": np.zeros(1)}, wanted, queued)
+    text = f"in ensemble 'e', step {index} (model '{refused}'): the queue is full"
+    assert str(info.value) == text and info.value.status == 400
+    assert queued.models == ["a"][:index]  # (fork: a was queued before b was refused)
+    assert all(f.cancelled() for f in queued.futures)  # and does not run on
+
+
+async def test_a_request_left_by_its_caller_cancels_the_queued_step_in_flight() -> None:
+    queued = Queued()
+    request = asyncio.ensure_future(run_steps(FORK, {"IN": np.zeros(1)}, ["OUT1"], queued))
+    await turns()
+    queued.answer()
+    await turns()
+    request.cancel()  # the client went away
+    await turns()
+    assert queued.models == ["a", "c"] and queued.futures[1].cancelled()
+
+
 async def test_steps_nobody_needs_are_not_run() -> None:
     calls = Calls()
     await run_steps(FORK, {"IN": np.zeros(1)}, ["OUT2"], calls)

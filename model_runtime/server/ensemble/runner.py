@@ -6,7 +6,7 @@ gives it, and which is ready only while every model it runs is."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import Any, Protocol
 
 from actors.session.state import ReplicaStatus
@@ -31,6 +31,21 @@ class StepCaller(Protocol):
         request: InferRequest,
         timeout: float | None,
     ) -> Mapping[str, Any]: ...
+
+    def submit(
+        self,
+        ensemble: str,
+        step: EnsembleStep,
+        inputs: dict[str, Any],
+        request: InferRequest,
+        timeout: float | None,
+    ) -> Awaitable[Mapping[str, Any]]:
+        """What :meth:`__call__` does, queued now where the step's model allows (the future
+        of its outputs: cancelling it drops the step), else the coroutine of :meth:`__call__`.
+
+        Raises:
+            what :meth:`__call__` raises before the step is queued."""
+        ...
 
     def stream(
         self,
@@ -102,7 +117,7 @@ class EnsembleRunner:
         caller = self._call
 
         def call(step: EnsembleStep, inputs: dict[str, Any], left: float | None) -> Any:
-            return caller(name, step, inputs, request, left)
+            return caller.submit(name, step, inputs, request, left)
 
         self._inflight += 1
         self._idle.clear()

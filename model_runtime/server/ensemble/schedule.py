@@ -22,7 +22,8 @@ from model_runtime.server.triton.ensemble import EnsembleConfig, EnsembleStep
 __all__ = ["StepCall", "StepStream", "needed_steps", "run_steps", "step_failed", "stream_steps"]
 
 #: Runs one step: (step, its inputs by model input name, seconds left or None) -> its outputs
-#: by model output name.
+#: by model output name (a coroutine, or the future of a step queued as it is called: cancel
+#: it to drop the step).
 StepCall = Callable[[EnsembleStep, dict[str, Any], float | None], Awaitable[Mapping[str, Any]]]
 #: Runs one decoupled step: as :data:`StepCall`, each of its responses' outputs as they come.
 StepStream = Callable[
@@ -268,7 +269,7 @@ async def _run_ready(
     Raises:
         HTTPError: a step failed (the others are cancelled).
     """
-    running: dict[asyncio.Task[Mapping[str, Any]], EnsembleStep] = {}
+    running: dict[asyncio.Future[Mapping[str, Any]], EnsembleStep] = {}
     try:
         while waiting or running:
             ready: list[tuple[EnsembleStep, dict[str, Any]]] = []
@@ -294,7 +295,11 @@ async def _run_ready(
                 continue
             for step, given in ready:
                 left = _left(config.name, step, deadline)
-                running[asyncio.ensure_future(call(step, given, left))] = step
+                try:  # (a step may be refused as it is queued, before any await)
+                    pending = asyncio.ensure_future(call(step, given, left))
+                except Exception as exc:
+                    raise step_failed(config.name, step, exc) from exc
+                running[pending] = step
             if not running:
                 break  # what is left waits on tensors nobody writes, or is held
             done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)

@@ -5,41 +5,30 @@ of its deadline, and counted in that model's statistics and metrics as any reque
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Awaitable, Mapping
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from actors.queues.tracing import CURRENT as CURRENT_TRACE
-from model_runtime.server.answers import HTTPError, status_of
+from model_runtime.server.answers import status_of
+from model_runtime.server.inference import direct
 from model_runtime.server.inference.streaming import replies
 from model_runtime.server.repository.entries import ModelEntry
 from model_runtime.server.tensors.request import InferRequest, RequestedOutput
 from model_runtime.server.triton.ensemble import EnsembleStep
 
+if TYPE_CHECKING:
+    from model_runtime.server.inference.plane import DataPlane
+
 __all__ = ["EnsembleSteps"]
-
-
-class _Plane(Protocol):
-    """What the steps need of the data plane (:class:`~.plane.DataPlane`)."""
-
-    def entry(self, name: str, version: str | None = None) -> ModelEntry: ...
-    def serving_runner(self, entry: ModelEntry, refusal: HTTPError | None = None) -> Any: ...
-    async def execute(
-        self, entry: ModelEntry, runner: Any, parsed: InferRequest, deadline: float | None = None
-    ) -> dict[str, Any]: ...
-    @property
-    def options(self) -> Any: ...
-    def enter_request(self, model: str, version: str = "1") -> None: ...
-    def samples_of(self, entry: ModelEntry, inputs: Mapping[str, Any]) -> int: ...
-    def finish_request(
-        self, entry: ModelEntry, reason: str | None, t0: float, samples: int
-    ) -> None: ...
 
 
 class EnsembleSteps:
     """The :class:`~model_runtime.server.ensemble.StepCaller` of one data plane."""
 
-    def __init__(self, plane: _Plane) -> None:
+    def __init__(self, plane: DataPlane) -> None:
         self._plane = plane
         #: each step's requested outputs (all its model's outputs it maps), by the step's
         #: ``id`` (the step kept with them, so an id is not reused while they are here)
@@ -61,8 +50,71 @@ class EnsembleSteps:
             HTTPError: the model is not ready, or the server is draining (503).
             ModelRuntimeError: what the model's runner raises for the request.
         """
+        entry, runner, parsed = self._step_request(step, inputs, request)
+        return await self._run(entry, runner, parsed, inputs, timeout)
+
+    def submit(
+        self,
+        ensemble: str,
+        step: EnsembleStep,
+        inputs: dict[str, Any],
+        request: InferRequest,
+        timeout: float | None,
+    ) -> Awaitable[dict[str, Any]]:
+        """Run ``step`` as :meth:`__call__` does; a plain model's step
+        (:func:`~.direct.plain_runner`) is queued on its runner now, without a coroutine
+        (:func:`~.direct.submit`): the future of its outputs (cancelling it drops the step),
+        counted from its done callback. Any other step: the coroutine of :meth:`__call__`.
+
+        Raises:
+            as :meth:`__call__`, for what is refused as the step is queued.
+        """
         plane = self._plane
         entry, runner, parsed = self._step_request(step, inputs, request)
+        inner = direct.plain_runner(plane, entry, runner)
+        if inner is None:
+            return self._run(entry, runner, parsed, inputs, timeout)
+        plane.enter_request(entry.name, entry.version)
+        t0 = time.perf_counter()
+        samples = plane.samples_of(entry, inputs)
+        try:
+            future, timer = direct.submit(plane, entry, inner, parsed, timeout)
+        except BaseException as exc:
+            reason = status_of(exc)[1] if isinstance(exc, Exception) else "cancelled"
+            plane.finish_request(entry, reason, t0, samples)
+            raise
+        future.add_done_callback(partial(self._counted, entry, t0, samples, timer))
+        return future
+
+    def _counted(
+        self,
+        entry: ModelEntry,
+        t0: float,
+        samples: int,
+        timer: asyncio.TimerHandle | None,
+        future: asyncio.Future[Any],
+    ) -> None:
+        """A step :meth:`submit` queued ended: its timer stopped, its model's statistics and
+        metrics count it as any request."""
+        if timer is not None:
+            timer.cancel()
+        if future.cancelled():
+            self._plane.finish_request(entry, "cancelled", t0, samples)
+        elif (exc := future.exception()) is not None:
+            self._plane.finish_request(entry, status_of(exc)[1], t0, samples)
+        else:
+            self._plane.finish_ok(entry, t0, samples)
+
+    async def _run(
+        self,
+        entry: ModelEntry,
+        runner: Any,
+        parsed: InferRequest,
+        inputs: dict[str, Any],
+        timeout: float | None,
+    ) -> dict[str, Any]:
+        """Run a step's request through the plane, counted (:meth:`__call__`'s body)."""
+        plane = self._plane
         # A step may run in the ensemble request's own task (a chain does): the trace a
         # traced step starts is its own, and the ensemble request's is its again after.
         outer = CURRENT_TRACE.get()
