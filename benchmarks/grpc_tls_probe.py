@@ -7,7 +7,8 @@ perf_analyzer runs at concurrency 1 and the probe reads:
 
 - the daemon's CPU per call: its event-loop thread and the whole process, from
   ``/proc/PID/task/TID/schedstat`` (run time in ns, not tick-sampled), over the calls its
-  statistics count;
+  statistics count; and perf_analyzer's (the client's: its TLS is in the call's latency too,
+  its start and handshake spread over the run's calls);
 - with ``--strace`` (one more run per side, under ``strace -f``, which slows it): the daemon's
   system calls per call, the sizes of its reads and writes on the connection, so the TLS
   records per call (a record adds 22 bytes to what plaintext writes).
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import collections
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -85,14 +87,22 @@ def c1(d: Daemon, seconds: float) -> bool:
     return True
 
 
-def cpu_per_call(d: Daemon, seconds: float) -> tuple[float, float] | None:
-    """The loop thread's and the process's CPU µs per call over one c=1 run."""
-    loop0, all0, n0 = run_time_ns(d.pid, d.pid), run_time_ns(d.pid), successes(d)
-    if not c1(d, seconds):
-        return None
-    loop1, all1, n1 = run_time_ns(d.pid, d.pid), run_time_ns(d.pid), successes(d)
+def client_seconds() -> float:
+    """CPU seconds of this process's ended children (perf_analyzer's runs)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def cpu_per_call(d: Daemon, seconds: float) -> tuple[float, float, float]:
+    """CPU µs per call over one c=1 run: the daemon's loop thread, the daemon, the client."""
+    loop0, all0, client0, n0 = (run_time_ns(d.pid, d.pid), run_time_ns(d.pid), client_seconds(),
+                                successes(d))  # fmt: skip
+    c1(d, seconds)  # the calls count even where perf_analyzer found no stable throughput
+    loop1, all1, client1, n1 = (run_time_ns(d.pid, d.pid), run_time_ns(d.pid), client_seconds(),
+                                successes(d))  # fmt: skip
     calls = max(1, n1 - n0)
-    return (loop1 - loop0) / 1e3 / calls, (all1 - all0) / 1e3 / calls
+    return ((loop1 - loop0) / 1e3 / calls, (all1 - all0) / 1e3 / calls,
+            (client1 - client0) * 1e6 / calls)  # fmt: skip
 
 
 def straced(d: Daemon, seconds: float, out: Path) -> None:
@@ -134,20 +144,22 @@ def main() -> int:
         work = Path(tmp)
         ds = {s: stack.enter_context(daemon(s, work / s, args.devices)) for s in SIDES}
         print("negotiated (version, cipher, ALPN):", negotiated(ds["tls"], work / "tls/pki/ca.pem"))
-        got: dict[str, list[tuple[float, float]]] = {s: [] for s in SIDES}
+        got: dict[str, list[tuple[float, float, float]]] = {s: [] for s in SIDES}
         for i in range(args.pairs):
             for side in SIDES if i % 2 == 0 else SIDES[::-1]:
-                if (r := cpu_per_call(ds[side], args.seconds)) is not None:
-                    got[side].append(r)
+                got[side].append(cpu_per_call(ds[side], args.seconds))
         for side in SIDES:
             runs = got[side]
-            loop = [round(r[0], 1) for r in runs]
-            whole = [round(r[1], 1) for r in runs]
-            print(f"{side}: daemon CPU µs per call, loop thread {loop}, process {whole}")
-        if all(got.values()):
-            med = {s: [statistics.median(r[k] for r in got[s]) for k in (0, 1)] for s in SIDES}
-            print(f"tls - plain, medians: loop thread {med['tls'][0] - med['plain'][0]:+.1f} µs, "
-                  f"process {med['tls'][1] - med['plain'][1]:+.1f} µs per call")  # fmt: skip
+            loop, whole, client = ([round(r[k]) for r in runs] for k in (0, 1, 2))
+            print(f"{side}: CPU µs per call, daemon loop thread {loop}, daemon {whole}, "
+                  f"perf_analyzer {client}")  # fmt: skip
+        if args.pairs:
+            med = {s: [statistics.median(r[k] for r in got[s]) for k in (0, 1, 2)] for s in SIDES}
+            d = [med["tls"][k] - med["plain"][k] for k in (0, 1, 2)]
+            print(f"tls - plain, medians, µs per call: daemon loop thread {d[0]:+.0f}, daemon "
+                  f"{d[1]:+.0f}, perf_analyzer {d[2]:+.0f}")  # fmt: skip
+            pairs = [round(t[0] - p[0]) for p, t in zip(got["plain"], got["tls"], strict=True)]
+            print(f"tls - plain, daemon loop thread, each pair: {pairs}")
         if args.strace:
             if shutil.which("strace") is None:
                 print("strace is not installed: no system call counts")
