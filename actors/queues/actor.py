@@ -161,15 +161,19 @@ class Queue(Sealer):
                 return req.future.done()
             # rows of several shapes, none a full batch, and an idle device: as below
         if self._eager and not self._outstanding:
-            if self._idle_flush_due:  # scheduled this loop iteration: it takes these rows
+            if self._idle_flush_due or self._ran_now:
+                # A flush is due this loop iteration and takes these rows; or one request of
+                # this iteration ran in place: the others of the iteration (callers one answer
+                # released) ride one batch, flushed when they have all queued.
                 if before == 0:
                     self._open_since = now
+                self._flush_when_idle()
                 return False
             # An idle device: this request runs now, at its bucket; in place when the
             # session can (what waits is less than a batch: one batch is sealed), once per
-            # loop iteration: callers that run in this iteration after an answer given in
-            # place are not alone (they would each run alone, in place, never batched).
-            self._direct = self.run_now is not None and not self._ran_now
+            # loop iteration (above: callers that run in this iteration after an answer given
+            # in place are not alone; they would each run alone, in place, never batched).
+            self._direct = self.run_now is not None
             self._flush()
             self._direct = False
             batch, self._direct_batch = self._direct_batch, None

@@ -603,3 +603,21 @@ async def test_concurrent_callers_are_batched_not_each_run_in_place(
             tg.start_soon(caller, k)
     runs = runner.replica_states()[0].runs - before
     assert runs <= 320 // 4  # 320 requests, in batches of 4 rows or more on average
+
+
+async def test_requests_of_one_loop_turn_after_an_in_place_run_ride_one_batch(
+    inline_runner: tuple[ModelRunner, Reference],
+) -> None:
+    # Six requests queued in one turn of the loop on an idle replica (an ensemble's step for
+    # the requests one answer released): the first runs in place, the other five together,
+    # not one alone and four behind it.
+    runner, ref = inline_runner
+    await asyncio.sleep(0)
+    before = runner.replica_states()[0].runs
+    xs = [rows(1, seed=2000 + i) for i in range(6)]
+    answers = [runner.execute_async({"x": x}) for x in xs]
+    assert answers[0].done() and not any(a.done() for a in answers[1:])
+    for x, answer in zip(xs, answers, strict=True):
+        out = await within(answer)
+        np.testing.assert_allclose(out["logits"], ref({"x": x})["logits"], atol=1e-5)
+    assert runner.replica_states()[0].runs - before == 2
