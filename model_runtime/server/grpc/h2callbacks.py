@@ -48,6 +48,8 @@ class CallbackOwner(StreamOwner, Protocol):
     ready: list[H2Stream]
     #: When its last read came (the loop's clock).
     last: float
+    #: A GOAWAY was sent or received (the session ends once its streams have).
+    ending: bool
 
     #: Calls the transport may take without a task (None: none).
     fast: FastCalls | None
@@ -67,7 +69,7 @@ class CallbackOwner(StreamOwner, Protocol):
 current: CallbackOwner | None = None
 
 
-def _on_begin_headers(session: Any, frame: Any, user_data: Any) -> int:
+def _on_begin_headers(session: int, frame: Any) -> int:
     global _hs
     conn = current
     assert conn is not None
@@ -83,10 +85,7 @@ def _on_begin_headers(session: Any, frame: Any, user_data: Any) -> int:
 _hs: H2Stream | None = None
 
 
-def _on_header(
-    session: Any, frame: Any, name: Any, namelen: int, value: Any, valuelen: int, flags: int,
-    user_data: Any,
-) -> int:  # fmt: skip
+def _on_header(session: int, frame: int, name: Any, namelen: int, value: Any, valuelen: int) -> int:
     stream = _hs
     if stream is None:
         return 0
@@ -101,13 +100,16 @@ def _on_header(
     return 0
 
 
-def _on_frame_recv(session: Any, frame: Any, user_data: Any) -> int:
+def _on_frame_recv(session: int, frame: Any) -> int:
     kind = frame.type
     if kind > ng.HEADERS:  # (SETTINGS, PING, WINDOW_UPDATE ...: nghttp2's own)
         if kind == ng.RST_STREAM:
             conn = current
             assert conn is not None
             conn.reset_received(conn.streams.get(frame.stream_id))
+        elif kind == ng.GOAWAY:
+            assert current is not None
+            current.ending = True
         return 0
     conn = current
     assert conn is not None
@@ -124,14 +126,12 @@ def _on_frame_recv(session: Any, frame: Any, user_data: Any) -> int:
     return 0
 
 
-def _on_data_chunk(
-    session: Any, flags: int, stream_id: int, data: Any, size: int, user_data: Any
-) -> int:
+def _on_data_chunk(session: int, flags: int, stream_id: int, data: Any, size: int) -> int:
     conn = current
     assert conn is not None
     stream = conn.streams.get(stream_id)
     if stream is None:
-        lib.nghttp2_session_consume_connection(session, size)
+        lib.nghttp2_session_consume_connection(conn.session, size)
         return 0
     stream.chunks.append(unpack(data, size))
     stream.unconsumed += size
@@ -144,7 +144,7 @@ def _on_data_chunk(
     return 0
 
 
-def _on_stream_close(session: Any, stream_id: int, error_code: int, user_data: Any) -> int:
+def _on_stream_close(session: int, stream_id: int, error_code: int) -> int:
     conn = current
     assert conn is not None
     stream = conn.streams.pop(stream_id, None)
@@ -153,10 +153,7 @@ def _on_stream_close(session: Any, stream_id: int, error_code: int, user_data: A
     return 0
 
 
-def _read_answer(
-    session: Any, stream_id: int, buf: Any, length: int, data_flags: Any, source: Any,
-    user_data: Any,
-) -> int:  # fmt: skip
+def _read_answer(session: int, stream_id: int, buf: Any, length: int, data_flags: Any) -> int:
     conn = current
     assert conn is not None
     stream = conn.streams.get(stream_id)
@@ -189,7 +186,7 @@ def _read_answer(
         else:
             data_flags[0] = ng.DATA_FLAG_EOF | ng.DATA_FLAG_NO_END_STREAM
             nva, count, _keep = trailers_nv(trailers)
-            lib.nghttp2_submit_trailer(session, stream_id, nva, count)
+            lib.nghttp2_submit_trailer(conn.session, stream_id, nva, count)
         conn.after_end(stream)
     elif sent == 0:
         return ng.ERR_DEFERRED
