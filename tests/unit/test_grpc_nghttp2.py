@@ -187,6 +187,27 @@ def test_a_message_split_across_frames_and_reads_is_answered(server: Server) -> 
     assert pb.ModelInferResponse.FromString(data[5:]).id == "split:1000"
 
 
+def test_a_client_going_away_has_its_open_call_answered_then_its_connection_closed(
+    server: Server,
+) -> None:
+    """A client's GOAWAY sent with a call open: the call is answered, then the server closes
+    the connection (not after the idle timeout, 30 s here)."""
+    sock = h2_connect(server.ports["plain"])
+    try:
+        sock.sendall(
+            h2frame(HEADERS, END_HEADERS, 1, grpc_headers(INFER_PATH))
+            + h2frame(DATA, END_STREAM, 1, message(id_="last"))
+            + h2frame(GOAWAY, 0, 0, struct.pack(">II", 0, 0))
+        )
+        seen = frames(sock, lambda seen: False, 5.0)
+    finally:
+        sock.close()
+    data = b"".join(p for t, _, s, p in seen if t == DATA and s == 1)
+    assert pb.ModelInferResponse.FromString(data[5:]).id == "last:0", seen
+    assert ended(1)(seen), seen
+    assert seen[-1][0] == -1, seen  # closed within the 5 s waited
+
+
 def test_a_message_past_the_limit_is_refused_before_its_bytes_are_sent(server: Server) -> None:
     """Only the 5-byte prefix of a 100 MB message is sent: the call is answered (and its
     stream reset, the client need send no more), and the connection serves the next call."""

@@ -20,6 +20,7 @@ __all__ = ["CALLBACKS", "MAX_HEADER_LIST", "PROVIDER", "STARTED", "TOO_BIG", "WA
            "CallbackOwner", "FastCalls", "current"]  # fmt: skip
 
 unpack = ffi._backend.unpack  # ffi.unpack without its Python wrapper (per header)
+memmove = ffi._backend.memmove  # (the same for ffi.memmove, per answer)
 #: A stream's header block (names and values) past this many bytes resets the stream.
 MAX_HEADER_LIST = 64 << 10
 #: A stream's ``wait``: its call not started; waiting for the end of its request (a fast
@@ -164,15 +165,15 @@ def _read_answer(session: int, stream_id: int, buf: Any, length: int, data_flags
     if len(out) == 1 and len(out[0]) <= length:  # (a unary answer: its one message)
         chunk = out.popleft()
         sent = len(chunk)
-        ffi.memmove(buf, chunk, sent)
+        memmove(buf, chunk, sent)
     while out and sent < length:
         chunk = out[0]
         take = min(len(chunk), length - sent)
         if take == len(chunk):
             out.popleft()
-            ffi.memmove(buf + sent, chunk, take)
+            memmove(buf + sent, chunk, take)
         else:
-            ffi.memmove(buf + sent, memoryview(chunk)[:take], take)
+            memmove(buf + sent, memoryview(chunk)[:take], take)
             out[0] = chunk[take:]
         sent += take
     stream.out_len -= sent
