@@ -61,7 +61,7 @@ typedef struct {
 
 // The callbacks as the transport declares them, fewer arguments than nghttp2 passes: each
 // argument cffi converts costs the callback, of which a call has about sixteen. Trailing
-// arguments a callback does not read (``user_data``, a data source, a chunk's flags) are left
+// arguments a callback does not read (``user_data``, a header's flags, a data source) are left
 // out: the C calling conventions let a function ignore them (its caller removes them); the
 // leading ones it does not read are declared ``uint8_t``, a small int, not a pointer object.
 // The frame is declared as its first member, the header every frame type starts with (a
