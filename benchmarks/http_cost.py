@@ -320,7 +320,7 @@ class Daemon:
         self.log = open(workdir / f"daemon-{self.port}.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(cmd, env=env, cwd=tree, stdout=self.log, stderr=self.log)
         url = f"http://127.0.0.1:{self.port}/v2/models/{NAME}/ready"
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + (900 if callgrind else 180)  # (callgrind: ~40x slower)
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"daemon of {tree} exited: see {self.log.name}")
