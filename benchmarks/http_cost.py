@@ -16,9 +16,10 @@ in one run, so a reference and a change are measured on the same noisy host side
 ``--stages``: the event loop's CPU per request in each stage of :data:`STAGES` (each function
 wrapped to add up its thread CPU time: about 1 µs added per call, nested stages counted in
 their callers too), cheaper and less distorting than ``--profile``'s cProfile.
-``--callgrind``: the daemon runs under valgrind's callgrind (about 40 times slower), counting
-only during the measured requests; the figure is the event loop thread's instructions per
-request, which other processes on the host do not change (CPU time on a shared host does).
+``--modes grpc``: ModelInfer over gRPC (grpcio callers, six to a connection) on the same
+daemon. ``--callgrind``: the daemon runs under valgrind's callgrind (about 40 times slower),
+counting only during the measured requests; the figure is the event loop thread's instructions
+per request, which other processes on the host do not change (CPU time on a shared host does).
 """
 
 from __future__ import annotations
@@ -135,7 +136,56 @@ async def _drive(port: int, mode: str, clients: int, total: int) -> dict[str, An
     return {"seconds": seconds, "errors": load.errors, "lost": load.lost}
 
 
+#: gRPC calls in flight that share one connection (mode ``grpc``).
+CALLS_PER_CHANNEL = 6
+
+
+async def _drive_grpc(port: int, clients: int, total: int) -> dict[str, Any]:
+    """``clients`` callers of ModelInfer, each calling again once answered, over one channel
+    (its own connection) per :data:`CALLS_PER_CHANNEL` of them."""
+    import grpc
+
+    from model_runtime.server.triton import grpc_service_pb2 as pb
+
+    rows = np.load(ROOT / "model_runtime" / "demo" / "digits_samples.npz")
+    x = rows[rows.files[0]].reshape(-1, 64).astype(np.float32)[:64]
+    requests = []
+    for r in x:
+        request = pb.ModelInferRequest(model_name=NAME)
+        request.inputs.add(name=INPUT, datatype="FP32", shape=[1, 64])
+        request.raw_input_contents.append(r.tobytes())
+        requests.append(request.SerializeToString())
+    options = [("grpc.use_local_subchannel_pool", 1)]  # a connection per channel
+    channels = [
+        grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options)
+        for _ in range(-(-clients // CALLS_PER_CHANNEL))
+    ]
+    methods = [c.unary_unary("/inference.GRPCInferenceService/ModelInfer") for c in channels]
+    counts = {"sent": 0, "errors": 0}
+
+    async def caller(i: int) -> None:
+        method = methods[i % len(methods)]
+        while counts["sent"] < total:
+            request = requests[counts["sent"] % len(requests)]
+            counts["sent"] += 1
+            try:
+                await method(request)
+            except grpc.RpcError:
+                counts["errors"] += 1
+
+    t0 = time.perf_counter()
+    await asyncio.wait_for(asyncio.gather(*(caller(i) for i in range(clients))), 600)
+    seconds = time.perf_counter() - t0
+    for channel in channels:
+        await channel.close()
+    return {"seconds": seconds, "errors": counts["errors"], "lost": 0}
+
+
 def _client_main(port: int, mode: str, clients: int, total: int) -> None:
+    if mode == "grpc":
+        result = asyncio.run(_drive_grpc(port, clients, total))
+        print(json.dumps(result))
+        return
     try:
         import uvloop
 
@@ -238,7 +288,7 @@ class Daemon:
         stages: bool = False,
         callgrind: bool = False,
     ) -> None:
-        self.port = _free_port()
+        self.port, self.grpc_port = _free_port(), _free_port()
         (workdir / "run").mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable]
         self.callgrind: Path | None = None
@@ -257,7 +307,7 @@ class Daemon:
         else:  # the event loop's thread, profiled in CPU time (not wall time)
             cmd += ["-c", _PROFILED.format(out=str(profile))]
         cmd += [
-            "--port", str(self.port), "--grpc-port", "0",
+            "--port", str(self.port), "--grpc-port", str(self.grpc_port),
             "--metrics-port", "0", "--no-access-log", "--log-format", "json",
             "--executable-cache", str(workdir / "cache"), f"{NAME}={MODEL}",
         ]  # fmt: skip
@@ -270,7 +320,7 @@ class Daemon:
         self.log = open(workdir / f"daemon-{self.port}.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(cmd, env=env, cwd=tree, stdout=self.log, stderr=self.log)
         url = f"http://127.0.0.1:{self.port}/v2/models/{NAME}/ready"
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + (900 if callgrind else 180)  # (callgrind: ~40x slower)
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"daemon of {tree} exited: see {self.log.name}")
@@ -288,7 +338,8 @@ class Daemon:
         """Drive ``total`` requests; the daemon's CPU over them (``count``: callgrind counts
         them)."""
         pid = self.proc.pid
-        cmd = [sys.executable, __file__, "--client", str(self.port), mode, str(clients), str(total)]
+        port = self.grpc_port if mode == "grpc" else self.port
+        cmd = [sys.executable, __file__, "--client", str(port), mode, str(clients), str(total)]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         staged0 = self._staged()
         self._count(count)

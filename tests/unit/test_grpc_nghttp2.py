@@ -18,19 +18,25 @@ from typing import Any
 import grpc
 import pytest
 
+from model_runtime.server.grpc.call import OK, START_HEADERS
 from model_runtime.server.grpc.framing import frame
+from model_runtime.server.grpc.h2proto import CONNECTION_WINDOW, H2Protocol, ProtocolLimits
 from model_runtime.server.grpc.listensock import ListenerSettings
 from model_runtime.server.grpc.ngserver import NgListener, start_nghttp2_listener
 from model_runtime.server.security.tls import TLSFiles
 from model_runtime.server.triton import grpc_service_pb2 as pb
 from tests.attack.grpc_wire import (
+    ACK,
     DATA,
     END_HEADERS,
     END_STREAM,
     GOAWAY,
     HEADERS,
     INFER_PATH,
+    PREFACE,
     RST_STREAM,
+    SETTINGS,
+    WINDOW_UPDATE,
     frame as h2frame,
     grpc_headers,
     h2_connect,
@@ -185,6 +191,105 @@ def test_a_message_split_across_frames_and_reads_is_answered(server: Server) -> 
     data = b"".join(p for t, _, s, p in seen if t == DATA and s == 1)
     assert data[:1] == b"\0"
     assert pb.ModelInferResponse.FromString(data[5:]).id == "split:1000"
+
+
+def test_a_client_going_away_has_its_open_call_answered_then_its_connection_closed(
+    server: Server,
+) -> None:
+    """A client's GOAWAY sent with a call open: the call is answered, then the server closes
+    the connection (not after the idle timeout, 30 s here)."""
+    sock = h2_connect(server.ports["plain"])
+    try:
+        sock.sendall(
+            h2frame(HEADERS, END_HEADERS, 1, grpc_headers(INFER_PATH))
+            + h2frame(DATA, END_STREAM, 1, message(id_="last"))
+            + h2frame(GOAWAY, 0, 0, struct.pack(">II", 0, 0))
+        )
+        seen = frames(sock, lambda seen: False, 5.0)
+    finally:
+        sock.close()
+    data = b"".join(p for t, _, s, p in seen if t == DATA and s == 1)
+    assert pb.ModelInferResponse.FromString(data[5:]).id == "last:0", seen
+    assert ended(1)(seen), seen
+    assert seen[-1][0] == -1, seen  # closed within the 5 s waited
+
+
+class _TakeWhole:
+    """A fast path that takes every ModelInfer call whole and answers it on the next turn."""
+
+    path = INFER_PATH
+    max_wait = 16 << 10
+
+    def start(self, conn: Any, stream: Any) -> bool:
+        conn.taken(stream)
+        stream.ended_call = lambda: None
+        stream.answer(START_HEADERS, message(), OK, now=False)
+        return True
+
+
+class _Wire:
+    """A transport that keeps what the server writes."""
+
+    def __init__(self) -> None:
+        self.out = bytearray()
+
+    def write(self, data: bytes) -> None:
+        self.out += data
+
+    def get_extra_info(self, name: str) -> Any:
+        return ("127.0.0.1", 5555)
+
+    def close(self) -> None:
+        pass
+
+    abort = close
+
+
+def written(out: bytes) -> list[Frame]:
+    seen: list[Frame] = []
+    while len(out) >= 9:
+        size = int.from_bytes(out[:3], "big")
+        seen.append((out[3], out[4], int.from_bytes(out[5:9], "big"), bytes(out[9 : 9 + size])))
+        out = out[9 + size :]
+    return seen
+
+
+def test_requests_taken_whole_give_their_bytes_back_to_the_connection_window() -> None:
+    """More than the connection's receive window of requests, each taken whole by the fast
+    path (no app reads them): the window is given back as they are taken, so every call is
+    answered and the connection is not ended for flow control."""
+    body = message(id_="x" * 15_000)
+    calls = CONNECTION_WINDOW // len(body) + 50
+
+    async def run() -> bytes:
+        async def app(*_: Any) -> None:
+            raise AssertionError("every call is taken whole")
+
+        limits = ProtocolLimits(
+            app, max_streams=16, idle_timeout=30.0, write_timeout=5.0, max_connections=1,
+            fast=_TakeWhole(),
+        )  # fmt: skip
+        conn = H2Protocol(limits)
+        wire = _Wire()
+        conn.connection_made(wire)  # type: ignore[arg-type]
+        conn.data_received(PREFACE + settings() + h2frame(SETTINGS, ACK, 0))
+        for i in range(calls):
+            stream = 1 + 2 * i
+            conn.data_received(
+                h2frame(HEADERS, END_HEADERS, stream, grpc_headers(INFER_PATH))
+                + h2frame(DATA, END_STREAM, stream, body)
+            )
+            await asyncio.sleep(0)  # its answer is written
+        return bytes(wire.out)
+
+    seen = written(asyncio.run(run()))
+    assert not any(t == GOAWAY for t, _, _, _ in seen), seen[-3:]
+    given_back = sum(
+        int.from_bytes(p, "big") for t, _, s, p in seen if t == WINDOW_UPDATE and s == 0
+    )
+    assert given_back >= calls * len(body) - CONNECTION_WINDOW
+    answered = {s for t, f, s, _ in seen if t == HEADERS and f & END_STREAM}
+    assert len(answered) == calls
 
 
 def test_a_message_past_the_limit_is_refused_before_its_bytes_are_sent(server: Server) -> None:

@@ -20,6 +20,7 @@ __all__ = ["CALLBACKS", "MAX_HEADER_LIST", "PROVIDER", "STARTED", "TOO_BIG", "WA
            "CallbackOwner", "FastCalls", "current"]  # fmt: skip
 
 unpack = ffi._backend.unpack  # ffi.unpack without its Python wrapper (per header)
+memmove = ffi._backend.memmove  # (the same for ffi.memmove, per answer)
 #: A stream's header block (names and values) past this many bytes resets the stream.
 MAX_HEADER_LIST = 64 << 10
 #: A stream's ``wait``: its call not started; waiting for the end of its request (a fast
@@ -48,6 +49,8 @@ class CallbackOwner(StreamOwner, Protocol):
     ready: list[H2Stream]
     #: When its last read came (the loop's clock).
     last: float
+    #: A GOAWAY was sent or received (the session ends once its streams have).
+    ending: bool
 
     #: Calls the transport may take without a task (None: none).
     fast: FastCalls | None
@@ -67,7 +70,7 @@ class CallbackOwner(StreamOwner, Protocol):
 current: CallbackOwner | None = None
 
 
-def _on_begin_headers(session: Any, frame: Any, user_data: Any) -> int:
+def _on_begin_headers(session: int, frame: Any) -> int:
     global _hs
     conn = current
     assert conn is not None
@@ -83,10 +86,7 @@ def _on_begin_headers(session: Any, frame: Any, user_data: Any) -> int:
 _hs: H2Stream | None = None
 
 
-def _on_header(
-    session: Any, frame: Any, name: Any, namelen: int, value: Any, valuelen: int, flags: int,
-    user_data: Any,
-) -> int:  # fmt: skip
+def _on_header(session: int, frame: int, name: Any, namelen: int, value: Any, valuelen: int) -> int:
     stream = _hs
     if stream is None:
         return 0
@@ -101,13 +101,16 @@ def _on_header(
     return 0
 
 
-def _on_frame_recv(session: Any, frame: Any, user_data: Any) -> int:
+def _on_frame_recv(session: int, frame: Any) -> int:
     kind = frame.type
     if kind > ng.HEADERS:  # (SETTINGS, PING, WINDOW_UPDATE ...: nghttp2's own)
         if kind == ng.RST_STREAM:
             conn = current
             assert conn is not None
             conn.reset_received(conn.streams.get(frame.stream_id))
+        elif kind == ng.GOAWAY:
+            assert current is not None
+            current.ending = True
         return 0
     conn = current
     assert conn is not None
@@ -124,14 +127,12 @@ def _on_frame_recv(session: Any, frame: Any, user_data: Any) -> int:
     return 0
 
 
-def _on_data_chunk(
-    session: Any, flags: int, stream_id: int, data: Any, size: int, user_data: Any
-) -> int:
+def _on_data_chunk(session: int, flags: int, stream_id: int, data: Any, size: int) -> int:
     conn = current
     assert conn is not None
     stream = conn.streams.get(stream_id)
     if stream is None:
-        lib.nghttp2_session_consume_connection(session, size)
+        lib.nghttp2_session_consume_connection(conn.session, size)
         return 0
     stream.chunks.append(unpack(data, size))
     stream.unconsumed += size
@@ -144,7 +145,7 @@ def _on_data_chunk(
     return 0
 
 
-def _on_stream_close(session: Any, stream_id: int, error_code: int, user_data: Any) -> int:
+def _on_stream_close(session: int, stream_id: int, error_code: int) -> int:
     conn = current
     assert conn is not None
     stream = conn.streams.pop(stream_id, None)
@@ -153,10 +154,7 @@ def _on_stream_close(session: Any, stream_id: int, error_code: int, user_data: A
     return 0
 
 
-def _read_answer(
-    session: Any, stream_id: int, buf: Any, length: int, data_flags: Any, source: Any,
-    user_data: Any,
-) -> int:  # fmt: skip
+def _read_answer(session: int, stream_id: int, buf: Any, length: int, data_flags: Any) -> int:
     conn = current
     assert conn is not None
     stream = conn.streams.get(stream_id)
@@ -167,15 +165,15 @@ def _read_answer(
     if len(out) == 1 and len(out[0]) <= length:  # (a unary answer: its one message)
         chunk = out.popleft()
         sent = len(chunk)
-        ffi.memmove(buf, chunk, sent)
+        memmove(buf, chunk, sent)
     while out and sent < length:
         chunk = out[0]
         take = min(len(chunk), length - sent)
         if take == len(chunk):
             out.popleft()
-            ffi.memmove(buf + sent, chunk, take)
+            memmove(buf + sent, chunk, take)
         else:
-            ffi.memmove(buf + sent, memoryview(chunk)[:take], take)
+            memmove(buf + sent, memoryview(chunk)[:take], take)
             out[0] = chunk[take:]
         sent += take
     stream.out_len -= sent
@@ -189,7 +187,7 @@ def _read_answer(
         else:
             data_flags[0] = ng.DATA_FLAG_EOF | ng.DATA_FLAG_NO_END_STREAM
             nva, count, _keep = trailers_nv(trailers)
-            lib.nghttp2_submit_trailer(session, stream_id, nva, count)
+            lib.nghttp2_submit_trailer(conn.session, stream_id, nva, count)
         conn.after_end(stream)
     elif sent == 0:
         return ng.ERR_DEFERRED

@@ -98,6 +98,11 @@ class H2Protocol(asyncio.Protocol):
         self._resets = float(RESET_BURST)
         self._refilled = self.last
         self._calm = False
+        #: Bytes of the requests taken whole in this read (:meth:`taken`), not yet consumed.
+        self._taken = 0
+        #: A GOAWAY was sent or received: each flush asks whether the session is over (else
+        #: only a read's flush does: nghttp2 may end it for what it read).
+        self.ending = False
 
     # -- asyncio.Protocol --
 
@@ -170,7 +175,13 @@ class H2Protocol(asyncio.Protocol):
                          "extensions": {STREAM_EXTENSION: stream}}  # fmt: skip
                 task = stream.task = create(app(scope, stream.receive, stream.send))
                 task.add_done_callback(stream.task_done)
+            if self._taken:  # one window update for the requests taken whole
+                lib.nghttp2_session_consume_connection(session, self._taken)
+                self._taken = 0
+        ending, self.ending = self.ending, True  # (a read may end the session)
         self.flush()
+        if not ending and not self._paused:  # (paused: the flush on resuming asks)
+            self.ending = False
 
     def eof_received(self) -> bool | None:
         return None
@@ -205,10 +216,9 @@ class H2Protocol(asyncio.Protocol):
     def taken(self, stream: H2Stream) -> None:
         """The whole request of ``stream`` (ended) was taken during this read: its bytes'
         window is given back to the connection (sent with the read's flush)."""
-        size, stream.unconsumed = stream.unconsumed, 0
+        self._taken += stream.unconsumed
+        stream.unconsumed = 0
         stream.chunks.clear()
-        if size and self.session is not None:
-            lib.nghttp2_session_consume_connection(self.session, size)
 
     def submit(self, stream: H2Stream) -> None:
         """``stream`` has more of its answer to send."""
@@ -274,14 +284,17 @@ class H2Protocol(asyncio.Protocol):
                     lib.nghttp2_submit_rst_stream(session, 0, stream.id, ng.NO_ERROR)
         if pieces:
             transport.write(pieces[0] if len(pieces) == 1 else b"".join(pieces))
-        if not lib.nghttp2_session_want_read(session) and not lib.nghttp2_session_want_write(
-            session
-        ):
+        if (
+            self.ending
+            and not lib.nghttp2_session_want_read(session)
+            and not lib.nghttp2_session_want_write(session)
+        ):  # (a GOAWAY sent or received, and its last stream closed)
             transport.close()
 
     def goaway(self) -> None:
         """Tell the client no new calls are taken (those open go on)."""
         if self.session is not None:
+            self.ending = True
             last = lib.nghttp2_session_get_last_proc_stream_id(self.session)
             lib.nghttp2_submit_goaway(self.session, 0, last, ng.NO_ERROR, ffi.NULL, 0)
             self.flush()
@@ -303,6 +316,7 @@ class H2Protocol(asyncio.Protocol):
                 # Ended now, from within nghttp2's callback: the rest of the read's header
                 # blocks are ignored by nghttp2 (no callbacks), then the connection closes.
                 lib.nghttp2_session_terminate_session(self.session, ng.ENHANCE_YOUR_CALM)
+                self.ending = True
             self._calm = True
             self._resets = 0.0
             return

@@ -52,29 +52,31 @@ typedef union {
 } nghttp2_data_source;
 
 typedef ssize_t (*nghttp2_data_source_read_callback)(
-    nghttp2_session *session, int32_t stream_id, uint8_t *buf, size_t length,
-    uint32_t *data_flags, nghttp2_data_source *source, void *user_data);
+    uint8_t session, int32_t stream_id, uint8_t *buf, size_t length, uint32_t *data_flags);
 
 typedef struct {
   nghttp2_data_source source;
   nghttp2_data_source_read_callback read_callback;
 } nghttp2_data_provider;
 
-// The callbacks' frame is declared as its first member, the header every frame type starts
-// with (a pointer to the union is one to it): the fields read without an intermediate object.
-// Bytes nghttp2 hands over are ``char`` (``ffi.unpack`` makes them ``bytes`` at once).
+// The callbacks as the transport declares them, fewer arguments than nghttp2 passes: each
+// argument cffi converts costs the callback, of which a call has about sixteen. Trailing
+// arguments a callback does not read (``user_data``, a header's flags, a data source) are left
+// out: the C calling conventions let a function ignore them (its caller removes them); the
+// leading ones it does not read are declared ``uint8_t``, a small int, not a pointer object.
+// The frame is declared as its first member, the header every frame type starts with (a
+// pointer to the union is one to it). Bytes nghttp2 hands over are ``char`` (``ffi.unpack``
+// makes them ``bytes`` at once).
 typedef int (*nghttp2_on_begin_headers_callback)(
-    nghttp2_session *session, const nghttp2_frame_hd *frame, void *user_data);
+    uint8_t session, const nghttp2_frame_hd *frame);
 typedef int (*nghttp2_on_header_callback)(
-    nghttp2_session *session, const nghttp2_frame_hd *frame, const char *name, size_t namelen,
-    const char *value, size_t valuelen, uint8_t flags, void *user_data);
-typedef int (*nghttp2_on_frame_recv_callback)(
-    nghttp2_session *session, const nghttp2_frame_hd *frame, void *user_data);
+    uint8_t session, uint8_t frame, const char *name, size_t namelen, const char *value,
+    size_t valuelen);
+typedef int (*nghttp2_on_frame_recv_callback)(uint8_t session, const nghttp2_frame_hd *frame);
 typedef int (*nghttp2_on_data_chunk_recv_callback)(
-    nghttp2_session *session, uint8_t flags, int32_t stream_id, const char *data,
-    size_t len, void *user_data);
+    uint8_t session, uint8_t flags, int32_t stream_id, const char *data, size_t len);
 typedef int (*nghttp2_on_stream_close_callback)(
-    nghttp2_session *session, int32_t stream_id, uint32_t error_code, void *user_data);
+    uint8_t session, int32_t stream_id, uint32_t error_code);
 
 int nghttp2_session_callbacks_new(nghttp2_session_callbacks **callbacks_ptr);
 void nghttp2_session_callbacks_del(nghttp2_session_callbacks *callbacks);
@@ -138,7 +140,7 @@ except OSError as exc:  # a system without Debian's libnghttp2-14 (or its equiva
     MISSING = f"libnghttp2.so.14 cannot be loaded ({exc}); install libnghttp2-14"
 
 # Frame types, flags, settings and errors (nghttp2.h's enums).
-DATA, HEADERS, RST_STREAM = 0x0, 0x1, 0x3
+DATA, HEADERS, RST_STREAM, GOAWAY = 0x0, 0x1, 0x3, 0x7
 FLAG_END_STREAM = 0x1
 DATA_FLAG_EOF = 0x1
 DATA_FLAG_NO_END_STREAM = 0x2

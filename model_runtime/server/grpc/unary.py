@@ -349,9 +349,13 @@ class _Call:
         if entry is None:
             return
         plane = self.owner.plane
-        if self.parsed is not None:
-            self.parsed.release()  # its shared memory regions, if any
-        plane.finish_request(entry, reason, self.t0, samples)
+        parsed = self.parsed
+        if parsed is not None and parsed.leases:
+            parsed.release()  # its shared memory regions
+        if reason is None:  # recorded with this turn's other successes, as HTTP's
+            plane.finish_ok(entry, self.t0, samples)
+        else:
+            plane.finish_request(entry, reason, self.t0, samples)
         plane.admission.release(entry.name, queue_full=self.queue_full, crowded=self.crowded)
 
     def computed(self, answer_size: int) -> str | None:
