@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from tests.attack.measure import Phase, rss
+from tests.attack.measure import Phase, rss, watch_after
 from tests.integration.test_daemon_support import MODEL, Daemon, infer_doc, samples
 
 #: Issue 41's done criteria: gRPC fails at most this share of the client's requests, HTTP none
@@ -183,7 +183,8 @@ class WellBehaved:
 def run_attack(
     daemon: Daemon, attack: Attack, *, seconds: float, onset: float = 30.0
 ) -> tuple[WellBehaved, int]:
-    """Measure the well-behaved client for ``seconds`` before, during and after the attack:
+    """Measure the well-behaved client for ``seconds`` before and during the attack, and after
+    it until it is served again (:func:`tests.attack.measure.watch_after`):
     ``attack(stop, in_place)`` runs in a thread until ``stop`` is set and sets ``in_place``
     once it holds what it means to hold (at most ``onset`` seconds; the client's counts go to
     phase "onset" meanwhile). Return the client and the daemon's largest RSS growth (sampled
@@ -200,14 +201,19 @@ def run_attack(
             peak = max(peak, rss(daemon))
             time.sleep(0.05)
         assert in_place.is_set(), f"the attack was not in place within {onset} s"
-        for phase in ("during", "after"):
-            client.phase = phase
-            ends = time.monotonic() + seconds
-            while time.monotonic() < ends:
-                peak = max(peak, rss(daemon))
-                time.sleep(0.1)
-            stop.set()
-            thread.join(30)
+        client.phase = "during"
+        ends = time.monotonic() + seconds
+        while time.monotonic() < ends:
+            peak = max(peak, rss(daemon))
+            time.sleep(0.1)
+        stop.set()
+        thread.join(30)
+        client.phase = "after"
+
+        def answered() -> int:
+            return min(len(client.at(p, "after").latencies) for p in ("http", "grpc"))
+
+        peak, _ = watch_after(daemon, answered, seconds, peak)
     print(client.report(), f"\nRSS growth {(peak - start) / 2**20:.0f} MiB")
     return client, peak - start
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from tests.attack.measure import Phase, rss
+from tests.attack.measure import BEFORE_S, Phase, rss, watch_after
 from tests.integration.test_daemon_support import (
     MODEL,
     Daemon,
@@ -65,6 +65,8 @@ class WellBehaved:
         self.pause = pause
         self.phase = "before"
         self.seen: dict[tuple[str, str], Phase] = {}
+        #: Seconds each phase was measured (set by :func:`run_attack`).
+        self.lasted: dict[str, float] = {}
         self._stop = threading.Event()
         self._request = infer_request()
         pixels, _ = samples()
@@ -139,27 +141,34 @@ class WellBehaved:
 def run_attack(
     daemon: Daemon, attack: threading.Thread, stop: threading.Event, *, seconds: float
 ) -> tuple[WellBehaved, int]:
-    """Measure the well-behaved client for ``seconds`` before, during (``attack`` running
-    until ``stop`` is set) and after the attack; returns it and the daemon's largest RSS
-    growth (sampled every 0.1 s from the start of the attack) over the RSS before."""
+    """Measure the well-behaved client before the attack (at most :data:`BEFORE_S`), during it
+    (``attack`` running ``seconds`` until ``stop`` is set) and after it, until it is served
+    again (:func:`watch_after`); returns it and the daemon's largest RSS growth (sampled every
+    0.1 s from the start of the attack) over the RSS before. ``client.lasted`` holds how long
+    each phase was measured."""
     client = WellBehaved(daemon)
     with client.running():
-        time.sleep(seconds)
+        t0 = time.monotonic()
+        time.sleep(min(seconds, BEFORE_S))
         start = rss(daemon)
         client.phase = "during"
+        t1 = time.monotonic()
         attack.start()
         peak = start
-        ends = time.monotonic() + seconds
+        ends = t1 + seconds
         while time.monotonic() < ends:
             peak = max(peak, rss(daemon))
             time.sleep(0.1)
         stop.set()
         attack.join(30)
         client.phase = "after"
-        ends = time.monotonic() + seconds
-        while time.monotonic() < ends:
-            peak = max(peak, rss(daemon))
-            time.sleep(0.1)
+        t2 = time.monotonic()
+        client.lasted = {"before": t1 - t0, "during": t2 - t1}
+
+        def answered() -> int:
+            return min(len(client.at(p, "after").latencies) for p in ("http", "grpc"))
+
+        peak, client.lasted["after"] = watch_after(daemon, answered, seconds, peak)
     print(client.report(), f"\nRSS growth {(peak - start) / 2**20:.0f} MiB")
     return client, peak - start
 
@@ -181,6 +190,11 @@ def assert_served(client: WellBehaved, rss_growth: int, daemon: Daemon) -> None:
             f"{protocol} p99 past {bound * 1e3:.0f} ms: {during} (before: {base})"
         )
         # Its requests one after another: a quarter of the rate it had is a slowdown a user
-        # notices whatever the percentile says.
-        assert during.total >= base.total / MAX_SLOWDOWN, f"{protocol}: {during} (before: {base})"
+        # notices whatever the percentile says (rates: the phases differ in length).
+        rate = during.total / client.lasted["during"]
+        base_rate = base.total / client.lasted["before"]
+        assert rate >= base_rate / MAX_SLOWDOWN, (
+            f"{protocol}: {during} in {client.lasted['during']:.1f} s "
+            f"(before: {base} in {client.lasted['before']:.1f} s)"
+        )
     assert rss_growth <= MAX_RSS_GROWTH, f"RSS grew {rss_growth / 2**20:.0f} MiB"

@@ -3,13 +3,41 @@ harnesses (:mod:`tests.attack.http_wire`, :mod:`tests.attack.grpc_wire`)."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from tests.integration.test_daemon_support import Daemon
 
-__all__ = ["Phase", "rss"]
+__all__ = ["AFTER_ANSWERS", "AFTER_MIN_S", "BEFORE_S", "Phase", "rss", "watch_after"]
+
+
+#: The baseline is measured for at most this long before an attack: ~1,000 answers a protocol
+#: here, enough for its p99 (a shorter window can only lower that p99, tightening its bound).
+BEFORE_S = 3.0
+#: After an attack the client is watched until each protocol has this many answers, and for at
+#: least ``AFTER_MIN_S`` (the RSS is sampled meanwhile), at most the attack's own length:
+#: whether it is served again is decided by then; a longer wait would only add answers.
+AFTER_ANSWERS = 50
+AFTER_MIN_S = 1.0
+
+
+def watch_after(
+    daemon: Daemon, answered: Callable[[], int], seconds: float, peak: int
+) -> tuple[int, float]:
+    """Sample the daemon's RSS every 0.1 s after an attack until ``answered()`` (the fewest
+    answers of one protocol since the attack) reaches :data:`AFTER_ANSWERS` and
+    :data:`AFTER_MIN_S` have passed, or ``seconds`` have; returns the largest RSS seen
+    (``peak`` or more) and the seconds watched."""
+    start = time.monotonic()
+    while True:
+        peak = max(peak, rss(daemon))
+        lasted = time.monotonic() - start
+        if lasted >= seconds or (lasted >= AFTER_MIN_S and answered() >= AFTER_ANSWERS):
+            return peak, lasted
+        time.sleep(0.1)
 
 
 def rss(daemon: Daemon) -> int:
