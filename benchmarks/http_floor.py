@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import http_cost  # noqa: E402
+import http_cost
 
 _OK = (
     b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n"
@@ -58,7 +58,8 @@ class _Batcher:
         header = b'{"model_name":"digits","model_version":"1","outputs":[{"name":"%s",' % (
             out.encode()
         )
-        self.header = header + b'"datatype":"FP32","shape":[1,10],"parameters":{"binary_data_size":40}}]}'
+        header += b'"datatype":"FP32","shape":[1,10],"parameters":{"binary_data_size":40}}]}'
+        self.header = header
         self.loop = loop
         self.rows: list[np.ndarray] = []
         self.conns: list[_Conn] = []
@@ -113,7 +114,8 @@ class _Conn(asyncio.Protocol):
             else:
                 at = buf.find(b"\r\nInference-Header-Content-Length: ", pos, end)
                 json_length = int(buf[at + 35 : buf.find(b"\r", at + 2, end + 2)])
-                row = np.frombuffer(buf, np.float32, (length - json_length) // 4, start + json_length)
+                count = (length - json_length) // 4
+                row = np.frombuffer(buf, np.float32, count, start + json_length)
                 self.batcher.add(self, row)
             pos = start + length
         self.buf = buf[pos:]

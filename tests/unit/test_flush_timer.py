@@ -20,6 +20,7 @@ class _Deadline:
         self.at = math.inf
         self.due: list[float] = []
         self.fail: BaseException | None = None
+        self.flushed: anyio.Event | None = None
 
     def __call__(self) -> float:
         return self.at
@@ -29,6 +30,8 @@ class _Deadline:
             raise self.fail
         self.due.append(self.clock.monotonic())
         self.at = math.inf  # flushed: nothing waits
+        if self.flushed is not None:
+            self.flushed.set()
 
 
 async def _settle(turns: int = 5) -> None:
@@ -72,10 +75,10 @@ async def test_a_later_deadline_wakes_the_task_to_sleep_until_it() -> None:
         await _settle()
         kicked = clock.monotonic()
         deadline.at = kicked + 0.02
+        deadline.flushed = flushed = anyio.Event()
         timer.kick()
         with anyio.fail_after(5):
-            while not deadline.due:
-                await anyio.sleep(0.005)
+            await flushed.wait()
         assert deadline.due[0] >= kicked + 0.02
         tg.cancel_scope.cancel()
 

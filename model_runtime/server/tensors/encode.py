@@ -161,8 +161,8 @@ def _framed(
     if request.id is not None:
         pieces += (b',"id":', orjson.dumps(request.id))
     chunks: list[bytes | memoryview] = []
-    for k, out in enumerate(outputs):  # (the frame has a part per output)
-        before, dtype, binary = parts[k]
+    for i, out in enumerate(outputs):  # (the frame has a part per output)
+        before, dtype, binary = parts[i]
         pieces.append(before)
         arr = results[out.name]
         if binary and arr.nbytes <= _COPY_BELOW and arr.dtype == dtype:
