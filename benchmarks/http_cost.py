@@ -270,7 +270,7 @@ class Daemon:
         self.log = open(workdir / f"daemon-{self.port}.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(cmd, env=env, cwd=tree, stdout=self.log, stderr=self.log)
         url = f"http://127.0.0.1:{self.port}/v2/models/{NAME}/ready"
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + (600 if callgrind else 180)  # (valgrind starts slowly)
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"daemon of {tree} exited: see {self.log.name}")
@@ -281,6 +281,8 @@ class Daemon:
             except OSError:
                 pass
             if time.monotonic() > deadline:
+                self.proc.kill()  # (not left running, under valgrind or not)
+                self.proc.wait()
                 raise RuntimeError(f"daemon of {tree} not ready: see {self.log.name}")
             time.sleep(0.2)
 
