@@ -331,6 +331,8 @@ class Daemon:
             except OSError:
                 pass
             if time.monotonic() > deadline:
+                self.proc.kill()  # (not left running, under valgrind or not)
+                self.proc.wait()
                 raise RuntimeError(f"daemon of {tree} not ready: see {self.log.name}")
             time.sleep(0.2)
 

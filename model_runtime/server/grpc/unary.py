@@ -192,7 +192,7 @@ class _Call:
         self.refused = self.queue_full = False
         self.entry: ModelEntry | None = None  # set once admitted, until finished
         self.parsed: InferRequest | None = None
-        self.timer: asyncio.TimerHandle | None = None
+        self.timer: direct.Expiry | None = None
         self.t0 = self.answered_at = 0.0
 
     def wait_turn(self, then: Callable[[asyncio.Future[None]], None]) -> None:

@@ -144,7 +144,7 @@ class GuardedConnection(ProtocolLevelAnswers, asyncio.Protocol):
                 return
         # Read once the request before is answered, and its client takes its answers: until
         # then aiohttp is not given more requests to answer either.
-        if self._fast is not None or self._held or self._write_paused:
+        if self._fast is not None or self._held.size or self._write_paused:
             self._hold(data, pos)
             return
         self._receive(data, pos)

@@ -26,7 +26,7 @@ from model_runtime.server.inference.accounting import (
     json_length_of,
     samples_of,
 )
-from model_runtime.server.inference.direct import plain_runner, submit
+from model_runtime.server.inference.direct import Expiry, plain_runner, submit
 from model_runtime.server.repository.entries import ModelState
 
 if TYPE_CHECKING:
@@ -127,7 +127,7 @@ class FastCall:
         self._entry: ModelEntry | None = None  # set once counted in flight
         self._parsed: InferRequest | None = None
         self._future: asyncio.Future[dict[str, Any]] | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Expiry | None = None
         self._task: asyncio.Task[None] | None = None
 
     def begin(self, where: tuple[str, str | None], header_length: str | None, body: bytes) -> bool:

@@ -12,7 +12,8 @@ __all__ = ["HeldBytes"]
 
 
 class HeldBytes:
-    """Chunks in order, the first unread from an offset; ``size``: the bytes unread."""
+    """Chunks in order, the first unread from an offset; ``size``: the bytes unread (0 exactly
+    when none is held: no empty chunk is kept)."""
 
     __slots__ = ("_at", "_chunks", "size")
 
@@ -26,6 +27,8 @@ class HeldBytes:
 
     def add(self, data: bytes, pos: int = 0) -> None:
         """Keep ``data[pos:]`` after what is held (copied only if ``pos`` and not first)."""
+        if pos >= len(data):
+            return
         if not self._chunks:
             self._at = pos
         elif pos:

@@ -205,7 +205,7 @@ class ProtocolLevelAnswers:
             self._after_early_answer()
             return
         self._refusal_done()
-        if self._held or self._paused:
+        if self._held.size or self._paused:
             self._read_held()
 
     def fast_done(self) -> None:

@@ -10,7 +10,7 @@ outputs; :func:`run` awaits it (a front end that answers in a coroutine).
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from model_runtime.python_backend.runner import PythonModelRunner
 from model_runtime.runner import ModelRunner
@@ -27,7 +27,13 @@ if TYPE_CHECKING:
     from model_runtime.server.tensors.request import InferRequest
     from model_runtime.server.triton.settings import ModelSettings
 
-__all__ = ["plain_runner", "run", "submit"]
+__all__ = ["Expiry", "plain_runner", "run", "submit"]
+
+
+class Expiry(Protocol):
+    """A request's deadline, as :func:`submit` gives it: ``cancel()`` once it is answered."""
+
+    def cancel(self) -> None: ...
 
 
 def plain_runner(
@@ -64,12 +70,12 @@ def submit(
     inner: ModelRunner | PythonModelRunner,
     parsed: InferRequest,
     deadline: float | None = None,
-) -> tuple[asyncio.Future[dict[str, Any]], asyncio.TimerHandle | None]:
+) -> tuple[asyncio.Future[dict[str, Any]], Expiry | None]:
     """:meth:`DataPlane.execute` without a coroutine, on the runner :func:`plain_runner` gave:
     the request is queued now, within the shortest of the server's ``request_timeout``, the
     request's ``timeout`` and ``deadline`` (seconds: the gRPC caller's). Returns the future of
-    its outputs (cancel it: its rows never run) and the timer that fails it with
-    :class:`RequestTimeoutError` past its deadline (cancel the timer once the future is done).
+    its outputs (cancel it: its rows never run) and its deadline, which fails it with
+    :class:`RequestTimeoutError` once past (cancel it once the future is done).
 
     Raises:
         ModelRuntimeError: what ``DataPlane.execute`` raises at once (refusals, bad inputs).
@@ -97,8 +103,69 @@ def submit(
     future = pending if isinstance(pending, asyncio.Future) else asyncio.ensure_future(pending)
     if timeout is None:
         return future, None
-    # The runner's own expiry (its error and words), one timer per request as its own.
-    return future, asyncio.get_running_loop().call_later(timeout, expire_request, future, timeout)
+    # The runner's own expiry (its error and words), in the book of the requests that share
+    # this timeout on this loop (one timer for them all, not one per request).
+    book = _BOOKS.get(timeout)
+    if book is None or book.loop is not asyncio.get_running_loop():
+        book = _BOOKS[timeout] = Deadlines(asyncio.get_running_loop(), timeout)
+    return future, book.add(future)
+
+
+class Deadlines:
+    """The requests of one event loop that share one timeout, failed with
+    :class:`RequestTimeoutError` past their deadlines: kept in the order they came, which is
+    their deadlines' order, with one timer, armed for the first of them."""
+
+    __slots__ = ("_due", "_timer", "loop", "timeout")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, timeout: float) -> None:
+        self.loop = loop
+        self.timeout = timeout
+        self._due: dict[asyncio.Future[Any], float] = {}  # future -> deadline (loop time)
+        self._timer: asyncio.TimerHandle | None = None  # armed while any is due
+
+    def add(self, future: asyncio.Future[Any]) -> _Due:
+        """Fail ``future`` past the timeout from now, unless the returned deadline is
+        cancelled first."""
+        at = self.loop.time() + self.timeout
+        self._due[future] = at
+        if self._timer is None:
+            self._timer = self.loop.call_at(at, self._expire)
+        return _Due(self._due, future)
+
+    def __len__(self) -> int:
+        return len(self._due)
+
+    def _expire(self) -> None:
+        self._timer = None
+        due = self._due
+        now = self.loop.time()
+        while due:
+            future = next(iter(due))
+            at = due[future]
+            if at > now:  # the next deadline (the first may have been cancelled)
+                self._timer = self.loop.call_at(at, self._expire)
+                return
+            del due[future]
+            expire_request(future, self.timeout)
+
+
+class _Due:
+    """One request's place in its :class:`Deadlines` (what :func:`submit` gives as its
+    :class:`Expiry`)."""
+
+    __slots__ = ("_due", "_future")
+
+    def __init__(self, due: dict[asyncio.Future[Any], float], future: asyncio.Future[Any]):
+        self._due = due
+        self._future = future
+
+    def cancel(self) -> None:
+        self._due.pop(self._future, None)
+
+
+#: The books of deadlines, by timeout (each of one loop: another loop's replaces it).
+_BOOKS: dict[float, Deadlines] = {}
 
 
 _Plain = tuple[int, float | None, float | None, bool]  # priority, timeout, waits, delay

@@ -116,6 +116,8 @@ _DATA_AT = "\x00model-runtime-data"
 #: the datatypes (the same objects), the model, version and shape. A client repeating its
 #: request (a planned request's outputs are its plan's) is framed without making a key.
 _LAST: list[Any] = [None, None, None, None, None, None]
+#: Binary output data up to this size is copied out whole (``tobytes``) rather than viewed.
+_COPY_BELOW = 4096
 
 
 def _framed(
@@ -159,9 +161,13 @@ def _framed(
     if request.id is not None:
         pieces += (b',"id":', orjson.dumps(request.id))
     chunks: list[bytes | memoryview] = []
-    for out, (before, dtype, binary) in zip(request.outputs, parts, strict=True):
+    for i, out in enumerate(outputs):  # (the frame has a part per output)
+        before, dtype, binary = parts[i]
         pieces.append(before)
         arr = results[out.name]
+        if binary and arr.nbytes <= _COPY_BELOW and arr.dtype == dtype:
+            chunks.append(arr.tobytes())  # (C order, contiguous or not: cheaper than views)
+            continue
         if arr.dtype != dtype or not arr.flags.c_contiguous:
             arr = np.ascontiguousarray(arr, dtype=dtype)
         flat = arr.reshape(-1)
