@@ -91,7 +91,7 @@ class EnsembleSteps:
         entry: ModelEntry,
         t0: float,
         samples: int,
-        timer: asyncio.TimerHandle | None,
+        timer: direct.Expiry | None,
         future: asyncio.Future[Any],
     ) -> None:
         """A step :meth:`submit` queued ended: its timer stopped, its model's statistics and
