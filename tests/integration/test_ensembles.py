@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import queue
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -109,6 +109,20 @@ def http_pipeline(d: Daemon, raw: np.ndarray, outputs: list[str] | None = None) 
     return client.infer(PIPELINE, [inp], outputs=wanted)
 
 
+def grpc_pipeline(d: Daemon, raw: np.ndarray, outputs: list[str] | None = None) -> Any:
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{d.grpc_port}")
+    inp = grpcclient.InferInput("INPUT", list(raw.shape), "UINT8")
+    inp.set_data_from_numpy(raw)
+    wanted = None if outputs is None else [grpcclient.InferRequestedOutput(n) for n in outputs]
+    return client.infer(PIPELINE, [inp], outputs=wanted)
+
+
+#: the pipeline called by each front end
+PIPELINES = pytest.mark.parametrize(
+    "pipeline", [http_pipeline, grpc_pipeline], ids=["http", "grpc"]
+)
+
+
 def check_pipeline(result: Any, raw: np.ndarray) -> None:
     scores, top, labels = expected_pipeline(raw)
     np.testing.assert_allclose(result.as_numpy("SCORES"), scores, rtol=1e-4, atol=1e-4)
@@ -179,11 +193,14 @@ def test_ensemble_add_sub_one_output_runs_only_the_step_that_writes_it(daemon: D
     assert [x - y for x, y in zip(after, before, strict=True)] == [0, 9]
 
 
-def test_the_ensemble_counts_requests_and_its_models_count_executions(daemon: Daemon) -> None:
+@PIPELINES
+def test_the_ensemble_counts_requests_and_its_models_count_executions(
+    daemon: Daemon, pipeline: Callable[[Daemon, np.ndarray], Any]
+) -> None:
     before = {m: stats(daemon, m) for m in (PIPELINE, "preprocess", "resnet50_trt")}
     raw = raw_images(2, seed=3)
     for _ in range(3):
-        check_pipeline(http_pipeline(daemon, raw), raw)
+        check_pipeline(pipeline(daemon, raw), raw)
     after = {m: stats(daemon, m) for m in (PIPELINE, "preprocess", "resnet50_trt")}
 
     def delta(model: str, *path: str) -> int:
@@ -205,23 +222,29 @@ def test_the_ensemble_counts_requests_and_its_models_count_executions(daemon: Da
     assert delta("resnet50_trt", "execution_count") >= 1
 
 
-def test_pruned_steps_leave_what_nobody_asked_for(daemon: Daemon) -> None:
+@PIPELINES
+def test_pruned_steps_leave_what_nobody_asked_for(
+    daemon: Daemon, pipeline: Callable[..., Any]
+) -> None:
     before = stats(daemon, "postprocess")["inference_stats"]["success"]["count"]
     raw = raw_images(2, seed=5)
-    result = http_pipeline(daemon, raw, ["SCORES"])
+    result = pipeline(daemon, raw, ["SCORES"])
     np.testing.assert_allclose(result.as_numpy("SCORES"), expected_pipeline(raw)[0], atol=1e-4)
     assert result.as_numpy("LABEL") is None
     assert stats(daemon, "postprocess")["inference_stats"]["success"]["count"] == before
 
 
-def test_a_failing_step_fails_that_request_naming_step_and_model(daemon: Daemon) -> None:
+@PIPELINES
+def test_a_failing_step_fails_that_request_naming_step_and_model(
+    daemon: Daemon, pipeline: Callable[[Daemon, np.ndarray], Any]
+) -> None:
     bad = np.zeros((1, 47), np.uint8)  # not 4x4 RGB: the pre-processing step raises
     with pytest.raises(InferenceServerException) as info:
-        http_pipeline(daemon, bad)
+        pipeline(daemon, bad)
     text = info.value.message()
     assert text.startswith(f"in ensemble '{PIPELINE}', step 0 (model 'preprocess'): "), text
     raw = raw_images(1)
-    check_pipeline(http_pipeline(daemon, raw), raw)  # the next request is answered
+    check_pipeline(pipeline(daemon, raw), raw)  # the next request is answered
 
 
 def test_an_ensemble_of_a_model_not_served_is_refused_with_the_reason(daemon: Daemon) -> None:

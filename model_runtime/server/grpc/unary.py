@@ -35,6 +35,7 @@ import structlog
 
 from model_runtime.errors import QueueFullError, RequestTimeoutError
 from model_runtime.server.answers import HTTPError, status_of
+from model_runtime.server.ensemble import EnsembleRunner
 from model_runtime.server.grpc.budget import CALL_OVERHEAD, CallBudget
 from model_runtime.server.grpc.call import GRPC, OK, SERVICE_PATH, START_HEADERS, header_of
 from model_runtime.server.grpc.codec import parse_model_infer_request
@@ -47,6 +48,7 @@ from model_runtime.server.inference import direct
 from model_runtime.server.inference.accounting import THREAD_PARSE_BYTES, samples_of
 from model_runtime.server.repository.entries import ModelState
 from model_runtime.server.security.restrict import Restrictions, grpc_refusal
+from model_runtime.server.serving import innermost
 
 if TYPE_CHECKING:
     from model_runtime.server.grpc.h2proto import H2Protocol
@@ -64,6 +66,19 @@ WAIT_BYTES = 16 << 10
 _CONTENT_TYPE = b"content-type"
 _TIMEOUT = b"grpc-timeout"
 _ENCODING = b"grpc-encoding"
+
+
+def taken_runner(plane: DataPlane, entry: ModelEntry, runner: Any) -> Any | None:
+    """What runs a ModelInfer call taken by callbacks: a plain model's runner (queued by
+    :func:`~.direct.submit`), or an ensemble that is not decoupled (its request a task of
+    :meth:`DataPlane.execute`, answered as a plain model's is); None: the app serves it."""
+    inner = direct.plain_runner(plane, entry, runner)
+    if inner is not None:
+        return inner
+    ensemble = innermost(runner)
+    if type(ensemble) is EnsembleRunner and not ensemble.decoupled and not plane.tracer.active:
+        return ensemble
+    return None
 
 
 class UnaryInfer:
@@ -129,7 +144,7 @@ class UnaryInfer:
         runner = entry.runner
         if plane.draining or runner is None or entry.state is not ModelState.READY:
             return False
-        inner = direct.plain_runner(plane, entry, runner)
+        inner = taken_runner(plane, entry, runner)
         if inner is None or plane.tracer.reads_headers:
             return False
         shares = self.shares
@@ -241,7 +256,7 @@ class _Call:
         plane = self.owner.plane
         try:
             runner = plane.serving_runner(entry)  # (it may have changed while the call waited)
-            inner = direct.plain_runner(plane, entry, runner)
+            inner = taken_runner(plane, entry, runner)
             if inner is None:
                 raise HTTPError(503, f"model {entry.name!r} changed; retry", "not_ready")
         except Exception as exc:
@@ -266,7 +281,11 @@ class _Call:
                 request, entry.inputs, entry.outputs, model=entry.name,
                 regions=plane.shared_memory,
             )  # fmt: skip
-            future, self.timer = direct.submit(plane, entry, inner, parsed, seconds)
+            future: asyncio.Future[dict[str, Any]]
+            if type(inner) is EnsembleRunner:  # its steps, each queued on its model's runner
+                future = self.conn.loop.create_task(plane.execute(entry, inner, parsed, seconds))
+            else:
+                future, self.timer = direct.submit(plane, entry, inner, parsed, seconds)
         except Exception as exc:
             self.fail(exc)
             return
