@@ -101,20 +101,21 @@ def raw_images(batch: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (batch, 48)).astype(np.uint8)
 
 
-def http_pipeline(d: Daemon, raw: np.ndarray, outputs: list[str] | None = None) -> Any:
-    client = httpclient.InferenceServerClient(f"127.0.0.1:{d.port}")
-    inp = httpclient.InferInput("INPUT", list(raw.shape), "UINT8")
+def _pipeline(
+    client: Any, url: str, raw: np.ndarray, outputs: list[str] | None
+) -> Any:  # (tritonclient's http and grpc modules have the same calls)
+    inp = client.InferInput("INPUT", list(raw.shape), "UINT8")
     inp.set_data_from_numpy(raw)
-    wanted = None if outputs is None else [httpclient.InferRequestedOutput(n) for n in outputs]
-    return client.infer(PIPELINE, [inp], outputs=wanted)
+    wanted = None if outputs is None else [client.InferRequestedOutput(n) for n in outputs]
+    return client.InferenceServerClient(url).infer(PIPELINE, [inp], outputs=wanted)
+
+
+def http_pipeline(d: Daemon, raw: np.ndarray, outputs: list[str] | None = None) -> Any:
+    return _pipeline(httpclient, f"127.0.0.1:{d.port}", raw, outputs)
 
 
 def grpc_pipeline(d: Daemon, raw: np.ndarray, outputs: list[str] | None = None) -> Any:
-    client = grpcclient.InferenceServerClient(f"127.0.0.1:{d.grpc_port}")
-    inp = grpcclient.InferInput("INPUT", list(raw.shape), "UINT8")
-    inp.set_data_from_numpy(raw)
-    wanted = None if outputs is None else [grpcclient.InferRequestedOutput(n) for n in outputs]
-    return client.infer(PIPELINE, [inp], outputs=wanted)
+    return _pipeline(grpcclient, f"127.0.0.1:{d.grpc_port}", raw, outputs)
 
 
 #: the pipeline called by each front end
