@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from actors.session.state import ReplicaStatus
 from model_runtime.errors import RunnerStoppedError
 from model_runtime.io import DataDesc
+from model_runtime.server.ensemble.chain import start_chain
 from model_runtime.server.ensemble.schedule import run_steps, stream_steps
 from model_runtime.server.tensors.request import InferRequest
 from model_runtime.server.triton.ensemble import EnsembleConfig, EnsembleStep
@@ -133,6 +134,44 @@ class EnsembleRunner:
             self._inflight -= 1
             if self._inflight == 0:
                 self._idle.set()
+
+    def submit(
+        self, request: InferRequest, timeout: float | None
+    ) -> asyncio.Future[dict[str, Any]]:
+        """:meth:`infer` without a coroutine where the steps needed form a chain (each step
+        queued from the done callback of the one before it: :func:`~.chain.start_chain`),
+        else a task of :meth:`infer`: the future of its outputs, or of what :meth:`infer`
+        raises. Cancelling it cancels the step it waits on."""
+        if self._closed:
+            return asyncio.ensure_future(self.infer(request, timeout))  # (its refusal)
+        asked = request.outputs
+        wanted = tuple(o.name for o in asked) if asked else self.config.outputs
+        name = self.config.name
+        caller = self._call
+
+        def call(step: EnsembleStep, inputs: dict[str, Any], left: float | None) -> Any:
+            return caller.submit(name, step, inputs, request, left)
+
+        inputs = request.inputs
+        finish = None
+        if self._reshapes:
+            inputs = {n: self._reshape(n, a, 1) for n, a in inputs.items()}
+            finish = self._reshaped
+        future = start_chain(self.config, inputs, wanted, call, timeout, finish)
+        if future is None:
+            return asyncio.ensure_future(self.infer(request, timeout))
+        self._inflight += 1
+        self._idle.clear()
+        future.add_done_callback(self._answered)
+        return future
+
+    def _reshaped(self, outputs: dict[str, Any]) -> dict[str, Any]:
+        return {n: self._reshape(n, a, 0) for n, a in outputs.items()}
+
+    def _answered(self, future: asyncio.Future[dict[str, Any]]) -> None:
+        self._inflight -= 1
+        if self._inflight == 0:
+            self._idle.set()
 
     @property
     def decoupled(self) -> bool:

@@ -19,7 +19,10 @@ from model_runtime.errors import ExecutionTimeoutError
 from model_runtime.server.answers import HTTPError, grpc_code_of, status_of
 from model_runtime.server.triton.ensemble import EnsembleConfig, EnsembleStep
 
-__all__ = ["StepCall", "StepStream", "needed_steps", "run_steps", "step_failed", "stream_steps"]
+__all__ = [
+    "StepCall", "StepStream", "chain_of", "needed_steps", "run_steps", "step_failed",
+    "stream_steps", "time_left",
+]  # fmt: skip
 
 #: Runs one step: (step, its inputs by model input name, seconds left or None) -> its outputs
 #: by model output name (a coroutine, or the future of a step queued as it is called: cancel
@@ -94,6 +97,13 @@ def _plan(
     return known[1], known[2]
 
 
+def chain_of(config: EnsembleConfig, wanted: Sequence[str]) -> tuple[_Link, ...]:
+    """The steps ``wanted`` needs as a chain (:func:`_chain`) of links: each step, its (model
+    input, ensemble tensor) pairs and its (model output, ensemble tensor) pairs; () when some
+    could run at once."""
+    return _plan(config, wanted)[1]
+
+
 def step_failed(ensemble: str, step: EnsembleStep, exc: BaseException) -> HTTPError:
     """The answer to an ensemble request whose ``step`` failed with ``exc``: the status the
     step's own failure has, Triton's prefix, and the step and model named."""
@@ -127,7 +137,7 @@ async def run_steps(
             given = {m: tensors[t] for m, t in reads if t in tensors}
             if not given:  # everything it reads was left out: so is what it writes
                 continue
-            left = None if deadline is None else _left(config.name, step, deadline)
+            left = None if deadline is None else time_left(config.name, step, deadline)
             try:
                 outputs = await call(step, given, left)
             except Exception as exc:
@@ -207,7 +217,7 @@ async def stream_steps(
     ) -> None:
         """Stream ``step``: each of its responses starts a branch of what is ``rest``."""
         given = {m: tensors[t] for m, t in step.inputs.items() if t in tensors}
-        responses = stream(step, given, _left(config.name, step, deadline))
+        responses = stream(step, given, time_left(config.name, step, deadline))
         try:
             async for outputs in responses:
                 child = dict(tensors)
@@ -241,7 +251,7 @@ def _ready(step: EnsembleStep, tensors: Mapping[str, Any], absent: set[str]) -> 
     return all(t in tensors or t in absent for t in step.inputs.values())
 
 
-def _left(name: str, step: EnsembleStep, deadline: float | None) -> float | None:
+def time_left(name: str, step: EnsembleStep, deadline: float | None) -> float | None:
     """Seconds left before ``deadline`` for ``step`` (None: no deadline).
 
     Raises:
@@ -286,7 +296,7 @@ async def _run_ready(
                 # The only step that can run: awaited here, in this task (a chain of steps,
                 # the common case, runs in one coroutine, no task nor wait per step).
                 step, given = ready[0]
-                left = _left(config.name, step, deadline)
+                left = time_left(config.name, step, deadline)
                 try:
                     outputs = await call(step, given, left)
                 except Exception as exc:
@@ -294,7 +304,7 @@ async def _run_ready(
                 _write(step, outputs, tensors, absent)
                 continue
             for step, given in ready:
-                left = _left(config.name, step, deadline)
+                left = time_left(config.name, step, deadline)
                 try:  # (a step may be refused as it is queued, before any await)
                     pending = asyncio.ensure_future(call(step, given, left))
                 except Exception as exc:

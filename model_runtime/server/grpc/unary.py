@@ -46,9 +46,9 @@ from model_runtime.server.grpc.service import failure_status
 from model_runtime.server.grpc.shares import Connection, Shares
 from model_runtime.server.inference import direct
 from model_runtime.server.inference.accounting import THREAD_PARSE_BYTES, samples_of
+from model_runtime.server.inference.ensembles import submit_ensemble, taken_ensemble
 from model_runtime.server.repository.entries import ModelState
 from model_runtime.server.security.restrict import Restrictions, grpc_refusal
-from model_runtime.server.serving import innermost
 
 if TYPE_CHECKING:
     from model_runtime.server.grpc.h2proto import H2Protocol
@@ -70,15 +70,13 @@ _ENCODING = b"grpc-encoding"
 
 def taken_runner(plane: DataPlane, entry: ModelEntry, runner: Any) -> Any | None:
     """What runs a ModelInfer call taken by callbacks: a plain model's runner (queued by
-    :func:`~.direct.submit`), or an ensemble that is not decoupled (its request a task of
-    :meth:`DataPlane.execute`, answered as a plain model's is); None: the app serves it."""
+    :func:`~.direct.submit`), or an ensemble that is not decoupled (its request queued by
+    :func:`~.ensembles.submit_ensemble`, answered as a plain model's is); None: the app
+    serves it."""
     inner = direct.plain_runner(plane, entry, runner)
     if inner is not None:
         return inner
-    ensemble = innermost(runner)
-    if type(ensemble) is EnsembleRunner and not ensemble.decoupled and not plane.tracer.active:
-        return ensemble
-    return None
+    return taken_ensemble(plane, entry, runner)
 
 
 class UnaryInfer:
@@ -283,7 +281,7 @@ class _Call:
             )  # fmt: skip
             future: asyncio.Future[dict[str, Any]]
             if type(inner) is EnsembleRunner:  # its steps, each queued on its model's runner
-                future = self.conn.loop.create_task(plane.execute(entry, inner, parsed, seconds))
+                future = submit_ensemble(plane, entry, inner, parsed, seconds)
             else:
                 future, self.timer = direct.submit(plane, entry, inner, parsed, seconds)
         except Exception as exc:

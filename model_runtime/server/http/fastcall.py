@@ -27,6 +27,7 @@ from model_runtime.server.inference.accounting import (
     samples_of,
 )
 from model_runtime.server.inference.direct import Expiry, plain_runner, submit
+from model_runtime.server.inference.ensembles import submit_ensemble, taken_ensemble
 from model_runtime.server.repository.entries import ModelState
 
 if TYPE_CHECKING:
@@ -141,17 +142,22 @@ class FastCall:
             if plane.draining or runner is None or entry.state is not ModelState.READY:
                 runner = plane.serving_runner(entry)  # its refusal
             inner = plain_runner(plane, entry, runner)
+            ensemble = None if inner is not None else taken_ensemble(plane, entry, runner)
         except Exception as exc:
             asyncio.get_running_loop().call_soon(self._fail, exc)
             return True
-        if inner is None:
+        if inner is None and ensemble is None:
             return False
         plane.enter_request(entry.name, entry.version)
         self._entry = entry
         try:
             json_length = None if header_length is None else json_length_of(header_length)
             parsed = self._parsed = plane.decode(entry, json_length, body)
-            self._future, self._timer = submit(plane, entry, inner, parsed)
+            if ensemble is not None:  # its steps, each queued on its model's runner
+                self._future = submit_ensemble(plane, entry, ensemble, parsed)
+            else:
+                assert inner is not None
+                self._future, self._timer = submit(plane, entry, inner, parsed)
         except Exception as exc:
             self._finish(status_of(exc)[1], 0)
             asyncio.get_running_loop().call_soon(self._fail, exc)

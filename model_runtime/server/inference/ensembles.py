@@ -13,16 +13,53 @@ from typing import TYPE_CHECKING, Any
 
 from actors.queues.tracing import CURRENT as CURRENT_TRACE
 from model_runtime.server.answers import status_of
+from model_runtime.server.ensemble import EnsembleRunner
 from model_runtime.server.inference import direct
 from model_runtime.server.inference.streaming import replies
 from model_runtime.server.repository.entries import ModelEntry
+from model_runtime.server.serving import innermost
 from model_runtime.server.tensors.request import InferRequest, RequestedOutput
 from model_runtime.server.triton.ensemble import EnsembleStep
+from model_runtime.server.triton.settings import DEFAULT_SETTINGS
 
 if TYPE_CHECKING:
     from model_runtime.server.inference.plane import DataPlane
 
-__all__ = ["EnsembleSteps"]
+__all__ = ["EnsembleSteps", "submit_ensemble", "taken_ensemble"]
+
+
+def taken_ensemble(plane: DataPlane, entry: ModelEntry, runner: Any) -> EnsembleRunner | None:
+    """The ensemble ``runner`` serves (``entry``'s) when a front end may take its requests by
+    callbacks (:func:`submit_ensemble`): not decoupled, no trace being taken, not answered
+    from the response cache; else None."""
+    inner = innermost(runner)
+    if type(inner) is not EnsembleRunner or inner.decoupled or plane.tracer.active:
+        return None
+    settings = entry.settings
+    if plane.cache is not None and settings is not None and settings.config.response_cache.enable:
+        return None
+    return inner
+
+
+def submit_ensemble(
+    plane: DataPlane,
+    entry: ModelEntry,
+    ensemble: EnsembleRunner,
+    parsed: InferRequest,
+    deadline: float | None = None,
+) -> asyncio.Future[dict[str, Any]]:
+    """:meth:`DataPlane.execute` of ``parsed`` on ``ensemble`` (``entry``'s, from
+    :func:`taken_ensemble`) without a coroutine where its steps form a chain
+    (:meth:`EnsembleRunner.submit`), within the shortest of the server's ``request_timeout``,
+    the request's ``timeout`` and ``deadline`` (seconds): the future of its outputs (or of its
+    error); cancelling it drops the step it waits on."""
+    settings = entry.settings or DEFAULT_SETTINGS
+    opts = plane.options
+    priority = settings.priority(parsed.priority, opts.priority_levels, opts.default_priority_level)
+    timeout = settings.deadline(opts.request_timeout, parsed.timeout, priority)[0]
+    if deadline is not None:
+        timeout = deadline if timeout is None else min(timeout, deadline)
+    return ensemble.submit(parsed, timeout)
 
 
 class EnsembleSteps:

@@ -1,0 +1,138 @@
+"""An ensemble request whose steps form a chain (each one, after the first, reads what the
+one before it writes: the common pipeline) run by callbacks, without a task: each step is
+queued from the done callback of the one before it, and the request's future is settled from
+the last one's. What :func:`~.schedule.run_steps` does for a chain, step for step: the same
+inputs given, a step whose inputs were all left out skipped, the deadline checked before each
+step, a failing step's error in Triton's words (:func:`~.schedule.step_failed`).
+Cancelling the request's future cancels the step it waits on (that step's rows never run)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from model_runtime.server.ensemble.schedule import StepCall, chain_of, step_failed, time_left
+from model_runtime.server.triton.ensemble import EnsembleConfig
+
+__all__ = ["start_chain"]
+
+
+def start_chain(
+    config: EnsembleConfig,
+    inputs: Mapping[str, Any],
+    wanted: Sequence[str],
+    call: StepCall,
+    timeout: float | None,
+    finish: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> asyncio.Future[dict[str, Any]] | None:
+    """Queue the first step of ``config``'s chain for the outputs ``wanted`` on the ensemble
+    ``inputs`` (each step through ``call``, with the time left of ``timeout`` seconds); the
+    future of the ``wanted`` tensors written (``finish`` applied to them), or of the error
+    :func:`~.schedule.run_steps` would raise. None: the steps needed are not a chain (nothing
+    was done: run them with :func:`~.schedule.run_steps`)."""
+    links = chain_of(config, wanted)
+    if not links:
+        return None
+    run = _Chain(config, links, dict(inputs), wanted, call, timeout, finish)
+    run.next()
+    return run.future
+
+
+class _Chain:
+    """One request's chain run (see the module docstring)."""
+
+    __slots__ = (
+        "_at",
+        "_call",
+        "_config",
+        "_deadline",
+        "_finish",
+        "_links",
+        "_pending",
+        "_tensors",
+        "_wanted",
+        "future",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        config: EnsembleConfig,
+        links: tuple[Any, ...],
+        tensors: dict[str, Any],
+        wanted: Sequence[str],
+        call: StepCall,
+        timeout: float | None,
+        finish: Callable[[dict[str, Any]], dict[str, Any]] | None,
+    ) -> None:
+        self._config = config
+        self._links = links
+        self._tensors = tensors
+        self._wanted = wanted
+        self._call = call
+        self._deadline = None if timeout is None else time.monotonic() + timeout
+        self._finish = finish
+        self._at = 0
+        self._pending: asyncio.Future[Mapping[str, Any]] | None = None
+        self.future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.future.add_done_callback(self._ended)
+
+    def next(self) -> None:
+        """Queue the next step that has inputs, or settle the future once none is left."""
+        tensors, links = self._tensors, self._links
+        while self._at < len(links):
+            step, reads, _ = links[self._at]
+            given = {m: tensors[t] for m, t in reads if t in tensors}
+            if not given:  # everything it reads was left out: so is what it writes
+                self._at += 1
+                continue
+            try:
+                left = time_left(self._config.name, step, self._deadline)
+            except Exception as exc:  # the deadline passed: its own error, the step named
+                self.future.set_exception(exc)
+                return
+            try:
+                pending = self._call(step, given, left)
+                if not isinstance(pending, asyncio.Future):
+                    pending = asyncio.ensure_future(pending)
+            except Exception as exc:
+                self.future.set_exception(step_failed(self._config.name, step, exc))
+                return
+            self._pending = pending
+            pending.add_done_callback(self._ran)
+            return
+        out = {t: tensors[t] for t in self._wanted if t in tensors}
+        try:
+            self.future.set_result(out if self._finish is None else self._finish(out))
+        except Exception as exc:
+            self.future.set_exception(exc)
+
+    def _ran(self, pending: asyncio.Future[Mapping[str, Any]]) -> None:
+        """The step waited on ended: its outputs written, the next step queued."""
+        self._pending = None
+        future = self.future
+        if future.done():
+            return  # the request was cancelled
+        step, _, writes = self._links[self._at]
+        if pending.cancelled():
+            future.cancel()
+            return
+        exc = pending.exception()
+        if exc is not None:
+            error = step_failed(self._config.name, step, exc) if isinstance(exc, Exception) else exc
+            future.set_exception(error)
+            return
+        outputs = pending.result()
+        tensors = self._tensors
+        for model_output, tensor in writes:
+            if model_output in outputs:
+                tensors[tensor] = outputs[model_output]
+        self._at += 1
+        self.next()
+
+    def _ended(self, future: asyncio.Future[dict[str, Any]]) -> None:
+        pending = self._pending
+        if future.cancelled() and pending is not None:
+            self._pending = None
+            pending.cancel()
