@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -65,7 +66,7 @@ class Item:
 
     __slots__ = (
         "answered", "call", "dispatched", "enqueued", "future", "instance", "kills", "request",
-        "responses", "sent", "slot", "trace", "unwrap",
+        "responses", "sent", "slot", "then", "trace", "unwrap",
     )  # fmt: skip
 
     def __init__(
@@ -75,6 +76,9 @@ class Item:
         #: the answer (None for a stream): its PyResponse, or (``unwrap``) its outputs
         self.future: asyncio.Future[Any] | None = None if stream else loop.create_future()
         self.unwrap = False
+        #: called with ``future`` as it is settled, before its done callbacks run (a turn of
+        #: the event loop later): what follows the request at once (see :meth:`Batcher.settle`)
+        self.then: Callable[[asyncio.Future[Any]], None] | None = None
         #: a stream's: resolved with its call once sent (None for a request of one answer)
         self.dispatched: asyncio.Future[Call] | None = loop.create_future() if stream else None
         self.call: Call | None = None
@@ -186,6 +190,8 @@ class Batcher:
                 item.future.exception()
             else:
                 item.future.set_result(outcome.outputs if item.unwrap else outcome)
+            if item.then is not None:
+                self.then(item)
         elif (
             isinstance(outcome, BaseException)
             and item.dispatched is not None
@@ -194,6 +200,16 @@ class Batcher:
             item.dispatched.set_exception(outcome)  # a stream's caller waits on this
             item.dispatched.exception()
         self.done(item)
+
+    def then(self, item: Item) -> None:
+        """Call ``item.then`` with its settled future, once; what it raises is logged (it
+        runs inside the reading of the instance's frame, which nothing may break)."""
+        then, item.then = item.then, None
+        assert then is not None and item.future is not None
+        try:
+            then(item.future)
+        except Exception as exc:
+            _log.error("python_request_then_failed", model=self.config.name, error=repr(exc))
 
     def crashed(self, item: Item, exc: InstanceCrashedError) -> BaseException | None:
         """An instance died holding ``item``: None if it goes back to the queue (alone), else
@@ -309,6 +325,7 @@ class Batcher:
                 [[item.request for item in batch] for batch in batches],
                 stream=self.config.decoupled,
                 alone=[bool(batch[0].kills) for batch in batches],
+                now=True,  # (this turn's requests are in: no turn more before they leave)
             )
         except InstanceCrashedError:
             for batch in reversed(batches):

@@ -4,7 +4,8 @@ Frames are handed to ``on_frame`` as they complete, in ``data_received`` itself 
 extra turn of the event loop per frame). A frame over the limits, or a handler that finds one
 broken, ends the channel with the reason; EOF ends it without one. Frames written during one
 turn of the event loop leave together, in order, in one write at the end of that turn (one
-syscall, and one wake-up of the instance, for the requests of many clients).
+syscall, and one wake-up of the instance, for the requests of many clients); a frame that
+already gathers a turn's requests (the batcher's, sent at the end of a turn) may leave at once.
 """
 
 from __future__ import annotations
@@ -76,12 +77,20 @@ class Channel(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._end(None)
 
-    def write(self, segments: list[bytes | memoryview]) -> bool:
+    def write(self, segments: list[bytes | memoryview], now: bool = False) -> bool:
         """Send one frame's segments (at the end of this turn of the event loop, with the
-        other frames of the turn); False if the channel is closed."""
+        other frames of the turn; ``now``: at once, after the frames still waiting: a frame
+        that already gathers a turn's requests); False if the channel is closed."""
         if self.transport is None or self.transport.is_closing():
             return False
         outbox = self._outbox
+        if now:
+            if outbox:
+                outbox += segments
+                self._flush()  # (the flush it had asked for finds nothing left)
+            else:
+                self.transport.writelines(segments)
+            return True
         if not outbox:
             self._loop.call_soon(self._flush)
         outbox += segments

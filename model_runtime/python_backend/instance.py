@@ -267,11 +267,13 @@ class InstanceProcess:
         *,
         stream: bool = False,
         alone: Sequence[bool] = (),
+        now: bool = False,
     ) -> list[list[Call]]:
         """Send batches in one frame; the calls of each, in order. The model runs them one
         after the other; an instance of a model that batches merges batches that wait for it
         into one ``execute`` (up to ``max_batch_size`` rows), except those ``alone`` says
-        (requests that were in a crash: each its own ``execute``). Raises: as :meth:`submit`."""
+        (requests that were in a crash: each its own ``execute``). The frame leaves at the
+        end of this turn of the event loop (``now``: at once). Raises: as :meth:`submit`."""
         if not self.alive or self._channel is None or self._arena is None:
             raise self.death or InstanceCrashedError(f"the python instance {describe_exit(None)}")
         enc = Encoder(self._arena)
@@ -323,7 +325,7 @@ class InstanceProcess:
         if idle:
             self.last_progress = self.clock.monotonic()  # idle until now: the clock starts here
         header["B"] = wire
-        self._channel.write(enc.finish(header, self._arena.sender.head, fast=True))
+        self._channel.write(enc.finish(header, self._arena.sender.head, fast=True), now)
         return out
 
     async def execute(self, requests: Sequence[PyRequest]) -> list[PyResponse]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import sys
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -254,10 +254,13 @@ class PythonModelRunner:
         inputs: Mapping[str, np.ndarray],
         context: RequestContext | None = None,
         timeout: float | None = None,
+        then: Callable[[asyncio.Future[dict[str, np.ndarray]]], None] | None = None,
     ) -> asyncio.Future[dict[str, np.ndarray]]:
         """:meth:`execute` without a coroutine: the request is queued now; the future of its
         outputs. Cancelling the future drops the request (the model is told); past
-        ``timeout`` seconds it fails with :class:`RequestTimeoutError`.
+        ``timeout`` seconds it fails with :class:`RequestTimeoutError`. ``then`` is called
+        with the future as it is settled (its outputs or error; not once it is cancelled),
+        in the same turn of the event loop, where its done callbacks run a turn later.
 
         Raises:
             InputValidationError: inputs that do not fit the config, or a decoupled model.
@@ -269,6 +272,7 @@ class PythonModelRunner:
             )
         item = self._enqueue(inputs, context, False)
         item.unwrap = True
+        item.then = then
         future = item.future
         assert future is not None
         timer = None
@@ -320,6 +324,8 @@ class PythonModelRunner:
                 f"{timeout} s"
             )
         )
+        if item.then is not None:
+            self._batcher.then(item)
 
     async def stream(
         self,

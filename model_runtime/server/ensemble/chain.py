@@ -10,20 +10,28 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from model_runtime.server.ensemble.schedule import StepCall, chain_of, step_failed, time_left
-from model_runtime.server.triton.ensemble import EnsembleConfig
+from model_runtime.server.ensemble.schedule import chain_of, step_failed, time_left
+from model_runtime.server.triton.ensemble import EnsembleConfig, EnsembleStep
 
-__all__ = ["start_chain"]
+__all__ = ["ChainCall", "start_chain"]
+
+#: Queues one step: (step, its inputs by model input name, seconds left or None, ``then``) ->
+#: the future of its outputs by model output name, ``then`` called with it once it is done
+#: (perhaps not once cancelled); or a coroutine of them (``then`` is not called).
+ChainCall = Callable[
+    [EnsembleStep, dict[str, Any], float | None, Callable[[asyncio.Future[Any]], None]],
+    Awaitable[Mapping[str, Any]],
+]
 
 
 def start_chain(
     config: EnsembleConfig,
     inputs: Mapping[str, Any],
     wanted: Sequence[str],
-    call: StepCall,
+    call: ChainCall,
     timeout: float | None,
     finish: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> asyncio.Future[dict[str, Any]] | None:
@@ -62,7 +70,7 @@ class _Chain:
         links: tuple[Any, ...],
         tensors: dict[str, Any],
         wanted: Sequence[str],
-        call: StepCall,
+        call: ChainCall,
         timeout: float | None,
         finish: Callable[[dict[str, Any]], dict[str, Any]] | None,
     ) -> None:
@@ -92,15 +100,17 @@ class _Chain:
             except Exception as exc:  # the deadline passed: its own error, the step named
                 self.future.set_exception(exc)
                 return
+            at = self._at
             try:
-                pending = self._call(step, given, left)
+                pending = self._call(step, given, left, self._ran)
                 if not isinstance(pending, asyncio.Future):
                     pending = asyncio.ensure_future(pending)
+                    pending.add_done_callback(self._ran)
             except Exception as exc:
                 self.future.set_exception(step_failed(self._config.name, step, exc))
                 return
-            self._pending = pending
-            pending.add_done_callback(self._ran)
+            if self._at == at:  # (else it ended as it was queued: ``_ran`` went on)
+                self._pending = pending
             return
         out = {t: tensors[t] for t in self._wanted if t in tensors}
         try:

@@ -6,7 +6,7 @@ gives it, and which is ready only while every model it runs is."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from actors.session.state import ReplicaStatus
@@ -40,9 +40,12 @@ class StepCaller(Protocol):
         inputs: dict[str, Any],
         request: InferRequest,
         timeout: float | None,
+        then: Callable[[asyncio.Future[Any]], None] | None = None,
     ) -> Awaitable[Mapping[str, Any]]:
         """What :meth:`__call__` does, queued now where the step's model allows (the future
-        of its outputs: cancelling it drops the step), else the coroutine of :meth:`__call__`.
+        of its outputs: cancelling it drops the step; ``then`` is called with it once it is
+        done, perhaps not once cancelled), else the coroutine of :meth:`__call__` (``then``
+        is not called).
 
         Raises:
             what :meth:`__call__` raises before the step is queued."""
@@ -149,8 +152,13 @@ class EnsembleRunner:
         name = self.config.name
         caller = self._call
 
-        def call(step: EnsembleStep, inputs: dict[str, Any], left: float | None) -> Any:
-            return caller.submit(name, step, inputs, request, left)
+        def call(
+            step: EnsembleStep,
+            inputs: dict[str, Any],
+            left: float | None,
+            then: Callable[[asyncio.Future[Any]], None],
+        ) -> Any:
+            return caller.submit(name, step, inputs, request, left, then)
 
         inputs = request.inputs
         finish = None

@@ -10,6 +10,7 @@ outputs; :func:`run` awaits it (a front end that answers in a coroutine).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from model_runtime.python_backend.runner import PythonModelRunner
@@ -70,12 +71,15 @@ def submit(
     inner: ModelRunner | PythonModelRunner,
     parsed: InferRequest,
     deadline: float | None = None,
+    then: Callable[[asyncio.Future[dict[str, Any]]], None] | None = None,
 ) -> tuple[asyncio.Future[dict[str, Any]], Expiry | None]:
     """:meth:`DataPlane.execute` without a coroutine, on the runner :func:`plain_runner` gave:
     the request is queued now, within the shortest of the server's ``request_timeout``, the
     request's ``timeout`` and ``deadline`` (seconds: the gRPC caller's). Returns the future of
     its outputs (cancel it: its rows never run) and its deadline, which fails it with
-    :class:`RequestTimeoutError` once past (cancel it once the future is done).
+    :class:`RequestTimeoutError` once past (cancel it once the future is done). ``then``:
+    called with the future once it is done: as it is settled for a python model's
+    (:meth:`PythonModelRunner.submit`; not once cancelled), else as its done callback.
 
     Raises:
         ModelRuntimeError: what ``DataPlane.execute`` raises at once (refusals, bad inputs).
@@ -95,12 +99,14 @@ def submit(
     if deadline is not None:
         timeout = deadline if timeout is None else min(timeout, deadline)
     if type(inner) is PythonModelRunner:  # Triton's request, as its model.py sees it
-        return inner.submit(parsed.inputs, python_context(parsed), timeout), None
+        return inner.submit(parsed.inputs, python_context(parsed), timeout, then), None
     assert isinstance(inner, ModelRunner)
     if parsed.sequence is not None:
         raise not_a_sequence_model(parsed.sequence, entry.name)
     pending = inner.execute_async(parsed.inputs, None, None, None, priority, waits, delay)
     future = pending if isinstance(pending, asyncio.Future) else asyncio.ensure_future(pending)
+    if then is not None:
+        future.add_done_callback(then)
     if timeout is None:
         return future, None
     # The runner's own expiry (its error and words), in the book of the requests that share

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -97,11 +97,14 @@ class EnsembleSteps:
         inputs: dict[str, Any],
         request: InferRequest,
         timeout: float | None,
+        then: Callable[[asyncio.Future[dict[str, Any]]], None] | None = None,
     ) -> Awaitable[dict[str, Any]]:
         """Run ``step`` as :meth:`__call__` does; a plain model's step
         (:func:`~.direct.plain_runner`) is queued on its runner now, without a coroutine
         (:func:`~.direct.submit`): the future of its outputs (cancelling it drops the step),
-        counted from its done callback. Any other step: the coroutine of :meth:`__call__`.
+        counted from its done callback, and ``then`` called with it once done (a python
+        model's as it is settled, in that turn of the event loop). Any other step: the
+        coroutine of :meth:`__call__` (``then`` is not called).
 
         Raises:
             as :meth:`__call__`, for what is refused as the step is queued.
@@ -115,7 +118,7 @@ class EnsembleSteps:
         t0 = time.perf_counter()
         samples = plane.samples_of(entry, inputs)
         try:
-            future, timer = direct.submit(plane, entry, inner, parsed, timeout)
+            future, timer = direct.submit(plane, entry, inner, parsed, timeout, then)
         except BaseException as exc:
             reason = status_of(exc)[1] if isinstance(exc, Exception) else "cancelled"
             plane.finish_request(entry, reason, t0, samples)
