@@ -86,6 +86,29 @@ async def test_submit_queues_at_once_and_its_future_gives_the_outputs(tmp_path: 
         await runner.close()
 
 
+async def test_then_follows_a_submitted_request_in_the_turn_its_answer_is_read(
+    tmp_path: Path,
+) -> None:
+    # ``then`` sees the settled future before any of its done callbacks (a turn later) runs;
+    # a request dropped by its caller never calls it.
+    runner = _runner(tmp_path, "add_sub")
+    await runner.start()
+    try:
+        seen: list[str] = []
+        future = runner.submit(
+            _pair(2.0), then=lambda f: seen.append(f"then {f.result()['OUTPUT0'][0]:g}")
+        )
+        future.add_done_callback(lambda f: seen.append("done callback"))
+        await future
+        assert seen == ["then 3", "done callback"]
+        dropped = runner.submit(_pair(1.0), then=lambda f: seen.append("dropped"))
+        dropped.cancel()
+        await runner.execute(_pair(1.0))  # (the dropped one would have been answered by now)
+        assert "dropped" not in seen
+    finally:
+        await runner.close()
+
+
 async def test_a_submitted_request_past_its_timeout_is_dropped_and_the_model_told(
     tmp_path: Path,
 ) -> None:
@@ -94,8 +117,13 @@ async def test_a_submitted_request_past_its_timeout_is_dropped_and_the_model_tol
     runner = _runner(tmp_path, "cancellable")
     await runner.start()
     try:
+        told: list[BaseException | None] = []
         with pytest.raises(RequestTimeoutError, match=r"gave no answer within 0\.2 s"):
-            await runner.submit({"INPUT0": np.ones(1, np.float32)}, timeout=0.2)
+            await runner.submit(
+                {"INPUT0": np.ones(1, np.float32)}, timeout=0.2,
+                then=lambda f: told.append(f.exception()),
+            )  # fmt: skip
+        assert len(told) == 1 and isinstance(told[0], RequestTimeoutError)  # then, too
     finally:
         t0 = time.monotonic()
         await runner.close()

@@ -34,17 +34,21 @@ def start_chain(
     call: ChainCall,
     timeout: float | None,
     finish: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    then: Callable[[asyncio.Future[dict[str, Any]]], None] | None = None,
 ) -> asyncio.Future[dict[str, Any]] | None:
     """Queue the first step of ``config``'s chain for the outputs ``wanted`` on the ensemble
     ``inputs`` (each step through ``call``, with the time left of ``timeout`` seconds); the
     future of the ``wanted`` tensors written (``finish`` applied to them), or of the error
-    :func:`~.schedule.run_steps` would raise. None: the steps needed are not a chain (nothing
-    was done: run them with :func:`~.schedule.run_steps`)."""
+    :func:`~.schedule.run_steps` would raise. ``then`` is called with it once, when it is
+    done: as a step's end settles it, in that turn of the event loop; as its done callback
+    when it was cancelled, or settled before this returned. None: the steps needed are not
+    a chain (nothing was done: run them with :func:`~.schedule.run_steps`)."""
     links = chain_of(config, wanted)
     if not links:
         return None
-    run = _Chain(config, links, dict(inputs), wanted, call, timeout, finish)
+    run = _Chain(config, links, dict(inputs), wanted, call, timeout, finish, then)
     run.next()
+    run.started = True
     return run.future
 
 
@@ -60,8 +64,10 @@ class _Chain:
         "_links",
         "_pending",
         "_tensors",
+        "_then",
         "_wanted",
         "future",
+        "started",
     )  # fmt: skip
 
     def __init__(
@@ -73,6 +79,7 @@ class _Chain:
         call: ChainCall,
         timeout: float | None,
         finish: Callable[[dict[str, Any]], dict[str, Any]] | None,
+        then: Callable[[asyncio.Future[dict[str, Any]]], None] | None,
     ) -> None:
         self._config = config
         self._links = links
@@ -81,6 +88,9 @@ class _Chain:
         self._call = call
         self._deadline = None if timeout is None else time.monotonic() + timeout
         self._finish = finish
+        self._then = then
+        #: False while :func:`start_chain` queues the first step (``then`` waits a turn)
+        self.started = False
         self._at = 0
         self._pending: asyncio.Future[Mapping[str, Any]] | None = None
         self.future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
@@ -98,7 +108,7 @@ class _Chain:
             try:
                 left = time_left(self._config.name, step, self._deadline)
             except Exception as exc:  # the deadline passed: its own error, the step named
-                self.future.set_exception(exc)
+                self._settle(exc)
                 return
             at = self._at
             try:
@@ -107,16 +117,35 @@ class _Chain:
                     pending = asyncio.ensure_future(pending)
                     pending.add_done_callback(self._ran)
             except Exception as exc:
-                self.future.set_exception(step_failed(self._config.name, step, exc))
+                self._settle(step_failed(self._config.name, step, exc))
                 return
             if self._at == at:  # (else it ended as it was queued: ``_ran`` went on)
                 self._pending = pending
             return
         out = {t: tensors[t] for t in self._wanted if t in tensors}
         try:
-            self.future.set_result(out if self._finish is None else self._finish(out))
+            out = out if self._finish is None else self._finish(out)
         except Exception as exc:
-            self.future.set_exception(exc)
+            self._settle(exc)
+        else:
+            self._settle(out)
+
+    def _settle(self, outcome: dict[str, Any] | BaseException) -> None:
+        """Settle the request's future, and call ``then`` with it (once started)."""
+        future = self.future
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+        then = self._then
+        if then is not None and self.started:
+            self._then = None
+            try:
+                then(future)
+            except Exception as exc:  # as the loop reports a callback's
+                future.get_loop().call_exception_handler(
+                    {"message": "an ensemble request's answer failed", "exception": exc}
+                )
 
     def _ran(self, pending: asyncio.Future[Mapping[str, Any]]) -> None:
         """The step waited on ended: its outputs written, the next step queued."""
@@ -131,7 +160,7 @@ class _Chain:
         exc = pending.exception()
         if exc is not None:
             error = step_failed(self._config.name, step, exc) if isinstance(exc, Exception) else exc
-            future.set_exception(error)
+            self._settle(error)
             return
         outputs = pending.result()
         tensors = self._tensors
@@ -146,3 +175,6 @@ class _Chain:
         if future.cancelled() and pending is not None:
             self._pending = None
             pending.cancel()
+        then, self._then = self._then, None
+        if then is not None:  # cancelled, or settled as it started
+            then(future)

@@ -139,14 +139,18 @@ class EnsembleRunner:
                 self._idle.set()
 
     def submit(
-        self, request: InferRequest, timeout: float | None
+        self,
+        request: InferRequest,
+        timeout: float | None,
+        then: Callable[[asyncio.Future[dict[str, Any]]], None] | None = None,
     ) -> asyncio.Future[dict[str, Any]]:
         """:meth:`infer` without a coroutine where the steps needed form a chain (each step
-        queued from the done callback of the one before it: :func:`~.chain.start_chain`),
-        else a task of :meth:`infer`: the future of its outputs, or of what :meth:`infer`
-        raises. Cancelling it cancels the step it waits on."""
+        queued as the one before it ends: :func:`~.chain.start_chain`), else a task of
+        :meth:`infer`: the future of its outputs, or of what :meth:`infer` raises.
+        Cancelling it cancels the step it waits on. ``then`` is called with it once done
+        (in the turn of the event loop that settles it, where a chain's last step ends)."""
         if self._closed:
-            return asyncio.ensure_future(self.infer(request, timeout))  # (its refusal)
+            return self._task(request, timeout, then)  # (its refusal)
         asked = request.outputs
         wanted = tuple(o.name for o in asked) if asked else self.config.outputs
         name = self.config.name
@@ -165,13 +169,24 @@ class EnsembleRunner:
         if self._reshapes:
             inputs = {n: self._reshape(n, a, 1) for n, a in inputs.items()}
             finish = self._reshaped
-        future = start_chain(self.config, inputs, wanted, call, timeout, finish)
+        future = start_chain(self.config, inputs, wanted, call, timeout, finish, then)
         if future is None:
-            return asyncio.ensure_future(self.infer(request, timeout))
+            return self._task(request, timeout, then)
         self._inflight += 1
         self._idle.clear()
         future.add_done_callback(self._answered)
         return future
+
+    def _task(
+        self,
+        request: InferRequest,
+        timeout: float | None,
+        then: Callable[[asyncio.Future[dict[str, Any]]], None] | None,
+    ) -> asyncio.Future[dict[str, Any]]:
+        task = asyncio.ensure_future(self.infer(request, timeout))
+        if then is not None:
+            task.add_done_callback(then)
+        return task
 
     def _reshaped(self, outputs: dict[str, Any]) -> dict[str, Any]:
         return {n: self._reshape(n, a, 0) for n, a in outputs.items()}

@@ -281,9 +281,9 @@ class _Call:
             )  # fmt: skip
             future: asyncio.Future[dict[str, Any]]
             if type(inner) is EnsembleRunner:  # its steps, each queued on its model's runner
-                future = submit_ensemble(plane, entry, inner, parsed, seconds)
-            else:
-                future, self.timer = direct.submit(plane, entry, inner, parsed, seconds)
+                self.stream.task = submit_ensemble(plane, entry, inner, parsed, seconds, self.ran)
+                return
+            future, self.timer = direct.submit(plane, entry, inner, parsed, seconds)
         except Exception as exc:
             self.fail(exc)
             return

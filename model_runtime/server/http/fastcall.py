@@ -154,10 +154,10 @@ class FastCall:
             json_length = None if header_length is None else json_length_of(header_length)
             parsed = self._parsed = plane.decode(entry, json_length, body)
             if ensemble is not None:  # its steps, each queued on its model's runner
-                self._future = submit_ensemble(plane, entry, ensemble, parsed)
-            else:
-                assert inner is not None
-                self._future, self._timer = submit(plane, entry, inner, parsed)
+                self._future = submit_ensemble(plane, entry, ensemble, parsed, then=self._ran)
+                return True
+            assert inner is not None
+            self._future, self._timer = submit(plane, entry, inner, parsed)
         except Exception as exc:
             self._finish(status_of(exc)[1], 0)
             asyncio.get_running_loop().call_soon(self._fail, exc)

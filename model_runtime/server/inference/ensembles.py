@@ -47,19 +47,22 @@ def submit_ensemble(
     ensemble: EnsembleRunner,
     parsed: InferRequest,
     deadline: float | None = None,
+    then: Callable[[asyncio.Future[dict[str, Any]]], None] | None = None,
 ) -> asyncio.Future[dict[str, Any]]:
     """:meth:`DataPlane.execute` of ``parsed`` on ``ensemble`` (``entry``'s, from
     :func:`taken_ensemble`) without a coroutine where its steps form a chain
     (:meth:`EnsembleRunner.submit`), within the shortest of the server's ``request_timeout``,
     the request's ``timeout`` and ``deadline`` (seconds): the future of its outputs (or of its
-    error); cancelling it drops the step it waits on."""
+    error); cancelling it drops the step it waits on. ``then`` is called with it once done,
+    in the turn of the event loop that settles it where it can (its last step's end), else
+    as its done callback."""
     settings = entry.settings or DEFAULT_SETTINGS
     opts = plane.options
     priority = settings.priority(parsed.priority, opts.priority_levels, opts.default_priority_level)
     timeout = settings.deadline(opts.request_timeout, parsed.timeout, priority)[0]
     if deadline is not None:
         timeout = deadline if timeout is None else min(timeout, deadline)
-    return ensemble.submit(parsed, timeout)
+    return ensemble.submit(parsed, timeout, then)
 
 
 class EnsembleSteps:
