@@ -13,16 +13,15 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from model_runtime.server.grpc import nghttp2 as ng
+from model_runtime.server.grpc.h2blocks import Block
 from model_runtime.server.grpc.h2stream import HIGH_WATER, H2Stream, StreamOwner, trailers_nv
 from model_runtime.server.grpc.nghttp2 import ffi, lib
 
-__all__ = ["CALLBACKS", "MAX_HEADER_LIST", "PROVIDER", "STARTED", "TOO_BIG", "WAITING",
-           "CallbackOwner", "FastCalls", "current"]  # fmt: skip
+__all__ = ["CALLBACKS", "PROVIDER", "STARTED", "TOO_BIG", "WAITING", "CallbackOwner",
+           "FastCalls", "current"]  # fmt: skip
 
-unpack = ffi._backend.unpack  # ffi.unpack without its Python wrapper (per header)
+unpack = ffi._backend.unpack  # ffi.unpack without its Python wrapper (per chunk)
 memmove = ffi._backend.memmove  # (the same for ffi.memmove, per answer)
-#: A stream's header block (names and values) past this many bytes resets the stream.
-MAX_HEADER_LIST = 64 << 10
 #: A stream's ``wait``: its call not started; waiting for the end of its request (a fast
 #: call's); no longer (too big: the app's); started.
 WAITING, TOO_BIG, STARTED = 1, 2, 3
@@ -45,6 +44,8 @@ class CallbackOwner(StreamOwner, Protocol):
     """What the callbacks need of a connection (:class:`~.h2proto.H2Protocol`)."""
 
     streams: dict[int, H2Stream]
+    #: The header blocks of the read nghttp2 is given, by stream (:mod:`.h2blocks`).
+    blocks: dict[int, Block]
     #: Streams whose call may start now (headers complete), in the order they came.
     ready: list[H2Stream]
     #: When its last read came (the loop's clock).
@@ -70,37 +71,6 @@ class CallbackOwner(StreamOwner, Protocol):
 current: CallbackOwner | None = None
 
 
-def _on_begin_headers(session: int, frame: Any) -> int:
-    global _hs
-    conn = current
-    assert conn is not None
-    stream_id = frame.stream_id
-    if stream_id in conn.streams:
-        _hs = None  # the request's trailers: not read
-    else:
-        _hs = conn.streams[stream_id] = H2Stream(conn, stream_id, conn.last)
-    return 0
-
-
-#: The stream whose header block is being received (None: one not read).
-_hs: H2Stream | None = None
-
-
-def _on_header(session: int, frame: int, name: Any, namelen: int, value: Any, valuelen: int) -> int:
-    stream = _hs
-    if stream is None:
-        return 0
-    stream.header_bytes += namelen + valuelen + 32
-    if stream.header_bytes > MAX_HEADER_LIST:
-        return ng.ERR_TEMPORAL_CALLBACK_FAILURE  # this stream is reset, the others go on
-    key = unpack(name, namelen)
-    if key[0] != 58:  # not a pseudo-header (":")
-        stream.headers.append((key, unpack(value, valuelen)))
-    elif key == b":path":
-        stream.path = unpack(value, valuelen)
-    return 0
-
-
 def _on_frame_recv(session: int, frame: Any) -> int:
     kind = frame.type
     if kind > ng.HEADERS:  # (SETTINGS, PING, WINDOW_UPDATE ...: nghttp2's own)
@@ -114,10 +84,19 @@ def _on_frame_recv(session: int, frame: Any) -> int:
         return 0
     conn = current
     assert conn is not None
-    stream = conn.streams.get(frame.stream_id)
+    stream_id = frame.stream_id
+    stream = conn.streams.get(stream_id)
     if stream is None:
-        return 0
-    if kind == ng.HEADERS and stream is _hs:  # a request's headers (not its trailers)
+        if kind == ng.DATA:
+            return 0
+        # A request's headers (a stream's second HEADERS are its trailers, not read).
+        block = conn.blocks.get(stream_id)
+        if block is None or block.size is None:  # (lost, or past MAX_HEADER_LIST)
+            conn.reset(stream_id, ng.INTERNAL_ERROR)  # this stream; the others go on
+            return 0
+        stream = conn.streams[stream_id] = H2Stream(conn, stream_id, conn.last)
+        stream.path = block.path
+        stream.headers = block.headers
         conn.ready.append(stream)
     if frame.flags & ng.FLAG_END_STREAM:
         stream.ended = True
@@ -199,8 +178,6 @@ def _callbacks() -> Any:
     lib.nghttp2_session_callbacks_new(holder)
     cbs = holder[0]
     for setter, kind, function in (
-        ("on_begin_headers", "nghttp2_on_begin_headers_callback", _on_begin_headers),
-        ("on_header", "nghttp2_on_header_callback", _on_header),
         ("on_frame_recv", "nghttp2_on_frame_recv_callback", _on_frame_recv),
         ("on_data_chunk_recv", "nghttp2_on_data_chunk_recv_callback", _on_data_chunk),
         ("on_stream_close", "nghttp2_on_stream_close_callback", _on_stream_close),

@@ -13,12 +13,14 @@ takes it, so a message the app refuses is never buffered past one window); a str
 resets, or a connection it closes, cancels the call's task; an answer that waits behind a
 closed window past ``write_timeout`` resets its stream; a connection without calls for
 ``idle_timeout`` is closed (GOAWAY first); a header block past :data:`MAX_HEADER_LIST` resets
-its stream. Rapid reset (CVE-2023-44487): a client's resets of streams it opened less than
-:data:`RESET_GRACE` before are counted in a token bucket (:data:`RESET_BURST`, refilled at
-:data:`RESET_RATE` a second); past it the connection is ended (GOAWAY ENHANCE_YOUR_CALM). A
-reset of an older stream costs nothing: such a stream held one of the connection's
-``max_streams`` for that long, so the concurrency limit bounds them, and a client that cancels
-many calls at once (its deadline passed) keeps its connection. nghttp2's own limits stay on:
+its stream and ends the connection (GOAWAY: its open calls go on); header blocks are read by
+:mod:`.h2blocks` from the bytes nghttp2 is given, not by a callback per header. Rapid reset
+(CVE-2023-44487): a client's resets of streams it opened less than :data:`RESET_GRACE` before
+are counted in a token bucket (:data:`RESET_BURST`, refilled at :data:`RESET_RATE` a second);
+past it the connection is ended (GOAWAY ENHANCE_YOUR_CALM). A reset of an older stream costs
+nothing: such a stream held one of the connection's ``max_streams`` for that long, so the
+concurrency limit bounds them, and a client that cancels many calls at once (its deadline
+passed) keeps its connection. nghttp2's own limits stay on:
 its reset limit (a backstop far above ours), PING/SETTINGS floods (outbound ACKs capped),
 CONTINUATION floods.
 """
@@ -31,7 +33,8 @@ from typing import Any, cast
 
 from model_runtime.server.grpc import h2callbacks as callbacks, nghttp2 as ng
 from model_runtime.server.grpc.call import STREAM_EXTENSION
-from model_runtime.server.grpc.h2callbacks import MAX_HEADER_LIST, STARTED, WAITING, FastCalls
+from model_runtime.server.grpc.h2blocks import MAX_CONTINUATIONS, MAX_HEADER_LIST, HeaderBlocks
+from model_runtime.server.grpc.h2callbacks import STARTED, WAITING, FastCalls
 from model_runtime.server.grpc.h2stream import H2Stream, headers_nv
 from model_runtime.server.grpc.nghttp2 import ffi, lib
 
@@ -81,6 +84,9 @@ class H2Protocol(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.session: Any = None
         self.streams: dict[int, H2Stream] = {}
+        #: The request header blocks, read from the bytes nghttp2 is given (:mod:`.h2blocks`).
+        self.header_blocks = HeaderBlocks()
+        self.blocks = self.header_blocks.blocks
         self.transport: asyncio.Transport | None = None
         self.peer: tuple[str, int] | None = None
         self.fast = limits.fast
@@ -140,11 +146,15 @@ class H2Protocol(asyncio.Protocol):
         if session is None:
             return
         self.last = self.loop.time()
+        header_blocks = self.header_blocks
+        header_blocks.feed(data)
         callbacks.current = self
         read = lib.nghttp2_session_mem_recv(session, data, len(data))
         if read < 0:
             self._close()
             return
+        if header_blocks.lost is not None and not self.ending:  # no more calls can start
+            self.goaway()
         if self._calm:  # rapid reset: the calls of this read are not started either
             self._calm = False
             self.ready.clear()
@@ -196,6 +206,7 @@ class H2Protocol(asyncio.Protocol):
         session, self.session = self.session, None
         if session is not None:
             lib.nghttp2_session_del(session)
+        self.header_blocks.close()
 
     def pause_writing(self) -> None:
         self._paused = True
@@ -376,7 +387,7 @@ def _option() -> Any:
     # Rapid reset: counted by the connection (H2Protocol.reset_received); nghttp2's count of
     # every reset is a backstop far above it.
     lib.nghttp2_option_set_stream_reset_rate_limit(option, NGHTTP2_RESET_BURST, NGHTTP2_RESET_RATE)
-    lib.nghttp2_option_set_max_continuations(option, 8)  # CONTINUATION floods
+    lib.nghttp2_option_set_max_continuations(option, MAX_CONTINUATIONS)  # CONTINUATION floods
     return option
 
 

@@ -65,7 +65,7 @@ class H2Stream:
     """One call: its request as received, its answer as sent."""
 
     __slots__ = ("chunks", "closed", "conn", "drained", "end_told", "ended", "ended_call",
-                 "expect_trailers", "finished", "finished_at", "header_bytes", "headers", "id",
+                 "expect_trailers", "finished", "finished_at", "headers", "id",
                  "opened", "out", "out_len", "path", "start", "status", "submitted", "task",
                  "trailers", "unconsumed", "wait", "waiter")  # fmt: skip
 
@@ -76,8 +76,9 @@ class H2Stream:
         self.opened = opened
         #: Where its call is: not started (0), or :data:`~.h2proto.STARTED` and the like.
         self.wait = 0
+        #: Its headers but pseudo-headers (shared with the other streams of the same block:
+        #: read only), and its ``:path``.
         self.headers: list[tuple[bytes, bytes]] = []
-        self.header_bytes = 0
         self.path = b""
         self.chunks: deque[bytes] = deque()
         self.unconsumed = 0

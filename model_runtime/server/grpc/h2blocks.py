@@ -1,0 +1,314 @@
+"""The request header blocks of one HTTP/2 connection, read from its bytes, so that nghttp2 need
+not call into Python once per header (:mod:`.h2proto`).
+
+nghttp2's session still receives every byte and decodes every block itself (its HPACK state,
+stream states, HTTP messaging rules, flood limits). :class:`HeaderBlocks` is fed the same reads
+first: it follows the frames, gathers each HEADERS frame's block (with its CONTINUATIONs) and
+decodes it, by stream, into :attr:`HeaderBlocks.blocks` (until the next read), for the streams
+nghttp2 then says began. A block is decoded by the connection's own nghttp2 HPACK decoder, which
+is given every block that may change HPACK's dynamic table, in order, as the session's is; or
+taken from the connection's cache: only a block that leaves the table as it was (indexed fields
+and literals without indexing: :func:`keeps_table`) is cached, and every block that may change
+the table empties the cache, so a cached block decodes now as it did then (gRPC clients send the
+same block, of indexed fields, for each call after the first).
+
+Where the frames are not what nghttp2 takes (it then ends the connection), or a block is past
+:data:`MAX_HEADER_LIST` (the rest of it is not decoded: the decoder can no longer follow the
+session's), :attr:`HeaderBlocks.lost` says why and no block is given from then on: the
+connection resets the streams it has no block for and sends GOAWAY.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from model_runtime.server.grpc import nghttp2 as ng
+from model_runtime.server.grpc.nghttp2 import ffi, lib
+
+__all__ = ["MAX_CONTINUATIONS", "MAX_HEADER_LIST", "Block", "HeaderBlocks", "keeps_table"]
+
+#: A stream's header list (names, values and 32 bytes a field, as HTTP/2 counts it) past this
+#: many bytes resets the stream (and ends the connection's decoding: see the module docstring).
+MAX_HEADER_LIST = 64 << 10
+#: CONTINUATION frames a header block may have (nghttp2's limit is set to the same).
+MAX_CONTINUATIONS = 8
+#: The frame size nghttp2 takes (SETTINGS_MAX_FRAME_SIZE's default; the server keeps it).
+MAX_FRAME = 16384
+#: The client's connection preface ("PRI * HTTP/2.0..."), before its first frame.
+PREFACE = 24
+#: The cache: blocks of at most this many bytes, this many of them a connection.
+CACHE_BLOCK, CACHE_ENTRIES = 2048, 32
+
+_HEADERS, _CONTINUATION, _PUSH_PROMISE = ng.HEADERS, ng.CONTINUATION, ng.PUSH_PROMISE
+
+
+class Block:
+    """One decoded header block: ``path`` (``:path``, ``b""``: none), ``headers`` (the fields
+    but pseudo-headers, in order; shared by every stream the block came on: read only) and
+    ``size`` (HTTP/2's size of the header list; None: past :data:`MAX_HEADER_LIST`)."""
+
+    __slots__ = ("headers", "path", "size")
+
+    def __init__(self, path: bytes, headers: list[tuple[bytes, bytes]], size: int | None) -> None:
+        self.path = path
+        self.headers = headers
+        self.size = size
+
+
+class HeaderBlocks:
+    """The header blocks of one connection's reads (see the module docstring)."""
+
+    __slots__ = ("_cache", "_inflater", "_open", "_pending", "_skip", "blocks", "lost")
+
+    def __init__(self) -> None:
+        #: This read's blocks by stream (the first block of a stream in the read).
+        self.blocks: dict[int, Block] = {}
+        #: Why no block is given any more (None: they are).
+        self.lost: str | None = None
+        self._cache: dict[bytes, Block] = {}
+        self._inflater: Any = None
+        #: Bytes to pass over before the next frame (the preface, or a frame's payload).
+        self._skip = PREFACE
+        #: The start of a frame the read ended in (its header, or a whole HEADERS frame's).
+        self._pending = b""
+        #: The block being gathered (HEADERS without END_HEADERS): stream, fragments.
+        self._open: tuple[int, list[bytes]] | None = None
+
+    def close(self) -> None:
+        """Free the decoder (the connection is gone)."""
+        inflater, self._inflater = self._inflater, None
+        if inflater is not None:
+            lib.nghttp2_hd_inflate_del(inflater)
+        self.lost = self.lost or "the connection is closed"
+
+    def feed(self, data: bytes) -> None:
+        """Follow ``data``, the connection's next read: :attr:`blocks` holds its blocks."""
+        if self.blocks:
+            self.blocks.clear()
+        if self.lost is not None:
+            return
+        n = len(data)
+        pos = self._skip
+        if pos:
+            if pos >= n:
+                self._skip = pos - n
+                return
+            self._skip = 0
+        if self._pending:
+            pos = self._resume(data, pos)
+        while pos + 9 <= n:
+            length = (data[pos] << 16) | (data[pos + 1] << 8) | data[pos + 2]
+            end = pos + 9 + length
+            kind = data[pos + 3]
+            if kind in (_HEADERS, _CONTINUATION):
+                if length > MAX_FRAME:
+                    self._lose("a frame past the frame size")
+                    return
+                if end > n:
+                    break
+                self._frame(data, pos, end)
+                if self.lost is not None:
+                    return
+            elif self._open is not None or kind == _PUSH_PROMISE:
+                self._lose("a frame nghttp2 ends the connection for")
+                return
+            elif end > n:
+                self._skip = end - n
+                return
+            pos = end
+        if pos < n:
+            self._pending = data[pos:]
+
+    def _resume(self, data: bytes, pos: int) -> int:
+        """Complete the frame the last read ended in with ``data[pos:]``: the position after
+        it (past the end of ``data``: not complete yet)."""
+        pending = self._pending
+        self._pending = b""
+        if len(pending) < 9:
+            take = 9 - len(pending)
+            pending += data[pos : pos + take]
+            pos += take
+            if len(pending) < 9:
+                self._pending = pending
+                return pos
+        length = (pending[0] << 16) | (pending[1] << 8) | pending[2]
+        kind = pending[3]
+        if kind != _HEADERS and kind != _CONTINUATION:
+            if self._open is not None or kind == _PUSH_PROMISE:
+                self._lose("a frame nghttp2 ends the connection for")
+                return len(data)
+            end = pos + length - (len(pending) - 9)
+            if end > len(data):
+                self._skip = end - len(data)
+            return end
+        if length > MAX_FRAME:
+            self._lose("a frame past the frame size")
+            return len(data)
+        take = 9 + length - len(pending)
+        pending += data[pos : pos + take]
+        if len(pending) < 9 + length:
+            self._pending = pending
+            return len(data)
+        self._frame(pending, 0, 9 + length)
+        return pos + take
+
+    def _frame(self, buf: bytes, pos: int, end: int) -> None:
+        """A whole HEADERS or CONTINUATION frame, ``buf[pos:end]``."""
+        flags = buf[pos + 4]
+        stream_id = int.from_bytes(buf[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
+        start = pos + 9
+        if buf[pos + 3] == _HEADERS:
+            if self._open is not None:
+                self._lose("a HEADERS frame inside a header block")
+                return
+            if flags & ng.FLAG_PADDED:
+                if start >= end:
+                    self._lose("a padded frame without its pad length")
+                    return
+                end -= buf[start]
+                start += 1
+            if flags & ng.FLAG_PRIORITY:
+                start += 5
+            if end < start:
+                self._lose("a frame's padding past its payload")
+                return
+            if flags & ng.FLAG_END_HEADERS:
+                self._done(stream_id, buf[start:end])
+            else:
+                self._open = (stream_id, [buf[start:end]])
+            return
+        block = self._open
+        if block is None or block[0] != stream_id or len(block[1]) > MAX_CONTINUATIONS:
+            self._lose("a CONTINUATION frame nghttp2 ends the connection for")
+            return
+        block[1].append(buf[start:end])
+        if flags & ng.FLAG_END_HEADERS:
+            self._open = None
+            self._done(stream_id, b"".join(block[1]))
+
+    def _done(self, stream_id: int, block: bytes) -> None:
+        decoded = self._cache.get(block)
+        if decoded is None:
+            decoded = self._decode(block)
+            if decoded is None:
+                return
+        if stream_id not in self.blocks:  # (a second one: the request's trailers)
+            self.blocks[stream_id] = decoded
+
+    def _decode(self, block: bytes) -> Block | None:
+        """Decode ``block`` with the connection's decoder (None: it cannot be, :attr:`lost`)."""
+        inflater = self._inflater
+        if inflater is None:
+            holder = ffi.new("nghttp2_hd_inflater **")
+            if lib.nghttp2_hd_inflate_new(holder) != 0:
+                self._lose("no memory for an HPACK decoder")
+                return None
+            inflater = self._inflater = holder[0]
+        keeps = keeps_table(block)
+        before = _table_state(inflater)
+        nv = ffi.new("nghttp2_nv *")
+        flags = ffi.new("int *")
+        source = ffi.from_buffer(block)
+        buffer = ffi.buffer
+        headers: list[tuple[bytes, bytes]] = []
+        path = b""
+        size = 0
+        pos, n = 0, len(block)
+        while True:
+            read = lib.nghttp2_hd_inflate_hd2(inflater, nv, flags, source + pos, n - pos, 1)
+            if read < 0:
+                self._lose(f"a header block HPACK cannot decode ({read})")
+                return None
+            pos += read
+            if flags[0] & ng.HD_INFLATE_EMIT:
+                name = buffer(nv.name, nv.namelen)[:]
+                value = buffer(nv.value, nv.valuelen)[:]
+                size += len(name) + len(value) + 32
+                if size > MAX_HEADER_LIST:  # (the rest is not decoded: the decoder is lost)
+                    self._lose("a header block past the header list limit")
+                    return Block(b"", [], None)
+                if name[:1] != b":":
+                    headers.append((name, value))
+                elif name == b":path":
+                    path = value
+            if flags[0] & ng.HD_INFLATE_FINAL:
+                lib.nghttp2_hd_inflate_end_headers(inflater)
+                break
+            if read == 0 and not flags[0] & ng.HD_INFLATE_EMIT:  # (never, with in_final)
+                self._lose("an HPACK decoder that stopped")
+                return None
+        decoded = Block(path, headers, size)
+        cache = self._cache
+        if not keeps or _table_state(inflater) != before:  # (the second: never, or a bug)
+            cache.clear()
+        elif n <= CACHE_BLOCK:
+            if len(cache) >= CACHE_ENTRIES:
+                cache.clear()
+            cache[block] = decoded
+        return decoded
+
+    def _lose(self, why: str) -> None:
+        self.lost = why
+        self._pending = b""
+        self._open = None
+        self._cache.clear()
+
+
+def _table_state(inflater: Any) -> tuple[int, int]:
+    return (
+        lib.nghttp2_hd_inflate_get_num_table_entries(inflater),
+        lib.nghttp2_hd_inflate_get_dynamic_table_size(inflater),
+    )
+
+
+def keeps_table(block: bytes) -> bool:
+    """Whether decoding ``block`` leaves HPACK's dynamic table as it was (RFC 7541 §6): it has
+    only indexed fields and literals without indexing or never indexed, no literal with
+    incremental indexing and no table size update. False where unsure (a block cut short)."""
+    pos, n = 0, len(block)
+    while pos < n:
+        first = block[pos]
+        if first & 0x80:  # indexed field: a 7-bit prefix index
+            pos = _after_int(block, pos, 0x7F)
+        elif first & 0xE0 == 0:  # literal without indexing (0000) or never indexed (0001)
+            pos = _after_int(block, pos, 0x0F) if first & 0x0F else _after_string(block, pos + 1)
+            pos = _after_string(block, pos)
+        else:  # literal with incremental indexing (01), table size update (001)
+            return False
+        if pos < 0:
+            return False
+    return True
+
+
+def _after_int(block: bytes, pos: int, mask: int) -> int:
+    """Where the integer of ``mask``'s prefix at ``pos`` ends (-1: cut short or too long)."""
+    if block[pos] & mask != mask:
+        return pos + 1
+    for end in range(pos + 1, min(pos + 6, len(block))):
+        if not block[end] & 0x80:
+            return end + 1
+    return -1
+
+
+def _after_string(block: bytes, pos: int) -> int:
+    """Where the string literal at ``pos`` ends (-1: cut short)."""
+    n = len(block)
+    if pos < 0 or pos >= n:
+        return -1
+    length = block[pos] & 0x7F
+    if length == 0x7F:
+        length, shift = 0x7F, 0
+        pos += 1
+        while True:
+            if pos >= n or shift > 28:
+                return -1
+            byte = block[pos]
+            length += (byte & 0x7F) << shift
+            shift += 7
+            pos += 1
+            if not byte & 0x80:
+                break
+        end = pos + length
+    else:
+        end = pos + 1 + length
+    return end if end <= n else -1

@@ -1,0 +1,343 @@
+"""Request header blocks read from a connection's bytes (:mod:`model_runtime.server.grpc.h2blocks`):
+against nghttp2's own HPACK decoder fed the same blocks in order, every block read is the
+block nghttp2 decodes, or none is given from then on (a fallback), never a different one;
+however the blocks are framed (CONTINUATIONs, padding, priority, other frames between) and the
+bytes cut into reads; a cached block is never read under a dynamic table it was not decoded
+under. Then the transport (:class:`~model_runtime.server.grpc.h2proto.H2Protocol`, in process)
+as a client sees it: repeated blocks of indexed fields, a table changed between two identical
+blocks, a block past the header list limit."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+
+from model_runtime.server.grpc import nghttp2 as ng
+from model_runtime.server.grpc.call import OK, START_HEADERS
+from model_runtime.server.grpc.framing import frame as grpc_frame
+from model_runtime.server.grpc.h2blocks import MAX_HEADER_LIST, Block, HeaderBlocks, keeps_table
+from model_runtime.server.grpc.h2proto import H2Protocol, ProtocolLimits
+from model_runtime.server.grpc.nghttp2 import ffi, lib
+from tests.attack.grpc_wire import (
+    ACK,
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    GOAWAY,
+    HEADERS,
+    INFER_PATH,
+    PREFACE,
+    RST_STREAM,
+    SETTINGS,
+    frame,
+    settings,
+)
+
+pytestmark = [
+    pytest.mark.timeout(60),
+    pytest.mark.skipif(lib is None, reason="no libnghttp2"),
+]
+
+CONTINUATION, PING, WINDOW_UPDATE = 9, 6, 8
+PADDED, PRIORITY = 0x8, 0x20
+
+Decoded = tuple[bytes, list[tuple[bytes, bytes]], int]
+
+
+class Reference:
+    """nghttp2's HPACK decoder, given every block in order (as the session's is)."""
+
+    def __init__(self) -> None:
+        holder = ffi.new("nghttp2_hd_inflater **")
+        assert lib.nghttp2_hd_inflate_new(holder) == 0
+        self.inflater = holder[0]
+
+    def decode(self, block: bytes) -> Decoded | None:
+        """The block's ``:path``, other fields and size; None: nghttp2 cannot decode it."""
+        nv, flags = ffi.new("nghttp2_nv *"), ffi.new("int *")
+        source, pos = ffi.from_buffer(block), 0
+        path, headers, size = b"", [], 0
+        while True:
+            read = lib.nghttp2_hd_inflate_hd2(
+                self.inflater, nv, flags, source + pos, len(block) - pos, 1
+            )
+            if read < 0:
+                return None
+            pos += read
+            if flags[0] & ng.HD_INFLATE_EMIT:
+                name = ffi.buffer(nv.name, nv.namelen)[:]
+                value = ffi.buffer(nv.value, nv.valuelen)[:]
+                size += len(name) + len(value) + 32
+                if name == b":path":
+                    path = value
+                elif not name.startswith(b":"):
+                    headers.append((name, value))
+            if flags[0] & ng.HD_INFLATE_FINAL:
+                lib.nghttp2_hd_inflate_end_headers(self.inflater)
+                return path, headers, size
+            assert read or flags[0] & ng.HD_INFLATE_EMIT
+
+    def table(self) -> list[tuple[bytes, bytes]]:
+        entries = []
+        count = lib.nghttp2_hd_inflate_get_num_table_entries(self.inflater)
+        for index in range(62, count + 1):
+            nv = lib.nghttp2_hd_inflate_get_table_entry(self.inflater, index)
+            entries.append(
+                (ffi.buffer(nv.name, nv.namelen)[:], ffi.buffer(nv.value, nv.valuelen)[:])
+            )
+        return entries
+
+
+# -- HPACK representations (RFC 7541 §6), written plainly (no Huffman) --
+
+
+def _int(value: int, prefix_bits: int, first: int) -> bytes:
+    limit = (1 << prefix_bits) - 1
+    if value < limit:
+        return bytes([first | value])
+    out, value = [first | limit], value - limit
+    while value >= 0x80:
+        out.append(0x80 | (value & 0x7F))
+        value >>= 7
+    return bytes([*out, value])
+
+
+def _string(data: bytes) -> bytes:
+    return _int(len(data), 7, 0) + data
+
+
+def indexed(index: int) -> bytes:
+    return _int(index, 7, 0x80)
+
+
+def literal(kind: int, name: bytes | int, value: bytes) -> bytes:
+    """``kind``: 0x40 with incremental indexing, 0x00 without, 0x10 never indexed."""
+    bits = 6 if kind == 0x40 else 4
+    head = _int(name, bits, kind) if isinstance(name, int) else bytes([kind]) + _string(name)
+    return head + _string(value)
+
+
+NAMES = [b"content-type", b"te", b"grpc-timeout", b"x-id", b"user-agent", b":path",
+         b":authority", b"X-Upper", b""]  # fmt: skip
+VALUES = st.sampled_from([b"", b"application/grpc", b"trailers", b"1S", b"a" * 130,
+                          INFER_PATH, b"\x00\xff"])  # fmt: skip
+_names = st.one_of(st.sampled_from(NAMES), st.integers(1, 70))
+representation = st.one_of(
+    st.integers(0, 72).map(indexed),
+    st.builds(literal, st.sampled_from([0x40, 0x00, 0x10]), _names, VALUES),
+    st.integers(0, 5000).map(lambda size: _int(size, 5, 0x20)),
+    st.binary(max_size=4),  # anything at all
+)
+block = st.lists(representation, max_size=8).map(b"".join)
+
+
+@st.composite
+def wire(draw: Any) -> tuple[list[tuple[int, bytes]], list[bytes]]:
+    """Header blocks (each with its stream; a repeated stream: that stream's trailers) and
+    the reads that bring them, framed every way a client may frame them."""
+    pool = draw(st.lists(block, min_size=1, max_size=5))
+    picks = draw(st.lists(st.integers(0, len(pool) - 1), min_size=1, max_size=10))
+    sent: list[tuple[int, bytes]] = []
+    stream, data = 1, PREFACE + settings()
+    for pick in picks:
+        if sent and draw(st.booleans()) and draw(st.booleans()):
+            target = sent[-1][0]  # the trailers of the last stream
+        else:
+            target, stream = stream, stream + 2
+        payload = pool[pick]
+        sent.append((target, payload))
+        cuts = sorted(draw(st.lists(st.integers(0, len(payload)), max_size=3)))
+        pieces = [payload[a:b] for a, b in zip([0, *cuts], [*cuts, len(payload)], strict=True)]
+        flags, head = 0, b""
+        if draw(st.booleans()):
+            flags |= PRIORITY
+            head += struct.pack(">IB", 0, 15)
+        pad = draw(st.integers(0, 3))
+        if pad:
+            flags |= PADDED
+        first = (bytes([pad - 1]) if pad else b"") + head + pieces[0] + b"\0" * max(pad - 1, 0)
+        last = len(pieces) == 1
+        data += frame(HEADERS, flags | (END_HEADERS if last else 0), target, first)
+        for i, piece in enumerate(pieces[1:], 2):
+            data += frame(CONTINUATION, END_HEADERS if i == len(pieces) else 0, target, piece)
+        for _ in range(draw(st.integers(0, 2))):
+            data += draw(st.sampled_from([
+                frame(PING, 0, 0, b"12345678"), frame(WINDOW_UPDATE, 0, 0, b"\0\0\1\0"),
+                frame(DATA, 0, target, b"d" * 300), frame(SETTINGS, ACK, 0),
+            ]))  # fmt: skip
+    cuts = sorted(set(draw(st.lists(st.integers(1, len(data) - 1), max_size=6))))
+    reads = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+    return sent, reads
+
+
+@hsettings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(wire())
+def test_each_block_read_is_nghttp2s_decode_or_none_is_given(
+    case: tuple[list[tuple[int, bytes]], list[bytes]],
+) -> None:
+    sent, reads = case
+    blocks = HeaderBlocks()
+    got: dict[int, Block] = {}
+    for data in reads:
+        blocks.feed(data)
+        for stream_id, block_read in blocks.blocks.items():
+            got.setdefault(stream_id, block_read)
+    reference = Reference()
+    expected: dict[int, Decoded | None] = {}
+    ends = False
+    for stream_id, payload in sent:  # nghttp2's decoder is given every block in order
+        decoded = reference.decode(payload)
+        expected.setdefault(stream_id, decoded)
+        if decoded is None or decoded[2] > MAX_HEADER_LIST:
+            ends = True  # nghttp2 ends the connection (or the transport its decoding)
+            break
+    fine = True
+    for stream_id, want in expected.items():
+        read = got.get(stream_id)
+        if read is None:  # none given: the fallback, only once lost
+            assert blocks.lost is not None, (stream_id, want)
+            fine = False
+            continue
+        assert fine, "a block given after one was not"
+        assert want is not None, "a block read that nghttp2 cannot decode"
+        if want[2] > MAX_HEADER_LIST:
+            assert read.size is None
+        else:
+            assert (read.path, read.headers, read.size) == want
+    if not ends:
+        assert blocks.lost is None, blocks.lost  # no fallback needed: none taken
+    blocks.close()
+
+
+@hsettings(max_examples=150, deadline=None)
+@given(st.lists(block, max_size=3), block)
+def test_a_block_said_to_keep_the_table_keeps_it(before: list[bytes], payload: bytes) -> None:
+    reference = Reference()
+    for earlier in before:
+        if reference.decode(earlier) is None:
+            return
+    table = reference.table()
+    if keeps_table(payload):
+        reference.decode(payload)
+        assert reference.table() == table
+
+
+def test_blocks_that_insert_or_resize_do_not_keep_the_table() -> None:
+    assert keeps_table(indexed(2) + literal(0x00, b"x-id", b"1") + literal(0x10, 4, b"/"))
+    assert not keeps_table(indexed(2) + literal(0x40, b"x-id", b"1"))
+    assert not keeps_table(_int(0, 5, 0x20) + indexed(2))
+    assert not keeps_table(literal(0x00, b"x-id", b"1")[:-1])  # cut short: unsure
+
+
+# -- the transport, in process --
+
+
+class _Recording:
+    """A fast path that takes every call whole, keeps what it saw of each, and answers it."""
+
+    path = INFER_PATH
+    max_wait = 16 << 10
+
+    def __init__(self) -> None:
+        self.seen: dict[int, tuple[bytes, list[tuple[bytes, bytes]]]] = {}
+
+    def start(self, conn: Any, stream: Any) -> bool:
+        self.seen[stream.id] = (stream.path, list(stream.headers))
+        conn.taken(stream)
+        stream.ended_call = lambda: None
+        stream.answer(START_HEADERS, grpc_frame(b""), OK, now=False)
+        return True
+
+
+class _Wire:
+    def __init__(self) -> None:
+        self.out = bytearray()
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.out += data
+
+    def get_extra_info(self, name: str) -> Any:
+        return ("127.0.0.1", 5555)
+
+    def close(self) -> None:
+        self.closed = True
+
+    abort = close
+
+
+def _frames(out: bytes) -> list[tuple[int, int, int, bytes]]:
+    seen = []
+    while len(out) >= 9:
+        size = int.from_bytes(out[:3], "big")
+        stream = int.from_bytes(out[5:9], "big") & 0x7FFFFFFF
+        seen.append((out[3], out[4], stream, bytes(out[9 : 9 + size])))
+        out = out[9 + size :]
+    return seen
+
+
+def _serve(reads: list[bytes]) -> tuple[_Recording, list[tuple[int, int, int, bytes]]]:
+    fast = _Recording()
+
+    async def run() -> bytes:
+        async def app(*_: Any) -> None:
+            raise AssertionError("every call is taken whole")
+
+        limits = ProtocolLimits(app, max_streams=16, idle_timeout=30.0, write_timeout=5.0,
+                                max_connections=1, fast=fast)  # fmt: skip
+        conn = H2Protocol(limits)
+        wire = _Wire()
+        conn.connection_made(wire)  # type: ignore[arg-type]
+        conn.data_received(PREFACE + settings() + frame(SETTINGS, ACK, 0))
+        for data in reads:
+            conn.data_received(data)
+            await asyncio.sleep(0)
+        conn.connection_lost(None)
+        return bytes(wire.out)
+
+    return fast, _frames(asyncio.run(run()))
+
+
+def _call(stream: int, block: bytes) -> bytes:
+    return frame(HEADERS, END_HEADERS, stream, block) + frame(DATA, END_STREAM, stream, b"\0" * 5)
+
+
+START = indexed(3) + indexed(6) + literal(0x00, 1, b"x")  # POST, http, :authority x
+
+
+def test_calls_with_repeated_blocks_and_a_table_changed_between_two_alike() -> None:
+    """Calls whose blocks are indexed fields of the dynamic table, as gRPC clients send them;
+    the fourth call changes the table (a new ``x-id`` at the index the second and third read)
+    and the fifth and sixth send the second's bytes again: they are read with the new value,
+    not the one the same bytes had before."""
+    first = START + literal(0x40, b":path", INFER_PATH) + literal(0x40, b"x-id", b"one")
+    again = START + indexed(63) + indexed(62)  # :path, x-id (the newest entry is 62)
+    change = START + literal(0x40, b":path", INFER_PATH) + literal(0x40, b"x-id", b"two")
+    reads = [_call(1, first), _call(3, again), _call(5, again), _call(7, change),
+             _call(9, again), _call(11, again)]  # fmt: skip
+    fast, seen = _serve(reads)
+    one, two = (INFER_PATH, [(b"x-id", b"one")]), (INFER_PATH, [(b"x-id", b"two")])
+    assert fast.seen == {1: one, 3: one, 5: one, 7: two, 9: two, 11: two}
+    answered = {s for t, f, s, _ in seen if t == HEADERS and f & END_STREAM}
+    assert answered == {1, 3, 5, 7, 9, 11}
+    assert not any(t in (GOAWAY, RST_STREAM) for t, _, _, _ in seen), seen
+
+
+def test_a_block_past_the_header_list_limit_resets_its_stream_and_ends_the_connection() -> None:
+    """A block whose fields sum past MAX_HEADER_LIST (a big entry indexed again and again):
+    its stream is reset, the call opened before it is answered, the connection is told to go
+    away (GOAWAY NO_ERROR, its last stream the one before)."""
+    big = literal(0x40, b"x-big", b"b" * 4000)
+    bomb = START + literal(0x40, b":path", INFER_PATH) + big + indexed(62) * 20
+    opened = frame(HEADERS, END_HEADERS, 1, START + literal(0x00, b":path", INFER_PATH))
+    fast, seen = _serve([opened, frame(HEADERS, END_HEADERS | END_STREAM, 3, bomb),
+                         frame(DATA, END_STREAM, 1, b"\0" * 5)])  # fmt: skip
+    assert (RST_STREAM, 0, 3, struct.pack(">I", ng.INTERNAL_ERROR)) in seen, seen
+    assert 3 not in fast.seen and 1 in fast.seen
+    assert any(t == HEADERS and f & END_STREAM and s == 1 for t, f, s, _ in seen), seen
+    goaway = [p for t, _, _, p in seen if t == GOAWAY]
+    assert goaway and struct.unpack(">II", goaway[0][:8]) == (3, ng.NO_ERROR), seen
