@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from collections.abc import Coroutine
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
 from model_runtime.server.grpc import nghttp2 as ng
-from model_runtime.server.grpc.call import OK, START_HEADERS
+from model_runtime.server.grpc.call import OK, START_HEADERS, STREAM_EXTENSION
 from model_runtime.server.grpc.framing import frame as grpc_frame
 from model_runtime.server.grpc.h2blocks import MAX_HEADER_LIST, Block, HeaderBlocks, keeps_table
 from model_runtime.server.grpc.h2proto import H2Protocol, ProtocolLimits
@@ -135,13 +136,20 @@ representation = st.one_of(
 block = st.lists(representation, max_size=8).map(b"".join)
 
 
+Wire = tuple[list[tuple[int, bytes]], list[bytes], list[int], list[int], bool]
+
+
 @st.composite
-def wire(draw: Any) -> tuple[list[tuple[int, bytes]], list[bytes]]:
-    """Header blocks (each with its stream; a repeated stream: that stream's trailers) and
-    the reads that bring them, framed every way a client may frame them."""
+def wire(draw: Any) -> Wire:
+    """Header blocks (each with its stream; a repeated stream: that stream's trailers), the
+    reads that bring them, framed every way a client may frame them, and the streams the
+    frames end and reset, and whether they had a GOAWAY."""
     pool = draw(st.lists(block, min_size=1, max_size=5))
     picks = draw(st.lists(st.integers(0, len(pool) - 1), min_size=1, max_size=10))
     sent: list[tuple[int, bytes]] = []
+    ends: list[int] = []
+    resets: list[int] = []
+    goaway = False
     stream, data = 1, PREFACE + settings()
     for pick in picks:
         if sent and draw(st.booleans()) and draw(st.booleans()):
@@ -159,41 +167,64 @@ def wire(draw: Any) -> tuple[list[tuple[int, bytes]], list[bytes]]:
         pad = draw(st.integers(0, 3))
         if pad:
             flags |= PADDED
+        if draw(st.booleans()):
+            flags |= END_STREAM
+            ends.append(target)
         first = (bytes([pad - 1]) if pad else b"") + head + pieces[0] + b"\0" * max(pad - 1, 0)
         last = len(pieces) == 1
         data += frame(HEADERS, flags | (END_HEADERS if last else 0), target, first)
         for i, piece in enumerate(pieces[1:], 2):
             data += frame(CONTINUATION, END_HEADERS if i == len(pieces) else 0, target, piece)
-        for _ in range(draw(st.integers(0, 2))):
-            data += draw(st.sampled_from([
-                frame(PING, 0, 0, b"12345678"), frame(WINDOW_UPDATE, 0, 0, b"\0\0\1\0"),
-                frame(DATA, 0, target, b"d" * 300), frame(SETTINGS, ACK, 0),
-            ]))  # fmt: skip
+        for _ in range(draw(st.integers(0, 3))):
+            other = draw(st.sampled_from(["ping", "window", "data", "end", "ack", "rst", "away"]))
+            if other == "end":
+                ends.append(target)
+            elif other == "rst":
+                resets.append(target)
+            elif other == "away":
+                goaway = True
+            data += {
+                "ping": frame(PING, 0, 0, b"12345678"),
+                "window": frame(WINDOW_UPDATE, 0, 0, b"\0\0\1\0"),
+                "data": frame(DATA, 0, target, b"d" * 300),
+                "end": frame(DATA, END_STREAM, target, b"e" * 200),
+                "ack": frame(SETTINGS, ACK, 0),
+                "rst": frame(RST_STREAM, 0, target, b"\0\0\0\x08"),
+                "away": frame(GOAWAY, 0, 0, b"\0" * 8),
+            }[other]
     cuts = sorted(set(draw(st.lists(st.integers(1, len(data) - 1), max_size=6))))
     reads = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
-    return sent, reads
+    return sent, reads, ends, resets, goaway
 
 
 @hsettings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(wire())
-def test_each_block_read_is_nghttp2s_decode_or_none_is_given(
-    case: tuple[list[tuple[int, bytes]], list[bytes]],
-) -> None:
-    sent, reads = case
+def test_each_block_read_is_nghttp2s_decode_or_none_is_given(case: Wire) -> None:
+    """And the streams ended and reset, and the GOAWAY, are each read once, in order."""
+    sent, reads, ends, resets, goaway = case
     blocks = HeaderBlocks()
     got: dict[int, Block] = {}
+    got_ends: list[int] = []
+    got_resets: list[int] = []
+    got_goaway = False
     for data in reads:
         blocks.feed(data)
         for stream_id, block_read in blocks.blocks.items():
-            got.setdefault(stream_id, block_read)
+            assert stream_id not in got  # (a stream's first block only: the others, trailers)
+            got[stream_id] = block_read
+        got_ends += blocks.ends
+        got_resets += blocks.resets
+        got_goaway = got_goaway or blocks.goaway
+    assert blocks.broken is None
+    assert (got_ends, got_resets, got_goaway) == (ends, resets, goaway)
     reference = Reference()
     expected: dict[int, Decoded | None] = {}
-    ends = False
+    finished = False
     for stream_id, payload in sent:  # nghttp2's decoder is given every block in order
         decoded = reference.decode(payload)
         expected.setdefault(stream_id, decoded)
         if decoded is None or decoded[2] > MAX_HEADER_LIST:
-            ends = True  # nghttp2 ends the connection (or the transport its decoding)
+            finished = True  # nghttp2 ends the connection (or the transport its decoding)
             break
     fine = True
     for stream_id, want in expected.items():
@@ -208,7 +239,7 @@ def test_each_block_read_is_nghttp2s_decode_or_none_is_given(
             assert read.size is None
         else:
             assert (read.path, read.headers, read.size) == want
-    if not ends:
+    if not finished:
         assert blocks.lost is None, blocks.lost  # no fallback needed: none taken
     blocks.close()
 
@@ -237,7 +268,8 @@ def test_blocks_that_insert_or_resize_do_not_keep_the_table() -> None:
 
 
 class _Recording:
-    """A fast path that takes every call whole, keeps what it saw of each, and answers it."""
+    """A fast path that takes every call whole, keeps what it saw of each, and answers it
+    (and what the app was handed: the calls of other methods, or not taken whole)."""
 
     path = INFER_PATH
     max_wait = 16 << 10
@@ -280,12 +312,17 @@ def _frames(out: bytes) -> list[tuple[int, int, int, bytes]]:
     return seen
 
 
+GOING_AWAY = b"(the server sends GOAWAY)"
+
+
 def _serve(reads: list[bytes]) -> tuple[_Recording, list[tuple[int, int, int, bytes]]]:
     fast = _Recording()
 
     async def run() -> bytes:
-        async def app(*_: Any) -> None:
-            raise AssertionError("every call is taken whole")
+        def app(scope: dict[str, Any], *_: Any) -> Coroutine[Any, Any, None]:
+            stream = scope["extensions"][STREAM_EXTENSION]
+            fast.seen[stream.id] = (scope["raw_path"], list(scope["headers"]))  # (at its start)
+            return asyncio.sleep(0)
 
         limits = ProtocolLimits(app, max_streams=16, idle_timeout=30.0, write_timeout=5.0,
                                 max_connections=1, fast=fast)  # fmt: skip
@@ -294,7 +331,10 @@ def _serve(reads: list[bytes]) -> tuple[_Recording, list[tuple[int, int, int, by
         conn.connection_made(wire)  # type: ignore[arg-type]
         conn.data_received(PREFACE + settings() + frame(SETTINGS, ACK, 0))
         for data in reads:
-            conn.data_received(data)
+            if data == GOING_AWAY:
+                conn.goaway()  # (the listener stops: its connections take no new calls)
+            else:
+                conn.data_received(data)
             await asyncio.sleep(0)
         conn.connection_lost(None)
         return bytes(wire.out)
@@ -341,3 +381,57 @@ def test_a_block_past_the_header_list_limit_resets_its_stream_and_ends_the_conne
     assert any(t == HEADERS and f & END_STREAM and s == 1 for t, f, s, _ in seen), seen
     goaway = [p for t, _, _, p in seen if t == GOAWAY]
     assert goaway and struct.unpack(">II", goaway[0][:8]) == (3, ng.NO_ERROR), seen
+
+
+def test_a_request_nghttp2_refuses_is_never_a_call_and_the_next_is() -> None:
+    """A request without ``:authority`` (HTTP/2 messaging: nghttp2 resets it) is not handed
+    to a call, with its DATA in the same read or the next; the calls after it are."""
+    bad = indexed(3) + indexed(6) + literal(0x00, b":path", INFER_PATH)  # no :authority
+    good = START + literal(0x00, b":path", INFER_PATH)
+    fast, seen = _serve([
+        _call(1, bad),
+        frame(HEADERS, END_HEADERS, 3, bad), frame(DATA, END_STREAM, 3, b"\0" * 5),
+        _call(5, good),
+        frame(HEADERS, END_HEADERS | END_STREAM, 7, bad),
+    ])  # fmt: skip
+    assert set(fast.seen) == {5}
+    reset = {s for t, _, s, _ in seen if t == RST_STREAM}
+    assert {1, 3, 7} <= reset, seen
+
+
+def test_trailers_do_not_open_a_call_and_end_the_request() -> None:
+    """A request whose trailers (a second HEADERS, END_STREAM) end it: one call, started once
+    the trailers came."""
+    good = START + literal(0x00, b":path", INFER_PATH)
+    trailers = literal(0x00, b"x-trailer", b"1")
+    fast, seen = _serve([
+        frame(HEADERS, END_HEADERS, 1, good) + frame(DATA, 0, 1, b"\0" * 5),
+        frame(HEADERS, END_HEADERS | END_STREAM, 1, trailers),
+    ])  # fmt: skip
+    assert fast.seen == {1: (INFER_PATH, [])}
+    assert any(t == HEADERS and f & END_STREAM and s == 1 for t, f, s, _ in seen), seen
+
+
+def test_a_stream_past_the_concurrency_limit_is_refused_not_a_call() -> None:
+    """Past the 16 streams a connection may have open, a request is refused by nghttp2 (the
+    connection is ended: GOAWAY): it is not a call (of ModelInfer, or of another method, whose
+    call starts with its headers)."""
+    for path in (INFER_PATH, b"/inference.GRPCInferenceService/ModelStreamInfer"):
+        good = START + literal(0x00, b":path", path)
+        opened = b"".join(frame(HEADERS, END_HEADERS, 1 + 2 * i, good) for i in range(16))
+        fast, seen = _serve([opened + frame(HEADERS, END_HEADERS | END_STREAM, 33, good)])
+        assert any(t == GOAWAY for t, _, _, _ in seen), seen
+        assert 33 not in fast.seen
+
+
+def test_after_the_server_goes_away_new_streams_are_not_calls() -> None:
+    """Once the server sent GOAWAY (a listener that stops), nghttp2 ignores new streams:
+    they are not calls (of ModelInfer, or of a method whose call starts with its headers),
+    while the one open before is answered."""
+    for path in (INFER_PATH, b"/inference.GRPCInferenceService/ModelStreamInfer"):
+        good = START + literal(0x00, b":path", path)
+        late = frame(HEADERS, END_HEADERS | END_STREAM, 3, good)
+        fast, seen = _serve([frame(HEADERS, END_HEADERS, 1, good), GOING_AWAY,
+                             late + frame(DATA, END_STREAM, 1, b"\0" * 5)])  # fmt: skip
+        assert set(fast.seen) == {1}, path
+        assert any(t == GOAWAY for t, _, _, _ in seen), seen

@@ -39,7 +39,8 @@ PREFACE = 24
 #: The cache: blocks of at most this many bytes, this many of them a connection.
 CACHE_BLOCK, CACHE_ENTRIES = 2048, 32
 
-_HEADERS, _CONTINUATION, _PUSH_PROMISE = ng.HEADERS, ng.CONTINUATION, ng.PUSH_PROMISE
+_DATA, _HEADERS, _RST_STREAM, _GOAWAY = ng.DATA, ng.HEADERS, ng.RST_STREAM, ng.GOAWAY
+_CONTINUATION, _PUSH_PROMISE = ng.CONTINUATION, ng.PUSH_PROMISE
 
 
 class Block:
@@ -56,23 +57,38 @@ class Block:
 
 
 class HeaderBlocks:
-    """The header blocks of one connection's reads (see the module docstring)."""
+    """The header blocks and stream events of one connection's reads (see the module
+    docstring)."""
 
-    __slots__ = ("_cache", "_inflater", "_open", "_pending", "_skip", "blocks", "lost")
+    __slots__ = ("_cache", "_inflater", "_last", "_open", "_pending", "_skip", "_then",
+                 "blocks", "broken", "ends", "goaway", "lost", "resets")  # fmt: skip
 
     def __init__(self) -> None:
-        #: This read's blocks by stream (the first block of a stream in the read).
+        #: This read's blocks that open a stream (HEADERS of a stream id past every one before:
+        #: a stream's later HEADERS are its trailers, not kept), by stream.
         self.blocks: dict[int, Block] = {}
-        #: Why no block is given any more (None: they are).
+        self._last = 0
+        #: The streams this read ended (a HEADERS block or DATA frame with END_STREAM, whole),
+        #: and those it reset (RST_STREAM frames), in order; whether it had a GOAWAY.
+        self.ends: list[int] = []
+        self.resets: list[int] = []
+        self.goaway = False
+        #: Why no block is given any more (None: they are); the frames are still followed.
         self.lost: str | None = None
+        #: Why the frames are not followed any more (None: they are): frames nghttp2 ends the
+        #: connection for (the transport ends it too).
+        self.broken: str | None = None
         self._cache: dict[bytes, Block] = {}
         self._inflater: Any = None
-        #: Bytes to pass over before the next frame (the preface, or a frame's payload).
+        #: Bytes to pass over before the next frame (the preface, or a frame's payload), and
+        #: what that frame says once it is whole (kind, stream; None: nothing to record).
         self._skip = PREFACE
+        self._then: tuple[int, int] | None = None
         #: The start of a frame the read ended in (its header, or a whole HEADERS frame's).
         self._pending = b""
-        #: The block being gathered (HEADERS without END_HEADERS): stream, fragments.
-        self._open: tuple[int, list[bytes]] | None = None
+        #: The block being gathered (HEADERS without END_HEADERS): stream, END_STREAM,
+        #: fragments.
+        self._open: tuple[int, bool, list[bytes]] | None = None
 
     def close(self) -> None:
         """Free the decoder (the connection is gone)."""
@@ -82,42 +98,75 @@ class HeaderBlocks:
         self.lost = self.lost or "the connection is closed"
 
     def feed(self, data: bytes) -> None:
-        """Follow ``data``, the connection's next read: :attr:`blocks` holds its blocks."""
+        """Follow ``data``, the connection's next read: :attr:`blocks`, :attr:`ends`,
+        :attr:`resets` and :attr:`goaway` say what it brought (the last read's are cleared)."""
         if self.blocks:
             self.blocks.clear()
-        if self.lost is not None:
+        if self.ends:
+            self.ends.clear()
+        if self.resets:
+            self.resets.clear()
+        self.goaway = False
+        if self.broken is not None:
             return
         n = len(data)
         pos = self._skip
         if pos:
-            if pos >= n:
+            if pos > n:
                 self._skip = pos - n
                 return
             self._skip = 0
+            if self._then is not None:
+                self._record(*self._then)
+                self._then = None
         if self._pending:
             pos = self._resume(data, pos)
         while pos + 9 <= n:
             length = (data[pos] << 16) | (data[pos + 1] << 8) | data[pos + 2]
             end = pos + 9 + length
             kind = data[pos + 3]
-            if kind in (_HEADERS, _CONTINUATION):
+            if kind == _DATA:  # (the frames of a call, most common first)
+                if self._open is not None:
+                    self._break("a frame inside a header block")
+                    return
+                if data[pos + 4] & ng.FLAG_END_STREAM:
+                    stream_id = int.from_bytes(data[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
+                    if end > n:
+                        self._skip, self._then = end - n, (_DATA, stream_id)
+                        return
+                    self.ends.append(stream_id)
+            elif kind in (1, 9):  # HEADERS, CONTINUATION
                 if length > MAX_FRAME:
-                    self._lose("a frame past the frame size")
+                    self._break("a frame past the frame size")
                     return
                 if end > n:
                     break
                 self._frame(data, pos, end)
-                if self.lost is not None:
+                if self.broken is not None:
                     return
             elif self._open is not None or kind == _PUSH_PROMISE:
-                self._lose("a frame nghttp2 ends the connection for")
+                self._break("a frame nghttp2 ends the connection for")
                 return
-            elif end > n:
+            elif kind in (3, 7):  # RST_STREAM, GOAWAY
+                stream_id = int.from_bytes(data[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
+                if end > n:
+                    self._skip, self._then = end - n, (kind, stream_id)
+                    return
+                self._record(kind, stream_id)
+            if end > n:
                 self._skip = end - n
                 return
             pos = end
         if pos < n:
             self._pending = data[pos:]
+
+    def _record(self, kind: int, stream_id: int) -> None:
+        if kind == _DATA:
+            self.ends.append(stream_id)
+        elif kind == _RST_STREAM:
+            self.resets.append(stream_id)
+        else:
+            self.goaway = True
 
     def _resume(self, data: bytes, pos: int) -> int:
         """Complete the frame the last read ended in with ``data[pos:]``: the position after
@@ -133,16 +182,24 @@ class HeaderBlocks:
                 return pos
         length = (pending[0] << 16) | (pending[1] << 8) | pending[2]
         kind = pending[3]
-        if kind != _HEADERS and kind != _CONTINUATION:
+        if kind not in (1, 9):  # not HEADERS, CONTINUATION
             if self._open is not None or kind == _PUSH_PROMISE:
-                self._lose("a frame nghttp2 ends the connection for")
+                self._break("a frame nghttp2 ends the connection for")
                 return len(data)
+            stream_id = int.from_bytes(pending[5:9], "big") & 0x7FFFFFFF
+            then = None
+            if kind in (3, 7):  # RST_STREAM, GOAWAY
+                then = (kind, stream_id)
+            elif kind == _DATA and pending[4] & ng.FLAG_END_STREAM:
+                then = (_DATA, stream_id)
             end = pos + length - (len(pending) - 9)
             if end > len(data):
-                self._skip = end - len(data)
+                self._skip, self._then = end - len(data), then
+            elif then is not None:
+                self._record(*then)
             return end
         if length > MAX_FRAME:
-            self._lose("a frame past the frame size")
+            self._break("a frame past the frame size")
             return len(data)
         take = 9 + length - len(pending)
         pending += data[pos : pos + take]
@@ -159,41 +216,44 @@ class HeaderBlocks:
         start = pos + 9
         if buf[pos + 3] == _HEADERS:
             if self._open is not None:
-                self._lose("a HEADERS frame inside a header block")
+                self._break("a HEADERS frame inside a header block")
                 return
             if flags & ng.FLAG_PADDED:
                 if start >= end:
-                    self._lose("a padded frame without its pad length")
+                    self._break("a padded frame without its pad length")
                     return
                 end -= buf[start]
                 start += 1
             if flags & ng.FLAG_PRIORITY:
                 start += 5
             if end < start:
-                self._lose("a frame's padding past its payload")
+                self._break("a frame's padding past its payload")
                 return
+            ends = bool(flags & ng.FLAG_END_STREAM)
             if flags & ng.FLAG_END_HEADERS:
-                self._done(stream_id, buf[start:end])
+                self._done(stream_id, ends, buf[start:end])
             else:
-                self._open = (stream_id, [buf[start:end]])
+                self._open = (stream_id, ends, [buf[start:end]])
             return
         block = self._open
-        if block is None or block[0] != stream_id or len(block[1]) > MAX_CONTINUATIONS:
-            self._lose("a CONTINUATION frame nghttp2 ends the connection for")
+        if block is None or block[0] != stream_id or len(block[2]) > MAX_CONTINUATIONS:
+            self._break("a CONTINUATION frame nghttp2 ends the connection for")
             return
-        block[1].append(buf[start:end])
+        block[2].append(buf[start:end])
         if flags & ng.FLAG_END_HEADERS:
             self._open = None
-            self._done(stream_id, b"".join(block[1]))
+            self._done(stream_id, block[1], b"".join(block[2]))
 
-    def _done(self, stream_id: int, block: bytes) -> None:
-        decoded = self._cache.get(block)
-        if decoded is None:
-            decoded = self._decode(block)
+    def _done(self, stream_id: int, ends: bool, block: bytes) -> None:
+        if self.lost is None:
+            decoded = self._cache.get(block)
             if decoded is None:
-                return
-        if stream_id not in self.blocks:  # (a second one: the request's trailers)
-            self.blocks[stream_id] = decoded
+                decoded = self._decode(block)
+            if decoded is not None and stream_id > self._last:  # (else: trailers)
+                self._last = stream_id
+                self.blocks[stream_id] = decoded
+        if ends:
+            self.ends.append(stream_id)
 
     def _decode(self, block: bytes) -> Block | None:
         """Decode ``block`` with the connection's decoder (None: it cannot be, :attr:`lost`)."""
@@ -249,6 +309,10 @@ class HeaderBlocks:
 
     def _lose(self, why: str) -> None:
         self.lost = why
+        self._cache.clear()
+
+    def _break(self, why: str) -> None:
+        self.broken = self.lost = why
         self._pending = b""
         self._open = None
         self._cache.clear()

@@ -2,10 +2,12 @@
 
 nghttp2 calls these while a connection hands it a read (``nghttp2_session_mem_recv``) or asks
 it what to send (``nghttp2_session_mem_send``); the connection sets :data:`current` first (the
-event loop runs one at a time). They keep each stream's request as it comes (headers, body
-chunks, its end), tell the connection of the calls whose headers are complete
-(:attr:`CallbackOwner.ready`) and of resets and closed streams, and feed answers' bytes and
-trailers to nghttp2 from each stream's queue.
+event loop runs one at a time). They keep each stream's body chunks as they come (a stream's
+first chunk opens it: its header block was read from the same bytes by :mod:`.h2blocks`), tell
+the connection of closed streams and of those the client reset, and feed answers' bytes and
+trailers to nghttp2 from each stream's queue. A call costs three: a chunk, its answer, its
+close (the frames nghttp2 takes without them, and the ends of requests, the connection reads
+after nghttp2 took the read).
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from model_runtime.server.grpc import nghttp2 as ng
-from model_runtime.server.grpc.h2blocks import Block
 from model_runtime.server.grpc.h2stream import HIGH_WATER, H2Stream, StreamOwner, trailers_nv
 from model_runtime.server.grpc.nghttp2 import ffi, lib
 
@@ -44,8 +45,10 @@ class CallbackOwner(StreamOwner, Protocol):
     """What the callbacks need of a connection (:class:`~.h2proto.H2Protocol`)."""
 
     streams: dict[int, H2Stream]
-    #: The header blocks of the read nghttp2 is given, by stream (:mod:`.h2blocks`).
-    blocks: dict[int, Block]
+    #: The streams the read nghttp2 is given resets (RST_STREAM frames, :mod:`.h2blocks`).
+    resets: list[int]
+    #: The streams whose request headers nghttp2 refused in this read.
+    invalid: set[int]
     #: Streams whose call may start now (headers complete), in the order they came.
     ready: list[H2Stream]
     #: When its last read came (the loop's clock).
@@ -55,6 +58,10 @@ class CallbackOwner(StreamOwner, Protocol):
 
     #: Calls the transport may take without a task (None: none).
     fast: FastCalls | None
+
+    def open_stream(self, stream_id: int) -> H2Stream | None:
+        """The stream ``stream_id`` whose header block came in this read, opened (its call
+        ready); None: no such block, or one nghttp2 or the transport refused."""
 
     def on_close(self, stream: H2Stream) -> None:
         """``stream`` is closed (ended both ways, or reset)."""
@@ -71,48 +78,15 @@ class CallbackOwner(StreamOwner, Protocol):
 current: CallbackOwner | None = None
 
 
-def _on_frame_recv(session: int, frame: Any) -> int:
-    kind = frame.type
-    if kind > ng.HEADERS:  # (SETTINGS, PING, WINDOW_UPDATE ...: nghttp2's own)
-        if kind == ng.RST_STREAM:
-            conn = current
-            assert conn is not None
-            conn.reset_received(conn.streams.get(frame.stream_id))
-        elif kind == ng.GOAWAY:
-            assert current is not None
-            current.ending = True
-        return 0
-    conn = current
-    assert conn is not None
-    stream_id = frame.stream_id
-    stream = conn.streams.get(stream_id)
-    if stream is None:
-        if kind == ng.DATA:
-            return 0
-        # A request's headers (a stream's second HEADERS are its trailers, not read).
-        block = conn.blocks.get(stream_id)
-        if block is None or block.size is None:  # (lost, or past MAX_HEADER_LIST)
-            conn.reset(stream_id, ng.INTERNAL_ERROR)  # this stream; the others go on
-            return 0
-        stream = conn.streams[stream_id] = H2Stream(conn, stream_id, conn.last)
-        stream.path = block.path
-        stream.headers = block.headers
-        conn.ready.append(stream)
-    if frame.flags & ng.FLAG_END_STREAM:
-        stream.ended = True
-        stream.wake()
-        if stream.wait == WAITING:
-            conn.ready.append(stream)
-    return 0
-
-
 def _on_data_chunk(session: int, flags: int, stream_id: int, data: Any, size: int) -> int:
     conn = current
     assert conn is not None
     stream = conn.streams.get(stream_id)
     if stream is None:
-        lib.nghttp2_session_consume_connection(conn.session, size)
-        return 0
+        stream = conn.open_stream(stream_id)  # (its first DATA: its header block came first)
+        if stream is None:
+            lib.nghttp2_session_consume_connection(conn.session, size)
+            return 0
     stream.chunks.append(unpack(data, size))
     stream.unconsumed += size
     stream.wake()
@@ -128,8 +102,19 @@ def _on_stream_close(session: int, stream_id: int, error_code: int) -> int:
     conn = current
     assert conn is not None
     stream = conn.streams.pop(stream_id, None)
+    resets = conn.resets
+    if resets and stream_id in resets:  # the client reset it (this read's RST_STREAM)
+        resets.remove(stream_id)
+        conn.reset_received(stream)
     if stream is not None:
         conn.on_close(stream)
+    return 0
+
+
+def _on_invalid_frame(session: int, frame: Any, error: int) -> int:
+    if frame.type == ng.HEADERS:  # a request nghttp2 refused (it resets the stream)
+        assert current is not None
+        current.invalid.add(frame.stream_id)
     return 0
 
 
@@ -178,9 +163,9 @@ def _callbacks() -> Any:
     lib.nghttp2_session_callbacks_new(holder)
     cbs = holder[0]
     for setter, kind, function in (
-        ("on_frame_recv", "nghttp2_on_frame_recv_callback", _on_frame_recv),
         ("on_data_chunk_recv", "nghttp2_on_data_chunk_recv_callback", _on_data_chunk),
         ("on_stream_close", "nghttp2_on_stream_close_callback", _on_stream_close),
+        ("on_invalid_frame_recv", "nghttp2_on_invalid_frame_recv_callback", _on_invalid_frame),
     ):
         callback = ffi.callback(kind, function)
         _KEEP.append(callback)

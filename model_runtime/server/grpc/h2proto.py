@@ -84,9 +84,12 @@ class H2Protocol(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.session: Any = None
         self.streams: dict[int, H2Stream] = {}
-        #: The request header blocks, read from the bytes nghttp2 is given (:mod:`.h2blocks`).
+        #: The request header blocks and stream ends and resets, read from the bytes nghttp2
+        #: is given (:mod:`.h2blocks`), and the requests nghttp2 refused in this read.
         self.header_blocks = HeaderBlocks()
         self.blocks = self.header_blocks.blocks
+        self.resets = self.header_blocks.resets
+        self.invalid: set[int] = set()
         self.transport: asyncio.Transport | None = None
         self.peer: tuple[str, int] | None = None
         self.fast = limits.fast
@@ -146,15 +149,31 @@ class H2Protocol(asyncio.Protocol):
         if session is None:
             return
         self.last = self.loop.time()
-        header_blocks = self.header_blocks
-        header_blocks.feed(data)
+        frames = self.header_blocks
+        frames.feed(data)
+        if self.invalid:
+            self.invalid.clear()
         callbacks.current = self
         read = lib.nghttp2_session_mem_recv(session, data, len(data))
         if read < 0:
             self._close()
             return
-        if header_blocks.lost is not None and not self.ending:  # no more calls can start
-            self.goaway()
+        if frames.broken is not None:  # (nghttp2 ended the session for these frames too)
+            lib.nghttp2_session_terminate_session(session, ng.PROTOCOL_ERROR)
+            self.ending = True
+        else:
+            if frames.blocks:
+                self._opened()
+            if frames.ends:
+                self._ended(frames.ends)
+            if frames.resets:  # resets of streams not open (those open: _on_stream_close)
+                for _ in range(len(frames.resets)):
+                    self.reset_received(None)
+                frames.resets.clear()
+            if frames.goaway:
+                self.ending = True
+            if frames.lost is not None and not self.ending:  # no more calls can start
+                self.goaway()
         if self._calm:  # rapid reset: the calls of this read are not started either
             self._calm = False
             self.ready.clear()
@@ -354,7 +373,50 @@ class H2Protocol(asyncio.Protocol):
             return
         self._arm()
 
-    # -- nghttp2's callbacks (through the module's functions below) --
+    # -- what nghttp2 took of a read (its callbacks, and what the read's frames say) --
+
+    def open_stream(self, stream_id: int) -> H2Stream | None:
+        """The stream ``stream_id`` whose header block came in this read, opened (its call
+        ready); None: no such block, or one nghttp2 or the transport refused."""
+        block = self.blocks.get(stream_id)
+        if block is None or stream_id in self.invalid:
+            return None
+        if block.size is None:  # past MAX_HEADER_LIST
+            self.invalid.add(stream_id)
+            self.reset(stream_id, ng.INTERNAL_ERROR)  # this stream; the open ones go on
+            return None
+        stream = self.streams[stream_id] = H2Stream(self, stream_id, self.last)
+        stream.path = block.path
+        stream.headers = block.headers
+        self.ready.append(stream)
+        return stream
+
+    def _opened(self) -> None:
+        """Open the streams whose header block came in this read and no DATA opened: those
+        nghttp2 took (open, and not refused)."""
+        session, streams = self.session, self.streams
+        for stream_id in self.blocks:
+            if (
+                stream_id not in streams
+                and lib.nghttp2_session_find_stream(session, stream_id) != ffi.NULL
+            ):
+                self.open_stream(stream_id)
+
+    def _ended(self, ends: list[int]) -> None:
+        """The client ended these streams' requests (in this read), where nghttp2 took it."""
+        streams, session, ready = self.streams, self.session, self.ready
+        for stream_id in ends:
+            stream = streams.get(stream_id)
+            if (
+                stream is None
+                or stream.ended
+                or lib.nghttp2_session_get_stream_remote_close(session, stream_id) != 1
+            ):
+                continue
+            stream.ended = True
+            stream.wake()
+            if stream.wait == WAITING:
+                ready.append(stream)
 
     def on_close(self, stream: H2Stream) -> None:
         stream.closed = True

@@ -67,7 +67,8 @@ typedef struct {
 // The frame is declared as its first member, the header every frame type starts with (a
 // pointer to the union is one to it). Bytes nghttp2 hands over are ``char`` (``ffi.unpack``
 // makes them ``bytes`` at once).
-typedef int (*nghttp2_on_frame_recv_callback)(uint8_t session, const nghttp2_frame_hd *frame);
+typedef int (*nghttp2_on_invalid_frame_recv_callback)(
+    uint8_t session, const nghttp2_frame_hd *frame, int lib_error_code);
 typedef int (*nghttp2_on_data_chunk_recv_callback)(
     uint8_t session, uint8_t flags, int32_t stream_id, const char *data, size_t len);
 typedef int (*nghttp2_on_stream_close_callback)(
@@ -75,8 +76,8 @@ typedef int (*nghttp2_on_stream_close_callback)(
 
 int nghttp2_session_callbacks_new(nghttp2_session_callbacks **callbacks_ptr);
 void nghttp2_session_callbacks_del(nghttp2_session_callbacks *callbacks);
-void nghttp2_session_callbacks_set_on_frame_recv_callback(
-    nghttp2_session_callbacks *cbs, nghttp2_on_frame_recv_callback cb);
+void nghttp2_session_callbacks_set_on_invalid_frame_recv_callback(
+    nghttp2_session_callbacks *cbs, nghttp2_on_invalid_frame_recv_callback cb);
 void nghttp2_session_callbacks_set_on_data_chunk_recv_callback(
     nghttp2_session_callbacks *cbs, nghttp2_on_data_chunk_recv_callback cb);
 void nghttp2_session_callbacks_set_on_stream_close_callback(
@@ -105,6 +106,8 @@ int nghttp2_session_resume_data(nghttp2_session *session, int32_t stream_id);
 int nghttp2_session_set_local_window_size(nghttp2_session *session, uint8_t flags,
     int32_t stream_id, int32_t window_size);
 int32_t nghttp2_session_get_last_proc_stream_id(nghttp2_session *session);
+void *nghttp2_session_find_stream(nghttp2_session *session, int32_t stream_id);
+int nghttp2_session_get_stream_remote_close(nghttp2_session *session, int32_t stream_id);
 int nghttp2_session_terminate_session(nghttp2_session *session, uint32_t error_code);
 
 int nghttp2_submit_settings(nghttp2_session *session, uint8_t flags,
