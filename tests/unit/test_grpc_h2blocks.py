@@ -20,7 +20,15 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 from model_runtime.server.grpc import nghttp2 as ng
 from model_runtime.server.grpc.call import OK, START_HEADERS, STREAM_EXTENSION
 from model_runtime.server.grpc.framing import frame as grpc_frame
-from model_runtime.server.grpc.h2blocks import MAX_HEADER_LIST, Block, HeaderBlocks, keeps_table
+from model_runtime.server.grpc.h2blocks import (
+    CACHE_BLOCK,
+    CACHE_ENTRIES,
+    CACHE_LIST,
+    MAX_HEADER_LIST,
+    Block,
+    HeaderBlocks,
+    keeps_table,
+)
 from model_runtime.server.grpc.h2proto import H2Protocol, ProtocolLimits
 from model_runtime.server.grpc.nghttp2 import ffi, lib
 from tests.attack.grpc_wire import (
@@ -255,6 +263,22 @@ def test_a_block_said_to_keep_the_table_keeps_it(before: list[bytes], payload: b
     if keeps_table(payload):
         reference.decode(payload)
         assert reference.table() == table
+
+
+def test_the_cache_of_a_connection_stays_small() -> None:
+    """Distinct blocks that keep the table, and big ones: each is read, and the connection
+    keeps at most CACHE_ENTRIES of them, none past CACHE_BLOCK / CACHE_LIST bytes."""
+    blocks = HeaderBlocks()
+    data = PREFACE
+    for i in range(40):
+        value = str(i).encode() * (1 if i % 2 else 500)  # (the odd ones: big)
+        data += frame(HEADERS, END_HEADERS, 1 + 2 * i, START + literal(0x00, b"x-id", value))
+    blocks.feed(data)
+    assert len(blocks.blocks) == 40
+    cache = blocks._cache  # (memory a client can make a connection hold)
+    assert 0 < len(cache) <= CACHE_ENTRIES
+    assert all(len(k) <= CACHE_BLOCK and (v.size or 0) <= CACHE_LIST for k, v in cache.items())
+    blocks.close()
 
 
 def test_blocks_that_insert_or_resize_do_not_keep_the_table() -> None:

@@ -36,8 +36,10 @@ MAX_CONTINUATIONS = 8
 MAX_FRAME = 16384
 #: The client's connection preface ("PRI * HTTP/2.0..."), before its first frame.
 PREFACE = 24
-#: The cache: blocks of at most this many bytes, this many of them a connection.
-CACHE_BLOCK, CACHE_ENTRIES = 2048, 32
+#: The cache: blocks of at most CACHE_BLOCK bytes whose header list is at most CACHE_LIST
+#: bytes (as HTTP/2 counts it), CACHE_ENTRIES of them a connection (about 40 KiB at most;
+#: a gRPC client needs one a method it calls).
+CACHE_BLOCK, CACHE_LIST, CACHE_ENTRIES = 1024, 4096, 8
 
 _DATA, _HEADERS, _RST_STREAM, _GOAWAY = ng.DATA, ng.HEADERS, ng.RST_STREAM, ng.GOAWAY
 _CONTINUATION, _PUSH_PROMISE = ng.CONTINUATION, ng.PUSH_PROMISE
@@ -301,7 +303,7 @@ class HeaderBlocks:
         cache = self._cache
         if not keeps or _table_state(inflater) != before:  # (the second: never, or a bug)
             cache.clear()
-        elif n <= CACHE_BLOCK:
+        elif n <= CACHE_BLOCK and size <= CACHE_LIST:
             if len(cache) >= CACHE_ENTRIES:
                 cache.clear()
             cache[block] = decoded
