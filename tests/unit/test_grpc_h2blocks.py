@@ -300,6 +300,8 @@ class _Recording:
 
     def __init__(self) -> None:
         self.seen: dict[int, tuple[bytes, list[tuple[bytes, bytes]]]] = {}
+        #: The app's calls whose request it read to its end.
+        self.read_whole: set[int] = set()
 
     def start(self, conn: Any, stream: Any) -> bool:
         self.seen[stream.id] = (stream.path, list(stream.headers))
@@ -343,10 +345,16 @@ def _serve(reads: list[bytes]) -> tuple[_Recording, list[tuple[int, int, int, by
     fast = _Recording()
 
     async def run() -> bytes:
-        def app(scope: dict[str, Any], *_: Any) -> Coroutine[Any, Any, None]:
+        def app(scope: dict[str, Any], receive: Any, _send: Any) -> Coroutine[Any, Any, None]:
             stream = scope["extensions"][STREAM_EXTENSION]
             fast.seen[stream.id] = (scope["raw_path"], list(scope["headers"]))  # (at its start)
-            return asyncio.sleep(0)
+            return _read(receive, stream.id)
+
+        async def _read(receive: Any, stream_id: int) -> None:
+            while (event := await receive())["type"] == "http.request":
+                if not event["more_body"]:
+                    fast.read_whole.add(stream_id)
+                    return
 
         limits = ProtocolLimits(app, max_streams=16, idle_timeout=30.0, write_timeout=5.0,
                                 max_connections=1, fast=fast)  # fmt: skip
@@ -459,3 +467,25 @@ def test_after_the_server_goes_away_new_streams_are_not_calls() -> None:
                              late + frame(DATA, END_STREAM, 1, b"\0" * 5)])  # fmt: skip
         assert set(fast.seen) == {1}, path
         assert any(t == GOAWAY for t, _, _, _ in seen), seen
+
+
+def test_a_request_end_nghttp2_does_not_take_is_not_one() -> None:
+    """A request whose last DATA (END_STREAM) is past its stream's window: nghttp2 resets the
+    stream (FLOW_CONTROL_ERROR) without taking that frame, and the call never reads its
+    request's end."""
+    good = START + literal(0x00, b":path", INFER_PATH)
+    body = frame(DATA, 0, 1, b"\0" * 16384) * 64  # the stream's whole window (1 MiB)
+    fast, seen = _serve([frame(HEADERS, END_HEADERS, 1, good) + body
+                         + frame(DATA, END_STREAM, 1, b"\0" * 100)])  # fmt: skip
+    assert 1 in fast.seen  # (the app's: past the fast path's wait)
+    assert (RST_STREAM, 0, 1, struct.pack(">I", 3)) in seen, seen  # FLOW_CONTROL_ERROR
+    assert not fast.read_whole
+
+
+def test_a_request_whose_end_nghttp2_refuses_is_not_a_call() -> None:
+    """A request that ends with fewer bytes than its ``content-length`` said: nghttp2 resets
+    the stream (PROTOCOL_ERROR) at its END_STREAM, and the call is not started."""
+    block = START + literal(0x00, b":path", INFER_PATH) + literal(0x00, b"content-length", b"9")
+    fast, seen = _serve([_call(1, block)])
+    assert (RST_STREAM, 0, 1, struct.pack(">I", 1)) in seen, seen
+    assert 1 not in fast.seen

@@ -47,15 +47,20 @@ _CONTINUATION, _PUSH_PROMISE = ng.CONTINUATION, ng.PUSH_PROMISE
 
 class Block:
     """One decoded header block: ``path`` (``:path``, ``b""``: none), ``headers`` (the fields
-    but pseudo-headers, in order; shared by every stream the block came on: read only) and
-    ``size`` (HTTP/2's size of the header list; None: past :data:`MAX_HEADER_LIST`)."""
+    but pseudo-headers, in order; shared by every stream the block came on: read only),
+    ``size`` (HTTP/2's size of the header list; None: past :data:`MAX_HEADER_LIST`) and
+    ``length`` (its ``content-length``, None: none or not a number)."""
 
-    __slots__ = ("headers", "path", "size")
+    __slots__ = ("headers", "length", "path", "size")
 
-    def __init__(self, path: bytes, headers: list[tuple[bytes, bytes]], size: int | None) -> None:
+    def __init__(
+        self, path: bytes, headers: list[tuple[bytes, bytes]], size: int | None,
+        length: int | None = None,
+    ) -> None:  # fmt: skip
         self.path = path
         self.headers = headers
         self.size = size
+        self.length = length
 
 
 class HeaderBlocks:
@@ -275,6 +280,7 @@ class HeaderBlocks:
         headers: list[tuple[bytes, bytes]] = []
         path = b""
         size = 0
+        length = None
         pos, n = 0, len(block)
         while True:
             read = lib.nghttp2_hd_inflate_hd2(inflater, nv, flags, source + pos, n - pos, 1)
@@ -291,6 +297,8 @@ class HeaderBlocks:
                     return Block(b"", [], None)
                 if name[:1] != b":":
                     headers.append((name, value))
+                    if name == b"content-length":  # (nghttp2 checks it at the request's end)
+                        length = int(value) if value.isdigit() else None
                 elif name == b":path":
                     path = value
             if flags[0] & ng.HD_INFLATE_FINAL:
@@ -299,7 +307,7 @@ class HeaderBlocks:
             if read == 0 and not flags[0] & ng.HD_INFLATE_EMIT:  # (never, with in_final)
                 self._lose("an HPACK decoder that stopped")
                 return None
-        decoded = Block(path, headers, size)
+        decoded = Block(path, headers, size, length)
         cache = self._cache
         if not keeps or _table_state(inflater) != before:  # (the second: never, or a bug)
             cache.clear()

@@ -89,6 +89,7 @@ def _on_data_chunk(session: int, flags: int, stream_id: int, data: Any, size: in
             return 0
     stream.chunks.append(unpack(data, size))
     stream.unconsumed += size
+    stream.received += size
     stream.wake()
     if stream.wait == WAITING:
         fast = conn.fast

@@ -388,6 +388,7 @@ class H2Protocol(asyncio.Protocol):
         stream = self.streams[stream_id] = H2Stream(self, stream_id, self.last)
         stream.path = block.path
         stream.headers = block.headers
+        stream.length = block.length
         self.ready.append(stream)
         return stream
 
@@ -411,7 +412,8 @@ class H2Protocol(asyncio.Protocol):
                 stream is None
                 or stream.ended
                 or lib.nghttp2_session_get_stream_remote_close(session, stream_id) != 1
-            ):
+                or (stream.length is not None and stream.length != stream.received)
+            ):  # (the last: nghttp2 resets the stream, PROTOCOL_ERROR)
                 continue
             stream.ended = True
             stream.wake()
