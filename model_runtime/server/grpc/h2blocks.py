@@ -1,21 +1,24 @@
-"""The request header blocks of one HTTP/2 connection, read from its bytes, so that nghttp2 need
-not call into Python once per header (:mod:`.h2proto`).
+"""The request header blocks and stream ends of one HTTP/2 connection, read from its bytes, so
+that nghttp2 need not call into Python once per header or per frame (:mod:`.h2proto`).
 
-nghttp2's session still receives every byte and decodes every block itself (its HPACK state,
-stream states, HTTP messaging rules, flood limits). :class:`HeaderBlocks` is fed the same reads
-first: it follows the frames, gathers each HEADERS frame's block (with its CONTINUATIONs) and
-decodes it, by stream, into :attr:`HeaderBlocks.blocks` (until the next read), for the streams
-nghttp2 then says began. A block is decoded by the connection's own nghttp2 HPACK decoder, which
-is given every block that may change HPACK's dynamic table, in order, as the session's is; or
-taken from the connection's cache: only a block that leaves the table as it was (indexed fields
-and literals without indexing: :func:`keeps_table`) is cached, and every block that may change
-the table empties the cache, so a cached block decodes now as it did then (gRPC clients send the
-same block, of indexed fields, for each call after the first).
+nghttp2's session still receives every byte and acts on it (its HPACK state, stream states,
+flow control, HTTP messaging rules, flood limits); the connection acts on what these say only
+where nghttp2 took it. :class:`HeaderBlocks` is fed the same reads first: it follows the
+frames, and gives for each read the decoded block of each stream it opens (a HEADERS frame's,
+with its CONTINUATIONs: :attr:`HeaderBlocks.blocks`), the streams it ends (END_STREAM) and
+resets (RST_STREAM), and whether it had a GOAWAY. A block is decoded by the connection's own
+nghttp2 HPACK decoder, which is given every block that may change HPACK's dynamic table, in
+order, as the session's is; or taken from the connection's cache: only a block that leaves the
+table as it was (indexed fields and literals without indexing: :func:`keeps_table`) is cached,
+and every block that may change the table empties the cache, so a cached block decodes now as
+it did then (gRPC clients send the same block, of indexed fields, for each call after the
+first).
 
-Where the frames are not what nghttp2 takes (it then ends the connection), or a block is past
-:data:`MAX_HEADER_LIST` (the rest of it is not decoded: the decoder can no longer follow the
-session's), :attr:`HeaderBlocks.lost` says why and no block is given from then on: the
-connection resets the streams it has no block for and sends GOAWAY.
+A block past :data:`MAX_HEADER_LIST` (the rest of it is not decoded: the decoder can no longer
+follow the session's) or one HPACK cannot decode sets :attr:`HeaderBlocks.lost`: no block is
+given from then on (the connection resets its stream and sends GOAWAY; the frames are still
+followed for the streams open). Frames nghttp2 ends the connection for set
+:attr:`HeaderBlocks.broken`: nothing is read from then on (the connection ends the session).
 """
 
 from __future__ import annotations

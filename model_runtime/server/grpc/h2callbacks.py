@@ -51,10 +51,6 @@ class CallbackOwner(StreamOwner, Protocol):
     invalid: set[int]
     #: Streams whose call may start now (headers complete), in the order they came.
     ready: list[H2Stream]
-    #: When its last read came (the loop's clock).
-    last: float
-    #: A GOAWAY was sent or received (the session ends once its streams have).
-    ending: bool
 
     #: Calls the transport may take without a task (None: none).
     fast: FastCalls | None
