@@ -15,10 +15,11 @@ it did then (gRPC clients send the same block, of indexed fields, for each call 
 first).
 
 A block past :data:`MAX_HEADER_LIST` (the rest of it is not decoded: the decoder can no longer
-follow the session's) or one HPACK cannot decode sets :attr:`HeaderBlocks.lost`: no block is
-given from then on (the connection resets its stream and sends GOAWAY; the frames are still
-followed for the streams open). Frames nghttp2 ends the connection for set
-:attr:`HeaderBlocks.broken`: nothing is read from then on (the connection ends the session).
+follow the session's) or one HPACK cannot decode sets :attr:`HeaderBlocks.lost`: each stream
+opened from then on has the block :data:`LOST` (the connection resets the too big one's stream,
+refuses the later ones and sends GOAWAY; the frames are still followed for the streams open).
+Frames nghttp2 ends the connection for set :attr:`HeaderBlocks.broken`: nothing is read from
+then on (the connection ends the session).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 from model_runtime.server.grpc import nghttp2 as ng
 from model_runtime.server.grpc.nghttp2 import ffi, lib
 
-__all__ = ["MAX_CONTINUATIONS", "MAX_HEADER_LIST", "Block", "HeaderBlocks", "keeps_table"]
+__all__ = ["LOST", "MAX_CONTINUATIONS", "MAX_HEADER_LIST", "Block", "HeaderBlocks", "keeps_table"]
 
 #: A stream's header list (names, values and 32 bytes a field, as HTTP/2 counts it) past this
 #: many bytes resets the stream (and ends the connection's decoding: see the module docstring).
@@ -64,6 +65,10 @@ class Block:
         self.headers = headers
         self.size = size
         self.length = length
+
+
+#: The block of a stream opened once the decoder was lost (the stream is refused).
+LOST = Block(b"", [], None)
 
 
 class HeaderBlocks:
@@ -255,13 +260,13 @@ class HeaderBlocks:
             self._done(stream_id, block[1], b"".join(block[2]))
 
     def _done(self, stream_id: int, ends: bool, block: bytes) -> None:
+        decoded = LOST
         if self.lost is None:
-            decoded = self._cache.get(block)
-            if decoded is None:
-                decoded = self._decode(block)
-            if decoded is not None and stream_id > self._last:  # (else: trailers)
-                self._last = stream_id
-                self.blocks[stream_id] = decoded
+            cached = self._cache.get(block)
+            decoded = cached if cached is not None else (self._decode(block) or LOST)
+        if stream_id > self._last:  # (else: trailers)
+            self._last = stream_id
+            self.blocks[stream_id] = decoded
         if ends:
             self.ends.append(stream_id)
 

@@ -33,7 +33,12 @@ from typing import Any, cast
 
 from model_runtime.server.grpc import h2callbacks as callbacks, nghttp2 as ng
 from model_runtime.server.grpc.call import STREAM_EXTENSION
-from model_runtime.server.grpc.h2blocks import MAX_CONTINUATIONS, MAX_HEADER_LIST, HeaderBlocks
+from model_runtime.server.grpc.h2blocks import (
+    LOST,
+    MAX_CONTINUATIONS,
+    MAX_HEADER_LIST,
+    HeaderBlocks,
+)
 from model_runtime.server.grpc.h2callbacks import STARTED, WAITING, FastCalls
 from model_runtime.server.grpc.h2stream import H2Stream, headers_nv
 from model_runtime.server.grpc.nghttp2 import ffi, lib
@@ -381,9 +386,10 @@ class H2Protocol(asyncio.Protocol):
         block = self.blocks.get(stream_id)
         if block is None or stream_id in self.invalid:
             return None
-        if block.size is None:  # past MAX_HEADER_LIST
+        if block.size is None:  # past MAX_HEADER_LIST, or its block not decoded (LOST)
             self.invalid.add(stream_id)
-            self.reset(stream_id, ng.INTERNAL_ERROR)  # this stream; the open ones go on
+            # this stream (refused: a client may retry it elsewhere); the open ones go on
+            self.reset(stream_id, ng.REFUSED_STREAM if block is LOST else ng.INTERNAL_ERROR)
             return None
         stream = self.streams[stream_id] = H2Stream(self, stream_id, self.last)
         stream.path = block.path
