@@ -2,10 +2,12 @@
 
 nghttp2 calls these while a connection hands it a read (``nghttp2_session_mem_recv``) or asks
 it what to send (``nghttp2_session_mem_send``); the connection sets :data:`current` first (the
-event loop runs one at a time). They keep each stream's request as it comes (headers, body
-chunks, its end), tell the connection of the calls whose headers are complete
-(:attr:`CallbackOwner.ready`) and of resets and closed streams, and feed answers' bytes and
-trailers to nghttp2 from each stream's queue.
+event loop runs one at a time). They keep each stream's body chunks as they come (a stream's
+first chunk opens it: its header block was read from the same bytes by :mod:`.h2blocks`), tell
+the connection of closed streams and of those the client reset, and feed answers' bytes and
+trailers to nghttp2 from each stream's queue. A call costs three: a chunk, its answer, its
+close (the frames nghttp2 takes without them, and the ends of requests, the connection reads
+after nghttp2 took the read).
 """
 
 from __future__ import annotations
@@ -16,13 +18,11 @@ from model_runtime.server.grpc import nghttp2 as ng
 from model_runtime.server.grpc.h2stream import HIGH_WATER, H2Stream, StreamOwner, trailers_nv
 from model_runtime.server.grpc.nghttp2 import ffi, lib
 
-__all__ = ["CALLBACKS", "MAX_HEADER_LIST", "PROVIDER", "STARTED", "TOO_BIG", "WAITING",
-           "CallbackOwner", "FastCalls", "current"]  # fmt: skip
+__all__ = ["CALLBACKS", "PROVIDER", "STARTED", "TOO_BIG", "WAITING", "CallbackOwner",
+           "FastCalls", "current"]  # fmt: skip
 
-unpack = ffi._backend.unpack  # ffi.unpack without its Python wrapper (per header)
+unpack = ffi._backend.unpack  # ffi.unpack without its Python wrapper (per chunk)
 memmove = ffi._backend.memmove  # (the same for ffi.memmove, per answer)
-#: A stream's header block (names and values) past this many bytes resets the stream.
-MAX_HEADER_LIST = 64 << 10
 #: A stream's ``wait``: its call not started; waiting for the end of its request (a fast
 #: call's); no longer (too big: the app's); started.
 WAITING, TOO_BIG, STARTED = 1, 2, 3
@@ -45,15 +45,19 @@ class CallbackOwner(StreamOwner, Protocol):
     """What the callbacks need of a connection (:class:`~.h2proto.H2Protocol`)."""
 
     streams: dict[int, H2Stream]
+    #: The streams the read nghttp2 is given resets (RST_STREAM frames, :mod:`.h2blocks`).
+    resets: list[int]
+    #: The streams whose request headers nghttp2 refused in this read.
+    invalid: set[int]
     #: Streams whose call may start now (headers complete), in the order they came.
     ready: list[H2Stream]
-    #: When its last read came (the loop's clock).
-    last: float
-    #: A GOAWAY was sent or received (the session ends once its streams have).
-    ending: bool
 
     #: Calls the transport may take without a task (None: none).
     fast: FastCalls | None
+
+    def open_stream(self, stream_id: int) -> H2Stream | None:
+        """The stream ``stream_id`` whose header block came in this read, opened (its call
+        ready); None: no such block, or one nghttp2 or the transport refused."""
 
     def on_close(self, stream: H2Stream) -> None:
         """``stream`` is closed (ended both ways, or reset)."""
@@ -70,72 +74,18 @@ class CallbackOwner(StreamOwner, Protocol):
 current: CallbackOwner | None = None
 
 
-def _on_begin_headers(session: int, frame: Any) -> int:
-    global _hs
-    conn = current
-    assert conn is not None
-    stream_id = frame.stream_id
-    if stream_id in conn.streams:
-        _hs = None  # the request's trailers: not read
-    else:
-        _hs = conn.streams[stream_id] = H2Stream(conn, stream_id, conn.last)
-    return 0
-
-
-#: The stream whose header block is being received (None: one not read).
-_hs: H2Stream | None = None
-
-
-def _on_header(session: int, frame: int, name: Any, namelen: int, value: Any, valuelen: int) -> int:
-    stream = _hs
-    if stream is None:
-        return 0
-    stream.header_bytes += namelen + valuelen + 32
-    if stream.header_bytes > MAX_HEADER_LIST:
-        return ng.ERR_TEMPORAL_CALLBACK_FAILURE  # this stream is reset, the others go on
-    key = unpack(name, namelen)
-    if key[0] != 58:  # not a pseudo-header (":")
-        stream.headers.append((key, unpack(value, valuelen)))
-    elif key == b":path":
-        stream.path = unpack(value, valuelen)
-    return 0
-
-
-def _on_frame_recv(session: int, frame: Any) -> int:
-    kind = frame.type
-    if kind > ng.HEADERS:  # (SETTINGS, PING, WINDOW_UPDATE ...: nghttp2's own)
-        if kind == ng.RST_STREAM:
-            conn = current
-            assert conn is not None
-            conn.reset_received(conn.streams.get(frame.stream_id))
-        elif kind == ng.GOAWAY:
-            assert current is not None
-            current.ending = True
-        return 0
-    conn = current
-    assert conn is not None
-    stream = conn.streams.get(frame.stream_id)
-    if stream is None:
-        return 0
-    if kind == ng.HEADERS and stream is _hs:  # a request's headers (not its trailers)
-        conn.ready.append(stream)
-    if frame.flags & ng.FLAG_END_STREAM:
-        stream.ended = True
-        stream.wake()
-        if stream.wait == WAITING:
-            conn.ready.append(stream)
-    return 0
-
-
 def _on_data_chunk(session: int, flags: int, stream_id: int, data: Any, size: int) -> int:
     conn = current
     assert conn is not None
     stream = conn.streams.get(stream_id)
     if stream is None:
-        lib.nghttp2_session_consume_connection(conn.session, size)
-        return 0
+        stream = conn.open_stream(stream_id)  # (its first DATA: its header block came first)
+        if stream is None:
+            lib.nghttp2_session_consume_connection(conn.session, size)
+            return 0
     stream.chunks.append(unpack(data, size))
     stream.unconsumed += size
+    stream.received += size
     stream.wake()
     if stream.wait == WAITING:
         fast = conn.fast
@@ -149,8 +99,19 @@ def _on_stream_close(session: int, stream_id: int, error_code: int) -> int:
     conn = current
     assert conn is not None
     stream = conn.streams.pop(stream_id, None)
+    resets = conn.resets
+    if resets and stream_id in resets:  # the client reset it (this read's RST_STREAM)
+        resets.remove(stream_id)
+        conn.reset_received(stream)
     if stream is not None:
         conn.on_close(stream)
+    return 0
+
+
+def _on_invalid_frame(session: int, frame: Any, error: int) -> int:
+    if frame.type == ng.HEADERS:  # a request nghttp2 refused (it resets the stream)
+        assert current is not None
+        current.invalid.add(frame.stream_id)
     return 0
 
 
@@ -199,11 +160,9 @@ def _callbacks() -> Any:
     lib.nghttp2_session_callbacks_new(holder)
     cbs = holder[0]
     for setter, kind, function in (
-        ("on_begin_headers", "nghttp2_on_begin_headers_callback", _on_begin_headers),
-        ("on_header", "nghttp2_on_header_callback", _on_header),
-        ("on_frame_recv", "nghttp2_on_frame_recv_callback", _on_frame_recv),
         ("on_data_chunk_recv", "nghttp2_on_data_chunk_recv_callback", _on_data_chunk),
         ("on_stream_close", "nghttp2_on_stream_close_callback", _on_stream_close),
+        ("on_invalid_frame_recv", "nghttp2_on_invalid_frame_recv_callback", _on_invalid_frame),
     ):
         callback = ffi.callback(kind, function)
         _KEEP.append(callback)

@@ -13,12 +13,14 @@ takes it, so a message the app refuses is never buffered past one window); a str
 resets, or a connection it closes, cancels the call's task; an answer that waits behind a
 closed window past ``write_timeout`` resets its stream; a connection without calls for
 ``idle_timeout`` is closed (GOAWAY first); a header block past :data:`MAX_HEADER_LIST` resets
-its stream. Rapid reset (CVE-2023-44487): a client's resets of streams it opened less than
-:data:`RESET_GRACE` before are counted in a token bucket (:data:`RESET_BURST`, refilled at
-:data:`RESET_RATE` a second); past it the connection is ended (GOAWAY ENHANCE_YOUR_CALM). A
-reset of an older stream costs nothing: such a stream held one of the connection's
-``max_streams`` for that long, so the concurrency limit bounds them, and a client that cancels
-many calls at once (its deadline passed) keeps its connection. nghttp2's own limits stay on:
+its stream and ends the connection (GOAWAY: its open calls go on); header blocks are read by
+:mod:`.h2blocks` from the bytes nghttp2 is given, not by a callback per header. Rapid reset
+(CVE-2023-44487): a client's resets of streams it opened less than :data:`RESET_GRACE` before
+are counted in a token bucket (:data:`RESET_BURST`, refilled at :data:`RESET_RATE` a second);
+past it the connection is ended (GOAWAY ENHANCE_YOUR_CALM). A reset of an older stream costs
+nothing: such a stream held one of the connection's ``max_streams`` for that long, so the
+concurrency limit bounds them, and a client that cancels many calls at once (its deadline
+passed) keeps its connection. nghttp2's own limits stay on:
 its reset limit (a backstop far above ours), PING/SETTINGS floods (outbound ACKs capped),
 CONTINUATION floods.
 """
@@ -31,7 +33,13 @@ from typing import Any, cast
 
 from model_runtime.server.grpc import h2callbacks as callbacks, nghttp2 as ng
 from model_runtime.server.grpc.call import STREAM_EXTENSION
-from model_runtime.server.grpc.h2callbacks import MAX_HEADER_LIST, STARTED, WAITING, FastCalls
+from model_runtime.server.grpc.h2blocks import (
+    LOST,
+    MAX_CONTINUATIONS,
+    MAX_HEADER_LIST,
+    HeaderBlocks,
+)
+from model_runtime.server.grpc.h2callbacks import STARTED, WAITING, FastCalls
 from model_runtime.server.grpc.h2stream import H2Stream, headers_nv
 from model_runtime.server.grpc.nghttp2 import ffi, lib
 
@@ -81,6 +89,12 @@ class H2Protocol(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.session: Any = None
         self.streams: dict[int, H2Stream] = {}
+        #: The request header blocks and stream ends and resets, read from the bytes nghttp2
+        #: is given (:mod:`.h2blocks`), and the requests nghttp2 refused in this read.
+        self.header_blocks = HeaderBlocks()
+        self.blocks = self.header_blocks.blocks
+        self.resets = self.header_blocks.resets
+        self.invalid: set[int] = set()
         self.transport: asyncio.Transport | None = None
         self.peer: tuple[str, int] | None = None
         self.fast = limits.fast
@@ -140,11 +154,31 @@ class H2Protocol(asyncio.Protocol):
         if session is None:
             return
         self.last = self.loop.time()
+        frames = self.header_blocks
+        frames.feed(data)
+        if self.invalid:
+            self.invalid.clear()
         callbacks.current = self
         read = lib.nghttp2_session_mem_recv(session, data, len(data))
         if read < 0:
             self._close()
             return
+        if frames.broken is not None:  # (nghttp2 ended the session for these frames too)
+            lib.nghttp2_session_terminate_session(session, ng.PROTOCOL_ERROR)
+            self.ending = True
+        else:
+            if frames.blocks:
+                self._opened()
+            if frames.ends:
+                self._ended(frames.ends)
+            if frames.resets:  # resets of streams not open (those open: _on_stream_close)
+                for _ in range(len(frames.resets)):
+                    self.reset_received(None)
+                frames.resets.clear()
+            if frames.goaway:
+                self.ending = True
+            if frames.lost is not None and not self.ending:  # no more calls can start
+                self.goaway()
         if self._calm:  # rapid reset: the calls of this read are not started either
             self._calm = False
             self.ready.clear()
@@ -196,6 +230,7 @@ class H2Protocol(asyncio.Protocol):
         session, self.session = self.session, None
         if session is not None:
             lib.nghttp2_session_del(session)
+        self.header_blocks.close()
 
     def pause_writing(self) -> None:
         self._paused = True
@@ -343,7 +378,53 @@ class H2Protocol(asyncio.Protocol):
             return
         self._arm()
 
-    # -- nghttp2's callbacks (through the module's functions below) --
+    # -- what nghttp2 took of a read (its callbacks, and what the read's frames say) --
+
+    def open_stream(self, stream_id: int) -> H2Stream | None:
+        """The stream ``stream_id`` whose header block came in this read, opened (its call
+        ready); None: no such block, or one nghttp2 or the transport refused."""
+        block = self.blocks.get(stream_id)
+        if block is None or stream_id in self.invalid:
+            return None
+        if block.size is None:  # past MAX_HEADER_LIST, or its block not decoded (LOST)
+            self.invalid.add(stream_id)
+            # this stream (refused: a client may retry it elsewhere); the open ones go on
+            self.reset(stream_id, ng.REFUSED_STREAM if block is LOST else ng.INTERNAL_ERROR)
+            return None
+        stream = self.streams[stream_id] = H2Stream(self, stream_id, self.last)
+        stream.path = block.path
+        stream.headers = block.headers
+        stream.length = block.length
+        self.ready.append(stream)
+        return stream
+
+    def _opened(self) -> None:
+        """Open the streams whose header block came in this read and no DATA opened: those
+        nghttp2 took (open, and not refused)."""
+        session, streams = self.session, self.streams
+        for stream_id in self.blocks:
+            if (
+                stream_id not in streams
+                and lib.nghttp2_session_find_stream(session, stream_id) != ffi.NULL
+            ):
+                self.open_stream(stream_id)
+
+    def _ended(self, ends: list[int]) -> None:
+        """The client ended these streams' requests (in this read), where nghttp2 took it."""
+        streams, session, ready = self.streams, self.session, self.ready
+        for stream_id in ends:
+            stream = streams.get(stream_id)
+            if (
+                stream is None
+                or stream.ended
+                or lib.nghttp2_session_get_stream_remote_close(session, stream_id) != 1
+                or (stream.length is not None and stream.length != stream.received)
+            ):  # (the last: nghttp2 resets the stream, PROTOCOL_ERROR)
+                continue
+            stream.ended = True
+            stream.wake()
+            if stream.wait == WAITING:
+                ready.append(stream)
 
     def on_close(self, stream: H2Stream) -> None:
         stream.closed = True
@@ -376,7 +457,7 @@ def _option() -> Any:
     # Rapid reset: counted by the connection (H2Protocol.reset_received); nghttp2's count of
     # every reset is a backstop far above it.
     lib.nghttp2_option_set_stream_reset_rate_limit(option, NGHTTP2_RESET_BURST, NGHTTP2_RESET_RATE)
-    lib.nghttp2_option_set_max_continuations(option, 8)  # CONTINUATION floods
+    lib.nghttp2_option_set_max_continuations(option, MAX_CONTINUATIONS)  # CONTINUATION floods
     return option
 
 

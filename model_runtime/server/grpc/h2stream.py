@@ -65,9 +65,9 @@ class H2Stream:
     """One call: its request as received, its answer as sent."""
 
     __slots__ = ("chunks", "closed", "conn", "drained", "end_told", "ended", "ended_call",
-                 "expect_trailers", "finished", "finished_at", "header_bytes", "headers", "id",
-                 "opened", "out", "out_len", "path", "start", "status", "submitted", "task",
-                 "trailers", "unconsumed", "wait", "waiter")  # fmt: skip
+                 "expect_trailers", "finished", "finished_at", "headers", "id", "length",
+                 "opened", "out", "out_len", "path", "received", "start", "status", "submitted",
+                 "task", "trailers", "unconsumed", "wait", "waiter")  # fmt: skip
 
     def __init__(self, conn: StreamOwner, stream_id: int, opened: float = 0.0) -> None:
         self.conn = conn
@@ -76,11 +76,15 @@ class H2Stream:
         self.opened = opened
         #: Where its call is: not started (0), or :data:`~.h2proto.STARTED` and the like.
         self.wait = 0
+        #: Its headers but pseudo-headers (shared with the other streams of the same block:
+        #: read only), and its ``:path``.
         self.headers: list[tuple[bytes, bytes]] = []
-        self.header_bytes = 0
         self.path = b""
         self.chunks: deque[bytes] = deque()
         self.unconsumed = 0
+        #: Its request's ``content-length`` (None: none), and the body's bytes received.
+        self.length: int | None = None
+        self.received = 0
         self.ended = self.end_told = self.closed = False
         self.waiter: asyncio.Future[None] | None = None
         #: The call's task, or the future of its outputs (:mod:`.unary`): cancelled when the

@@ -67,12 +67,8 @@ typedef struct {
 // The frame is declared as its first member, the header every frame type starts with (a
 // pointer to the union is one to it). Bytes nghttp2 hands over are ``char`` (``ffi.unpack``
 // makes them ``bytes`` at once).
-typedef int (*nghttp2_on_begin_headers_callback)(
-    uint8_t session, const nghttp2_frame_hd *frame);
-typedef int (*nghttp2_on_header_callback)(
-    uint8_t session, uint8_t frame, const char *name, size_t namelen, const char *value,
-    size_t valuelen);
-typedef int (*nghttp2_on_frame_recv_callback)(uint8_t session, const nghttp2_frame_hd *frame);
+typedef int (*nghttp2_on_invalid_frame_recv_callback)(
+    uint8_t session, const nghttp2_frame_hd *frame, int lib_error_code);
 typedef int (*nghttp2_on_data_chunk_recv_callback)(
     uint8_t session, uint8_t flags, int32_t stream_id, const char *data, size_t len);
 typedef int (*nghttp2_on_stream_close_callback)(
@@ -80,12 +76,8 @@ typedef int (*nghttp2_on_stream_close_callback)(
 
 int nghttp2_session_callbacks_new(nghttp2_session_callbacks **callbacks_ptr);
 void nghttp2_session_callbacks_del(nghttp2_session_callbacks *callbacks);
-void nghttp2_session_callbacks_set_on_begin_headers_callback(
-    nghttp2_session_callbacks *cbs, nghttp2_on_begin_headers_callback cb);
-void nghttp2_session_callbacks_set_on_header_callback(
-    nghttp2_session_callbacks *cbs, nghttp2_on_header_callback cb);
-void nghttp2_session_callbacks_set_on_frame_recv_callback(
-    nghttp2_session_callbacks *cbs, nghttp2_on_frame_recv_callback cb);
+void nghttp2_session_callbacks_set_on_invalid_frame_recv_callback(
+    nghttp2_session_callbacks *cbs, nghttp2_on_invalid_frame_recv_callback cb);
 void nghttp2_session_callbacks_set_on_data_chunk_recv_callback(
     nghttp2_session_callbacks *cbs, nghttp2_on_data_chunk_recv_callback cb);
 void nghttp2_session_callbacks_set_on_stream_close_callback(
@@ -114,6 +106,8 @@ int nghttp2_session_resume_data(nghttp2_session *session, int32_t stream_id);
 int nghttp2_session_set_local_window_size(nghttp2_session *session, uint8_t flags,
     int32_t stream_id, int32_t window_size);
 int32_t nghttp2_session_get_last_proc_stream_id(nghttp2_session *session);
+void *nghttp2_session_find_stream(nghttp2_session *session, int32_t stream_id);
+int nghttp2_session_get_stream_remote_close(nghttp2_session *session, int32_t stream_id);
 int nghttp2_session_terminate_session(nghttp2_session *session, uint32_t error_code);
 
 int nghttp2_submit_settings(nghttp2_session *session, uint8_t flags,
@@ -128,6 +122,17 @@ int nghttp2_submit_goaway(nghttp2_session *session, uint8_t flags, int32_t last_
     uint32_t error_code, const uint8_t *opaque_data, size_t opaque_data_len);
 int nghttp2_submit_shutdown_notice(nghttp2_session *session);
 const char *nghttp2_strerror(int lib_error_code);
+
+// HPACK alone: the transport's copy of each connection's decoder (:mod:`.h2blocks`).
+typedef struct nghttp2_hd_inflater nghttp2_hd_inflater;
+int nghttp2_hd_inflate_new(nghttp2_hd_inflater **inflater_ptr);
+void nghttp2_hd_inflate_del(nghttp2_hd_inflater *inflater);
+ssize_t nghttp2_hd_inflate_hd2(nghttp2_hd_inflater *inflater, nghttp2_nv *nv_out,
+    int *inflate_flags, const uint8_t *in, size_t inlen, int in_final);
+int nghttp2_hd_inflate_end_headers(nghttp2_hd_inflater *inflater);
+size_t nghttp2_hd_inflate_get_num_table_entries(nghttp2_hd_inflater *inflater);
+size_t nghttp2_hd_inflate_get_dynamic_table_size(nghttp2_hd_inflater *inflater);
+const nghttp2_nv *nghttp2_hd_inflate_get_table_entry(nghttp2_hd_inflater *inflater, size_t idx);
 """
 )
 
@@ -140,7 +145,8 @@ except OSError as exc:  # a system without Debian's libnghttp2-14 (or its equiva
     MISSING = f"libnghttp2.so.14 cannot be loaded ({exc}); install libnghttp2-14"
 
 # Frame types, flags, settings and errors (nghttp2.h's enums).
-DATA, HEADERS, RST_STREAM, GOAWAY = 0x0, 0x1, 0x3, 0x7
+DATA, HEADERS, RST_STREAM, PUSH_PROMISE, GOAWAY, CONTINUATION = 0x0, 0x1, 0x3, 0x5, 0x7, 0x9
+FLAG_END_HEADERS, FLAG_PADDED, FLAG_PRIORITY = 0x4, 0x8, 0x20
 FLAG_END_STREAM = 0x1
 DATA_FLAG_EOF = 0x1
 DATA_FLAG_NO_END_STREAM = 0x2
@@ -154,6 +160,8 @@ SETTINGS_MAX_HEADER_LIST_SIZE = 0x6
 NO_ERROR = 0x0
 PROTOCOL_ERROR = 0x1
 INTERNAL_ERROR = 0x2
+REFUSED_STREAM = 0x7
 CANCEL = 0x8
 ENHANCE_YOUR_CALM = 0xB
+HD_INFLATE_FINAL, HD_INFLATE_EMIT = 0x1, 0x2
 NV_FLAG_NO_COPY = 0x2 | 0x4  # the name and value outlive the submission (kept by the caller)
