@@ -63,7 +63,7 @@ def new_request_id(given: str | None) -> str:
     """``given`` (a client's ``X-Request-ID``) if sane, else a new 16-hex-digit id."""
     if given is not None and _SANE_ID.fullmatch(given):
         return given
-    return f"{_ID_PREFIX}{next(_ids):08x}"
+    return "%s%08x" % (_ID_PREFIX, next(_ids))  # noqa: UP031  (cheaper than a format spec)
 
 
 def detaches(request: web.Request) -> bool:
