@@ -89,3 +89,13 @@ def test_a_large_body_is_written_apart_from_its_head() -> None:
     answer = fast.ok_answer(out, 2, "r1")
     assert isinstance(answer, list) and answer[1] is out  # not copied into the head
     assert _head(answer)[1][b"Content-Length"] == str(len(out)).encode()
+
+
+def test_request_ids_are_the_clients_when_sane_else_new_16_hex_digits() -> None:
+    from model_runtime.server.http.access import new_request_id
+
+    assert new_request_id("client-7") == "client-7"
+    made = [new_request_id(None), new_request_id("bad id\r\n"), new_request_id(None)]
+    assert len(set(made)) == 3
+    for rid in made:
+        assert len(rid) == 16 and int(rid, 16) >= 0 and rid == rid.lower()
