@@ -102,10 +102,11 @@ def route_outputs(
     if batch.plain is not None:
         return _route_plain(layout, batch, batch.plain, outputs[0], submits, packed)
     fast = layout.fast_output
-    # One-row answers are views from one list of row views (cheaper per row than a slice
-    # each), worth making for a batch of a few requests or more.
+    # One-row answers are rows of one view with a row axis per row (cheaper per row than a
+    # slice each), worth making for a batch of a few requests or more. Indexed, not iterated:
+    # an array's iteration ends in a formatted IndexError.
     listed = len(batch.segments) > 2
-    row_lists: list[list[np.ndarray] | None] = [None] * layout.I
+    row_lists: list[np.ndarray | None] = [None] * layout.I
     closed_samples = closed = 0
     for req, start, k, row, count in batch.segments:
         fut = req.future
@@ -121,7 +122,7 @@ def route_outputs(
             elif count == 1 and listed:
                 rows = row_lists[k]
                 if rows is None:
-                    rows = row_lists[k] = list(outputs[k][fast][:, None])
+                    rows = row_lists[k] = outputs[k][fast][:, None]
                 fut.set_result({fast: rows[row]})
             else:
                 fut.set_result({fast: outputs[k][fast][row : row + count]})
@@ -154,20 +155,20 @@ def _route_plain(
     fast = layout.fast_output
     gone: list[Request] = []
     if fast is not None:
-        rows = out[fast][:n, None]  # row views, made in C as the loop takes them
-        if len(rows) < n:
-            raise IndexError(f"output {fast!r} has {len(rows)} rows, the batch {n}")
-        for req, row in zip(plain, rows, strict=True):
+        rows = _row_views(out, fast, n)
+        for i, req in enumerate(plain):
             try:
-                req.future.set_result({fast: row})
+                req.future.set_result({fast: rows[i]})
             except InvalidStateError:  # the caller is gone (cancelled, or past its deadline)
                 gone.append(req)
     elif layout.row_outputs is not None:  # several outputs, each one slice (not one per row)
         first, *others = layout.row_outputs
-        answers = [{first: row} for row in _row_views(out, first, n)]
+        rows = _row_views(out, first, n)
+        answers = [{first: rows[i]} for i in range(n)]
         for name in others:
-            for answer, row in zip(answers, _row_views(out, name, n), strict=True):
-                answer[name] = row
+            rows = _row_views(out, name, n)
+            for i, answer in enumerate(answers):
+                answer[name] = rows[i]
         for req, answer in zip(plain, answers, strict=True):
             try:
                 req.future.set_result(answer)
@@ -190,8 +191,9 @@ def _route_plain(
 
 
 def _row_views(out: Mapping[str, np.ndarray], name: str, n: int) -> np.ndarray:
-    """The first ``n`` rows of output ``name`` (row axis 0), each a view of one row when
-    iterated (made in C as the loop takes them).
+    """The first ``n`` rows of output ``name`` (row axis 0) with a row axis each: ``rows[i]``
+    is row i's view (indexed, not iterated: an array's iteration ends in a formatted
+    IndexError, a few thousand instructions a batch).
 
     Raises:
         KeyError: no output ``name``.

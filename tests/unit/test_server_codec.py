@@ -1043,3 +1043,53 @@ def test_a_repeated_request_is_framed_for_its_own_shape_model_and_datatypes() ->
             with patch.object(encode, "_framed", return_value=None):
                 whole = encode_infer_response(model, version, req, {"y": arr}, types)
             assert encode_infer_response(model, version, req, {"y": arr}, types) == whole
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "FP16", "FP64", "INT8", "INT64", "UINT16", "BOOL"])
+def test_a_binary_request_read_through_its_plan_is_the_one_decoded_whole(datatype: str) -> None:
+    """Binary inputs of a header seen before (its plan) are the same arrays, views of the
+    body (writable over a bytearray, as decoded whole), of each input's own place in it."""
+    from model_runtime.server.tensors import plans
+
+    plans._PLANS.clear()
+    specs = (TensorSpec("a", datatype, (-1, 3)), TensorSpec("b", datatype, (-1, 3)))
+    dtype = DATATYPES[datatype]
+    values = [np.array([[1, 0, 1], [0, 1, 1]]), np.array([[0, 0, 1], [1, 1, 0]])]
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": name,
+                    "datatype": datatype,
+                    "shape": [2, 3],
+                    "parameters": {"binary_data_size": 6 * dtype.itemsize},
+                }
+                for name in ("a", "b")
+            ]
+        }
+    ).encode()
+
+    def decoded(k: int) -> dict[str, np.ndarray]:
+        data = b"".join((v + k).astype(dtype).tobytes() for v in values)
+        if datatype == "BOOL":
+            data = b"".join(v.astype(dtype).tobytes() for v in values)
+        body = bytearray(head + data)
+        req = parse_infer_request(body, len(head), specs, OUTPUTS, model="m")
+        for name in ("a", "b"):
+            arr = req.inputs[name]
+            assert arr.flags.writeable and not arr.flags.owndata
+        at = len(head)
+        body[at : at + dtype.itemsize] = bytes(dtype.itemsize)  # a view: its first element
+        assert not req.inputs["a"].flat[0]
+        return req.inputs
+
+    whole = decoded(1)
+    assert plans._PLANS  # kept: the next of this header is read through its plan
+    planned = decoded(2)
+    for name, value in zip(("a", "b"), values, strict=True):
+        assert planned[name].dtype == whole[name].dtype == dtype
+        assert planned[name].shape == whole[name].shape == (2, 3)
+        expected = value.astype(dtype) if datatype == "BOOL" else (value + 2).astype(dtype)
+        if name == "a":
+            expected.flat[0] = 0
+        np.testing.assert_array_equal(planned[name], expected)

@@ -63,7 +63,7 @@ def new_request_id(given: str | None) -> str:
     """``given`` (a client's ``X-Request-ID``) if sane, else a new 16-hex-digit id."""
     if given is not None and _SANE_ID.fullmatch(given):
         return given
-    return f"{_ID_PREFIX}{next(_ids):08x}"
+    return _ID_PREFIX + hex(next(_ids))[2:].zfill(8)  # (:08x, without a format spec's cost)
 
 
 def detaches(request: web.Request) -> bool:

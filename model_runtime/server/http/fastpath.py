@@ -43,13 +43,16 @@ _IDENTITY = b"identity"
 _PHRASES = {s.value: s.phrase.encode() for s in HTTPStatus}
 #: A written answer larger than this goes out as two buffers (head, body), not one copy.
 _JOIN_BELOW = 64 << 10
-#: The heads of 200 answers (``FastInfer._head``'s), to be given the body's length, the
-#: request id (with its ``Inference-Header-Content-Length``, for binary data) and the date.
-_OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/%s\r\nContent-Length: %%d\r\n%s: %%s\r\n"
-_OK_JSON = _OK % (b"json", _REQUEST_ID_NAME) + b"Date: %s\r\n\r\n"
-_OK_BINARY = (
-    _OK % (b"octet-stream", _REQUEST_ID_NAME) + _HEADER_LENGTH_NAME + b": %d\r\nDate: %s\r\n\r\n"
-)
+#: A 200 answer's head is three pieces: its front (status, type, length, up to the request
+#: id's value), made once per body length; the request id; its back (the binary data's
+#: ``Inference-Header-Content-Length``, the date), made once per JSON length and second.
+_FRONT = b"HTTP/1.1 200 OK\r\nContent-Type: application/%s\r\nContent-Length: %%d\r\n%s: "
+_FRONT_JSON = _FRONT % (b"json", _REQUEST_ID_NAME)
+_FRONT_BINARY = _FRONT % (b"octet-stream", _REQUEST_ID_NAME)
+_BACK_JSON = b"\r\nDate: %s\r\n\r\n"
+_BACK_BINARY = b"\r\n" + _HEADER_LENGTH_NAME + b": %d\r\nDate: %s\r\n\r\n"
+#: The pieces kept (of each kind) before they are made afresh.
+_PIECES_MAX = 256
 
 
 class Answering(Protocol):
@@ -80,12 +83,28 @@ class FastInfer:
     """Answers admitted plain infer requests for one :class:`DataPlane` (see the module
     docstring). ``access_log``: one ``http_request`` line per request, as the middleware's."""
 
-    __slots__ = ("_date", "_tasks", "access_log", "plane", "taken")
+    __slots__ = (
+        "_back_date",
+        "_backs",
+        "_date",
+        "_fronts_binary",
+        "_fronts_json",
+        "_tasks",
+        "access_log",
+        "plane",
+        "taken",
+    )
 
     def __init__(self, plane: DataPlane, *, access_log: bool = True) -> None:
         self.plane = plane
         self.access_log = access_log
         self._date = _Date()
+        # The 200 heads' pieces (see _FRONT): fronts by body length, backs by JSON length
+        # (-1: all JSON) for the date they were made in.
+        self._fronts_json: dict[int, bytes] = {}
+        self._fronts_binary: dict[int, bytes] = {}
+        self._backs: dict[int, bytes] = {}
+        self._back_date = b""
         self._tasks: set[asyncio.Task[None]] = set()
         #: Requests answered here (the rest of the infer requests went to aiohttp).
         self.taken = 0
@@ -182,11 +201,41 @@ class FastInfer:
 
     def ok_answer(self, out: bytes, json_length: int | None, rid: str) -> bytes | list[bytes]:
         """The 200 answer of body ``out`` (``json_length``: its JSON part's; None: all JSON)."""
+        n = len(out)
+        fronts = self._fronts_json if json_length is None else self._fronts_binary
+        front = fronts.get(n)
+        if front is None:
+            front = self._front(fronts, n, json_length is None)
+        date = self._date()
+        if date is not self._back_date:  # a new second: the backs are made afresh
+            self._backs.clear()
+            self._back_date = date
+        back = self._backs.get(-1 if json_length is None else json_length)
+        if back is None:
+            back = self._back(json_length, date)
+        if n < _JOIN_BELOW:
+            return b"".join((front, rid.encode(), back, out))
+        return [b"".join((front, rid.encode(), back)), out]
+
+    @staticmethod
+    def _front(fronts: dict[int, bytes], n: int, json: bool) -> bytes:
+        """The front of a 200 head for a body of ``n`` bytes, kept in ``fronts``."""
+        if len(fronts) >= _PIECES_MAX:
+            fronts.clear()
+        front = fronts[n] = (_FRONT_JSON if json else _FRONT_BINARY) % n
+        return front
+
+    def _back(self, json_length: int | None, date: bytes) -> bytes:
+        """The back of a 200 head (``json_length``: its binary data's JSON part; None: all
+        JSON) at ``date``, kept for that second."""
+        backs = self._backs
+        if len(backs) >= _PIECES_MAX:
+            backs.clear()
         if json_length is None:
-            head = _OK_JSON % (len(out), rid.encode(), self._date())
+            back = backs[-1] = _BACK_JSON % date
         else:
-            head = _OK_BINARY % (len(out), rid.encode(), json_length, self._date())
-        return head + out if len(out) < _JOIN_BELOW else [head, out]
+            back = backs[json_length] = _BACK_BINARY % (json_length, date)
+        return back
 
     def error_answer(
         self, exc: Exception, target: bytes, rid: str
@@ -249,12 +298,7 @@ class FastInfer:
             conn.fast_answer(self.ok_answer(out, json_length, rid))
             conn.fast_done()
             raise
-        date = self._date
-        if json_length is None:
-            head = _OK_JSON % (len(out), rid.encode(), date())
-        else:
-            head = _OK_BINARY % (len(out), rid.encode(), json_length, date())
-        conn.fast_reply(head + out if len(out) < _JOIN_BELOW else [head, out])
+        conn.fast_reply(self.ok_answer(out, json_length, rid))
 
     def _head(
         self, status: int, content_type: bytes, length: int, rid: str, extra: bytes = b""

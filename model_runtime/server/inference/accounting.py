@@ -56,7 +56,7 @@ def samples_of(entry: ModelEntry, inputs: Mapping[str, Any], outputs: Any = None
     """The inferences a request of ``inputs`` is, as Triton counts them (``inference_count``):
     its batch for a model with a batch axis, else 1; 0 when its ``outputs`` came from the
     response cache (the model did not run)."""
-    if isinstance(outputs, CachedOutputs):
+    if outputs is not None and isinstance(outputs, CachedOutputs):
         return 0
     specs = entry.inputs
     known = _BATCHED.get(id(specs))
@@ -66,8 +66,10 @@ def samples_of(entry: ModelEntry, inputs: Mapping[str, Any], outputs: Any = None
         known = _BATCHED[id(specs)] = (specs, any(spec.has_batch_axis for spec in specs))
     if not known[1]:
         return 1
-    first = next(iter(inputs.values()), None)
-    return int(first.shape[0]) if first is not None and first.ndim else 1
+    for first in inputs.values():  # (the first input's: no iterator object, no int())
+        shape = first.shape
+        return shape[0] if shape else 1  # type: ignore[no-any-return]
+    return 1
 
 
 class TurnRecords:

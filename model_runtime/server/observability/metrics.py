@@ -184,7 +184,7 @@ class DaemonMetrics:
         #: holds its runner, so the id is not reused while it lives): during a reload the old
         #: runner and the new one are both read.
         self._marks: dict[tuple[str, str], dict[int, Mark]] = {}
-        self._children: dict[str, tuple[Any, Any, Any]] = {}  # see _success_counts
+        self._children: dict[str, tuple[Any, Any, Any, Any]] = {}  # see _success_counts
         #: Requests in flight by (model, version) (:meth:`request_started`).
         self._pending: dict[tuple[str, str], int] = {}
         r.register(ReplicaCollector(self))
@@ -253,7 +253,7 @@ class DaemonMetrics:
         children = self._children.get(model)
         if children is None:
             children = self._children[model] = self._success_counts(model)
-        ok, inferences, duration = children
+        ok, inferences, duration, _ = children
         if reason is None:
             ok(1)
             inferences(samples)
@@ -281,17 +281,17 @@ class DaemonMetrics:
         children = self._children.get(model)
         if children is None:
             children = self._children[model] = self._success_counts(model)
-        ok, inferences, duration = children
+        ok, inferences, _, durations = children
         ok(len(seconds))
         inferences(samples)
-        for s in seconds:
-            duration(s)
+        durations(seconds)
 
-    def _success_counts(self, model: str) -> tuple[Any, Any, Any]:
-        """What counts a request of ``model`` (its success, samples, duration), as each
-        metric's own ``inc``/``observe`` count (the same values), without their checks per
-        call (which cannot fail here: no exemplar, amounts >= 0) when prometheus_client
-        keeps its values where 0.20 does."""
+    def _success_counts(self, model: str) -> tuple[Any, Any, Any, Any]:
+        """What counts a request of ``model`` (its success, samples, duration, and the
+        durations of several), as each metric's own ``inc``/``observe`` count (the same
+        values), without their checks per call (which cannot fail here: no exemplar, amounts
+        >= 0) when prometheus_client keeps its values where 0.20 does; several durations
+        count each bucket they fall in once, by their number."""
         ok = self.requests.labels(model, "success", "")
         inferences = self.inferences.labels(model)
         duration = self.duration.labels(model)
@@ -301,16 +301,28 @@ class DaemonMetrics:
             total = duration._sum.inc
             ok_inc, inferences_inc = ok._value.inc, inferences._value.inc
         except AttributeError:  # another layout: the public methods
-            return ok.inc, inferences.inc, duration.observe
+            return ok.inc, inferences.inc, duration.observe, _each(duration.observe)
         if len(bounds) != len(buckets) or not bounds or bounds[-1] != float("inf"):
-            return ok.inc, inferences.inc, duration.observe
+            return ok.inc, inferences.inc, duration.observe, _each(duration.observe)
         find = bisect.bisect_left
 
         def observe(seconds: float) -> None:
             total(seconds)
             buckets[find(bounds, seconds)](1)  # the first bound >= seconds, as observe()
 
-        return ok_inc, inferences_inc, observe
+        def observe_all(seconds: list[float]) -> None:
+            if len(seconds) == 1:
+                observe(seconds[0])
+                return
+            counts: dict[int, int] = {}
+            for s in seconds:
+                total(s)  # (one by one: the sum adds them in the same order)
+                i = find(bounds, s)
+                counts[i] = counts.get(i, 0) + 1
+            for i, n in counts.items():
+                buckets[i](n)
+
+        return ok_inc, inferences_inc, observe, observe_all
 
     def _latencies(self, model: str, version: str) -> Latencies:
         lat = self.latencies.get((model, version))
@@ -445,3 +457,13 @@ class DaemonMetrics:
             + ("\n".join(lines) + "\n").encode()
             + python_models_text(self.python_runners)
         )
+
+
+def _each(observe: Callable[[float], None]) -> Callable[[list[float]], None]:
+    """``observe`` called for each of a list of values."""
+
+    def observe_all(values: list[float]) -> None:
+        for v in values:
+            observe(v)
+
+    return observe_all

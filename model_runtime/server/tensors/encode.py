@@ -165,10 +165,11 @@ def _framed(
         before, dtype, binary = parts[i]
         pieces.append(before)
         arr = results[out.name]
-        if binary and arr.nbytes <= _COPY_BELOW and arr.dtype == dtype:
+        same = arr.dtype is dtype or arr.dtype == dtype  # (dtypes of a kind are one object)
+        if binary and same and arr.nbytes <= _COPY_BELOW:
             chunks.append(arr.tobytes())  # (C order, contiguous or not: cheaper than views)
             continue
-        if arr.dtype != dtype or not arr.flags.c_contiguous:
+        if not same or not arr.flags.c_contiguous:
             arr = np.ascontiguousarray(arr, dtype=dtype)
         flat = arr.reshape(-1)
         if binary:
@@ -182,6 +183,8 @@ def _framed(
     header = b"".join(pieces)
     if not chunks:
         return header, None
+    if len(chunks) == 1:
+        return header + chunks[0], len(header)
     return b"".join([header, *chunks]), len(header)
 
 

@@ -29,6 +29,7 @@ import numpy as np
 
 from model_runtime.server.tensors import jsontape
 from model_runtime.server.tensors.binary import from_binary
+from model_runtime.server.tensors.datatypes import DATATYPES
 from model_runtime.server.tensors.jsonnumbers import Retry
 from model_runtime.server.tensors.request import InferRequest, TensorSpec
 
@@ -90,10 +91,12 @@ def binary_request(
         return None
     if plan.size != len(binary):
         return None
-    arrays = {
-        name: from_binary(name, datatype, binary[start:stop]).reshape(shape)
-        for _, name, datatype, shape, start, stop in plan.layout
-    }
+    arrays: dict[str, np.ndarray] = {}
+    for _, name, datatype, shape, start, stop in plan.layout:
+        if datatype == "BOOL":  # (its bytes are checked)
+            arrays[name] = from_binary(name, datatype, binary[start:stop]).reshape(shape)
+        else:  # the same view, made in one call (no slice, no reshape)
+            arrays[name] = np.ndarray(shape, DATATYPES[datatype], binary, start)
     return plan.request(arrays)
 
 
