@@ -132,14 +132,20 @@ def test_a_models_model_metrics_sets_its_first_response_buckets(tmp_path: Path) 
 
 def test_requests_count_as_the_metrics_own_methods_count_them() -> None:
     """Successes, samples and durations (on a bucket's bound, between, past the last) read
-    the same in the exposition as prometheus_client's own inc/observe make them."""
+    the same in the exposition as prometheus_client's own inc/observe make them, counted one
+    request at a time (observe) and a turn's requests at once (observe_ok)."""
     from unittest.mock import patch
 
     from prometheus_client import generate_latest
 
+    from model_runtime.server.observability.metrics import _each
+
+    durations = [0.0, 0.0005, 0.0007, 0.001, 0.3, 10.0, 12.5, 0.0005]
+
     def run(metrics: DaemonMetrics) -> list[str]:
-        for seconds in (0.0, 0.0005, 0.0007, 0.001, 0.3, 10.0, 12.5, 0.0005):
+        for seconds in durations:
             metrics.observe("m", None, seconds, 3)
+        metrics.observe_ok("m", "1", durations, 5)
         metrics.observe("m", "timeout", 0.2, 0)
         text = generate_latest(metrics.registry).decode()
         return [
@@ -158,7 +164,8 @@ def test_requests_count_as_the_metrics_own_methods_count_them() -> None:
             public.requests.labels(model, "success", "").inc,
             public.inferences.labels(model).inc,
             public.duration.labels(model).observe,
+            _each(public.duration.labels(model).observe),
         ),
     ):
         assert run(public) == fast
-    assert any('le="0.0005"' in line and line.endswith(" 3.0") for line in fast)
+    assert any('le="0.0005"' in line and line.endswith(" 6.0") for line in fast)
