@@ -23,11 +23,8 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# mypy checks modules that do not import each other on MYPY_WORKERS processes (its -n; 0: in
-# this one): on a fresh clone (no .mypy_cache) two finish sooner than one on 2 cores.
-MYPY_WORKERS ?= 2
 typecheck: $(STAMP)
-	$(BIN)/mypy --num-workers $(MYPY_WORKERS)
+	$(BIN)/mypy
 
 # perf_analyzer (below) is what tests/integration/test_perf_analyzer.py drives; where it cannot
 # be made (no network) those tests skip and say why, and the rest run.

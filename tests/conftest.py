@@ -44,23 +44,29 @@ SERIAL = (
 )
 
 
-#: The modules that take longest, slowest first (``--durations``): ``make test`` hands whole
-#: modules to its workers in collection order (``--dist loadfile --no-loadscope-reorder``), so
-#: these start at once and never leave one worker running a long module while the others have
-#: nothing left to do. The rest follow by their number of tests, most first.
+#: The modules that take longest, slowest first (``--durations=0`` of a whole ``make test``,
+#: summed by module): ``make test`` hands whole modules to its workers in collection order
+#: (``--dist loadfile --no-loadscope-reorder``), so these start early and never leave one
+#: worker running a long module while the others have nothing left to do. The rest follow by
+#: their number of tests, most first.
 LONGEST_FIRST = (
     # A loopback Ray cluster of three nodes and Serve, started once for the module.
     "tests/integration/test_ray_serve.py",
-    "tests/unit/test_server_codec.py",
-    "tests/integration/test_light_models.py",
-    "tests/integration/test_sequence_flows.py",
-    "tests/integration/test_daemon_lifecycle.py",
-    "tests/faults/test_fault_injection.py",
-    "tests/integration/test_closed_loop_slow_model.py",
-    "tests/unit/test_server_connections.py",
     "tests/integration/test_daemon_repository.py",
     "tests/integration/test_access_control.py",
+    "tests/integration/test_light_models.py",
+    "tests/unit/test_server_codec.py",
+    "tests/integration/test_ensembles.py",
+    "tests/integration/test_fast_path_attack.py",
+    "tests/integration/test_daemon_lifecycle.py",
+    "tests/integration/test_generate_endpoint.py",
+    "tests/faults/test_fault_injection.py",
+    "tests/integration/test_python_models.py",
+    "tests/integration/test_triton_flags_daemon.py",
+    "tests/integration/test_sequence_flows.py",
+    # Few tests, each long: by their count they would come last.
     "tests/integration/test_reuse_port.py",
+    "tests/integration/test_closed_loop_slow_model.py",
 )
 
 
