@@ -8,15 +8,10 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
-# pip compiles each module it installs (~10,000 files, Ray's alone ~2,700) one after the other,
-# about half of the install's CPU: it installs with --no-compile, then compileall compiles the
-# same files on every core (-j 0). Like pip, a file that does not compile is left for Python
-# to report when it is imported.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --no-compile --upgrade pip
-	$(BIN)/python -m pip install --quiet --no-compile -e '.[test,ray,docs]'
-	-$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test,ray,docs]'
 	touch $(STAMP)
 
 lint: $(STAMP)
