@@ -30,7 +30,10 @@ def pytest_configure(config: pytest.Config) -> None:
 #: Tests that measure how fast the daemon serves a well-behaved client (attacks, overload,
 #: perf_analyzer's load, speed ratios): ``make test`` runs them alone, after the rest has run
 #: on parallel workers (``-m "not serial"``, then ``-m serial``), so that another test's load
-#: is never what they measure.
+#: is never what they measure. This list is the only source of the ``serial`` marker: under
+#: exactly ``-m serial`` or ``-m "not serial"`` a module of the other kind is not even
+#: imported (:func:`pytest_ignore_collect`), and a test marked ``serial`` by hand elsewhere
+#: is refused (it would run in neither phase).
 SERIAL = (
     "tests/attack/",
     "tests/integration/test_perf_analyzer.py",
@@ -41,24 +44,51 @@ SERIAL = (
 )
 
 
-#: The modules that take longest, slowest first (``--durations``): ``make test`` hands whole
-#: modules to its workers in collection order (``--dist loadfile --no-loadscope-reorder``), so
-#: these start at once and never leave one worker running a long module while the others have
-#: nothing left to do. The rest follow by their number of tests, most first.
+#: The modules that take longest, slowest first (``--durations=0`` of a whole ``make test``,
+#: summed by module): ``make test`` hands whole modules to its workers in collection order
+#: (``--dist loadfile --no-loadscope-reorder``), so these start early and never leave one
+#: worker running a long module while the others have nothing left to do. The rest follow by
+#: their number of tests, most first.
 LONGEST_FIRST = (
     # A loopback Ray cluster of three nodes and Serve, started once for the module.
     "tests/integration/test_ray_serve.py",
-    "tests/unit/test_server_codec.py",
-    "tests/integration/test_light_models.py",
-    "tests/integration/test_sequence_flows.py",
-    "tests/integration/test_daemon_lifecycle.py",
-    "tests/faults/test_fault_injection.py",
-    "tests/integration/test_closed_loop_slow_model.py",
-    "tests/unit/test_server_connections.py",
     "tests/integration/test_daemon_repository.py",
     "tests/integration/test_access_control.py",
+    "tests/integration/test_light_models.py",
+    "tests/unit/test_server_codec.py",
+    "tests/integration/test_ensembles.py",
+    "tests/integration/test_fast_path_attack.py",
+    "tests/integration/test_daemon_lifecycle.py",
+    "tests/integration/test_generate_endpoint.py",
+    "tests/faults/test_fault_injection.py",
+    "tests/integration/test_python_models.py",
+    "tests/integration/test_triton_flags_daemon.py",
+    "tests/integration/test_sequence_flows.py",
+    # Few tests, each long: by their count they would come last.
     "tests/integration/test_reuse_port.py",
+    "tests/integration/test_closed_loop_slow_model.py",
 )
+
+
+def _is_serial(root: Path, path: Path) -> bool:
+    try:
+        return path.relative_to(root).as_posix().startswith(SERIAL)
+    except ValueError:  # outside the repository
+        return False
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Under ``-m serial`` (or ``-m "not serial"``) a test module of the other kind is not
+    collected: each xdist worker and the serial run import only the modules they may run
+    (importing them all costs ~10 s of CPU per process: Ray, scikit-learn, the attack wire)."""
+    markexpr = config.getoption("markexpr", "")
+    if markexpr not in ("serial", "not serial"):
+        return None
+    if collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None  # a directory (tests/integration holds both kinds), conftest.py, a helper
+    if _is_serial(config.rootpath, collection_path) != (markexpr == "serial"):
+        return True
+    return None
 
 
 def _longest_first(root: Path, items: list[pytest.Item]) -> None:
@@ -75,8 +105,13 @@ def _longest_first(root: Path, items: list[pytest.Item]) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = config.rootpath
     for item in items:
-        if item.path.relative_to(root).as_posix().startswith(SERIAL):
+        if _is_serial(root, item.path):
             item.add_marker(pytest.mark.serial)
+        elif item.get_closest_marker("serial") is not None:
+            raise pytest.UsageError(
+                f"{item.nodeid} is marked serial by hand: add its module to SERIAL in "
+                "tests/conftest.py instead (make test's phases collect by that list)"
+            )
     _longest_first(root, items)
     if config.getoption("--long"):
         return

@@ -12,9 +12,6 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from skl2onnx import to_onnx
-from sklearn.datasets import load_iris
-from sklearn.linear_model import LogisticRegression
 
 from tests.integration.test_daemon_support import Daemon, start_daemon, stop_daemon
 
@@ -25,6 +22,11 @@ SPECIES = np.array(["setosa", "versicolor", "virginica"])
 
 @pytest.fixture(scope="module")
 def iris() -> tuple[np.ndarray, np.ndarray, object]:
+    # Imported here, not at the top: scikit-learn and skl2onnx take ~3 s of CPU to import, and
+    # every xdist worker imports every module it collects, not only the ones it runs.
+    from sklearn.datasets import load_iris
+    from sklearn.linear_model import LogisticRegression
+
     x, y = load_iris(return_X_y=True)
     x = x.astype(np.float32)
     clf = LogisticRegression(max_iter=500).fit(x, SPECIES[y])
@@ -35,6 +37,8 @@ def iris() -> tuple[np.ndarray, np.ndarray, object]:
 def daemon(
     tmp_path_factory: pytest.TempPathFactory, iris: tuple[np.ndarray, np.ndarray, object]
 ) -> Iterator[Daemon]:
+    from skl2onnx import to_onnx
+
     x, _, clf = iris
     onnx_model = to_onnx(clf, x[:1], options={"zipmap": False}, target_opset=17)
     tmp = tmp_path_factory.mktemp("sklearn")
