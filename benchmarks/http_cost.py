@@ -11,7 +11,7 @@ in one run, so a reference and a change are measured on the same noisy host side
 
     .venv/bin/python benchmarks/http_cost.py [--requests 20000] [--clients 16]
         [--modes binary json] [--trees /work/main .] [--pairs 3] [--profile OUT] [--stages]
-        [--callgrind]
+        [--callgrind] [--python]
 
 ``--stages``: the event loop's CPU per request in each stage of :data:`STAGES` (each function
 wrapped to add up its thread CPU time: about 1 µs added per call, nested stages counted in
@@ -20,6 +20,9 @@ their callers too), cheaper and less distorting than ``--profile``'s cProfile.
 daemon. ``--callgrind``: the daemon runs under valgrind's callgrind (about 40 times slower),
 counting only during the measured requests; the figure is the event loop thread's instructions
 per request, which other processes on the host do not change (CPU time on a shared host does).
+``--python``: the same model served as a python model instead (:data:`PYTHON_MODEL`: numpy
+over the rows of each ``execute``, ``max_batch_size`` 32, dynamic batching, one instance), so
+the figure is the front end plus the python backend's daemon side.
 """
 
 from __future__ import annotations
@@ -46,6 +49,44 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "model_runtime" / "demo" / "digits_mlp.onnx"
 NAME, INPUT = "digits", "pixels"
 _TICK = os.sysconf("SC_CLK_TCK")
+#: ``--python``'s model: the demo model's input and a 64x10 matrix, one numpy product over the
+#: rows of an ``execute``.
+PYTHON_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+WEIGHTS = np.random.default_rng(0).standard_normal((64, 10)).astype(np.float32)
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        arrays = [pb_utils.get_input_tensor_by_name(r, "pixels").as_numpy() for r in requests]
+        out = np.concatenate(arrays) @ WEIGHTS
+        responses, row = [], 0
+        for a in arrays:
+            rows = out[row : row + len(a)]
+            row += len(a)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("logits", rows)]))
+        return responses
+"""
+PYTHON_CONFIG = """
+name: "digits"
+backend: "python"
+max_batch_size: 32
+input [{ name: "pixels", data_type: TYPE_FP32, dims: [64] }]
+output [{ name: "logits", data_type: TYPE_FP32, dims: [10] }]
+instance_group [{ count: 1, kind: KIND_CPU }]
+dynamic_batching {}
+"""
+
+
+def _python_repository(workdir: Path) -> Path:
+    """A repository with :data:`PYTHON_MODEL` as ``digits``."""
+    repo = workdir / "python-repository"
+    (repo / NAME / "1").mkdir(parents=True, exist_ok=True)
+    (repo / NAME / "config.pbtxt").write_text(PYTHON_CONFIG)
+    (repo / NAME / "1" / "model.py").write_text(PYTHON_MODEL)
+    return repo
 
 
 def _request(mode: str, port: int, row: np.ndarray) -> bytes:
@@ -287,6 +328,7 @@ class Daemon:
         profile: Path | None = None,
         stages: bool = False,
         callgrind: bool = False,
+        python: bool = False,
     ) -> None:
         self.port, self.grpc_port = _free_port(), _free_port()
         (workdir / "run").mkdir(parents=True, exist_ok=True)
@@ -296,6 +338,7 @@ class Daemon:
             self.callgrind = workdir / f"callgrind-{self.port}.out"
             cmd[:0] = [
                 "valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
+                "--trace-children=no",
                 f"--callgrind-out-file={self.callgrind}",
             ]  # fmt: skip
         self.stages: Path | None = None
@@ -309,8 +352,12 @@ class Daemon:
         cmd += [
             "--port", str(self.port), "--grpc-port", str(self.grpc_port),
             "--metrics-port", "0", "--no-access-log", "--log-format", "json",
-            "--executable-cache", str(workdir / "cache"), f"{NAME}={MODEL}",
+            "--executable-cache", str(workdir / "cache"),
         ]  # fmt: skip
+        if python:
+            cmd += ["--model-repository", str(_python_repository(workdir))]
+        else:
+            cmd.append(f"{NAME}={MODEL}")
         env = {
             **os.environ,
             "PYTHONPATH": str(tree),
@@ -407,7 +454,7 @@ class Daemon:
 def _callgrind(tree: Path, tmp: Path, mode: str, rnd: int, args: Any) -> dict[str, Any]:
     """One daemon of ``tree`` under callgrind, one ``mode``: its loop's instructions per
     request (as ``loop_us``, so the ratios below read them)."""
-    daemon = Daemon(tree, tmp, callgrind=True)
+    daemon = Daemon(tree, tmp, callgrind=True, python=args.python)
     try:
         daemon.load(mode, args.clients, args.warmup, count=False)
         r = daemon.load(mode, args.clients, args.requests)
@@ -442,6 +489,9 @@ def main() -> None:
         help="run the daemon under callgrind: the event loop's instructions per request "
         "(one mode per daemon, so each count is that mode's alone)",
     )
+    parser.add_argument(
+        "--python", action="store_true", help="serve the model as a python model (PYTHON_MODEL)"
+    )
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="http-cost-") as tmp:
@@ -452,7 +502,7 @@ def main() -> None:
                     for mode in args.modes:
                         rows.append(_callgrind(tree, Path(tmp), mode, rnd, args))
                     continue
-                daemon = Daemon(tree, Path(tmp), args.profile, args.stages)
+                daemon = Daemon(tree, Path(tmp), args.profile, args.stages, python=args.python)
                 try:
                     for mode in args.modes:
                         daemon.load(mode, args.clients, args.warmup, count=False)
