@@ -20,8 +20,7 @@ their callers too), cheaper and less distorting than ``--profile``'s cProfile.
 daemon. ``--callgrind``: the daemon runs under valgrind's callgrind (about 40 times slower),
 counting only during the measured requests; the figure is the event loop thread's instructions
 per request, which other processes on the host do not change (CPU time on a shared host does).
-``--python``: the same model served as a python model instead (:data:`PYTHON_MODEL`: numpy
-over the rows of each ``execute``, ``max_batch_size`` 32, dynamic batching, one instance), so
+``--python``: the same input served by a python model (:mod:`benchmarks.http_cost_python`), so
 the figure is the front end plus the python backend's daemon side.
 """
 
@@ -49,44 +48,6 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "model_runtime" / "demo" / "digits_mlp.onnx"
 NAME, INPUT = "digits", "pixels"
 _TICK = os.sysconf("SC_CLK_TCK")
-#: ``--python``'s model: the demo model's input and a 64x10 matrix, one numpy product over the
-#: rows of an ``execute``.
-PYTHON_MODEL = """
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-WEIGHTS = np.random.default_rng(0).standard_normal((64, 10)).astype(np.float32)
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        arrays = [pb_utils.get_input_tensor_by_name(r, "pixels").as_numpy() for r in requests]
-        out = np.concatenate(arrays) @ WEIGHTS
-        responses, row = [], 0
-        for a in arrays:
-            rows = out[row : row + len(a)]
-            row += len(a)
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("logits", rows)]))
-        return responses
-"""
-PYTHON_CONFIG = """
-name: "digits"
-backend: "python"
-max_batch_size: 32
-input [{ name: "pixels", data_type: TYPE_FP32, dims: [64] }]
-output [{ name: "logits", data_type: TYPE_FP32, dims: [10] }]
-instance_group [{ count: 1, kind: KIND_CPU }]
-dynamic_batching {}
-"""
-
-
-def _python_repository(workdir: Path) -> Path:
-    """A repository with :data:`PYTHON_MODEL` as ``digits``."""
-    repo = workdir / "python-repository"
-    (repo / NAME / "1").mkdir(parents=True, exist_ok=True)
-    (repo / NAME / "config.pbtxt").write_text(PYTHON_CONFIG)
-    (repo / NAME / "1" / "model.py").write_text(PYTHON_MODEL)
-    return repo
 
 
 def _request(mode: str, port: int, row: np.ndarray) -> bytes:
@@ -355,7 +316,9 @@ class Daemon:
             "--executable-cache", str(workdir / "cache"),
         ]  # fmt: skip
         if python:
-            cmd += ["--model-repository", str(_python_repository(workdir))]
+            from benchmarks.http_cost_python import python_repository
+
+            cmd += ["--model-repository", str(python_repository(workdir))]
         else:
             cmd.append(f"{NAME}={MODEL}")
         env = {
