@@ -13,9 +13,10 @@ in one run, so a reference and a change are measured on the same noisy host side
         [--modes binary json] [--trees /work/main .] [--pairs 3] [--profile OUT] [--stages]
         [--callgrind] [--python]
 
-``--stages``: the event loop's CPU per request in each stage of :data:`STAGES` (each function
-wrapped to add up its thread CPU time: about 1 µs added per call, nested stages counted in
-their callers too), cheaper and less distorting than ``--profile``'s cProfile.
+``--stages``: the event loop's CPU per request in each stage of
+:data:`benchmarks.http_cost_hooks.STAGES` (each function wrapped to add up its thread CPU time:
+about 1 µs added per call, nested stages counted in their callers too),
+cheaper and less distorting than ``--profile``'s cProfile.
 ``--modes grpc``: ModelInfer over gRPC (grpcio callers, six to a connection) on the same
 daemon. ``--callgrind``: the daemon runs under valgrind's callgrind (about 40 times slower),
 counting only during the measured requests; the figure is the event loop thread's instructions
@@ -43,6 +44,8 @@ from typing import Any
 
 import numpy as np
 import orjson
+
+from benchmarks.http_cost_hooks import PROFILED, STAGED, STAGES
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "model_runtime" / "demo" / "digits_mlp.onnx"
@@ -210,75 +213,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-_PROFILED = """
-import cProfile, runpy, sys, time
-sys.argv[0] = "model_runtime.server"
-p = cProfile.Profile(time.thread_time)
-p.enable()
-try:
-    runpy.run_module("model_runtime.server", run_name="__main__")
-finally:
-    p.disable()
-    p.dump_stats({out!r})
-"""
-
-
-#: The stages ``--stages`` measures: (module, class or "", function).
-STAGES = [
-    ("model_runtime.server.http.connection", "GuardedConnection", "data_received"),
-    ("model_runtime.server.inference.plane", "DataPlane", "decode"),
-    ("model_runtime.server.http.fastcall", "", "submit"),
-    ("model_runtime.server.http.fastcall", "FastCall", "_ran"),
-    ("model_runtime.server.inference.plane", "DataPlane", "encode"),
-    ("model_runtime.server.inference.plane", "DataPlane", "finish_request"),
-    ("model_runtime.server.http.pipelined", "ProtocolLevelAnswers", "fast_answer"),
-    ("model_runtime.server.http.fastcall", "FastCall", "_end"),
-    ("actors.session.runs", "DeviceRuns", "_finish"),
-]
-
-_STAGED = """
-import gc, importlib, inspect, json, runpy, signal, sys, time
-clock = time.thread_time_ns
-spent = {{}}
-
-def wrap(module, cls, name):
-    owner = importlib.import_module(module)
-    owner = getattr(owner, cls) if cls else owner
-    fn = getattr(owner, name)
-    key = (cls or module.rsplit(".", 1)[1]) + "." + name
-    acc = spent[key] = [0, 0]
-    def staged(*args, **kwargs):
-        t = clock()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            acc[0] += clock() - t
-            acc[1] += 1
-    static = isinstance(inspect.getattr_static(owner, name), staticmethod)
-    setattr(owner, name, staticmethod(staged) if static else staged)
-
-for stage in {stages!r}:
-    wrap(*stage)
-
-collecting = spent["gc.collect"] = [0, 0]  # the cyclic collector's, whoever triggers it
-def collector(phase, info):
-    if phase == "start":
-        collecting.append(clock())
-    elif len(collecting) > 2:
-        collecting[0] += clock() - collecting.pop()
-        collecting[1] += 1
-gc.callbacks.append(collector)
-
-def dump(*_):
-    with open({out!r}, "w") as f:
-        json.dump(spent, f)
-
-signal.signal(signal.SIGUSR1, dump)
-sys.argv[0] = "model_runtime.server"
-runpy.run_module("model_runtime.server", run_name="__main__")
-"""
-
-
 class Daemon:
     """The daemon of one tree, serving the demo model on a free port."""
 
@@ -305,11 +239,11 @@ class Daemon:
         self.stages: Path | None = None
         if stages:
             self.stages = workdir / f"stages-{self.port}.json"
-            cmd += ["-c", _STAGED.format(stages=STAGES, out=str(self.stages))]
+            cmd += ["-c", STAGED.format(stages=STAGES, out=str(self.stages))]
         elif profile is None:
             cmd += ["-m", "model_runtime.server"]
         else:  # the event loop's thread, profiled in CPU time (not wall time)
-            cmd += ["-c", _PROFILED.format(out=str(profile))]
+            cmd += ["-c", PROFILED.format(out=str(profile))]
         cmd += [
             "--port", str(self.port), "--grpc-port", str(self.grpc_port),
             "--metrics-port", "0", "--no-access-log", "--log-format", "json",
