@@ -956,7 +956,7 @@ def _decoded(body: bytes, specs: tuple[TensorSpec, ...] = NUMERIC) -> Any:
 def test_a_json_request_framed_as_one_before_decodes_as_if_new(x: str, n: str) -> None:
     from model_runtime.server.tensors import plans
 
-    plans._PLANS.clear()
+    plans.forget()
     fresh = _decoded(_json_body(x, n))
     _decoded(_json_body("1,2", "3,4"))  # the same framing, decoded whole: planned
     assert plans._PLANS
@@ -981,7 +981,7 @@ def test_a_json_framing_seen_before_is_decoded_again_for_a_reloaded_model() -> N
 def test_framing_past_the_plans_limit_is_never_kept() -> None:
     from model_runtime.server.tensors import plans
 
-    plans._PLANS.clear()
+    plans.forget()
     long_id = ',"id":"%s"' % ("i" * plans.MAX_KEY_BYTES)
     for _ in range(2):
         assert _decoded(_json_body("1,2", "3,4", extra=long_id))[0] == "i" * plans.MAX_KEY_BYTES
@@ -1051,7 +1051,7 @@ def test_a_binary_request_read_through_its_plan_is_the_one_decoded_whole(datatyp
     body (writable over a bytearray, as decoded whole), of each input's own place in it."""
     from model_runtime.server.tensors import plans
 
-    plans._PLANS.clear()
+    plans.forget()
     specs = (TensorSpec("a", datatype, (-1, 3)), TensorSpec("b", datatype, (-1, 3)))
     dtype = DATATYPES[datatype]
     values = [np.array([[1, 0, 1], [0, 1, 1]]), np.array([[0, 0, 1], [1, 1, 0]])]
