@@ -20,6 +20,7 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -118,11 +119,22 @@ class Sealer(Actor[QueueMessage]):
         cheap wait, then ``ready.receive_nowait()``. (anyio's ``receive`` costs a checkpoint
         and a backend lookup per wait.) Same-loop callers only."""
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if self._streams_closed or self._ready_recv.statistics().current_buffer_used:
+        if self.has_ready():
             waiter.set_result(None)
         else:
             self._readers.append(waiter)
         return waiter
+
+    def has_ready(self) -> bool:
+        """Whether ``ready.receive_nowait()`` answers now, a batch or the end of the stream
+        (else it would raise ``WouldBlock``, an exception a batch the session need not pay)."""
+        if self._streams_closed:
+            return True
+        state = self._ready_state
+        if state is None:  # (an anyio without the state read below)
+            stats = self._ready_recv.statistics()
+            return bool(stats.current_buffer_used or stats.tasks_waiting_send)
+        return bool(state.buffer or state.waiting_senders)
 
     def _wake_reader(self) -> None:
         readers = self._readers
@@ -137,6 +149,13 @@ class Sealer(Actor[QueueMessage]):
         send, self._ready_recv = anyio.create_memory_object_stream[Batch](self.config.look_ahead)
         self._ready_send = send
         self._streams_closed = False
+        # anyio's state of the stream (its buffer and waiting senders), read by has_ready
+        # instead of statistics(), which builds a tuple of six counts a batch.
+        self._ready_state: Any = getattr(self._ready_recv, "_state", None)
+        if not hasattr(self._ready_state, "buffer") or not hasattr(
+            self._ready_state, "waiting_senders"
+        ):
+            self._ready_state = None
 
     def _emit(self, batch: Batch) -> None:
         self._outstanding[batch.id] = batch

@@ -8,7 +8,6 @@ import math
 from collections.abc import Callable
 
 import anyio
-import anyio.lowlevel
 
 from actors.clock import Clock, SystemClock
 
@@ -53,7 +52,9 @@ class FlushTimer:
         self._on_due = on_due
         self._target = math.inf  # what the timer sleeps until now
         self._scope: anyio.CancelScope | None = None
-        self._event: anyio.Event | None = None  # set while the task waits with nothing due
+        # Set while the task waits with nothing due. asyncio's own (the queues run on asyncio):
+        # anyio's looks its backend up at each creation, about once a batch.
+        self._event: asyncio.Event | None = None
         self._soon = False  # a callback is scheduled (only while the task waits)
         self._error: BaseException | None = None  # what on_due raised in a callback
         self._context = contextvars.copy_context()  # the task's, for the callbacks (run())
@@ -113,17 +114,17 @@ class FlushTimer:
                     raise error
                 deadline = self._deadline()
                 if deadline == math.inf:
-                    self._event = anyio.Event()
+                    self._event = asyncio.Event()
                     await self._event.wait()
                     self._event = None
                 elif (now := self._clock.monotonic()) >= deadline:
                     self._on_due()
-                    await anyio.lowlevel.checkpoint()  # never spin, even if on_due changed nothing
+                    await asyncio.sleep(0)  # never spin, even if on_due changed nothing
                 elif deadline - now < _TIMER_RESOLUTION and isinstance(self._clock, SystemClock):
                     # The event loop's timers round sleeps up to ~1 ms (epoll); a sub-millisecond
                     # flush timeout would become 1 ms. Yield one loop iteration at a time instead,
                     # so arrivals still get in and the flush comes on time.
-                    await anyio.lowlevel.checkpoint()
+                    await asyncio.sleep(0)  # (anyio's checkpoint, without its backend lookup)
                 else:
                     self._target = deadline
                     with anyio.CancelScope() as self._scope:

@@ -149,12 +149,12 @@ class SessionActor(Recovery):
             if leftover:
                 batch = leftover.popleft()
             else:
+                if isinstance(queue, Queue) and not queue.has_ready():
+                    await queue.batch_ready()
+                    continue
                 try:  # a batch already sealed is taken without a trip through the loop
                     batch = ready.receive_nowait()
-                except anyio.WouldBlock:
-                    if isinstance(queue, Queue):
-                        await queue.batch_ready()
-                        continue
+                except anyio.WouldBlock:  # (a stand-in queue's stream)
                     try:
                         batch = await ready.receive()
                     except anyio.EndOfStream:
@@ -211,7 +211,8 @@ class SessionActor(Recovery):
         # The device runs one batch at a time: a batch asked while another ran started
         # when that one ended, so its wait in the device's queue is queue time, not
         # computation (the seed's read_queue / computation split).
-        t_start = max(t_start, self._device_free_at)
+        if self._device_free_at > t_start:  # (not max(): a call and its iteration a batch)
+            t_start = self._device_free_at
         t_end = self._device_free_at = self.clock.monotonic()
         self._succeeded(t_start, batch.valid_rows)
         state = self._state

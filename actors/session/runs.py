@@ -85,7 +85,8 @@ class RunTimes:
         # never under the floor. Before any run (the warm-up itself) the reset timeout.
         if not self.samples:
             return first
-        return max(floor, 20.0 * self.slowest)
+        deadline = 20.0 * self.slowest
+        return deadline if deadline > floor else floor  # (not max(): a call a batch)
 
 
 class DeviceRuns(Actor[object]):
@@ -193,10 +194,11 @@ class DeviceRuns(Actor[object]):
 
     def _next_hang(self) -> float:
         """When the first run on the device passes its deadline (``inf``: nothing runs)."""
-        runs = self._runs
-        if not runs:
-            return _INF
-        return min(at for at, _ in runs.values())
+        first = _INF
+        for at, _ in self._runs.values():  # (a run or two: a loop, not min() of a generator)
+            if at < first:
+                first = at
+        return first
 
     def _on_hang(self) -> None:
         """Runs past their deadline fail with :class:`ExecutionTimeoutError` (the device goes

@@ -898,6 +898,22 @@ def test_requests_with_the_same_header_get_their_own_tensors_and_settings() -> N
     assert answers[0].inputs["pixels"] is not answers[1].inputs["pixels"]
 
 
+def test_requests_of_headers_that_alternate_each_get_their_own_settings() -> None:
+    """Two clients of one model whose headers differ (an id, a priority) take turns: each
+    request is decoded by its own header's plan, never by the one used just before."""
+    mask = np.array([[1, 0], [0, 1]], dtype=np.uint8)
+    for i in range(3):
+        for rid, priority in (("a", 1), ("b", 2)):
+            pixels = np.full((2, 4), i, dtype=np.float32)
+            body, length = _all_binary(pixels, mask, id=rid, parameters={"priority": priority})
+            req = parse_infer_request(body, length, INPUTS, OUTPUTS, model="m")
+            assert (req.id, req.priority) == (rid, priority)
+            np.testing.assert_array_equal(req.inputs["pixels"], pixels)
+    for i in range(3):  # JSON requests likewise (their framing: the text outside the data)
+        for rid in ("a", "bb"):
+            assert _decoded(_json_body(f"{i},1", "3,4", extra=f',"id":"{rid}"'))[0] == rid
+
+
 def test_a_header_seen_before_still_checks_the_data_that_differs() -> None:
     mask = np.array([[1, 0], [0, 1]], dtype=np.uint8)
     body, length = _all_binary(np.zeros((2, 4)), mask)
@@ -956,7 +972,7 @@ def _decoded(body: bytes, specs: tuple[TensorSpec, ...] = NUMERIC) -> Any:
 def test_a_json_request_framed_as_one_before_decodes_as_if_new(x: str, n: str) -> None:
     from model_runtime.server.tensors import plans
 
-    plans._PLANS.clear()
+    plans.forget()
     fresh = _decoded(_json_body(x, n))
     _decoded(_json_body("1,2", "3,4"))  # the same framing, decoded whole: planned
     assert plans._PLANS
@@ -981,7 +997,7 @@ def test_a_json_framing_seen_before_is_decoded_again_for_a_reloaded_model() -> N
 def test_framing_past_the_plans_limit_is_never_kept() -> None:
     from model_runtime.server.tensors import plans
 
-    plans._PLANS.clear()
+    plans.forget()
     long_id = ',"id":"%s"' % ("i" * plans.MAX_KEY_BYTES)
     for _ in range(2):
         assert _decoded(_json_body("1,2", "3,4", extra=long_id))[0] == "i" * plans.MAX_KEY_BYTES
@@ -1051,7 +1067,7 @@ def test_a_binary_request_read_through_its_plan_is_the_one_decoded_whole(datatyp
     body (writable over a bytearray, as decoded whole), of each input's own place in it."""
     from model_runtime.server.tensors import plans
 
-    plans._PLANS.clear()
+    plans.forget()
     specs = (TensorSpec("a", datatype, (-1, 3)), TensorSpec("b", datatype, (-1, 3)))
     dtype = DATATYPES[datatype]
     values = [np.array([[1, 0, 1], [0, 1, 1]]), np.array([[0, 0, 1], [1, 1, 0]])]

@@ -24,7 +24,7 @@ from aiohttp.web_protocol import RequestHandler
 
 from model_runtime.server.http.heads import Framer, chunked_over_length, plain_head
 from model_runtime.server.http.held import HeldBytes
-from model_runtime.server.http.pipelined import _NEVER, ProtocolLevelAnswers
+from model_runtime.server.http.pipelined import _NEVER, UNREAD, HeadRead, ProtocolLevelAnswers
 
 if TYPE_CHECKING:
     from model_runtime.server.http.fastpath import Answering
@@ -116,6 +116,11 @@ class GuardedConnection(ProtocolLevelAnswers, asyncio.Protocol):
         self._write_paused = False
         self._write_timer: asyncio.TimerHandle | None = None
         self._write_charged = 0  # its answers waiting, charged to the memory budget
+        # The last plain head read here, what plain_head said of it and what the fast path
+        # read of it (UNREAD: not yet).
+        self._last_head = b"\0"
+        self._last_plain: tuple[bytes, int, int] = (b"", 0, 0)
+        self._last_read: HeadRead | None = UNREAD
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport = cast(asyncio.Transport, transport)  # uvloop's: no subclass
@@ -176,7 +181,19 @@ class GuardedConnection(ProtocolLevelAnswers, asyncio.Protocol):
         if self._guard.head_admission is not None:
             framer = self._framer
             while data.startswith(b"POST /", pos) and framer.at_boundary and self._quiet():
-                plain = plain_head(data, self._guard.early_max_body, pos)
+                # A client repeats its head: the same bytes as its last one are read as it
+                # was (compared in place: no copy, no hash).
+                last = self._last_head
+                if data.startswith(last, pos):  # (b"\0" at first: no head starts so)
+                    plain = self._last_plain
+                    if plain[2] > self._guard.early_max_body:
+                        plain = None
+                else:
+                    plain = plain_head(data, self._guard.early_max_body, pos)
+                    if plain is not None:
+                        self._last_head = data[pos : pos + plain[1]]
+                        self._last_plain = plain
+                        self._last_read = UNREAD
                 taken = self._refuse_early(data, pos, plain)
                 if not taken and self._admitted is not None:
                     taken = self._answer_fast(data, pos, plain)

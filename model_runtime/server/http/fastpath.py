@@ -28,6 +28,7 @@ import structlog
 from model_runtime.server.http.access import REQUEST_ID_HEADER, log as access_log, new_request_id
 from model_runtime.server.http.body import body_timeout
 from model_runtime.server.http.fastcall import FastCall, FastConnection
+from model_runtime.server.http.pipelined import UNREAD, HeadRead
 from model_runtime.server.inference.accounting import THREAD_PARSE_BYTES
 from model_runtime.server.inference.admission import QUEUE_FULL, ModelAdmission
 from model_runtime.server.inference.plane import DataPlane
@@ -109,26 +110,32 @@ class FastInfer:
         #: Requests answered here (the rest of the infer requests went to aiohttp).
         self.taken = 0
 
-    def start(
-        self,
-        conn: FastConnection,
-        target: bytes,
-        head: bytes,
-        body: bytes | asyncio.Future[bytearray],
-        state: ModelAdmission,
-    ) -> Answering | None:
-        """Answer the request of ``head`` (a plain head, blank line included) and ``body``
-        (all of it, or a future the connection sets once it is in: awaited within the body
-        timeout) for ``target``, admitted as ``state`` (which it leaves when answered);
-        its answer goes to ``conn``, then ``conn.fast_done()``. Returns what answers it
-        (a :class:`FastCall` for a body in hand and a plain model, else a task), or None:
-        not one for here (nothing was done; aiohttp takes it)."""
-        read = _HEADS.get(head, _UNREAD)
-        if read is _UNREAD:
+    @staticmethod
+    def read(target: bytes, head: bytes) -> HeadRead | None:
+        """What :meth:`start` needs of the plain ``head`` (blank line included) of a request
+        for ``target``; None: not one for here (aiohttp's)."""
+        read = _HEADS.get(head, UNREAD)
+        if read is UNREAD:
             read = _read_head(target, head)
             if len(_HEADS) >= _HEADS_MAX:
                 _HEADS.clear()
             _HEADS[head] = read
+        return read
+
+    def start(
+        self,
+        conn: FastConnection,
+        target: bytes,
+        read: HeadRead | None,
+        body: bytes | asyncio.Future[bytearray],
+        state: ModelAdmission,
+    ) -> Answering | None:
+        """Answer the request of a head (``read``: :meth:`read` of it) and ``body`` (all of
+        it, or a future the connection sets once it is in: awaited within the body timeout)
+        for ``target``, admitted as ``state`` (which it leaves when answered); its answer goes
+        to ``conn``, then ``conn.fast_done()``. Returns what answers it (a :class:`FastCall`
+        for a body in hand and a plain model, else a task), or None: not one for here
+        (nothing was done; aiohttp takes it)."""
         if read is None:
             return None
         where, header_length, request_id = read
@@ -321,14 +328,11 @@ class FastInfer:
 
 #: What :func:`_read_head` read of each head (by its bytes: clients repeat theirs), emptied
 #: when full.
-_HEADS: dict[bytes, tuple[tuple[str, str | None], str | None, str | None] | None] = {}
+_HEADS: dict[bytes, HeadRead | None] = {}
 _HEADS_MAX = 512
-_UNREAD = (("", None), None, None)
 
 
-def _read_head(
-    target: bytes, head: bytes
-) -> tuple[tuple[str, str | None], str | None, str | None] | None:
+def _read_head(target: bytes, head: bytes) -> HeadRead | None:
     """``((model, version), Inference-Header-Content-Length, X-Request-ID)`` of an infer
     request's plain ``head`` for ``target``; None: not one for here (aiohttp's)."""
     where = _model_version(target)

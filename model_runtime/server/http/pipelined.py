@@ -20,7 +20,14 @@ if TYPE_CHECKING:
     from model_runtime.server.http.guard import Admitted, ConnectionGuard
     from model_runtime.server.inference.admission import ModelAdmission
 
-__all__ = ["ProtocolLevelAnswers"]
+__all__ = ["UNREAD", "HeadRead", "ProtocolLevelAnswers"]
+
+#: What the fast path reads of an infer head: ``((model, version),
+#: Inference-Header-Content-Length, X-Request-ID)`` (:meth:`FastInfer.read`; None: not one
+#: for it).
+HeadRead = tuple[tuple[str, str | None], str | None, str | None]
+#: A head the fast path has not read yet.
+UNREAD: HeadRead = (("", None), None, None)
 
 _NEVER = float("inf")
 #: Bytes held from a client while a request of its connection is answered at the protocol
@@ -44,6 +51,9 @@ class ProtocolLevelAnswers:
         "_guard",
         "_held",
         "_inner",
+        "_last_head",
+        "_last_plain",
+        "_last_read",
         "_loop",
         "_paused",
         "_reserved",
@@ -69,6 +79,9 @@ class ProtocolLevelAnswers:
     _paused: bool
     _closed: bool
     _write_paused: bool
+    _last_head: bytes
+    _last_plain: tuple[bytes, int, int]
+    _last_read: HeadRead | None
 
     if TYPE_CHECKING:  # the connection's own
 
@@ -103,7 +116,13 @@ class ProtocolLevelAnswers:
         body = data[start:end] if due is None else due
         # The task runs from the loop's next turn (no eager task factory): the state below is
         # set before it can answer.
-        task = fast.start(self, target, data[pos:start], body, admitted)
+        if head is self._last_plain:  # the connection's last head: read once
+            read = self._last_read
+            if read is UNREAD:
+                read = self._last_read = fast.read(target, data[pos:start])
+        else:
+            read = fast.read(target, data[pos:start])
+        task = fast.start(self, target, read, body, admitted)
         if task is None:
             if not whole:
                 guard.budget.give(length)

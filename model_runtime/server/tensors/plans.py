@@ -38,6 +38,7 @@ __all__ = [
     "MAX_PLANS",
     "Layout",
     "binary_request",
+    "forget",
     "json_key",
     "json_request",
     "remember_binary",
@@ -72,6 +73,15 @@ class _Plan:
 
 
 _PLANS: dict[tuple[str, bytes], _Plan] = {}
+#: The plan last used, with its model and framing: a client repeating its request is matched
+#: by comparing its framing's bytes (no key made, no hash).
+_LAST: list[Any] = [None, None, None]
+
+
+def forget() -> None:
+    """Forget every plan (the next request of each framing is decoded whole)."""
+    _PLANS.clear()
+    _LAST[:] = (None, None, None)
 
 
 def binary_request(
@@ -86,7 +96,14 @@ def binary_request(
     Raises:
         ProtocolError: BOOL data holds a byte other than 0 or 1.
     """
-    plan = _PLANS.get((model, header))
+    last = _LAST
+    plan: _Plan | None
+    if header == last[1] and model == last[0]:
+        plan = last[2]
+    else:
+        plan = _PLANS.get((model, header))
+        if plan is not None:
+            _LAST[:] = (model, header, plan)
     if plan is None or plan.inputs is not inputs or plan.outputs is not outputs:
         return None
     if plan.size != len(binary):
@@ -133,7 +150,14 @@ def json_request(
     """The JSON request ``body`` (its :func:`json_key`) from its plan (None: none, or data
     the plain decoder must read)."""
     skeleton, spans = key
-    plan = _PLANS.get((model, skeleton))
+    last = _LAST
+    plan: _Plan | None
+    if skeleton == last[1] and model == last[0]:
+        plan = last[2]
+    else:
+        plan = _PLANS.get((model, skeleton))
+        if plan is not None:
+            _LAST[:] = (model, skeleton, plan)
     if plan is None or plan.inputs is not inputs or plan.outputs is not outputs:
         return None
     if len(spans) != len(plan.layout):
@@ -192,9 +216,10 @@ def _keep(
     if len(key[1]) > MAX_KEY_BYTES:
         return
     if len(_PLANS) >= MAX_PLANS:
-        _PLANS.clear()
+        forget()
     # Its own copy of what a caller may change, and none of the body (its inputs are views).
     template = InferRequest(
         parsed.id, {}, parsed.outputs, dict(parsed.parameters), parsed.timeout, parsed.priority
     )
-    _PLANS[key] = _Plan(inputs, outputs, size, tuple(layout), template)
+    plan = _PLANS[key] = _Plan(inputs, outputs, size, tuple(layout), template)
+    _LAST[:] = (key[0], key[1], plan)
