@@ -20,7 +20,10 @@ cheaper and less distorting than ``--profile``'s cProfile.
 ``--modes grpc``: ModelInfer over gRPC (grpcio callers, six to a connection) on the same
 daemon. ``--callgrind``: the daemon runs under valgrind's callgrind (about 40 times slower),
 counting only during the measured requests; the figure is the event loop thread's instructions
-per request, which other processes on the host do not change (CPU time on a shared host does).
+per request, which other processes on the host do not change (CPU time on a shared host does),
+and the requests per batch beside it (the count moves with the batch size). Its event loop's lag
+timer ticks 40 times less often (:data:`benchmarks.http_cost_hooks.SLOWED`), as often per
+request as outside valgrind.
 ``--python``: the same input served by a python model (:mod:`benchmarks.http_cost_python`), so
 the figure is the front end plus the python backend's daemon side.
 """
@@ -45,12 +48,14 @@ from typing import Any
 import numpy as np
 import orjson
 
-from benchmarks.http_cost_hooks import PROFILED, STAGED, STAGES
+from benchmarks.http_cost_hooks import PROFILED, SLOWED, STAGED, STAGES
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "model_runtime" / "demo" / "digits_mlp.onnx"
 NAME, INPUT = "digits", "pixels"
 _TICK = os.sysconf("SC_CLK_TCK")
+#: How many times slower the daemon runs under callgrind (its lag timer is slowed as much).
+CALLGRIND_SLOWDOWN = 40
 
 
 def _request(mode: str, port: int, row: np.ndarray) -> bytes:
@@ -240,6 +245,8 @@ class Daemon:
         if stages:
             self.stages = workdir / f"stages-{self.port}.json"
             cmd += ["-c", STAGED.format(stages=STAGES, out=str(self.stages))]
+        elif callgrind:
+            cmd += ["-c", SLOWED.format(slowdown=CALLGRIND_SLOWDOWN)]
         elif profile is None:
             cmd += ["-m", "model_runtime.server"]
         else:  # the event loop's thread, profiled in CPU time (not wall time)
@@ -288,6 +295,7 @@ class Daemon:
         cmd = [sys.executable, __file__, "--client", str(port), mode, str(clients), str(total)]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         staged0 = self._staged()
+        executions0 = self.executions()
         self._count(count)
         cpu0, loop0 = _cpu(pid), _cpu(pid, pid)
         out = subprocess.run(cmd, env=env, capture_output=True, check=True, text=True)
@@ -295,6 +303,7 @@ class Daemon:
         if count:
             self._count(False)
         staged1 = self._staged()
+        batches = self.executions() - executions0
         result = json.loads(out.stdout.splitlines()[-1])
         stages = {
             key: ((ns - staged0[key][0]) / total / 1e3, (n - staged0[key][1]) / total)
@@ -306,7 +315,15 @@ class Daemon:
             "loop_us": (loop1 - loop0) / total * 1e6,
             "process_us": (cpu1 - cpu0) / total * 1e6,
             "stages": stages,
+            "batches": batches,
         }
+
+    def executions(self) -> int:
+        """The model's executions so far (batches run), from its statistics."""
+        url = f"http://127.0.0.1:{self.port}/v2/models/{NAME}/stats"
+        with urllib.request.urlopen(url, timeout=60) as r:
+            stats = json.loads(r.read())["model_stats"]
+        return sum(int(s["execution_count"]) for s in stats)
 
     def _count(self, on: bool) -> None:
         """Callgrind counts from now (``on``) or stops counting (without ``--callgrind``:
@@ -360,7 +377,8 @@ def _callgrind(tree: Path, tmp: Path, mode: str, rnd: int, args: Any) -> dict[st
     per_request = daemon.loop_instructions() / args.requests
     print(
         f"round {rnd} {tree!s:<22} {mode:<6} c={args.clients} "
-        f"loop {per_request:9.0f} instructions/req (callgrind)  errors {r['errors']}",
+        f"loop {per_request:9.0f} instructions/req (callgrind)  "
+        f"{args.requests / max(r['batches'], 1):5.1f} req/batch  errors {r['errors']}",
         flush=True,
     )
     return {"round": rnd, "tree": str(tree), "mode": mode, **r, "loop_us": per_request}

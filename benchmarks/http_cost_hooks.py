@@ -8,7 +8,7 @@ Both are ``str.format`` templates (``out``; ``stages`` for :data:`STAGED`).
 
 from __future__ import annotations
 
-__all__ = ["PROFILED", "STAGED", "STAGES"]
+__all__ = ["PROFILED", "SLOWED", "STAGED", "STAGES"]
 
 PROFILED = """
 import cProfile, runpy, sys, time
@@ -74,6 +74,22 @@ def dump(*_):
         json.dump(spent, f)
 
 signal.signal(signal.SIGUSR1, dump)
+sys.argv[0] = "model_runtime.server"
+runpy.run_module("model_runtime.server", run_name="__main__")
+"""
+
+#: ``--callgrind``'s daemon: the event loop's lag timer (admission's, due every ``LAG_TICK``
+#: seconds of clock time) ticks ``slowdown`` times less often, as often per request as it does
+#: outside valgrind, which runs the daemon about that many times slower. Otherwise its ticks
+#: grow the count per request by valgrind's slowdown and by the host's load.
+SLOWED = """
+import runpy, sys
+try:
+    from model_runtime.server.inference import looplag
+except ImportError:  # (a tree from before the lag timer)
+    pass
+else:
+    looplag.LoopLag.__init__.__defaults__ = (looplag.LAG_TICK * {slowdown!r},)
 sys.argv[0] = "model_runtime.server"
 runpy.run_module("model_runtime.server", run_name="__main__")
 """
