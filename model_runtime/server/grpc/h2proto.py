@@ -183,32 +183,14 @@ class H2Protocol(asyncio.Protocol):
             self._calm = False
             self.ready.clear()
         if self.ready:
-            ready, self.ready = self.ready, []
-            app, client, create = self.limits.app, self.peer, self.loop.create_task
-            fast = self.limits.fast
-            for stream in ready:
-                if stream.closed or stream.wait == STARTED:
-                    continue
-                if fast is not None and stream.path == fast.path:
-                    if stream.ended:
-                        if fast.start(self, stream):
-                            stream.wait = STARTED
-                            continue
-                    elif stream.wait == 0 and stream.unconsumed <= fast.max_wait:
-                        stream.wait = WAITING  # ready again once it ends (or sends more)
-                        continue
-                stream.wait = STARTED
-                path = stream.path
-                try:
-                    text = path.decode()
-                except UnicodeDecodeError:  # not a path any method has: its stream only ends
-                    self.reset(stream.id, ng.PROTOCOL_ERROR)
-                    continue
-                scope = {"type": "http", "client": client, "headers": stream.headers,
-                         "raw_path": path, "path": text,
-                         "extensions": {STREAM_EXTENSION: stream}}  # fmt: skip
-                task = stream.task = create(app(scope, stream.receive, stream.send))
-                task.add_done_callback(stream.task_done)
+            # What the calls submit now (an answer made in place among them) is written by
+            # this read's flush below, not by one more turn of the loop.
+            self._flushing = True
+            try:
+                self._start_ready()
+            except BaseException:
+                self._flushing = False
+                raise
             if self._taken:  # one window update for the requests taken whole
                 lib.nghttp2_session_consume_connection(session, self._taken)
                 self._taken = 0
@@ -216,6 +198,35 @@ class H2Protocol(asyncio.Protocol):
         self.flush()
         if not ending and not self._paused:  # (paused: the flush on resuming asks)
             self.ending = False
+
+    def _start_ready(self) -> None:
+        """Start the calls whose headers (or whole request, for a fast call) came in this read."""
+        ready, self.ready = self.ready, []
+        app, client, create = self.limits.app, self.peer, self.loop.create_task
+        fast = self.limits.fast
+        for stream in ready:
+            if stream.closed or stream.wait == STARTED:
+                continue
+            if fast is not None and stream.path == fast.path:
+                if stream.ended:
+                    if fast.start(self, stream):
+                        stream.wait = STARTED
+                        continue
+                elif stream.wait == 0 and stream.unconsumed <= fast.max_wait:
+                    stream.wait = WAITING  # ready again once it ends (or sends more)
+                    continue
+            stream.wait = STARTED
+            path = stream.path
+            try:
+                text = path.decode()
+            except UnicodeDecodeError:  # not a path any method has: its stream only ends
+                self.reset(stream.id, ng.PROTOCOL_ERROR)
+                continue
+            scope = {"type": "http", "client": client, "headers": stream.headers,
+                     "raw_path": path, "path": text,
+                     "extensions": {STREAM_EXTENSION: stream}}  # fmt: skip
+            task = stream.task = create(app(scope, stream.receive, stream.send))
+            task.add_done_callback(stream.task_done)
 
     def eof_received(self) -> bool | None:
         return None
