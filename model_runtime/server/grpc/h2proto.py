@@ -266,8 +266,9 @@ class H2Protocol(asyncio.Protocol):
         stream.unconsumed = 0
         stream.chunks.clear()
 
-    def submit(self, stream: H2Stream) -> None:
-        """``stream`` has more of its answer to send."""
+    def submit(self, stream: H2Stream, flush: bool = True) -> None:
+        """``stream`` has more of its answer to send (``flush``: written this turn; else the
+        caller flushes)."""
         session = self.session
         if session is None or stream.closed:
             return
@@ -288,7 +289,17 @@ class H2Protocol(asyncio.Protocol):
                 lib.nghttp2_submit_response(session, stream.id, nva, count, callbacks.PROVIDER)
         else:
             lib.nghttp2_session_resume_data(session, stream.id)
-        self.want_flush()
+        if flush:
+            self.want_flush()
+
+    def answer_ready(self) -> None:
+        """An answer was submitted: written now when nothing else of this connection could
+        join its write (no flush is due, no other stream is open), else with the others of
+        this turn of the loop."""
+        if not self._flushing and len(self.streams) == 1:
+            self.flush()
+        else:
+            self.want_flush()
 
     def after_end(self, stream: H2Stream) -> None:
         """Our side of ``stream`` is ended; a client still sending is told to stop once the
