@@ -4,9 +4,11 @@
 ``nghttp2_session_mem_recv`` whole; the calls whose headers it completed are then started, each
 as a task of the ASGI app (:class:`~.native.GrpcApp`, the contract h2corn gives it: ``receive``
 yields the request body's chunks then ``http.disconnect`` once the stream ends; ``send`` takes
-``http.response.start``/``body``/``trailers``). A unary answer is written as soon as it is
-made (``nghttp2_session_mem_send`` drained into one ``transport.write``); the rest the calls and
-the session have to send, once per loop turn.
+``http.response.start``/``body``/``trailers``). What is sent goes out drained from
+``nghttp2_session_mem_send`` into one ``transport.write``: with the read's own write for what
+the read's calls submit (an answer made in place among them), at once for an answer made later
+on a connection with no other stream open, else once per loop turn (answers made together
+share a write).
 
 Promises: flow control follows the app's reads (a chunk's window is given back when the app
 takes it, so a message the app refuses is never buffered past one window); a stream the client
