@@ -232,9 +232,11 @@ class _Wire:
 
     def __init__(self) -> None:
         self.out = bytearray()
+        self.writes = 0
 
     def write(self, data: bytes) -> None:
         self.out += data
+        self.writes += 1
 
     def get_extra_info(self, name: str) -> Any:
         return ("127.0.0.1", 5555)
@@ -290,6 +292,114 @@ def test_requests_taken_whole_give_their_bytes_back_to_the_connection_window() -
     assert given_back >= calls * len(body) - CONNECTION_WINDOW
     answered = {s for t, f, s, _ in seen if t == HEADERS and f & END_STREAM}
     assert len(answered) == calls
+
+
+class _AnswerNow(_TakeWhole):
+    """A fast path that answers each call as it takes it (a model run in place)."""
+
+    def start(self, conn: Any, stream: Any) -> bool:
+        conn.taken(stream)
+        stream.ended_call = lambda: None
+        stream.answer(START_HEADERS, message(), OK, now=False)
+        return True
+
+
+def test_an_answer_made_while_its_read_is_handled_is_written_by_that_read_alone() -> None:
+    """A call answered as its request is read: the answer (headers, message, trailers) goes
+    out in one write before the read's handling returns, and no flush is left for a later
+    turn of the loop (each would cost the loop a turn per call)."""
+
+    async def run() -> tuple[list[int], int, int]:
+        limits = ProtocolLimits(
+            _never_app, max_streams=16, idle_timeout=30.0, write_timeout=5.0,
+            max_connections=1, fast=_AnswerNow(),
+        )  # fmt: skip
+        conn = H2Protocol(limits)
+        wire = _Wire()
+        conn.connection_made(wire)  # type: ignore[arg-type]
+        conn.data_received(PREFACE + settings() + h2frame(SETTINGS, ACK, 0))
+        await asyncio.sleep(0)
+        flushes = 0
+        flush = conn.flush
+
+        def counted() -> None:
+            nonlocal flushes
+            flushes += 1
+            flush()
+
+        conn.flush = counted  # type: ignore[method-assign]
+        sizes = []
+        writes = wire.writes
+        for i in range(3):
+            before = len(wire.out)
+            conn.data_received(
+                h2frame(HEADERS, END_HEADERS, 1 + 2 * i, grpc_headers(INFER_PATH))
+                + h2frame(DATA, END_STREAM, 1 + 2 * i, message())
+            )
+            sizes.append(len(wire.out) - before)
+            for _ in range(3):
+                await asyncio.sleep(0)
+            assert len(wire.out) - before == sizes[-1]  # nothing more came later
+        return sizes, wire.writes - writes, flushes
+
+    sizes, writes, flushes = asyncio.run(run())
+    assert all(size > 0 for size in sizes)
+    assert writes == 3
+    assert flushes == 3  # one per read: the read's own
+
+
+class _AnswerSoon(_TakeWhole):
+    """A fast path whose answers are made a turn after their calls are taken (outputs of a
+    batch run elsewhere)."""
+
+    def start(self, conn: Any, stream: Any) -> bool:
+        conn.taken(stream)
+        stream.ended_call = lambda: None
+        conn.loop.call_soon(stream.answer, START_HEADERS, message(), OK, False)
+        return True
+
+
+def test_an_answer_is_written_as_it_is_made_unless_others_may_join_its_write() -> None:
+    """The answer of a connection's only open call is written as it is made (not a turn of
+    the loop later); the answers of calls open together go out in one write."""
+
+    async def run() -> tuple[bytes, int, int]:
+        limits = ProtocolLimits(
+            _never_app, max_streams=16, idle_timeout=30.0, write_timeout=5.0,
+            max_connections=1, fast=_AnswerSoon(),
+        )  # fmt: skip
+        conn = H2Protocol(limits)
+        wire = _Wire()
+        conn.connection_made(wire)  # type: ignore[arg-type]
+        conn.data_received(PREFACE + settings() + h2frame(SETTINGS, ACK, 0))
+        await asyncio.sleep(0)
+        call = h2frame(HEADERS, END_HEADERS, 1, grpc_headers(INFER_PATH)) + h2frame(
+            DATA, END_STREAM, 1, message()
+        )
+        before = len(wire.out)
+        conn.data_received(call)
+        await asyncio.sleep(0)  # the turn its answer is made in
+        alone = bytes(wire.out[before:])
+        two = b"".join(
+            h2frame(HEADERS, END_HEADERS, s, grpc_headers(INFER_PATH))
+            + h2frame(DATA, END_STREAM, s, message())
+            for s in (3, 5)
+        )
+        writes = wire.writes
+        conn.data_received(two)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        together = wire.writes - writes
+        answered = {s for t, f, s, _ in written(bytes(wire.out)) if t == HEADERS and f & END_STREAM}
+        return alone, together, len(answered)
+
+    alone, together, answered = asyncio.run(run())
+    assert any(t == HEADERS and f & END_STREAM and s == 1 for t, f, s, _ in written(alone))
+    assert (together, answered) == (1, 3)
+
+
+async def _never_app(*_: Any) -> None:
+    raise AssertionError("every call is answered by the fast path")
 
 
 def test_a_message_past_the_limit_is_refused_before_its_bytes_are_sent(server: Server) -> None:

@@ -4,9 +4,11 @@
 ``nghttp2_session_mem_recv`` whole; the calls whose headers it completed are then started, each
 as a task of the ASGI app (:class:`~.native.GrpcApp`, the contract h2corn gives it: ``receive``
 yields the request body's chunks then ``http.disconnect`` once the stream ends; ``send`` takes
-``http.response.start``/``body``/``trailers``). A unary answer is written as soon as it is
-made (``nghttp2_session_mem_send`` drained into one ``transport.write``); the rest the calls and
-the session have to send, once per loop turn.
+``http.response.start``/``body``/``trailers``). What is sent goes out drained from
+``nghttp2_session_mem_send`` into one ``transport.write``: with the read's own write for what
+the read's calls submit (an answer made in place among them), at once for an answer made later
+on a connection with no other stream open, else once per loop turn (answers made together
+share a write).
 
 Promises: flow control follows the app's reads (a chunk's window is given back when the app
 takes it, so a message the app refuses is never buffered past one window); a stream the client
@@ -183,32 +185,14 @@ class H2Protocol(asyncio.Protocol):
             self._calm = False
             self.ready.clear()
         if self.ready:
-            ready, self.ready = self.ready, []
-            app, client, create = self.limits.app, self.peer, self.loop.create_task
-            fast = self.limits.fast
-            for stream in ready:
-                if stream.closed or stream.wait == STARTED:
-                    continue
-                if fast is not None and stream.path == fast.path:
-                    if stream.ended:
-                        if fast.start(self, stream):
-                            stream.wait = STARTED
-                            continue
-                    elif stream.wait == 0 and stream.unconsumed <= fast.max_wait:
-                        stream.wait = WAITING  # ready again once it ends (or sends more)
-                        continue
-                stream.wait = STARTED
-                path = stream.path
-                try:
-                    text = path.decode()
-                except UnicodeDecodeError:  # not a path any method has: its stream only ends
-                    self.reset(stream.id, ng.PROTOCOL_ERROR)
-                    continue
-                scope = {"type": "http", "client": client, "headers": stream.headers,
-                         "raw_path": path, "path": text,
-                         "extensions": {STREAM_EXTENSION: stream}}  # fmt: skip
-                task = stream.task = create(app(scope, stream.receive, stream.send))
-                task.add_done_callback(stream.task_done)
+            # What the calls submit now (an answer made in place among them) is written by
+            # this read's flush below, not by one more turn of the loop.
+            self._flushing = True
+            try:
+                self._start_ready()
+            except BaseException:
+                self._flushing = False
+                raise
             if self._taken:  # one window update for the requests taken whole
                 lib.nghttp2_session_consume_connection(session, self._taken)
                 self._taken = 0
@@ -216,6 +200,35 @@ class H2Protocol(asyncio.Protocol):
         self.flush()
         if not ending and not self._paused:  # (paused: the flush on resuming asks)
             self.ending = False
+
+    def _start_ready(self) -> None:
+        """Start the calls whose headers (or whole request, for a fast call) came in this read."""
+        ready, self.ready = self.ready, []
+        app, client, create = self.limits.app, self.peer, self.loop.create_task
+        fast = self.limits.fast
+        for stream in ready:
+            if stream.closed or stream.wait == STARTED:
+                continue
+            if fast is not None and stream.path == fast.path:
+                if stream.ended:
+                    if fast.start(self, stream):
+                        stream.wait = STARTED
+                        continue
+                elif stream.wait == 0 and stream.unconsumed <= fast.max_wait:
+                    stream.wait = WAITING  # ready again once it ends (or sends more)
+                    continue
+            stream.wait = STARTED
+            path = stream.path
+            try:
+                text = path.decode()
+            except UnicodeDecodeError:  # not a path any method has: its stream only ends
+                self.reset(stream.id, ng.PROTOCOL_ERROR)
+                continue
+            scope = {"type": "http", "client": client, "headers": stream.headers,
+                     "raw_path": path, "path": text,
+                     "extensions": {STREAM_EXTENSION: stream}}  # fmt: skip
+            task = stream.task = create(app(scope, stream.receive, stream.send))
+            task.add_done_callback(stream.task_done)
 
     def eof_received(self) -> bool | None:
         return None
@@ -255,8 +268,9 @@ class H2Protocol(asyncio.Protocol):
         stream.unconsumed = 0
         stream.chunks.clear()
 
-    def submit(self, stream: H2Stream) -> None:
-        """``stream`` has more of its answer to send."""
+    def submit(self, stream: H2Stream, flush: bool = True) -> None:
+        """``stream`` has more of its answer to send (``flush``: written this turn; else the
+        caller flushes)."""
         session = self.session
         if session is None or stream.closed:
             return
@@ -277,7 +291,17 @@ class H2Protocol(asyncio.Protocol):
                 lib.nghttp2_submit_response(session, stream.id, nva, count, callbacks.PROVIDER)
         else:
             lib.nghttp2_session_resume_data(session, stream.id)
-        self.want_flush()
+        if flush:
+            self.want_flush()
+
+    def answer_ready(self) -> None:
+        """An answer was submitted: written now when nothing else of this connection could
+        join its write (no flush is due, no other stream is open), else with the others of
+        this turn of the loop."""
+        if not self._flushing and len(self.streams) == 1:
+            self.flush()
+        else:
+            self.want_flush()
 
     def after_end(self, stream: H2Stream) -> None:
         """Our side of ``stream`` is ended; a client still sending is told to stop once the

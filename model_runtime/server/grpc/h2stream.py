@@ -34,8 +34,11 @@ class StreamOwner(Protocol):
     def consume(self, stream: H2Stream, size: int) -> None:
         """The app took ``size`` bytes of ``stream``'s body."""
 
-    def submit(self, stream: H2Stream) -> None:
-        """``stream`` has more of its answer to send."""
+    def submit(self, stream: H2Stream, flush: bool = True) -> None:
+        """``stream`` has more of its answer to send (``flush``: written this turn)."""
+
+    def answer_ready(self) -> None:
+        """An answer was submitted: write it now or with this turn's others."""
 
     def reset(self, stream_id: int, code: int) -> None:
         """Reset a stream."""
@@ -176,11 +179,11 @@ class H2Stream:
         if body:
             self.out.append(body)
             self.out_len += len(body)
-        self._finish(trailers)
+        self._finish(trailers, submit_only=True)
         if now:
             self.conn.flush()  # written now, not after the loop's other ready callbacks
         else:
-            self.conn.want_flush()
+            self.conn.answer_ready()
         return True
 
     def on_end(self, callback: Callable[[], None]) -> None:
@@ -190,13 +193,15 @@ class H2Stream:
         else:
             self.ended_call = callback
 
-    def _finish(self, trailers: list[tuple[bytes, bytes]] | None) -> None:
+    def _finish(
+        self, trailers: list[tuple[bytes, bytes]] | None, submit_only: bool = False
+    ) -> None:
         if self.finished:
             return
         self.finished = True
         self.trailers = trailers
         self.finished_at = self.conn.loop.time()
-        self.conn.submit(self)
+        self.conn.submit(self, flush=not submit_only)
 
     async def _drain(self) -> None:
         """Wait until the client read enough of this stream's answer.

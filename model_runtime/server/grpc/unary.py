@@ -288,7 +288,10 @@ class _Call:
             self.fail(exc)
             return
         self.stream.task = future
-        future.add_done_callback(self.ran)
+        if future.done():  # (run in place: answered with this read's flush, no turn later)
+            self.ran(future)
+        else:
+            future.add_done_callback(self.ran)
 
     def ran(self, future: asyncio.Future[dict[str, Any]]) -> None:
         """The request's outputs (or failure) are in: answer."""
