@@ -36,6 +36,7 @@ from model_runtime.errors import (
 from model_runtime.io import DataDesc
 from model_runtime.python_backend.batcher import ASYNC_BATCHES, Batcher, Item, pipeline
 from model_runtime.python_backend.config import PythonModelConfig
+from model_runtime.python_backend.deadlines import Deadlines
 from model_runtime.python_backend.instance import InstanceSpec
 from model_runtime.python_backend.messages import ControlHook, InferHook, PyRequest, PyResponse
 from model_runtime.python_backend.metrics import CustomMetrics
@@ -102,6 +103,8 @@ class PythonModelRunner:
         self._batcher = batcher = Batcher(self.config, self._clock)
         self._accepting = False
         self._dispatcher: asyncio.Task[None] | None = None
+        #: the deadlines of :meth:`submit`'s requests
+        self._deadlines: Deadlines[Item] | None = None
         self.pool = InstancePool(
             self._spec, self.config.instance_count, self.settings.pool, self._clock, batcher.poke
         )
@@ -275,17 +278,19 @@ class PythonModelRunner:
         item.then = then
         future = item.future
         assert future is not None
-        timer = None
-        if timeout is not None:
-            timer = asyncio.get_running_loop().call_later(timeout, self._expire, item, timeout)
-        future.add_done_callback(functools.partial(self._ended, item, timer))
+        book = None
+        if timeout is not None:  # (one timer for the requests that come in deadline order)
+            book = self._deadlines
+            loop = future.get_loop()
+            if book is None or book.loop is not loop:
+                book = self._deadlines = Deadlines(loop, self._expire)
+            book.add(item, timeout)
+        future.add_done_callback(functools.partial(self._ended, item, book))
         return future
 
-    def _ended(
-        self, item: Item, timer: asyncio.TimerHandle | None, future: asyncio.Future[Any]
-    ) -> None:
-        if timer is not None:
-            timer.cancel()
+    def _ended(self, item: Item, book: Deadlines[Item] | None, future: asyncio.Future[Any]) -> None:
+        if book is not None:
+            book.discard(item)
         if not item.answered:  # cancelled by its caller
             self._batcher.abandon(item)
 

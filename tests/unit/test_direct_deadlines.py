@@ -1,5 +1,7 @@
 """The deadlines of requests queued directly (``direct.submit``): one book per timeout and
-loop, one timer for all of its requests, each failed past its own deadline."""
+loop, one timer for all of its requests, each failed past its own deadline; the books of
+timeouts of a request each (a gRPC caller's deadline, an ensemble step's time left) are not
+kept without bound."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ import asyncio
 import pytest
 
 from model_runtime.errors import RequestTimeoutError
-from model_runtime.server.inference.direct import Deadlines
+from model_runtime.server.inference import direct
+from model_runtime.server.inference.direct import BOOKS_KEPT, Deadlines, book_of
 
 
 async def test_each_request_fails_past_its_own_deadline_and_an_answered_one_never() -> None:
@@ -64,3 +67,16 @@ async def test_a_request_answered_in_time_is_left_as_answered() -> None:
     await asyncio.wait_for(asyncio.wait([waiting]), 2)
     assert answered.result() == {"y": 1}
     assert isinstance(waiting.exception(), RequestTimeoutError)
+
+
+async def test_books_of_many_timeouts_are_not_kept_without_bound() -> None:
+    # Each request of its own timeout makes a book; past BOOKS_KEPT they are forgotten, and a
+    # forgotten book still fails what it holds at its deadline (its armed timer keeps it).
+    loop = asyncio.get_running_loop()
+    held = loop.create_future()
+    book_of(0.05).add(held)
+    for i in range(2 * BOOKS_KEPT):
+        book_of(1000.0 + i / 7)
+    assert len(direct._BOOKS) <= BOOKS_KEPT
+    await asyncio.wait_for(asyncio.wait([held]), 2)
+    assert isinstance(held.exception(), RequestTimeoutError)

@@ -111,10 +111,7 @@ def submit(
         return future, None
     # The runner's own expiry (its error and words), in the book of the requests that share
     # this timeout on this loop (one timer for them all, not one per request).
-    book = _BOOKS.get(timeout)
-    if book is None or book.loop is not asyncio.get_running_loop():
-        book = _BOOKS[timeout] = Deadlines(asyncio.get_running_loop(), timeout)
-    return future, book.add(future)
+    return future, book_of(timeout).add(future)
 
 
 class Deadlines:
@@ -172,6 +169,22 @@ class _Due:
 
 #: The books of deadlines, by timeout (each of one loop: another loop's replaces it).
 _BOOKS: dict[float, Deadlines] = {}
+#: ... at most this many (a gRPC caller's deadline, an ensemble step's time left: a timeout
+#: of its own per request)
+BOOKS_KEPT = 1024
+
+
+def book_of(timeout: float) -> Deadlines:
+    """The book of this event loop's requests of ``timeout`` seconds. At most
+    :data:`BOOKS_KEPT` are kept: past that they are forgotten (each still expires what it
+    holds: its armed timer keeps it)."""
+    loop = asyncio.get_running_loop()
+    book = _BOOKS.get(timeout)
+    if book is None or book.loop is not loop:
+        if len(_BOOKS) >= BOOKS_KEPT:
+            _BOOKS.clear()
+        book = _BOOKS[timeout] = Deadlines(loop, timeout)
+    return book
 
 
 _Plain = tuple[int, float | None, float | None, bool]  # priority, timeout, waits, delay
