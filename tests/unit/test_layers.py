@@ -33,6 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
         "model_runtime.runner_config",
         "model_runtime.runner_info",
         "model_runtime.runner_requests",
+        "model_runtime.deadlines",
         "model_runtime.queue_policy",
         "model_runtime.replicas",
         "model_runtime.placement",

@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from model_runtime.deadlines import Deadlines
 from model_runtime.python_backend.runner import PythonModelRunner
 from model_runtime.runner import ModelRunner
 from model_runtime.runner_requests import expire_request
@@ -109,82 +110,40 @@ def submit(
         future.add_done_callback(then)
     if timeout is None:
         return future, None
-    # The runner's own expiry (its error and words), in the book of the requests that share
-    # this timeout on this loop (one timer for them all, not one per request).
-    return future, book_of(timeout).add(future)
-
-
-class Deadlines:
-    """The requests of one event loop that share one timeout, failed with
-    :class:`RequestTimeoutError` past their deadlines: kept in the order they came, which is
-    their deadlines' order, with one timer, armed for the first of them."""
-
-    __slots__ = ("_due", "_timer", "loop", "timeout")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, timeout: float) -> None:
-        self.loop = loop
-        self.timeout = timeout
-        self._due: dict[asyncio.Future[Any], float] = {}  # future -> deadline (loop time)
-        self._timer: asyncio.TimerHandle | None = None  # armed while any is due
-
-    def add(self, future: asyncio.Future[Any]) -> _Due:
-        """Fail ``future`` past the timeout from now, unless the returned deadline is
-        cancelled first."""
-        at = self.loop.time() + self.timeout
-        self._due[future] = at
-        if self._timer is None:
-            self._timer = self.loop.call_at(at, self._expire)
-        return _Due(self._due, future)
-
-    def __len__(self) -> int:
-        return len(self._due)
-
-    def _expire(self) -> None:
-        self._timer = None
-        due = self._due
-        now = self.loop.time()
-        while due:
-            future = next(iter(due))
-            at = due[future]
-            if at > now:  # the next deadline (the first may have been cancelled)
-                self._timer = self.loop.call_at(at, self._expire)
-                return
-            del due[future]
-            expire_request(future, self.timeout)
+    # The runner's own expiry (its error and words), in this loop's book of deadlines (one
+    # timer for the requests that come in deadline order, not one per request).
+    return future, expire_in(future, timeout)
 
 
 class _Due:
-    """One request's place in its :class:`Deadlines` (what :func:`submit` gives as its
+    """One request's place in its loop's book of deadlines (what :func:`submit` gives as its
     :class:`Expiry`)."""
 
-    __slots__ = ("_due", "_future")
+    __slots__ = ("_book", "_future")
 
-    def __init__(self, due: dict[asyncio.Future[Any], float], future: asyncio.Future[Any]):
-        self._due = due
+    def __init__(self, book: Deadlines[asyncio.Future[Any]], future: asyncio.Future[Any]):
+        self._book = book
         self._future = future
 
     def cancel(self) -> None:
-        self._due.pop(self._future, None)
+        self._book.discard(self._future)
 
 
-#: The books of deadlines, by timeout (each of one loop: another loop's replaces it).
-_BOOKS: dict[float, Deadlines] = {}
-#: ... at most this many (a gRPC caller's deadline, an ensemble step's time left: a timeout
-#: of its own per request)
-BOOKS_KEPT = 1024
+#: The deadlines of the requests :func:`submit` queued, of one event loop (another loop's
+#: replaces it).
+_book: Deadlines[asyncio.Future[Any]] | None = None
 
 
-def book_of(timeout: float) -> Deadlines:
-    """The book of this event loop's requests of ``timeout`` seconds. At most
-    :data:`BOOKS_KEPT` are kept: past that they are forgotten (each still expires what it
-    holds: its armed timer keeps it)."""
-    loop = asyncio.get_running_loop()
-    book = _BOOKS.get(timeout)
-    if book is None or book.loop is not loop:
-        if len(_BOOKS) >= BOOKS_KEPT:
-            _BOOKS.clear()
-        book = _BOOKS[timeout] = Deadlines(loop, timeout)
-    return book
+def expire_in(future: asyncio.Future[Any], timeout: float) -> Expiry:
+    """Fail ``future`` with the runner's :class:`RequestTimeoutError` ``timeout`` seconds from
+    now, unless the returned deadline is cancelled first. One book per event loop: one timer
+    serves the requests that come in deadline order, whatever their timeouts."""
+    global _book
+    book = _book
+    if book is None or book.loop is not future.get_loop():
+        book = _book = Deadlines(future.get_loop(), expire_request)
+    book.add(future, timeout)
+    return _Due(book, future)
 
 
 _Plain = tuple[int, float | None, float | None, bool]  # priority, timeout, waits, delay

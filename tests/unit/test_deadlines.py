@@ -1,4 +1,4 @@
-"""The deadlines of a python model's submitted requests (model_runtime/python_backend/deadlines.py):
+"""The deadlines of one loop's requests (model_runtime/deadlines.py):
 each key expires once, at its own deadline, with the timeout it was added with; a discarded one
 never; one timer serves the keys that come in deadline order, and a key whose deadline comes
 before the last one's still expires on time. A fake loop (its clock moved by the test) stands
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from model_runtime.python_backend.deadlines import Deadlines
+from model_runtime.deadlines import Deadlines
 
 
 class _Handle:

@@ -1,5 +1,6 @@
 """The deadlines of one event loop's requests, kept with one timer for those that come in
-deadline order.
+deadline order (a python model's submitted requests; requests queued directly on an ONNX model's
+runner by ``server/inference/direct.py``).
 
 Requests usually come in the order of their deadlines (a server's one request timeout; an
 ensemble's steps, each bounded by its request's deadline, reach a model in about the order the
