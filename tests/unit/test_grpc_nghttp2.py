@@ -304,21 +304,27 @@ class _AnswerNow(_TakeWhole):
         return True
 
 
+async def _settled(fast: Any) -> tuple[H2Protocol, _Wire]:
+    """A connection whose calls ``fast`` takes, past its preface and settings."""
+    limits = ProtocolLimits(
+        _never_app, max_streams=16, idle_timeout=30.0, write_timeout=5.0,
+        max_connections=1, fast=fast,
+    )  # fmt: skip
+    conn = H2Protocol(limits)
+    wire = _Wire()
+    conn.connection_made(wire)  # type: ignore[arg-type]
+    conn.data_received(PREFACE + settings() + h2frame(SETTINGS, ACK, 0))
+    await asyncio.sleep(0)
+    return conn, wire
+
+
 def test_an_answer_made_while_its_read_is_handled_is_written_by_that_read_alone() -> None:
     """A call answered as its request is read: the answer (headers, message, trailers) goes
     out in one write before the read's handling returns, and no flush is left for a later
     turn of the loop (each would cost the loop a turn per call)."""
 
     async def run() -> tuple[list[int], int, int]:
-        limits = ProtocolLimits(
-            _never_app, max_streams=16, idle_timeout=30.0, write_timeout=5.0,
-            max_connections=1, fast=_AnswerNow(),
-        )  # fmt: skip
-        conn = H2Protocol(limits)
-        wire = _Wire()
-        conn.connection_made(wire)  # type: ignore[arg-type]
-        conn.data_received(PREFACE + settings() + h2frame(SETTINGS, ACK, 0))
-        await asyncio.sleep(0)
+        conn, wire = await _settled(_AnswerNow())
         flushes = 0
         flush = conn.flush
 
@@ -364,15 +370,7 @@ def test_an_answer_is_written_as_it_is_made_unless_others_may_join_its_write() -
     the loop later); the answers of calls open together go out in one write."""
 
     async def run() -> tuple[bytes, int, int]:
-        limits = ProtocolLimits(
-            _never_app, max_streams=16, idle_timeout=30.0, write_timeout=5.0,
-            max_connections=1, fast=_AnswerSoon(),
-        )  # fmt: skip
-        conn = H2Protocol(limits)
-        wire = _Wire()
-        conn.connection_made(wire)  # type: ignore[arg-type]
-        conn.data_received(PREFACE + settings() + h2frame(SETTINGS, ACK, 0))
-        await asyncio.sleep(0)
+        conn, wire = await _settled(_AnswerSoon())
         call = h2frame(HEADERS, END_HEADERS, 1, grpc_headers(INFER_PATH)) + h2frame(
             DATA, END_STREAM, 1, message()
         )

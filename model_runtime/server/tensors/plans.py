@@ -96,14 +96,7 @@ def binary_request(
     Raises:
         ProtocolError: BOOL data holds a byte other than 0 or 1.
     """
-    last = _LAST
-    plan: _Plan | None
-    if header == last[1] and model == last[0]:
-        plan = last[2]
-    else:
-        plan = _PLANS.get((model, header))
-        if plan is not None:
-            _LAST[:] = (model, header, plan)
+    plan = _planned(model, header)
     if plan is None or plan.inputs is not inputs or plan.outputs is not outputs:
         return None
     if plan.size != len(binary):
@@ -115,6 +108,19 @@ def binary_request(
         else:  # the same view, made in one call (no slice, no reshape)
             arrays[name] = np.ndarray(shape, DATATYPES[datatype], binary, start)
     return plan.request(arrays)
+
+
+def _planned(model: str, key: bytes) -> _Plan | None:
+    """The plan of ``model``'s requests of ``key`` (their framing's bytes), the last one
+    matched first (a client's requests repeat theirs)."""
+    last = _LAST
+    if key == last[1] and model == last[0]:
+        plan: _Plan | None = last[2]
+        return plan
+    plan = _PLANS.get((model, key))
+    if plan is not None:
+        _LAST[:] = (model, key, plan)
+    return plan
 
 
 def json_key(body: bytes | bytearray) -> tuple[bytes, list[tuple[int, int]]] | None:
@@ -150,14 +156,7 @@ def json_request(
     """The JSON request ``body`` (its :func:`json_key`) from its plan (None: none, or data
     the plain decoder must read)."""
     skeleton, spans = key
-    last = _LAST
-    plan: _Plan | None
-    if skeleton == last[1] and model == last[0]:
-        plan = last[2]
-    else:
-        plan = _PLANS.get((model, skeleton))
-        if plan is not None:
-            _LAST[:] = (model, skeleton, plan)
+    plan = _planned(model, skeleton)
     if plan is None or plan.inputs is not inputs or plan.outputs is not outputs:
         return None
     if len(spans) != len(plan.layout):
