@@ -25,6 +25,7 @@ import structlog
 
 from actors.clock import Clock, SystemClock
 from actors.session.state import ReplicaStatus
+from model_runtime.deadlines import Deadlines
 from model_runtime.errors import (
     ExecutionTimeoutError,
     InputValidationError,
@@ -36,7 +37,6 @@ from model_runtime.errors import (
 from model_runtime.io import DataDesc
 from model_runtime.python_backend.batcher import ASYNC_BATCHES, Batcher, Item, pipeline
 from model_runtime.python_backend.config import PythonModelConfig
-from model_runtime.deadlines import Deadlines
 from model_runtime.python_backend.instance import InstanceSpec
 from model_runtime.python_backend.messages import ControlHook, InferHook, PyRequest, PyResponse
 from model_runtime.python_backend.metrics import CustomMetrics
