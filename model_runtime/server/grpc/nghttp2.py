@@ -13,7 +13,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-import _cffi_backend  # type: ignore[import-not-found]
+import _cffi_backend  # type: ignore[import-untyped,import-not-found]
 
 from model_runtime.server.grpc import _nghttp2_ffi
 
