@@ -174,14 +174,26 @@ def test_a_system_without_libnghttp2_still_serves_grpc() -> None:
     import subprocess
     import sys
 
+    # The binding's ffi (the generated out-of-line module, loaded before the package imports
+    # it) with a dlopen that finds no libnghttp2.
     hide = (
-        "import cffi\n"
-        "dlopen = cffi.FFI.dlopen\n"
-        "def refuse(self, name, *args):\n"
-        "    if 'nghttp2' in str(name):\n"
-        "        raise OSError(f'cannot open shared object file {name}')\n"
-        "    return dlopen(self, name, *args)\n"
-        "cffi.FFI.dlopen = refuse\n"
+        "import importlib.util, os, sys\n"
+        "name = 'model_runtime.server.grpc._nghttp2_ffi'\n"
+        "root = importlib.util.find_spec('model_runtime').submodule_search_locations[0]\n"
+        "path = os.path.join(root, 'server', 'grpc', '_nghttp2_ffi.py')\n"
+        "spec = importlib.util.spec_from_file_location(name, path)\n"
+        "generated = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(generated)\n"
+        "class Hiding:\n"
+        "    def __init__(self, ffi): self.ffi = ffi\n"
+        "    def __dir__(self): return dir(self.ffi)\n"
+        "    def __getattr__(self, attr): return getattr(self.ffi, attr)\n"
+        "    def dlopen(self, name, *args):\n"
+        "        if 'nghttp2' in str(name):\n"
+        "            raise OSError(f'cannot open shared object file {name}')\n"
+        "        return self.ffi.dlopen(name, *args)\n"
+        "generated.ffi = Hiding(generated.ffi)\n"
+        "sys.modules[name] = generated\n"
         "import os\n"
         "os.environ.pop('MODEL_RUNTIME_GRPC_TRANSPORT', None)\n"
         "from model_runtime.server.daemon import serve\n"
