@@ -8,13 +8,10 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
-# --no-compile: pip would byte-compile every module it installs (~10,000, Ray's 2,600 among
-# them: ~40 s of CPU, one process); a module is compiled instead when it is first imported,
-# and only the few thousand the suite imports ever are (`make pytest` writes their .pyc).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --no-compile --upgrade pip
-	$(BIN)/python -m pip install --quiet --no-compile -e '.[test,ray,docs]'
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test,ray,docs]'
 	touch $(STAMP)
 
 lint: $(STAMP)
