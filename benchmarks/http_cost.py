@@ -11,14 +11,16 @@ in one run, so a reference and a change are measured on the same noisy host side
 
     .venv/bin/python benchmarks/http_cost.py [--requests 20000] [--clients 16]
         [--modes binary json] [--trees /work/main .] [--pairs 3] [--profile OUT] [--stages]
-        [--callgrind] [--python]
+        [--callgrind [--callgrind-out DIR]] [--python]
 
 ``--stages``: the event loop's CPU per request in each stage of
 :data:`benchmarks.http_cost_hooks.STAGES` (each function wrapped to add up its thread CPU time:
 about 1 µs added per call, nested stages counted in their callers too),
 cheaper and less distorting than ``--profile``'s cProfile.
 ``--modes grpc``: ModelInfer over gRPC (grpcio callers, six to a connection) on the same
-daemon. ``--callgrind``: the daemon runs under valgrind's callgrind (about 40 times slower),
+daemon; ``grpcs``: the same over TLS (the daemon started with ``--grpc-use-ssl``, so a mode of
+its own: not with ``grpc`` in one run without ``--callgrind``, which starts a daemon per mode).
+``--callgrind``: the daemon runs under valgrind's callgrind (about 40 times slower),
 counting only during the measured requests; the figure is the event loop thread's instructions
 per request, which other processes on the host do not change (CPU time on a shared host does),
 and the requests per batch beside it (the count moves with the batch size). Its event loop's lag
@@ -35,6 +37,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -150,9 +153,10 @@ async def _drive(port: int, mode: str, clients: int, total: int) -> dict[str, An
 CALLS_PER_CHANNEL = 6
 
 
-async def _drive_grpc(port: int, clients: int, total: int) -> dict[str, Any]:
+async def _drive_grpc(port: int, clients: int, total: int, ca: bytes = b"") -> dict[str, Any]:
     """``clients`` callers of ModelInfer, each calling again once answered, over one channel
-    (its own connection) per :data:`CALLS_PER_CHANNEL` of them."""
+    (its own connection) per :data:`CALLS_PER_CHANNEL` of them (``ca``: over TLS, the server's
+    certificate signed by this CA, PEM)."""
     import grpc
 
     from model_runtime.server.triton import grpc_service_pb2 as pb
@@ -166,10 +170,14 @@ async def _drive_grpc(port: int, clients: int, total: int) -> dict[str, Any]:
         request.raw_input_contents.append(r.tobytes())
         requests.append(request.SerializeToString())
     options = [("grpc.use_local_subchannel_pool", 1)]  # a connection per channel
-    channels = [
-        grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options)
-        for _ in range(-(-clients // CALLS_PER_CHANNEL))
-    ]
+    target = f"127.0.0.1:{port}"
+    count = -(-clients // CALLS_PER_CHANNEL)
+    if ca:
+        credentials = grpc.ssl_channel_credentials(ca)
+        channels = [grpc.aio.secure_channel(target, credentials, options=options)
+                    for _ in range(count)]  # fmt: skip
+    else:
+        channels = [grpc.aio.insecure_channel(target, options=options) for _ in range(count)]
     methods = [c.unary_unary("/inference.GRPCInferenceService/ModelInfer") for c in channels]
     counts = {"sent": 0, "errors": 0}
 
@@ -191,9 +199,10 @@ async def _drive_grpc(port: int, clients: int, total: int) -> dict[str, Any]:
     return {"seconds": seconds, "errors": counts["errors"], "lost": 0}
 
 
-def _client_main(port: int, mode: str, clients: int, total: int) -> None:
-    if mode == "grpc":
-        result = asyncio.run(_drive_grpc(port, clients, total))
+def _client_main(port: int, mode: str, clients: int, total: int, ca: str = "") -> None:
+    if mode in ("grpc", "grpcs"):
+        pem = Path(ca).read_bytes() if ca else b""
+        result = asyncio.run(_drive_grpc(port, clients, total, pem))
         print(json.dumps(result))
         return
     try:
@@ -229,8 +238,11 @@ class Daemon:
         stages: bool = False,
         callgrind: bool = False,
         python: bool = False,
+        tls: bool = False,
     ) -> None:
         self.port, self.grpc_port = _free_port(), _free_port()
+        #: The CA file of the daemon's gRPC certificate (``tls``; else "").
+        self.ca = ""
         (workdir / "run").mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable]
         self.callgrind: Path | None = None
@@ -262,6 +274,13 @@ class Daemon:
             cmd += ["--model-repository", str(python_repository(workdir))]
         else:
             cmd.append(f"{NAME}={MODEL}")
+        if tls:
+            from tests.pki import write_pki
+
+            pki = write_pki(workdir / f"pki-{self.port}")
+            self.ca = str(pki["ca"])
+            cmd += ["--grpc-use-ssl", "--grpc-server-cert", str(pki["server"]),
+                    "--grpc-server-key", str(pki["server_key"])]  # fmt: skip
         env = {
             **os.environ,
             "PYTHONPATH": str(tree),
@@ -291,8 +310,9 @@ class Daemon:
         """Drive ``total`` requests; the daemon's CPU over them (``count``: callgrind counts
         them)."""
         pid = self.proc.pid
-        port = self.grpc_port if mode == "grpc" else self.port
-        cmd = [sys.executable, __file__, "--client", str(port), mode, str(clients), str(total)]
+        port = self.grpc_port if mode in ("grpc", "grpcs") else self.port
+        cmd = [sys.executable, __file__, "--client", str(port), mode, str(clients), str(total),
+               self.ca]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         staged0 = self._staged()
         executions0 = self.executions()
@@ -368,13 +388,17 @@ class Daemon:
 def _callgrind(tree: Path, tmp: Path, mode: str, rnd: int, args: Any) -> dict[str, Any]:
     """One daemon of ``tree`` under callgrind, one ``mode``: its loop's instructions per
     request (as ``loop_us``, so the ratios below read them)."""
-    daemon = Daemon(tree, tmp, callgrind=True, python=args.python)
+    daemon = Daemon(tree, tmp, callgrind=True, python=args.python, tls=mode == "grpcs")
     try:
         daemon.load(mode, args.clients, args.warmup, count=False)
         r = daemon.load(mode, args.clients, args.requests)
     finally:
         daemon.close()
     per_request = daemon.loop_instructions() / args.requests
+    if args.callgrind_out is not None:  # the loop thread's profile, for callgrind_annotate
+        args.callgrind_out.mkdir(parents=True, exist_ok=True)
+        name = f"{tree.name}-{mode}-c{args.clients}-{rnd}.out"
+        shutil.copy(f"{daemon.callgrind}-01", args.callgrind_out / name)
     print(
         f"round {rnd} {tree!s:<22} {mode:<6} c={args.clients} "
         f"loop {per_request:9.0f} instructions/req (callgrind)  "
@@ -405,9 +429,14 @@ def main() -> None:
         "(one mode per daemon, so each count is that mode's alone)",
     )
     parser.add_argument(
+        "--callgrind-out", type=Path, help="with --callgrind: keep each loop thread's profile here"
+    )
+    parser.add_argument(
         "--python", action="store_true", help="serve the model as a python model (PYTHON_MODEL)"
     )
     args = parser.parse_args()
+    if not args.callgrind and {"grpc", "grpcs"} <= set(args.modes):
+        parser.error("--modes grpc grpcs: one daemon serves both only with --callgrind")
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="http-cost-") as tmp:
         for rnd in range(args.pairs):
@@ -417,7 +446,8 @@ def main() -> None:
                     for mode in args.modes:
                         rows.append(_callgrind(tree, Path(tmp), mode, rnd, args))
                     continue
-                daemon = Daemon(tree, Path(tmp), args.profile, args.stages, python=args.python)
+                daemon = Daemon(tree, Path(tmp), args.profile, args.stages, python=args.python,
+                                tls="grpcs" in args.modes)  # fmt: skip
                 try:
                     for mode in args.modes:
                         daemon.load(mode, args.clients, args.warmup, count=False)
@@ -455,6 +485,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--client":
-        _client_main(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+        port, mode, clients, total, *ca = sys.argv[2:]
+        _client_main(int(port), mode, int(clients), int(total), *ca)
     else:
         main()
