@@ -5,10 +5,11 @@ against ``aio`` (grpcio's asyncio server), and the default transport (nghttp2) o
 Each compared side is a daemon of this checkout serving the demo model (devices and device
 locks of its own); for each concurrency the two are measured one after the other, ``--pairs``
 times, alternating which goes first, so that a busy host costs both alike. Per run: perf_analyzer's
-throughput and p99, and the daemon's CPU per inference (``/proc/PID/stat`` user + system time
-over the successes its statistics count). Prints a table of medians with the ratio of the second
-to the first and writes ``benchmarks/results/grpc_transport.json`` (``grpc_tls.json`` for
-``--compare tls``).
+throughput and p99, the daemon's CPU per inference (``/proc/PID/stat`` user + system time
+over the successes its statistics count) and perf_analyzer's (its process's CPU over the same
+successes: a client's TLS is in it). Prints a table of medians with the ratio of the second to
+the first, each pair's ratio (the runs of one pair are back to back), and writes
+``benchmarks/results/grpc_transport.json`` (``grpc_tls.json`` for ``--compare tls``).
 
     python benchmarks/grpc_transport.py [--compare transports|tls] [--seconds 2] [--pairs 2]
         [--concurrency 1 16 64]
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -98,9 +100,15 @@ def successes(d: Daemon) -> int:
     return int(doc["model_stats"][0]["inference_stats"]["success"]["count"])
 
 
+def client_seconds() -> float:
+    """CPU seconds of this process's ended children (perf_analyzer's runs)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def measure(d: Daemon, concurrency: int, seconds: float) -> dict[str, float] | None:
     """One perf_analyzer run (None: it found no stable measurement on this busy host)."""
-    cpu0, n0 = cpu_seconds(d.pid), successes(d)
+    cpu0, n0, client0 = cpu_seconds(d.pid), successes(d), client_seconds()
     try:
         r = perf_analyzer.run(
             MODEL, d.grpc, protocol="grpc", concurrency=concurrency,
@@ -111,11 +119,13 @@ def measure(d: Daemon, concurrency: int, seconds: float) -> dict[str, float] | N
         print(f"{d.transport} c={concurrency}: {str(exc).splitlines()[0]}")
         print("\n".join(str(exc).splitlines()[-4:]))
         return None
-    cpu1, n1 = cpu_seconds(d.pid), successes(d)
+    cpu1, n1, client1 = cpu_seconds(d.pid), successes(d), client_seconds()
+    calls = max(1, n1 - n0)
     return {
         "throughput": r.throughput,
         "p99_us": r.p99_us,
-        "cpu_us_per_infer": (cpu1 - cpu0) * 1e6 / max(1, n1 - n0),
+        "cpu_us_per_infer": (cpu1 - cpu0) * 1e6 / calls,
+        "client_us_per_infer": (client1 - client0) * 1e6 / calls,
     }
 
 
@@ -133,19 +143,25 @@ def main() -> int:
         print("grpc_transport: perf_analyzer is not installed (make perf-analyzer); skipped")
         return 0
     runs: dict[tuple[str, int], list[dict[str, float]]] = {}
+    #: Each pair's ratio (second / first throughput) per concurrency, where both sides ran.
+    pairs: dict[int, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="grpc-transport-") as tmp, ExitStack() as stack:
         daemons = {t: stack.enter_context(daemon(t, Path(tmp) / t, args.devices)) for t in sides}
         for c in args.concurrency:
             for i in range(args.pairs):
                 order = sides if i % 2 == 0 else sides[::-1]
+                pair = {}
                 for t in order:
                     got = measure(daemons[t], c, args.seconds)
                     if got is not None:
                         runs.setdefault((t, c), []).append(got)
+                        pair[t] = got["throughput"]
+                if len(pair) == 2:
+                    pairs.setdefault(c, []).append(pair[second] / pair[first])
     rows = []
     a, b = first[:6], second[:6]
     print(f"{'c':>3} {a + '/s':>9} {b + '/s':>9} {'ratio':>6} {a + ' p99':>10} {b + ' p99':>10} "
-          f"{a + ' us/inf':>13} {b + ' us/inf':>13}")  # fmt: skip
+          f"{a + ' us/inf':>13} {b + ' us/inf':>13} {'client us/inf':>14}  pairs")  # fmt: skip
     for c in args.concurrency:
         if not all((t, c) in runs for t in sides):
             print(f"{c:>3} no stable measurement for both sides")
@@ -155,12 +171,14 @@ def main() -> int:
             for t in sides
         }
         ratio = med[second]["throughput"] / med[first]["throughput"]
-        rows.append({"concurrency": c, "median": med, "ratio": ratio,
+        each = [round(r, 2) for r in pairs.get(c, [])]
+        rows.append({"concurrency": c, "median": med, "ratio": ratio, "pairs": each,
                      "runs": {t: runs[(t, c)] for t in sides}})  # fmt: skip
+        client = "/".join(f"{med[t]['client_us_per_infer']:.0f}" for t in sides)
         print(f"{c:>3} {med[first]['throughput']:>9.0f} {med[second]['throughput']:>9.0f} "
               f"{ratio:>6.2f} {med[first]['p99_us']:>10.0f} {med[second]['p99_us']:>10.0f} "
               f"{med[first]['cpu_us_per_infer']:>13.0f} "
-              f"{med[second]['cpu_us_per_infer']:>13.0f}")  # fmt: skip
+              f"{med[second]['cpu_us_per_infer']:>13.0f} {client:>14}  {each}")  # fmt: skip
     name = "grpc_transport" if args.compare == "transports" else f"grpc_{args.compare}"
     out = REPO / "benchmarks" / "results" / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
