@@ -35,6 +35,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -375,6 +376,14 @@ def _callgrind(tree: Path, tmp: Path, mode: str, rnd: int, args: Any) -> dict[st
     finally:
         daemon.close()
     per_request = daemon.loop_instructions() / args.requests
+    if args.keep is not None:  # for callgrind_annotate
+        args.keep.mkdir(parents=True, exist_ok=True)
+        assert daemon.callgrind is not None
+        for part in daemon.callgrind.parent.glob(daemon.callgrind.name + "*"):
+            shutil.copy(
+                part,
+                args.keep / f"{mode}-{rnd}-{tree.name}{part.name[len(daemon.callgrind.name) :]}",
+            )
     print(
         f"round {rnd} {tree!s:<22} {mode:<6} c={args.clients} "
         f"loop {per_request:9.0f} instructions/req (callgrind)  "
@@ -403,6 +412,12 @@ def main() -> None:
         action="store_true",
         help="run the daemon under callgrind: the event loop's instructions per request "
         "(one mode per daemon, so each count is that mode's alone)",
+    )
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        help="with --callgrind: copy the callgrind files into this folder "
+        "(MODE-ROUND-TREE-THREAD, for callgrind_annotate)",
     )
     parser.add_argument(
         "--python", action="store_true", help="serve the model as a python model (PYTHON_MODEL)"
