@@ -317,18 +317,19 @@ class _Call:
         assert entry is not None and parsed is not None
         results = future.result()
         try:
-            wire = model_infer_response_bytes(
-                entry.name, entry.version, parsed, results, entry.datatypes, specs=entry.outputs
-            )
+            framed = model_infer_response_bytes(
+                entry.name, entry.version, parsed, results, entry.datatypes,
+                specs=entry.outputs, framed=True,
+            )  # fmt: skip
         except Exception as e:
             self.fail(e)
             return
         self.finish(None, samples_of(entry, parsed.inputs, results))
-        why = self.computed(len(wire))
+        why = self.computed(len(framed) - 5)
         if why is not None:
             self.send_status(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
             return
-        self.answer(b"\0" + len(wire).to_bytes(4, "big") + wire, START_HEADERS, OK)
+        self.answer(framed, START_HEADERS, OK)
 
     def fail(self, exc: Exception) -> None:
         """Answer ``exc`` in Triton's words (counted and logged as the servicer does)."""
