@@ -53,9 +53,11 @@ class Block:
     """One decoded header block: ``path`` (``:path``, ``b""``: none), ``headers`` (the fields
     but pseudo-headers, in order; shared by every stream the block came on: read only),
     ``size`` (HTTP/2's size of the header list; None: past :data:`MAX_HEADER_LIST`) and
-    ``length`` (its ``content-length``, None: none or not a number)."""
+    ``length`` (its ``content-length``, None: none or not a number); ``note``: what the
+    connection's calls made of ``headers`` (None: nothing yet), kept with the block so that a
+    cached block's streams share it."""
 
-    __slots__ = ("headers", "length", "path", "size")
+    __slots__ = ("headers", "length", "note", "path", "size")
 
     def __init__(
         self, path: bytes, headers: list[tuple[bytes, bytes]], size: int | None,
@@ -65,6 +67,7 @@ class Block:
         self.headers = headers
         self.size = size
         self.length = length
+        self.note: Any = None
 
 
 #: The block of a stream opened once the decoder was lost (the stream is refused).
