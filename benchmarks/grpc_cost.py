@@ -3,7 +3,7 @@ concurrency, for four servers of the demo model measured one after the other (``
 rounds, order alternated), so that a busy host costs each alike:
 
 * ``http``: the daemon over HTTP (its protocol-level fast path);
-* ``grpc``: the same daemon over gRPC (``--grpc-transport native``: h2corn);
+* ``grpc``: the same daemon over gRPC (its default transport: nghttp2);
 * ``app``: :class:`~model_runtime.server.grpc.native.GrpcApp` on h2corn with handlers that
   decode the request and answer a canned message (our framing and protobuf, no data plane);
 * ``base``: gRPC of a daemon of another checkout (``--base DIR``: its code first on the path);
@@ -304,6 +304,9 @@ def main() -> int:
                     got = measure(*targets[mode], c, args.seconds)
                     if got is not None:
                         runs.setdefault((mode, c), []).append(got)
+                        print(f"pair {i} {mode:>7} c={c:<3} {got['throughput']:8.0f} infer/s "
+                              f"{got['cpu_us_per_call']:6.0f} cpu us/call  batch "
+                              f"{got['batch']:4.1f}", flush=True)  # fmt: skip
     print(f"{'mode':>5} {'c':>3} {'infer/s':>8} {'p50 us':>7} {'p99 us':>7} {'cpu us/call':>11} "
           f"{'batch':>5}")  # fmt: skip
     for c in args.concurrency:

@@ -11,7 +11,7 @@ in one run, so a reference and a change are measured on the same noisy host side
 
     .venv/bin/python benchmarks/http_cost.py [--requests 20000] [--clients 16]
         [--modes binary json] [--trees /work/main .] [--pairs 3] [--profile OUT] [--stages]
-        [--callgrind [--callgrind-out DIR]] [--python]
+        [--callgrind [--keep DIR]] [--python]
 
 ``--stages``: the event loop's CPU per request in each stage of
 :data:`benchmarks.http_cost_hooks.STAGES` (each function wrapped to add up its thread CPU time:
@@ -395,10 +395,14 @@ def _callgrind(tree: Path, tmp: Path, mode: str, rnd: int, args: Any) -> dict[st
     finally:
         daemon.close()
     per_request = daemon.loop_instructions() / args.requests
-    if args.callgrind_out is not None:  # the loop thread's profile, for callgrind_annotate
-        args.callgrind_out.mkdir(parents=True, exist_ok=True)
-        name = f"{tree.name}-{mode}-c{args.clients}-{rnd}.out"
-        shutil.copy(f"{daemon.callgrind}-01", args.callgrind_out / name)
+    if args.keep is not None:  # for callgrind_annotate
+        args.keep.mkdir(parents=True, exist_ok=True)
+        assert daemon.callgrind is not None
+        for part in daemon.callgrind.parent.glob(daemon.callgrind.name + "*"):
+            shutil.copy(
+                part,
+                args.keep / f"{mode}-{rnd}-{tree.name}{part.name[len(daemon.callgrind.name) :]}",
+            )
     print(
         f"round {rnd} {tree!s:<22} {mode:<6} c={args.clients} "
         f"loop {per_request:9.0f} instructions/req (callgrind)  "
@@ -429,7 +433,10 @@ def main() -> None:
         "(one mode per daemon, so each count is that mode's alone)",
     )
     parser.add_argument(
-        "--callgrind-out", type=Path, help="with --callgrind: keep each loop thread's profile here"
+        "--keep",
+        type=Path,
+        help="with --callgrind: copy the callgrind files into this folder "
+        "(MODE-ROUND-TREE-THREAD, for callgrind_annotate)",
     )
     parser.add_argument(
         "--python", action="store_true", help="serve the model as a python model (PYTHON_MODEL)"

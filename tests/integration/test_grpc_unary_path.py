@@ -28,6 +28,7 @@ from tests.attack.grpc_wire import (
     grpc_headers,
     h2_connect,
     infer_message,
+    literal,
 )
 from tests.integration.test_daemon_support import MODEL, Daemon, samples, start_daemon, stop_daemon
 
@@ -97,6 +98,32 @@ def test_a_request_split_across_reads_is_answered(daemon: Daemon) -> None:
         sock.close()
     assert (HEADERS, 1) in seen and (DATA, 1) in seen
     assert (HEADERS, 3) in seen and (DATA, 3) in seen
+
+
+def test_each_header_block_is_read_for_its_own_calls(daemon: Daemon) -> None:
+    """The fast path keeps its reading of a header block with the connection's cached block:
+    a call whose block differs (a content type that is not gRPC's) on the same connection,
+    between calls it takes, is not taken for theirs (the app answers it 415, no trailers)."""
+    grpc_block = grpc_headers(INFER_PATH)
+    plain = b"\x83\x86" + b"".join(
+        literal(n, v)
+        for n, v in [(b":path", INFER_PATH), (b":authority", b"x"),
+                     (b"content-type", b"text/plain"), (b"te", b"trailers")]
+    )  # fmt: skip
+    message = infer_message(1)
+    sock = h2_connect(daemon.grpc_port)
+    try:
+        for stream, block in ((1, grpc_block), (3, plain), (5, grpc_block)):
+            sock.sendall(
+                frame(HEADERS, END_HEADERS, stream, block)
+                + frame(DATA, END_STREAM, stream, message)
+            )
+            time.sleep(0.05)  # (a read each)
+        seen = frames_seen(sock, 2.0)
+    finally:
+        sock.close()
+    # a gRPC answer: headers, message, trailers; the 415: one HEADERS (and an empty DATA)
+    assert [seen.count((HEADERS, s)) for s in (1, 3, 5)] == [2, 1, 2]
 
 
 def test_calls_reset_in_flight_leave_the_server_serving(daemon: Daemon) -> None:

@@ -92,3 +92,15 @@ def test_long_names_and_big_outputs_are_protobufs() -> None:
     expected = encode_model_infer_response("m" * 130, "1", request, results, datatypes)
     wire = model_infer_response_bytes("m" * 130, "1", request, results, datatypes)
     assert wire == expected.SerializeToString()
+
+
+@settings(max_examples=40, deadline=None)
+@given(model=_TEXT, request_id=st.none() | _TEXT, size=st.integers(0, 300))
+def test_framed_is_grpcs_message_prefix_then_the_bytes(
+    model: str, request_id: str | None, size: int
+) -> None:
+    request = InferRequest(request_id, {}, (RequestedOutput("y", True),))
+    results = {"y": np.ones(size, np.float32)}
+    wire = model_infer_response_bytes(model, "1", request, results, {"y": "FP32"})
+    framed = model_infer_response_bytes(model, "1", request, results, {"y": "FP32"}, framed=True)
+    assert framed == b"\0" + len(wire).to_bytes(4, "big") + wire

@@ -162,7 +162,12 @@ class CallBudget:
 
     def leave(self, peer: str, size: int) -> None:
         """A call :meth:`try_enter` counted ended (``size``: all it counted)."""
-        self._release(peer, size)
+        held = self.calls[peer] - 1  # (_release, inline: once a call)
+        if held:
+            self.calls[peer] = held
+        else:
+            del self.calls[peer]
+        self.bytes -= size
 
     def hold_message(self, peer: str, size: int) -> str | None:
         """Count ``size`` bytes of a message about to be received on ``peer``'s connection,
@@ -242,7 +247,7 @@ class CallBudget:
     def written(self, key: Any) -> None:
         """The answer :meth:`hold_unsent` held is written (or dropped)."""
         peer, _ = self.unsent.pop(key)
-        if key in self._late:
+        if self._late and key in self._late:
             self._late.discard(key)
             left = self.stalled[peer] - 1
             if left:

@@ -24,6 +24,7 @@ then on (the connection ends the session).
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 from model_runtime.server.grpc import nghttp2 as ng
@@ -47,15 +48,20 @@ CACHE_BLOCK, CACHE_LIST, CACHE_ENTRIES = 1024, 4096, 8
 
 _DATA, _HEADERS, _RST_STREAM, _GOAWAY = ng.DATA, ng.HEADERS, ng.RST_STREAM, ng.GOAWAY
 _CONTINUATION, _PUSH_PROMISE = ng.CONTINUATION, ng.PUSH_PROMISE
+_END_STREAM = ng.FLAG_END_STREAM
+#: A frame's 9-byte header: its length (high byte, low 16 bits), type, flags and stream id.
+_HEAD = struct.Struct(">BHBBI").unpack_from
 
 
 class Block:
     """One decoded header block: ``path`` (``:path``, ``b""``: none), ``headers`` (the fields
     but pseudo-headers, in order; shared by every stream the block came on: read only),
     ``size`` (HTTP/2's size of the header list; None: past :data:`MAX_HEADER_LIST`) and
-    ``length`` (its ``content-length``, None: none or not a number)."""
+    ``length`` (its ``content-length``, None: none or not a number); ``note``: what the
+    connection's calls made of ``headers`` (None: nothing yet), kept with the block so that a
+    cached block's streams share it."""
 
-    __slots__ = ("headers", "length", "path", "size")
+    __slots__ = ("headers", "length", "note", "path", "size")
 
     def __init__(
         self, path: bytes, headers: list[tuple[bytes, bytes]], size: int | None,
@@ -65,6 +71,7 @@ class Block:
         self.headers = headers
         self.size = size
         self.length = length
+        self.note: Any = None
 
 
 #: The block of a stream opened once the decoder was lost (the stream is refused).
@@ -137,15 +144,15 @@ class HeaderBlocks:
         if self._pending:
             pos = self._resume(data, pos)
         while pos + 9 <= n:
-            length = (data[pos] << 16) | (data[pos + 1] << 8) | data[pos + 2]
+            high, low, kind, flags, stream_id = _HEAD(data, pos)
+            length = high << 16 | low
             end = pos + 9 + length
-            kind = data[pos + 3]
             if kind == _DATA:  # (the frames of a call, most common first)
                 if self._open is not None:
                     self._break("a frame inside a header block")
                     return
-                if data[pos + 4] & ng.FLAG_END_STREAM:
-                    stream_id = int.from_bytes(data[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
+                if flags & _END_STREAM:
+                    stream_id &= 0x7FFFFFFF
                     if end > n:
                         self._skip, self._then = end - n, (_DATA, stream_id)
                         return
@@ -156,14 +163,14 @@ class HeaderBlocks:
                     return
                 if end > n:
                     break
-                self._frame(data, pos, end)
+                self._frame(data, pos, end, kind, flags, stream_id & 0x7FFFFFFF)
                 if self.broken is not None:
                     return
             elif self._open is not None or kind == _PUSH_PROMISE:
                 self._break("a frame nghttp2 ends the connection for")
                 return
             elif kind in (3, 7):  # RST_STREAM, GOAWAY
-                stream_id = int.from_bytes(data[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
+                stream_id &= 0x7FFFFFFF
                 if end > n:
                     self._skip, self._then = end - n, (kind, stream_id)
                     return
@@ -221,15 +228,15 @@ class HeaderBlocks:
         if len(pending) < 9 + length:
             self._pending = pending
             return len(data)
-        self._frame(pending, 0, 9 + length)
+        stream_id = int.from_bytes(pending[5:9], "big") & 0x7FFFFFFF
+        self._frame(pending, 0, 9 + length, kind, pending[4], stream_id)
         return pos + take
 
-    def _frame(self, buf: bytes, pos: int, end: int) -> None:
-        """A whole HEADERS or CONTINUATION frame, ``buf[pos:end]``."""
-        flags = buf[pos + 4]
-        stream_id = int.from_bytes(buf[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
+    def _frame(self, buf: bytes, pos: int, end: int, kind: int, flags: int, stream_id: int) -> None:
+        """A whole HEADERS or CONTINUATION frame (``kind``), ``buf[pos:end]``, its header's
+        ``flags`` and ``stream_id``."""
         start = pos + 9
-        if buf[pos + 3] == _HEADERS:
+        if kind == _HEADERS:
             if self._open is not None:
                 self._break("a HEADERS frame inside a header block")
                 return

@@ -86,7 +86,8 @@ def _on_data_chunk(session: int, flags: int, stream_id: int, data: Any, size: in
     stream.chunks.append(unpack(data, size))
     stream.unconsumed += size
     stream.received += size
-    stream.wake()
+    if stream.waiter is not None:  # (a task reads it: wake it)
+        stream.wake()
     if stream.wait == WAITING:
         fast = conn.fast
         if fast is not None and stream.unconsumed > fast.max_wait:

@@ -416,6 +416,7 @@ class H2Protocol(asyncio.Protocol):
             self.reset(stream_id, ng.REFUSED_STREAM if block is LOST else ng.INTERNAL_ERROR)
             return None
         stream = self.streams[stream_id] = H2Stream(self, stream_id, self.last)
+        stream.block = block
         stream.path = block.path
         stream.headers = block.headers
         stream.length = block.length
@@ -446,7 +447,8 @@ class H2Protocol(asyncio.Protocol):
             ):  # (the last: nghttp2 resets the stream, PROTOCOL_ERROR)
                 continue
             stream.ended = True
-            stream.wake()
+            if stream.waiter is not None:  # (a task reads it: wake it)
+                stream.wake()
             if stream.wait == WAITING:
                 ready.append(stream)
 
@@ -456,7 +458,8 @@ class H2Protocol(asyncio.Protocol):
             lib.nghttp2_session_consume_connection(self.session, stream.unconsumed)
             stream.unconsumed = 0
         stream.chunks.clear()
-        stream.wake()
+        if stream.waiter is not None:  # (a task reads it: wake it)
+            stream.wake()
         drained = stream.drained
         if drained is not None and not drained.done():
             drained.set_result(None)

@@ -8,12 +8,15 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
 from model_runtime.server.grpc import nghttp2 as ng
 from model_runtime.server.grpc.nghttp2 import ffi
+
+if TYPE_CHECKING:
+    from model_runtime.server.grpc.h2blocks import Block
 
 __all__ = ["HIGH_WATER", "H2Stream", "StreamOwner", "cache_headers", "headers_nv", "trailers_nv"]
 
@@ -67,7 +70,7 @@ def _nv_array(pairs: list[tuple[bytes, bytes]], flags: int = 0) -> tuple[Any, in
 class H2Stream:
     """One call: its request as received, its answer as sent."""
 
-    __slots__ = ("chunks", "closed", "conn", "drained", "end_told", "ended", "ended_call",
+    __slots__ = ("block", "chunks", "closed", "conn", "drained", "end_told", "ended", "ended_call",
                  "expect_trailers", "finished", "finished_at", "headers", "id", "length",
                  "opened", "out", "out_len", "path", "received", "start", "status", "submitted",
                  "task", "trailers", "unconsumed", "wait", "waiter")  # fmt: skip
@@ -83,6 +86,8 @@ class H2Stream:
         #: read only), and its ``:path``.
         self.headers: list[tuple[bytes, bytes]] = []
         self.path = b""
+        #: The decoded header block it came with (None: none), whose ``note`` its call keeps.
+        self.block: Block | None = None
         self.chunks: deque[bytes] = deque()
         self.unconsumed = 0
         #: Its request's ``content-length`` (None: none), and the body's bytes received.
@@ -179,7 +184,11 @@ class H2Stream:
         if body:
             self.out.append(body)
             self.out_len += len(body)
-        self._finish(trailers, submit_only=True)
+        if not self.finished:  # (_finish's, inline: once a unary call)
+            self.finished = True
+            self.trailers = trailers
+            self.finished_at = self.conn.loop.time()
+            self.conn.submit(self, flush=False)
         if now:
             self.conn.flush()  # written now, not after the loop's other ready callbacks
         else:

@@ -158,7 +158,11 @@ def _split(view: memoryview) -> tuple[bytes, bytes, list[memoryview]] | None:
             key = view[at]
             if key & 7 != 2 or key >= 0x80:  # every field a plan knows is length-delimited
                 return None
-            length, at = _length(view, at + 1)
+            length = view[at + 1]
+            if length < 0x80:  # (a one-byte length: _length's first step, inline)
+                at += 2
+            else:
+                length, at = _length(view, at + 1)
             stop = at + length
             if stop > end:
                 return None

@@ -112,12 +112,15 @@ class Shares:
         conn.unsent -= 1
         if seconds < self.write_timeout / 2:
             conn.reads = True
-        self._wake(conn)
+        if conn.queued:
+            self._wake(conn)
 
     def try_turn(self, conn: Connection) -> bool:
         """Take one of ``conn``'s turns if one is free now, with no call waiting (True);
         else take nothing (False: wait with :meth:`turn`)."""
-        if conn.busy < self._turns(conn) and not conn.queued:
+        max_busy = self.max_busy
+        turns = max_busy if conn.reads and conn.unsent < max_busy else UNREAD_BUSY
+        if conn.busy < turns and not conn.queued:
             conn.busy += 1
             return True
         return False
@@ -148,7 +151,8 @@ class Shares:
     def done(self, conn: Connection) -> None:
         """A call of ``conn`` gives its turn back: to the oldest call waiting, if any."""
         conn.busy -= 1
-        self._wake(conn)
+        if conn.queued:
+            self._wake(conn)
 
     def _wake(self, conn: Connection) -> None:
         queued, turns = conn.queued, self._turns(conn)

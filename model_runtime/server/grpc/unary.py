@@ -79,6 +79,21 @@ def taken_runner(plane: DataPlane, entry: ModelEntry, runner: Any) -> Any | None
     return taken_ensemble(plane, entry, runner)
 
 
+def _read_headers(headers: list[tuple[bytes, bytes]]) -> tuple[bool, bytes | None]:
+    """Whether a call of ``headers`` may be taken (gRPC's content type, no compression), and
+    its ``grpc-timeout`` (None: none)."""
+    timeout = None
+    for key, value in headers:
+        if key == _CONTENT_TYPE:
+            if not value.startswith(GRPC):
+                return False, None
+        elif key == _TIMEOUT:
+            timeout = value
+        elif key == _ENCODING and value != b"identity":
+            return False, None
+    return True, timeout
+
+
 class UnaryInfer:
     """The listener's ``ModelInfer`` calls taken by callbacks (see the module docstring)."""
 
@@ -105,15 +120,15 @@ class UnaryInfer:
     def start(self, conn: H2Protocol, stream: H2Stream) -> bool:
         """Take the call of ``stream`` (its request ended); False: nothing was done, counted or
         answered (the app serves it)."""
-        timeout = None
-        for key, value in stream.headers:
-            if key == _CONTENT_TYPE:
-                if not value.startswith(GRPC):
-                    return False
-            elif key == _TIMEOUT:
-                timeout = value
-            elif key == _ENCODING and value != b"identity":
-                return False
+        block = stream.block
+        read = None if block is None else block.note
+        if read is None:
+            read = _read_headers(stream.headers)
+            if block is not None:
+                block.note = read
+        taken, timeout = read
+        if not taken:
+            return False
         chunks = stream.chunks
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         size = len(body) - 5
@@ -317,18 +332,19 @@ class _Call:
         assert entry is not None and parsed is not None
         results = future.result()
         try:
-            wire = model_infer_response_bytes(
-                entry.name, entry.version, parsed, results, entry.datatypes, specs=entry.outputs
-            )
+            framed = model_infer_response_bytes(
+                entry.name, entry.version, parsed, results, entry.datatypes,
+                specs=entry.outputs, framed=True,
+            )  # fmt: skip
         except Exception as e:
             self.fail(e)
             return
         self.finish(None, samples_of(entry, parsed.inputs, results))
-        why = self.computed(len(wire))
+        why = self.computed(len(framed) - 5)
         if why is not None:
             self.send_status(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
             return
-        self.answer(b"\0" + len(wire).to_bytes(4, "big") + wire, START_HEADERS, OK)
+        self.answer(framed, START_HEADERS, OK)
 
     def fail(self, exc: Exception) -> None:
         """Answer ``exc`` in Triton's words (counted and logged as the servicer does)."""
