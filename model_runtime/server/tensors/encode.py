@@ -113,9 +113,10 @@ _FRAMES: dict[tuple[Any, ...], tuple[bytes, tuple[tuple[bytes, Any, bool], ...],
 _MAX_FRAMES = 256
 _DATA_AT = "\x00model-runtime-data"
 #: The frame of one plain output last used and what it was for: the requested outputs and
-#: the datatypes (the same objects), the model, version and shape. A client repeating its
-#: request (a planned request's outputs are its plan's) is framed without making a key.
-_LAST: list[Any] = [None, None, None, None, None, None]
+#: the datatypes (the same objects), the model, version and shape; then its text before the
+#: data (a JSON output) or its whole header (binary data). A client repeating its request (a
+#: planned request's outputs are its plan's) is framed without making a key or a list.
+_LAST: list[Any] = [None, None, None, None, None, None, b""]
 #: Binary output data up to this size is copied out whole (``tobytes``) rather than viewed.
 _COPY_BELOW = 4096
 
@@ -139,6 +140,19 @@ def _framed(
         and results[outputs[0].name].shape == last[4]
     ):
         frame = last[5]
+        if request.id is None:  # one output, its text around the data made once
+            before, dtype, binary = frame[1][0]
+            arr = results[outputs[0].name]
+            same = arr.dtype is dtype or arr.dtype == dtype
+            if not binary:
+                if not same:  # (reshape copies a non-contiguous one into C order)
+                    arr = np.ascontiguousarray(arr, dtype=dtype)
+                text = orjson.dumps(arr.reshape(-1), option=_NUMPY)
+                if b"null" not in text or arr.dtype.kind != "f":  # (else NaN, infinities)
+                    return b"".join((last[6], text, frame[2])), None
+            elif same and arr.nbytes <= _COPY_BELOW:
+                header = last[6]
+                return header + arr.tobytes(), len(header)
     else:
         key: list[Any] = [model_name, model_version]
         for out in outputs:
@@ -155,7 +169,9 @@ def _framed(
                 _FRAMES.clear()
             _FRAMES[k] = frame
         if len(outputs) == 1:  # kept with what it was for (held: no other object at its id)
-            _LAST[:] = (outputs, datatypes, model_name, model_version, key[-1], frame)
+            head, ((before, _, binary),), end = frame
+            text = head + before + end if binary else head + before
+            _LAST[:] = (outputs, datatypes, model_name, model_version, key[-1], frame, text)
     head, parts, end = frame
     pieces: list[bytes | memoryview] = [head]
     if request.id is not None:
