@@ -1050,12 +1050,14 @@ def test_kept_frames_write_what_the_whole_document_writes(
 @pytest.mark.parametrize("datatype", ["FP32", "FP16", "FP64", "INT8", "INT64", "BOOL"])
 @pytest.mark.parametrize("binary", [False, True])
 @pytest.mark.parametrize("rid", [None, 'req "7"'])
-def test_a_repeated_one_output_request_writes_what_the_whole_document_writes(
-    datatype: str, binary: bool, rid: str | None
+@pytest.mark.parametrize("count", [0, 1, 2])
+def test_a_repeated_request_writes_what_the_whole_document_writes(
+    datatype: str, binary: bool, rid: str | None, count: int
 ) -> None:
-    """A client repeating a one-output request (its frame kept with its text around the data)
-    gets byte for byte the document made whole, every time, for any values (NaN too), a
-    non-contiguous array and binary data past the size copied whole."""
+    """A client repeating its request (its frame kept as the last one, with the header of its
+    binary data) gets byte for byte the document made whole, every time, for any number of
+    outputs, any values (NaN too), a non-contiguous array, binary data past the size copied
+    whole and an array of another dtype."""
     from model_runtime.server.tensors import encode
 
     dtype = DATATYPES[datatype]
@@ -1068,9 +1070,11 @@ def test_a_repeated_one_output_request_writes_what_the_whole_document_writes(
     if np.dtype(dtype).kind == "f":
         arrays.append(np.array([[1.5, np.nan, -np.inf]], dtype=dtype))
     for arr in arrays:
-        outputs = (RequestedOutput("y", binary),)
+        names = ["y", "z"][:count]
+        outputs = tuple(RequestedOutput(name, binary) for name in names)
         req = InferRequest(rid, {}, outputs, {}, None, 0)
-        results, types = {"y": arr}, {"y": datatype}
+        results = {"y": arr, "z": arr[..., :1]}
+        types = {"y": datatype, "z": datatype}
         with patch.object(encode, "_framed", return_value=None):
             whole = encode_infer_response("m", "2", req, results, types)
         for _ in range(3):  # made, then kept as the last frame
