@@ -3,13 +3,14 @@ request of the demo model (binary or JSON), to compare with :mod:`http_cost`'s f
 
 One ``asyncio.Protocol`` per connection: it finds the head's end and its two lengths, takes the
 request's row from the body (``np.frombuffer``, no copy; a JSON body: ``orjson.loads`` and
-``np.array`` of its ``data``), gathers the rows of every request read
-in one loop iteration into one batch for a worker thread (onnxruntime, as the daemon's device
-threads), and writes each answer as a prebuilt head and the output's bytes. No admission, no
-validation, no statistics, no timeouts, no access log: what is left is what any Python path
-pays (the transport's callbacks, the hop to the worker and back, the bytes in and out), so
-``http_cost``'s figure minus this one is what our pipeline adds, and this one is what a compiled
-protocol path (C or Rust parsing and writing, batches handed over in C) could still take off.
+``np.array`` of its ``data``), gathers the rows of every request read in one loop iteration into
+one batch for a worker thread (onnxruntime, as the daemon's device threads), and writes each
+answer as a prebuilt head and its outputs' bytes (every output, as the daemon answers). No
+admission, no validation, no statistics, no timeouts, no access log: what is left is what any
+Python path pays (the transport's callbacks, the hop to the worker and back, the bytes in and
+out), so ``http_cost``'s figure minus this one is what our pipeline adds, and this one is what a
+compiled protocol path (C or Rust parsing and writing, batches handed over in C) could still
+take off.
 
     .venv/bin/python benchmarks/http_floor.py --port 8000   # serves until SIGINT/SIGTERM
     .venv/bin/python benchmarks/http_floor.py --measure [--callgrind] [--requests 3000]
@@ -65,20 +66,25 @@ class _Batcher:
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
         self.input = self.session.get_inputs()[0].name
-        out = self.session.get_outputs()[0].name
-        header = b'{"model_name":"digits","model_version":"1","outputs":[{"name":"%s",' % (
-            out.encode()
-        )
-        header += b'"datatype":"FP32","shape":[1,10],"parameters":{"binary_data_size":40}}]}'
-        self.header = header
         self.loop = loop
-        self.output = out
+        self._frame([o.name for o in self.session.get_outputs()])
         self.rows: list[np.ndarray] = []
         self.conns: list[_Conn] = []
         self.json: list[bool] = []
         self.batches = self.answered = 0
         self.jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         threading.Thread(target=self._work, daemon=True).start()
+
+    def _frame(self, outputs: list[str]) -> None:
+        """The answer's JSON header for ``outputs`` (every one of the model's, as the daemon
+        answers them: FP32, 10 per row, as binary data)."""
+        self.outputs = outputs
+        tensors = b",".join(
+            b'{"name":"%s","datatype":"FP32","shape":[1,10],"parameters":{"binary_data_size":40}}'
+            % name.encode()
+            for name in outputs
+        )
+        self.header = b'{"model_name":"digits","model_version":"1","outputs":[%s]}' % tensors
 
     def add(self, conn: _Conn, row: np.ndarray, json: bool = False) -> None:
         if not self.rows:
@@ -96,26 +102,24 @@ class _Batcher:
     def _work(self) -> None:
         while True:
             x, conns, json = self.jobs.get()
-            y = self.session.run(None, {self.input: x})[0]
-            self.loop.call_soon_threadsafe(self._answer, y, conns, json)
+            ys = self.session.run(None, {self.input: x})
+            self.loop.call_soon_threadsafe(self._answer, ys, conns, json)
 
-    def _answer(self, y: np.ndarray, conns: list[_Conn], json: list[bool]) -> None:
+    def _answer(self, ys: list[np.ndarray], conns: list[_Conn], json: list[bool]) -> None:
         header = self.header
-        head = _OK % (len(header) + 40, len(header)) + header
+        head = _OK % (len(header) + 40 * len(ys), len(header)) + header
         self.answered += len(conns)
         for i, conn in enumerate(conns):
             if json[i]:
-                doc = {
-                    "model_name": "digits",
-                    "model_version": "1",
-                    "outputs": [
-                        {"name": self.output, "datatype": "FP32", "shape": [1, 10], "data": y[i]}
-                    ],
-                }
+                tensors = [
+                    {"name": name, "datatype": "FP32", "shape": [1, 10], "data": y[i]}
+                    for name, y in zip(self.outputs, ys, strict=True)
+                ]
+                doc = {"model_name": "digits", "model_version": "1", "outputs": tensors}
                 body = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
                 conn.transport.write(_OK_JSON % len(body) + body)
             else:
-                conn.transport.write(head + y[i].tobytes())
+                conn.transport.write(b"".join([head, *(y[i].tobytes() for y in ys)]))
 
 
 class _RunnerBatcher(_Batcher):
@@ -124,12 +128,7 @@ class _RunnerBatcher(_Batcher):
     def __init__(self, loop: asyncio.AbstractEventLoop, runner: Any) -> None:
         self.runner = runner
         self.loop = loop
-        self.output = _output_name()
-        header = b'{"model_name":"digits","model_version":"1","outputs":[{"name":"%s",' % (
-            self.output.encode()
-        )
-        header += b'"datatype":"FP32","shape":[1,10],"parameters":{"binary_data_size":40}}]}'
-        self.header = header
+        self._frame(_output_names())
         self.answered = 0
 
     @property
@@ -142,14 +141,14 @@ class _RunnerBatcher(_Batcher):
         future.add_done_callback(lambda f: self._one(conn, json, f.result()))
 
     def _one(self, conn: _Conn, json: bool, outputs: dict[str, np.ndarray]) -> None:
-        self._answer(outputs[self.output], [conn], [json])
+        self._answer([outputs[name] for name in self.outputs], [conn], [json])
 
 
-def _output_name() -> str:
+def _output_names() -> list[str]:
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(http_cost.MODEL), providers=["CPUExecutionProvider"])
-    return str(session.get_outputs()[0].name)
+    return [o.name for o in session.get_outputs()]
 
 
 class _Conn(asyncio.Protocol):
