@@ -14,7 +14,7 @@ take off.
 
     .venv/bin/python benchmarks/http_floor.py --port 8000   # serves until SIGINT/SIGTERM
     .venv/bin/python benchmarks/http_floor.py --measure [--callgrind] [--requests 3000]
-        [--mode binary|json] [--runner]
+        [--mode binary|json] [--runner] [--clients 16]
 
 ``--measure`` prints the loop's CPU (or instructions) per request and the requests per batch.
 ``--runner``: the rows go to the data plane's ``ModelRunner`` (the daemon's runner config: its
@@ -240,7 +240,8 @@ def _measure(args: argparse.Namespace) -> None:
                         raise RuntimeError("the floor server did not start") from None
                     time.sleep(0.2)
             mode = args.mode
-            client = [sys.executable, http_cost.__file__, "--client", str(port), mode, "16"]
+            client = [sys.executable, http_cost.__file__, "--client", str(port), mode]
+            client.append(str(args.clients))
             subprocess.run([*client, str(args.warmup)], check=True, capture_output=True)
             control = ["callgrind_control", "-i"]
             if args.callgrind:
@@ -264,7 +265,7 @@ def _measure(args: argparse.Namespace) -> None:
             figure = f"{(loop1 - loop0) / args.requests * 1e6:6.1f} us/req"
         per_batch = args.requests / max(batches1 - batches0, 1)
         what = "floor+runner" if args.runner else "floor"
-        print(f"{what} {mode} c=16: loop {figure}  {per_batch:5.1f} req/batch")
+        print(f"{what} {mode} c={args.clients}: loop {figure}  {per_batch:5.1f} req/batch")
 
 
 def _counts(port: int) -> tuple[int, int]:
@@ -280,6 +281,7 @@ def main() -> None:
     parser.add_argument("--measure", action="store_true")
     parser.add_argument("--callgrind", action="store_true")
     parser.add_argument("--mode", choices=["binary", "json"], default="binary")
+    parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--runner", action="store_true", help="batch on the data plane's runner")
     parser.add_argument("--requests", type=int, default=10000)
     parser.add_argument("--warmup", type=int, default=1000)
