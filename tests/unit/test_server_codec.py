@@ -1047,6 +1047,40 @@ def test_kept_frames_write_what_the_whole_document_writes(
         assert encode_infer_response("m", "2", req, results, types) == whole
 
 
+@pytest.mark.parametrize("datatype", ["FP32", "FP16", "FP64", "INT8", "INT64", "BOOL"])
+@pytest.mark.parametrize("binary", [False, True])
+@pytest.mark.parametrize("rid", [None, 'req "7"'])
+@pytest.mark.parametrize("count", [0, 1, 2])
+def test_a_repeated_request_writes_what_the_whole_document_writes(
+    datatype: str, binary: bool, rid: str | None, count: int
+) -> None:
+    """A client repeating its request (its frame kept as the last one, with the header of its
+    binary data) gets byte for byte the document made whole, every time, for any number of
+    outputs, any values (NaN too), a non-contiguous array, binary data past the size copied
+    whole and an array of another dtype."""
+    from model_runtime.server.tensors import encode
+
+    dtype = DATATYPES[datatype]
+    arrays = [
+        np.arange(6).reshape(2, 3).astype(dtype),
+        np.arange(12).reshape(3, 4).astype(dtype).T,  # not contiguous
+        np.arange(1200).reshape(1, 1200).astype(dtype),  # past _COPY_BELOW when 4+ bytes
+        np.arange(6).reshape(2, 3).astype(np.float64),  # not the datatype's dtype
+    ]
+    if np.dtype(dtype).kind == "f":
+        arrays.append(np.array([[1.5, np.nan, -np.inf]], dtype=dtype))
+    for arr in arrays:
+        names = ["y", "z"][:count]
+        outputs = tuple(RequestedOutput(name, binary) for name in names)
+        req = InferRequest(rid, {}, outputs, {}, None, 0)
+        results = {"y": arr, "z": arr[..., :1]}
+        types = {"y": datatype, "z": datatype}
+        with patch.object(encode, "_framed", return_value=None):
+            whole = encode_infer_response("m", "2", req, results, types)
+        for _ in range(3):  # made, then kept as the last frame
+            assert encode_infer_response("m", "2", req, results, types) == whole
+
+
 def test_a_repeated_request_is_framed_for_its_own_shape_model_and_datatypes() -> None:
     """The same requested outputs (a planned request's are shared) answered for another
     shape, model, version or datatypes get that one's document, not the last one's frame."""

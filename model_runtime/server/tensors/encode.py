@@ -112,10 +112,12 @@ def encode_infer_response(
 _FRAMES: dict[tuple[Any, ...], tuple[bytes, tuple[tuple[bytes, Any, bool], ...], bytes]] = {}
 _MAX_FRAMES = 256
 _DATA_AT = "\x00model-runtime-data"
-#: The frame of one plain output last used and what it was for: the requested outputs and
-#: the datatypes (the same objects), the model, version and shape. A client repeating its
-#: request (a planned request's outputs are its plan's) is framed without making a key.
-_LAST: list[Any] = [None, None, None, None, None, None]
+#: The frame last used and what it was for: the requested outputs and the datatypes (the same
+#: objects), the model, version and each output's shape; then, when every output is binary
+#: data, the header it makes (without an id). A client repeating its request (a planned
+#: request's outputs are its plan's) is framed without making a key, and its binary answer
+#: without a list of pieces.
+_LAST: list[Any] = [None, None, None, None, (), None, None]
 #: Binary output data up to this size is copied out whole (``tobytes``) rather than viewed.
 _COPY_BELOW = 4096
 
@@ -131,15 +133,31 @@ def _framed(
     None: not plain outputs (the document is made whole)."""
     outputs = request.outputs
     last = _LAST
+    frame = None
     if (
         last[0] is outputs  # the same requested outputs (a planned request's are shared)
         and last[1] is datatypes
         and last[2] == model_name
         and last[3] == model_version
-        and results[outputs[0].name].shape == last[4]
     ):
-        frame = last[5]
-    else:
+        shapes = last[4]
+        for i, out in enumerate(outputs):
+            if results[out.name].shape != shapes[i]:
+                break
+        else:
+            frame = last[5]
+            header = last[6]
+            if header is not None and request.id is None:  # every output binary data
+                chunks: list[bytes | memoryview] = [header]
+                for i, out in enumerate(outputs):
+                    arr = results[out.name]
+                    dtype = frame[1][i][1]
+                    if not (arr.dtype is dtype or arr.dtype == dtype) or arr.nbytes > _COPY_BELOW:
+                        break
+                    chunks.append(arr.tobytes())
+                else:
+                    return b"".join(chunks), len(header)
+    if frame is None:
         key: list[Any] = [model_name, model_version]
         for out in outputs:
             if out.class_count or out.region is not None:
@@ -154,13 +172,16 @@ def _framed(
             if len(_FRAMES) >= _MAX_FRAMES:
                 _FRAMES.clear()
             _FRAMES[k] = frame
-        if len(outputs) == 1:  # kept with what it was for (held: no other object at its id)
-            _LAST[:] = (outputs, datatypes, model_name, model_version, key[-1], frame)
+        # Kept with what it was for (held: no other object comes at its id).
+        head, parts, end = frame
+        binary = bool(parts) and all(part[2] for part in parts)
+        header = b"".join([head, *(part[0] for part in parts), end]) if binary else None
+        _LAST[:] = (outputs, datatypes, model_name, model_version, tuple(key[5::4]), frame, header)
     head, parts, end = frame
     pieces: list[bytes | memoryview] = [head]
     if request.id is not None:
         pieces += (b',"id":', orjson.dumps(request.id))
-    chunks: list[bytes | memoryview] = []
+    chunks = []
     for i, out in enumerate(outputs):  # (the frame has a part per output)
         before, dtype, binary = parts[i]
         pieces.append(before)
