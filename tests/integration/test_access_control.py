@@ -30,6 +30,8 @@ from test_daemon_support import (
 from tritonclient.utils import InferenceServerException
 
 from model_runtime.demo import DEMO_ONNX_PATH
+from model_runtime.errors import ConfigurationError
+from model_runtime.server import build_parser, options_from_args
 from tests.pki import write_pki
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
@@ -147,15 +149,17 @@ def test_restricted_inference_is_answered_only_with_the_header(tmp_path: Path) -
 
 
 def test_an_exposed_daemon_with_an_open_repository_api_does_not_start(tmp_path: Path) -> None:
+    """A real start: the refusals below (bad certificates) are checked where the daemon checks
+    them at start (``options_from_args``), and this one shows what a refusal is to the user: an
+    exit status, the reason on stderr, nothing listening."""
     done = subprocess.run(
         [sys.executable, "-m", "model_runtime.server", "--host", "0.0.0.0", "--port", "0",
          "--grpc-port", "0", "--model-control-mode", "explicit"],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert done.returncode != 0
-    out = done.stdout + done.stderr
-    assert "--http-restricted-api=model-repository:<header>=<secret>" in out, out[-2000:]
-    assert "--allow-unrestricted-control" in out
+    assert done.returncode == 2, (done.stdout + done.stderr)[-2000:]
+    assert "--http-restricted-api=model-repository:<header>=<secret>" in done.stderr, done.stderr
+    assert "--allow-unrestricted-control" in done.stderr
 
 
 # -- TLS -----------------------------------------------------------------------------------------
@@ -255,10 +259,10 @@ def test_https(tmp_path: Path, pki: dict[str, Path]) -> None:
 def test_bad_certificates_stop_the_start_with_a_clear_error(
     pki: dict[str, Path], flags: list[str], message: str
 ) -> None:
+    """What ``python -m model_runtime.server`` checks before anything listens, where it checks
+    it: a ConfigurationError, which the start prints to stderr and exits 2 with (the real
+    start of the exposure test above)."""
     argv = [f.format(**{k: str(v) for k, v in pki.items()}) for f in flags]
-    done = subprocess.run(
-        [sys.executable, "-m", "model_runtime.server", "--port", "0", "--grpc-port", "0", *argv],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert done.returncode != 0
-    assert message in done.stdout + done.stderr, (done.stdout + done.stderr)[-2000:]
+    with pytest.raises(ConfigurationError) as refused:
+        options_from_args(build_parser().parse_args(["--port", "0", "--grpc-port", "0", *argv]))
+    assert message in str(refused.value)
