@@ -330,10 +330,7 @@ class Device(DeferringActor[DeviceMessage]):
         if self._jobs or self._work.faults is not None or len(batches) != 1:
             return False
         rows = rows_of(batches[0])
-        if rows == 1:
-            limit = self._inline_below()
-        else:
-            limit = inline.inline_batch_below(self._executor.hop_seconds if self._executor else 0.0)
+        limit = self._inline_below() if rows == 1 else inline.INLINE_BATCH_BELOW
         return self._work.run_seconds.get(rows, _INF) < limit and (
             self._inline_allowed is None or self._inline_allowed()
         )

@@ -6,10 +6,7 @@ than through the worker (see ``Device.runs_inline``); this module says how short
 
 from __future__ import annotations
 
-__all__ = [
-    "INLINE_BATCH_BELOW", "INLINE_BATCH_HOPS", "INLINE_BELOW", "INLINE_HOPS", "inline_batch_below",
-    "inline_below",
-]  # fmt: skip
+__all__ = ["INLINE_BATCH_BELOW", "INLINE_BELOW", "INLINE_HOPS", "inline_below"]
 
 #: A main run of one row measured (moving average) under this many seconds, asked of an idle
 #: device without a fault plan, runs on the event loop instead of the worker thread (a lone
@@ -36,16 +33,5 @@ def inline_below(hop_seconds: float) -> float:
 #: of an idle device, runs on the event loop too, under load as well: no longer than what the
 #: loop itself spends on a hop (handing the job over, the wake-up, the GIL handed back and
 #: forth, the delivery), so the worker would cost the loop as much and the process more. A
-#: batch that computes longer (a bigger MLP's) leaves the loop to the worker, beside it.
+#: batch that computes longer (the MLP's) leaves the loop to the worker, which runs beside it.
 INLINE_BATCH_BELOW = 40e-6
-#: ... or up to this many of the worker's measured hops (the hop slows with the host's load,
-#: and a run measured on the woken worker's cold caches is slower than it runs inline), but
-#: never over :data:`INLINE_BELOW`.
-INLINE_BATCH_HOPS = 0.5
-
-
-def inline_batch_below(hop_seconds: float) -> float:
-    """How short (seconds) a run of several rows must measure to run inline, given the
-    worker's measured hop (0: not measured): :data:`INLINE_BATCH_BELOW`, or
-    :data:`INLINE_BATCH_HOPS` hops, never over :data:`INLINE_BELOW`."""
-    return min(INLINE_BELOW, max(INLINE_BATCH_BELOW, INLINE_BATCH_HOPS * hop_seconds))
