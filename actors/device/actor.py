@@ -324,15 +324,16 @@ class Device(DeferringActor[DeviceMessage]):
 
     def runs_inline(self, batches: Sequence[Mapping[str, np.ndarray]]) -> bool:
         """Whether a plain main run of ``batches`` (no probe, no output buffers) would run
-        here, on the loop, if asked now: the device is idle, the run (one batch) was measured
-        shorter than the inline limit of its row count (:mod:`.inline`), and no fault plan is
-        in force."""
-        if self._jobs or self._work.faults is not None or len(batches) != 1:
-            return False
-        rows = rows_of(batches[0])
-        limit = self._inline_below() if rows == 1 else inline.INLINE_BATCH_BELOW
-        return self._work.run_seconds.get(rows, _INF) < limit and (
-            self._inline_allowed is None or self._inline_allowed()
+        here, on the loop, if asked now: the device is idle, the run is one row and measured
+        shorter than the inline limit (:mod:`.inline`), and no
+        fault plan is in force."""
+        return (
+            not self._jobs
+            and self._work.faults is None
+            and len(batches) == 1
+            and rows_of(batches[0]) == 1
+            and self._work.run_seconds.get(1, _INF) < self._inline_below()
+            and (self._inline_allowed is None or self._inline_allowed())
         )
 
     def _inline_below(self) -> float:

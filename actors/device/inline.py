@@ -6,15 +6,15 @@ than through the worker (see ``Device.runs_inline``); this module says how short
 
 from __future__ import annotations
 
-__all__ = ["INLINE_BATCH_BELOW", "INLINE_BELOW", "INLINE_HOPS", "inline_below"]
+__all__ = ["INLINE_BELOW", "INLINE_HOPS", "inline_below"]
 
 #: A main run of one row measured (moving average) under this many seconds, asked of an idle
 #: device without a fault plan, runs on the event loop instead of the worker thread (a lone
-#: request; a batch of several rows has a tighter limit, :data:`INLINE_BATCH_BELOW`). On
+#: request; bigger batches mean other callers, and replicas whose runs must overlap). On
 #: the 2-core machine the hop there and back costs 80 µs empty and ~160 µs with a run (the
 #: woken worker runs it on cold caches: MLP batch 1, 86 µs inline, 245 µs through the worker),
-#: so such a run holds the loop for less than it would delay its caller. Heavier runs never
-#: block the loop; nor does a run
+#: so such a run holds the loop for less than it would delay its caller. Under load the device
+#: is never idle and nothing runs inline; heavier runs never block the loop; nor does a run
 #: while another device of the runner is busy (``inline_allowed``: the loop serves it too).
 INLINE_BELOW = 250e-6
 #: ... or up to this many of the worker's measured hops (``Worker.hop_seconds``), on a host
@@ -27,11 +27,3 @@ def inline_below(hop_seconds: float) -> float:
     measured hop (0: not measured): :data:`INLINE_BELOW`, or :data:`INLINE_HOPS` hops on a
     slower host, never over 4 x :data:`INLINE_BELOW`."""
     return min(4 * INLINE_BELOW, max(INLINE_BELOW, INLINE_HOPS * hop_seconds))
-
-
-#: A main run of several rows measured (its own moving average) under this many seconds, asked
-#: of an idle device, runs on the event loop too, under load as well: no longer than what the
-#: loop itself spends on a hop (handing the job over, the wake-up, the GIL handed back and
-#: forth, the delivery), so the worker would cost the loop as much and the process more. A
-#: batch that computes longer (the MLP's) leaves the loop to the worker, which runs beside it.
-INLINE_BATCH_BELOW = 40e-6

@@ -33,7 +33,7 @@ from actors.device import (
     RunSave,
     Unload,
 )
-from actors.device.inline import INLINE_BATCH_BELOW, INLINE_BELOW
+from actors.device.inline import INLINE_BELOW
 from model_runtime.errors import (
     ActorStoppedError,
     DeviceStateError,
@@ -334,26 +334,6 @@ async def test_a_run_shorter_than_a_hop_runs_on_the_loop_unless_a_fault_plan_is_
             assert any(done_at_once) is inline, plan
             assert (threading.current_thread().name in spy.threads) is inline
             assert (await ref.ask(GetStatus())).runs_completed == 31
-
-
-async def test_a_batch_of_several_rows_runs_on_the_loop_only_when_measured_that_short() -> None:
-    # A batch of rows on an idle device runs on the loop when its size was measured under
-    # INLINE_BATCH_BELOW (an ensemble's tiny classifier step under load), else on the worker:
-    # a run that is short for one row (under INLINE_BELOW) is not short enough for a batch.
-    exe = tiny_exe(batch=2)
-    batch = (batch_of(exe, 0),)
-    spy = SpyBackend()
-    async with device(backend=spy) as (ref, actor):
-        await ref.ask(LoadExecutable(exe))
-        await actor.run_main_nowait(batch)  # measured once, on the worker
-        for measured, inline in ((INLINE_BATCH_BELOW / 2, True), (INLINE_BATCH_BELOW * 2, False)):
-            assert INLINE_BATCH_BELOW * 2 < INLINE_BELOW  # (one row of that would run inline)
-            actor._work.run_seconds[2] = measured
-            run = actor.run_main_nowait(batch)
-            assert run.done() is inline, measured
-            await run
-        assert threading.current_thread().name in spy.threads
-        assert (await ref.ask(GetStatus())).runs_completed == 3
 
 
 async def test_what_runs_inline_grows_with_the_measured_hop_within_bounds() -> None:
