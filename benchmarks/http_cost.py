@@ -11,7 +11,7 @@ in one run, so a reference and a change are measured on the same noisy host side
 
     .venv/bin/python benchmarks/http_cost.py [--requests 20000] [--clients 16]
         [--modes binary json] [--trees /work/main .] [--pairs 3] [--profile OUT] [--stages]
-        [--callgrind [--keep DIR]] [--python]
+        [--callgrind [--keep DIR]] [--python | --ensemble]
 
 ``--stages``: the event loop's CPU per request in each stage of
 :data:`benchmarks.http_cost_hooks.STAGES` (each function wrapped to add up its thread CPU time:
@@ -27,7 +27,9 @@ and the requests per batch beside it (the count moves with the batch size). Its 
 timer ticks 40 times less often (:data:`benchmarks.http_cost_hooks.SLOWED`), as often per
 request as outside valgrind.
 ``--python``: the same input served by a python model (:mod:`benchmarks.http_cost_python`), so
-the figure is the front end plus the python backend's daemon side.
+the figure is the front end plus the python backend's daemon side. ``--ensemble``: the ensemble
+of ``benchmarks/ensembles.py`` (python pre -> ONNX classifier -> python post), 48 random bytes a
+request; its batches are its first step's.
 """
 
 from __future__ import annotations
@@ -52,18 +54,19 @@ import numpy as np
 import orjson
 
 from benchmarks.http_cost_hooks import PROFILED, SLOWED, STAGED, STAGES
+from benchmarks.http_cost_python import DIGITS, TARGETS, Target, rows_of
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "model_runtime" / "demo" / "digits_mlp.onnx"
-NAME, INPUT = "digits", "pixels"
 _TICK = os.sysconf("SC_CLK_TCK")
 #: How many times slower the daemon runs under callgrind (its lag timer is slowed as much).
 CALLGRIND_SLOWDOWN = 40
 
 
-def _request(mode: str, port: int, row: np.ndarray) -> bytes:
-    x = np.ascontiguousarray(row[None, :], dtype=np.float32)
-    tensor: dict[str, Any] = {"name": INPUT, "datatype": "FP32", "shape": list(x.shape)}
+def _request(mode: str, port: int, row: np.ndarray, target: Target) -> bytes:
+    x = np.ascontiguousarray(row[None, :])
+    tensor: dict[str, Any] = {"name": target.input, "datatype": target.datatype,
+                              "shape": list(x.shape)}  # fmt: skip
     extra = b""
     if mode == "json":
         tensor["data"] = x.ravel().tolist()
@@ -76,7 +79,7 @@ def _request(mode: str, port: int, row: np.ndarray) -> bytes:
     return (
         b"POST /v2/models/%s/infer HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
         b"Content-Type: application/octet-stream\r\n%sContent-Length: %d\r\n\r\n"
-        % (NAME.encode(), port, extra, len(body))
+        % (target.name.encode(), port, extra, len(body))
     ) + body
 
 
@@ -135,10 +138,8 @@ class _Load:
         self.send(conn)
 
 
-async def _drive(port: int, mode: str, clients: int, total: int) -> dict[str, Any]:
-    rows = np.load(ROOT / "model_runtime" / "demo" / "digits_samples.npz")
-    x = rows[rows.files[0]].reshape(-1, 64).astype(np.float32)[:64]
-    requests = [_request(mode, port, r) for r in x]
+async def _drive(port: int, mode: str, clients: int, total: int, target: Target) -> dict[str, Any]:
+    requests = [_request(mode, port, r, target) for r in rows_of(target)]
     loop = asyncio.get_running_loop()
     load = _Load(requests, total)
     t0 = time.perf_counter()
@@ -153,7 +154,9 @@ async def _drive(port: int, mode: str, clients: int, total: int) -> dict[str, An
 CALLS_PER_CHANNEL = 6
 
 
-async def _drive_grpc(port: int, clients: int, total: int, ca: bytes = b"") -> dict[str, Any]:
+async def _drive_grpc(
+    port: int, clients: int, total: int, target: Target, ca: bytes = b""
+) -> dict[str, Any]:
     """``clients`` callers of ModelInfer, each calling again once answered, over one channel
     (its own connection) per :data:`CALLS_PER_CHANNEL` of them (``ca``: over TLS, the server's
     certificate signed by this CA, PEM)."""
@@ -161,23 +164,21 @@ async def _drive_grpc(port: int, clients: int, total: int, ca: bytes = b"") -> d
 
     from model_runtime.server.triton import grpc_service_pb2 as pb
 
-    rows = np.load(ROOT / "model_runtime" / "demo" / "digits_samples.npz")
-    x = rows[rows.files[0]].reshape(-1, 64).astype(np.float32)[:64]
     requests = []
-    for r in x:
-        request = pb.ModelInferRequest(model_name=NAME)
-        request.inputs.add(name=INPUT, datatype="FP32", shape=[1, 64])
+    for r in rows_of(target):
+        request = pb.ModelInferRequest(model_name=target.name)
+        request.inputs.add(name=target.input, datatype=target.datatype, shape=[1, len(r)])
         request.raw_input_contents.append(r.tobytes())
         requests.append(request.SerializeToString())
     options = [("grpc.use_local_subchannel_pool", 1)]  # a connection per channel
-    target = f"127.0.0.1:{port}"
+    address = f"127.0.0.1:{port}"
     count = -(-clients // CALLS_PER_CHANNEL)
     if ca:
         credentials = grpc.ssl_channel_credentials(ca)
-        channels = [grpc.aio.secure_channel(target, credentials, options=options)
+        channels = [grpc.aio.secure_channel(address, credentials, options=options)
                     for _ in range(count)]  # fmt: skip
     else:
-        channels = [grpc.aio.insecure_channel(target, options=options) for _ in range(count)]
+        channels = [grpc.aio.insecure_channel(address, options=options) for _ in range(count)]
     methods = [c.unary_unary("/inference.GRPCInferenceService/ModelInfer") for c in channels]
     counts = {"sent": 0, "errors": 0}
 
@@ -199,18 +200,20 @@ async def _drive_grpc(port: int, clients: int, total: int, ca: bytes = b"") -> d
     return {"seconds": seconds, "errors": counts["errors"], "lost": 0}
 
 
-def _client_main(port: int, mode: str, clients: int, total: int, ca: str = "") -> None:
+def _client_main(
+    port: int, mode: str, clients: int, total: int, target: Target, ca: str = ""
+) -> None:
     if mode in ("grpc", "grpcs"):
         pem = Path(ca).read_bytes() if ca else b""
-        result = asyncio.run(_drive_grpc(port, clients, total, pem))
+        result = asyncio.run(_drive_grpc(port, clients, total, target, pem))
         print(json.dumps(result))
         return
     try:
         import uvloop
 
-        result = uvloop.run(_drive(port, mode, clients, total))
+        result = uvloop.run(_drive(port, mode, clients, total, target))
     except ImportError:
-        result = asyncio.run(_drive(port, mode, clients, total))
+        result = asyncio.run(_drive(port, mode, clients, total, target))
     print(json.dumps(result))
 
 
@@ -219,6 +222,18 @@ def _cpu(pid: int, tid: int | None = None) -> float:
     path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
     fields = Path(path).read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def _children_cpu(pid: int) -> float:
+    """utime + stime of the running children of ``pid`` (a python model's instances), seconds."""
+    total = 0.0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        for child in Path(f"/proc/{pid}/task/{tid}/children").read_text().split():
+            try:
+                total += _cpu(int(child))
+            except OSError:  # (ended meanwhile)
+                pass
+    return total
 
 
 def _free_port() -> int:
@@ -239,7 +254,9 @@ class Daemon:
         callgrind: bool = False,
         python: bool = False,
         tls: bool = False,
+        target: Target = DIGITS,
     ) -> None:
+        self.target = target
         self.port, self.grpc_port = _free_port(), _free_port()
         #: The CA file of the daemon's gRPC certificate (``tls``; else "").
         self.ca = ""
@@ -268,12 +285,14 @@ class Daemon:
             "--metrics-port", "0", "--no-access-log", "--log-format", "json",
             "--executable-cache", str(workdir / "cache"),
         ]  # fmt: skip
-        if python:
+        if target is not DIGITS:
+            cmd += ["--model-repository", str(target.repository(workdir))]
+        elif python:
             from benchmarks.http_cost_python import python_repository
 
             cmd += ["--model-repository", str(python_repository(workdir))]
         else:
-            cmd.append(f"{NAME}={MODEL}")
+            cmd.append(f"{target.name}={MODEL}")
         if tls:
             from tests.pki import write_pki
 
@@ -289,7 +308,7 @@ class Daemon:
         }
         self.log = open(workdir / f"daemon-{self.port}.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(cmd, env=env, cwd=tree, stdout=self.log, stderr=self.log)
-        url = f"http://127.0.0.1:{self.port}/v2/models/{NAME}/ready"
+        url = f"http://127.0.0.1:{self.port}/v2/models/{target.name}/ready"
         deadline = time.monotonic() + (900 if callgrind else 180)  # (callgrind: ~40x slower)
         while True:
             if self.proc.poll() is not None:
@@ -312,14 +331,14 @@ class Daemon:
         pid = self.proc.pid
         port = self.grpc_port if mode in ("grpc", "grpcs") else self.port
         cmd = [sys.executable, __file__, "--client", str(port), mode, str(clients), str(total),
-               self.ca]  # fmt: skip
+               self.target.key, self.ca]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         staged0 = self._staged()
         executions0 = self.executions()
         self._count(count)
-        cpu0, loop0 = _cpu(pid), _cpu(pid, pid)
+        cpu0, loop0, kids0 = _cpu(pid), _cpu(pid, pid), _children_cpu(pid)
         out = subprocess.run(cmd, env=env, capture_output=True, check=True, text=True)
-        cpu1, loop1 = _cpu(pid), _cpu(pid, pid)
+        cpu1, loop1, kids1 = _cpu(pid), _cpu(pid, pid), _children_cpu(pid)
         if count:
             self._count(False)
         staged1 = self._staged()
@@ -334,13 +353,14 @@ class Daemon:
             "req_per_s": total / result["seconds"],
             "loop_us": (loop1 - loop0) / total * 1e6,
             "process_us": (cpu1 - cpu0) / total * 1e6,
+            "instances_us": (kids1 - kids0) / total * 1e6,
             "stages": stages,
             "batches": batches,
         }
 
     def executions(self) -> int:
         """The model's executions so far (batches run), from its statistics."""
-        url = f"http://127.0.0.1:{self.port}/v2/models/{NAME}/stats"
+        url = f"http://127.0.0.1:{self.port}/v2/models/{self.target.stats}/stats"
         with urllib.request.urlopen(url, timeout=60) as r:
             stats = json.loads(r.read())["model_stats"]
         return sum(int(s["execution_count"]) for s in stats)
@@ -388,7 +408,9 @@ class Daemon:
 def _callgrind(tree: Path, tmp: Path, mode: str, rnd: int, args: Any) -> dict[str, Any]:
     """One daemon of ``tree`` under callgrind, one ``mode``: its loop's instructions per
     request (as ``loop_us``, so the ratios below read them)."""
-    daemon = Daemon(tree, tmp, callgrind=True, python=args.python, tls=mode == "grpcs")
+    daemon = Daemon(
+        tree, tmp, callgrind=True, python=args.python, tls=mode == "grpcs", target=args.target
+    )
     try:
         daemon.load(mode, args.clients, args.warmup, count=False)
         r = daemon.load(mode, args.clients, args.requests)
@@ -441,9 +463,13 @@ def main() -> None:
     parser.add_argument(
         "--python", action="store_true", help="serve the model as a python model (PYTHON_MODEL)"
     )
+    parser.add_argument(
+        "--ensemble", action="store_true", help="serve benchmarks/ensembles.py's ensemble"
+    )
     args = parser.parse_args()
     if not args.callgrind and {"grpc", "grpcs"} <= set(args.modes):
         parser.error("--modes grpc grpcs: one daemon serves both only with --callgrind")
+    args.target = TARGETS["ensemble" if args.ensemble else "digits"]
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="http-cost-") as tmp:
         for rnd in range(args.pairs):
@@ -453,8 +479,15 @@ def main() -> None:
                     for mode in args.modes:
                         rows.append(_callgrind(tree, Path(tmp), mode, rnd, args))
                     continue
-                daemon = Daemon(tree, Path(tmp), args.profile, args.stages, python=args.python,
-                                tls="grpcs" in args.modes)  # fmt: skip
+                daemon = Daemon(
+                    tree,
+                    Path(tmp),
+                    args.profile,
+                    args.stages,
+                    python=args.python,
+                    tls="grpcs" in args.modes,
+                    target=args.target,
+                )
                 try:
                     for mode in args.modes:
                         daemon.load(mode, args.clients, args.warmup, count=False)
@@ -464,7 +497,9 @@ def main() -> None:
                         print(
                             f"round {rnd} {tree!s:<22} {mode:<6} c={args.clients} "
                             f"{r['req_per_s']:8.0f} req/s  loop {r['loop_us']:6.1f} us/req  "
-                            f"process {r['process_us']:6.1f} us/req  errors {r['errors']}",
+                            f"process {r['process_us']:6.1f} us/req  instances "
+                            f"{r['instances_us']:6.1f} us/req  {r['batches']} batches  "
+                            f"errors {r['errors']}",
                             flush=True,
                         )
                         for key, (us, calls) in r["stages"].items():
@@ -492,7 +527,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--client":
-        port, mode, clients, total, *ca = sys.argv[2:]
-        _client_main(int(port), mode, int(clients), int(total), *ca)
+        port, mode, clients, total, key, *ca = sys.argv[2:]
+        _client_main(int(port), mode, int(clients), int(total), TARGETS[key], *ca)
     else:
         main()

@@ -81,7 +81,10 @@ runpy.run_module("model_runtime.server", run_name="__main__")
 #: ``--callgrind``'s daemon: the event loop's lag timer (admission's, due every ``LAG_TICK``
 #: seconds of clock time) ticks ``slowdown`` times less often, as often per request as it does
 #: outside valgrind, which runs the daemon about that many times slower. Otherwise its ticks
-#: grow the count per request by valgrind's slowdown and by the host's load.
+#: grow the count per request by valgrind's slowdown and by the host's load. Likewise the
+#: limit under which a device runs a measured one-row run inline on the loop
+#: (``actors.device.inline.INLINE_BELOW``) grows by the slowdown, so the runs that go inline
+#: outside valgrind go inline inside it.
 SLOWED = """
 import runpy, sys
 try:
@@ -90,6 +93,8 @@ except ImportError:  # (a tree from before the lag timer)
     pass
 else:
     looplag.LoopLag.__init__.__defaults__ = (looplag.LAG_TICK * {slowdown!r},)
+from actors.device import inline
+inline.INLINE_BELOW *= {slowdown!r}
 sys.argv[0] = "model_runtime.server"
 runpy.run_module("model_runtime.server", run_name="__main__")
 """

@@ -346,9 +346,10 @@ class Device(DeferringActor[DeviceMessage]):
         """A run shorter than a thread hop, on an idle device: done here, on the loop (a hop
         to the worker and back costs 75-110 µs on the 2-core machine, and wakes the worker's
         core cold). Same checks, book-keeping and errors as the worker's."""
-        future: asyncio.Future[list[dict[str, np.ndarray]]] = (
-            asyncio.get_running_loop().create_future()
-        )
+        # (the worker's loop is this one: asking asyncio for it is a getpid syscall each time)
+        executor = self._executor
+        loop = executor.loop if executor is not None else asyncio.get_running_loop()
+        future: asyncio.Future[list[dict[str, np.ndarray]]] = loop.create_future()
         job = _Job("main", self.clock.monotonic())
         job.future = future
         self._jobs.append(job)

@@ -107,6 +107,11 @@ class Worker:
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop it answers on (its owner's)."""
+        return self._loop
+
     def submit(
         self, fn: Callable[..., Any], *args: Any, hook: Hook | None = None
     ) -> asyncio.Future[Any]:

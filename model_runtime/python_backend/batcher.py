@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -115,6 +114,8 @@ class Batcher:
         #: the event loop the requests come on (each asks it for its future)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._dtypes = output_dtypes(config)
+        #: what the instances call with each answer (one bound method, not one a request)
+        self._sink: Callable[[Any, PyResponse | BaseException], None] = self._on_answer
         #: set when the model unloads: what a request held past the drain is answered with
         self.stopped: BaseException | None = None
 
@@ -234,19 +235,20 @@ class Batcher:
         self.poke()
         return None
 
-    def _on_answer(self, item: Item, future: asyncio.Future[PyResponse]) -> None:
+    def _on_answer(self, item: Item, answer: PyResponse | BaseException) -> None:
+        """The instance's answer to ``item`` (its final response, or the error that ended
+        it): the :data:`~.held.Sink` of the calls this batcher sends."""
         if item.answered:
             return
-        exc = future.exception()
-        if isinstance(exc, InstanceCrashedError):
-            error = self.crashed(item, exc)
+        if isinstance(answer, InstanceCrashedError):
+            error = self.crashed(item, answer)
             if error is not None:
                 self.settle(item, error)
             return
-        if exc is not None:
-            self.settle(item, exc)
+        if isinstance(answer, BaseException):
+            self.settle(item, answer)
             return
-        self.settle(item, check_outputs(self.config, future.result(), self._dtypes))
+        self.settle(item, check_outputs(self.config, answer, self._dtypes))
 
     def _full(self) -> bool:
         """The queue holds a full batch (one that waiting could not make larger)."""
@@ -320,12 +322,15 @@ class Batcher:
     def _send(self, slot: int, instance: InstanceProcess, *batches: list[Item]) -> bool:
         """Hand ``batches`` to ``instance``; False if it is gone (they are queued again, and
         looked at again on the next turn)."""
+        stream = self.config.decoupled
         try:
             sent = instance.submit_many(
                 [[item.request for item in batch] for batch in batches],
-                stream=self.config.decoupled,
+                stream=stream,
                 alone=[bool(batch[0].kills) for batch in batches],
                 now=True,  # (this turn's requests are in: no turn more before they leave)
+                sink=None if stream else self._sink,  # (answered without a future each)
+                owners=batches,
             )
         except InstanceCrashedError:
             for batch in reversed(batches):
@@ -343,6 +348,4 @@ class Batcher:
                 item.call, item.instance, item.slot, item.sent = call, instance, slot, now
                 if item.dispatched is not None:
                     item.dispatched.set_result(call)
-                if call.future is not None:
-                    call.then = functools.partial(self._on_answer, item)
         return True

@@ -20,29 +20,45 @@ from model_runtime.errors import PythonModelError
 from model_runtime.python_backend.messages import PyResponse
 from model_runtime.python_backend.wire import WireError
 
-__all__ = ["Call", "Held"]
+__all__ = ["Call", "Held", "Sink"]
 
 _FINAL = 1
 
 
-class Call:
-    """One request held by the instance: a future (one response) or a queue (a stream).
-    ``then``, when set, is called with the future as soon as it is resolved (in the same turn
-    of the event loop, where a done callback would wait for the next)."""
+#: Takes a call's answer without a future: (the call's ``owner``, its final response or the
+#: error that ended it), called once.
+Sink = Callable[[Any, "PyResponse | BaseException"], None]
 
-    __slots__ = ("batch", "future", "key", "last", "queue", "responses", "then")
+
+class Call:
+    """One request held by the instance: a future (one response), a queue (a stream), or a
+    ``sink`` called with its ``owner`` and its answer (one response, without a future: the
+    batcher's requests). ``then``, when set, is called with the future as soon as it is
+    resolved (in the same turn of the event loop, where a done callback would wait for the
+    next); a sink is called likewise."""
+
+    __slots__ = ("batch", "future", "key", "last", "owner", "queue", "responses", "sink", "then")
 
     def __init__(
-        self, key: int, batch: int, stream: bool, loop: asyncio.AbstractEventLoop | None = None
+        self,
+        key: int,
+        batch: int,
+        stream: bool,
+        loop: asyncio.AbstractEventLoop | None = None,
+        sink: tuple[Sink, Any] | None = None,
     ) -> None:
         self.key = key
         self.batch = batch
-        if loop is None:
-            loop = asyncio.get_running_loop()
-        self.future: asyncio.Future[PyResponse] | None = None if stream else loop.create_future()
-        self.queue: asyncio.Queue[PyResponse | BaseException] | None = (
-            asyncio.Queue() if stream else None
-        )
+        self.future: asyncio.Future[PyResponse] | None = None
+        self.queue: asyncio.Queue[PyResponse | BaseException] | None = None
+        self.sink: Sink | None = None
+        self.owner: Any = None
+        if stream:
+            self.queue = asyncio.Queue()
+        elif sink is not None:
+            self.sink, self.owner = sink
+        else:
+            self.future = (loop or asyncio.get_running_loop()).create_future()
         self.responses = 0
         self.last: PyResponse | None = None
         self.then: Callable[[asyncio.Future[PyResponse]], None] | None = None
@@ -146,7 +162,7 @@ class Held:
         if done is not None:
             for batch in done if isinstance(done, list) else (done,):
                 for call in self._batches.pop(batch, ()):
-                    if call.future is not None and call.key in self._calls:
+                    if call.queue is None and call.key in self._calls:
                         problem = "the model's execute returned without a response for this request"
                         self._deliver(call, PyResponse({}, PythonModelError(problem), {}, True))
             self.on_batch_done()
@@ -158,9 +174,18 @@ class Held:
         if call.queue is not None:
             call.queue.put_nowait(response)
             return
-        assert call.future is not None
         if response.outputs or response.error is not None:
             call.last = response
+        sink = call.sink
+        if sink is not None:
+            if response.final:
+                call.sink = None
+                last = call.last or response
+                if not last.final:
+                    last = PyResponse(last.outputs, last.error, last.parameters)
+                sink(call.owner, last)
+            return
+        assert call.future is not None
         if response.final and not call.future.done():
             last = call.last or response
             call.future.set_result(
@@ -174,6 +199,9 @@ class Held:
         for call in self._calls.values():
             if call.queue is not None:
                 call.queue.put_nowait(exc)
+            elif call.sink is not None:  # after the death is known (restart counted)
+                asyncio.get_running_loop().call_soon(call.sink, call.owner, exc)
+                call.sink = None
             elif call.future is not None and not call.future.done():
                 call.future.set_exception(exc)
                 call.future.exception()  # retrieved: a cancelled caller no longer awaits it

@@ -33,7 +33,7 @@ from model_runtime.errors import (
 from model_runtime.python_backend.arena import ParentArena
 from model_runtime.python_backend.calls import CallHandler
 from model_runtime.python_backend.channel import Channel
-from model_runtime.python_backend.held import Call, Held
+from model_runtime.python_backend.held import Call, Held, Sink
 from model_runtime.python_backend.messages import ControlHook, InferHook, PyRequest, PyResponse
 from model_runtime.python_backend.metrics import CustomMetrics
 from model_runtime.python_backend.stacking import stackable, stacked
@@ -268,12 +268,16 @@ class InstanceProcess:
         stream: bool = False,
         alone: Sequence[bool] = (),
         now: bool = False,
+        sink: Sink | None = None,
+        owners: Sequence[Sequence[Any]] = (),
     ) -> list[list[Call]]:
         """Send batches in one frame; the calls of each, in order. The model runs them one
         after the other; an instance of a model that batches merges batches that wait for it
         into one ``execute`` (up to ``max_batch_size`` rows), except those ``alone`` says
         (requests that were in a crash: each its own ``execute``). The frame leaves at the
-        end of this turn of the event loop (``now``: at once). Raises: as :meth:`submit`."""
+        end of this turn of the event loop (``now``: at once). ``sink``: the answer of each
+        request (not a stream) goes to ``sink(owner, answer)``, its owner the request's
+        in ``owners`` (by batch), instead of a future. Raises: as :meth:`submit`."""
         if not self.alive or self._channel is None or self._arena is None:
             raise self.death or InstanceCrashedError(f"the python instance {describe_exit(None)}")
         enc = Encoder(self._arena)
@@ -295,7 +299,7 @@ class InstanceProcess:
             together = framed or stackable(named)
             if together and not framed:  # one tensor per input for the batch, a row each
                 entry["S"] = enc.tensors(stacked(named))
-            for request, inputs in zip(requests, named, strict=True):
+            for i, (request, inputs) in enumerate(zip(requests, named, strict=True)):
                 self._keys += 1
                 key = self._keys
                 item: dict[str, Any] = {"k": key}
@@ -313,7 +317,8 @@ class InstanceProcess:
                 if request.parameters:
                     item["p"] = json.dumps(dict(request.parameters))
                 items.append(item)
-                calls.append(Call(key, batch, stream, self._loop))
+                sunk = None if sink is None else (sink, owners[n][i])
+                calls.append(Call(key, batch, stream, self._loop, sunk))
             if n < len(alone) and alone[n]:
                 entry["a"] = 1  # not merged with other batches
             wire.append(entry)

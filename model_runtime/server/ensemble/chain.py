@@ -35,18 +35,24 @@ def start_chain(
     timeout: float | None,
     finish: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     then: Callable[[asyncio.Future[dict[str, Any]]], None] | None = None,
+    loop: asyncio.AbstractEventLoop | None = None,
+    ended: Callable[[], None] | None = None,
 ) -> asyncio.Future[dict[str, Any]] | None:
     """Queue the first step of ``config``'s chain for the outputs ``wanted`` on the ensemble
     ``inputs`` (each step through ``call``, with the time left of ``timeout`` seconds); the
     future of the ``wanted`` tensors written (``finish`` applied to them), or of the error
     :func:`~.schedule.run_steps` would raise. ``then`` is called with it once, when it is
     done: as a step's end settles it, in that turn of the event loop; as its done callback
-    when it was cancelled, or settled before this returned. None: the steps needed are not
-    a chain (nothing was done: run them with :func:`~.schedule.run_steps`)."""
+    when it was cancelled, or settled before this returned. ``ended`` is called once it is
+    done, before ``then`` where both are (in its done callback: a turn later). ``loop``: the
+    running loop (None: asked for). None: the steps needed are not a chain (nothing was done:
+    run them with :func:`~.schedule.run_steps`)."""
     links = chain_of(config, wanted)
     if not links:
         return None
-    run = _Chain(config, links, dict(inputs), wanted, call, timeout, finish, then)
+    if loop is None:
+        loop = asyncio.get_running_loop()
+    run = _Chain(config, links, dict(inputs), wanted, call, timeout, finish, then, loop, ended)
     run.next()
     run.started = True
     return run.future
@@ -60,6 +66,7 @@ class _Chain:
         "_call",
         "_config",
         "_deadline",
+        "_ended_hook",
         "_finish",
         "_links",
         "_pending",
@@ -80,6 +87,8 @@ class _Chain:
         timeout: float | None,
         finish: Callable[[dict[str, Any]], dict[str, Any]] | None,
         then: Callable[[asyncio.Future[dict[str, Any]]], None] | None,
+        loop: asyncio.AbstractEventLoop,
+        ended: Callable[[], None] | None,
     ) -> None:
         self._config = config
         self._links = links
@@ -93,7 +102,8 @@ class _Chain:
         self.started = False
         self._at = 0
         self._pending: asyncio.Future[Mapping[str, Any]] | None = None
-        self.future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._ended_hook = ended
+        self.future: asyncio.Future[dict[str, Any]] = loop.create_future()
         self.future.add_done_callback(self._ended)
 
     def next(self) -> None:
@@ -175,6 +185,8 @@ class _Chain:
         if future.cancelled() and pending is not None:
             self._pending = None
             pending.cancel()
+        if self._ended_hook is not None:
+            self._ended_hook()
         then, self._then = self._then, None
         if then is not None:  # cancelled, or settled as it started
             then(future)

@@ -103,6 +103,8 @@ class EnsembleRunner:
         self._idle = asyncio.Event()
         self._idle.set()
         self._closed = False
+        #: the event loop its requests come on (a chain's future is made on it)
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def infer(self, request: InferRequest, timeout: float | None) -> dict[str, Any]:
         """The ensemble outputs ``request`` asks for (all of them when it names none), its
@@ -169,12 +171,16 @@ class EnsembleRunner:
         if self._reshapes:
             inputs = {n: self._reshape(n, a, 1) for n, a in inputs.items()}
             finish = self._reshaped
-        future = start_chain(self.config, inputs, wanted, call, timeout, finish, then)
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            loop = self._loop = asyncio.get_running_loop()
+        future = start_chain(
+            self.config, inputs, wanted, call, timeout, finish, then, loop, self._answered
+        )
         if future is None:
             return self._task(request, timeout, then)
         self._inflight += 1
         self._idle.clear()
-        future.add_done_callback(self._answered)
         return future
 
     def _task(
@@ -191,7 +197,7 @@ class EnsembleRunner:
     def _reshaped(self, outputs: dict[str, Any]) -> dict[str, Any]:
         return {n: self._reshape(n, a, 0) for n, a in outputs.items()}
 
-    def _answered(self, future: asyncio.Future[dict[str, Any]]) -> None:
+    def _answered(self) -> None:
         self._inflight -= 1
         if self._inflight == 0:
             self._idle.set()

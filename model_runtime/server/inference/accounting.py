@@ -77,18 +77,23 @@ class TurnRecords:
     metrics once per model, by one call the loop runs next (before any request it reads
     later: those see them), then no longer in flight (``leave(model, version, count)``)."""
 
-    __slots__ = ("_done", "_leave", "_metrics")
+    __slots__ = ("_done", "_leave", "_loop", "_metrics")
 
     def __init__(self, metrics: DaemonMetrics, leave: Callable[[str, str, int], None]) -> None:
         self._metrics = metrics
         self._leave = leave
         self._done: list[tuple[ModelEntry, float, int]] = []
+        #: the event loop the requests end on (asked once: each asking is a getpid syscall)
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def add(self, entry: ModelEntry, seconds: float, samples: int) -> None:
         """A request of ``entry`` that took ``seconds`` for ``samples`` succeeded."""
         done = self._done
         if not done:
-            asyncio.get_running_loop().call_soon(self.record)
+            loop = self._loop
+            if loop is None or loop.is_closed():
+                loop = self._loop = asyncio.get_running_loop()
+            loop.call_soon(self.record)
         done.append((entry, seconds, samples))
 
     def record(self) -> None:
