@@ -349,6 +349,16 @@ def element_count_overflow(name: str, shape: Sequence[int]) -> ProtocolError:
     )
 
 
+def empty_shape_overflow(name: str, shape: Sequence[int], itemsize: int) -> ProtocolError:
+    """A shape with a zero dimension whose other dimensions' bytes pass int64 (no array of
+    that shape can be made, empty or not)."""
+    return ProtocolError(
+        f"invalid shape for input '{name}': shape {_shape(shape)} holds no elements, but its "
+        f"non-zero dimensions times the data type size ({itemsize}) exceed the maximum allowed "
+        f"size ({INT64_MAX})"
+    )
+
+
 def byte_size_overflow(name: str, count: int, itemsize: int) -> ProtocolError:
     """A shape whose bytes (elements x datatype size) pass int64."""
     return ProtocolError(

@@ -300,3 +300,18 @@ def test_each_model_gets_its_own_tensors() -> None:
         with pytest.raises(ProtocolError, match="unknown input 'mask'"):
             parse_model_infer_request(_request(), other_inputs, OUTPUTS, model="m")
         assert _parse(_request()).inputs.keys() == {"pixels", "mask"}
+
+
+def test_an_empty_shape_too_big_for_any_array_is_a_protocol_error() -> None:
+    """Hypothesis found it: INT32 of shape [0, 2**61] holds no elements, but numpy can make no
+    array of it ("array is too big"): a ProtocolError to that caller, not a ValueError."""
+    specs = (TensorSpec("x", "INT32", (-1, -1)),)
+    req = pb.ModelInferRequest()
+    req.inputs.add(name="x", datatype="INT32", shape=[0, 2**61])
+    with pytest.raises(ProtocolError, match=r"shape \[0,2305843009213693952\] holds no elements"):
+        parse_model_infer_request(req, specs, OUTPUTS, model="m")
+    req.inputs[0].shape[:] = [0, 2**60]  # 2**62 bytes: an empty array numpy can make
+    assert parse_model_infer_request(req, specs, OUTPUTS, model="m").inputs["x"].shape == (
+        0,
+        2**60,
+    )

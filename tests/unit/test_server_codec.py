@@ -1152,3 +1152,35 @@ def test_a_binary_request_read_through_its_plan_is_the_one_decoded_whole(datatyp
         if name == "a":
             expected.flat[0] = 0
         np.testing.assert_array_equal(planned[name], expected)
+
+
+@pytest.mark.parametrize(
+    ("datatype", "shape", "refused"),
+    [
+        ("INT32", [0, 2**61], True),  # 2**61 * 4 bytes: past int64
+        ("INT8", [0, 2**61, 4], True),
+        ("INT8", [0, 2**61], False),  # 2**61 bytes: an empty array numpy can make
+        ("BYTES", [2**62, 0], True),  # a BYTES element is an object (8 bytes)
+    ],
+)
+def test_an_empty_shape_too_big_for_any_array_is_a_protocol_error(
+    datatype: str, shape: list[int], refused: bool
+) -> None:
+    """No elements, but dimensions no array can have (numpy: "array is too big"): the caller
+    gets a ProtocolError naming the input and its shape, JSON and binary alike."""
+    specs = (TensorSpec("x", datatype, (-1,) * len(shape)),)
+    for body, length in (
+        (json.dumps({"inputs": [{"name": "x", "datatype": datatype, "shape": shape, "data": []}]}),
+         None),
+        (json.dumps({"inputs": [{"name": "x", "datatype": datatype, "shape": shape,
+                                 "parameters": {"binary_data_size": 0}}]}), -1),
+    ):  # fmt: skip
+        data = body.encode()
+        if not refused:
+            parsed = parse_infer_request(data, len(data) if length else None, specs, OUTPUTS)
+            assert parsed.inputs["x"].shape == tuple(shape)
+            continue
+        with pytest.raises(
+            ProtocolError, match=r"invalid shape for input 'x': shape \[.*\] holds no elements"
+        ):
+            parse_infer_request(data, len(data) if length else None, specs, OUTPUTS)

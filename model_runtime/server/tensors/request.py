@@ -39,6 +39,8 @@ MAX_DIMS = 32
 #: A dimension is an int64, as in Triton; an element count or byte size past it is refused in
 #: Triton's words (:func:`element_count`).
 MAX_DIM = INT64_MAX
+#: Bytes an element of a BYTES array takes in numpy (an object: a pointer).
+_OBJECT_ITEMSIZE = np.dtype(object).itemsize
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +130,13 @@ def element_count(name: str, shape: tuple[int, ...], datatype: str) -> int:
     dtype = DATATYPES.get(datatype)
     if dtype is not None and n * dtype.itemsize > INT64_MAX:
         raise answers.byte_size_overflow(name, n, dtype.itemsize)
+    if n == 0:  # numpy refuses an empty array whose other dimensions' bytes pass int64
+        itemsize = _OBJECT_ITEMSIZE if dtype is None else dtype.itemsize
+        nonzero = itemsize
+        for d in shape:
+            nonzero *= d or 1
+        if nonzero > INT64_MAX:
+            raise answers.empty_shape_overflow(name, shape, itemsize)
     return n
 
 
