@@ -240,7 +240,7 @@ def _measure(args: argparse.Namespace) -> None:
                         raise RuntimeError("the floor server did not start") from None
                     time.sleep(0.2)
             mode = args.mode
-            client = [sys.executable, http_cost.__file__, "--client", str(port), mode]
+            client = [sys.executable, http_cost.CLIENTS, str(port), mode]
             client.append(str(args.clients))
             subprocess.run([*client, str(args.warmup)], check=True, capture_output=True)
             control = ["callgrind_control", "-i"]
