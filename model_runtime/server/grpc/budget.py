@@ -101,7 +101,7 @@ class CallBudget:
             self.bytes += size
             self.computing += 1
             # ``size`` grows by the answer's below: the release reads it when the call ends.
-            task.add_done_callback(lambda _: self._release(peer, size))
+            task.add_done_callback(lambda _: self.leave(peer, size))
             try:
                 answer = await behaviour(request, context)
             finally:
@@ -162,7 +162,7 @@ class CallBudget:
 
     def leave(self, peer: str, size: int) -> None:
         """A call :meth:`try_enter` counted ended (``size``: all it counted)."""
-        held = self.calls[peer] - 1  # (_release, inline: once a call)
+        held = self.calls[peer] - 1
         if held:
             self.calls[peer] = held
         else:
@@ -217,14 +217,6 @@ class CallBudget:
                 f"{self.max_bytes}); retry later"
             )
         return None
-
-    def _release(self, peer: str, size: int) -> None:
-        held = self.calls[peer] - 1
-        if held:
-            self.calls[peer] = held
-        else:
-            del self.calls[peer]
-        self.bytes -= size
 
     def _now(self) -> float:
         return self._clock() if self._clock is not None else asyncio.get_running_loop().time()

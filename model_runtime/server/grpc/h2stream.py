@@ -184,11 +184,7 @@ class H2Stream:
         if body:
             self.out.append(body)
             self.out_len += len(body)
-        if not self.finished:  # (_finish's, inline: once a unary call)
-            self.finished = True
-            self.trailers = trailers
-            self.finished_at = self.conn.loop.time()
-            self.conn.submit(self, flush=False)
+        self._finish(trailers, flush=False)
         if now:
             self.conn.flush()  # written now, not after the loop's other ready callbacks
         else:
@@ -202,15 +198,13 @@ class H2Stream:
         else:
             self.ended_call = callback
 
-    def _finish(
-        self, trailers: list[tuple[bytes, bytes]] | None, submit_only: bool = False
-    ) -> None:
+    def _finish(self, trailers: list[tuple[bytes, bytes]] | None, flush: bool = True) -> None:
         if self.finished:
             return
         self.finished = True
         self.trailers = trailers
         self.finished_at = self.conn.loop.time()
-        self.conn.submit(self, flush=not submit_only)
+        self.conn.submit(self, flush=flush)
 
     async def _drain(self) -> None:
         """Wait until the client read enough of this stream's answer.

@@ -118,9 +118,7 @@ class Shares:
     def try_turn(self, conn: Connection) -> bool:
         """Take one of ``conn``'s turns if one is free now, with no call waiting (True);
         else take nothing (False: wait with :meth:`turn`)."""
-        max_busy = self.max_busy
-        turns = max_busy if conn.reads and conn.unsent < max_busy else UNREAD_BUSY
-        if conn.busy < turns and not conn.queued:
+        if conn.busy < self._turns(conn) and not conn.queued:
             conn.busy += 1
             return True
         return False
