@@ -4,24 +4,57 @@ A base of :class:`~model_runtime.replicas.ReplicaSet` (its ``states``, ``queues`
 read on the hot path without messaging: the least-loaded ready replica, filling one open batch
 at a time while every replica is busy, an idle one only when a second device pays; and what
 the queued work would take (:meth:`Placement.backlog_seconds`, admission's price of a request).
+
+Replicas on devices that compute on this host's cores (cpu, ipu-model) share them with the
+event loop, which packs, hands over and answers every batch and holds the interpreter lock
+while it does. A replica whose device's threads do not fit in the cores the loop and the
+replicas before it leave stands by (:func:`host_standby`): it is loaded and watched, takes a
+request only while no other replica is in service (a fault, a reset, a hang) or when asked
+for by ``replica_id``. On a 2-core host a second cpu device running beside the first and the
+loop made three threads for two cores: the loop, preempted while holding the interpreter
+lock, kept both devices waiting for it (docs/architecture.md, "Replicas and the host's cores").
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from actors.clock import Clock
+from actors.device.inventory import DeviceSpec
 from actors.queues.actor import Queue
 from actors.session.state import ReplicaState, ReplicaStatus
 from model_runtime.errors import InputValidationError, ModelUnavailableError
 
-__all__ = ["Placement"]
+__all__ = ["HOST_KINDS", "Placement", "host_standby"]
 
 _READY = ReplicaStatus.READY  # read per request: a module global, not an enum lookup
 #: A replica whose whole batch runs in fewer of its worker's hops than this
 #: (``ReplicaState.batch_hops``) keeps taking requests while it has a free batch buffer, rather
 #: than an idle replica running them alone (see pick()).
 JOIN_HOPS = 10.0
+#: Device kinds that compute on this host's cores, with ``DeviceSpec.threads`` threads.
+HOST_KINDS = frozenset({"cpu", "ipu-model"})
+
+
+def host_standby(specs: Sequence[DeviceSpec], cores: int) -> int:
+    """The replicas (a bitmask of their indices; replica r is ``specs[r]``'s) that stand by
+    on a host of ``cores`` cores: one core is the event loop's, and the replicas on
+    :data:`HOST_KINDS` devices take the rest in order, each its device's threads; one whose
+    threads no longer fit stands by. The first such replica never does (a model is always
+    served), nor does a replica on a device that computes elsewhere."""
+    left = cores - 1
+    first = True
+    standby = 0
+    for r, spec in enumerate(specs):
+        if spec.kind not in HOST_KINDS:
+            continue
+        if first or spec.threads <= left:
+            left -= spec.threads
+            first = False
+        else:
+            standby |= 1 << r
+    return standby
 
 
 class Placement:
@@ -40,6 +73,30 @@ class Placement:
     #: The replica picked last whose idle device has a flush due this loop turn
     #: (``Queue.collecting``; -1: none): it takes requests while that lasts (see pick()).
     _collecting: int = -1
+    #: Replicas standing by (a bitmask, :func:`host_standby`), and the one replica in service
+    #: beside them when there is one (-1: none, or no replica stands by).
+    _standby: int = 0
+    _sole: int = -1
+
+    def stand_by(self, standby: int) -> None:
+        """Make the replicas in the bitmask ``standby`` stand by (the module docstring); at
+        least one replica stays in service."""
+        n = len(self.states)
+        standby &= (1 << n) - 1
+        if standby == (1 << n) - 1:
+            standby &= ~1
+        self._standby = standby
+        serving = [r for r in range(n) if not standby >> r & 1]
+        self._sole = serving[0] if standby and len(serving) == 1 else -1
+
+    def sole(self) -> int:
+        """The one replica in service while the others stand by (-1: none stands by, or more
+        than one serves)."""
+        return self._sole
+
+    def standing_by(self, r: int) -> bool:
+        """Replica ``r`` stands by (takes requests only while no other is in service)."""
+        return bool(self._standby >> r & 1)
 
     def pick(
         self, replica_id: int | None, avoid: int = 0, now: float | None = None, samples: int = 1
@@ -67,6 +124,14 @@ class Placement:
         """
         states = self.states
         if replica_id is None and not avoid:
+            r = self._sole
+            if r >= 0:  # one replica in service, the others standing by
+                state = states[r]
+                if (
+                    state.status is _READY
+                    and (self._clock.monotonic() if now is None else now) < state.hung_after
+                ):
+                    return r
             r = self._filling
             if r >= 0:  # (the common case under load: a few comparisons per request)
                 room = self._room - samples
@@ -106,21 +171,30 @@ class Placement:
             now = self._clock.monotonic()
         busy = True
         join, join_load = -1, math.inf  # a running replica of short batches with room
-        for i in range(n):
-            r = start + i
-            if r >= n:
-                r -= n
-            # A replica whose run is past its deadline is not ready: its hang is being reset.
-            state = states[r]
-            if state.status is ready and not avoid >> r & 1 and now < state.hung_after:
-                queue = queues[r]
-                saturated = queue.saturated()
-                busy = busy and saturated
-                load = queue.placement()
-                if load < best_load:
-                    best, best_load = r, load
-                if 0 < load < join_load and not saturated and 0.0 < state.batch_hops < JOIN_HOPS:
-                    join, join_load = r, load
+        # The replicas in service first; those standing by only when none of them is ready.
+        for skip in (avoid | self._standby, avoid) if self._standby else (avoid,):
+            for i in range(n):
+                r = start + i
+                if r >= n:
+                    r -= n
+                # A replica whose run is past its deadline is not ready: its hang is being
+                # reset.
+                state = states[r]
+                if state.status is ready and not skip >> r & 1 and now < state.hung_after:
+                    queue = queues[r]
+                    saturated = queue.saturated()
+                    busy = busy and saturated
+                    load = queue.placement()
+                    if load < best_load:
+                        best, best_load = r, load
+                    if (
+                        0 < load < join_load
+                        and not saturated
+                        and 0.0 < state.batch_hops < JOIN_HOPS
+                    ):
+                        join, join_load = r, load
+            if best >= 0:
+                break
         if best_load == 0 and join >= 0:
             # The least loaded is idle with nothing waiting: it would run this request alone.
             # A device whose whole batch runs in under JOIN_HOPS hops takes it behind its run
@@ -158,12 +232,16 @@ class Placement:
     def backlog_seconds(self, extra_samples: int) -> float:
         """Seconds the replicas in service would take to finish what is queued now plus
         ``extra_samples``, at their measured rates (0 when nothing is measured yet)."""
-        rate = 0.0
+        rate = standby_rate = 0.0
         waiting = extra_samples
-        for state, queue in zip(self.states, self.queues, strict=True):
+        for r, (state, queue) in enumerate(zip(self.states, self.queues, strict=True)):
             waiting += queue.pending_samples
             if state.status is ReplicaStatus.READY and state.seconds_per_sample > 0.0:
-                rate += 1.0 / state.seconds_per_sample
+                if self._standby >> r & 1:
+                    standby_rate += 1.0 / state.seconds_per_sample
+                else:
+                    rate += 1.0 / state.seconds_per_sample
+        rate = rate or standby_rate  # (those standing by serve only when no other does)
         return waiting / rate if rate > 0.0 else 0.0
 
     def waiting_requests(self) -> int:

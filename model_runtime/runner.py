@@ -140,6 +140,7 @@ class ModelRunner(RunnerRequests, RunnerInfo):
         #: takes while it is READY: pick's rule for one replica, without the call)
         self._queues: list[Queue] = []
         self._lone: ReplicaState | None = None
+        self._lone_r = 0
         self._strings = False  # string inputs: every request's elements are checked
         self._dynamic = False  # dynamic dimensions: each new shape's batch bytes are checked
         self._now = self._clock.monotonic
@@ -244,8 +245,18 @@ class ModelRunner(RunnerRequests, RunnerInfo):
         self._plain = self._waiting and not self._admission
         replicas = self._replicas
         self._queues = replicas.queues
-        self._lone = replicas.states[0] if cfg.replication_factor == 1 else None
-        log.info("runner_started", model=meta.model_name, replicas=cfg.replication_factor)
+        # The replica in service when it is the only one (the others, if any, standing by):
+        # the common request goes there without a pick while it is ready.
+        sole = 0 if cfg.replication_factor == 1 else replicas.sole()
+        self._lone = replicas.states[sole] if sole >= 0 else None
+        self._lone_r = sole  # (an index: a restarted replica's queue is a new one)
+        standby = [r for r in range(cfg.replication_factor) if replicas.standing_by(r)]
+        log.info(
+            "runner_started",
+            model=meta.model_name,
+            replicas=cfg.replication_factor,
+            **({"standby": standby} if standby else {}),
+        )
 
     def _release_weights(self, exe: Executable) -> None:
         """Once every replica runs a shared session, hold those sessions for the runner's life
@@ -389,8 +400,8 @@ class ModelRunner(RunnerRequests, RunnerInfo):
             ):
                 now = self._now()
                 lone = self._lone
-                if lone is not None and lone.status is _READY:
-                    queue = self._queues[0]
+                if lone is not None and lone.status is _READY and now < lone.hung_after:
+                    queue = self._queues[self._lone_r]
                 else:
                     replicas = self._replicas
                     assert replicas is not None

@@ -7,6 +7,7 @@ Durations are seconds as ``float`` (the seed uses nanoseconds). ``None`` stands 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -100,6 +101,21 @@ class ModelRunnerConfig:
     #: Seconds ``close()`` waits for in-flight requests before answering the rest with
     #: RunnerStoppedError.
     drain_timeout: float = 30.0
+    #: Cores of this host the runner's event loop and its devices that compute on the host
+    #: (cpu, ipu-model) share; None: the cores this process may run on. One is the loop's; a
+    #: replica whose device's threads do not fit in what is left stands by (serves only while
+    #: no other replica is in service): :mod:`model_runtime.placement`.
+    host_cores: int | None = None
+
+    def cores(self) -> int:
+        """``host_cores``, or the cores this process may run on."""
+        if self.host_cores is not None:
+            return self.host_cores
+        return (
+            len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else os.cpu_count() or 1
+        )
 
     def validate(self) -> None:
         """Check the values make sense together.
@@ -111,6 +127,12 @@ class ModelRunnerConfig:
             raise ConfigurationError(
                 f"replication_factor must be >= 1, got {self.replication_factor}"
             )
+        if self.host_cores is not None and (
+            isinstance(self.host_cores, bool)
+            or not isinstance(self.host_cores, int)
+            or self.host_cores < 1
+        ):
+            raise ConfigurationError(f"host_cores must be an int >= 1, got {self.host_cores!r}")
         if self.timeout < 0:
             raise ConfigurationError(f"timeout must be >= 0 seconds, got {self.timeout}")
         if self.batching_dim is not None and self.batching_dim < 0:

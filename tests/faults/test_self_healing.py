@@ -75,12 +75,12 @@ async def test_poisoned_requests_get_typed_errors_and_nobody_else_notices(
 async def test_a_burst_takes_a_replica_out_and_it_serves_again(
     mlp: tuple[Path, Reference],
 ) -> None:
-    """A burst of faults on every run of replica 1: it leaves service after three failed
-    recoveries, its work moves to replica 0, probes bring it back once the burst is over,
-    and nobody gets an error."""
-    plan = "recoverable:every=1:from=30:until=45:replica=1"
+    """A burst of faults on every run of replica 0 (in service on any host: replica 1 stands
+    by on two cores): it leaves service after three failed recoveries, its work moves to
+    replica 1, probes bring it back once the burst is over, and nobody gets an error."""
+    plan = "recoverable:every=1:from=30:until=45:replica=0"
     path, ref = mlp
-    out = await serve_until(path, ref, default_config(plan), done=served_again())
+    out = await serve_until(path, ref, default_config(plan), done=served_again(0), watch=0)
     assert out.outages >= 1
     assert out.back_after is not None and out.back_after < 30, out.back_after
     assert out.failed == 0 and out.wrong == 0 and out.lost == 0, out
@@ -91,7 +91,9 @@ async def test_a_fatal_device_is_replaced_and_the_replica_returns(
     mlp: tuple[Path, Reference],
 ) -> None:
     path, ref = mlp
-    out = await serve_until(path, ref, default_config("fatal:at=30:replica=1"), done=served_again())
+    out = await serve_until(
+        path, ref, default_config("fatal:at=30:replica=0"), done=served_again(0), watch=0
+    )
     assert out.outages == 1
     assert out.back_after is not None and out.back_after < 10, out.back_after
     assert out.failed == 0 and out.wrong == 0 and out.lost == 0, out
@@ -109,27 +111,27 @@ async def test_a_crash_storm_with_progress_keeps_both_replicas_serving(
 async def test_a_device_that_dies_after_every_restart_never_spins_the_supervisors(
     mlp: tuple[Path, Reference],
 ) -> None:
-    """Replica 1's device crashes on every batch from its 20th on: restarted, it passes its
+    """Replica 0's device crashes on every batch from its 20th on: restarted, it passes its
     warm-up and dies on the next batch. The replica leaves service, its work moves to replica
-    0, and restarts are paced by backoff (not ~20,000 a second)."""
+    1 (standing by on two cores), and restarts are paced by backoff (not ~20,000 a second)."""
     path, ref = mlp
-    plan = "crash:every=1:from=20:replica=1"
+    plan = "crash:every=1:from=20:replica=0"
     out = await serve_until(
-        path, ref, default_config(plan), done=lambda r: False, bound=4.0, callers=32
+        path, ref, default_config(plan), done=lambda r: False, bound=4.0, callers=32, watch=0
     )
     assert out.outages >= 1
     assert out.failed == 0 and out.wrong == 0, out
     assert out.restarts < 40, f"{out.restarts} restarts in 4 s: a tight loop"
-    assert out.statuses[0] == "ready"
+    assert out.statuses[1] == "ready"
 
 
 async def test_requests_move_to_the_other_replica_when_retries_run_out(
     mlp: tuple[Path, Reference],
 ) -> None:
-    """With the default max_retries a batch that keeps failing on replica 1 is answered by
-    replica 0; an error reaches a caller only when every replica in service failed it."""
+    """With the default max_retries a batch that keeps failing on replica 0 is answered by
+    replica 1; an error reaches a caller only when every replica in service failed it."""
     path, ref = mlp
-    plan = "recoverable:every=1:from=10:until=12:replica=1"
+    plan = "recoverable:every=1:from=10:until=12:replica=0"
     out = await drive(path, ref, default_config(plan), callers=100, per_caller=6)
     assert out.ok == out.sent, f"errors {dict(out.errors)}, wrong {out.wrong}, lost {out.lost}"
     one = await drive(

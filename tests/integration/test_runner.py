@@ -112,6 +112,9 @@ async def test_a_thousand_concurrent_mixed_callers_get_their_own_rows(
             ]
             for r in range(2)
         ]
+        # Replica 1 stands by where its device has no core of its own (two cores: the loop's
+        # and replica 0's); every replica in service serves.
+        serving = [c for c, s in zip(counts, runner.replica_states(), strict=True) if not s.standby]
     expected = ref({"x": np.concatenate(data)})["logits"]
     offset = 0
     for i, x in enumerate(data):
@@ -119,7 +122,7 @@ async def test_a_thousand_concurrent_mixed_callers_get_their_own_rows(
         assert got is not None and got.shape == (len(x), SIZES[-1])
         np.testing.assert_allclose(got, expected[offset : offset + len(x)], rtol=1e-4, atol=1e-5)
         offset += len(x)
-    assert sum(counts) == 1000 and min(counts) > 0, "both replicas served"
+    assert sum(serving) == 1000 and min(serving) > 0, "every replica in service served"
 
 
 async def test_partial_batch_flushes_after_timeout_with_padding_discarded(

@@ -71,13 +71,14 @@ def delta(now: float, before: float) -> float:
 
 
 def replica_counters(runner: Any, replica: int) -> tuple[int | None, dict[str, int]]:
-    """Device id and counters (runs, resets, restarts, retries) of one replica, when exposed."""
+    """Device id and counters (runs, resets, restarts, retries, poisoned; standby: 1 while it
+    stands by) of one replica, when exposed."""
     states = replica_states(runner)
     if replica >= len(states):
         return None, {}
     state = states[replica]
     counters = {}
-    for name in ("runs", "resets", "restarts", "retries", "poisoned"):
+    for name in ("runs", "resets", "restarts", "retries", "poisoned", "standby"):
         value = getattr(state, name, None)
         if isinstance(value, int):
             counters[name] = value
