@@ -327,11 +327,12 @@ def main() -> None:
             pairs = args.pairs if name.startswith("mlp") else 1
             for c in args.callers:
                 # Every configuration once per round, bare then runtime: drift of the shared
-                # host hits each configuration's pair alike, and the configurations alike.
+                # host hits each configuration's pair alike, and the configurations alike; odd
+                # rounds run them in reverse order, so none always runs first in its round.
                 bares: dict[tuple[int, int], list[dict[str, Any]]] = {k: [] for k in configs}
                 rts: dict[tuple[int, int], list[dict[str, Any]]] = {k: [] for k in configs}
-                for _ in range(pairs):
-                    for replicas, threads in configs:
+                for k in range(pairs):
+                    for replicas, threads in configs[:: -1 if k % 2 else 1]:
                         bw, bare_answer = anyio.run(
                             bare,
                             exe,
