@@ -13,7 +13,8 @@ timestamp came from an earlier run (its benchmark failed this time): it is repor
 stale. With ``--readme PAGE``, the headline ratios replace the block between the page's
 ``<!-- bench:begin -->`` and ``<!-- bench:end -->`` markers, so the page quotes this run;
 ``--results-link`` is where its link goes (``make bench``: docs/benchmarks.md, linking the
-site's results.md, which includes RESULTS.md).
+site's results.md, which includes RESULTS.md). Everything from the :data:`HISTORY` line on
+(each stop's notes, written by hand) is kept as it is.
 
     .venv/bin/python benchmarks/report.py [--since-file benchmarks/results/.bench-started]
         [--readme docs/benchmarks.md --results-link results.md]
@@ -438,6 +439,19 @@ def render(
     return "\n".join(out) + "\n"
 
 
+#: The line above which RESULTS.md is this run's and below which it is the stops' own notes,
+#: written by hand (runs, alternations, what changed): kept as they are by every run.
+HISTORY = "<!-- history: written by hand below this line; report.py keeps it -->"
+
+
+def kept_history(path: Path) -> str:
+    """What of ``path`` a run keeps: from the :data:`HISTORY` line on (with it), after a
+    blank line; just that line when ``path`` has none, or does not exist."""
+    old = path.read_text() if path.exists() else ""
+    at = old.find(HISTORY)
+    return "\n" + (old[at:] if at >= 0 else HISTORY + "\n")
+
+
 def update_readme(text: str, lines: list[str], source: str = "benchmarks/RESULTS.md") -> str:
     """``text`` with the block between the bench markers replaced (unchanged if none)."""
     pattern = re.compile(re.escape(README_BEGIN) + r".*?" + re.escape(README_END), re.S)
@@ -467,7 +481,7 @@ def main() -> None:
     overload = overload_md.read_text() if overload_md.exists() else None
     now = datetime.datetime.now(datetime.UTC)
     text = render(docs, notes, machine(), versions(docs), overload, now)
-    args.out.write_text(text)
+    args.out.write_text(text + kept_history(args.out))
     goals = all_targets(docs)
     width = max(len(t.what) for t in goals)
     print(f"{'target':<{width}}  {'issue':>5}  {'measured':>9}  {'goal':<30} result")

@@ -8,11 +8,15 @@ the queued work would take (:meth:`Placement.backlog_seconds`, admission's price
 Replicas on devices that compute on this host's cores (cpu, ipu-model) share them with the
 event loop, which packs, hands over and answers every batch and holds the interpreter lock
 while it does. A replica whose device's threads do not fit in the cores the loop and the
-replicas before it leave stands by (:func:`host_standby`): it is loaded and watched, takes a
-request only while no other replica is in service (a fault, a reset, a hang) or when asked
-for by ``replica_id``. On a 2-core host a second cpu device running beside the first and the
-loop made three threads for two cores: the loop, preempted while holding the interpreter
-lock, kept both devices waiting for it (docs/architecture.md, "Replicas and the host's cores").
+replicas before it leave stands by (:func:`host_standby`) while the model's batches are light
+(a whole batch's run under :data:`JOIN_HOPS` of its worker's hand-offs, as measured on the
+first replica in service; or not measured yet): it is loaded and watched, and takes a request
+only while no other replica is in service (a fault, a reset, a hang) or when asked for by
+``replica_id``. On a 2-core host a second cpu device running light batches beside the first
+and the loop made three threads for two cores: the loop, preempted while holding the
+interpreter lock, kept both devices waiting for it. A heavy model's batches leave the loop
+idle most of the time, and there every replica serves (docs/architecture.md, "Replicas and
+the host's cores").
 """
 
 from __future__ import annotations
@@ -73,9 +77,11 @@ class Placement:
     #: The replica picked last whose idle device has a flush due this loop turn
     #: (``Queue.collecting``; -1: none): it takes requests while that lasts (see pick()).
     _collecting: int = -1
-    #: Replicas standing by (a bitmask, :func:`host_standby`), and the one replica in service
-    #: beside them when there is one (-1: none, or no replica stands by).
+    #: Replicas standing by while batches are light (a bitmask, :func:`host_standby`); the
+    #: first replica in service, whose batches tell light from heavy; and the one replica in
+    #: service beside those standing by when there is one (-1: none, or none stands by).
     _standby: int = 0
+    _first: int = 0
     _sole: int = -1
 
     def stand_by(self, standby: int) -> None:
@@ -87,6 +93,7 @@ class Placement:
             standby &= ~1
         self._standby = standby
         serving = [r for r in range(n) if not standby >> r & 1]
+        self._first = serving[0]
         self._sole = serving[0] if standby and len(serving) == 1 else -1
 
     def sole(self) -> int:
@@ -95,8 +102,15 @@ class Placement:
         return self._sole
 
     def standing_by(self, r: int) -> bool:
-        """Replica ``r`` stands by (takes requests only while no other is in service)."""
+        """Replica ``r`` stands by while batches are light (the module docstring)."""
         return bool(self._standby >> r & 1)
+
+    def _standing_by(self) -> int:
+        """The replicas standing by now: those of :func:`host_standby` while the model's
+        batches are light (or not measured yet), none while they are heavy."""
+        if self._standby and self.states[self._first].batch_hops < JOIN_HOPS:
+            return self._standby
+        return 0
 
     def pick(
         self, replica_id: int | None, avoid: int = 0, now: float | None = None, samples: int = 1
@@ -125,10 +139,11 @@ class Placement:
         states = self.states
         if replica_id is None and not avoid:
             r = self._sole
-            if r >= 0:  # one replica in service, the others standing by
+            if r >= 0:  # one replica in service, the others standing by (batches are light)
                 state = states[r]
                 if (
                     state.status is _READY
+                    and state.batch_hops < JOIN_HOPS
                     and (self._clock.monotonic() if now is None else now) < state.hung_after
                 ):
                     return r
@@ -172,7 +187,8 @@ class Placement:
         busy = True
         join, join_load = -1, math.inf  # a running replica of short batches with room
         # The replicas in service first; those standing by only when none of them is ready.
-        for skip in (avoid | self._standby, avoid) if self._standby else (avoid,):
+        standby = self._standing_by()
+        for skip in (avoid | standby, avoid) if standby else (avoid,):
             for i in range(n):
                 r = start + i
                 if r >= n:
@@ -234,10 +250,11 @@ class Placement:
         ``extra_samples``, at their measured rates (0 when nothing is measured yet)."""
         rate = standby_rate = 0.0
         waiting = extra_samples
+        standby = self._standing_by()
         for r, (state, queue) in enumerate(zip(self.states, self.queues, strict=True)):
             waiting += queue.pending_samples
             if state.status is ReplicaStatus.READY and state.seconds_per_sample > 0.0:
-                if self._standby >> r & 1:
+                if standby >> r & 1:
                     standby_rate += 1.0 / state.seconds_per_sample
                 else:
                     rate += 1.0 / state.seconds_per_sample

@@ -47,6 +47,7 @@ from model_runtime.errors import (
 from model_runtime.executable import Executable
 from model_runtime.executable.limits import check_allocation
 from model_runtime.io import request_shapes
+from model_runtime.placement import JOIN_HOPS
 from model_runtime.replicas import ReplicaSet
 from model_runtime.runner_config import ModelRunnerConfig
 from model_runtime.runner_info import RunnerInfo
@@ -141,6 +142,7 @@ class ModelRunner(RunnerRequests, RunnerInfo):
         self._queues: list[Queue] = []
         self._lone: ReplicaState | None = None
         self._lone_r = 0
+        self._lone_hops = math.inf
         self._strings = False  # string inputs: every request's elements are checked
         self._dynamic = False  # dynamic dimensions: each new shape's batch bytes are checked
         self._now = self._clock.monotonic
@@ -250,6 +252,8 @@ class ModelRunner(RunnerRequests, RunnerInfo):
         sole = 0 if cfg.replication_factor == 1 else replicas.sole()
         self._lone = replicas.states[sole] if sole >= 0 else None
         self._lone_r = sole  # (an index: a restarted replica's queue is a new one)
+        # Beside replicas standing by, only while its batches are light (placement's rule).
+        self._lone_hops = math.inf if cfg.replication_factor == 1 else JOIN_HOPS
         standby = [r for r in range(cfg.replication_factor) if replicas.standing_by(r)]
         log.info(
             "runner_started",
@@ -400,7 +404,12 @@ class ModelRunner(RunnerRequests, RunnerInfo):
             ):
                 now = self._now()
                 lone = self._lone
-                if lone is not None and lone.status is _READY and now < lone.hung_after:
+                if (
+                    lone is not None
+                    and lone.status is _READY
+                    and now < lone.hung_after
+                    and lone.batch_hops < self._lone_hops
+                ):
                     queue = self._queues[self._lone_r]
                 else:
                     replicas = self._replicas

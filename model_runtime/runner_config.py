@@ -103,8 +103,8 @@ class ModelRunnerConfig:
     drain_timeout: float = 30.0
     #: Cores of this host the runner's event loop and its devices that compute on the host
     #: (cpu, ipu-model) share; None: the cores this process may run on. One is the loop's; a
-    #: replica whose device's threads do not fit in what is left stands by (serves only while
-    #: no other replica is in service): :mod:`model_runtime.placement`.
+    #: replica whose device's threads do not fit in what is left stands by (while batches are
+    #: light, serves only when no other replica is in service): :mod:`model_runtime.placement`.
     host_cores: int | None = None
 
     def cores(self) -> int:

@@ -33,9 +33,9 @@ class ReplicaState:
 
     replica: int
     device_id: int = -1
-    #: The replica stands by: it takes requests only while no other replica is in service
-    #: (its device would compute on host cores the others and the event loop use;
-    #: ``model_runtime.placement``).
+    #: The replica stands by: while the model's batches are light it takes requests only
+    #: when no other replica is in service (its device would compute on host cores the others
+    #: and the event loop use; ``model_runtime.placement``).
     standby: bool = False
     status: ReplicaStatus = ReplicaStatus.STARTING
     #: Batches handed to the device and not yet answered, by batch id; a restarted session

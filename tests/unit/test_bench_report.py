@@ -202,6 +202,17 @@ def test_readme_block_is_replaced_and_nothing_else() -> None:
     assert report.update_readme("no markers\n", ["- x"]) == "no markers\n"
 
 
+def test_a_run_keeps_the_stops_notes_written_by_hand(tmp_path: Path) -> None:
+    results = tmp_path / "RESULTS.md"
+    assert report.kept_history(results) == f"\n{report.HISTORY}\n"  # no file yet
+    notes = f"{report.HISTORY}\n\n## tenth stop\n\nrun A: 1.38\n"
+    results.write_text("# Benchmark results\n\nold run's tables\n\n" + notes)
+    kept = report.kept_history(results)
+    assert kept == "\n" + notes and "old run's tables" not in kept
+    results.write_text("# Benchmark results\n\nno marker yet\n")
+    assert report.kept_history(results) == f"\n{report.HISTORY}\n"
+
+
 def test_http_answer_check_reads_json_and_binary_answers() -> None:
     y = np.arange(10, dtype=np.float32)
     as_json = orjson.dumps(

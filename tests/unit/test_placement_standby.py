@@ -15,7 +15,7 @@ from actors.clock import FakeClock
 from actors.device.inventory import DeviceSpec
 from actors.session.state import ReplicaStatus
 from model_runtime.errors import ConfigurationError
-from model_runtime.placement import host_standby
+from model_runtime.placement import JOIN_HOPS, host_standby
 from model_runtime.runner_config import ModelRunnerConfig
 
 
@@ -70,6 +70,23 @@ def test_the_replica_standing_by_takes_requests_only_while_the_other_is_out() ->
     # A request that failed on replica 0 goes to replica 1; one named by replica_id goes there.
     assert rs.pick(None, avoid=0b01) == 1
     assert rs.pick(1) == 1
+
+
+def test_while_batches_are_heavy_the_replica_past_the_cores_serves() -> None:
+    """Whole batches of many hand-offs each leave the loop idle most of the time: a second
+    device pays even without a core to itself."""
+    rs, queues = _replicas(2, FakeClock())
+    rs.stand_by(0b10)
+    rs.states[0].batch_hops = JOIN_HOPS  # measured on the replica in service
+    queues[0].batches = 1  # running: the idle one takes the next request
+    assert rs.pick(None) == 1
+    for state in rs.states:
+        state.seconds_per_sample = 0.001
+    queues[0].pending_samples = 100
+    assert rs.backlog_seconds(0) == pytest.approx(0.05)  # both serve
+    rs.states[0].batch_hops = JOIN_HOPS / 2  # light again: replica 1 stands by
+    assert rs.pick(None) == 0
+    assert rs.backlog_seconds(0) == pytest.approx(0.1)
 
 
 def test_with_every_replica_in_service_none_stands_by() -> None:

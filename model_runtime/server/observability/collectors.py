@@ -175,9 +175,9 @@ class ReplicaCollector(Collector):
             "restarts": "Actor restarts of the replica",
             "retries": "Requests retried after a reset",
             "poisoned": "Requests answered with an input error after their batch was bisected",
-            "standby": "1 while the replica stands by: its device would compute on host cores "
-            "the event loop and the other replicas use, so it serves only while no other "
-            "replica is in service",
+            "standby": "1 for a replica past the host's cores: its device would compute on "
+            "cores the event loop and the other replicas use, so while the model's batches are "
+            "light it serves only when no other replica is in service",
         }
         families = {
             name: GaugeMetricFamily(f"model_runtime_replica_{name}", doc, labels=labels)
