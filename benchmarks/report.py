@@ -27,7 +27,6 @@ import datetime
 import json
 import os
 import platform
-import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from benchmarks import (
     sequences_report,
     triton_report,
 )
+from benchmarks.report_pages import kept_history, update_readme
 
 HERE = Path(__file__).resolve().parent
 RESULTS_DIR = HERE / "results"
@@ -60,7 +60,6 @@ SOURCES = (
     sequences_report.SOURCE,
     python_models_report.SOURCE,
 )
-README_BEGIN, README_END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
 
 @dataclass(frozen=True)
@@ -437,30 +436,6 @@ def render(
         text = overload.strip()  # overload.md brings its own heading
         out += ([] if text.startswith("## ") else ["## Overload", ""]) + [text, ""]
     return "\n".join(out) + "\n"
-
-
-#: The line above which RESULTS.md is this run's and below which it is the stops' own notes,
-#: written by hand (runs, alternations, what changed): kept as they are by every run.
-HISTORY = "<!-- history: written by hand below this line; report.py keeps it -->"
-
-
-def kept_history(path: Path) -> str:
-    """What of ``path`` a run keeps: from the :data:`HISTORY` line on (with it), after a
-    blank line; just that line when ``path`` has none, or does not exist."""
-    old = path.read_text() if path.exists() else ""
-    at = old.find(HISTORY)
-    return "\n" + (old[at:] if at >= 0 else HISTORY + "\n")
-
-
-def update_readme(text: str, lines: list[str], source: str = "benchmarks/RESULTS.md") -> str:
-    """``text`` with the block between the bench markers replaced (unchanged if none)."""
-    pattern = re.compile(re.escape(README_BEGIN) + r".*?" + re.escape(README_END), re.S)
-    if not pattern.search(text):
-        return text
-    block = "\n".join(
-        [README_BEGIN, f"From the last `make bench` ([{source}]({source})):", "", *lines]
-    )
-    return pattern.sub(lambda _: block + "\n" + README_END, text, count=1)
 
 
 def main() -> None:

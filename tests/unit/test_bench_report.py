@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from benchmarks import report
+from benchmarks import report, report_pages
 from benchmarks.http_throughput import OUTPUT, _exchange, decode_output
 
 
@@ -195,22 +195,22 @@ def test_missing_and_stale_results_are_said(tmp_path: Path) -> None:
 
 
 def test_readme_block_is_replaced_and_nothing_else() -> None:
-    readme = f"intro\n{report.README_BEGIN}\nold figures\n{report.README_END}\noutro\n"
-    new = report.update_readme(readme, ["- ratio 0.95"])
-    assert new.startswith("intro\n") and new.endswith(f"{report.README_END}\noutro\n")
+    readme = f"intro\n{report_pages.README_BEGIN}\nold figures\n{report_pages.README_END}\noutro\n"
+    new = report_pages.update_readme(readme, ["- ratio 0.95"])
+    assert new.startswith("intro\n") and new.endswith(f"{report_pages.README_END}\noutro\n")
     assert "old figures" not in new and "- ratio 0.95" in new
-    assert report.update_readme("no markers\n", ["- x"]) == "no markers\n"
+    assert report_pages.update_readme("no markers\n", ["- x"]) == "no markers\n"
 
 
 def test_a_run_keeps_the_stops_notes_written_by_hand(tmp_path: Path) -> None:
     results = tmp_path / "RESULTS.md"
-    assert report.kept_history(results) == f"\n{report.HISTORY}\n"  # no file yet
-    notes = f"{report.HISTORY}\n\n## tenth stop\n\nrun A: 1.38\n"
+    assert report_pages.kept_history(results) == f"\n{report_pages.HISTORY}\n"  # no file yet
+    notes = f"{report_pages.HISTORY}\n\n## tenth stop\n\nrun A: 1.38\n"
     results.write_text("# Benchmark results\n\nold run's tables\n\n" + notes)
-    kept = report.kept_history(results)
+    kept = report_pages.kept_history(results)
     assert kept == "\n" + notes and "old run's tables" not in kept
     results.write_text("# Benchmark results\n\nno marker yet\n")
-    assert report.kept_history(results) == f"\n{report.HISTORY}\n"
+    assert report_pages.kept_history(results) == f"\n{report_pages.HISTORY}\n"
 
 
 def test_http_answer_check_reads_json_and_binary_answers() -> None:
