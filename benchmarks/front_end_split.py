@@ -52,10 +52,14 @@ def two_daemons(model: Path, workdir: Path, devices: str) -> Iterator[Running]:
     ports = (servers.free_port(), servers.free_port())
     with ExitStack() as stack:
         first = stack.enter_context(
-            triton_peer.ours(model, workdir / "a", devices, ports=ports, options=("--reuse-port",))
+            triton_peer.ours(
+                model, workdir / "a", devices, ports=ports, options=("--reuse-port=true",)
+            )
         )
         stack.enter_context(
-            triton_peer.ours(model, workdir / "b", devices, ports=ports, options=("--reuse-port",))
+            triton_peer.ours(
+                model, workdir / "b", devices, ports=ports, options=("--reuse-port=true",)
+            )
         )
         # Its readiness was asked through the shared port, which the first may have answered:
         # wait for its own log to say its model is loaded.
