@@ -85,13 +85,15 @@ class Placement:
     _sole: int = -1
 
     def stand_by(self, standby: int) -> None:
-        """Make the replicas in the bitmask ``standby`` stand by (the module docstring); at
-        least one replica stays in service."""
+        """Make the replicas in the bitmask ``standby`` stand by (the module docstring; each
+        state's ``standby`` says it); at least one replica stays in service."""
         n = len(self.states)
         standby &= (1 << n) - 1
         if standby == (1 << n) - 1:
             standby &= ~1
         self._standby = standby
+        for r, state in enumerate(self.states):
+            state.standby = bool(standby >> r & 1)
         serving = [r for r in range(n) if not standby >> r & 1]
         self._first = serving[0]
         self._sole = serving[0] if standby and len(serving) == 1 else -1
@@ -105,7 +107,7 @@ class Placement:
         """Replica ``r`` stands by while batches are light (the module docstring)."""
         return bool(self._standby >> r & 1)
 
-    def _standing_by(self) -> int:
+    def _standby_now(self) -> int:
         """The replicas standing by now: those of :func:`host_standby` while the model's
         batches are light (or not measured yet), none while they are heavy."""
         if self._standby and self.states[self._first].batch_hops < JOIN_HOPS:
@@ -187,7 +189,7 @@ class Placement:
         busy = True
         join, join_load = -1, math.inf  # a running replica of short batches with room
         # The replicas in service first; those standing by only when none of them is ready.
-        standby = self._standing_by()
+        standby = self._standby_now()
         for skip in (avoid | standby, avoid) if standby else (avoid,):
             for i in range(n):
                 r = start + i
@@ -250,7 +252,7 @@ class Placement:
         ``extra_samples``, at their measured rates (0 when nothing is measured yet)."""
         rate = standby_rate = 0.0
         waiting = extra_samples
-        standby = self._standing_by()
+        standby = self._standby_now()
         for r, (state, queue) in enumerate(zip(self.states, self.queues, strict=True)):
             waiting += queue.pending_samples
             if state.status is ReplicaStatus.READY and state.seconds_per_sample > 0.0:

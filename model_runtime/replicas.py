@@ -89,8 +89,6 @@ class ReplicaSet(Placement):
         self._sessions_made = [0] * len(devices)
         self._next, self._filling, self._room, self._collecting = 0, -1, 0, -1  # .placement's
         self.stand_by(host_standby([d.spec for d in devices], config.cores()))
-        for r, state in enumerate(self.states):
-            state.standby = self.standing_by(r)
         # The model's supervisor replaces a replica subtree that gave up (restarts without
         # progress) after a backoff that grows to the probe cap, and counts a child's run as
         # stable only after a minute: paced like that, even every replica failing forever
